@@ -1,0 +1,67 @@
+// flashattn-bench: options and helpers shared by the CPU and GPU benchmarks.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "flashattn/flashattn.h"
+
+namespace bench {
+
+struct Options {
+    // Which benchmark: "cpu", "fa1", "fa2", "fa3" or "all-gpu".
+    std::string backend = "cpu";
+    // Restrictions of the grid; empty = the default list of the benchmark.
+    std::vector<int64_t> hdims;
+    std::vector<int64_t> seqlens;
+    std::vector<int> causal;                    // subset of {0, 1}
+    std::vector<flashattn_dtype_t> dtypes;      // GPU: bf16 and/or fp16 (default bf16)
+    bool decode = false;        // --decode: decode table only (GPU)
+    bool no_decode = false;     // --no-decode: leave the decode table out of the default GPU run
+    bool no_standard = false;   // --no-standard: leave the unfused baseline out (GPU)
+    bool no_lse = false;        // --no-lse: pass lse = NULL to execute
+    int warmup = -1;            // -1: default of the benchmark (CPU 1, GPU 3)
+    int reps = -1;              // -1: default of the benchmark (CPU 5, GPU 10)
+    // CPU benchmark shape.
+    int64_t cpu_batch = 1;
+    int64_t cpu_heads = 4;
+    int64_t cpu_hdim = 64;
+    int naive_threads = 0;      // 0: std::thread::hardware_concurrency()
+    // GPU run limits.
+    int device = 0;
+    double budget_s = 230.0;    // wall-clock budget of the whole GPU run; later cells are skipped
+    double max_decode_gb = 40.0;
+    std::string markdown;       // also write the tables to this file
+};
+
+// Collects the lines of the tables so they can be written to --markdown as well.
+class Report {
+public:
+    void line(const std::string &s) {
+        std::fputs(s.c_str(), stdout);
+        std::fputc('\n', stdout);
+        std::fflush(stdout);
+        text_ += s;
+        text_ += '\n';
+    }
+    bool write(const std::string &path) const;
+    const std::string &text() const { return text_; }
+
+private:
+    std::string text_;
+};
+
+std::string format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+double median(std::vector<double> v);
+const char *dtype_name(flashattn_dtype_t dt);
+// Last libflashattn error of this thread, with the status name.
+std::string lib_error(flashattn_status_t st);
+// Attention FLOPs as the FlashAttention papers count them: 4*b*h*sq*sk*d, halved when causal.
+double attention_flops(int64_t b, int64_t h, int64_t sq, int64_t sk, int64_t d, bool causal);
+
+int run_cpu(const Options &opt);
+int run_gpu(const Options &opt);  // only when built with CUDA; otherwise reports that and fails
+
+}  // namespace bench

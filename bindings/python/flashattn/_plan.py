@@ -1,0 +1,279 @@
+"""Plan: the C plan's lifecycle (create, set, finalize, execute, destroy) as a Python object."""
+
+import ctypes
+import weakref
+
+from . import _capi
+from ._capi import I64, F64, Backend, DType, Status, call, lib
+from ._tensors import TensorRef, as_tensor, stream_handle
+
+_I64_NAMES = {k.name.lower(): k for k in I64}
+_F64_NAMES = {k.name.lower(): k for k in F64}
+_F64_NAMES["scale"] = F64.SOFTMAX_SCALE
+_BACKEND_NAMES = {b.name.lower(): b for b in Backend}
+_DTYPE_NAMES = {"fp16": DType.FP16, "float16": DType.FP16, "half": DType.FP16, "bf16": DType.BF16,
+                "bfloat16": DType.BF16, "fp32": DType.FP32, "float32": DType.FP32, "fp8_e4m3": DType.FP8_E4M3}
+
+
+def parse_backend(value):
+    if isinstance(value, Backend):
+        return value
+    if isinstance(value, str):
+        try:
+            return _BACKEND_NAMES[value.lower()]
+        except KeyError:
+            raise ValueError("backend: %r is not one of %s" % (value, ", ".join(_BACKEND_NAMES))) from None
+    return Backend(int(value))
+
+
+def parse_dtype(value):
+    if isinstance(value, DType):
+        return value
+    if isinstance(value, str):
+        try:
+            return _DTYPE_NAMES[value.lower()]
+        except KeyError:
+            raise ValueError("dtype: %r is not one of %s" % (value, ", ".join(_DTYPE_NAMES))) from None
+    name = getattr(value, "name", None)  # a numpy dtype or scalar type
+    if name is None and isinstance(value, type):
+        name = value.__name__
+    if isinstance(name, str) and name.lower() in _DTYPE_NAMES:
+        return _DTYPE_NAMES[name.lower()]
+    return DType(int(value))
+
+
+def _key(key):
+    """(is_i64, enum) for an I64/F64 member or a lower-case name ('batch', 'softcap', ...)."""
+    if isinstance(key, I64):
+        return True, key
+    if isinstance(key, F64):
+        return False, key
+    if isinstance(key, str):
+        k = key.lower()
+        if k in _I64_NAMES:
+            return True, _I64_NAMES[k]
+        if k in _F64_NAMES:
+            return False, _F64_NAMES[k]
+        raise KeyError("unknown plan parameter %r (I64: %s; F64: %s)" % (key, ", ".join(_I64_NAMES), ", ".join(_F64_NAMES)))
+    raise TypeError("plan parameter key: expected flashattn.I64, flashattn.F64 or a name, got %r" % (key,))
+
+
+def _destroy(library, handle):
+    library.flashattn_plan_destroy(handle)
+
+
+def _pointer(value, name, allow_none=False):
+    """(pointer, TensorRef or None) for a tensor object, an int address or None."""
+    if value is None:
+        if not allow_none:
+            raise TypeError("%s: must not be None" % name)
+        return None, None
+    if isinstance(value, int):
+        return value, None
+    ref = value if isinstance(value, TensorRef) else as_tensor(value, name)
+    return ref.ptr, ref
+
+
+class Plan:
+    """One attention problem: ``flashattn_plan_t`` with its lifecycle.
+
+    ``Plan(batch=2, seqlen_q=128, ..., dtype="fp32", backend="cpu")`` creates the plan and sets
+    the given parameters (names are the lower-case key names without the prefix; ``scale`` is
+    ``softmax_scale``). ``close()`` destroys it; so do leaving a ``with`` block and garbage
+    collection, in any order, any number of times.
+    """
+
+    def __init__(self, **params):
+        handle = ctypes.c_void_p()
+        call("flashattn_plan_create", ctypes.byref(handle))
+        self._handle = handle.value
+        self._finalizer = weakref.finalize(self, _destroy, lib(), handle.value)
+        try:
+            for key, value in params.items():
+                self.set(key, value)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def close(self):
+        """Destroy the C plan now (idempotent)."""
+        self._handle = None
+        self._finalizer()
+
+    @property
+    def closed(self):
+        return self._handle is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    @property
+    def handle(self):
+        """The flashattn_plan_t* as an int (ValueError once closed)."""
+        if self._handle is None:
+            raise ValueError("flashattn.Plan: the plan is closed")
+        return self._handle
+
+    def __repr__(self):
+        if self.closed:
+            return "<flashattn.Plan closed>"
+        return "<flashattn.Plan at 0x%x>" % self._handle
+
+    # -- parameters --------------------------------------------------------------------------
+    def set_i64(self, key, value):
+        call("flashattn_plan_set_i64", self.handle, int(key), int(value))
+
+    def set_f64(self, key, value):
+        call("flashattn_plan_set_f64", self.handle, int(key), float(value))
+
+    def get_i64(self, key):
+        out = ctypes.c_int64()
+        call("flashattn_plan_get_i64", self.handle, int(key), ctypes.byref(out))
+        return out.value
+
+    def get_f64(self, key):
+        out = ctypes.c_double()
+        call("flashattn_plan_get_f64", self.handle, int(key), ctypes.byref(out))
+        return out.value
+
+    def set(self, key, value):
+        """Set a parameter by I64/F64 key or name; dtype and backend also take names."""
+        is_i64, k = _key(key)
+        if not is_i64:
+            return self.set_f64(k, value)
+        if k == I64.DTYPE:
+            value = parse_dtype(value)
+        elif k == I64.BACKEND:
+            value = parse_backend(value)
+        elif isinstance(value, bool):
+            value = int(value)
+        return self.set_i64(k, value)
+
+    def get(self, key):
+        is_i64, k = _key(key)
+        return self.get_i64(k) if is_i64 else self.get_f64(k)
+
+    # -- finalize and queries ----------------------------------------------------------------
+    def finalize(self):
+        call("flashattn_plan_finalize", self.handle)
+        return self
+
+    def backend_info(self):
+        """(Backend, reason) of a finalized plan."""
+        backend = ctypes.c_int()
+        reason = ctypes.c_char_p()
+        call("flashattn_plan_get_backend", self.handle, ctypes.byref(backend), ctypes.byref(reason))
+        return Backend(backend.value), (reason.value or b"").decode("utf-8", "replace")
+
+    @property
+    def backend(self):
+        return self.backend_info()[0]
+
+    @property
+    def backend_reason(self):
+        return self.backend_info()[1]
+
+    @property
+    def workspace_size(self):
+        out = ctypes.c_size_t()
+        call("flashattn_plan_get_workspace_size", self.handle, ctypes.byref(out))
+        return out.value
+
+    def extents(self):
+        """Bytes each tensor of a finalized plan spans from its pointer: dict q, k, v, o, lse, cu."""
+        g = self.get_i64
+        varlen = g(I64.VARLEN) == 1
+        es = 4 if g(I64.DTYPE) == DType.FP32 else (1 if g(I64.DTYPE) == DType.FP8_E4M3 else 2)
+        batch = g(I64.BATCH)
+        rows_q = g(I64.TOTAL_Q) if varlen else g(I64.SEQLEN_Q)
+        rows_k = g(I64.TOTAL_K) if varlen else g(I64.SEQLEN_K)
+
+        def span(prefix, rows, heads, dim):
+            if rows == 0:
+                return 0
+            end = dim + (rows - 1) * g(I64[prefix + "_ROW_STRIDE"]) + (heads - 1) * g(I64[prefix + "_HEAD_STRIDE"])
+            if not varlen:
+                end += (batch - 1) * g(I64[prefix + "_BATCH_STRIDE"])
+            return end * es
+
+        hq, hkv, d, dv = g(I64.HEADS_Q), g(I64.HEADS_KV), g(I64.HEAD_DIM), g(I64.HEAD_DIM_V)
+        return {"q": span("Q", rows_q, hq, d), "k": span("K", rows_k, hkv, d), "v": span("V", rows_k, hkv, dv),
+                "o": span("O", rows_q, hq, dv), "lse": (1 if varlen else batch) * hq * rows_q * 4,
+                "cu": (batch + 1) * 4 if varlen else 0, "dtype": DType(g(I64.DTYPE))}
+
+    # -- execute -----------------------------------------------------------------------------
+    def _check_refs(self, refs):
+        ext = self.extents()
+        for name, ref in refs.items():
+            if ref is None:
+                continue
+            key = "cu" if name.startswith("cu_seqlens") else name
+            if name in ("q", "k", "v", "o"):
+                if ref.flash_dtype != ext["dtype"]:
+                    raise TypeError("%s: %s, but the plan's dtype is %s" % (name, ref.describe(), ext["dtype"].name.lower()))
+            elif name == "lse" and ref.dtype_name != "float32":
+                raise TypeError("lse: %s; it must be float32" % ref.describe())
+            elif key == "cu" and ref.dtype_name != "int32":
+                raise TypeError("%s: %s; it must be int32" % (name, ref.describe()))
+            if name in ("lse", "cu_seqlens_q", "cu_seqlens_k") and not ref.is_contiguous:
+                raise ValueError("%s: must be contiguous" % name)
+            if name in ("o", "lse") and not ref.writeable:
+                raise ValueError("%s: the array is read-only" % name)
+            if ref.span_bytes < ext[key]:
+                raise ValueError("%s: %s spans %d bytes, the plan needs %d (check its shape and strides)"
+                                 % (name, ref.describe(), ref.span_bytes, ext[key]))
+
+    def _workspace(self, workspace):
+        if workspace is None:
+            return None, 0
+        if isinstance(workspace, tuple) and len(workspace) == 2:
+            return int(workspace[0]), int(workspace[1])
+        ref = workspace if isinstance(workspace, TensorRef) else as_tensor(workspace, "workspace")
+        return ref.ptr, ref.span_bytes
+
+    def execute(self, q, k, v, o, lse=None, workspace=None, stream=None):
+        """flashattn_plan_execute. Tensors are arrays/tensors (checked against the plan's extents
+        and dtype) or raw int addresses (not checked); workspace is an array or (address, bytes);
+        stream an int, a torch/cupy stream or None (the legacy default stream)."""
+        self._execute(False, q, k, v, o, lse, None, None, workspace, stream)
+
+    def execute_varlen(self, q, k, v, o, cu_seqlens_q, cu_seqlens_k, lse=None, workspace=None, stream=None):
+        """flashattn_plan_execute_varlen; arguments as execute(), plus int32 cu_seqlens_q/k."""
+        self._execute(True, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, workspace, stream)
+
+    def _execute(self, varlen, q, k, v, o, lse, cu_q, cu_k, workspace, stream):
+        handle = self.handle
+        ptrs, refs = {}, {}
+        for name, value, optional in (("q", q, False), ("k", k, False), ("v", v, False), ("o", o, False),
+                                      ("lse", lse, True), ("cu_seqlens_q", cu_q, not varlen),
+                                      ("cu_seqlens_k", cu_k, not varlen)):
+            ptrs[name], refs[name] = _pointer(value, name, allow_none=optional)
+        finalized = True
+        try:
+            self.workspace_size
+        except _capi.InvalidStateError:
+            finalized = False  # let the C call report it
+        if finalized:
+            self._check_refs(refs)
+        ws_ptr, ws_bytes = self._workspace(workspace)
+        s = stream_handle(stream) or None
+        lse_p = ctypes.cast(ctypes.c_void_p(ptrs["lse"]), ctypes.POINTER(ctypes.c_float)) if ptrs["lse"] else None
+        if varlen:
+            cq = ctypes.cast(ctypes.c_void_p(ptrs["cu_seqlens_q"]), ctypes.POINTER(ctypes.c_int32)) if ptrs["cu_seqlens_q"] else None
+            ck = ctypes.cast(ctypes.c_void_p(ptrs["cu_seqlens_k"]), ctypes.POINTER(ctypes.c_int32)) if ptrs["cu_seqlens_k"] else None
+            status = lib().flashattn_plan_execute_varlen(handle, ptrs["q"], ptrs["k"], ptrs["v"], ptrs["o"], lse_p,
+                                                         cq, ck, ws_ptr, ws_bytes, s)
+            lib().check(status, "flashattn_plan_execute_varlen")
+        else:
+            status = lib().flashattn_plan_execute(handle, ptrs["q"], ptrs["k"], ptrs["v"], ptrs["o"], lse_p,
+                                                  ws_ptr, ws_bytes, s)
+            lib().check(status, "flashattn_plan_execute")
+        del refs  # the arrays stayed referenced for the whole call
+
+
+__all__ = ["Plan", "parse_backend", "parse_dtype", "Status"]

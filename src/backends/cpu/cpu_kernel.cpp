@@ -1,0 +1,462 @@
+// The CPU FlashAttention tile kernel.
+//
+// One call computes a block of query rows of one (sequence, head). The rows are widened to fp32
+// (pre-multiplied by the softmax scale) once; the keys they may see are then streamed in blocks of
+// block_n: each K/V block is widened to fp32 once into thread-private scratch (K transposed so that
+// the score product runs along contiguous keys) and reused by every row of the block. Scores go
+// through the optional logit cap and the causal/window mask, then the online softmax: each row keeps
+// its running maximum m and sum l, rescales its fp32 output accumulator by exp(m_old - m_new) when
+// the maximum grows, and divides by l once at the end. Memory is O(block) per thread; no
+// seqlen_q x seqlen_k buffer ever exists.
+//
+// Both matrix products use one register-blocked micro-kernel written with GCC/Clang vector
+// extensions (8 floats), so the hot loops are SIMD at -O2 without relying on the auto-vectoriser.
+// On x86-64 the kernel is compiled twice, for the baseline ISA and for AVX2+FMA, and the variant is
+// chosen once at run time.
+#include "backends/cpu/cpu_kernel.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "backends/cpu/cpu_convert.h"
+
+#if !defined(__GNUC__) && !defined(__clang__)
+#error "the CPU backend needs the GCC/Clang vector extensions"
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+#define FLASHATTN_CPU_X86 1
+#else
+#define FLASHATTN_CPU_X86 0
+#endif
+
+#define FA_ALWAYS_INLINE inline __attribute__((always_inline))
+
+namespace flashattn {
+namespace cpu {
+namespace {
+
+typedef float vf __attribute__((vector_size(32)));
+typedef int32_t vi __attribute__((vector_size(32)));
+
+static_assert(sizeof(vf) == kVector * sizeof(float), "vector width");
+
+// Vectors are passed by reference throughout: a 32-byte vector passed by value changes the ABI
+// between the two ISA variants, and every helper is inlined anyway.
+FA_ALWAYS_INLINE void vload(vf &r, const float *p) { std::memcpy(&r, p, sizeof r); }
+FA_ALWAYS_INLINE void vstore(float *p, const vf &r) { std::memcpy(p, &r, sizeof r); }
+FA_ALWAYS_INLINE void vsplat(vf &r, float x) { r = vf{x, x, x, x, x, x, x, x}; }
+
+FA_ALWAYS_INLINE float vmax_lanes(const vf &v) {
+    float m = v[0];
+    for (int i = 1; i < kVector; ++i) m = v[i] > m ? v[i] : m;
+    return m;
+}
+
+FA_ALWAYS_INLINE float vsum_lanes(const vf &v) {
+    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+// r = a > b ? a : b, lane-wise (NaN-free inputs).
+FA_ALWAYS_INLINE void vmax_into(vf &r, const vf &a) {
+    const vi take = a > r;
+    r = (vf)(((vi)a & take) | ((vi)r & ~take));
+}
+
+// x = exp(x) for x <= 0, lane-wise: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, a degree-7
+// Taylor polynomial for e^r (truncation error < 6e-9 relative, below fp32 rounding) and the
+// exponent added in the integer domain. Lanes below -86 (including -inf) give exactly 0; e^-86 is
+// 4e-38, far below anything a softmax row (whose largest term is 1) can resolve.
+FA_ALWAYS_INLINE void vexp_nonpositive(vf &x) {
+    vf lo;
+    vsplat(lo, -86.0f);
+    const vi keep = x >= lo;
+    const vf y = (vf)(((vi)x & keep) | ((vi)lo & ~keep));
+    const vf t = y * 1.44269504088896341f;  // x / ln 2
+    const vf n = (t + 12582912.0f) - 12582912.0f;  // round to nearest integer (|t| < 2^22)
+    vf r = y - n * 0.693145751953125f;           // ln 2, high part (exact product)
+    r = r - n * 1.428606820309417232e-6f;        // ln 2, low part
+    vf p;
+    vsplat(p, 1.0f / 5040.0f);
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const vi e = __builtin_convertvector(n, vi) << 23;
+    x = (vf)(((vi)p + e) & keep);
+}
+
+// Element access for the three storage types.
+template <flashattn_dtype_t DT>
+struct Elem;
+
+template <>
+struct Elem<FLASHATTN_DTYPE_FP32> {
+    static constexpr size_t size = 4;
+    static FA_ALWAYS_INLINE float load(const unsigned char *p, int64_t i) {
+        float f;
+        std::memcpy(&f, p + i * 4, 4);
+        return f;
+    }
+    static FA_ALWAYS_INLINE void store(unsigned char *p, int64_t i, float f) {
+        std::memcpy(p + i * 4, &f, 4);
+    }
+};
+
+template <>
+struct Elem<FLASHATTN_DTYPE_FP16> {
+    static constexpr size_t size = 2;
+    static FA_ALWAYS_INLINE float load(const unsigned char *p, int64_t i) {
+        uint16_t h;
+        std::memcpy(&h, p + i * 2, 2);
+        return half_to_float(h);
+    }
+    static FA_ALWAYS_INLINE void store(unsigned char *p, int64_t i, float f) {
+        const uint16_t h = float_to_half(f);
+        std::memcpy(p + i * 2, &h, 2);
+    }
+};
+
+template <>
+struct Elem<FLASHATTN_DTYPE_BF16> {
+    static constexpr size_t size = 2;
+    static FA_ALWAYS_INLINE float load(const unsigned char *p, int64_t i) {
+        uint16_t h;
+        std::memcpy(&h, p + i * 2, 2);
+        return bf16_to_float(h);
+    }
+    static FA_ALWAYS_INLINE void store(unsigned char *p, int64_t i, float f) {
+        const uint16_t h = float_to_bf16(f);
+        std::memcpy(p + i * 2, &h, 2);
+    }
+};
+
+// C[MR x n] = (accumulate ? C : 0) + A[MR x kdim] * B[kdim x n]; n a multiple of kVector; all
+// row-major with the given leading dimensions. MR rows x 16 columns of C live in registers.
+template <int MR>
+FA_ALWAYS_INLINE void gemm_rows(int n, int kdim, const float *a, int lda, const float *b, int ldb,
+                                float *c, int ldc, bool accumulate) {
+    int j = 0;
+    for (; j + 2 * kVector <= n; j += 2 * kVector) {
+        vf acc0[MR], acc1[MR];
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            if (accumulate) {
+                vload(acc0[r], c + r * ldc + j);
+                vload(acc1[r], c + r * ldc + j + kVector);
+            } else {
+                acc0[r] = vf{};
+                acc1[r] = vf{};
+            }
+        }
+        const float *bp = b + j;
+        for (int k = 0; k < kdim; ++k, bp += ldb) {
+            vf b0, b1;
+            vload(b0, bp);
+            vload(b1, bp + kVector);
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; ++r) {
+                const float av = a[r * lda + k];
+                acc0[r] += av * b0;
+                acc1[r] += av * b1;
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            vstore(c + r * ldc + j, acc0[r]);
+            vstore(c + r * ldc + j + kVector, acc1[r]);
+        }
+    }
+    if (j < n) {  // one remaining vector of columns
+        vf acc[MR];
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) {
+            if (accumulate) {
+                vload(acc[r], c + r * ldc + j);
+            } else {
+                acc[r] = vf{};
+            }
+        }
+        const float *bp = b + j;
+        for (int k = 0; k < kdim; ++k, bp += ldb) {
+            vf b0;
+            vload(b0, bp);
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; ++r) acc[r] += a[r * lda + k] * b0;
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; ++r) vstore(c + r * ldc + j, acc[r]);
+    }
+}
+
+constexpr int kMicroRows = 4;
+
+FA_ALWAYS_INLINE void gemm(int m, int n, int kdim, const float *a, int lda, const float *b, int ldb,
+                           float *c, int ldc, bool accumulate) {
+    int r = 0;
+    for (; r + kMicroRows <= m; r += kMicroRows) {
+        gemm_rows<kMicroRows>(n, kdim, a + r * lda, lda, b, ldb, c + r * ldc, ldc, accumulate);
+    }
+    switch (m - r) {
+    case 3:
+        gemm_rows<3>(n, kdim, a + r * lda, lda, b, ldb, c + r * ldc, ldc, accumulate);
+        break;
+    case 2:
+        gemm_rows<2>(n, kdim, a + r * lda, lda, b, ldb, c + r * ldc, ldc, accumulate);
+        break;
+    case 1:
+        gemm_rows<1>(n, kdim, a + r * lda, lda, b, ldb, c + r * ldc, ldc, accumulate);
+        break;
+    default:
+        break;
+    }
+}
+
+constexpr int round_up(int x, int m) { return (x + m - 1) / m * m; }
+constexpr size_t kScratchAlign = 16;  // floats (64 bytes)
+constexpr size_t align_floats(size_t n) { return (n + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+
+// Offsets (in floats) of the scratch arrays of one thread.
+struct Layout {
+    size_t q, kt, v, s, o, m, l, total;
+    Layout(const Problem &p, const TileShape &shape) {
+        const size_t bm = static_cast<size_t>(shape.block_m);
+        const size_t bn = static_cast<size_t>(shape.block_n);
+        const size_t d = static_cast<size_t>(p.head_dim);
+        const size_t dvp = static_cast<size_t>(round_up(static_cast<int>(p.head_dim_v), kVector));
+        q = 0;                                // [block_m][d]      query rows, scaled
+        kt = q + align_floats(bm * d);        // [d][block_n]      K block, transposed
+        v = kt + align_floats(d * bn);        // [block_n][dvp]    V block
+        s = v + align_floats(bn * dvp);       // [block_m][block_n] scores, then probabilities
+        o = s + align_floats(bm * bn);        // [block_m][dvp]    output accumulator
+        m = o + align_floats(bm * dvp);       // [block_m]         running maximum
+        l = m + align_floats(bm);             // [block_m]         running sum
+        total = l + align_floats(bm);
+    }
+};
+
+template <flashattn_dtype_t DT>
+FA_ALWAYS_INLINE void tile_body(const Problem &p, const TileShape &shape, const Slice &sl,
+                                int64_t row0, int64_t rows64, void *scratch) {
+    typedef Elem<DT> E;
+    const int d = static_cast<int>(p.head_dim);
+    const int dv = static_cast<int>(p.head_dim_v);
+    const int dvp = round_up(dv, kVector);
+    const int bn = shape.block_n;
+    const int rows = static_cast<int>(rows64 < kMaxBlockM ? rows64 : kMaxBlockM);
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    const bool capped = p.softcap > 0.0;
+    const float cap = static_cast<float>(p.softcap);
+    // s = scale*q.k, or cap*tanh(scale*q.k/cap): fold scale (and 1/cap) into Q.
+    const float q_mul = static_cast<float>(capped ? p.scale / p.softcap : p.scale);
+
+    const Layout lay(p, shape);
+    float *const base = static_cast<float *>(scratch);
+    float *const qs = base + lay.q;
+    float *const kt = base + lay.kt;
+    float *const vs = base + lay.v;
+    float *const ss = base + lay.s;
+    float *const oa = base + lay.o;
+    float *const mrow = base + lay.m;
+    float *const lrow = base + lay.l;
+
+    // Visible keys of each row; both ends are non-decreasing in the row, so the block needs keys
+    // [first of its first row, last of its last row] and nothing else.
+    int64_t first[kMaxBlockM];
+    int64_t last[kMaxBlockM];
+    for (int r = 0; r < rows; ++r) {
+        const KeyRange kr = visible_keys(p, row0 + r, sl.seqlen_q, sl.seqlen_k);
+        first[r] = kr.first;
+        last[r] = kr.last;
+    }
+    const int64_t key_begin = visible_keys(p, row0, sl.seqlen_q, sl.seqlen_k).first;
+    const int64_t key_end = visible_keys(p, row0 + rows - 1, sl.seqlen_q, sl.seqlen_k).last + 1;
+
+    for (int r = 0; r < rows; ++r) {
+        const unsigned char *src = sl.q + (row0 + r) * sl.q_row * static_cast<int64_t>(E::size);
+        float *dst = qs + static_cast<size_t>(r) * d;
+        for (int c = 0; c < d; ++c) dst[c] = E::load(src, c) * q_mul;
+        mrow[r] = neg_inf;
+        lrow[r] = 0.0f;
+        float *acc = oa + static_cast<size_t>(r) * dvp;
+        for (int c = 0; c < dvp; ++c) acc[c] = 0.0f;
+    }
+
+    for (int64_t j0 = key_begin; j0 < key_end; j0 += bn) {
+        const int nk = static_cast<int>(key_end - j0 < bn ? key_end - j0 : bn);
+        const int nkp = round_up(nk, kVector);
+
+        // Widen the K block (transposed: kt[c][j]) and the V block (vs[j][c], zero-padded to dvp).
+        for (int jj = 0; jj < nk; ++jj) {
+            const unsigned char *src = sl.k + (j0 + jj) * sl.k_row * static_cast<int64_t>(E::size);
+            float *dst = kt + jj;
+            for (int c = 0; c < d; ++c) dst[static_cast<size_t>(c) * bn] = E::load(src, c);
+        }
+        if (nk < nkp) {
+            for (int c = 0; c < d; ++c) {
+                float *dst = kt + static_cast<size_t>(c) * bn;
+                for (int jj = nk; jj < nkp; ++jj) dst[jj] = 0.0f;
+            }
+        }
+        for (int jj = 0; jj < nk; ++jj) {
+            const unsigned char *src = sl.v + (j0 + jj) * sl.v_row * static_cast<int64_t>(E::size);
+            float *dst = vs + static_cast<size_t>(jj) * dvp;
+            for (int c = 0; c < dv; ++c) dst[c] = E::load(src, c);
+            for (int c = dv; c < dvp; ++c) dst[c] = 0.0f;
+        }
+
+        // Scores for the whole block of rows.
+        gemm(rows, nkp, d, qs, d, kt, bn, ss, bn, false);
+
+        for (int r = 0; r < rows; ++r) {
+            float *srow = ss + static_cast<size_t>(r) * bn;
+            if (capped) {
+                for (int jj = 0; jj < nk; ++jj) srow[jj] = cap * std::tanh(srow[jj]);
+            }
+            // Visible keys of this row inside the block: [lo, hi).
+            int64_t lo = first[r] - j0;
+            int64_t hi = last[r] + 1 - j0;
+            lo = lo < 0 ? 0 : (lo > nk ? nk : lo);
+            hi = hi < lo ? lo : (hi > nk ? nk : hi);
+            if (lo == hi) {  // the row sees nothing here: it takes no part in this block
+                for (int jj = 0; jj < nkp; ++jj) srow[jj] = 0.0f;
+                continue;
+            }
+            for (int jj = 0; jj < lo; ++jj) srow[jj] = neg_inf;
+            for (int jj = static_cast<int>(hi); jj < nkp; ++jj) srow[jj] = neg_inf;
+
+            vf vmax;
+            vload(vmax, srow);
+            for (int jj = kVector; jj < nkp; jj += kVector) {
+                vf x;
+                vload(x, srow + jj);
+                vmax_into(vmax, x);
+            }
+            const float block_max = vmax_lanes(vmax);
+            const float m_old = mrow[r];
+            const float m_new = block_max > m_old ? block_max : m_old;
+            // Probabilities relative to the new maximum, and their sum.
+            vf vm, vsum = vf{};
+            vsplat(vm, m_new);
+            for (int jj = 0; jj < nkp; jj += kVector) {
+                vf x;
+                vload(x, srow + jj);
+                x = x - vm;
+                vexp_nonpositive(x);
+                vsum += x;
+                vstore(srow + jj, x);
+            }
+            const float block_sum = vsum_lanes(vsum);
+            if (m_old == neg_inf) {  // first keys this row sees: nothing to rescale
+                lrow[r] = block_sum;
+            } else {
+                const float alpha = std::exp(m_old - m_new);
+                lrow[r] = lrow[r] * alpha + block_sum;
+                if (alpha != 1.0f) {
+                    float *acc = oa + static_cast<size_t>(r) * dvp;
+                    for (int c = 0; c < dvp; c += kVector) {
+                        vf x;
+                        vload(x, acc + c);
+                        x = x * alpha;
+                        vstore(acc + c, x);
+                    }
+                }
+            }
+            mrow[r] = m_new;
+        }
+
+        // O += P V.
+        gemm(rows, dvp, nk, ss, bn, vs, dvp, oa, dvp, true);
+    }
+
+    // Normalise once and narrow to the output type; rows that saw no key get O = 0, LSE = -inf.
+    for (int r = 0; r < rows; ++r) {
+        unsigned char *dst = sl.o + (row0 + r) * sl.o_row * static_cast<int64_t>(E::size);
+        const float *acc = oa + static_cast<size_t>(r) * dvp;
+        if (mrow[r] == neg_inf) {
+            for (int c = 0; c < dv; ++c) E::store(dst, c, 0.0f);
+            if (sl.lse) sl.lse[row0 + r] = neg_inf;
+        } else {
+            const float inv = 1.0f / lrow[r];
+            for (int c = 0; c < dv; ++c) E::store(dst, c, acc[c] * inv);
+            if (sl.lse) sl.lse[row0 + r] = mrow[r] + std::log(lrow[r]);
+        }
+    }
+}
+
+typedef void (*TileFn)(const Problem &, const TileShape &, const Slice &, int64_t, int64_t, void *);
+
+template <flashattn_dtype_t DT>
+void tile_generic(const Problem &p, const TileShape &shape, const Slice &sl, int64_t row0,
+                  int64_t rows, void *scratch) {
+    tile_body<DT>(p, shape, sl, row0, rows, scratch);
+}
+
+#if FLASHATTN_CPU_X86
+template <flashattn_dtype_t DT>
+__attribute__((target("avx2,fma"))) void tile_avx2(const Problem &p, const TileShape &shape,
+                                                   const Slice &sl, int64_t row0, int64_t rows,
+                                                   void *scratch) {
+    tile_body<DT>(p, shape, sl, row0, rows, scratch);
+}
+
+bool cpu_has_avx2_fma() {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#endif
+
+struct TileTable {
+    TileFn fp32, fp16, bf16;
+    const char *name;
+};
+
+TileTable pick_table() {
+#if FLASHATTN_CPU_X86
+    if (cpu_has_avx2_fma()) {
+        return {tile_avx2<FLASHATTN_DTYPE_FP32>, tile_avx2<FLASHATTN_DTYPE_FP16>,
+                tile_avx2<FLASHATTN_DTYPE_BF16>, "avx2+fma"};
+    }
+#endif
+    return {tile_generic<FLASHATTN_DTYPE_FP32>, tile_generic<FLASHATTN_DTYPE_FP16>,
+            tile_generic<FLASHATTN_DTYPE_BF16>, "generic"};
+}
+
+const TileTable &table() {
+    static const TileTable t = pick_table();
+    return t;
+}
+
+}  // namespace
+
+size_t scratch_bytes(const Problem &p, const TileShape &shape) {
+    return Layout(p, shape).total * sizeof(float);
+}
+
+void run_tile(const Problem &p, const TileShape &shape, const Slice &slice, int64_t row0,
+              int64_t rows, void *scratch) {
+    if (rows <= 0) return;
+    const TileTable &t = table();
+    switch (p.dtype) {
+    case FLASHATTN_DTYPE_FP32:
+        t.fp32(p, shape, slice, row0, rows, scratch);
+        break;
+    case FLASHATTN_DTYPE_FP16:
+        t.fp16(p, shape, slice, row0, rows, scratch);
+        break;
+    case FLASHATTN_DTYPE_BF16:
+        t.bf16(p, shape, slice, row0, rows, scratch);
+        break;
+    default:
+        break;  // unsupported_reason() keeps other types away
+    }
+}
+
+const char *simd_path() { return table().name; }
+
+}  // namespace cpu
+}  // namespace flashattn

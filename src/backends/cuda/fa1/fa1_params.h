@@ -1,0 +1,93 @@
+// Kernel parameters and compiled configurations of the FA1 forward backend. Shared by the host code
+// (fa1_backend.cpp) and the kernels (fa1_kernel.cuh, fa1_fwd_hdim*.cu); plain C++.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace flashattn {
+namespace fa1 {
+
+// Warps per CTA. All of them see every query row of the tile and split the keys of a K/V block.
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+
+// "Unbounded" window extent: far beyond any sequence length, small enough for int32 sums.
+constexpr int32_t kUnbounded = 1 << 30;
+
+struct Params {
+    const void *q = nullptr;
+    const void *k = nullptr;
+    const void *v = nullptr;
+    void *o = nullptr;
+    float *lse = nullptr;           // optional: [batch][heads_q][seqlen_q], or [heads_q][total_q]
+    const int32_t *cu_q = nullptr;  // varlen only (device, batch+1 entries)
+    const int32_t *cu_k = nullptr;
+
+    // Workspace: the FA1 partial output (fp32, normalised, fragment-native order) and the running
+    // softmax statistics (m, l) per row, one copy per warp. See ws_row_start() for the row layout.
+    float *o_acc = nullptr;  // [heads_q][ws_rows][D]
+    float2 *ml = nullptr;    // [heads_q][ws_rows][kWarps]
+    int64_t ws_rows = 0;
+
+    // Element strides (batch strides unused when varlen).
+    int64_t q_bs = 0, q_rs = 0, q_hs = 0;
+    int64_t k_bs = 0, k_rs = 0, k_hs = 0;
+    int64_t v_bs = 0, v_rs = 0, v_hs = 0;
+    int64_t o_bs = 0, o_rs = 0, o_hs = 0;
+
+    int32_t batch = 0;
+    int32_t seqlen_q = 0;  // max over the batch when varlen
+    int32_t seqlen_k = 0;
+    int32_t heads_q = 0;
+    int32_t group = 1;     // heads_q / heads_kv
+    int32_t head_dim = 0;  // actual head dim (<= compiled D, a multiple of 8)
+    int32_t varlen = 0;
+    int32_t total_q = 0;   // varlen: rows of packed Q (the LSE row stride)
+    int32_t q_blocks_per_cta = 1;  // query blocks (of BR rows) each CTA walks in its inner loop
+    int32_t splits = 1;            // CTAs per (batch, head) along the query axis
+    int32_t reverse = 0;           // launch the last query ranges first (causal: heaviest first)
+
+    // Key j is visible to query i iff i+off-left <= j <= i+off+right (off = sk - sq), j in [0, sk).
+    int32_t left = kUnbounded;
+    int32_t right = kUnbounded;
+
+    float score_log2 = 0.f;  // exp2 multiplier of the stored scores (scale*log2e, or cap*log2e)
+    float cap_mul = 0.f;     // 0: no softcap; else scale/cap (scores become tanh(raw*scale/cap))
+};
+
+// One compiled kernel configuration.
+struct Config {
+    int head_dim = 0;  // compiled head dim D
+    int block_m = 0;   // BR: query rows per inner step
+    int keys_per_warp = 0;
+    int block_n() const { return keys_per_warp * kWarps; }  // BC: keys per outer step
+    size_t smem_bytes = 0;
+    bool large = false;
+};
+
+// Launch one compiled configuration (fa1_fwd_hdim*.cu). `large` picks the big-shared-memory
+// variant, `bf16` the element type.
+cudaError_t launch_hdim32(const Params &p, bool large, bool bf16, cudaStream_t s);
+cudaError_t launch_hdim64(const Params &p, bool large, bool bf16, cudaStream_t s);
+cudaError_t launch_hdim128(const Params &p, bool large, bool bf16, cudaStream_t s);
+cudaError_t launch_hdim256(const Params &p, bool large, bool bf16, cudaStream_t s);
+
+// Configuration facts and an attribute query for one compiled kernel (fa1_fwd_hdim*.cu).
+Config config_hdim32(bool large);
+Config config_hdim64(bool large);
+Config config_hdim128(bool large);
+Config config_hdim256(bool large);
+cudaError_t func_attributes_hdim32(bool large, bool bf16, cudaFuncAttributes *attr);
+cudaError_t func_attributes_hdim64(bool large, bool bf16, cudaFuncAttributes *attr);
+cudaError_t func_attributes_hdim128(bool large, bool bf16, cudaFuncAttributes *attr);
+cudaError_t func_attributes_hdim256(bool large, bool bf16, cudaFuncAttributes *attr);
+cudaError_t occupancy_hdim32(bool large, bool bf16, int *blocks_per_sm);
+cudaError_t occupancy_hdim64(bool large, bool bf16, int *blocks_per_sm);
+cudaError_t occupancy_hdim128(bool large, bool bf16, int *blocks_per_sm);
+cudaError_t occupancy_hdim256(bool large, bool bf16, int *blocks_per_sm);
+
+}  // namespace fa1
+}  // namespace flashattn

@@ -1,0 +1,42 @@
+// Tile configurations of the compiled FA2 forward variants. Shared by the kernels (to instantiate
+// them) and the host (to pick one, size the grid and estimate residency for split-KV).
+#pragma once
+
+namespace flashattn {
+namespace fa2 {
+
+struct TileConfig {
+    int head_dim;    // compiled head dim kD
+    int block_m;     // query rows per CTA
+    int block_n;     // keys per K/V tile
+    int warps;       // warps per CTA; each owns block_m / warps query rows
+    int stages;      // K/V shared-memory buffers (1: FA2's single buffer, 2: double buffer)
+    int min_blocks;  // __launch_bounds__ residency target (CTAs per SM)
+};
+
+// Main ("prefill") configurations, following FlashAttention-2's sm80/sm90 choices (kernel guide
+// section 2.1) plus a second K/V buffer where two CTAs per SM still fit in 227 KB.
+constexpr TileConfig prefill_config(int kD) {
+    return kD <= 32    ? TileConfig{32, 128, 128, 4, 2, 2}
+           : kD <= 64  ? TileConfig{64, 128, 128, 4, 2, 2}
+           : kD <= 96  ? TileConfig{96, 128, 64, 4, 2, 2}
+           : kD <= 128 ? TileConfig{128, 128, 64, 4, 2, 2}
+           : kD <= 160 ? TileConfig{160, 128, 64, 8, 2, 1}
+           : kD <= 192 ? TileConfig{192, 128, 64, 8, 2, 1}
+           : kD <= 224 ? TileConfig{224, 128, 64, 8, 2, 1}
+                       : TileConfig{256, 64, 64, 4, 1, 2};
+}
+
+// Small-M configuration for decode-like problems (few query rows, packed GQA heads): one m16 tile
+// per warp so that idle warps skip their math, double-buffered K/V. Compiled for kD 64 and 128;
+// larger head dims already use one m16 tile per warp in their main configuration.
+constexpr TileConfig decode_config(int kD) {
+    return kD <= 64 ? TileConfig{64, 64, 128, 4, 2, 2} : TileConfig{128, 64, 64, 4, 2, 2};
+}
+
+constexpr int smem_bytes(const TileConfig &c) {
+    return c.block_m * c.head_dim * 2 + 2 * c.stages * c.block_n * c.head_dim * 2;
+}
+
+}  // namespace fa2
+}  // namespace flashattn

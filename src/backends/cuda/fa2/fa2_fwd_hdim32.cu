@@ -1,0 +1,13 @@
+// FA2 forward kernels compiled for head dim 32 (fp16 and bf16; one translation unit per head dim
+// so that the build parallelises).
+#include "backends/cuda/fa2/fa2_kernel.cuh"
+
+namespace flashattn {
+namespace fa2 {
+
+cudaError_t launch_fwd_hdim32(const Params &p, bool bf16, bool decode, cudaStream_t s) {
+    return launch_hdim<32>(p, bf16, decode, s);
+}
+
+}  // namespace fa2
+}  // namespace flashattn

@@ -1,0 +1,601 @@
+// FlashAttention-2 forward kernel for sm_80+ (mma.sync m16n8k16, ldmatrix, cp.async).
+//
+// One CTA per (query tile, head, batch [x split]); the K/V loop runs inside, from the last visible
+// key tile down to the first so that the diagonal/ragged tiles (the only ones that need an element
+// mask, together with the left edge of a sliding window) come first. Warps split the query rows
+// (no cross-warp reduction); O, the running max m and the running sum l stay in registers and O is
+// divided by l once at the end. Scores are kept unscaled; exp2 applies scale*log2(e) with one FFMA
+// (after the tanh when a soft cap is on). Shared memory holds Q, and one or two buffers of K and V,
+// in the swizzled page layout of common/swizzle.cuh.
+//
+// Runtime features (no template flags): causal / sliding window (one key interval per row),
+// soft cap, GQA/MQA (and pack-GQA: the query heads of one kv head stacked along M), variable
+// length (cu_seqlens), LSE, split-KV (fp32 partials into the workspace + fa2_merge.cu).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_runtime.h>
+
+#include "backends/cuda/common/ptx_sm80.cuh"
+#include "backends/cuda/common/swizzle.cuh"
+#include "backends/cuda/fa2/fa2_config.h"
+#include "backends/cuda/fa2/fa2_params.h"
+
+namespace flashattn {
+namespace fa2 {
+
+template <int kD_, int kBM_, int kBN_, int kNW_, int kStages_, int kMinBlocks_>
+struct KernelTraits {
+    static constexpr int kD = kD_;
+    static constexpr int kBM = kBM_;
+    static constexpr int kBN = kBN_;
+    static constexpr int kNW = kNW_;
+    static constexpr int kStages = kStages_;
+    static constexpr int kMinBlocks = kMinBlocks_;
+    static constexpr int kThreads = kNW * 32;
+    static constexpr int kMT = kBM / (16 * kNW);  // m16 tiles per warp
+    static constexpr int kWarpRows = 16 * kMT;
+    static constexpr int kNT = kBN / 8;   // n8 tiles of S per warp
+    static constexpr int kDT = kD / 8;    // n8 tiles of O per warp
+    static constexpr int kKS = kD / 16;   // k16 steps of S = Q K^T
+    static constexpr int kVS = kBN / 16;  // k16 steps of O += P V
+    using QTile = cuda::SwizzledTile<kBM, kD>;
+    using KVTile = cuda::SwizzledTile<kBN, kD>;
+    static constexpr int kQBytes = QTile::kBytes;
+    static constexpr int kKVBytes = KVTile::kBytes;
+    static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes;
+    static_assert(kMT >= 1 && kBM == 16 * kNW * kMT, "block_m must be a multiple of 16*warps");
+    static_assert(kD % 32 == 0 && kBN % 16 == 0, "unsupported tile shape");
+    static_assert(kStages == 1 || kStages == 2, "one or two K/V buffers");
+    static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles must keep 1 KB alignment");
+};
+
+template <int kD, bool kDecode>
+struct TraitsFor {
+    static constexpr TileConfig c = kDecode ? decode_config(kD) : prefill_config(kD);
+    static_assert(c.head_dim == kD, "no such compiled configuration");
+    using type = KernelTraits<c.head_dim, c.block_m, c.block_n, c.warps, c.stages, c.min_blocks>;
+};
+
+// Packed row -> (query position, query head). Without pack-GQA G == 1 and head == hbase.
+__device__ __forceinline__ void unpack_row(int prow, int G, int hbase, int &qpos, int &head) {
+    if (G == 1) {
+        qpos = prow;
+        head = hbase;
+    } else {
+        qpos = prow / G;
+        head = hbase + (prow - qpos * G);
+    }
+}
+
+// Hide a value from loop-invariant code motion: address arithmetic of the per-tile loads is then
+// redone each iteration (a few integer ops) instead of being hoisted into registers that the main
+// loop cannot spare.
+__device__ __forceinline__ int64_t opaque(int64_t v) {
+    asm volatile("" : "+l"(v));
+    return v;
+}
+__device__ __forceinline__ uint32_t opaque(uint32_t v) {
+    asm volatile("" : "+r"(v));
+    return v;
+}
+
+// cp.async a [kRows x kD] tile whose row r starts at g + (row0 + r)*rs (rows >= rows_valid and
+// columns >= d are zero-filled).
+template <class Tr, int kRows>
+__device__ __forceinline__ void load_tile(uint32_t sbase, const uint16_t *g, int row0, int64_t rs,
+                                          int rows_valid, int d, int tid) {
+    using Tile = cuda::SwizzledTile<kRows, Tr::kD>;
+    constexpr int kCPR = Tr::kD / 8;
+    constexpr int kTotal = kRows * kCPR;
+    constexpr int kIters = (kTotal + Tr::kThreads - 1) / Tr::kThreads;
+    rs = opaque(rs);
+    g += row0 * rs;
+    if constexpr (Tr::kThreads % kCPR == 0) {
+        // Each thread keeps one column chunk and walks rows.
+        constexpr int kRowStep = Tr::kThreads / kCPR;
+        const int r0 = tid / kCPR;
+        const int c = tid - r0 * kCPR;
+        const bool col_ok = c * 8 < d;
+        const uint16_t *src = g + r0 * rs + c * 8;
+#pragma unroll
+        for (int j = 0; j < kIters; ++j) {
+            const int r = r0 + j * kRowStep;
+            if (kTotal % Tr::kThreads == 0 || r < kRows) {
+                const bool ok = col_ok && r < rows_valid;
+                cuda::cp_async_16(sbase + Tile::offset(r, c), ok ? src + j * kRowStep * rs : g,
+                                  ok ? 16u : 0u);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < kIters; ++j) {
+            const int i = tid + j * Tr::kThreads;
+            if (kTotal % Tr::kThreads == 0 || i < kTotal) {
+                const int r = i / kCPR;
+                const int c = i - r * kCPR;
+                const bool ok = c * 8 < d && r < rows_valid;
+                const uint16_t *src = ok ? g + r * rs + c * 8 : g;
+                cuda::cp_async_16(sbase + Tile::offset(r, c), src, ok ? 16u : 0u);
+            }
+        }
+    }
+}
+
+// cp.async the Q tile: packed rows m0.. (row -> (qpos, head) through unpack_row).
+template <class Tr>
+__device__ __forceinline__ void load_q(uint32_t sbase, const uint16_t *qg, int64_t q_rs,
+                                       int64_t q_hs, int m0, int prows, int G, int hbase, int d,
+                                       int tid) {
+    using Tile = typename Tr::QTile;
+    constexpr int kCPR = Tr::kD / 8;
+    constexpr int kTotal = Tr::kBM * kCPR;
+    constexpr int kIters = (kTotal + Tr::kThreads - 1) / Tr::kThreads;
+#pragma unroll
+    for (int j = 0; j < kIters; ++j) {
+        const int i = tid + j * Tr::kThreads;
+        if (kTotal % Tr::kThreads == 0 || i < kTotal) {
+            const int r = i / kCPR;
+            const int c = i - r * kCPR;
+            const int prow = m0 + r;
+            const bool ok = c * 8 < d && prow < prows;
+            const uint16_t *src = qg;
+            if (ok) {
+                int qpos, head;
+                unpack_row(prow, G, hbase, qpos, head);
+                src = qg + qpos * q_rs + head * q_hs + c * 8;
+            }
+            cuda::cp_async_16(sbase + Tile::offset(r, c), src, ok ? 16u : 0u);
+        }
+    }
+}
+
+// S = Q K^T for this warp's rows. q_f/q_h: lane bases of the Q tile (full / half page),
+// k_f/k_h: lane bases of the current K buffer.
+template <class Tr, class E>
+__device__ __forceinline__ void gemm_qk(float (&S)[Tr::kMT][Tr::kNT][4], uint32_t q_f,
+                                        uint32_t q_h, uint32_t k_f, uint32_t k_h) {
+    using QT = typename Tr::QTile;
+    using KT = typename Tr::KVTile;
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < Tr::kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) S[mt][nt][e] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < Tr::kKS; ++ks) {
+        uint32_t qa[Tr::kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < Tr::kMT; ++mt) {
+            const uint32_t a = QT::in_full_page(ks)
+                                   ? (q_f ^ QT::xor_term(ks)) + QT::const_term(mt * 16, ks)
+                                   : (q_h ^ QT::xor_term(ks)) + QT::const_term(mt * 16, ks);
+            cuda::ldmatrix_x4(qa[mt], a);
+        }
+#pragma unroll
+        for (int np = 0; np < Tr::kNT / 2; ++np) {
+            uint32_t kb[4];
+            const uint32_t a = KT::in_full_page(ks)
+                                   ? (k_f ^ KT::xor_term(ks)) + KT::const_term(np * 16, ks)
+                                   : (k_h ^ KT::xor_term(ks)) + KT::const_term(np * 16, ks);
+            cuda::ldmatrix_x4(kb, a);
+#pragma unroll
+            for (int mt = 0; mt < Tr::kMT; ++mt) {
+                cuda::mma_16816<E>(S[mt][2 * np], qa[mt], kb[0], kb[1]);
+                cuda::mma_16816<E>(S[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+            }
+        }
+    }
+}
+
+// O += P V. P holds the softmaxed scores already packed as m16k16 A fragments (the S accumulators
+// of two adjacent n8 tiles form one k16 fragment: no shared-memory round trip).
+template <class Tr, class E>
+__device__ __forceinline__ void gemm_pv(float (&O)[Tr::kMT][Tr::kDT][4],
+                                        const uint32_t (&P)[Tr::kMT][Tr::kVS][4], uint32_t v_f,
+                                        uint32_t v_h) {
+    using VT = typename Tr::KVTile;
+#pragma unroll
+    for (int vs = 0; vs < Tr::kVS; ++vs) {
+#pragma unroll
+        for (int dp = 0; dp < Tr::kD / 16; ++dp) {
+            uint32_t vb[4];
+            const uint32_t a = VT::in_full_page(dp)
+                                   ? (v_f ^ VT::xor_term(dp)) + VT::const_term(vs * 16, dp)
+                                   : (v_h ^ VT::xor_term(dp)) + VT::const_term(vs * 16, dp);
+            cuda::ldmatrix_x4_trans(vb, a);
+#pragma unroll
+            for (int mt = 0; mt < Tr::kMT; ++mt) {
+                cuda::mma_16816<E>(O[mt][2 * dp], P[mt][vs], vb[0], vb[1]);
+                cuda::mma_16816<E>(O[mt][2 * dp + 1], P[mt][vs], vb[2], vb[3]);
+            }
+        }
+    }
+}
+
+// Where sequence b lives. Read again after the main loop (the asm memory clobbers make the compiler
+// reload cu_seqlens) so that the epilogue's offsets hold no registers during the loop.
+struct SeqInfo {
+    int sq, sk;
+    int64_t q_row0;  // first packed row of this sequence (varlen) or b*seqlen_q
+    int64_t k_row0;
+};
+
+__device__ __forceinline__ SeqInfo seq_info(const Params &p, int b) {
+    SeqInfo s;
+    if (p.cu_q != nullptr) {
+        const int q0 = p.cu_q[b], k0 = p.cu_k[b];
+        s.sq = p.cu_q[b + 1] - q0;
+        s.sk = p.cu_k[b + 1] - k0;
+        s.q_row0 = q0;
+        s.k_row0 = k0;
+    } else {
+        s.sq = p.seqlen_q;
+        s.sk = p.seqlen_k;
+        s.q_row0 = static_cast<int64_t>(b) * p.seqlen_q;
+        s.k_row0 = 0;
+    }
+    return s;
+}
+
+template <class Tr, class E>
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
+    fwd_kernel(const __grid_constant__ Params p) {
+    constexpr int kD = Tr::kD, kBM = Tr::kBM, kBN = Tr::kBN, kMT = Tr::kMT, kNT = Tr::kNT,
+                  kDT = Tr::kDT, kWR = Tr::kWarpRows;
+    using QT = typename Tr::QTile;
+    using KT = typename Tr::KVTile;
+
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+
+    const int mblk = p.reverse_m ? static_cast<int>(gridDim.x - 1 - blockIdx.x)
+                                 : static_cast<int>(blockIdx.x);
+    const int hh = blockIdx.y;
+    const int b = static_cast<int>(blockIdx.z) / p.num_splits;
+    const int split = static_cast<int>(blockIdx.z) - b * p.num_splits;
+
+    // ---- this sequence ------------------------------------------------------------------------
+    const SeqInfo si = seq_info(p, b);
+    const int sq = si.sq, sk = si.sk;
+    const bool varlen = p.cu_q != nullptr;
+    const int64_t qoff = varlen ? si.q_row0 * p.q_rs : b * p.q_bs;
+    const int64_t koff = varlen ? si.k_row0 * p.k_rs : b * p.k_bs;
+    const int64_t voff = varlen ? si.k_row0 * p.v_rs : b * p.v_bs;
+    const int G = p.pack;
+    const int prows = sq * G;
+    const int m0 = mblk * kBM;
+    if (m0 >= prows) return;
+    const int kvh = G > 1 ? hh : hh / p.group;
+    const int hbase = G > 1 ? hh * G : hh;
+    const int d = p.head_dim;
+
+    const uint16_t *qg = static_cast<const uint16_t *>(p.q) + qoff;
+    const uint16_t *kg = static_cast<const uint16_t *>(p.k) + koff + kvh * p.k_hs;
+    const uint16_t *vg = static_cast<const uint16_t *>(p.v) + voff + kvh * p.v_hs;
+
+    // ---- visible key tiles of this CTA (and of this split) -------------------------------------
+    const int off = sk - sq;
+    const int qlo = m0 / G;
+    const int qhi = (min(m0 + kBM, prows) - 1) / G;
+    int nb_first = 0, nb_last = -1;
+    {
+        const int64_t hi = min(static_cast<int64_t>(sk) - 1, qhi + off + p.right);
+        const int64_t lo = max(int64_t(0), qlo + off - p.left);
+        if (hi >= lo) {
+            const int nlo = static_cast<int>(lo / kBN), nhi = static_cast<int>(hi / kBN);
+            const int per = (nhi - nlo + p.num_splits) / p.num_splits;
+            nb_first = nlo + split * per;
+            nb_last = min(nhi, nb_first + per - 1);
+        }
+    }
+    // Tiles in [l_ok, r_ok] need no element mask for any row of this CTA.
+    int r_ok, l_ok;
+    {
+        const int64_t rlim = min(static_cast<int64_t>(sk) - 1, qlo + off + p.right);
+        r_ok = rlim >= 0 ? static_cast<int>((rlim + 1) / kBN) - 1 : -1;
+        const int64_t llim = qhi + off - p.left;
+        l_ok = llim <= 0 ? 0 : static_cast<int>((llim + kBN - 1) / kBN);
+    }
+    const int right_c = static_cast<int>(min(p.right, int64_t(1) << 29));
+    const int left_c = static_cast<int>(min(p.left, int64_t(1) << 29));
+
+    const bool warp_active = m0 + warp * kWR < prows;
+
+    // ---- shared memory -----------------------------------------------------------------------
+    const uint32_t s_q = cuda::smem_u32(smem);
+    const uint32_t s_kv = s_q + Tr::kQBytes;  // stage s: K at s_kv + 2*s*kKVBytes, V after it
+    // Lane bases for ldmatrix (see SwizzledTile): Q/V use rows lane%16 and chunk bit lane/16, K
+    // uses rows (lane%8) + 8*(lane/16) and chunk bit (lane/8)%2.
+    const int lr_a = lane & 15, lb_a = lane >> 4;
+    const int lr_k = (lane & 7) | ((lane >> 4) << 3), lb_k = (lane >> 3) & 1;
+    const uint32_t q_f = QT::lane_base_full(s_q + warp * kWR * 128, lr_a, lb_a);
+    const uint32_t q_h = QT::lane_base_half(s_q + warp * kWR * 64, lr_a, lb_a);
+    const uint32_t k_f0 = KT::lane_base_full(s_kv, lr_k, lb_k);
+    const uint32_t k_h0 = KT::lane_base_half(s_kv, lr_k, lb_k);
+    const uint32_t v_f0 = KT::lane_base_full(s_kv + Tr::kKVBytes, lr_a, lb_a);
+    const uint32_t v_h0 = KT::lane_base_half(s_kv + Tr::kKVBytes, lr_a, lb_a);
+
+    float O[kMT][kDT][4];
+    float row_max[kMT][2], row_sum[kMT][2];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) O[mt][dt][e] = 0.f;
+        row_max[mt][0] = row_max[mt][1] = -INFINITY;
+        row_sum[mt][0] = row_sum[mt][1] = 0.f;
+    }
+    const float sl2 = p.scale_log2;
+
+    // ---- main loop: key tiles nb_last down to nb_first ----------------------------------------
+    if (nb_first <= nb_last) {
+        if (G == 1)
+            load_tile<Tr, kBM>(s_q, qg + hbase * p.q_hs, m0, p.q_rs, prows - m0, d, tid);
+        else
+            load_q<Tr>(s_q, qg, p.q_rs, p.q_hs, m0, prows, G, hbase, d, tid);
+        load_tile<Tr, kBN>(s_kv, kg, nb_last * kBN, p.k_rs, sk - nb_last * kBN, d, tid);
+        cuda::cp_async_commit();
+        if constexpr (Tr::kStages == 2) {
+            load_tile<Tr, kBN>(s_kv + Tr::kKVBytes, vg, nb_last * kBN, p.v_rs,
+                               sk - nb_last * kBN, d, tid);
+            cuda::cp_async_commit();
+        }
+        // One K/V tile. kMasked: edge tile that needs the element mask (a separate copy of the
+        // body, so the steady state carries no mask code or registers).
+        auto iteration = [&](const int nb, const int it, auto masked) {
+            constexpr bool kMasked = decltype(masked)::value;
+            const uint32_t st_off = Tr::kStages == 2 ? (it & 1) * 2 * Tr::kKVBytes : 0;
+            if constexpr (Tr::kStages == 2) {
+                cuda::cp_async_wait<1>();  // K[nb] landed (V[nb] may still be in flight)
+                __syncthreads();           // ... for every thread; the other buffer is free
+                const uint32_t nxt = s_kv + (((it + 1) & 1) * 2 * Tr::kKVBytes);
+                if (nb > nb_first) {
+                    const int n0 = (nb - 1) * kBN;
+                    load_tile<Tr, kBN>(nxt, kg, n0, p.k_rs, sk - n0, d, tid);
+                    cuda::cp_async_commit();
+                    load_tile<Tr, kBN>(nxt + Tr::kKVBytes, vg, n0, p.v_rs, sk - n0, d, tid);
+                    cuda::cp_async_commit();
+                } else {
+                    cuda::cp_async_commit();
+                    cuda::cp_async_commit();
+                }
+            } else {
+                cuda::cp_async_wait<0>();  // K[nb] landed
+                __syncthreads();           // every warp is done with V[nb+1]
+                load_tile<Tr, kBN>(s_kv + Tr::kKVBytes, vg, nb * kBN, p.v_rs, sk - nb * kBN, d,
+                                   tid);
+                cuda::cp_async_commit();
+            }
+
+            uint32_t P[kMT][Tr::kVS][4];
+            if (warp_active) {
+                float S[kMT][kNT][4];
+                gemm_qk<Tr, E>(S, q_f, q_h, k_f0 + st_off, k_h0 + st_off);
+                if (p.softcap_scale != 0.f) {
+                    const float cs = p.softcap_scale;
+#pragma unroll
+                    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e)
+                                S[mt][nt][e] = cuda::tanh_accurate(S[mt][nt][e] * cs);
+                }
+                if constexpr (kMasked) {
+                    // Edge tile: key j is visible to a row iff lo <= j <= hi.
+                    const int cbase = nb * kBN + 2 * t;
+#pragma unroll
+                    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            int qpos, head;
+                            unpack_row(m0 + warp * kWR + mt * 16 + h * 8 + g, G, hbase, qpos, head);
+                            const int rdiag = qpos + off;
+                            const int hi = min(sk - 1, rdiag + right_c) - cbase;
+                            const int lo = max(0, rdiag - left_c) - cbase;
+#pragma unroll
+                            for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                                for (int e = 0; e < 2; ++e) {
+                                    const int c = nt * 8 + e;
+                                    if (c > hi || c < lo) S[mt][nt][2 * h + e] = -INFINITY;
+                                }
+                        }
+                }
+                // Online softmax (base 2, unscaled running max); P packed to 16 bits right away.
+#pragma unroll
+                for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        float mx = row_max[mt][h];
+#pragma unroll
+                        for (int nt = 0; nt < kNT; ++nt)
+                            mx = fmaxf(mx, fmaxf(S[mt][nt][2 * h], S[mt][nt][2 * h + 1]));
+                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                        const float ms = mx == -INFINITY ? 0.f : mx * sl2;
+                        const float alpha = cuda::fast_exp2(row_max[mt][h] * sl2 - ms);
+                        row_max[mt][h] = mx;
+                        float rs = 0.f;
+#pragma unroll
+                        for (int nt = 0; nt < kNT; ++nt) {
+                            const float p0 = cuda::fast_exp2(fmaf(S[mt][nt][2 * h], sl2, -ms));
+                            const float p1 = cuda::fast_exp2(fmaf(S[mt][nt][2 * h + 1], sl2, -ms));
+                            rs += p0 + p1;
+                            // n8 tile nt, row half h -> fragment (nt/2), register h + 2*(nt%2)
+                            P[mt][nt >> 1][h + 2 * (nt & 1)] = cuda::pack2<E>(p0, p1);
+                        }
+                        row_sum[mt][h] = fmaf(row_sum[mt][h], alpha, rs);
+#pragma unroll
+                        for (int dt = 0; dt < kDT; ++dt) {
+                            O[mt][dt][2 * h] *= alpha;
+                            O[mt][dt][2 * h + 1] *= alpha;
+                        }
+                    }
+            }
+
+            if constexpr (Tr::kStages == 2) {
+                cuda::cp_async_wait<2>();  // V[nb] landed
+                __syncthreads();
+            } else {
+                cuda::cp_async_wait<0>();  // V[nb] landed
+                __syncthreads();           // every warp is done with K[nb]
+                if (nb > nb_first) {
+                    const int n0 = (nb - 1) * kBN;
+                    load_tile<Tr, kBN>(s_kv, kg, n0, p.k_rs, sk - n0, d, tid);
+                    cuda::cp_async_commit();
+                }
+            }
+            if (warp_active) gemm_pv<Tr, E>(O, P, v_f0 + st_off, v_h0 + st_off);
+        };
+        int it = 0;
+        for (int nb = nb_last; nb >= nb_first; --nb, ++it) {
+            if (nb > r_ok || nb < l_ok)
+                iteration(nb, it, std::true_type{});
+            else
+                iteration(nb, it, std::false_type{});
+        }
+    }
+
+    // ---- epilogue ------------------------------------------------------------------------------
+    const SeqInfo se = seq_info(p, b);
+    const int64_t grow0 = se.q_row0;
+    const int64_t ooff = varlen ? se.q_row0 * p.o_rs : b * p.o_bs;
+    float inv[kMT][2], lse[kMT][2];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float l = row_sum[mt][h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            inv[mt][h] = l == 0.f ? 0.f : 1.f / l;
+            lse[mt][h] = l == 0.f ? -INFINITY
+                                  : (row_max[mt][h] * sl2 + cuda::fast_log2(l)) * 0.6931471805599453f;
+        }
+
+    if (p.num_splits > 1) {
+        // fp32 partials straight from the fragments (normalised by this split's own sum).
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int prow = m0 + warp * kWR + mt * 16 + h * 8 + g;
+                if (prow >= prows) continue;
+                int qpos, head;
+                unpack_row(prow, G, hbase, qpos, head);
+                const int64_t r =
+                    (static_cast<int64_t>(split) * p.heads_q + head) * p.total_rows + grow0 + qpos;
+                float *op = p.o_part + r * d;
+#pragma unroll
+                for (int dt = 0; dt < kDT; ++dt) {
+                    const int col = dt * 8 + 2 * t;
+                    if (col < d)
+                        *reinterpret_cast<float2 *>(op + col) =
+                            make_float2(O[mt][dt][2 * h] * inv[mt][h], O[mt][dt][2 * h + 1] * inv[mt][h]);
+                }
+                if (t == 0) p.lse_part[r] = lse[mt][h];
+            }
+        return;
+    }
+
+    if (p.lse != nullptr && t == 0) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int prow = m0 + warp * kWR + mt * 16 + h * 8 + g;
+                if (prow >= prows) continue;
+                int qpos, head;
+                unpack_row(prow, G, hbase, qpos, head);
+                const int64_t idx = p.cu_q != nullptr
+                                        ? static_cast<int64_t>(head) * p.total_rows + grow0 + qpos
+                                        : (static_cast<int64_t>(b) * p.heads_q + head) * p.seqlen_q + qpos;
+                p.lse[idx] = lse[mt][h];
+            }
+    }
+    if (!warp_active) return;
+
+    // O -> 16-bit, staged through this warp's own rows of the Q tile (only this warp ever read
+    // them), then 16-byte coalesced stores.
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = warp * kWR + mt * 16 + h * 8 + g;
+#pragma unroll
+            for (int dt = 0; dt < kDT; ++dt)
+                cuda::st_shared_b32(s_q + QT::offset(r, dt) + 4 * t,
+                                    cuda::pack2<E>(O[mt][dt][2 * h] * inv[mt][h],
+                                                   O[mt][dt][2 * h + 1] * inv[mt][h]));
+        }
+    __syncwarp();
+    constexpr int kCPR = kD / 8;
+    uint16_t *og = static_cast<uint16_t *>(p.o) + ooff;
+#pragma unroll 4
+    for (int i = lane; i < kWR * kCPR; i += 32) {
+        const int r = i / kCPR;
+        const int c = i - r * kCPR;
+        const int prow = m0 + warp * kWR + r;
+        if (prow < prows && c * 8 < d) {
+            int qpos, head;
+            unpack_row(prow, G, hbase, qpos, head);
+            const uint4 v = cuda::ld_shared_v4(s_q + QT::offset(warp * kWR + r, c));
+            *reinterpret_cast<uint4 *>(og + qpos * p.o_rs + head * p.o_hs + c * 8) = v;
+        }
+    }
+}
+
+// Set the dynamic shared-memory opt-in of `kernel` once per device (cheap, thread-safe).
+template <class Kernel>
+cudaError_t ensure_smem_optin(Kernel kernel, int bytes) {
+    if (bytes <= 48 * 1024) return cudaSuccess;
+    static unsigned long long done = 0;  // one bit per device ordinal < 64
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    const unsigned long long bit = dev < 64 ? (1ull << dev) : 0ull;
+    if (bit != 0 && (__atomic_load_n(&done, __ATOMIC_ACQUIRE) & bit) != 0) return cudaSuccess;
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e == cudaSuccess && bit != 0) __atomic_fetch_or(&done, bit, __ATOMIC_RELEASE);
+    return e;
+}
+
+template <int kD, bool kDecode, class E>
+cudaError_t launch_fwd(const Params &p, cudaStream_t stream) {
+    using Tr = typename TraitsFor<kD, kDecode>::type;
+    auto kernel = fwd_kernel<Tr, E>;
+    cudaError_t e = ensure_smem_optin(kernel, Tr::kSmemBytes);
+    if (e != cudaSuccess) return e;
+    const int64_t prow_max = static_cast<int64_t>(p.seqlen_q) * p.pack;
+    const dim3 grid(static_cast<unsigned>((prow_max + Tr::kBM - 1) / Tr::kBM),
+                    static_cast<unsigned>(p.pack > 1 ? p.heads_kv : p.heads_q),
+                    static_cast<unsigned>(p.batch * p.num_splits));
+    kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+    return cudaSuccess;
+}
+
+// Launcher body of one compiled head dim (both element types; the decode configuration only where
+// one exists for kD).
+template <int kD>
+cudaError_t launch_hdim(const Params &p, bool bf16, bool decode, cudaStream_t s) {
+    if constexpr (decode_config(kD).head_dim == kD) {
+        if (decode)
+            return bf16 ? launch_fwd<kD, true, cuda::Bf16>(p, s)
+                        : launch_fwd<kD, true, cuda::Fp16>(p, s);
+    }
+    (void)decode;
+    return bf16 ? launch_fwd<kD, false, cuda::Bf16>(p, s) : launch_fwd<kD, false, cuda::Fp16>(p, s);
+}
+
+}  // namespace fa2
+}  // namespace flashattn

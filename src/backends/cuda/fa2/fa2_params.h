@@ -1,0 +1,76 @@
+// Kernel parameters of the FA2 forward backend and the host-side choice of compiled variant.
+// Shared by the host code (fa2_backend.cpp) and the kernels (fa2_kernel.cuh); plain C++.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "flashattn/flashattn.h"
+
+namespace flashattn {
+namespace fa2 {
+
+// "Unbounded" window extent: far beyond any sequence length, small enough for int64 sums.
+constexpr int64_t kUnbounded = int64_t(1) << 40;
+
+struct Params {
+    const void *q = nullptr;
+    const void *k = nullptr;
+    const void *v = nullptr;
+    void *o = nullptr;
+    float *lse = nullptr;               // optional
+    const int32_t *cu_q = nullptr;      // varlen only (device)
+    const int32_t *cu_k = nullptr;
+    float *o_part = nullptr;            // split-KV partials: [splits][heads_q][total_rows][head_dim]
+    float *lse_part = nullptr;          // [splits][heads_q][total_rows]
+
+    // Element strides (batch strides unused when varlen).
+    int64_t q_bs = 0, q_rs = 0, q_hs = 0;
+    int64_t k_bs = 0, k_rs = 0, k_hs = 0;
+    int64_t v_bs = 0, v_rs = 0, v_hs = 0;
+    int64_t o_bs = 0, o_rs = 0, o_hs = 0;
+
+    int32_t batch = 0;
+    int32_t seqlen_q = 0;   // max over the batch when varlen
+    int32_t seqlen_k = 0;
+    int32_t heads_q = 0;
+    int32_t heads_kv = 0;
+    int32_t group = 1;      // heads_q / heads_kv
+    int32_t head_dim = 0;   // actual head dim (<= compiled kD, multiple of 8)
+    int32_t pack = 1;       // pack-GQA: query heads of one kv head share the M dimension (group), else 1
+    int32_t num_splits = 1;
+    int32_t reverse_m = 0;  // launch the heaviest (last, causal) query tiles first
+    int64_t total_rows = 0; // rows of the partial buffers: batch*seqlen_q, or total_q when varlen
+
+    // Key j is visible to query i iff i+off-left <= j <= i+off+right (off = sk - sq), j in [0, sk).
+    int64_t right = kUnbounded;
+    int64_t left = kUnbounded;
+
+    float scale_log2 = 0.f;     // exp2 multiplier of the stored scores (scale*log2e, or cap*log2e)
+    float softcap_scale = 0.f;  // 0: no softcap; else scale/cap (scores become tanh(raw*scale/cap))
+};
+
+// One compiled kernel variant.
+struct Variant {
+    int head_dim = 0;   // compiled head dim (kD)
+    bool decode = false; // the small-M (64-row, one m16 tile per warp) config
+    int block_m = 0;
+    int block_n = 0;
+    int ctas_per_sm = 1; // expected residency, for the split heuristic
+};
+
+// Launchers, one per compiled head dim (fa2_fwd_hdim*.cu). `bf16` picks the element type.
+cudaError_t launch_fwd_hdim32(const Params &p, bool bf16, bool decode, cudaStream_t s);
+cudaError_t launch_fwd_hdim64(const Params &p, bool bf16, bool decode, cudaStream_t s);
+cudaError_t launch_fwd_hdim96(const Params &p, bool bf16, bool decode, cudaStream_t s);
+cudaError_t launch_fwd_hdim128(const Params &p, bool bf16, bool decode, cudaStream_t s);
+cudaError_t launch_fwd_hdim160(const Params &p, bool bf16, bool decode, cudaStream_t s);
+cudaError_t launch_fwd_hdim192(const Params &p, bool bf16, bool decode, cudaStream_t s);
+cudaError_t launch_fwd_hdim224(const Params &p, bool bf16, bool decode, cudaStream_t s);
+cudaError_t launch_fwd_hdim256(const Params &p, bool bf16, bool decode, cudaStream_t s);
+// Split-KV combine (fa2_merge.cu).
+cudaError_t launch_merge(const Params &p, bool bf16, cudaStream_t s);
+
+}  // namespace fa2
+}  // namespace flashattn

@@ -1,0 +1,182 @@
+// The C boundary for plans: argument checks, state rules and exception translation. The work is
+// done in dispatch/ and the backends.
+#include <cstring>
+#include <new>
+
+#include "capi/guard.h"
+#include "dispatch/dispatch.h"
+
+using namespace flashattn;
+
+namespace {
+
+flashattn_status_t null_plan(const char *function) {
+    return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: NULL passed to %s", function);
+}
+
+flashattn_status_t run(const flashattn_plan_t *plan, bool varlen_call, const Tensors &t) {
+    if (!plan->finalized)
+        return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: not finalized; call flashattn_plan_finalize after the last setter");
+    if (plan->problem.varlen && !varlen_call)
+        return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: FLASHATTN_I64_VARLEN is 1; call flashattn_plan_execute_varlen");
+    if (!plan->problem.varlen && varlen_call)
+        return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: FLASHATTN_I64_VARLEN is 0; call flashattn_plan_execute");
+    return execute_plan(plan, t);
+}
+
+}  // namespace
+
+extern "C" {
+
+FLASHATTN_API flashattn_status_t flashattn_plan_create(flashattn_plan_t **plan) {
+    return guarded(__func__, [&] {
+        if (plan == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: the out-pointer must not be NULL");
+        *plan = nullptr;
+        flashattn_plan_t *created = new (std::nothrow) flashattn_plan_t();
+        if (created == nullptr) return fail(FLASHATTN_ERROR_ALLOCATION, "plan: out of host memory");
+        *plan = created;
+        return FLASHATTN_SUCCESS;
+    });
+}
+
+FLASHATTN_API void flashattn_plan_destroy(flashattn_plan_t *plan) { delete plan; }
+
+FLASHATTN_API flashattn_status_t flashattn_plan_set_i64(flashattn_plan_t *plan, flashattn_i64_param_t key, int64_t value) {
+    return guarded(__func__, [&] {
+        if (plan == nullptr) return null_plan(__func__);
+        FLASHATTN_TRY(check_i64_value(key, value));
+        plan->params.i64[key] = value;
+        plan->params.is_set[key] = true;
+        plan->finalized = false;
+        return FLASHATTN_SUCCESS;
+    });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_plan_set_f64(flashattn_plan_t *plan, flashattn_f64_param_t key, double value) {
+    return guarded(__func__, [&] {
+        if (plan == nullptr) return null_plan(__func__);
+        FLASHATTN_TRY(check_f64_value(key, value));
+        (key == FLASHATTN_F64_SOFTMAX_SCALE ? plan->params.softmax_scale : plan->params.softcap) = value;
+        plan->finalized = false;
+        return FLASHATTN_SUCCESS;
+    });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_plan_get_i64(const flashattn_plan_t *plan, flashattn_i64_param_t key,
+                                                        int64_t *value) {
+    return guarded(__func__, [&] {
+        if (plan == nullptr) return null_plan(__func__);
+        if (value == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: the out-pointer must not be NULL");
+        if (i64_key_name(key) == nullptr)
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "key: %d is not a flashattn_i64_param_t value", static_cast<int>(key));
+        if (!plan->finalized) {
+            *value = plan->params.get(key, i64_default(key));
+            return FLASHATTN_SUCCESS;
+        }
+        const Problem &p = plan->problem;
+        switch (key) {
+            case FLASHATTN_I64_BATCH: *value = p.batch; break;
+            case FLASHATTN_I64_SEQLEN_Q: *value = p.seqlen_q; break;
+            case FLASHATTN_I64_SEQLEN_K: *value = p.seqlen_k; break;
+            case FLASHATTN_I64_HEADS_Q: *value = p.heads_q; break;
+            case FLASHATTN_I64_HEADS_KV: *value = p.heads_kv; break;
+            case FLASHATTN_I64_HEAD_DIM: *value = p.head_dim; break;
+            case FLASHATTN_I64_HEAD_DIM_V: *value = p.head_dim_v; break;
+            case FLASHATTN_I64_DTYPE: *value = p.dtype; break;
+            case FLASHATTN_I64_CAUSAL: *value = p.causal; break;
+            case FLASHATTN_I64_WINDOW_LEFT: *value = p.window_left; break;
+            case FLASHATTN_I64_WINDOW_RIGHT: *value = p.window_right; break;
+            case FLASHATTN_I64_BACKEND: *value = plan->backend->id; break;
+            case FLASHATTN_I64_DEVICE: *value = p.device; break;
+            case FLASHATTN_I64_VARLEN: *value = p.varlen; break;
+            case FLASHATTN_I64_TOTAL_Q: *value = p.total_q; break;
+            case FLASHATTN_I64_TOTAL_K: *value = p.total_k; break;
+            case FLASHATTN_I64_Q_BATCH_STRIDE: *value = p.q.batch; break;
+            case FLASHATTN_I64_Q_ROW_STRIDE: *value = p.q.row; break;
+            case FLASHATTN_I64_Q_HEAD_STRIDE: *value = p.q.head; break;
+            case FLASHATTN_I64_K_BATCH_STRIDE: *value = p.k.batch; break;
+            case FLASHATTN_I64_K_ROW_STRIDE: *value = p.k.row; break;
+            case FLASHATTN_I64_K_HEAD_STRIDE: *value = p.k.head; break;
+            case FLASHATTN_I64_V_BATCH_STRIDE: *value = p.v.batch; break;
+            case FLASHATTN_I64_V_ROW_STRIDE: *value = p.v.row; break;
+            case FLASHATTN_I64_V_HEAD_STRIDE: *value = p.v.head; break;
+            case FLASHATTN_I64_O_BATCH_STRIDE: *value = p.o.batch; break;
+            case FLASHATTN_I64_O_ROW_STRIDE: *value = p.o.row; break;
+            case FLASHATTN_I64_O_HEAD_STRIDE: *value = p.o.head; break;
+        }
+        return FLASHATTN_SUCCESS;
+    });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_plan_get_f64(const flashattn_plan_t *plan, flashattn_f64_param_t key,
+                                                        double *value) {
+    return guarded(__func__, [&] {
+        if (plan == nullptr) return null_plan(__func__);
+        if (value == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: the out-pointer must not be NULL");
+        if (f64_key_name(key) == nullptr)
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "key: %d is not a flashattn_f64_param_t value", static_cast<int>(key));
+        if (key == FLASHATTN_F64_SOFTMAX_SCALE)
+            *value = plan->finalized ? plan->problem.scale : plan->params.softmax_scale;
+        else
+            *value = plan->params.softcap;
+        return FLASHATTN_SUCCESS;
+    });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_plan_finalize(flashattn_plan_t *plan) {
+    return guarded(__func__, [&] {
+        if (plan == nullptr) return null_plan(__func__);
+        return finalize_plan(plan);
+    });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_plan_get_backend(const flashattn_plan_t *plan, flashattn_backend_t *backend,
+                                                            const char **reason) {
+    return guarded(__func__, [&] {
+        if (plan == nullptr) return null_plan(__func__);
+        if (backend == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "backend: the out-pointer must not be NULL");
+        if (!plan->finalized) return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: not finalized; the backend is chosen by flashattn_plan_finalize");
+        *backend = plan->backend->id;
+        if (reason != nullptr) *reason = plan->reason.c_str();
+        return FLASHATTN_SUCCESS;
+    });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_plan_get_workspace_size(const flashattn_plan_t *plan, size_t *bytes) {
+    return guarded(__func__, [&] {
+        if (plan == nullptr) return null_plan(__func__);
+        if (bytes == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "bytes: the out-pointer must not be NULL");
+        if (!plan->finalized) return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: not finalized; the workspace size is fixed by flashattn_plan_finalize");
+        *bytes = plan->schedule.workspace_bytes;
+        return FLASHATTN_SUCCESS;
+    });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_plan_execute(const flashattn_plan_t *plan, const void *q, const void *k,
+                                                        const void *v, void *o, float *lse, void *workspace,
+                                                        size_t workspace_bytes, flashattn_stream_t stream) {
+    return guarded(__func__, [&] {
+        if (plan == nullptr) return null_plan(__func__);
+        Tensors t;
+        t.q = q; t.k = k; t.v = v; t.o = o; t.lse = lse;
+        t.workspace = workspace; t.workspace_bytes = workspace_bytes; t.stream = stream;
+        return run(plan, false, t);
+    });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_plan_execute_varlen(const flashattn_plan_t *plan, const void *q, const void *k,
+                                                               const void *v, void *o, float *lse,
+                                                               const int32_t *cu_seqlens_q, const int32_t *cu_seqlens_k,
+                                                               void *workspace, size_t workspace_bytes,
+                                                               flashattn_stream_t stream) {
+    return guarded(__func__, [&] {
+        if (plan == nullptr) return null_plan(__func__);
+        Tensors t;
+        t.q = q; t.k = k; t.v = v; t.o = o; t.lse = lse;
+        t.cu_seqlens_q = cu_seqlens_q; t.cu_seqlens_k = cu_seqlens_k;
+        t.workspace = workspace; t.workspace_bytes = workspace_bytes; t.stream = stream;
+        return run(plan, true, t);
+    });
+}
+
+}  // extern "C"

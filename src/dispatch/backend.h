@@ -1,0 +1,50 @@
+// The interface every backend implements, and what dispatch knows about the device.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "problem/problem.h"
+
+namespace flashattn {
+
+// The CUDA device a plan targets, as queried once at finalize.
+struct DeviceInfo {
+    bool present = false;  // false: no driver, no GPU, or built without CUDA
+    int32_t device = 0;
+    int32_t cc_major = 0;
+    int32_t cc_minor = 0;
+    int32_t sm_count = 0;
+    size_t smem_per_block_optin = 0;  // bytes a block may opt in to
+    bool has_sm90a_code = false;      // the library holds sm_90a kernels (FA3)
+    std::string absent_reason = "libflashattn was built without CUDA";  // when !present
+};
+
+// Decisions a backend fixes at finalize and reuses on every execute.
+struct Schedule {
+    int32_t num_splits = 1;     // split-KV factor (GPU decode); 1 = no split
+    int32_t cpu_threads = 1;    // worker threads (CPU backend)
+    int32_t block_m = 0;        // query rows per tile, backend-specific
+    int32_t block_n = 0;        // keys per tile, backend-specific
+    size_t workspace_bytes = 0;
+};
+
+struct Backend {
+    flashattn_backend_t id;
+    const char *name;  // "cpu", "fa1", "fa2", "fa3"
+    // Empty when the backend can run `p` on `dev`; otherwise one sentence saying why not.
+    std::string (*unsupported_reason)(const Problem &p, const DeviceInfo &dev);
+    // Fill in the schedule (and its workspace size) for a problem the backend supports.
+    flashattn_status_t (*make_schedule)(const Problem &p, const DeviceInfo &dev, Schedule *out);
+    // Run. Arguments have been checked by the C boundary; GPU backends only enqueue.
+    flashattn_status_t (*execute)(const Problem &p, const Schedule &s, const Tensors &t);
+};
+
+// Backends compiled into this build; nullptr for those that are not.
+const Backend *cpu_backend();
+const Backend *fa1_backend();
+const Backend *fa2_backend();
+const Backend *fa3_backend();
+
+}  // namespace flashattn

@@ -1,0 +1,96 @@
+#include "dispatch/decide.h"
+
+#include <cstring>
+
+namespace flashattn {
+
+const char *backend_name(flashattn_backend_t b) {
+    switch (b) {
+        case FLASHATTN_BACKEND_AUTO: return "auto";
+        case FLASHATTN_BACKEND_CPU: return "cpu";
+        case FLASHATTN_BACKEND_FA1: return "fa1";
+        case FLASHATTN_BACKEND_FA2: return "fa2";
+        case FLASHATTN_BACKEND_FA3: return "fa3";
+    }
+    return "unknown";
+}
+
+bool parse_backend_name(const char *text, flashattn_backend_t *out) {
+    for (flashattn_backend_t b : {FLASHATTN_BACKEND_AUTO, FLASHATTN_BACKEND_CPU, FLASHATTN_BACKEND_FA1,
+                                  FLASHATTN_BACKEND_FA2, FLASHATTN_BACKEND_FA3}) {
+        if (std::strcmp(text, backend_name(b)) == 0) {
+            *out = b;
+            return true;
+        }
+    }
+    return false;
+}
+
+namespace {
+
+std::string why_not(flashattn_backend_t b, const Candidate &c) {
+    if (!c.compiled) return std::string("libflashattn was built without ") + backend_name(b);
+    return c.unsupported;
+}
+
+std::string cc_text(const DeviceSummary &dev) {
+    return "sm_" + std::to_string(dev.cc_major) + std::to_string(dev.cc_minor);
+}
+
+}  // namespace
+
+Decision decide_backend(flashattn_backend_t requested, const DeviceSummary &dev, const Candidate candidates[5]) {
+    Decision d;
+    if (requested != FLASHATTN_BACKEND_AUTO) {
+        const Candidate &c = candidates[requested];
+        d.backend = requested;
+        if (!c.compiled || !c.unsupported.empty()) {
+            d.status = FLASHATTN_ERROR_NOT_SUPPORTED;
+            d.reason = std::string(backend_name(requested)) + " cannot run this plan: " + why_not(requested, c);
+        } else {
+            d.reason = std::string(backend_name(requested)) + " was asked for";
+        }
+        return d;
+    }
+    if (!dev.present) {
+        d.backend = FLASHATTN_BACKEND_CPU;
+        d.reason = "no usable CUDA device: the CPU backend runs (" + dev.absent_reason + ")";
+        if (!candidates[FLASHATTN_BACKEND_CPU].unsupported.empty()) {
+            d.status = FLASHATTN_ERROR_NOT_SUPPORTED;
+            d.reason = "no usable CUDA device and the CPU backend cannot run this plan: " +
+                       candidates[FLASHATTN_BACKEND_CPU].unsupported;
+        }
+        return d;
+    }
+    // Newest generation first: sm_90 -> FA3, sm_80..sm_89 and newer GPUs without sm_90a code -> FA2,
+    // sm_75 -> FA1. Each falls back to the older generations when it cannot run the problem.
+    const int cc = dev.cc_major * 10 + dev.cc_minor;
+    flashattn_backend_t order[3];
+    int n = 0;
+    if (cc == 90) order[n++] = FLASHATTN_BACKEND_FA3;
+    if (cc >= 80) order[n++] = FLASHATTN_BACKEND_FA2;
+    if (cc >= 75) order[n++] = FLASHATTN_BACKEND_FA1;
+    if (n == 0) {
+        d.status = FLASHATTN_ERROR_NOT_SUPPORTED;
+        d.reason = "the CUDA device is " + cc_text(dev) + "; libflashattn's GPU backends need sm_75 or newer "
+                   "(force FLASHATTN_BACKEND_CPU to run on the host)";
+        return d;
+    }
+    std::string skipped;
+    for (int i = 0; i < n; ++i) {
+        const Candidate &c = candidates[order[i]];
+        if (c.compiled && c.unsupported.empty()) {
+            d.backend = order[i];
+            d.reason = std::string(backend_name(order[i])) + " is the newest generation for " + cc_text(dev) +
+                       " that can run this plan" + (skipped.empty() ? "" : " (" + skipped + ")");
+            return d;
+        }
+        if (!skipped.empty()) skipped += "; ";
+        skipped += std::string(backend_name(order[i])) + ": " + why_not(order[i], c);
+    }
+    d.status = FLASHATTN_ERROR_NOT_SUPPORTED;
+    d.reason = "no GPU backend can run this plan on " + cc_text(dev) + " (" + skipped + ")";
+    return d;
+}
+
+}  // namespace flashattn

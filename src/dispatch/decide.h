@@ -1,0 +1,39 @@
+// The backend decision table, as a pure function of plain data so that it is testable on a
+// machine without a GPU.
+#pragma once
+
+#include <string>
+
+#include "flashattn/flashattn.h"
+
+namespace flashattn {
+
+// What dispatch knows about one backend for the problem at hand.
+struct Candidate {
+    bool compiled = false;  // built into this library
+    std::string unsupported;  // empty: can run the problem; else why not
+};
+
+struct DeviceSummary {
+    bool present = false;  // a usable CUDA device
+    int cc_major = 0;
+    int cc_minor = 0;
+    std::string absent_reason;  // when !present
+};
+
+struct Decision {
+    flashattn_status_t status = FLASHATTN_SUCCESS;
+    flashattn_backend_t backend = FLASHATTN_BACKEND_CPU;
+    std::string reason;  // why chosen, or why nothing can run
+};
+
+// `requested` is the plan's backend after the FLASHATTN_BACKEND override; candidates are indexed
+// by flashattn_backend_t (CPU..FA3).
+Decision decide_backend(flashattn_backend_t requested, const DeviceSummary &dev, const Candidate candidates[5]);
+
+// Parse FLASHATTN_BACKEND's value ("cpu", "fa1", "fa2", "fa3", "auto"); false if unrecognised.
+bool parse_backend_name(const char *text, flashattn_backend_t *out);
+
+const char *backend_name(flashattn_backend_t b);
+
+}  // namespace flashattn

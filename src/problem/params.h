@@ -1,0 +1,35 @@
+// What the user set on a plan, before resolution: raw values, which keys were set, and the rule
+// each key's value must satisfy on its own.
+#pragma once
+
+#include <cstdint>
+
+#include "flashattn/flashattn.h"
+
+namespace flashattn {
+
+constexpr int kMaxI64Key = 32;  // one past the largest flashattn_i64_param_t value
+
+struct PlanParams {
+    int64_t i64[kMaxI64Key] = {};
+    bool is_set[kMaxI64Key] = {};
+    double softmax_scale = 0.0;
+    double softcap = 0.0;
+
+    int64_t get(flashattn_i64_param_t key, int64_t fallback) const {
+        return is_set[key] ? i64[key] : fallback;
+    }
+};
+
+// The key's name as the header spells it ("FLASHATTN_I64_HEAD_DIM"), or nullptr if unknown.
+const char *i64_key_name(int key);
+const char *f64_key_name(int key);
+
+// Check a value against its key's own rule; on failure sets the message and returns the status.
+flashattn_status_t check_i64_value(int key, int64_t value);
+flashattn_status_t check_f64_value(int key, double value);
+
+// Value reported by get_i64 for a key that was never set (before finalize).
+int64_t i64_default(int key);
+
+}  // namespace flashattn

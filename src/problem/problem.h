@@ -1,0 +1,76 @@
+// The resolved description of one attention problem, shared by validation, dispatch and every
+// backend. Backends read it; only src/problem/ fills it in.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "flashattn/flashattn.h"
+
+namespace flashattn {
+
+// Element strides of one [batch, seq, head, dim] tensor; the last dimension is contiguous.
+struct Strides {
+    int64_t batch = 0;
+    int64_t row = 0;
+    int64_t head = 0;
+};
+
+struct Problem {
+    int64_t batch = 0;
+    int64_t seqlen_q = 0;  // maximum over the batch when varlen
+    int64_t seqlen_k = 0;
+    int64_t heads_q = 0;
+    int64_t heads_kv = 0;
+    int64_t head_dim = 0;
+    int64_t head_dim_v = 0;
+    flashattn_dtype_t dtype = FLASHATTN_DTYPE_FP16;
+    bool causal = false;
+    int64_t window_left = -1;  // -1: unbounded
+    int64_t window_right = -1;
+    double scale = 0.0;    // resolved: never 0
+    double softcap = 0.0;  // 0: off
+    bool varlen = false;
+    int64_t total_q = 0;  // varlen only
+    int64_t total_k = 0;
+    Strides q, k, v, o;
+    int32_t device = 0;
+
+    int64_t group_size() const { return heads_q / heads_kv; }  // query heads per key/value head
+    size_t element_size() const;
+    bool has_mask() const { return causal || window_left >= 0 || window_right >= 0; }
+};
+
+// Pointers of one execute call. cu_seqlens are set for varlen plans only.
+struct Tensors {
+    const void *q = nullptr;
+    const void *k = nullptr;
+    const void *v = nullptr;
+    void *o = nullptr;
+    float *lse = nullptr;
+    const int32_t *cu_seqlens_q = nullptr;
+    const int32_t *cu_seqlens_k = nullptr;
+    void *workspace = nullptr;
+    size_t workspace_bytes = 0;
+    flashattn_stream_t stream = nullptr;
+};
+
+// The keys query `row` (0-based within its sequence of length sq, against sk keys) may see form
+// one interval [first, last] (empty when first > last). This is the single definition of the
+// causal and sliding-window masks (bottom-right aligned) that every backend implements.
+struct KeyRange {
+    int64_t first;
+    int64_t last;
+};
+
+inline KeyRange visible_keys(const Problem &p, int64_t row, int64_t sq, int64_t sk) {
+    const int64_t diag = row + sk - sq;  // the key aligned with this query
+    int64_t first = 0;
+    int64_t last = sk - 1;
+    if (p.causal && diag < last) last = diag;
+    if (p.window_right >= 0 && diag + p.window_right < last) last = diag + p.window_right;
+    if (p.window_left >= 0 && diag - p.window_left > first) first = diag - p.window_left;
+    return {first, last};
+}
+
+}  // namespace flashattn

@@ -1,0 +1,223 @@
+#include "problem/resolve.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "capi/error.h"
+
+namespace flashattn {
+
+size_t Problem::element_size() const {
+    switch (dtype) {
+        case FLASHATTN_DTYPE_FP32: return 4;
+        case FLASHATTN_DTYPE_FP8_E4M3: return 1;
+        default: return 2;
+    }
+}
+
+namespace {
+
+// Checked a*b+c on int64; false on overflow.
+bool mul_add(int64_t a, int64_t b, int64_t c, int64_t *out) {
+    int64_t product;
+    if (__builtin_mul_overflow(a, b, &product)) return false;
+    return !__builtin_add_overflow(product, c, out);
+}
+
+// Offset one past the last element of a [n0, n1, n2, dim] tensor with the given strides.
+bool tensor_end(int64_t n0, int64_t n1, int64_t n2, int64_t dim, const Strides &s, bool varlen, int64_t *end) {
+    int64_t offset = dim;  // (dim - 1) + 1
+    if (!varlen && !mul_add(n0 - 1, s.batch, offset, &offset)) return false;
+    if (!mul_add(n1 - 1, s.row, offset, &offset)) return false;
+    return mul_add(n2 - 1, s.head, offset, &offset) && (*end = offset, true);
+}
+
+struct StrideKeys {
+    flashattn_i64_param_t batch, row, head;
+};
+
+// Fill defaults for one tensor: contiguous [batch, seq, heads, dim].
+flashattn_status_t resolve_strides(const PlanParams &params, StrideKeys keys, int64_t seq, int64_t heads,
+                                   int64_t dim, Strides *s) {
+    s->head = params.get(keys.head, dim);
+    int64_t row_default, batch_default;
+    if (!mul_add(heads, dim, 0, &row_default))
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "heads and head_dim: their product overflows 64 bits");
+    s->row = params.get(keys.row, row_default);
+    if (!mul_add(seq, s->row, 0, &batch_default))
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: seqlen * row stride overflows 64 bits", i64_key_name(keys.batch));
+    s->batch = params.get(keys.batch, batch_default);
+    return FLASHATTN_SUCCESS;
+}
+
+// O must not overlap itself: sorted by stride, each dimension must step past everything the
+// smaller ones span (otherwise two threads would write the same element).
+flashattn_status_t check_output_layout(const Problem &p) {
+    struct Dim { int64_t stride, count; };
+    Dim dims[3] = {{p.o.row, p.varlen ? p.total_q : p.seqlen_q}, {p.o.head, p.heads_q}, {p.o.batch, p.varlen ? 1 : p.batch}};
+    std::sort(dims, dims + 3, [](const Dim &a, const Dim &b) { return a.stride < b.stride; });
+    int64_t span = p.head_dim_v;  // elements covered by the dimensions below
+    for (const Dim &d : dims) {
+        if (d.count <= 1) continue;
+        if (d.stride < span)
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                        "O strides: a stride of %lld elements makes O overlap itself (it must be at least %lld)",
+                        (long long)d.stride, (long long)span);
+        if (!mul_add(d.stride, d.count - 1, span, &span))
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "O strides: the tensor's extent overflows 64 bits");
+    }
+    return FLASHATTN_SUCCESS;
+}
+
+flashattn_status_t require(const PlanParams &params, flashattn_i64_param_t key) {
+    if (params.is_set[key]) return FLASHATTN_SUCCESS;
+    return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: %s was never set; set it before flashattn_plan_finalize", i64_key_name(key));
+}
+
+flashattn_status_t check_extents(const Problem &p) {
+    const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q;
+    const int64_t rows_k = p.varlen ? p.total_k : p.seqlen_k;
+    const int64_t es = static_cast<int64_t>(p.element_size());
+    const struct { int64_t rows, heads, dim; const Strides &s; const char *name; } tensors[] = {
+        {rows_q, p.heads_q, p.head_dim, p.q, "Q"}, {rows_k, p.heads_kv, p.head_dim, p.k, "K"},
+        {rows_k, p.heads_kv, p.head_dim_v, p.v, "V"}, {rows_q, p.heads_q, p.head_dim_v, p.o, "O"}};
+    for (const auto &t : tensors) {
+        int64_t end, bytes;
+        if (!tensor_end(p.batch, t.rows, t.heads, t.dim, t.s, p.varlen, &end) || !mul_add(end, es, 0, &bytes))
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: its size in bytes overflows 64 bits", t.name);
+    }
+    int64_t lse;
+    if (!mul_add(p.varlen ? 1 : p.batch, p.heads_q, 0, &lse) || !mul_add(lse, rows_q, 0, &lse) ||
+        !mul_add(lse, 4, 0, &lse))
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "LSE: its size in bytes overflows 64 bits");
+    return FLASHATTN_SUCCESS;
+}
+
+}  // namespace
+
+flashattn_status_t resolve_problem(const PlanParams &params, Problem *out) {
+    for (flashattn_i64_param_t key : {FLASHATTN_I64_BATCH, FLASHATTN_I64_SEQLEN_Q, FLASHATTN_I64_SEQLEN_K,
+                                      FLASHATTN_I64_HEADS_Q, FLASHATTN_I64_HEAD_DIM})
+        FLASHATTN_TRY(require(params, key));
+    Problem p;
+    p.batch = params.get(FLASHATTN_I64_BATCH, 0);
+    p.seqlen_q = params.get(FLASHATTN_I64_SEQLEN_Q, 0);
+    p.seqlen_k = params.get(FLASHATTN_I64_SEQLEN_K, 0);
+    p.heads_q = params.get(FLASHATTN_I64_HEADS_Q, 0);
+    p.heads_kv = params.get(FLASHATTN_I64_HEADS_KV, p.heads_q);
+    p.head_dim = params.get(FLASHATTN_I64_HEAD_DIM, 0);
+    p.head_dim_v = params.get(FLASHATTN_I64_HEAD_DIM_V, p.head_dim);
+    p.dtype = static_cast<flashattn_dtype_t>(params.get(FLASHATTN_I64_DTYPE, FLASHATTN_DTYPE_FP16));
+    p.causal = params.get(FLASHATTN_I64_CAUSAL, 0) != 0;
+    p.window_left = params.get(FLASHATTN_I64_WINDOW_LEFT, -1);
+    p.window_right = params.get(FLASHATTN_I64_WINDOW_RIGHT, -1);
+    p.device = static_cast<int32_t>(params.get(FLASHATTN_I64_DEVICE, 0));
+    p.varlen = params.get(FLASHATTN_I64_VARLEN, 0) != 0;
+    p.softcap = params.softcap;
+    p.scale = params.softmax_scale > 0.0 ? params.softmax_scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim));
+
+    if (p.heads_kv > p.heads_q || p.heads_q % p.heads_kv != 0)
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                    "FLASHATTN_I64_HEADS_Q: %lld query heads is not a multiple of FLASHATTN_I64_HEADS_KV = %lld",
+                    (long long)p.heads_q, (long long)p.heads_kv);
+    if (p.varlen) {
+        FLASHATTN_TRY(require(params, FLASHATTN_I64_TOTAL_Q));
+        FLASHATTN_TRY(require(params, FLASHATTN_I64_TOTAL_K));
+        p.total_q = params.get(FLASHATTN_I64_TOTAL_Q, 0);
+        p.total_k = params.get(FLASHATTN_I64_TOTAL_K, 0);
+        int64_t cap;
+        if (mul_add(p.batch, p.seqlen_q, 0, &cap) && p.total_q > cap)
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                        "FLASHATTN_I64_TOTAL_Q: %lld rows cannot come from %lld sequences of at most %lld queries",
+                        (long long)p.total_q, (long long)p.batch, (long long)p.seqlen_q);
+        if (mul_add(p.batch, p.seqlen_k, 0, &cap) && p.total_k > cap)
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                        "FLASHATTN_I64_TOTAL_K: %lld rows cannot come from %lld sequences of at most %lld keys",
+                        (long long)p.total_k, (long long)p.batch, (long long)p.seqlen_k);
+    }
+    const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q;
+    const int64_t rows_k = p.varlen ? p.total_k : p.seqlen_k;
+    FLASHATTN_TRY(resolve_strides(params, {FLASHATTN_I64_Q_BATCH_STRIDE, FLASHATTN_I64_Q_ROW_STRIDE, FLASHATTN_I64_Q_HEAD_STRIDE},
+                                  rows_q, p.heads_q, p.head_dim, &p.q));
+    FLASHATTN_TRY(resolve_strides(params, {FLASHATTN_I64_K_BATCH_STRIDE, FLASHATTN_I64_K_ROW_STRIDE, FLASHATTN_I64_K_HEAD_STRIDE},
+                                  rows_k, p.heads_kv, p.head_dim, &p.k));
+    FLASHATTN_TRY(resolve_strides(params, {FLASHATTN_I64_V_BATCH_STRIDE, FLASHATTN_I64_V_ROW_STRIDE, FLASHATTN_I64_V_HEAD_STRIDE},
+                                  rows_k, p.heads_kv, p.head_dim_v, &p.v));
+    FLASHATTN_TRY(resolve_strides(params, {FLASHATTN_I64_O_BATCH_STRIDE, FLASHATTN_I64_O_ROW_STRIDE, FLASHATTN_I64_O_HEAD_STRIDE},
+                                  rows_q, p.heads_q, p.head_dim_v, &p.o));
+    FLASHATTN_TRY(check_extents(p));
+    FLASHATTN_TRY(check_output_layout(p));
+    *out = p;
+    return FLASHATTN_SUCCESS;
+}
+
+TensorExtents tensor_extents(const Problem &p) {
+    const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q;
+    const int64_t rows_k = p.varlen ? p.total_k : p.seqlen_k;
+    const size_t es = p.element_size();
+    auto bytes = [&](int64_t n1, int64_t n2, int64_t dim, const Strides &s) -> size_t {
+        if (n1 == 0) return 0;  // an empty varlen tensor spans nothing
+        int64_t end = 0;
+        tensor_end(p.batch, n1, n2, dim, s, p.varlen, &end);  // cannot overflow: resolve checked it
+        return static_cast<size_t>(end) * es;
+    };
+    TensorExtents e;
+    e.q = bytes(rows_q, p.heads_q, p.head_dim, p.q);
+    e.k = bytes(rows_k, p.heads_kv, p.head_dim, p.k);
+    e.v = bytes(rows_k, p.heads_kv, p.head_dim_v, p.v);
+    e.o = bytes(rows_q, p.heads_q, p.head_dim_v, p.o);
+    e.lse = static_cast<size_t>((p.varlen ? 1 : p.batch) * p.heads_q * rows_q) * sizeof(float);
+    return e;
+}
+
+namespace {
+
+bool overlaps(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
+    if (a == nullptr || b == nullptr || a_bytes == 0 || b_bytes == 0) return false;
+    const uintptr_t a0 = reinterpret_cast<uintptr_t>(a), b0 = reinterpret_cast<uintptr_t>(b);
+    return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
+}
+
+}  // namespace
+
+flashattn_status_t check_execute_args(const Problem &p, const Tensors &t, size_t workspace_needed) {
+    if (t.q == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "q: must not be NULL");
+    if (t.k == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "k: must not be NULL");
+    if (t.v == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "v: must not be NULL");
+    if (t.o == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "o: must not be NULL");
+    if (p.varlen && t.cu_seqlens_q == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "cu_seqlens_q: must not be NULL");
+    if (p.varlen && t.cu_seqlens_k == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "cu_seqlens_k: must not be NULL");
+
+    const TensorExtents e = tensor_extents(p);
+    const struct { const void *ptr; size_t bytes; const char *name; } inputs[] = {
+        {t.q, e.q, "q"}, {t.k, e.k, "k"}, {t.v, e.v, "v"},
+        {t.cu_seqlens_q, p.varlen ? (size_t)(p.batch + 1) * 4 : 0, "cu_seqlens_q"},
+        {t.cu_seqlens_k, p.varlen ? (size_t)(p.batch + 1) * 4 : 0, "cu_seqlens_k"}};
+    for (const auto &in : inputs) {
+        if (overlaps(t.o, e.o, in.ptr, in.bytes))
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "o: overlaps %s; outputs must not share memory with inputs", in.name);
+        if (overlaps(t.lse, e.lse, in.ptr, in.bytes))
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "lse: overlaps %s; outputs must not share memory with inputs", in.name);
+    }
+    if (overlaps(t.o, e.o, t.lse, e.lse)) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "lse: overlaps o");
+
+    if (t.workspace_bytes < workspace_needed)
+        return fail(FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE,
+                    "workspace_bytes: %zu bytes given, this plan needs %zu (flashattn_plan_get_workspace_size)",
+                    t.workspace_bytes, workspace_needed);
+    if (workspace_needed > 0 && t.workspace == nullptr)
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: NULL, but this plan needs %zu bytes", workspace_needed);
+    if (workspace_needed > 0 && reinterpret_cast<uintptr_t>(t.workspace) % 256 != 0)
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: must be aligned to 256 bytes");
+    if (workspace_needed > 0) {
+        for (const auto &in : inputs)
+            if (overlaps(t.workspace, workspace_needed, in.ptr, in.bytes))
+                return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: overlaps %s", in.name);
+        if (overlaps(t.workspace, workspace_needed, t.o, e.o)) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: overlaps o");
+        if (overlaps(t.workspace, workspace_needed, t.lse, e.lse)) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: overlaps lse");
+    }
+    return FLASHATTN_SUCCESS;
+}
+
+}  // namespace flashattn

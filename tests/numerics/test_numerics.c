@@ -1,0 +1,302 @@
+/* Numerical correctness of one backend (TEST_BACKEND) against the tests' independent double
+ * reference, over a covering grid of shapes and features. Built once per backend:
+ * test_numerics_cpu (label cpu) and test_numerics_fa1/fa2/fa3 (label gpu, skipped without a GPU).
+ *
+ * Each case gets fresh random inputs (seed = FLASHATTN_TEST_SEED, default fixed, mixed with the
+ * case index), poisoned outputs, every element of O and LSE checked, and a second run that must be
+ * bit-identical (see check_attention_case()).
+ *
+ * What each backend documents it runs (cases outside are not run; a case inside that fails to
+ * finalize, e.g. with NOT_SUPPORTED, fails):
+ *   cpu: everything: fp32, fp16, bf16; any head_dim / head_dim_v.
+ *   fa1: fp16 (bf16 on sm_80 and newer); head_dim <= 256, a multiple of 8; head_dim_v == head_dim.
+ *   fa2: fp16, bf16; head_dim 8..256, a multiple of 8; head_dim_v == head_dim; sm_80 and newer.
+ *   fa3: fp16, bf16; head_dim in {64, 96, 128, 192, 256}; head_dim_v == head_dim; sm_90 only.
+ * All backends run causal, sliding-window, softcap, GQA/MQA, variable-length, strided and LSE
+ * cases. GPU backends have no fp32: the grid's fp32 cases run there in bf16 instead, so that
+ * every feature combination is still covered. GPU-only cases add long sequences (2048, 4096, 8192)
+ * and decode shapes (seqlen_q 1, seqlen_k 8192..32768, 32 query / 8 key-value heads). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_support.h"
+
+#ifndef TEST_BACKEND
+#define TEST_BACKEND FLASHATTN_BACKEND_CPU
+#endif
+
+#define F16 FLASHATTN_DTYPE_FP16
+#define B16 FLASHATTN_DTYPE_BF16
+#define F32 FLASHATTN_DTYPE_FP32
+
+typedef struct grid_case {
+    attn_case c;
+    int gpu_only;
+} grid_case;
+
+/* Field order: batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, head_dim_v, dtype, causal,
+ * window_left, window_right, softcap, scale, varlen, strided, with_lse. */
+#define CASE(b, sq, sk, hq, hk, d, dv, dt, causal, wl, wr, cap, scale, varlen, strided, lse) \
+    {{b, sq, sk, hq, hk, d, dv, dt, causal, wl, wr, cap, scale, varlen, strided, lse}, 0}
+#define LONG_CASE(b, sq, sk, hq, hk, d, dv, dt, causal, wl, wr, cap, scale, varlen, strided, lse) \
+    {{b, sq, sk, hq, hk, d, dv, dt, causal, wl, wr, cap, scale, varlen, strided, lse}, 0}
+#define GPU_CASE(b, sq, sk, hq, hk, d, dv, dt, causal, wl, wr, cap, scale, varlen, strided, lse) \
+    {{b, sq, sk, hq, hk, d, dv, dt, causal, wl, wr, cap, scale, varlen, strided, lse}, 1}
+
+static const grid_case grid[] = {
+    /* ---- Shapes from FlashAttention's grids, no mask: MHA / GQA / MQA ---------------------- */
+    CASE(1, 1, 1, 2, 2, 64, 0, F16, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 1, 1, 4, 1, 128, 0, F32, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 1, 239, 4, 4, 32, 0, B16, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 239, 1, 4, 4, 40, 0, F16, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 3, 799, 3, 3, 64, 0, F32, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 799, 3, 3, 1, 96, 0, B16, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 113, 203, 4, 2, 128, 0, F16, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 128, 217, 4, 1, 160, 0, B16, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(1, 1023, 1024, 2, 2, 64, 0, F16, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(1, 1024, 1023, 2, 1, 128, 0, B16, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(1, 1023, 1024, 1, 1, 96, 0, F32, 0, -1, -1, 0, 0, 0, 0, 1),
+    /* Head dimensions on one odd shape. */
+    CASE(2, 113, 203, 2, 2, 32, 0, F16, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 113, 203, 2, 2, 40, 0, B16, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 113, 203, 2, 1, 64, 0, F32, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 113, 203, 2, 2, 96, 0, F16, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 113, 203, 2, 2, 160, 0, F16, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 113, 203, 2, 2, 192, 0, B16, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 113, 203, 2, 2, 256, 0, F16, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(1, 128, 217, 2, 2, 256, 0, B16, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(1, 128, 217, 3, 3, 8, 0, F16, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(1, 128, 217, 2, 2, 256, 0, F32, 0, -1, -1, 0, 0, 0, 0, 1),
+    /* head_dim_v != head_dim (CPU only by the documented ranges). */
+    CASE(2, 113, 203, 4, 2, 64, 128, F16, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 113, 203, 4, 2, 128, 64, B16, 1, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 128, 217, 2, 1, 40, 256, F32, 0, -1, -1, 0, 0, 0, 1, 1),
+    CASE(2, 239, 1, 2, 2, 256, 32, F16, 0, -1, -1, 0, 0, 0, 0, 1),
+    CASE(3, 97, 131, 4, 2, 32, 96, B16, 1, 16, 4, 0, 0, 1, 1, 1),
+
+    /* ---- Causal, seqlen_q < seqlen_k and > (bottom-right aligned; > gives fully masked rows) */
+    CASE(2, 113, 203, 4, 2, 64, 0, F16, 1, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 203, 113, 4, 2, 128, 0, B16, 1, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 203, 113, 2, 2, 64, 0, F32, 1, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 1, 239, 4, 1, 64, 0, F16, 1, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 239, 1, 4, 4, 32, 0, B16, 1, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 3, 799, 2, 2, 128, 0, F16, 1, -1, -1, 0, 0, 0, 0, 1),
+    CASE(2, 799, 3, 2, 2, 96, 0, F16, 1, -1, -1, 0, 0, 0, 0, 1),
+    CASE(1, 128, 217, 4, 4, 96, 0, B16, 1, -1, -1, 0, 0, 0, 1, 1),
+    CASE(1, 128, 128, 2, 2, 32, 0, F32, 1, -1, -1, 0, 0, 0, 0, 1),
+    CASE(1, 1023, 1024, 2, 2, 128, 0, F16, 1, -1, -1, 0, 0, 0, 0, 1),
+    CASE(1, 1024, 1023, 4, 1, 64, 0, B16, 1, -1, -1, 0, 0, 0, 0, 1),
+    CASE(1, 1024, 1023, 1, 1, 256, 0, F32, 1, -1, -1, 0, 0, 0, 1, 1),
+    CASE(1, 1, 1, 2, 2, 256, 0, B16, 1, -1, -1, 0, 0, 0, 0, 1),
+
+    /* ---- Sliding windows (with and without causal), fully masked rows ------------------------ */
+    CASE(2, 113, 203, 4, 2, 64, 0, F16, 0, 32, 0, 0, 0, 0, 0, 1),
+    CASE(2, 113, 203, 4, 4, 128, 0, B16, 1, 16, 8, 0, 0, 0, 0, 1),
+    CASE(2, 203, 113, 2, 1, 64, 0, F16, 0, 10, 5, 0, 0, 0, 0, 1),
+    CASE(2, 203, 113, 2, 2, 96, 0, F32, 0, 0, 0, 0, 0, 0, 0, 1),
+    CASE(1, 300, 100, 2, 2, 64, 0, B16, 0, 0, 0, 0, 0, 0, 1, 1),
+    CASE(2, 128, 217, 2, 2, 32, 0, F16, 0, -1, 0, 0, 0, 0, 0, 1),
+    CASE(2, 128, 217, 2, 2, 40, 0, B16, 0, 5, -1, 0, 0, 0, 0, 1),
+    CASE(2, 128, 217, 2, 2, 256, 0, F16, 0, -1, 20, 0, 0, 0, 0, 1),
+    CASE(1, 1024, 1023, 2, 2, 64, 0, B16, 0, 100, 100, 0, 0, 0, 0, 1),
+    CASE(1, 1023, 1024, 2, 1, 128, 0, F16, 1, 256, 0, 0, 0, 0, 1, 1),
+    CASE(2, 799, 3, 2, 2, 64, 0, F16, 1, 1, 1, 0, 0, 0, 0, 1),
+    CASE(2, 3, 799, 2, 2, 64, 0, B16, 0, 300, 300, 0, 0, 0, 0, 1),
+    CASE(1, 239, 1, 2, 2, 32, 0, F32, 0, 3, 3, 0, 0, 0, 0, 1),
+    CASE(2, 64, 500, 4, 2, 64, 0, F32, 1, 128, 0, 0, 0, 0, 1, 1),
+
+    /* ---- Softcap (scale 1 so the cap bends the scores) --------------------------------------- */
+    CASE(2, 113, 203, 4, 2, 64, 0, F16, 0, -1, -1, 5.0, 1.0, 0, 0, 1),
+    CASE(2, 128, 217, 4, 1, 128, 0, B16, 1, -1, -1, 5.0, 1.0, 0, 0, 1),
+    CASE(2, 113, 203, 2, 2, 64, 0, F32, 0, -1, -1, 50.0, 0, 0, 0, 1),
+    CASE(1, 239, 239, 2, 2, 128, 0, F16, 0, 32, 32, 2.0, 0.5, 0, 1, 1),
+    CASE(2, 3, 799, 4, 2, 96, 0, B16, 0, -1, -1, 15.0, 0.3, 0, 0, 1),
+    CASE(1, 1023, 1024, 2, 2, 64, 0, F16, 1, -1, -1, 30.0, 0, 0, 0, 1),
+
+    /* ---- Explicit softmax scale --------------------------------------------------------------- */
+    CASE(2, 113, 203, 2, 2, 64, 0, F16, 0, -1, -1, 0, 0.05, 0, 0, 1),
+    CASE(2, 113, 203, 2, 2, 128, 0, F32, 1, -1, -1, 0, 1.5, 0, 0, 1),
+
+    /* ---- Variable length (a zero-length query and key sequence when batch >= 3) --------------- */
+    CASE(4, 113, 203, 4, 2, 64, 0, F16, 0, -1, -1, 0, 0, 1, 0, 1),
+    CASE(5, 128, 217, 4, 4, 128, 0, B16, 1, -1, -1, 0, 0, 1, 0, 1),
+    CASE(3, 239, 1, 2, 2, 32, 0, F16, 0, -1, -1, 0, 0, 1, 0, 1),
+    CASE(3, 1, 239, 4, 1, 64, 0, B16, 0, -1, -1, 0, 0, 1, 0, 1),
+    CASE(4, 1024, 1023, 2, 2, 64, 0, F16, 1, -1, -1, 0, 0, 1, 0, 1),
+    CASE(6, 97, 97, 2, 2, 40, 0, F32, 0, 8, 8, 0, 0, 1, 1, 1),
+    CASE(4, 203, 113, 4, 2, 96, 0, B16, 1, -1, -1, 10.0, 1.0, 1, 1, 1),
+    CASE(3, 64, 300, 4, 1, 32, 0, F16, 0, -1, -1, 0, 0, 1, 0, 1),
+    CASE(2, 300, 64, 2, 2, 256, 0, F16, 0, 16, 0, 0, 0, 1, 0, 1),
+    CASE(5, 3, 799, 2, 2, 128, 0, F32, 1, -1, -1, 0, 0, 1, 0, 1),
+    CASE(3, 799, 3, 2, 2, 64, 0, B16, 1, 2, 2, 0, 0, 1, 1, 1),
+    CASE(4, 256, 256, 2, 2, 160, 0, F16, 0, -1, -1, 0, 0, 1, 1, 0),
+
+    /* ---- Non-contiguous strides --------------------------------------------------------------- */
+    CASE(2, 113, 203, 4, 2, 64, 0, F16, 0, -1, -1, 0, 0, 0, 1, 1),
+    CASE(2, 239, 1, 2, 2, 128, 0, B16, 0, -1, -1, 0, 0, 0, 1, 1),
+    CASE(2, 1, 239, 4, 1, 96, 0, F32, 0, -1, -1, 0, 0, 0, 1, 1),
+    CASE(2, 128, 217, 4, 4, 256, 0, F16, 1, -1, -1, 0, 0, 0, 1, 0),
+    CASE(1, 1024, 1023, 2, 2, 64, 0, F16, 0, -1, -1, 0, 0, 0, 1, 1),
+
+    /* ---- Without LSE ---------------------------------------------------------------------------- */
+    CASE(2, 113, 203, 4, 2, 64, 0, B16, 1, -1, -1, 0, 0, 0, 0, 0),
+    CASE(3, 128, 217, 2, 2, 64, 0, F16, 0, -1, -1, 0, 0, 1, 0, 0),
+
+    /* ---- Larger batch x heads, short sequences ---------------------------------------------- */
+    CASE(8, 64, 64, 8, 2, 64, 0, F16, 1, -1, -1, 0, 0, 0, 0, 1),
+    CASE(4, 200, 200, 6, 6, 32, 0, B16, 0, -1, -1, 0, 0, 0, 0, 1),
+
+    /* ---- Long sequences (2048 everywhere; 4096 and 8192 on GPU backends only) ------------ */
+    LONG_CASE(1, 2048, 2048, 4, 4, 128, 0, F16, 0, -1, -1, 0, 0, 0, 0, 1),
+    LONG_CASE(1, 2048, 2048, 4, 2, 64, 0, B16, 1, -1, -1, 0, 0, 0, 0, 1),
+    LONG_CASE(2, 2048, 2048, 2, 1, 256, 0, F16, 1, -1, -1, 0, 0, 0, 1, 1),
+    GPU_CASE(1, 4096, 4096, 2, 1, 128, 0, B16, 1, -1, -1, 0, 0, 0, 0, 1),
+    GPU_CASE(1, 4096, 4096, 2, 2, 64, 0, F16, 0, -1, -1, 0, 0, 0, 0, 1),
+    GPU_CASE(1, 4096, 4096, 2, 2, 96, 0, F16, 0, 512, 0, 0, 0, 0, 0, 1),
+    GPU_CASE(3, 4096, 4096, 2, 2, 128, 0, B16, 1, -1, -1, 0, 0, 1, 0, 1),
+    GPU_CASE(1, 8192, 8192, 1, 1, 64, 0, F16, 1, -1, -1, 0, 0, 0, 0, 1),
+    GPU_CASE(1, 8192, 8192, 1, 1, 128, 0, B16, 0, 1024, 1024, 0, 0, 0, 0, 1),
+    /* ---- Decode (seqlen_q 1, long KV, GQA 32/8) ------------------------------------------ */
+    LONG_CASE(2, 1, 8192, 32, 8, 128, 0, F16, 0, -1, -1, 0, 0, 0, 0, 1),
+    LONG_CASE(1, 1, 16384, 32, 8, 128, 0, B16, 1, -1, -1, 0, 0, 0, 0, 1),
+    LONG_CASE(1, 1, 32768, 32, 8, 128, 0, F16, 0, -1, -1, 0, 0, 0, 0, 1),
+    LONG_CASE(1, 1, 32768, 32, 8, 64, 0, B16, 0, -1, -1, 0, 0, 0, 1, 1),
+    LONG_CASE(4, 1, 16384, 32, 8, 128, 0, F16, 0, -1, -1, 0, 0, 1, 0, 1),
+    LONG_CASE(2, 4, 8192, 32, 8, 128, 0, B16, 1, -1, -1, 0, 0, 0, 0, 1),
+};
+
+#define NUM_CASES (sizeof grid / sizeof grid[0])
+
+static int g_cc_major = 0, g_cc_minor = 0;
+static uint64_t g_seed = 0x5eed0f1a5a77e57ull;
+
+/* The dtype a case runs in on this backend. */
+static flashattn_dtype_t effective_dtype(flashattn_dtype_t dtype) {
+    if (TEST_BACKEND != FLASHATTN_BACKEND_CPU && dtype == FLASHATTN_DTYPE_FP32) return FLASHATTN_DTYPE_BF16;
+    return dtype;
+}
+
+/* NULL when the backend documents that it runs `c`; otherwise why not. */
+static const char *outside_range(const grid_case *g) {
+    const attn_case *c = &g->c;
+    const int64_t d = c->head_dim, dv = c->head_dim_v ? c->head_dim_v : c->head_dim;
+    const flashattn_dtype_t dt = effective_dtype(c->dtype);
+    switch (TEST_BACKEND) {
+    case FLASHATTN_BACKEND_CPU:
+        return g->gpu_only ? "GPU-only case (too slow for the CPU reference budget)" : NULL;
+    case FLASHATTN_BACKEND_FA1:
+        if (dt == FLASHATTN_DTYPE_BF16 && g_cc_major < 8) return "fa1 runs bf16 only on sm_80+";
+        if (dt != FLASHATTN_DTYPE_FP16 && dt != FLASHATTN_DTYPE_BF16) return "fa1: fp16/bf16 only";
+        if (d > 256 || d % 8 != 0) return "fa1: head_dim <= 256, multiple of 8";
+        if (dv != d) return "fa1: head_dim_v must equal head_dim";
+        return NULL;
+    case FLASHATTN_BACKEND_FA2:
+        if (dt != FLASHATTN_DTYPE_FP16 && dt != FLASHATTN_DTYPE_BF16) return "fa2: fp16/bf16 only";
+        if (d < 8 || d > 256 || d % 8 != 0) return "fa2: head_dim 8..256, multiple of 8";
+        if (dv != d) return "fa2: head_dim_v must equal head_dim";
+        return NULL;
+    case FLASHATTN_BACKEND_FA3:
+        if (dt != FLASHATTN_DTYPE_FP16 && dt != FLASHATTN_DTYPE_BF16) return "fa3: fp16/bf16 only";
+        if (d != 64 && d != 96 && d != 128 && d != 192 && d != 256)
+            return "fa3: head_dim in {64, 96, 128, 192, 256}";
+        if (dv != d) return "fa3: head_dim_v must equal head_dim";
+        return NULL;
+    default:
+        return "unknown backend";
+    }
+}
+
+static void run_case(void **state) {
+    const grid_case *g = (const grid_case *)*state;
+    const size_t index = (size_t)(g - grid);
+    const char *why = outside_range(g);
+    attn_case c = g->c;
+    if (why != NULL) {
+        print_message("not run on this backend: %s\n", why);
+        skip();
+        return;
+    }
+    c.dtype = effective_dtype(c.dtype);
+    assert_int_equal(check_attention_case(TEST_BACKEND, &c, g_seed + 0x9e3779b97f4a7c15ull * (index + 1)), 0);
+}
+
+static char names[NUM_CASES][160];
+static struct CMUnitTest tests[NUM_CASES];
+
+static void name_case(char *buf, size_t size, const grid_case *g) {
+    const attn_case *c = &g->c;
+    int n = snprintf(buf, size, "b%lld_q%lld_k%lld_h%lld-%lld_d%lld", (long long)c->batch,
+                     (long long)c->seqlen_q, (long long)c->seqlen_k, (long long)c->heads_q,
+                     (long long)c->heads_kv, (long long)c->head_dim);
+    if (c->head_dim_v && c->head_dim_v != c->head_dim)
+        n += snprintf(buf + n, size - (size_t)n, "-%lld", (long long)c->head_dim_v);
+    n += snprintf(buf + n, size - (size_t)n, "_%s", test_dtype_name(effective_dtype(c->dtype)));
+    if (c->causal) n += snprintf(buf + n, size - (size_t)n, "_causal");
+    if (c->window_left >= 0 || c->window_right >= 0)
+        n += snprintf(buf + n, size - (size_t)n, "_win%lld,%lld", (long long)c->window_left,
+                      (long long)c->window_right);
+    if (c->softcap > 0) n += snprintf(buf + n, size - (size_t)n, "_cap%g", c->softcap);
+    if (c->scale > 0) n += snprintf(buf + n, size - (size_t)n, "_scale%g", c->scale);
+    if (c->varlen) n += snprintf(buf + n, size - (size_t)n, "_varlen");
+    if (c->strided) n += snprintf(buf + n, size - (size_t)n, "_strided");
+    if (!c->with_lse) n += snprintf(buf + n, size - (size_t)n, "_nolse");
+    (void)n;
+}
+
+/* Exit 77 unless the library holds `name` and the device can run it. */
+static void require_gpu_backend(const char *name) {
+    const char *info = flashattn_build_info();
+    const char *list = strstr(info, "backends=");
+    int32_t major = 0, minor = 0;
+    int ok;
+    test_skip_without_gpu();
+    if (list == NULL || strstr(list, name) == NULL) {
+        printf("this build has no %s backend (%s): skipping\n", name, info);
+        exit(77);
+    }
+    if (flashattn_device_compute_capability(0, &major, &minor) != FLASHATTN_SUCCESS) {
+        printf("no compute capability for device 0 (%s): skipping\n", flashattn_last_error());
+        exit(77);
+    }
+    g_cc_major = major;
+    g_cc_minor = minor;
+    if (strcmp(name, "fa1") == 0) ok = major * 10 + minor >= 75;
+    else if (strcmp(name, "fa2") == 0) ok = major >= 8;
+    else ok = major == 9 && minor == 0;
+    if (!ok) {
+        printf("device 0 is sm_%d%d, which %s does not run: skipping\n", major, minor, name);
+        exit(77);
+    }
+}
+
+int main(void) {
+    size_t i;
+    const char *seed_env = getenv("FLASHATTN_TEST_SEED");
+    if (seed_env != NULL && seed_env[0] != '\0') g_seed = strtoull(seed_env, NULL, 0);
+
+    switch (TEST_BACKEND) {
+    case FLASHATTN_BACKEND_FA1: require_gpu_backend("fa1"); break;
+    case FLASHATTN_BACKEND_FA2: require_gpu_backend("fa2"); break;
+    case FLASHATTN_BACKEND_FA3: require_gpu_backend("fa3"); break;
+    default: break;
+    }
+    printf("numerics on backend %s, seed %llu (set FLASHATTN_TEST_SEED to change)\n",
+           test_backend_name(TEST_BACKEND), (unsigned long long)g_seed);
+
+    for (i = 0; i < NUM_CASES; ++i) {
+        name_case(names[i], sizeof names[i], &grid[i]);
+        tests[i].name = names[i];
+        tests[i].test_func = run_case;
+        tests[i].setup_func = NULL;
+        tests[i].teardown_func = NULL;
+        tests[i].initial_state = (void *)&grid[i];
+    }
+    return _cmocka_run_group_tests(test_backend_name(TEST_BACKEND), tests, NUM_CASES, NULL, NULL);
+}
