@@ -1,4 +1,5 @@
 #include "capi/error.h"
+#include "capi/guard.h"
 
 #include <cstdarg>
 #include <cstdio>
@@ -42,7 +43,7 @@ FLASHATTN_API size_t flashattn_last_error_copy(char *buffer, size_t size) {
 }
 
 FLASHATTN_API const char *flashattn_status_string(flashattn_status_t status) {
-    switch (status) {
+    switch (flashattn::enum_value(&status)) {  // an int: callers may pass unknown values
         case FLASHATTN_SUCCESS: return "success";
         case FLASHATTN_ERROR_INVALID_ARGUMENT: return "invalid argument";
         case FLASHATTN_ERROR_NOT_SUPPORTED: return "not supported";

@@ -44,9 +44,10 @@ FLASHATTN_API void flashattn_plan_destroy(flashattn_plan_t *plan) { delete plan;
 FLASHATTN_API flashattn_status_t flashattn_plan_set_i64(flashattn_plan_t *plan, flashattn_i64_param_t key, int64_t value) {
     return guarded(__func__, [&] {
         if (plan == nullptr) return null_plan(__func__);
-        FLASHATTN_TRY(check_i64_value(key, value));
-        plan->params.i64[key] = value;
-        plan->params.is_set[key] = true;
+        const int k = enum_value(&key);
+        FLASHATTN_TRY(check_i64_value(k, value));
+        plan->params.i64[k] = value;
+        plan->params.is_set[k] = true;
         plan->finalized = false;
         return FLASHATTN_SUCCESS;
     });
@@ -55,8 +56,9 @@ FLASHATTN_API flashattn_status_t flashattn_plan_set_i64(flashattn_plan_t *plan, 
 FLASHATTN_API flashattn_status_t flashattn_plan_set_f64(flashattn_plan_t *plan, flashattn_f64_param_t key, double value) {
     return guarded(__func__, [&] {
         if (plan == nullptr) return null_plan(__func__);
-        FLASHATTN_TRY(check_f64_value(key, value));
-        (key == FLASHATTN_F64_SOFTMAX_SCALE ? plan->params.softmax_scale : plan->params.softcap) = value;
+        const int k = enum_value(&key);
+        FLASHATTN_TRY(check_f64_value(k, value));
+        (k == FLASHATTN_F64_SOFTMAX_SCALE ? plan->params.softmax_scale : plan->params.softcap) = value;
         plan->finalized = false;
         return FLASHATTN_SUCCESS;
     });
@@ -67,14 +69,15 @@ FLASHATTN_API flashattn_status_t flashattn_plan_get_i64(const flashattn_plan_t *
     return guarded(__func__, [&] {
         if (plan == nullptr) return null_plan(__func__);
         if (value == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: the out-pointer must not be NULL");
-        if (i64_key_name(key) == nullptr)
-            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "key: %d is not a flashattn_i64_param_t value", static_cast<int>(key));
+        const int k = enum_value(&key);
+        if (i64_key_name(k) == nullptr)
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "key: %d is not a flashattn_i64_param_t value", k);
         if (!plan->finalized) {
-            *value = plan->params.get(key, i64_default(key));
+            *value = plan->params.is_set[k] ? plan->params.i64[k] : i64_default(k);
             return FLASHATTN_SUCCESS;
         }
         const Problem &p = plan->problem;
-        switch (key) {
+        switch (static_cast<flashattn_i64_param_t>(k)) {
             case FLASHATTN_I64_BATCH: *value = p.batch; break;
             case FLASHATTN_I64_SEQLEN_Q: *value = p.seqlen_q; break;
             case FLASHATTN_I64_SEQLEN_K: *value = p.seqlen_k; break;
@@ -113,9 +116,10 @@ FLASHATTN_API flashattn_status_t flashattn_plan_get_f64(const flashattn_plan_t *
     return guarded(__func__, [&] {
         if (plan == nullptr) return null_plan(__func__);
         if (value == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: the out-pointer must not be NULL");
-        if (f64_key_name(key) == nullptr)
-            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "key: %d is not a flashattn_f64_param_t value", static_cast<int>(key));
-        if (key == FLASHATTN_F64_SOFTMAX_SCALE)
+        const int k = enum_value(&key);
+        if (f64_key_name(k) == nullptr)
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "key: %d is not a flashattn_f64_param_t value", k);
+        if (k == FLASHATTN_F64_SOFTMAX_SCALE)
             *value = plan->finalized ? plan->problem.scale : plan->params.softmax_scale;
         else
             *value = plan->params.softcap;

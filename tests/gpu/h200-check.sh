@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The GPU check, run on the H200 machine from the repository root (the device tool's working
+# copy): build for sm_90 only, run the gpu-labelled tests, compute-sanitizer on a reduced grid,
+# then the benchmarks. Stages are chosen by arguments: build tests sanitize bench torch python.
+# Logs go to $OUT (or /tmp/h200-out) so they come back even when a stage fails.
+set -uo pipefail
+out=${OUT:-/tmp/h200-out}
+mkdir -p "$out"
+stages=${*:-build tests sanitize bench}
+build=${BUILD_DIR:-/tmp/fa-build}
+summary=()
+note() { summary+=("$1"); echo "== $1"; }
+
+if [ -d .devdeps ]; then  # cmocka from Debian, carried (see ../shared/tools/device-deps.sh)
+  mkdir -p .devdeps/root
+  for f in .devdeps/*.deb; do dpkg -x "$f" .devdeps/root; done
+  export CMAKE_PREFIX_PATH=$PWD/.devdeps/root/usr
+  export LD_LIBRARY_PATH=$PWD/.devdeps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+fi
+
+for stage in $stages; do
+  case $stage in
+    build)
+      t0=$(date +%s)
+      cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DFLASHATTN_FA1_ARCHS="${FA1_ARCHS:-90-real}" -DFLASHATTN_FA2_ARCHS="${FA2_ARCHS:-90-real}" \
+        -DFLASHATTN_FA3_ARCHS="${FA3_ARCHS:-90a-real}" > "$out/configure.log" 2>&1 \
+        && cmake --build "$build" -j 16 > "$out/build.log" 2>&1
+      rc=$?; note "build rc=$rc in $(( $(date +%s) - t0 ))s"
+      [ $rc = 0 ] || { tail -40 "$out/build.log"; break; }
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
+      ;;
+    tests)
+      ctest --test-dir "$build" --output-on-failure -j 4 > "$out/ctest.log" 2>&1
+      note "ctest rc=$? $(grep -E 'tests passed' "$out/ctest.log")"
+      grep -E 'Failed|Skipped|Not Run|Passed' "$out/ctest.log" | grep -E '^ *[0-9]+/' | sed 's/^/   /'
+      ;;
+    sanitize)
+      for gen in ${SANITIZE_GENS:-fa1 fa2}; do
+        for tool in memcheck racecheck synccheck; do
+          FLASHATTN_TEST_REDUCED=1 compute-sanitizer --tool $tool --error-exitcode 99 \
+            "$build/tests/test_numerics_$gen" > "$out/sanitize-$gen-$tool.log" 2>&1
+          note "compute-sanitizer $tool $gen rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$gen-$tool.log" | tail -1)"
+        done
+      done
+      ;;
+    bench)
+      "$build/bench/flashattn-bench" --backend all-gpu ${BENCH_ARGS:-} > "$out/bench.txt" 2>&1
+      note "flashattn-bench rc=$?"
+      ;;
+    torch)
+      FLASHATTN_LIBRARY=$(ls "$build"/src/libflashattn.so) python3 bench/compare_torch.py \
+        --markdown "$out/compare_torch.md" ${TORCH_ARGS:-} > "$out/compare_torch.txt" 2>&1
+      note "compare_torch rc=$?"
+      ;;
+    python)
+      FLASHATTN_LIBRARY=$(ls "$build"/src/libflashattn.so) PYTHONPATH=bindings/python \
+        python3 -m pytest -q bindings/python/tests > "$out/pytest.log" 2>&1
+      note "pytest rc=$? $(tail -1 "$out/pytest.log")"
+      ;;
+  esac
+done
+echo
+echo "==== summary"
+printf '%s\n' "${summary[@]}"
