@@ -154,7 +154,6 @@ std::vector<int64_t> parse_list(const char *what, const char *s) {
 
 int main(int argc, char **argv) {
     bench::Options opt;
-    bool backend_given = false;
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i];
         auto value = [&](const char *name) -> const char * {
@@ -166,7 +165,6 @@ int main(int argc, char **argv) {
             return 0;
         } else if (!std::strcmp(a, "--backend")) {
             opt.backend = value(a);
-            backend_given = true;
             if (opt.backend != "cpu" && opt.backend != "fa1" && opt.backend != "fa2" && opt.backend != "fa3" &&
                 opt.backend != "all-gpu")
                 bad_arg(a, opt.backend.c_str());
@@ -227,7 +225,6 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    (void)backend_given;
     if (opt.backend == "cpu") {
         if (opt.hdims.size() > 1) bad_arg("--hdim (CPU: one value)", "list");
         if (opt.hdims.size() == 1) opt.cpu_hdim = opt.hdims[0];

@@ -17,4 +17,6 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFLASHATTN_ENABLE_CU
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan -L cpu --output-on-failure -j "$jobs"
+# Debian packages: CPU-only build, lintian, dpkg -i, pkg-config and CMake consumers, purge.
+tests/packaging/test-debs.sh
 echo "tests/run.sh: all tests passed"

@@ -3,7 +3,7 @@
  * the outputs the C API gives for them on the CPU backend (fp32). Each binding runs the same cases
  * through its own API and must reproduce O and LSE within fp32 rounding.
  *
- * Format (little-endian), documented in bindings/common/README.md:
+ * Format (little-endian; readers in every binding's tests, described in bindings/README.md):
  *   char magic[8] = "FAREF01\n"; int64 ncases;
  *   per case: int64 p[16] (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, head_dim_v,
  *             causal, window_left, window_right, varlen, total_q, total_k, 0, 0, 0);
@@ -67,7 +67,7 @@ static int run_case(FILE *f, const ref_case *c) {
     float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nv * 4), *o = malloc(no * 4);
     float *lse = malloc(nlse * 4);
     flashattn_plan_t *plan = NULL;
-    void *ws = NULL;
+    void *ws_block = NULL, *ws = NULL;
     int rc = 1;
     if (!q || !k || !v || !o || !lse) goto done;
     for (size_t i = 0; i < nq; ++i) q[i] = next_uniform();
@@ -91,9 +91,10 @@ static int run_case(FILE *f, const ref_case *c) {
     if (check(flashattn_plan_finalize(plan), "finalize")) goto done;
     size_t ws_bytes = 0;
     if (check(flashattn_plan_get_workspace_size(plan, &ws_bytes), "workspace size")) goto done;
-    if (ws_bytes) {
-        ws = aligned_alloc(256, (ws_bytes + 255) / 256 * 256);
-        if (!ws) goto done;
+    if (ws_bytes) { /* the workspace must be 256-byte aligned */
+        ws_block = malloc(ws_bytes + 255);
+        if (!ws_block) goto done;
+        ws = (void *)(((uintptr_t)ws_block + 255) / 256 * 256);
     }
     flashattn_status_t s = c->varlen
         ? flashattn_plan_execute_varlen(plan, q, k, v, o, lse, c->cu_q, c->cu_k, ws, ws_bytes, NULL)
@@ -111,7 +112,7 @@ static int run_case(FILE *f, const ref_case *c) {
              write_all(f, o, no * 4) || write_all(f, lse, nlse * 4);
 done:
     flashattn_plan_destroy(plan);
-    free(q); free(k); free(v); free(o); free(lse); free(ws);
+    free(q); free(k); free(v); free(o); free(lse); free(ws_block);
     return rc;
 }
 

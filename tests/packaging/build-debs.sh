@@ -5,8 +5,9 @@
 #
 # The source tree is copied into a scratch directory first (dpkg-buildpackage writes into the
 # source tree and its parent), so the checkout stays clean; only OUTDIR receives files: the .debs,
-# the -dbgsym .ddeb, .buildinfo, .changes, build.log and lintian.txt. Missing build tools and build
-# dependencies are installed with apt-get (root, or sudo).
+# the -dbgsym package, the source package (.dsc, .tar.xz), .buildinfo, .changes, build.log and
+# lintian.txt. Missing build tools and build dependencies are installed with apt-get (root, or
+# sudo).
 #
 # Environment:
 #   FLASHATTN_DEB_PROFILES  build profiles; default "pkg.flashattn.nocuda nocheck" (CPU-only, no
@@ -14,6 +15,7 @@
 #   FLASHATTN_DEB_OPTIONS   DEB_BUILD_OPTIONS; default "nocheck parallel=<cores>".
 #   FLASHATTN_LINTIAN_FAIL_ON  lintian --fail-on value; default "error,warning".
 set -euo pipefail
+trap 'echo "build-debs: command failed (line $LINENO): $BASH_COMMAND" >&2' ERR
 
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/../.." && pwd)
@@ -64,12 +66,13 @@ if ! unmet=$(dpkg-checkbuilddeps -P "${profiles// /,}" 2>&1); then
     -P "${profiles// /,}" "$pkgsrc"
 fi
 
-# 4. Build (binary packages only, unsigned).
+# 4. Build the source package and the binary packages, unsigned (the source package lets lintian
+# check debian/control, debian/copyright and the source format too).
 mkdir -p "$outdir"
 outdir=$(cd "$outdir" && pwd)
-echo "build-debs: DEB_BUILD_PROFILES='$profiles' DEB_BUILD_OPTIONS='$options' dpkg-buildpackage -us -uc -b"
+echo "build-debs: DEB_BUILD_PROFILES='$profiles' DEB_BUILD_OPTIONS='$options' dpkg-buildpackage -us -uc"
 if ! DEB_BUILD_PROFILES="$profiles" DEB_BUILD_OPTIONS="$options" \
-     dpkg-buildpackage -us -uc -b >"$outdir/build.log" 2>&1; then
+     dpkg-buildpackage -us -uc >"$outdir/build.log" 2>&1; then
   tail -n 60 "$outdir/build.log" >&2
   echo "build-debs: dpkg-buildpackage failed; full log in $outdir/build.log" >&2
   exit 1
@@ -78,10 +81,12 @@ grep -E '^dpkg-gensymbols|^dpkg-shlibdeps: warning' "$outdir/build.log" || true
 
 # 5. Collect what the build wrote next to the source tree.
 changes=$(ls "$work"/libflashattn_*.changes)
-rm -f "$outdir"/*.deb "$outdir"/*.ddeb "$outdir"/*.changes "$outdir"/*.buildinfo
-(cd "$work" && cp -- *.deb *.buildinfo *.changes "$outdir"/ && { cp -- *.ddeb "$outdir"/ 2>/dev/null || true; })
+rm -f "$outdir"/*.deb "$outdir"/*.ddeb "$outdir"/*.changes "$outdir"/*.buildinfo "$outdir"/*.dsc \
+      "$outdir"/*.tar.*
+(cd "$work" && cp -- *.deb *.buildinfo *.changes *.dsc *.tar.* "$outdir"/ &&
+   { cp -- *.ddeb "$outdir"/ 2>/dev/null || true; })
 
-# 6. lintian on the .changes (every .deb, the -dbgsym and the .buildinfo).
+# 6. lintian on the .changes (the source package, every .deb, the -dbgsym and the .buildinfo).
 echo "build-debs: lintian --fail-on $fail_on"
 lintian_rc=0
 lintian -I --show-overrides --fail-on "$fail_on" "$outdir/$(basename "$changes")" \

@@ -12,6 +12,9 @@
 #
 #   tests/packaging/test-debs.sh            (FLASHATTN_DEB_PROFILES as in build-debs.sh)
 set -euo pipefail
+trap 'echo "test-debs: command failed (line $LINENO): $BASH_COMMAND" >&2' ERR
+# (grep in a pipeline writes to /dev/null rather than using -q: -q can exit early, the writer then
+# dies of SIGPIPE and pipefail reports the pipeline as failed.)
 
 here=$(cd "$(dirname "$0")" && pwd)
 start=$(date +%s)
@@ -19,6 +22,7 @@ export FLASHATTN_DEB_PROFILES="${FLASHATTN_DEB_PROFILES-pkg.flashattn.nocuda noc
 packages="libflashattn0 libflashattn0-dbgsym libflashattn-dev libflashattn-doc"
 ma=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
 libdir=/usr/lib/$ma
+libdir_re="(/usr)?/lib/$ma"   # ldconfig and ldd may name it through the merged-/usr /lib link
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 say() { echo "test-debs: $*"; }
@@ -26,7 +30,7 @@ die() { echo "test-debs: FAIL: $*" >&2; exit 1; }
 installed_now() {
   local p out=""
   for p in $packages; do
-    dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null | grep -qv '^not-installed$' && out="$out $p"
+    dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null | grep -v '^not-installed$' >/dev/null && out="$out $p"
   done
   echo "$out"
 }
@@ -55,22 +59,29 @@ fi
 
 # 1. Build (and lintian).
 "$here/build-debs.sh" "$work/debs"
-debs=$(cd "$work/debs" && ls -- libflashattn0_*.deb libflashattn-dev_*.deb)
-[ -e "$(ls "$work"/debs/libflashattn-doc_*.deb 2>/dev/null | head -n1)" ] &&
-  debs="$debs $(cd "$work/debs" && ls -- libflashattn-doc_*.deb)"
-dbgsym=$(cd "$work/debs" && ls -- libflashattn0-dbgsym_*.*deb 2>/dev/null || true)
+debs="" dbgsym=""
+for f in "$work"/debs/libflashattn0_*.deb "$work"/debs/libflashattn-dev_*.deb \
+         "$work"/debs/libflashattn-doc_*.deb; do   # -doc is absent with the nodoc profile
+  [ -e "$f" ] && debs="$debs ${f##*/}"
+done
+for f in "$work"/debs/libflashattn0-dbgsym_*.deb "$work"/debs/libflashattn0-dbgsym_*.ddeb; do
+  [ -e "$f" ] && dbgsym="$dbgsym ${f##*/}"
+done
+case "$debs" in *" libflashattn0_"*" libflashattn-dev_"*) ;; *) die "missing packages: got$debs" ;; esac
 [ -n "$dbgsym" ] || die "no libflashattn0-dbgsym package was built"
 
 # 2. Install and inspect.
-say "dpkg -i $debs $dbgsym"
+say "dpkg -i$debs$dbgsym"
 installed=1
 # shellcheck disable=SC2086
 (cd "$work/debs" && as_root dpkg -i $debs $dbgsym >/dev/null)
 for p in $(echo "$debs $dbgsym" | tr ' ' '\n' | sed 's/_.*//'); do
-  dpkg-query -W -f='${db:Status-Status}' "$p" | grep -qx installed || die "$p is not installed"
+  dpkg-query -W -f='${db:Status-Status}' "$p" | grep -x installed >/dev/null || die "$p is not installed"
 done
 for p in $packages; do
-  dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null | grep -qx installed && dpkg -L "$p"
+  if dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null | grep -x installed >/dev/null; then
+    dpkg -L "$p"
+  fi
 done | sort -u >"$work/installed-paths"
 
 lib_files=$(dpkg -L libflashattn0 | grep -v '^/usr/share/doc/' | while read -r f; do [ -d "$f" ] || echo "$f"; done | sort)
@@ -80,25 +91,25 @@ $(readlink -f "$libdir/libflashattn.so.0")"
   die "libflashattn0 should hold only libflashattn.so.0 and its real file; it holds: $lib_files"
 real=$(readlink -f "$libdir/libflashattn.so.0")
 case "$real" in "$libdir"/libflashattn.so.0.*) ;; *) die "unexpected real file $real" ;; esac
-readelf -d "$real" | grep -q 'Library soname: \[libflashattn.so.0\]' || die "SONAME is not libflashattn.so.0"
-! readelf -d "$real" | grep -Eq 'RPATH|RUNPATH' || die "$real carries an RPATH/RUNPATH"
-! readelf -S "$real" | grep -q '\.debug_info' || die "$real is not stripped"
+readelf -d "$real" | grep 'Library soname: \[libflashattn.so.0\]' >/dev/null || die "SONAME is not libflashattn.so.0"
+! readelf -d "$real" | grep -E 'RPATH|RUNPATH' >/dev/null || die "$real carries an RPATH/RUNPATH"
+! readelf -S "$real" | grep '\.debug_info' >/dev/null || die "$real is not stripped"
 build_id=$(readelf -n "$real" | sed -n 's/.*Build ID: *//p')
 [ -n "$build_id" ] || die "$real has no build ID"
 [ -f "/usr/lib/debug/.build-id/${build_id:0:2}/${build_id:2}.debug" ] ||
   die "libflashattn0-dbgsym lacks the debug file of build ID $build_id"
 ! grep -Eq '\.la$|\.a$' "$work/installed-paths" || die "a .la or static archive was installed"
 [ "$(readlink "$libdir/libflashattn.so")" = libflashattn.so.0 ] || die "the -dev link is not libflashattn.so -> libflashattn.so.0"
-dpkg -S "$libdir/libflashattn.so" | grep -q '^libflashattn-dev' || die "libflashattn.so is not in libflashattn-dev"
+dpkg -S "$libdir/libflashattn.so" | grep '^libflashattn-dev' >/dev/null || die "libflashattn.so is not in libflashattn-dev"
 for f in /usr/include/flashattn/flashattn.h /usr/include/flashattn/flashattn_version.h \
          "$libdir/pkgconfig/flashattn.pc" "$libdir/cmake/flashattn/flashattnConfig.cmake" \
          "$libdir/cmake/flashattn/flashattnConfigVersion.cmake" "$libdir/cmake/flashattn/flashattnTargets.cmake"; do
-  dpkg -S "$f" 2>/dev/null | grep -q '^libflashattn-dev' || die "$f is not in libflashattn-dev"
+  dpkg -S "$f" 2>/dev/null | grep '^libflashattn-dev' >/dev/null || die "$f is not in libflashattn-dev"
 done
-if dpkg-query -W -f='${db:Status-Status}' libflashattn-doc 2>/dev/null | grep -qx installed; then
+if dpkg-query -W -f='${db:Status-Status}' libflashattn-doc 2>/dev/null | grep -x installed >/dev/null; then
   [ -f /usr/share/doc/libflashattn-doc/html/index.html ] || die "libflashattn-doc has no html/index.html"
 fi
-ldconfig -p | grep -q "libflashattn.so.0 .*=> $libdir/libflashattn.so.0" || die "ldconfig does not know libflashattn.so.0"
+ldconfig -p | grep -E "libflashattn\.so\.0 .*=> $libdir_re/libflashattn\.so\.0\$" >/dev/null || die "ldconfig does not know libflashattn.so.0"
 
 # 3. Consumers, against the system paths only.
 unset LD_LIBRARY_PATH PKG_CONFIG_PATH CMAKE_PREFIX_PATH
@@ -110,7 +121,7 @@ flags=$(pkg-config --cflags --libs flashattn) || die "pkg-config cannot find fla
 say "cc consumer.c $flags"
 # shellcheck disable=SC2086
 cc -std=c11 -Wall -Wextra -Werror "$here/consumer/consumer.c" $flags -lm -o "$work/via-pkgconfig"
-ldd "$work/via-pkgconfig" | grep -q "libflashattn.so.0 => $libdir/libflashattn.so.0" ||
+ldd "$work/via-pkgconfig" | grep -E "libflashattn\.so\.0 => $libdir_re/libflashattn\.so\.0 " >/dev/null ||
   die "via-pkgconfig does not load $libdir/libflashattn.so.0"
 "$work/via-pkgconfig" || die "the pkg-config consumer failed"
 
@@ -139,7 +150,7 @@ while read -r f; do
     die "$f is left after purge"
   fi
 done <"$work/installed-paths"
-! ldconfig -p | grep -q libflashattn || die "ldconfig still lists libflashattn"
+! ldconfig -p | grep libflashattn >/dev/null || die "ldconfig still lists libflashattn"
 ! pkg-config --exists flashattn 2>/dev/null || die "pkg-config still finds flashattn"
 
 say "all checks passed ($(($(date +%s) - start)) s)"

@@ -209,9 +209,13 @@ class Plan:
     # -- execute -----------------------------------------------------------------------------
     def _check_refs(self, refs):
         ext = self.extents()
+        on_cpu = self.backend == Backend.CPU
         for name, ref in refs.items():
             if ref is None:
                 continue
+            if ref.on_host != on_cpu:
+                raise ValueError("%s: %s, but the plan runs on backend '%s'"
+                                 % (name, ref.describe(), self.backend.name.lower()))
             key = "cu" if name.startswith("cu_seqlens") else name
             if name in ("q", "k", "v", "o"):
                 if ref.flash_dtype != ext["dtype"]:

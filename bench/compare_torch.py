@@ -1,0 +1,505 @@
+#!/usr/bin/env python3
+"""libflashattn (fa1/fa2/fa3, through ctypes) against PyTorch SDPA's FLASH_ATTENTION and
+CUDNN_ATTENTION backends, in one run, on the FlashAttention-3 paper's grid and a decode table.
+
+    python3 bench/compare_torch.py --lib build/src/libflashattn.so --markdown out.md
+
+The library is loaded from --lib, else $FLASHATTN_LIBRARY, else the first build*/src/libflashattn.so
+under the repository. Every method is timed the same way: 3 warm-ups, then a ~2 ms GPU sleep while
+the host enqueues 10 runs, each between two torch.cuda.Event records; the median is reported.
+Inputs are fresh torch.randn tensors per cell, [batch, seq, heads, dim] contiguous (SDPA gets the
+transposed views, no copies). Each library output is checked once against torch's (max abs error
+and relative L2 error); a generation the library cannot run shows "n/a".
+
+Only the minimal ctypes declarations this script needs are written here; it does not use the
+Python binding under bindings/.
+"""
+
+import argparse
+import ctypes
+import glob
+import math
+import os
+import statistics
+import sys
+import time
+
+# --- The C ABI (values pinned by include/flashattn/flashattn.h) --------------------------------
+
+SUCCESS, NOT_SUPPORTED = 0, 2
+I64 = {
+    "BATCH": 1, "SEQLEN_Q": 2, "SEQLEN_K": 3, "HEADS_Q": 4, "HEADS_KV": 5, "HEAD_DIM": 6,
+    "DTYPE": 8, "CAUSAL": 9, "BACKEND": 12, "DEVICE": 13,
+}
+DTYPE = {"fp16": 1, "bf16": 2}
+BACKEND = {"fa1": 2, "fa2": 3, "fa3": 4}
+GENS = ["fa1", "fa2", "fa3"]
+
+
+class FlashAttnError(RuntimeError):
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+class Lib:
+    """Minimal ctypes view of libflashattn."""
+
+    def __init__(self, path):
+        self.path = path
+        lib = ctypes.CDLL(path)
+        vp, i32, i64, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_size_t
+        lib.flashattn_status_string.argtypes = [i32]
+        lib.flashattn_status_string.restype = ctypes.c_char_p
+        lib.flashattn_last_error.argtypes = []
+        lib.flashattn_last_error.restype = ctypes.c_char_p
+        lib.flashattn_version_string.argtypes = []
+        lib.flashattn_version_string.restype = ctypes.c_char_p
+        lib.flashattn_build_info.argtypes = []
+        lib.flashattn_build_info.restype = ctypes.c_char_p
+        lib.flashattn_plan_create.argtypes = [ctypes.POINTER(vp)]
+        lib.flashattn_plan_create.restype = i32
+        lib.flashattn_plan_destroy.argtypes = [vp]
+        lib.flashattn_plan_destroy.restype = None
+        lib.flashattn_plan_set_i64.argtypes = [vp, i32, i64]
+        lib.flashattn_plan_set_i64.restype = i32
+        lib.flashattn_plan_finalize.argtypes = [vp]
+        lib.flashattn_plan_finalize.restype = i32
+        lib.flashattn_plan_get_workspace_size.argtypes = [vp, ctypes.POINTER(sz)]
+        lib.flashattn_plan_get_workspace_size.restype = i32
+        lib.flashattn_plan_execute.argtypes = [vp, vp, vp, vp, vp, vp, vp, sz, vp]
+        lib.flashattn_plan_execute.restype = i32
+        self.lib = lib
+        self.version = lib.flashattn_version_string().decode()
+        self.build_info = lib.flashattn_build_info().decode()
+
+    def _error(self, status):
+        name = self.lib.flashattn_status_string(status).decode()
+        msg = (self.lib.flashattn_last_error() or b"").decode(errors="replace")
+        return FlashAttnError(status, f"{name}: {msg}" if msg else name)
+
+    def plan(self, backend, b, sq, sk, hq, hkv, d, dtype, causal, device=0):
+        """A finalized plan handle and its workspace size; raises FlashAttnError."""
+        handle = ctypes.c_void_p()
+        st = self.lib.flashattn_plan_create(ctypes.byref(handle))
+        if st != SUCCESS:
+            raise self._error(st)
+        try:
+            for key, value in (("BATCH", b), ("SEQLEN_Q", sq), ("SEQLEN_K", sk), ("HEADS_Q", hq),
+                               ("HEADS_KV", hkv), ("HEAD_DIM", d), ("DTYPE", dtype),
+                               ("CAUSAL", int(causal)), ("BACKEND", backend), ("DEVICE", device)):
+                st = self.lib.flashattn_plan_set_i64(handle, I64[key], int(value))
+                if st != SUCCESS:
+                    raise self._error(st)
+            st = self.lib.flashattn_plan_finalize(handle)
+            if st != SUCCESS:
+                raise self._error(st)
+            ws = ctypes.c_size_t()
+            st = self.lib.flashattn_plan_get_workspace_size(handle, ctypes.byref(ws))
+            if st != SUCCESS:
+                raise self._error(st)
+        except BaseException:
+            self.lib.flashattn_plan_destroy(handle)
+            raise
+        return handle, ws.value
+
+    def destroy(self, handle):
+        self.lib.flashattn_plan_destroy(handle)
+
+    def execute(self, handle, q, k, v, o, lse, ws_ptr, ws_bytes, stream):
+        """All pointers are ints (data_ptr()) or None; raises FlashAttnError."""
+        st = self.lib.flashattn_plan_execute(handle, q, k, v, o, lse, ws_ptr, ws_bytes, stream)
+        if st != SUCCESS:
+            raise self._error(st)
+
+
+def find_library(arg):
+    if arg:
+        return arg
+    env = os.environ.get("FLASHATTN_LIBRARY")
+    if env:
+        return env
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    hits = sorted(glob.glob(os.path.join(root, "build*", "src", "libflashattn.so")))
+    if not hits:
+        sys.exit("compare_torch.py: libflashattn.so not found: pass --lib or set FLASHATTN_LIBRARY")
+    return hits[0]
+
+
+# --- Timing and checks ---------------------------------------------------------------------------
+
+class Bench:
+    def __init__(self, torch, args):
+        self.torch = torch
+        self.args = args
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        self.props = props
+        self.l2 = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
+        clock_khz = 0
+        try:  # nvidia-ml not needed: torch exposes the clock on recent versions only
+            clock_khz = int(getattr(props, "clock_rate", 0) or 0)
+        except Exception:
+            clock_khz = 0
+        self.spin_cycles = max(clock_khz, 1_000_000) * 4  # ~4 ms
+        self.start = time.monotonic()
+
+    def elapsed(self):
+        return time.monotonic() - self.start
+
+    def time_ms(self, fn, warmup=None, reps=None):
+        """Median ms of fn(i) (i = run index, for input rotation) and whether the run was reduced."""
+        torch = self.torch
+        warmup = self.args.warmup if warmup is None else warmup
+        reps = self.args.reps if reps is None else reps
+        s0, e0 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s0.record()
+        fn(0)
+        e0.record()
+        torch.cuda.synchronize()
+        reduced = False
+        if s0.elapsed_time(e0) > 1000.0:
+            reduced, warmup, reps = True, 1, min(reps, 3)
+        for i in range(1, warmup):
+            fn(i)
+        torch.cuda.synchronize()
+        if hasattr(torch.cuda, "_sleep"):
+            torch.cuda._sleep(int(self.spin_cycles))  # the host enqueues the runs meanwhile
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for r in range(reps):
+            starts[r].record()
+            fn(warmup + r)
+            ends[r].record()
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)), reduced
+
+
+def diff(torch, out_bshd, ref_bshd):
+    """(max abs error, relative L2 error, non-finite count) of out against ref, in fp32."""
+    a = out_bshd.float()
+    r = ref_bshd.float()
+    bad = int((~torch.isfinite(a)).sum().item())
+    d = (a - r).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    max_abs = float(d.abs().max().item())
+    rel = float((d.norm() / r.norm().clamp_min(1e-30)).item())
+    return max_abs, rel, bad
+
+
+# --- Runs ------------------------------------------------------------------------------------------
+
+def run_torch(bench, backend, q_sets, k_sets, v_sets, causal, gqa):
+    """TFLOP/s-free result: (ms, reduced, out_bshd, note) or (None, None, None, reason)."""
+    torch = bench.torch
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+    n = len(q_sets)
+    note = ""
+    kw = {}
+    ks, vs = k_sets, v_sets
+    if gqa:
+        kw["enable_gqa"] = True
+
+    def call(i, ks=ks, vs=vs):
+        j = i % n
+        return F.scaled_dot_product_attention(q_sets[j].transpose(1, 2), ks[j].transpose(1, 2),
+                                              vs[j].transpose(1, 2), is_causal=causal, **kw)
+
+    try:
+        with sdpa_kernel([backend]):
+            try:
+                out = call(0)
+            except Exception:
+                if not gqa:
+                    raise
+                # No GQA support in this backend: expand K/V to the query heads (outside timing);
+                # the kernel then reads group x the K/V bytes, which the table marks.
+                group = q_sets[0].shape[2] // k_sets[0].shape[2]
+                kw.pop("enable_gqa", None)
+                ks = [k.repeat_interleave(group, dim=2) for k in k_sets]
+                vs = [v.repeat_interleave(group, dim=2) for v in v_sets]
+                note = "+"
+                out = call(0, ks, vs)
+            torch.cuda.synchronize()
+            ms, reduced = bench.time_ms(lambda i: call(i, ks, vs))
+        ref = out.transpose(1, 2)  # [b, s, h, d] view of the first set's output
+        return ms, reduced, ref, note
+    except Exception as e:  # unsupported shape or dtype in this backend
+        msg = str(e).strip().splitlines()
+        return None, None, None, (msg[0] if msg else type(e).__name__)[:160]
+
+
+def run_lib(bench, lib, gen, q_sets, k_sets, v_sets, causal, dtype_name):
+    """(ms, reduced, out_bshd, note) or (None, None, None, reason)."""
+    torch = bench.torch
+    q0, k0 = q_sets[0], k_sets[0]
+    b, sq, hq, d = q0.shape
+    sk, hkv = k0.shape[1], k0.shape[2]
+    try:
+        handle, ws_bytes = lib.plan(BACKEND[gen], b, sq, sk, hq, hkv, d, DTYPE[dtype_name], causal,
+                                    torch.cuda.current_device())
+    except FlashAttnError as e:
+        if e.status == NOT_SUPPORTED:
+            return None, None, None, "n/a: " + str(e)
+        return None, None, None, "ERR: plan: " + str(e)
+    try:
+        ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device="cuda")
+        o = torch.empty_like(q0)
+        lse = None if bench.args.no_lse else torch.empty((b, hq, sq), dtype=torch.float32, device="cuda")
+        lse_ptr = None if lse is None else lse.data_ptr()
+        ws_ptr = ws.data_ptr() if ws_bytes > 0 else None
+        n = len(q_sets)
+
+        def call(i):
+            j = i % n
+            lib.execute(handle, q_sets[j].data_ptr(), k_sets[j].data_ptr(), v_sets[j].data_ptr(),
+                        o.data_ptr(), lse_ptr, ws_ptr, ws_bytes,
+                        torch.cuda.current_stream().cuda_stream)
+
+        ms, reduced = bench.time_ms(call)
+        # The checked output: a fresh run on set 0 into a NaN-poisoned O.
+        o.fill_(float("nan"))
+        call(0)
+        torch.cuda.synchronize()
+        return ms, reduced, o, ""
+    except FlashAttnError as e:
+        return None, None, None, "ERR: execute: " + str(e)
+    finally:
+        lib.destroy(handle)
+
+
+def fmt_val(v, reduced, spec="{:.1f}"):
+    return spec.format(v) + ("*" if reduced else "")
+
+
+def prefill_table(bench, lib, gens, dtype_name, out_lines, notes):
+    torch = bench.torch
+    from torch.nn.attention import SDPBackend
+    args = bench.args
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+    head = ["hdim", "causal", "seqlen"] + gens + ["torch-flash", "cuDNN"]
+    ratio_cols = []
+    if "fa2" in gens:
+        ratio_cols.append(("fa2", "torch-flash"))
+    if "fa3" in gens:
+        ratio_cols.append(("fa3", "cuDNN"))
+    head += [f"{a}/{b}" for a, b in ratio_cols]
+    head += ["max abs err vs " + "torch (" + "/".join(gens) + ")"]
+    emit(out_lines, "")
+    emit(out_lines, f"## Forward, {dtype_name}: TFLOP/s (hidden {args.hidden}, heads = {args.hidden}/hdim, "
+                    f"batch = {args.tokens}/seqlen)")
+    emit(out_lines, "")
+    emit(out_lines, "| " + " | ".join(head) + " |")
+    emit(out_lines, "|" + "---|" * len(head))
+    deadline = args.budget_s * (0.8 if not args.no_decode else 1.0)
+    for d in args.hdim:
+        for causal in args.causal:
+            for s in args.seqlen:
+                h, b = max(1, args.hidden // d), max(1, args.tokens // s)
+                flops = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
+                where = f"{dtype_name} hdim {d} causal {causal} seqlen {s}"
+                row = [str(d), "yes" if causal else "no", str(s)]
+                if bench.elapsed() > deadline:
+                    emit(out_lines, "| " + " | ".join(row + ["skip"] * (len(head) - 4) + ["skipped (time budget)"]) + " |")
+                    continue
+                q = torch.randn(b, s, h, d, dtype=dt, device="cuda")
+                k = torch.randn(b, s, h, d, dtype=dt, device="cuda")
+                v = torch.randn(b, s, h, d, dtype=dt, device="cuda")
+                tf = {}
+                outs = {}
+                for name, be in (("torch-flash", SDPBackend.FLASH_ATTENTION), ("cuDNN", SDPBackend.CUDNN_ATTENTION)):
+                    ms, red, out, note = run_torch(bench, be, [q], [k], [v], bool(causal), False)
+                    if ms is None:
+                        notes.setdefault(f"{name}: {note}", []).append(where)
+                        tf[name] = None
+                    else:
+                        tf[name] = (flops / (ms * 1e-3) / 1e12, red)
+                        outs[name] = out
+                ref = outs.get("torch-flash", outs.get("cuDNN"))
+                errs = []
+                for gen in gens:
+                    ms, red, out, note = run_lib(bench, lib, gen, [q], [k], [v], bool(causal), dtype_name)
+                    if ms is None:
+                        tf[gen] = None
+                        notes.setdefault(f"{gen}: {note}", []).append(where)
+                        errs.append("-")
+                        if note.startswith("ERR"):
+                            bench.failed = True
+                        continue
+                    tf[gen] = (flops / (ms * 1e-3) / 1e12, red)
+                    if ref is None:
+                        errs.append("no ref")
+                        continue
+                    mx, rel, bad = diff(torch, out, ref)
+                    ok = bad == 0 and rel <= 2e-2
+                    errs.append(f"{mx:.1e}" + ("" if ok else " BAD"))
+                    if not ok:
+                        bench.failed = True
+                        notes.setdefault(f"{gen}: WRONG RESULT vs torch", []).append(
+                            f"{where} (max abs {mx:.3e}, rel L2 {rel:.3e}, {bad} non-finite)")
+                    del out
+                for name in gens + ["torch-flash", "cuDNN"]:
+                    row.append("n/a" if tf.get(name) is None else fmt_val(*tf[name]))
+                for a, bb in ratio_cols:
+                    row.append(f"{tf[a][0] / tf[bb][0]:.2f}" if tf.get(a) and tf.get(bb) else "-")
+                row.append(" / ".join(errs))
+                emit(out_lines, "| " + " | ".join(row) + " |")
+                del q, k, v, outs, ref
+
+
+def decode_table(bench, lib, gens, out_lines, notes):
+    torch = bench.torch
+    from torch.nn.attention import SDPBackend
+    args = bench.args
+    dt, d, hq = torch.bfloat16, 128, 32
+    head = ["batch", "heads q / kv", "seqlen_k", "K+V MB", "sets"] + [f"{g} GB/s (µs)" for g in gens]
+    head += ["torch-flash GB/s (µs)", "cuDNN GB/s (µs)", "max abs err vs torch (" + "/".join(gens) + ")"]
+    emit(out_lines, "")
+    emit(out_lines, "## Decode (seqlen_q = 1), bf16, head dim 128: GB/s = bytes of K and V / time")
+    emit(out_lines, "")
+    emit(out_lines, f"Inputs rotate among enough K/V sets to exceed 3x the {bench.l2 / 1e6:.0f} MB L2; shapes whose "
+                    f"K+V exceed {args.max_decode_gb:.0f} GB are skipped. `+`: this torch backend has no GQA, so K/V "
+                    "were expanded to 32 heads before timing and it reads 4x the bytes counted.")
+    emit(out_lines, "")
+    emit(out_lines, "| " + " | ".join(head) + " |")
+    emit(out_lines, "|" + "---|" * len(head))
+    for hkv in (8, 32):
+        for b in args.decode_batch:
+            for sk in args.decode_seqlen:
+                kv_bytes = 2 * b * sk * hkv * d * 2
+                where = f"decode b {b} h {hq}/{hkv} sk {sk}"
+                row = [str(b), f"{hq} / {hkv}", str(sk), f"{kv_bytes / 1e6:.0f}"]
+                if kv_bytes > args.max_decode_gb * 1e9 or bench.elapsed() > args.budget_s:
+                    why = "K+V too large" if kv_bytes > args.max_decode_gb * 1e9 else "time budget"
+                    emit(out_lines, "| " + " | ".join(row + ["-"] + ["skip"] * (len(gens) + 2) + [f"skipped ({why})"]) + " |")
+                    continue
+                sets = min(8, max(1, math.ceil(3 * bench.l2 / kv_bytes)))
+                row.append(str(sets))
+                qs = [torch.randn(b, 1, hq, d, dtype=dt, device="cuda") for _ in range(sets)]
+                ks = [torch.randn(b, sk, hkv, d, dtype=dt, device="cuda") for _ in range(sets)]
+                vs = [torch.randn(b, sk, hkv, d, dtype=dt, device="cuda") for _ in range(sets)]
+                res = {}
+                outs = {}
+                for name, be in (("torch-flash", SDPBackend.FLASH_ATTENTION), ("cuDNN", SDPBackend.CUDNN_ATTENTION)):
+                    ms, red, out, note = run_torch(bench, be, qs, ks, vs, False, hkv != hq)
+                    if ms is None:
+                        notes.setdefault(f"{name}: {note}", []).append(where)
+                        res[name] = None
+                    else:
+                        res[name] = (ms, red, note)
+                        outs[name] = out
+                ref = outs.get("torch-flash", outs.get("cuDNN"))
+                errs = []
+                for gen in gens:
+                    ms, red, out, note = run_lib(bench, lib, gen, qs, ks, vs, False, "bf16")
+                    if ms is None:
+                        res[gen] = None
+                        notes.setdefault(f"{gen}: {note}", []).append(where)
+                        errs.append("-")
+                        if note.startswith("ERR"):
+                            bench.failed = True
+                        continue
+                    res[gen] = (ms, red, "")
+                    if ref is None:
+                        errs.append("no ref")
+                        continue
+                    mx, rel, bad = diff(torch, out, ref)
+                    ok = bad == 0 and rel <= 2e-2
+                    errs.append(f"{mx:.1e}" + ("" if ok else " BAD"))
+                    if not ok:
+                        bench.failed = True
+                        notes.setdefault(f"{gen}: WRONG RESULT vs torch", []).append(
+                            f"{where} (max abs {mx:.3e}, rel L2 {rel:.3e}, {bad} non-finite)")
+                for name in gens + ["torch-flash", "cuDNN"]:
+                    r = res.get(name)
+                    if r is None:
+                        row.append("n/a")
+                    else:
+                        ms, red, mark = r
+                        row.append(f"{kv_bytes / (ms * 1e-3) / 1e9:.0f} ({ms * 1e3:.1f})" + ("*" if red else "") + mark)
+                row.append(" / ".join(errs))
+                emit(out_lines, "| " + " | ".join(row) + " |")
+                del qs, ks, vs, outs, ref
+                torch.cuda.empty_cache()
+
+
+def emit(lines, text):
+    print(text, flush=True)
+    lines.append(text)
+
+
+def parse_list(text):
+    return [int(x) for x in text.split(",") if x]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", help="path of libflashattn.so (default: $FLASHATTN_LIBRARY, then build*/src)")
+    ap.add_argument("--gens", default="fa1,fa2,fa3", help="library generations to run (default fa1,fa2,fa3)")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "both"])
+    ap.add_argument("--hdim", default="64,128,256", type=parse_list)
+    ap.add_argument("--seqlen", default="512,1024,2048,4096,8192,16384", type=parse_list)
+    ap.add_argument("--causal", default="both", choices=["0", "1", "both"])
+    ap.add_argument("--decode", action="store_true", help="only the decode table")
+    ap.add_argument("--no-decode", action="store_true", help="leave the decode table out")
+    ap.add_argument("--no-lse", action="store_true", help="pass lse = NULL to the library")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--budget-s", type=float, default=240.0,
+                    help="wall-clock budget; later cells are skipped (default 240)")
+    ap.add_argument("--max-decode-gb", type=float, default=40.0)
+    ap.add_argument("--decode-batch", default="1,8,32", type=parse_list, help="decode batches (default 1,8,32)")
+    ap.add_argument("--decode-seqlen", default="8192,32768,131072", type=parse_list,
+                    help="decode seqlen_k values (default 8192,32768,131072)")
+    ap.add_argument("--hidden", type=int, default=2048, help="grid: heads = hidden/hdim (default 2048)")
+    ap.add_argument("--tokens", type=int, default=16384, help="grid: batch = tokens/seqlen (default 16384)")
+    ap.add_argument("--markdown", help="also write the tables to this markdown file")
+    args = ap.parse_args()
+    args.causal = {"0": [0], "1": [1], "both": [0, 1]}[args.causal]
+    args.warmup = max(1, args.warmup)
+    args.reps = max(1, args.reps)
+    gens = [g for g in args.gens.split(",") if g]
+    for g in gens:
+        if g not in BACKEND:
+            ap.error(f"--gens: unknown generation '{g}'")
+
+    import torch  # imported here so that the ctypes layer above can be used without torch
+    if not torch.cuda.is_available():
+        sys.exit("compare_torch.py: torch sees no CUDA device")
+    lib = Lib(find_library(args.lib))
+    bench = Bench(torch, args)
+    bench.failed = False
+    lines = []
+    p = bench.props
+    emit(lines, "# libflashattn vs PyTorch SDPA (bench/compare_torch.py)")
+    emit(lines, "")
+    emit(lines, f"Device: {p.name}, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, "
+                f"{p.total_memory / 1e9:.1f} GB, L2 {bench.l2 / 1e6:.0f} MB. torch {torch.__version__} "
+                f"(CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}).")
+    emit(lines, f"libflashattn {lib.version} ({lib.build_info}) from {lib.path}.")
+    emit(lines, f"Median of {args.reps} runs after {args.warmup} warm-ups (torch.cuda.Event per run); FLOPs = "
+                "4*b*h*sq*sk*d, halved when causal. torch-flash = SDPA FLASH_ATTENTION, cuDNN = SDPA "
+                f"CUDNN_ATTENTION. Library LSE {'not requested' if args.no_lse else 'written (fp32)'}. "
+                "Errors: library O vs torch-flash's (cuDNN's where flash cannot run); BAD = rel L2 > 2e-2 or "
+                "non-finite. `*`: first run over 1 s, so median of 3 after 1 warm-up.")
+    notes = {}
+    with torch.inference_mode():
+        if not args.decode:
+            for dtype_name in (["bf16", "fp16"] if args.dtype == "both" else [args.dtype]):
+                prefill_table(bench, lib, gens, dtype_name, lines, notes)
+                torch.cuda.empty_cache()
+        if args.decode or not args.no_decode:
+            decode_table(bench, lib, gens, lines, notes)
+    emit(lines, "")
+    for reason, cells in sorted(notes.items()):
+        shown = ", ".join(cells[:6]) + (", ..." if len(cells) > 6 else "")
+        emit(lines, f"- {reason} [{len(cells)} cell(s): {shown}]")
+    emit(lines, "")
+    emit(lines, f"Total wall time {bench.elapsed():.1f} s." + (" SOME CELLS FAILED (ERR / BAD above)." if bench.failed else ""))
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 1 if bench.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,730 @@
+// Package flashattn calls libflashattn, exact FlashAttention forward attention
+// O = softmax(scale·Q·Kᵀ, masked)·V with an optional fp32 log-sum-exp, through its C API.
+//
+// A Plan mirrors the C plan: NewPlan, SetI64/SetF64, Finalize, Execute (any number of times), Close.
+// A Plan not closed is destroyed by a finalizer when it becomes unreachable. Host tensors are Go
+// slices ([]float32, []Float16, []BFloat16) checked against the plan; device memory goes through
+// ExecuteRaw with unsafe.Pointer. Attention does the whole sequence for contiguous host tensors.
+//
+// The library is found with pkg-config (flashattn.pc); at run time the dynamic loader must find
+// libflashattn.so.0 (LD_LIBRARY_PATH, or an installed library).
+package flashattn
+
+/*
+#cgo pkg-config: flashattn
+#include <stdlib.h>
+#include <flashattn/flashattn.h>
+*/
+import "C"
+
+import (
+	"fmt"
+	"runtime"
+	"unsafe"
+)
+
+// Status is a flashattn_status_t.
+type Status int
+
+const (
+	StatusSuccess               Status = C.FLASHATTN_SUCCESS
+	StatusInvalidArgument       Status = C.FLASHATTN_ERROR_INVALID_ARGUMENT
+	StatusNotSupported          Status = C.FLASHATTN_ERROR_NOT_SUPPORTED
+	StatusInvalidState          Status = C.FLASHATTN_ERROR_INVALID_STATE
+	StatusAllocation            Status = C.FLASHATTN_ERROR_ALLOCATION
+	StatusDevice                Status = C.FLASHATTN_ERROR_DEVICE
+	StatusInsufficientWorkspace Status = C.FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE
+	StatusInternal              Status = C.FLASHATTN_ERROR_INTERNAL
+)
+
+// String is the library's English name for the status ("invalid argument", ...).
+func (s Status) String() string {
+	return C.GoString(C.flashattn_status_string(C.flashattn_status_t(s)))
+}
+
+// Error is a failed call: the status and the library's message, which names the argument and
+// the rule it broke. errors.Is(err, flashattn.ErrInvalidArgument) tests the status.
+type Error struct {
+	Status  Status
+	Message string
+	Op      string // the C function, or the Go method for checks made in Go
+}
+
+func (e *Error) Error() string {
+	if e.Op == "" {
+		return fmt.Sprintf("flashattn: %s: %s", e.Status, e.Message)
+	}
+	return fmt.Sprintf("flashattn: %s: %s: %s", e.Op, e.Status, e.Message)
+}
+
+// Is matches the sentinel errors below by status.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Message == "" && t.Op == "" && t.Status == e.Status
+}
+
+// Sentinels for errors.Is.
+var (
+	ErrInvalidArgument       = &Error{Status: StatusInvalidArgument}
+	ErrNotSupported          = &Error{Status: StatusNotSupported}
+	ErrInvalidState          = &Error{Status: StatusInvalidState}
+	ErrAllocation            = &Error{Status: StatusAllocation}
+	ErrDevice                = &Error{Status: StatusDevice}
+	ErrInsufficientWorkspace = &Error{Status: StatusInsufficientWorkspace}
+	ErrInternal              = &Error{Status: StatusInternal}
+)
+
+// DType is a flashattn_dtype_t.
+type DType int
+
+const (
+	FP16    DType = C.FLASHATTN_DTYPE_FP16
+	BF16    DType = C.FLASHATTN_DTYPE_BF16
+	FP32    DType = C.FLASHATTN_DTYPE_FP32
+	FP8E4M3 DType = C.FLASHATTN_DTYPE_FP8_E4M3
+)
+
+// Backend is a flashattn_backend_t.
+type Backend int
+
+const (
+	BackendAuto Backend = C.FLASHATTN_BACKEND_AUTO
+	BackendCPU  Backend = C.FLASHATTN_BACKEND_CPU
+	BackendFA1  Backend = C.FLASHATTN_BACKEND_FA1
+	BackendFA2  Backend = C.FLASHATTN_BACKEND_FA2
+	BackendFA3  Backend = C.FLASHATTN_BACKEND_FA3
+)
+
+func (b Backend) String() string {
+	switch b {
+	case BackendAuto:
+		return "auto"
+	case BackendCPU:
+		return "cpu"
+	case BackendFA1:
+		return "fa1"
+	case BackendFA2:
+		return "fa2"
+	case BackendFA3:
+		return "fa3"
+	}
+	return fmt.Sprintf("backend(%d)", int(b))
+}
+
+// I64Param is a flashattn_i64_param_t.
+type I64Param int
+
+const (
+	Batch        I64Param = C.FLASHATTN_I64_BATCH
+	SeqlenQ      I64Param = C.FLASHATTN_I64_SEQLEN_Q
+	SeqlenK      I64Param = C.FLASHATTN_I64_SEQLEN_K
+	HeadsQ       I64Param = C.FLASHATTN_I64_HEADS_Q
+	HeadsKV      I64Param = C.FLASHATTN_I64_HEADS_KV
+	HeadDim      I64Param = C.FLASHATTN_I64_HEAD_DIM
+	HeadDimV     I64Param = C.FLASHATTN_I64_HEAD_DIM_V
+	Dtype        I64Param = C.FLASHATTN_I64_DTYPE
+	Causal       I64Param = C.FLASHATTN_I64_CAUSAL
+	WindowLeft   I64Param = C.FLASHATTN_I64_WINDOW_LEFT
+	WindowRight  I64Param = C.FLASHATTN_I64_WINDOW_RIGHT
+	BackendParam I64Param = C.FLASHATTN_I64_BACKEND
+	Device       I64Param = C.FLASHATTN_I64_DEVICE
+	Varlen       I64Param = C.FLASHATTN_I64_VARLEN
+	TotalQ       I64Param = C.FLASHATTN_I64_TOTAL_Q
+	TotalK       I64Param = C.FLASHATTN_I64_TOTAL_K
+	QBatchStride I64Param = C.FLASHATTN_I64_Q_BATCH_STRIDE
+	QRowStride   I64Param = C.FLASHATTN_I64_Q_ROW_STRIDE
+	QHeadStride  I64Param = C.FLASHATTN_I64_Q_HEAD_STRIDE
+	KBatchStride I64Param = C.FLASHATTN_I64_K_BATCH_STRIDE
+	KRowStride   I64Param = C.FLASHATTN_I64_K_ROW_STRIDE
+	KHeadStride  I64Param = C.FLASHATTN_I64_K_HEAD_STRIDE
+	VBatchStride I64Param = C.FLASHATTN_I64_V_BATCH_STRIDE
+	VRowStride   I64Param = C.FLASHATTN_I64_V_ROW_STRIDE
+	VHeadStride  I64Param = C.FLASHATTN_I64_V_HEAD_STRIDE
+	OBatchStride I64Param = C.FLASHATTN_I64_O_BATCH_STRIDE
+	ORowStride   I64Param = C.FLASHATTN_I64_O_ROW_STRIDE
+	OHeadStride  I64Param = C.FLASHATTN_I64_O_HEAD_STRIDE
+)
+
+// F64Param is a flashattn_f64_param_t.
+type F64Param int
+
+const (
+	SoftmaxScale F64Param = C.FLASHATTN_F64_SOFTMAX_SCALE
+	Softcap      F64Param = C.FLASHATTN_F64_SOFTCAP
+)
+
+// Float16 is an IEEE binary16 value stored as its bits.
+type Float16 uint16
+
+// BFloat16 is a bfloat16 value stored as its bits.
+type BFloat16 uint16
+
+// Element is a host element type.
+type Element interface {
+	float32 | Float16 | BFloat16
+}
+
+// call runs one C call and reads the thread-local error message on the same OS thread.
+func call(op string, f func() C.flashattn_status_t) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	s := Status(f())
+	if s == StatusSuccess {
+		return nil
+	}
+	return &Error{Status: s, Message: lastError(), Op: op}
+}
+
+func lastError() string {
+	n := C.flashattn_last_error_copy(nil, 0)
+	buf := make([]byte, int(n)+1)
+	C.flashattn_last_error_copy((*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)))
+	return string(buf[:n])
+}
+
+// Version is the run-time version (major, minor, patch).
+func Version() (int, int, int) {
+	v := int(C.flashattn_version())
+	return v / 10000, v / 100 % 100, v % 100
+}
+
+// VersionString is "major.minor.patch".
+func VersionString() string { return C.GoString(C.flashattn_version_string()) }
+
+// BuildInfo is "cuda=...;archs=...;backends=...".
+func BuildInfo() string { return C.GoString(C.flashattn_build_info()) }
+
+// DeviceCount is the number of usable CUDA devices (0 without a GPU or driver).
+func DeviceCount() (int, error) {
+	var n C.int32_t
+	err := call("flashattn_device_count", func() C.flashattn_status_t { return C.flashattn_device_count(&n) })
+	return int(n), err
+}
+
+// DeviceComputeCapability is the (major, minor) compute capability of a CUDA device.
+func DeviceComputeCapability(device int) (int, int, error) {
+	var major, minor C.int32_t
+	err := call("flashattn_device_compute_capability", func() C.flashattn_status_t {
+		return C.flashattn_device_compute_capability(C.int32_t(device), &major, &minor)
+	})
+	return int(major), int(minor), err
+}
+
+// Plan owns a flashattn_plan_t. Setters, Finalize and Close change it: one goroutine at a time.
+// A finalized plan may be executed from many goroutines at once, each with its own Workspace.
+type Plan struct {
+	p *C.flashattn_plan_t
+}
+
+// NewPlan creates an empty plan. Close it when done; otherwise a finalizer destroys it.
+func NewPlan() (*Plan, error) {
+	var raw *C.flashattn_plan_t
+	if err := call("flashattn_plan_create", func() C.flashattn_status_t { return C.flashattn_plan_create(&raw) }); err != nil {
+		return nil, err
+	}
+	plan := &Plan{p: raw}
+	runtime.SetFinalizer(plan, (*Plan).Close)
+	return plan, nil
+}
+
+// Close destroys the C plan. Closing twice, or a nil plan, does nothing.
+func (p *Plan) Close() {
+	if p == nil || p.p == nil {
+		return
+	}
+	C.flashattn_plan_destroy(p.p)
+	p.p = nil
+	runtime.SetFinalizer(p, nil)
+}
+
+func (p *Plan) handle(op string) (*C.flashattn_plan_t, error) {
+	if p == nil || p.p == nil {
+		return nil, &Error{Status: StatusInvalidArgument, Message: "the plan is closed", Op: op}
+	}
+	return p.p, nil
+}
+
+// SetI64 sets an integer parameter (a finalized plan goes back to unfinalized).
+func (p *Plan) SetI64(key I64Param, value int64) error {
+	h, err := p.handle("SetI64")
+	if err != nil {
+		return err
+	}
+	defer runtime.KeepAlive(p)
+	return call("flashattn_plan_set_i64", func() C.flashattn_status_t {
+		return C.flashattn_plan_set_i64(h, C.flashattn_i64_param_t(key), C.int64_t(value))
+	})
+}
+
+// SetF64 sets a floating-point parameter.
+func (p *Plan) SetF64(key F64Param, value float64) error {
+	h, err := p.handle("SetF64")
+	if err != nil {
+		return err
+	}
+	defer runtime.KeepAlive(p)
+	return call("flashattn_plan_set_f64", func() C.flashattn_status_t {
+		return C.flashattn_plan_set_f64(h, C.flashattn_f64_param_t(key), C.double(value))
+	})
+}
+
+// GetI64 reads an integer parameter (the resolved value once finalized).
+func (p *Plan) GetI64(key I64Param) (int64, error) {
+	h, err := p.handle("GetI64")
+	if err != nil {
+		return 0, err
+	}
+	defer runtime.KeepAlive(p)
+	var v C.int64_t
+	err = call("flashattn_plan_get_i64", func() C.flashattn_status_t {
+		return C.flashattn_plan_get_i64(h, C.flashattn_i64_param_t(key), &v)
+	})
+	return int64(v), err
+}
+
+// GetF64 reads a floating-point parameter.
+func (p *Plan) GetF64(key F64Param) (float64, error) {
+	h, err := p.handle("GetF64")
+	if err != nil {
+		return 0, err
+	}
+	defer runtime.KeepAlive(p)
+	var v C.double
+	err = call("flashattn_plan_get_f64", func() C.flashattn_status_t {
+		return C.flashattn_plan_get_f64(h, C.flashattn_f64_param_t(key), &v)
+	})
+	return float64(v), err
+}
+
+// Finalize checks the problem, chooses the backend and fixes the workspace size.
+func (p *Plan) Finalize() error {
+	h, err := p.handle("Finalize")
+	if err != nil {
+		return err
+	}
+	defer runtime.KeepAlive(p)
+	return call("flashattn_plan_finalize", func() C.flashattn_status_t { return C.flashattn_plan_finalize(h) })
+}
+
+// Backend is the backend a finalized plan runs and why it was chosen.
+func (p *Plan) Backend() (Backend, string, error) {
+	h, err := p.handle("Backend")
+	if err != nil {
+		return 0, "", err
+	}
+	defer runtime.KeepAlive(p)
+	var b C.flashattn_backend_t
+	var reason *C.char
+	err = call("flashattn_plan_get_backend", func() C.flashattn_status_t {
+		return C.flashattn_plan_get_backend(h, &b, &reason)
+	})
+	if err != nil {
+		return 0, "", err
+	}
+	return Backend(b), C.GoString(reason), nil
+}
+
+// WorkspaceSize is the bytes of workspace each execute of a finalized plan needs.
+func (p *Plan) WorkspaceSize() (int, error) {
+	h, err := p.handle("WorkspaceSize")
+	if err != nil {
+		return 0, err
+	}
+	defer runtime.KeepAlive(p)
+	var n C.size_t
+	err = call("flashattn_plan_get_workspace_size", func() C.flashattn_status_t {
+		return C.flashattn_plan_get_workspace_size(h, &n)
+	})
+	return int(n), err
+}
+
+// Workspace is host scratch memory aligned to 256 bytes, for the CPU backend.
+type Workspace struct {
+	buf  []byte
+	off  int
+	size int
+}
+
+// NewWorkspace allocates a host workspace of at least bytes bytes.
+func NewWorkspace(bytes int) *Workspace {
+	if bytes <= 0 {
+		return &Workspace{}
+	}
+	buf := make([]byte, bytes+256)
+	off := int((256 - uintptr(unsafe.Pointer(&buf[0]))%256) % 256)
+	return &Workspace{buf: buf, off: off, size: bytes}
+}
+
+// Len is the usable size in bytes.
+func (w *Workspace) Len() int { return w.size }
+
+func (w *Workspace) ptr() unsafe.Pointer {
+	if w == nil || w.size == 0 {
+		return nil
+	}
+	return unsafe.Pointer(&w.buf[w.off])
+}
+
+// Extents are the elements each tensor of a finalized plan spans (host slices must hold them).
+type Extents struct {
+	Q, K, V, O, LSE int
+	CuSeqlens       int // entries of each cu_seqlens array for a variable-length plan, else 0
+	DType           DType
+}
+
+// Extents computes the spans from the finalized plan's resolved sizes and strides.
+func (p *Plan) Extents() (Extents, error) {
+	if _, err := p.WorkspaceSize(); err != nil { // INVALID_STATE when not finalized
+		return Extents{}, err
+	}
+	var firstErr error
+	g := func(k I64Param) int64 {
+		v, err := p.GetI64(k)
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+		return v
+	}
+	varlen := g(Varlen) == 1
+	batch := g(Batch)
+	rowsQ, rowsK := g(SeqlenQ), g(SeqlenK)
+	if varlen {
+		rowsQ, rowsK = g(TotalQ), g(TotalK)
+	}
+	hq, hkv, d, dv := g(HeadsQ), g(HeadsKV), g(HeadDim), g(HeadDimV)
+	span := func(rows, heads, dim int64, bs, rs, hs I64Param) int {
+		if rows == 0 {
+			return 0
+		}
+		end := dim + (rows-1)*g(rs) + (heads-1)*g(hs)
+		if !varlen {
+			end += (batch - 1) * g(bs)
+		}
+		return int(end)
+	}
+	e := Extents{
+		Q:     span(rowsQ, hq, d, QBatchStride, QRowStride, QHeadStride),
+		K:     span(rowsK, hkv, d, KBatchStride, KRowStride, KHeadStride),
+		V:     span(rowsK, hkv, dv, VBatchStride, VRowStride, VHeadStride),
+		O:     span(rowsQ, hq, dv, OBatchStride, ORowStride, OHeadStride),
+		DType: DType(g(Dtype)),
+	}
+	if varlen {
+		e.LSE = int(hq * rowsQ)
+		e.CuSeqlens = int(batch + 1)
+	} else {
+		e.LSE = int(batch * hq * rowsQ)
+	}
+	return e, firstErr
+}
+
+// hostSlice: pointer, length and dtype of a []float32, []Float16 or []BFloat16.
+func hostSlice(name string, x interface{}) (unsafe.Pointer, int, DType, error) {
+	var ptr unsafe.Pointer
+	var n int
+	var dt DType
+	switch s := x.(type) {
+	case []float32:
+		n, dt = len(s), FP32
+		if n > 0 {
+			ptr = unsafe.Pointer(&s[0])
+		}
+	case []Float16:
+		n, dt = len(s), FP16
+		if n > 0 {
+			ptr = unsafe.Pointer(&s[0])
+		}
+	case []BFloat16:
+		n, dt = len(s), BF16
+		if n > 0 {
+			ptr = unsafe.Pointer(&s[0])
+		}
+	default:
+		return nil, 0, 0, &Error{Status: StatusInvalidArgument, Op: "Execute",
+			Message: fmt.Sprintf("%s: %T is not a []float32, []Float16 or []BFloat16", name, x)}
+	}
+	return ptr, n, dt, nil
+}
+
+type hostArgs struct {
+	q, k, v, o, lse, cuQ, cuK unsafe.Pointer
+}
+
+func (p *Plan) checkHost(op string, q, k, v, o interface{}, lse []float32, cuQ, cuK []int32, varlen bool) (hostArgs, error) {
+	var a hostArgs
+	e, err := p.Extents()
+	if err != nil {
+		return a, err
+	}
+	b, _, err := p.Backend()
+	if err != nil {
+		return a, err
+	}
+	if b != BackendCPU {
+		return a, &Error{Status: StatusInvalidArgument, Op: op,
+			Message: fmt.Sprintf("host slices need the CPU backend; this plan runs %s (use ExecuteRaw with device memory)", b)}
+	}
+	type check struct {
+		name string
+		have int
+		need int
+	}
+	var checks []check
+	for _, t := range []struct {
+		name string
+		x    interface{}
+		dst  *unsafe.Pointer
+		need int
+	}{{"q", q, &a.q, e.Q}, {"k", k, &a.k, e.K}, {"v", v, &a.v, e.V}, {"o", o, &a.o, e.O}} {
+		ptr, n, dt, err := hostSlice(t.name, t.x)
+		if err != nil {
+			return a, err
+		}
+		if dt != e.DType {
+			return a, &Error{Status: StatusInvalidArgument, Op: op,
+				Message: fmt.Sprintf("%s: %T elements, but the plan's dtype is %d", t.name, t.x, int(e.DType))}
+		}
+		*t.dst = ptr
+		checks = append(checks, check{t.name, n, t.need})
+	}
+	if lse != nil {
+		checks = append(checks, check{"lse", len(lse), e.LSE})
+		if len(lse) > 0 {
+			a.lse = unsafe.Pointer(&lse[0])
+		}
+	}
+	if varlen {
+		checks = append(checks, check{"cuSeqlensQ", len(cuQ), e.CuSeqlens}, check{"cuSeqlensK", len(cuK), e.CuSeqlens})
+		if len(cuQ) > 0 {
+			a.cuQ = unsafe.Pointer(&cuQ[0])
+		}
+		if len(cuK) > 0 {
+			a.cuK = unsafe.Pointer(&cuK[0])
+		}
+	}
+	for _, c := range checks {
+		if c.have < c.need {
+			return a, &Error{Status: StatusInvalidArgument, Op: op,
+				Message: fmt.Sprintf("%s: the slice holds %d elements, the plan needs %d", c.name, c.have, c.need)}
+		}
+	}
+	return a, nil
+}
+
+func (p *Plan) workspaceFor(ws *Workspace) (*Workspace, error) {
+	if ws != nil {
+		return ws, nil
+	}
+	n, err := p.WorkspaceSize()
+	if err != nil {
+		return nil, err
+	}
+	return NewWorkspace(n), nil
+}
+
+// Execute runs a finalized fixed-length plan on host slices (CPU backend): q, k, v, o are
+// []float32, []Float16 or []BFloat16 laid out as the plan's strides say; lse (nil to skip)
+// receives [batch, heads_q, seqlen_q] values; ws nil allocates a workspace for this call.
+func (p *Plan) Execute(q, k, v, o interface{}, lse []float32, ws *Workspace) error {
+	a, err := p.checkHost("Execute", q, k, v, o, lse, nil, nil, false)
+	if err != nil {
+		return err
+	}
+	if ws, err = p.workspaceFor(ws); err != nil {
+		return err
+	}
+	err = p.ExecuteRaw(a.q, a.k, a.v, a.o, a.lse, ws.ptr(), uintptr(ws.Len()), nil)
+	runtime.KeepAlive(q)
+	runtime.KeepAlive(k)
+	runtime.KeepAlive(v)
+	runtime.KeepAlive(o)
+	runtime.KeepAlive(lse)
+	runtime.KeepAlive(ws)
+	return err
+}
+
+// ExecuteVarlen runs a finalized variable-length plan on packed host slices ([total, heads,
+// dim]) with int32 prefix sums of batch+1 entries; lse is [heads_q, total_q].
+func (p *Plan) ExecuteVarlen(q, k, v, o interface{}, lse []float32, cuSeqlensQ, cuSeqlensK []int32, ws *Workspace) error {
+	a, err := p.checkHost("ExecuteVarlen", q, k, v, o, lse, cuSeqlensQ, cuSeqlensK, true)
+	if err != nil {
+		return err
+	}
+	if ws, err = p.workspaceFor(ws); err != nil {
+		return err
+	}
+	err = p.ExecuteVarlenRaw(a.q, a.k, a.v, a.o, a.lse, a.cuQ, a.cuK, ws.ptr(), uintptr(ws.Len()), nil)
+	runtime.KeepAlive(q)
+	runtime.KeepAlive(k)
+	runtime.KeepAlive(v)
+	runtime.KeepAlive(o)
+	runtime.KeepAlive(lse)
+	runtime.KeepAlive(cuSeqlensQ)
+	runtime.KeepAlive(cuSeqlensK)
+	runtime.KeepAlive(ws)
+	return err
+}
+
+// ExecuteRaw is flashattn_plan_execute with raw pointers: CUDA device memory and a cudaStream_t
+// (nil: the legacy default stream) for GPU backends, host memory for the CPU backend. Nothing is
+// checked on the Go side: the pointers must match the plan's shapes, strides and dtype. Pointers
+// into Go memory must not hold Go pointers (cgo rules) and device memory must stay alive until the
+// stream has run the work.
+func (p *Plan) ExecuteRaw(q, k, v, o, lse, workspace unsafe.Pointer, workspaceBytes uintptr, stream unsafe.Pointer) error {
+	h, err := p.handle("ExecuteRaw")
+	if err != nil {
+		return err
+	}
+	defer runtime.KeepAlive(p)
+	return call("flashattn_plan_execute", func() C.flashattn_status_t {
+		return C.flashattn_plan_execute(h, q, k, v, o, (*C.float)(lse), workspace, C.size_t(workspaceBytes),
+			C.flashattn_stream_t(stream))
+	})
+}
+
+// ExecuteVarlenRaw is flashattn_plan_execute_varlen with raw pointers (see ExecuteRaw).
+func (p *Plan) ExecuteVarlenRaw(q, k, v, o, lse, cuSeqlensQ, cuSeqlensK, workspace unsafe.Pointer,
+	workspaceBytes uintptr, stream unsafe.Pointer) error {
+	h, err := p.handle("ExecuteVarlenRaw")
+	if err != nil {
+		return err
+	}
+	defer runtime.KeepAlive(p)
+	return call("flashattn_plan_execute_varlen", func() C.flashattn_status_t {
+		return C.flashattn_plan_execute_varlen(h, q, k, v, o, (*C.float)(lse), (*C.int32_t)(cuSeqlensQ),
+			(*C.int32_t)(cuSeqlensK), workspace, C.size_t(workspaceBytes), C.flashattn_stream_t(stream))
+	})
+}
+
+// Shape gives the sizes of a fixed-length problem on contiguous [batch, seq, heads, dim] tensors.
+// HeadsKV 0 means HeadsQ and HeadDimV 0 means HeadDim.
+type Shape struct {
+	Batch, SeqlenQ, SeqlenK, HeadsQ, HeadsKV, HeadDim, HeadDimV int
+}
+
+func (s Shape) resolved() Shape {
+	if s.HeadsKV == 0 {
+		s.HeadsKV = s.HeadsQ
+	}
+	if s.HeadDimV == 0 {
+		s.HeadDimV = s.HeadDim
+	}
+	return s
+}
+
+// Options are the masks, scaling and backend; the zero value is plain attention.
+type Options struct {
+	Causal  bool
+	Window  *[2]int64 // nil: no window; else {left, right}, -1 unbounded on that side
+	Softcap float64   // 0: off
+	Scale   float64   // 0: 1/sqrt(head_dim)
+	Backend Backend   // host slices run on the CPU backend; Auto means CPU here
+}
+
+func (p *Plan) setAll(params [][2]int64, dtype DType, opts Options) error {
+	backend := opts.Backend
+	if backend == BackendAuto {
+		backend = BackendCPU
+	}
+	left, right := int64(-1), int64(-1)
+	if opts.Window != nil {
+		left, right = opts.Window[0], opts.Window[1]
+	}
+	causal := int64(0)
+	if opts.Causal {
+		causal = 1
+	}
+	params = append(params, [2]int64{int64(Dtype), int64(dtype)}, [2]int64{int64(Causal), causal},
+		[2]int64{int64(WindowLeft), left}, [2]int64{int64(WindowRight), right},
+		[2]int64{int64(BackendParam), int64(backend)})
+	for _, kv := range params {
+		if err := p.SetI64(I64Param(kv[0]), kv[1]); err != nil {
+			return err
+		}
+	}
+	if err := p.SetF64(Softcap, opts.Softcap); err != nil {
+		return err
+	}
+	if opts.Scale != 0 {
+		if err := p.SetF64(SoftmaxScale, opts.Scale); err != nil {
+			return err
+		}
+	}
+	return p.Finalize()
+}
+
+func dtypeOf[T Element]() DType {
+	var zero T
+	switch any(zero).(type) {
+	case Float16:
+		return FP16
+	case BFloat16:
+		return BF16
+	}
+	return FP32
+}
+
+// Attention runs attention over contiguous host tensors and returns O [batch, seqlen_q, heads_q,
+// head_dim_v] and LSE [batch, heads_q, seqlen_q].
+func Attention[T Element](q, k, v []T, shape Shape, opts Options) ([]T, []float32, error) {
+	s := shape.resolved()
+	plan, err := NewPlan()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer plan.Close()
+	err = plan.setAll([][2]int64{{int64(Batch), int64(s.Batch)}, {int64(SeqlenQ), int64(s.SeqlenQ)},
+		{int64(SeqlenK), int64(s.SeqlenK)}, {int64(HeadsQ), int64(s.HeadsQ)}, {int64(HeadsKV), int64(s.HeadsKV)},
+		{int64(HeadDim), int64(s.HeadDim)}, {int64(HeadDimV), int64(s.HeadDimV)}}, dtypeOf[T](), opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	o := make([]T, s.Batch*s.SeqlenQ*s.HeadsQ*s.HeadDimV)
+	lse := make([]float32, s.Batch*s.HeadsQ*s.SeqlenQ)
+	if err := plan.Execute(q, k, v, o, lse, nil); err != nil {
+		return nil, nil, err
+	}
+	return o, lse, nil
+}
+
+// AttentionVarlen runs attention over packed host tensors ([total, heads, dim]) whose sequences
+// are given by int32 prefix sums; it returns O [total_q, heads_q, head_dim_v] and LSE [heads_q,
+// total_q]. headDimV 0 means headDim.
+func AttentionVarlen[T Element](q, k, v []T, cuSeqlensQ, cuSeqlensK []int32, headsQ, headsKV, headDim, headDimV int,
+	opts Options) ([]T, []float32, error) {
+	if len(cuSeqlensQ) < 2 || len(cuSeqlensQ) != len(cuSeqlensK) {
+		return nil, nil, &Error{Status: StatusInvalidArgument, Op: "AttentionVarlen",
+			Message: fmt.Sprintf("cu_seqlens: %d and %d entries; both need batch+1 >= 2", len(cuSeqlensQ), len(cuSeqlensK))}
+	}
+	if headDimV == 0 {
+		headDimV = headDim
+	}
+	maxLen := func(cu []int32) int64 {
+		m := int64(1)
+		for i := 1; i < len(cu); i++ {
+			if d := int64(cu[i] - cu[i-1]); d > m {
+				m = d
+			}
+		}
+		return m
+	}
+	totalQ, totalK := int64(cuSeqlensQ[len(cuSeqlensQ)-1]), int64(cuSeqlensK[len(cuSeqlensK)-1])
+	plan, err := NewPlan()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer plan.Close()
+	err = plan.setAll([][2]int64{{int64(Batch), int64(len(cuSeqlensQ) - 1)}, {int64(SeqlenQ), maxLen(cuSeqlensQ)},
+		{int64(SeqlenK), maxLen(cuSeqlensK)}, {int64(HeadsQ), int64(headsQ)}, {int64(HeadsKV), int64(headsKV)},
+		{int64(HeadDim), int64(headDim)}, {int64(HeadDimV), int64(headDimV)}, {int64(Varlen), 1},
+		{int64(TotalQ), totalQ}, {int64(TotalK), totalK}}, dtypeOf[T](), opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	o := make([]T, int(totalQ)*headsQ*headDimV)
+	lse := make([]float32, headsQ*int(totalQ))
+	if err := plan.ExecuteVarlen(q, k, v, o, lse, cuSeqlensQ, cuSeqlensK, nil); err != nil {
+		return nil, nil, err
+	}
+	return o, lse, nil
+}

@@ -1,0 +1,590 @@
+"""
+    FlashAttn
+
+libflashattn from Julia: exact FlashAttention forward attention over the library's C ABI.
+
+The raw layer mirrors `include/flashattn/flashattn.h` one to one (`flashattn_plan_create`, ...,
+with the header's enum constants); `test/check_wrappers.py` checks it against the header. On top:
+[`Plan`](@ref) (a mutable struct with a finalizer), [`attention`](@ref) for host `Array`s (CPU
+backend) and [`execute!`](@ref) with raw pointers for device memory.
+
+Julia arrays are column-major, so the C layout `[batch, seq, heads, dim]` is a Julia array of
+size `(dim, heads, seq, batch)` (variable length: `(dim, heads, total)`); LSE `[batch, heads, seq]`
+is `(seq, heads, batch)`.
+
+The library is found through ENV["FLASHATTN_LIBRARY"] (a path), then
+`pkg-config --variable=libdir flashattn`, then the system loader (`libflashattn.so.0`).
+"""
+module FlashAttn
+
+using Libdl
+
+export Plan, FlashAttnError, attention, attention_varlen, execute!, execute_varlen!, finalize!,
+       set_i64!, set_f64!, get_i64, get_f64, backend, workspace_size
+
+# ---------------------------------------------------------------------------------------------
+# Types and constants (values pinned by the ABI)
+
+const flashattn_status_t = Cint
+const FLASHATTN_SUCCESS = flashattn_status_t(0)
+const FLASHATTN_ERROR_INVALID_ARGUMENT = flashattn_status_t(1)
+const FLASHATTN_ERROR_NOT_SUPPORTED = flashattn_status_t(2)
+const FLASHATTN_ERROR_INVALID_STATE = flashattn_status_t(3)
+const FLASHATTN_ERROR_ALLOCATION = flashattn_status_t(4)
+const FLASHATTN_ERROR_DEVICE = flashattn_status_t(5)
+const FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE = flashattn_status_t(6)
+const FLASHATTN_ERROR_INTERNAL = flashattn_status_t(7)
+
+const flashattn_dtype_t = Cint
+const FLASHATTN_DTYPE_FP16 = flashattn_dtype_t(1)
+const FLASHATTN_DTYPE_BF16 = flashattn_dtype_t(2)
+const FLASHATTN_DTYPE_FP32 = flashattn_dtype_t(3)
+const FLASHATTN_DTYPE_FP8_E4M3 = flashattn_dtype_t(4)
+
+const flashattn_backend_t = Cint
+const FLASHATTN_BACKEND_AUTO = flashattn_backend_t(0)
+const FLASHATTN_BACKEND_CPU = flashattn_backend_t(1)
+const FLASHATTN_BACKEND_FA1 = flashattn_backend_t(2)
+const FLASHATTN_BACKEND_FA2 = flashattn_backend_t(3)
+const FLASHATTN_BACKEND_FA3 = flashattn_backend_t(4)
+
+const flashattn_i64_param_t = Cint
+const FLASHATTN_I64_BATCH = flashattn_i64_param_t(1)
+const FLASHATTN_I64_SEQLEN_Q = flashattn_i64_param_t(2)
+const FLASHATTN_I64_SEQLEN_K = flashattn_i64_param_t(3)
+const FLASHATTN_I64_HEADS_Q = flashattn_i64_param_t(4)
+const FLASHATTN_I64_HEADS_KV = flashattn_i64_param_t(5)
+const FLASHATTN_I64_HEAD_DIM = flashattn_i64_param_t(6)
+const FLASHATTN_I64_HEAD_DIM_V = flashattn_i64_param_t(7)
+const FLASHATTN_I64_DTYPE = flashattn_i64_param_t(8)
+const FLASHATTN_I64_CAUSAL = flashattn_i64_param_t(9)
+const FLASHATTN_I64_WINDOW_LEFT = flashattn_i64_param_t(10)
+const FLASHATTN_I64_WINDOW_RIGHT = flashattn_i64_param_t(11)
+const FLASHATTN_I64_BACKEND = flashattn_i64_param_t(12)
+const FLASHATTN_I64_DEVICE = flashattn_i64_param_t(13)
+const FLASHATTN_I64_VARLEN = flashattn_i64_param_t(14)
+const FLASHATTN_I64_TOTAL_Q = flashattn_i64_param_t(15)
+const FLASHATTN_I64_TOTAL_K = flashattn_i64_param_t(16)
+const FLASHATTN_I64_Q_BATCH_STRIDE = flashattn_i64_param_t(20)
+const FLASHATTN_I64_Q_ROW_STRIDE = flashattn_i64_param_t(21)
+const FLASHATTN_I64_Q_HEAD_STRIDE = flashattn_i64_param_t(22)
+const FLASHATTN_I64_K_BATCH_STRIDE = flashattn_i64_param_t(23)
+const FLASHATTN_I64_K_ROW_STRIDE = flashattn_i64_param_t(24)
+const FLASHATTN_I64_K_HEAD_STRIDE = flashattn_i64_param_t(25)
+const FLASHATTN_I64_V_BATCH_STRIDE = flashattn_i64_param_t(26)
+const FLASHATTN_I64_V_ROW_STRIDE = flashattn_i64_param_t(27)
+const FLASHATTN_I64_V_HEAD_STRIDE = flashattn_i64_param_t(28)
+const FLASHATTN_I64_O_BATCH_STRIDE = flashattn_i64_param_t(29)
+const FLASHATTN_I64_O_ROW_STRIDE = flashattn_i64_param_t(30)
+const FLASHATTN_I64_O_HEAD_STRIDE = flashattn_i64_param_t(31)
+
+const flashattn_f64_param_t = Cint
+const FLASHATTN_F64_SOFTMAX_SCALE = flashattn_f64_param_t(1)
+const FLASHATTN_F64_SOFTCAP = flashattn_f64_param_t(2)
+
+"Opaque `flashattn_plan_t`: only used behind `Ptr{flashattn_plan_t}`."
+const flashattn_plan_t = Cvoid
+"`flashattn_stream_t`: a `cudaStream_t` (`C_NULL`: the legacy default stream)."
+const flashattn_stream_t = Ptr{Cvoid}
+
+# ---------------------------------------------------------------------------------------------
+# Loading the library (once, on first use)
+
+const FUNCTIONS = (:flashattn_status_string, :flashattn_last_error, :flashattn_last_error_copy,
+                   :flashattn_version, :flashattn_version_string, :flashattn_build_info,
+                   :flashattn_device_count, :flashattn_device_compute_capability,
+                   :flashattn_plan_create, :flashattn_plan_destroy, :flashattn_plan_set_i64,
+                   :flashattn_plan_set_f64, :flashattn_plan_get_i64, :flashattn_plan_get_f64,
+                   :flashattn_plan_finalize, :flashattn_plan_get_backend,
+                   :flashattn_plan_get_workspace_size, :flashattn_plan_execute,
+                   :flashattn_plan_execute_varlen)
+
+const _handle = Ref{Ptr{Cvoid}}(C_NULL)
+const _path = Ref{String}("")
+const _symbols = Dict{Symbol,Ptr{Cvoid}}()
+const _loaded = Threads.Atomic{Bool}(false)
+const _load_lock = ReentrantLock()
+
+function _pkg_config_libdir()
+    try
+        dir = strip(read(pipeline(`pkg-config --variable=libdir flashattn`; stderr=devnull), String))
+        return isempty(dir) ? nothing : String(dir)
+    catch
+        return nothing
+    end
+end
+
+function _load!()
+    lock(_load_lock) do
+        _loaded[] && return
+        tried = String[]
+        handle = C_NULL
+        explicit = get(ENV, "FLASHATTN_LIBRARY", "")
+        if !isempty(explicit)
+            # An explicit path must work: falling back to another copy would hide the mistake.
+            handle = Libdl.dlopen(explicit; throw_error=false)
+            handle === nothing && error("FlashAttn: FLASHATTN_LIBRARY=$explicit could not be loaded")
+            _path[] = explicit
+        else
+            push!(tried, "FLASHATTN_LIBRARY (not set)")
+            libdir = _pkg_config_libdir()
+            if libdir === nothing
+                push!(tried, "pkg-config --variable=libdir flashattn: no flashattn.pc found")
+            else
+                for name in ("libflashattn.so.0", "libflashattn.so", "libflashattn.dylib")
+                    path = joinpath(libdir, name)
+                    h = isfile(path) ? Libdl.dlopen(path; throw_error=false) : nothing
+                    if h !== nothing
+                        handle, _path[] = h, path
+                        break
+                    end
+                    push!(tried, "$path (pkg-config libdir)")
+                end
+            end
+            if handle == C_NULL
+                for name in ("libflashattn.so.0", "libflashattn")
+                    h = Libdl.dlopen(name; throw_error=false)
+                    if h !== nothing
+                        handle, _path[] = h, name
+                        break
+                    end
+                    push!(tried, "system loader: $name")
+                end
+            end
+            handle == C_NULL && error("FlashAttn: libflashattn could not be loaded; set FLASHATTN_LIBRARY. Tried:\n  " *
+                                      join(tried, "\n  "))
+        end
+        for f in FUNCTIONS
+            _symbols[f] = Libdl.dlsym(handle, f)
+        end
+        _handle[] = handle
+        _loaded[] = true
+    end
+    return nothing
+end
+
+"The address of a library function (loads the library on first use)."
+@inline function fptr(name::Symbol)
+    _loaded[] || _load!()
+    return _symbols[name]
+end
+
+library_path() = (fptr(:flashattn_version); _path[])
+
+# ---------------------------------------------------------------------------------------------
+# Raw wrappers: one per function of flashattn.h, same names, arguments and types.
+
+flashattn_status_string(status) = ccall(fptr(:flashattn_status_string), Cstring, (flashattn_status_t,), status)
+flashattn_last_error() = ccall(fptr(:flashattn_last_error), Cstring, ())
+flashattn_last_error_copy(buffer, size) = ccall(fptr(:flashattn_last_error_copy), Csize_t, (Ptr{Cchar}, Csize_t), buffer, size)
+flashattn_version() = ccall(fptr(:flashattn_version), UInt32, ())
+flashattn_version_string() = ccall(fptr(:flashattn_version_string), Cstring, ())
+flashattn_build_info() = ccall(fptr(:flashattn_build_info), Cstring, ())
+flashattn_device_count(count) = ccall(fptr(:flashattn_device_count), flashattn_status_t, (Ptr{Int32},), count)
+flashattn_device_compute_capability(device, major, minor) = ccall(fptr(:flashattn_device_compute_capability), flashattn_status_t, (Int32, Ptr{Int32}, Ptr{Int32}), device, major, minor)
+flashattn_plan_create(plan) = ccall(fptr(:flashattn_plan_create), flashattn_status_t, (Ptr{Ptr{flashattn_plan_t}},), plan)
+flashattn_plan_destroy(plan) = ccall(fptr(:flashattn_plan_destroy), Cvoid, (Ptr{flashattn_plan_t},), plan)
+flashattn_plan_set_i64(plan, key, value) = ccall(fptr(:flashattn_plan_set_i64), flashattn_status_t, (Ptr{flashattn_plan_t}, flashattn_i64_param_t, Int64), plan, key, value)
+flashattn_plan_set_f64(plan, key, value) = ccall(fptr(:flashattn_plan_set_f64), flashattn_status_t, (Ptr{flashattn_plan_t}, flashattn_f64_param_t, Cdouble), plan, key, value)
+flashattn_plan_get_i64(plan, key, value) = ccall(fptr(:flashattn_plan_get_i64), flashattn_status_t, (Ptr{flashattn_plan_t}, flashattn_i64_param_t, Ptr{Int64}), plan, key, value)
+flashattn_plan_get_f64(plan, key, value) = ccall(fptr(:flashattn_plan_get_f64), flashattn_status_t, (Ptr{flashattn_plan_t}, flashattn_f64_param_t, Ptr{Cdouble}), plan, key, value)
+flashattn_plan_finalize(plan) = ccall(fptr(:flashattn_plan_finalize), flashattn_status_t, (Ptr{flashattn_plan_t},), plan)
+flashattn_plan_get_backend(plan, backend, reason) = ccall(fptr(:flashattn_plan_get_backend), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{flashattn_backend_t}, Ptr{Ptr{Cchar}}), plan, backend, reason)
+flashattn_plan_get_workspace_size(plan, bytes) = ccall(fptr(:flashattn_plan_get_workspace_size), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Csize_t}), plan, bytes)
+flashattn_plan_execute(plan, q, k, v, o, lse, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cfloat}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, q, k, v, o, lse, workspace, workspace_bytes, stream)
+flashattn_plan_execute_varlen(plan, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_varlen), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cfloat}, Ptr{Int32}, Ptr{Int32}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, workspace, workspace_bytes, stream)
+
+# ---------------------------------------------------------------------------------------------
+# Errors and information
+
+"A failed call: `status` (a `flashattn_status_t`), the library's `message` and the C function."
+struct FlashAttnError <: Exception
+    status::Int32
+    message::String
+    func::String
+end
+
+status_string(status::Integer) = unsafe_string(flashattn_status_string(status))
+
+Base.showerror(io::IO, e::FlashAttnError) =
+    print(io, "FlashAttnError: ", e.func, ": ", status_string(e.status), ": ", e.message)
+
+"This thread's last error message, copied."
+function last_error()
+    n = flashattn_last_error_copy(convert(Ptr{Cchar}, C_NULL), 0)
+    len = Int(n)
+    buf = Vector{UInt8}(undef, len + 1)
+    GC.@preserve buf flashattn_last_error_copy(convert(Ptr{Cchar}, pointer(buf)), length(buf))
+    return String(buf[1:len])
+end
+
+# The status is checked, and the message read, right after the call: no task switch in between.
+@inline function check(status, func::String)
+    status == FLASHATTN_SUCCESS && return nothing
+    throw(FlashAttnError(status, last_error(), func))
+end
+
+"Run-time version as a `VersionNumber`."
+function version()
+    v = Int(flashattn_version())
+    return VersionNumber(v ÷ 10000, v ÷ 100 % 100, v % 100)
+end
+build_info() = unsafe_string(flashattn_build_info())
+
+function device_count()
+    n = Ref{Int32}(0)
+    check(flashattn_device_count(n), "flashattn_device_count")
+    return Int(n[])
+end
+
+function device_compute_capability(device::Integer=0)
+    major, minor = Ref{Int32}(0), Ref{Int32}(0)
+    check(flashattn_device_compute_capability(Int32(device), major, minor), "flashattn_device_compute_capability")
+    return (Int(major[]), Int(minor[]))
+end
+
+# ---------------------------------------------------------------------------------------------
+# Plan
+
+const I64_KEYS = Dict{Symbol,flashattn_i64_param_t}(
+    :batch => FLASHATTN_I64_BATCH, :seqlen_q => FLASHATTN_I64_SEQLEN_Q, :seqlen_k => FLASHATTN_I64_SEQLEN_K,
+    :heads_q => FLASHATTN_I64_HEADS_Q, :heads_kv => FLASHATTN_I64_HEADS_KV, :head_dim => FLASHATTN_I64_HEAD_DIM,
+    :head_dim_v => FLASHATTN_I64_HEAD_DIM_V, :dtype => FLASHATTN_I64_DTYPE, :causal => FLASHATTN_I64_CAUSAL,
+    :window_left => FLASHATTN_I64_WINDOW_LEFT, :window_right => FLASHATTN_I64_WINDOW_RIGHT,
+    :backend => FLASHATTN_I64_BACKEND, :device => FLASHATTN_I64_DEVICE, :varlen => FLASHATTN_I64_VARLEN,
+    :total_q => FLASHATTN_I64_TOTAL_Q, :total_k => FLASHATTN_I64_TOTAL_K,
+    :q_batch_stride => FLASHATTN_I64_Q_BATCH_STRIDE, :q_row_stride => FLASHATTN_I64_Q_ROW_STRIDE,
+    :q_head_stride => FLASHATTN_I64_Q_HEAD_STRIDE, :k_batch_stride => FLASHATTN_I64_K_BATCH_STRIDE,
+    :k_row_stride => FLASHATTN_I64_K_ROW_STRIDE, :k_head_stride => FLASHATTN_I64_K_HEAD_STRIDE,
+    :v_batch_stride => FLASHATTN_I64_V_BATCH_STRIDE, :v_row_stride => FLASHATTN_I64_V_ROW_STRIDE,
+    :v_head_stride => FLASHATTN_I64_V_HEAD_STRIDE, :o_batch_stride => FLASHATTN_I64_O_BATCH_STRIDE,
+    :o_row_stride => FLASHATTN_I64_O_ROW_STRIDE, :o_head_stride => FLASHATTN_I64_O_HEAD_STRIDE)
+const F64_KEYS = Dict{Symbol,flashattn_f64_param_t}(
+    :softmax_scale => FLASHATTN_F64_SOFTMAX_SCALE, :scale => FLASHATTN_F64_SOFTMAX_SCALE,
+    :softcap => FLASHATTN_F64_SOFTCAP)
+const BACKENDS = Dict{Symbol,flashattn_backend_t}(:auto => FLASHATTN_BACKEND_AUTO, :cpu => FLASHATTN_BACKEND_CPU,
+    :fa1 => FLASHATTN_BACKEND_FA1, :fa2 => FLASHATTN_BACKEND_FA2, :fa3 => FLASHATTN_BACKEND_FA3)
+const DTYPES = Dict{Symbol,flashattn_dtype_t}(:fp16 => FLASHATTN_DTYPE_FP16, :bf16 => FLASHATTN_DTYPE_BF16,
+    :fp32 => FLASHATTN_DTYPE_FP32, :fp8_e4m3 => FLASHATTN_DTYPE_FP8_E4M3)
+
+_enum(table, value::Symbol) = haskey(table, value) ? table[value] :
+    throw(ArgumentError("$value is not one of $(join(sort(collect(keys(table))), ", "))"))
+_enum(table, value::Integer) = value
+
+"""
+    Plan(; batch=2, seqlen_q=128, ..., dtype=:fp32, backend=:cpu, softcap=0.0)
+
+An owned `flashattn_plan_t` with the given parameters set (names are the header's keys in lower
+case without the prefix; `scale` is `softmax_scale`). `close(plan)` destroys it now; otherwise the
+finalizer does when it is garbage collected. Closing twice is harmless.
+"""
+mutable struct Plan
+    ptr::Ptr{flashattn_plan_t}
+    function Plan(; kwargs...)
+        out = Ref{Ptr{flashattn_plan_t}}(C_NULL)
+        check(flashattn_plan_create(out), "flashattn_plan_create")
+        plan = new(out[])
+        finalizer(_destroy!, plan)
+        try
+            for (key, value) in kwargs
+                if haskey(F64_KEYS, key)
+                    set_f64!(plan, F64_KEYS[key], value)
+                elseif key === :dtype
+                    set_i64!(plan, FLASHATTN_I64_DTYPE, _enum(DTYPES, value))
+                elseif key === :backend
+                    set_i64!(plan, FLASHATTN_I64_BACKEND, _enum(BACKENDS, value))
+                elseif haskey(I64_KEYS, key)
+                    set_i64!(plan, I64_KEYS[key], Int64(value))
+                else
+                    throw(ArgumentError("unknown plan parameter $key"))
+                end
+            end
+        catch
+            _destroy!(plan)
+            rethrow()
+        end
+        return plan
+    end
+end
+
+function _destroy!(plan::Plan)
+    if plan.ptr != C_NULL
+        flashattn_plan_destroy(plan.ptr)
+        plan.ptr = C_NULL
+    end
+    return nothing
+end
+
+Base.close(plan::Plan) = _destroy!(plan)
+Base.isopen(plan::Plan) = plan.ptr != C_NULL
+
+function _ptr(plan::Plan)
+    plan.ptr == C_NULL && throw(ArgumentError("FlashAttn.Plan: the plan is closed"))
+    return plan.ptr
+end
+
+set_i64!(plan::Plan, key::Integer, value::Integer) =
+    (check(flashattn_plan_set_i64(_ptr(plan), key, value), "flashattn_plan_set_i64"); plan)
+set_f64!(plan::Plan, key::Integer, value::Real) =
+    (check(flashattn_plan_set_f64(_ptr(plan), key, Float64(value)), "flashattn_plan_set_f64"); plan)
+
+function get_i64(plan::Plan, key::Integer)
+    out = Ref{Int64}(0)
+    check(flashattn_plan_get_i64(_ptr(plan), key, out), "flashattn_plan_get_i64")
+    return out[]
+end
+
+function get_f64(plan::Plan, key::Integer)
+    out = Ref{Cdouble}(0)
+    check(flashattn_plan_get_f64(_ptr(plan), key, out), "flashattn_plan_get_f64")
+    return out[]
+end
+
+finalize!(plan::Plan) = (check(flashattn_plan_finalize(_ptr(plan)), "flashattn_plan_finalize"); plan)
+
+"`(backend::Symbol, reason::String)` of a finalized plan."
+function backend(plan::Plan)
+    b = Ref{flashattn_backend_t}(0)
+    reason = Ref{Ptr{Cchar}}(C_NULL)
+    check(flashattn_plan_get_backend(_ptr(plan), b, reason), "flashattn_plan_get_backend")
+    name = :unknown
+    for (k, v) in BACKENDS
+        v == b[] && (name = k)
+    end
+    return name, reason[] == C_NULL ? "" : unsafe_string(reason[])
+end
+
+function workspace_size(plan::Plan)
+    n = Ref{Csize_t}(0)
+    check(flashattn_plan_get_workspace_size(_ptr(plan), n), "flashattn_plan_get_workspace_size")
+    return Int(n[])
+end
+
+"Host workspace: (owner, 256-byte aligned pointer) of at least `bytes` bytes."
+function host_workspace(bytes::Integer)
+    bytes == 0 && return (UInt8[], C_NULL)
+    buf = Vector{UInt8}(undef, bytes + 256)
+    addr = UInt(pointer(buf))
+    return buf, Ptr{Cvoid}(addr + (256 - addr % 256) % 256)
+end
+
+"Elements each tensor of a finalized plan spans (host arrays must hold at least that many)."
+function extents(plan::Plan)
+    workspace_size(plan)  # INVALID_STATE with the library's message when not finalized
+    g(key) = get_i64(plan, key)
+    varlen = g(FLASHATTN_I64_VARLEN) == 1
+    batch = g(FLASHATTN_I64_BATCH)
+    rows_q = varlen ? g(FLASHATTN_I64_TOTAL_Q) : g(FLASHATTN_I64_SEQLEN_Q)
+    rows_k = varlen ? g(FLASHATTN_I64_TOTAL_K) : g(FLASHATTN_I64_SEQLEN_K)
+    hq, hkv = g(FLASHATTN_I64_HEADS_Q), g(FLASHATTN_I64_HEADS_KV)
+    d, dv = g(FLASHATTN_I64_HEAD_DIM), g(FLASHATTN_I64_HEAD_DIM_V)
+    function span(rows, heads, dim, bs, rs, hs)
+        rows == 0 && return 0
+        e = dim + (rows - 1) * g(rs) + (heads - 1) * g(hs)
+        return varlen ? e : e + (batch - 1) * g(bs)
+    end
+    return (q = span(rows_q, hq, d, FLASHATTN_I64_Q_BATCH_STRIDE, FLASHATTN_I64_Q_ROW_STRIDE, FLASHATTN_I64_Q_HEAD_STRIDE),
+            k = span(rows_k, hkv, d, FLASHATTN_I64_K_BATCH_STRIDE, FLASHATTN_I64_K_ROW_STRIDE, FLASHATTN_I64_K_HEAD_STRIDE),
+            v = span(rows_k, hkv, dv, FLASHATTN_I64_V_BATCH_STRIDE, FLASHATTN_I64_V_ROW_STRIDE, FLASHATTN_I64_V_HEAD_STRIDE),
+            o = span(rows_q, hq, dv, FLASHATTN_I64_O_BATCH_STRIDE, FLASHATTN_I64_O_ROW_STRIDE, FLASHATTN_I64_O_HEAD_STRIDE),
+            lse = (varlen ? 1 : batch) * hq * rows_q, cu_seqlens = varlen ? batch + 1 : 0,
+            dtype = flashattn_dtype_t(g(FLASHATTN_I64_DTYPE)))
+end
+
+"The `flashattn_dtype_t` of a Julia element type (Float32, Float16, or a 2-byte BFloat16 type)."
+dtype_of(::Type{Float32}) = FLASHATTN_DTYPE_FP32
+dtype_of(::Type{Float16}) = FLASHATTN_DTYPE_FP16
+function dtype_of(::Type{T}) where {T}
+    nameof(T) === :BFloat16 && sizeof(T) == 2 && return FLASHATTN_DTYPE_BF16
+    throw(ArgumentError("element type $T: libflashattn takes Float32, Float16 or BFloat16"))
+end
+
+function _check_host(plan, q, k, v, o, lse, cu)
+    e = extents(plan)
+    name, _ = backend(plan)
+    name === :cpu || throw(ArgumentError("Julia arrays are host memory and need the CPU backend; this plan runs $name"))
+    dtype_of(eltype(q)) == e.dtype || throw(ArgumentError("element type $(eltype(q)) does not match the plan's dtype"))
+    for (n, a, need) in ((:q, q, e.q), (:k, k, e.k), (:v, v, e.v), (:o, o, e.o))
+        length(a) >= need || throw(DimensionMismatch("$n holds $(length(a)) elements, the plan needs $need"))
+    end
+    lse === nothing || length(lse) >= e.lse || throw(DimensionMismatch("lse holds $(length(lse)) elements, the plan needs $(e.lse)"))
+    if cu !== nothing
+        for c in cu
+            length(c) >= e.cu_seqlens || throw(DimensionMismatch("cu_seqlens hold $(length(c)) entries, the plan needs $(e.cu_seqlens)"))
+        end
+    end
+    return nothing
+end
+
+"""
+    execute!(plan, q, k, v, o; lse=nothing, workspace=nothing)
+
+Run a finalized fixed-length plan on host arrays (CPU backend), laid out as the plan's strides
+say; `lse` (Float32, `batch*heads_q*seqlen_q` elements) is optional. A workspace is allocated
+when none is given.
+"""
+function execute!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::DenseArray{T}, o::DenseArray{T};
+                  lse::Union{Nothing,DenseArray{Float32}}=nothing, workspace=nothing) where {T}
+    _check_host(plan, q, k, v, o, lse, nothing)
+    owner, ws = workspace === nothing ? host_workspace(workspace_size(plan)) : (workspace, pointer(workspace))
+    nbytes = workspace === nothing ? workspace_size(plan) : sizeof(workspace)
+    GC.@preserve q k v o lse owner begin
+        lp = lse === nothing ? convert(Ptr{Cfloat}, C_NULL) : pointer(lse)
+        check(flashattn_plan_execute(plan.ptr, pointer(q), pointer(k), pointer(v), pointer(o), lp, ws, nbytes, C_NULL),
+              "flashattn_plan_execute")
+    end
+    return o
+end
+
+"""
+    execute!(plan, q::Ptr, k::Ptr, v::Ptr, o::Ptr; lse=C_NULL, workspace=C_NULL, workspace_bytes=0, stream=C_NULL)
+
+`flashattn_plan_execute` with raw pointers: device memory and a `cudaStream_t` for GPU backends
+(from CUDA.jl: `reinterpret(Ptr{Cvoid}, pointer(x))` and `stream().handle`). Nothing is checked
+here; keep the memory alive until the stream has run the work.
+"""
+function execute!(plan::Plan, q::Ptr, k::Ptr, v::Ptr, o::Ptr; lse::Ptr=C_NULL, workspace::Ptr=C_NULL,
+                  workspace_bytes::Integer=0, stream::Ptr=C_NULL)
+    check(flashattn_plan_execute(_ptr(plan), q, k, v, o, convert(Ptr{Cfloat}, lse), workspace, workspace_bytes, stream),
+          "flashattn_plan_execute")
+    return nothing
+end
+
+"Variable-length counterpart of [`execute!`](@ref) on host arrays; `cu_seqlens_*` are Int32 prefix sums."
+function execute_varlen!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::DenseArray{T}, o::DenseArray{T},
+                         cu_seqlens_q::Vector{Int32}, cu_seqlens_k::Vector{Int32};
+                         lse::Union{Nothing,DenseArray{Float32}}=nothing, workspace=nothing) where {T}
+    _check_host(plan, q, k, v, o, lse, (cu_seqlens_q, cu_seqlens_k))
+    owner, ws = workspace === nothing ? host_workspace(workspace_size(plan)) : (workspace, pointer(workspace))
+    nbytes = workspace === nothing ? workspace_size(plan) : sizeof(workspace)
+    GC.@preserve q k v o lse owner cu_seqlens_q cu_seqlens_k begin
+        lp = lse === nothing ? convert(Ptr{Cfloat}, C_NULL) : pointer(lse)
+        check(flashattn_plan_execute_varlen(plan.ptr, pointer(q), pointer(k), pointer(v), pointer(o), lp,
+                                            pointer(cu_seqlens_q), pointer(cu_seqlens_k), ws, nbytes, C_NULL),
+              "flashattn_plan_execute_varlen")
+    end
+    return o
+end
+
+"`flashattn_plan_execute_varlen` with raw (device) pointers; see the raw [`execute!`](@ref)."
+function execute_varlen!(plan::Plan, q::Ptr, k::Ptr, v::Ptr, o::Ptr, cu_seqlens_q::Ptr, cu_seqlens_k::Ptr;
+                         lse::Ptr=C_NULL, workspace::Ptr=C_NULL, workspace_bytes::Integer=0, stream::Ptr=C_NULL)
+    check(flashattn_plan_execute_varlen(_ptr(plan), q, k, v, o, convert(Ptr{Cfloat}, lse),
+                                        convert(Ptr{Int32}, cu_seqlens_q), convert(Ptr{Int32}, cu_seqlens_k),
+                                        workspace, workspace_bytes, stream),
+          "flashattn_plan_execute_varlen")
+    return nothing
+end
+
+# ---------------------------------------------------------------------------------------------
+# One-call attention on host arrays
+
+# (batch, row, head) element strides of a (dim, heads, seq[, batch]) array; size-1 dimensions get
+# the contiguous value (their stride is meaningless and may be anything).
+function _strides(a::AbstractArray)
+    stride(a, 1) == 1 || throw(ArgumentError("the head dimension (first Julia dimension) must be contiguous"))
+    d, h, s = size(a, 1), size(a, 2), size(a, 3)
+    head = h > 1 ? stride(a, 2) : d
+    row = s > 1 ? stride(a, 3) : h * head
+    batch = ndims(a) == 4 && size(a, 4) > 1 ? stride(a, 4) : s * row
+    return batch, row, head
+end
+
+function _options!(plan, T, causal, window, softcap, scale, backend_choice)
+    set_i64!(plan, FLASHATTN_I64_DTYPE, dtype_of(T))
+    set_i64!(plan, FLASHATTN_I64_CAUSAL, causal ? 1 : 0)
+    set_i64!(plan, FLASHATTN_I64_WINDOW_LEFT, window[1])
+    set_i64!(plan, FLASHATTN_I64_WINDOW_RIGHT, window[2])
+    set_i64!(plan, FLASHATTN_I64_BACKEND, _enum(BACKENDS, backend_choice))
+    set_f64!(plan, FLASHATTN_F64_SOFTCAP, softcap)
+    scale === nothing || set_f64!(plan, FLASHATTN_F64_SOFTMAX_SCALE, scale)
+end
+
+function _set_strides!(plan, arrays)
+    keys = ((FLASHATTN_I64_Q_BATCH_STRIDE, FLASHATTN_I64_Q_ROW_STRIDE, FLASHATTN_I64_Q_HEAD_STRIDE),
+            (FLASHATTN_I64_K_BATCH_STRIDE, FLASHATTN_I64_K_ROW_STRIDE, FLASHATTN_I64_K_HEAD_STRIDE),
+            (FLASHATTN_I64_V_BATCH_STRIDE, FLASHATTN_I64_V_ROW_STRIDE, FLASHATTN_I64_V_HEAD_STRIDE),
+            (FLASHATTN_I64_O_BATCH_STRIDE, FLASHATTN_I64_O_ROW_STRIDE, FLASHATTN_I64_O_HEAD_STRIDE))
+    for (a, ks) in zip(arrays, keys)
+        b, r, h = _strides(a)
+        ndims(a) == 4 && set_i64!(plan, ks[1], b)
+        set_i64!(plan, ks[2], r)
+        set_i64!(plan, ks[3], h)
+    end
+end
+
+"""
+    attention(q, k, v; causal=false, window=(-1, -1), softcap=0.0, scale=nothing, backend=:cpu)
+
+Exact attention on host arrays (CPU backend). `q` is `(head_dim, heads_q, seqlen_q, batch)`,
+`k` `(head_dim, heads_kv, seqlen_k, batch)`, `v` `(head_dim_v, heads_kv, seqlen_k, batch)`:
+the C layout `[batch, seq, heads, dim]` seen column-major. Strided arrays are used in place when
+their first dimension is contiguous. Returns `(o, lse)`: `o` is `(head_dim_v, heads_q, seqlen_q,
+batch)`, `lse` is Float32 `(seqlen_q, heads_q, batch)`.
+"""
+function attention(q::StridedArray{T,4}, k::StridedArray{T,4}, v::StridedArray{T,4};
+                   causal::Bool=false, window=(-1, -1), softcap::Real=0.0, scale=nothing,
+                   backend::Symbol=:cpu) where {T}
+    d, hq, sq, b = size(q)
+    dk, hkv, sk, bk = size(k)
+    dv, hv, sv, bv = size(v)
+    (dk == d && bk == b && bv == b && hv == hkv && sv == sk) ||
+        throw(DimensionMismatch("q $(size(q)), k $(size(k)), v $(size(v)) do not fit together"))
+    o = Array{T}(undef, dv, hq, sq, b)
+    lse = Array{Float32}(undef, sq, hq, b)
+    plan = Plan(batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=d, head_dim_v=dv)
+    try
+        _options!(plan, T, causal, window, softcap, scale, backend)
+        _set_strides!(plan, (q, k, v, o))
+        finalize!(plan)
+        owner, ws = host_workspace(workspace_size(plan))
+        GC.@preserve q k v o lse owner begin
+            check(flashattn_plan_execute(plan.ptr, pointer(q), pointer(k), pointer(v), pointer(o), pointer(lse), ws,
+                                         workspace_size(plan), C_NULL), "flashattn_plan_execute")
+        end
+    finally
+        close(plan)
+    end
+    return o, lse
+end
+
+"""
+    attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k; causal=false, window=(-1, -1), softcap=0.0, scale=nothing)
+
+Variable-length attention on packed host arrays: `q` `(head_dim, heads_q, total_q)`, `k`/`v`
+`(dim, heads_kv, total_k)`, `cu_seqlens_*` Int32 prefix sums of batch+1 entries. Returns `(o, lse)`
+with `o` `(head_dim_v, heads_q, total_q)` and `lse` `(total_q, heads_q)`.
+"""
+function attention_varlen(q::StridedArray{T,3}, k::StridedArray{T,3}, v::StridedArray{T,3},
+                          cu_seqlens_q::AbstractVector{<:Integer}, cu_seqlens_k::AbstractVector{<:Integer};
+                          causal::Bool=false, window=(-1, -1), softcap::Real=0.0, scale=nothing,
+                          backend::Symbol=:cpu) where {T}
+    cq, ck = Vector{Int32}(cu_seqlens_q), Vector{Int32}(cu_seqlens_k)
+    (length(cq) >= 2 && length(cq) == length(ck)) || throw(ArgumentError("cu_seqlens need batch+1 >= 2 entries each"))
+    d, hq, tq = size(q)
+    dk, hkv, tk = size(k)
+    dv = size(v, 1)
+    (dk == d && size(v, 2) == hkv && size(v, 3) == tk) ||
+        throw(DimensionMismatch("q $(size(q)), k $(size(k)), v $(size(v)) do not fit together"))
+    maxlen(c) = max(1, maximum(diff(Int64.(c))))
+    o = Array{T}(undef, dv, hq, tq)
+    lse = Array{Float32}(undef, tq, hq)
+    plan = Plan(batch=length(cq) - 1, seqlen_q=maxlen(cq), seqlen_k=maxlen(ck), heads_q=hq, heads_kv=hkv,
+                head_dim=d, head_dim_v=dv, varlen=1, total_q=tq, total_k=tk)
+    try
+        _options!(plan, T, causal, window, softcap, scale, backend)
+        _set_strides!(plan, (q, k, v, o))
+        finalize!(plan)
+        owner, ws = host_workspace(workspace_size(plan))
+        GC.@preserve q k v o lse owner cq ck begin
+            check(flashattn_plan_execute_varlen(plan.ptr, pointer(q), pointer(k), pointer(v), pointer(o), pointer(lse),
+                                                pointer(cq), pointer(ck), ws, workspace_size(plan), C_NULL),
+                  "flashattn_plan_execute_varlen")
+        end
+    finally
+        close(plan)
+    end
+    return o, lse
+end
+
+end # module

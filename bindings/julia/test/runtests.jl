@@ -1,0 +1,187 @@
+# Tests of FlashAttn.jl on the CPU backend: a Float64 reference, the cross-language reference file
+# (ENV["FLASHATTN_REFERENCE_FILE"], written by bindings/common/make_reference.c), errors and GC.
+#
+#     FLASHATTN_LIBRARY=build/src/libflashattn.so.0 julia --project=bindings/julia bindings/julia/test/runtests.jl
+using Test
+using FlashAttn
+const FA = FlashAttn
+
+# Float64 reference on Julia-layout arrays: q (d, hq, sq, b) -> o (dv, hq, sq, b), lse (sq, hq, b).
+function reference(q, k, v; causal=false, window=(-1, -1), softcap=0.0, scale=nothing)
+    d, hq, sq, b = size(q)
+    hkv, sk = size(k, 2), size(k, 3)
+    dv = size(v, 1)
+    sc = scale === nothing ? 1 / sqrt(d) : scale
+    o = zeros(Float64, dv, hq, sq, b)
+    lse = fill(-Inf, sq, hq, b)
+    for bi in 1:b, h in 1:hq
+        hk = (h - 1) ÷ (hq ÷ hkv) + 1
+        for i in 1:sq
+            diag = (i - 1) + sk - sq
+            s = fill(-Inf, sk)
+            for j in 1:sk
+                j0 = j - 1
+                (causal && j0 > diag) && continue
+                (window[1] >= 0 && j0 < diag - window[1]) && continue
+                (window[2] >= 0 && j0 > diag + window[2]) && continue
+                x = sc * sum(Float64(q[t, h, i, bi]) * Float64(k[t, hk, j, bi]) for t in 1:d)
+                softcap > 0 && (x = softcap * tanh(x / softcap))
+                s[j] = x
+            end
+            m = maximum(s)
+            isinf(m) && continue
+            p = exp.(s .- m)
+            total = sum(p)
+            lse[i, h, bi] = log(total) + m
+            for j in 1:sk, t in 1:dv
+                o[t, h, i, bi] += p[j] / total * Float64(v[t, hk, j, bi])
+            end
+        end
+    end
+    return o, lse
+end
+
+function close_enough(a, b; atol, rtol)
+    size(a) == size(b) || return false
+    for (x, y) in zip(a, b)
+        if isinf(y)
+            x == y || return false
+        elseif abs(x - y) > atol + rtol * abs(y)
+            return false
+        end
+    end
+    return true
+end
+
+@testset "FlashAttn.jl" begin
+    @testset "information" begin
+        @test FA.version().major == 0
+        @test occursin("backends=cpu", FA.build_info())
+        @test FA.device_count() >= 0
+        @test FA.status_string(FA.FLASHATTN_ERROR_INVALID_ARGUMENT) == "invalid argument"
+    end
+
+    @testset "against the Float64 reference" begin
+        q = randn(Float32, 16, 4, 13, 2)
+        k = randn(Float32, 16, 2, 21, 2)
+        v = randn(Float32, 24, 2, 21, 2)
+        for kw in ((;), (causal=true,), (window=(4, 1), softcap=3.0, scale=0.3), (causal=true, window=(3, -1)))
+            o, lse = attention(q, k, v; kw...)
+            ro, rl = reference(q, k, v; kw...)
+            @test close_enough(o, ro; atol=2e-5, rtol=2e-5)
+            @test close_enough(lse, rl; atol=1e-4, rtol=1e-5)
+        end
+        # strided views: every other head of a wider array
+        wide = randn(Float32, 16, 8, 13, 2)
+        qv = view(wide, :, 1:2:8, :, :)
+        o, _ = attention(qv, k, v; causal=true)
+        ro, _ = reference(collect(qv), k, v; causal=true)
+        @test close_enough(o, ro; atol=2e-5, rtol=2e-5)
+        # Float16
+        o16, _ = attention(Float16.(q), Float16.(k), Float16.(v); causal=true)
+        ro, _ = reference(Float16.(q), Float16.(k), Float16.(v); causal=true)
+        @test close_enough(Float64.(o16), ro; atol=5e-3, rtol=5e-3)
+    end
+
+    @testset "variable length" begin
+        cu_q, cu_k = Int32[0, 4, 4, 11], Int32[0, 6, 9, 9]
+        q = randn(Float32, 8, 2, 11)
+        k = randn(Float32, 8, 1, 9)
+        v = randn(Float32, 8, 1, 9)
+        o, lse = attention_varlen(q, k, v, cu_q, cu_k; causal=true)
+        ro, rl = reference(reshape(q[:, :, 1:4], 8, 2, 4, 1), reshape(k[:, :, 1:6], 8, 1, 6, 1),
+                           reshape(v[:, :, 1:6], 8, 1, 6, 1); causal=true)
+        @test close_enough(o[:, :, 1:4], ro[:, :, :, 1]; atol=2e-5, rtol=2e-5)
+        @test close_enough(lse[1:4, :], rl[:, :, 1]; atol=1e-4, rtol=1e-5)
+        @test all(isinf, lse[5:11, :]) && all(iszero, o[:, :, 5:11])
+    end
+
+    @testset "reference file from the C API" begin
+        path = get(ENV, "FLASHATTN_REFERENCE_FILE", "")
+        if isempty(path)
+            @info "FLASHATTN_REFERENCE_FILE is not set (CTest sets it): skipped"
+        else
+            open(path) do io
+                @test String(read(io, 8)) == "FAREF01\n"
+                ncases = read(io, Int64)
+                @test ncases >= 3
+                for _ in 1:ncases
+                    p = [read(io, Int64) for _ in 1:16]
+                    softcap, scale = read(io, Float64), read(io, Float64)
+                    b, sq, sk, hq, hkv, d, dv = p[1:7]
+                    kw = (causal=p[8] == 1, window=(p[9], p[10]), softcap=softcap, scale=scale > 0 ? scale : nothing)
+                    floats(n) = read!(io, Vector{Float32}(undef, n))
+                    if p[11] == 1
+                        cu_q = read!(io, Vector{Int32}(undef, b + 1))
+                        cu_k = read!(io, Vector{Int32}(undef, b + 1))
+                        tq, tk = p[12], p[13]
+                        q = reshape(floats(tq * hq * d), d, hq, tq)
+                        k = reshape(floats(tk * hkv * d), d, hkv, tk)
+                        v = reshape(floats(tk * hkv * dv), dv, hkv, tk)
+                        o_ref = reshape(floats(tq * hq * dv), dv, hq, tq)
+                        lse_ref = reshape(floats(tq * hq), tq, hq)
+                        o, lse = attention_varlen(q, k, v, cu_q, cu_k; kw...)
+                    else
+                        q = reshape(floats(b * sq * hq * d), d, hq, sq, b)
+                        k = reshape(floats(b * sk * hkv * d), d, hkv, sk, b)
+                        v = reshape(floats(b * sk * hkv * dv), dv, hkv, sk, b)
+                        o_ref = reshape(floats(b * sq * hq * dv), dv, hq, sq, b)
+                        lse_ref = reshape(floats(b * sq * hq), sq, hq, b)
+                        o, lse = attention(q, k, v; kw...)
+                    end
+                    @test close_enough(o, o_ref; atol=1e-6, rtol=1e-5)
+                    @test close_enough(lse, lse_ref; atol=1e-6, rtol=1e-6)
+                end
+                @test eof(io)
+            end
+        end
+    end
+
+    @testset "errors" begin
+        err = try
+            Plan(head_dim=12)
+            nothing
+        catch e
+            e
+        end
+        @test err isa FlashAttnError
+        @test err.status == FA.FLASHATTN_ERROR_INVALID_ARGUMENT
+        @test occursin("multiple of 8", err.message)
+        plan = Plan()
+        @test_throws FlashAttnError finalize!(plan)
+        e2 = try finalize!(plan) catch e; e end
+        @test e2.status == FA.FLASHATTN_ERROR_INVALID_STATE
+        @test_throws FlashAttnError workspace_size(plan)
+        @test_throws FlashAttnError set_f64!(plan, FA.FLASHATTN_F64_SOFTMAX_SCALE, -1.0)
+        close(plan)
+        @test_throws ArgumentError finalize!(plan)
+        x = zeros(Float32, 8, 3, 4, 1)
+        @test_throws FlashAttnError attention(x, zeros(Float32, 8, 2, 4, 1), zeros(Float32, 8, 2, 4, 1))
+        @test_throws DimensionMismatch attention(x, zeros(Float32, 8, 3, 4, 2), x)
+    end
+
+    @testset "plan lifecycle, execute! and GC in any order" begin
+        plan = Plan(batch=1, seqlen_q=8, seqlen_k=8, heads_q=2, head_dim=8, dtype=:fp32, backend=:cpu)
+        finalize!(plan)
+        @test backend(plan)[1] === :cpu
+        @test get_i64(plan, FA.FLASHATTN_I64_Q_ROW_STRIDE) == 16
+        @test get_f64(plan, FA.FLASHATTN_F64_SOFTMAX_SCALE) ≈ 1 / sqrt(8)
+        q = randn(Float32, 8, 2, 8, 1)
+        o = similar(q)
+        lse = Vector{Float32}(undef, 16)
+        execute!(plan, q, q, q, o; lse=lse)
+        ro, rl = reference(q, q, q)
+        @test close_enough(o, ro; atol=2e-5, rtol=2e-5)
+        @test_throws DimensionMismatch execute!(plan, q[:, :, 1:4, :], q, q, o)
+        @test_throws ArgumentError execute!(plan, Float16.(q), Float16.(q), Float16.(q), Float16.(o))
+        plans = [Plan(batch=1, seqlen_q=4, seqlen_k=4, heads_q=1, head_dim=8) for _ in 1:50]
+        foreach(finalize!, plans[1:3:end])
+        foreach(close, plans[2:4:end])
+        plans = nothing
+        GC.gc()
+        close(plan)
+        close(plan)
+        GC.gc()
+        @test true
+    end
+end
