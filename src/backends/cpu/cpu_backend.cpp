@@ -1,11 +1,13 @@
 // The CPU backend: FlashAttention's tiled forward pass on host memory, parallel over
-// (query tile, batch, head) work items on all cores.
+// (query tile, batch, head or pack of GQA heads) work items on all cores.
 //
 // execute() allocates nothing but the std::thread objects: each thread (the calling one included)
 // carves its scratch out of the caller's workspace, whose size make_schedule() fixed as
-// cpu_threads x per-thread scratch. Work items are handed out through an atomic counter, heaviest
-// (last, under a causal mask) query tiles first. Every item is computed by one thread with the same
-// code whichever thread that is, so results are bit-identical from run to run.
+// cpu_threads x per-thread scratch (cpu_threads: the hardware threads, capped by the work items;
+// 1 for problems too small to pay for starting threads). Work items are handed out through an
+// atomic counter, heaviest (last, under a causal mask) query tiles first. Every item is computed
+// by one thread with the same code whichever thread that is, so results are bit-identical from run
+// to run.
 #include <algorithm>
 #include <atomic>
 #include <cinttypes>
@@ -43,18 +45,37 @@ size_t dtype_bytes(flashattn_dtype_t dtype) {
 size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
 cpu::TileShape choose_shape(const Problem &p) {
+    // Taller query blocks amortise widening each K/V block over more rows; longer key blocks
+    // amortise the per-block softmax bookkeeping. 128 x 128 while head_dim + head_dim_v <= 256
+    // (at most 320 KiB of scratch per thread), 64 x 64 above (at most 272 KiB): within a
+    // core's L2.
+    const bool small = p.head_dim + p.head_dim_v <= 256;
     cpu::TileShape shape;
-    shape.block_m = cpu::kMaxBlockM;
-    // Longer key blocks amortise the per-block softmax bookkeeping; keep the widened K and V
-    // blocks (block_n x (head_dim + head_dim_v) floats) within about 128 KiB of L2.
-    shape.block_n = (p.head_dim + p.head_dim_v <= 256) ? 128 : 64;
+    shape.block_m = small ? 128 : 64;
+    shape.block_n = small ? 128 : 64;
+    static_assert(cpu::kMaxBlockM >= 128, "block_m bound");
     return shape;
 }
 
-// Work items: query tiles x batch x heads_q (varlen: tiles of the longest sequence; items past a
-// shorter sequence's end do nothing).
-int64_t tiles_per_sequence(const Problem &p, int block_m) {
-    return (p.seqlen_q + block_m - 1) / block_m;
+// Work items: (query tile, batch, pack of query heads). A pack is `pack` query heads sharing one
+// key/value head, their rows interleaved into one tile (see cpu::Slice) so that each K/V block is
+// widened once for all of them. Varlen: tiles of the longest sequence; items past a shorter
+// sequence's end do nothing.
+int64_t tiles_per_sequence(const Problem &p, int block_m, int64_t pack) {
+    return (p.seqlen_q * pack + block_m - 1) / block_m;
+}
+
+// Heads per pack: the whole GQA group when one head's query rows do not fill a tile (decode,
+// short prompts), halved while that would leave some thread without an item; 1 otherwise.
+int64_t choose_pack(const Problem &p, int block_m, int64_t threads) {
+    const int64_t group = p.group_size();
+    if (group <= 1 || p.seqlen_q >= block_m) return 1;
+    int64_t pack = group;
+    while (pack % 2 == 0 &&
+           tiles_per_sequence(p, block_m, pack) * p.batch * (p.heads_q / pack) < threads) {
+        pack /= 2;
+    }
+    return pack;
 }
 
 std::string cpu_unsupported_reason(const Problem &p, const DeviceInfo &) {
@@ -76,7 +97,7 @@ std::string cpu_unsupported_reason(const Problem &p, const DeviceInfo &) {
 
 flashattn_status_t cpu_make_schedule(const Problem &p, const DeviceInfo &, Schedule *out) {
     const cpu::TileShape shape = choose_shape(p);
-    const int64_t items = tiles_per_sequence(p, shape.block_m) * p.batch * p.heads_q;
+    const int64_t items = tiles_per_sequence(p, shape.block_m, 1) * p.batch * p.heads_q;
 
     unsigned hw = std::thread::hardware_concurrency();
     int64_t threads = hw == 0 ? 1 : static_cast<int64_t>(hw);
@@ -137,7 +158,9 @@ struct Job {
     const Problem *p;
     const Tensors *t;
     cpu::TileShape shape;
-    int64_t tiles;  // query tiles per sequence
+    int64_t pack;   // query heads per item
+    int64_t tiles;  // (packed) query tiles per sequence
+    int64_t units;  // batch x heads_q / pack
     int64_t items;
     size_t elem;
     unsigned char *workspace;
@@ -149,10 +172,11 @@ void run_item(const Job &job, int64_t item, void *scratch) {
     const Problem &p = *job.p;
     const Tensors &t = *job.t;
     const int64_t heads = p.heads_q;
-    const int64_t tile = job.tiles - 1 - item / (p.batch * heads);
-    const int64_t rest = item % (p.batch * heads);
-    const int64_t b = rest / heads;
-    const int64_t h = rest % heads;
+    const int64_t packs = heads / job.pack;  // packs per sequence
+    const int64_t tile = job.tiles - 1 - item / job.units;
+    const int64_t unit = item % job.units;
+    const int64_t b = unit / packs;
+    const int64_t h = (unit % packs) * job.pack;  // first query head of the pack
     const int64_t kvh = h / p.group_size();
     const int64_t es = static_cast<int64_t>(job.elem);
 
@@ -168,6 +192,7 @@ void run_item(const Job &job, int64_t item, void *scratch) {
         v_off = k_start * p.v.row + kvh * p.v.head;
         o_off = q_start * p.o.row + h * p.o.head;
         if (t.lse) sl.lse = t.lse + h * p.total_q + q_start;
+        sl.lse_head = p.total_q;
     } else {
         sl.seqlen_q = p.seqlen_q;
         sl.seqlen_k = p.seqlen_k;
@@ -176,10 +201,12 @@ void run_item(const Job &job, int64_t item, void *scratch) {
         v_off = b * p.v.batch + kvh * p.v.head;
         o_off = b * p.o.batch + h * p.o.head;
         if (t.lse) sl.lse = t.lse + (b * heads + h) * p.seqlen_q;
+        sl.lse_head = p.seqlen_q;
     }
+    const int64_t packed_rows = sl.seqlen_q * job.pack;
     const int64_t row0 = tile * job.shape.block_m;
-    if (row0 >= sl.seqlen_q) return;
-    const int64_t rows = std::min<int64_t>(job.shape.block_m, sl.seqlen_q - row0);
+    if (row0 >= packed_rows) return;
+    const int64_t rows = std::min<int64_t>(job.shape.block_m, packed_rows - row0);
 
     sl.q = static_cast<const unsigned char *>(t.q) + q_off * es;
     sl.k = static_cast<const unsigned char *>(t.k) + k_off * es;
@@ -189,6 +216,9 @@ void run_item(const Job &job, int64_t item, void *scratch) {
     sl.k_row = p.k.row;
     sl.v_row = p.v.row;
     sl.o_row = p.o.row;
+    sl.q_head = p.q.head;
+    sl.o_head = p.o.head;
+    sl.heads = job.pack;
     cpu::run_tile(p, job.shape, sl, row0, rows, scratch);
 }
 
@@ -221,8 +251,10 @@ flashattn_status_t execute_impl(const Problem &p, const Schedule &s, const Tenso
     job.p = &p;
     job.t = &t;
     job.shape = shape;
-    job.tiles = tiles_per_sequence(p, shape.block_m);
-    job.items = job.tiles * p.batch * p.heads_q;
+    job.pack = choose_pack(p, shape.block_m, std::max<int32_t>(s.cpu_threads, 1));
+    job.tiles = tiles_per_sequence(p, shape.block_m, job.pack);
+    job.units = p.batch * (p.heads_q / job.pack);
+    job.items = job.tiles * job.units;
     job.elem = dtype_bytes(p.dtype);
     job.slot_bytes = round_up(cpu::scratch_bytes(p, shape), kSlotAlign);
     if (job.items <= 0) return FLASHATTN_SUCCESS;

@@ -1,6 +1,8 @@
 // The CPU FlashAttention tile kernel.
 //
-// One call computes a block of query rows of one (sequence, head). The rows are widened to fp32
+// One call computes a block of query rows of one sequence and one query head (or, for short queries
+// under GQA/MQA, of several query heads sharing a key/value head, their rows interleaved: see
+// cpu::Slice). The rows are widened to fp32
 // (pre-multiplied by the softmax scale) once; the keys they may see are then streamed in blocks of
 // block_n: each K/V block is widened to fp32 once into thread-private scratch (K transposed so that
 // the score product runs along contiguous keys) and reused by every row of the block. Scores go
@@ -10,12 +12,14 @@
 // seqlen_q x seqlen_k buffer ever exists.
 //
 // Both matrix products use one register-blocked micro-kernel written with GCC/Clang vector
-// extensions (8 floats), so the hot loops are SIMD at -O2 without relying on the auto-vectoriser.
-// On x86-64 the kernel is compiled twice, for the baseline ISA and for AVX2+FMA, and the variant is
-// chosen once at run time.
+// extensions (8 floats), so the hot loops are SIMD at -O2 without relying on the auto-vectoriser;
+// fp16/bf16 are widened 8 at a time with integer vector operations. On x86-64 the kernel is
+// compiled twice, for the baseline ISA (4 x 8 register blocks) and for AVX2+FMA (6 x 16), and the
+// variant is chosen once at run time (FLASHATTN_CPU_SIMD=generic forces the baseline, for tests).
 #include "backends/cpu/cpu_kernel.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -90,7 +94,11 @@ FA_ALWAYS_INLINE void vexp_nonpositive(vf &x) {
     x = (vf)(((vi)p + e) & keep);
 }
 
-// Element access for the three storage types.
+typedef uint16_t vh __attribute__((vector_size(16)));
+typedef uint32_t vu __attribute__((vector_size(32)));
+
+// Element access for the three storage types: scalar load/store, and widen8() which converts 8
+// consecutive elements to fp32 with integer vector operations (no lookup table, no branches).
 template <flashattn_dtype_t DT>
 struct Elem;
 
@@ -104,6 +112,9 @@ struct Elem<FLASHATTN_DTYPE_FP32> {
     }
     static FA_ALWAYS_INLINE void store(unsigned char *p, int64_t i, float f) {
         std::memcpy(p + i * 4, &f, 4);
+    }
+    static FA_ALWAYS_INLINE void widen8(vf &out, const unsigned char *p) {
+        std::memcpy(&out, p, sizeof out);
     }
 };
 
@@ -119,6 +130,19 @@ struct Elem<FLASHATTN_DTYPE_FP16> {
         const uint16_t h = float_to_half(f);
         std::memcpy(p + i * 2, &h, 2);
     }
+    // The same mapping as half_to_float(), lane-wise.
+    static FA_ALWAYS_INLINE void widen8(vf &out, const unsigned char *p) {
+        vh h;
+        std::memcpy(&h, p, sizeof h);
+        const vu x = __builtin_convertvector(h, vu);
+        const vu sign = (x & 0x8000u) << 16;
+        const vu mag = x & 0x7fffu;
+        const vu special = (vu)(mag >= 0x7c00u);  // inf/NaN: exponent 31 -> 255
+        const vu subnormal = (vu)(mag < 0x0400u); // zero/subnormal: exact mag * 2^-24
+        const vu normal = (mag << 13) + (112u << 23) + (special & (112u << 23));
+        const vf small = __builtin_convertvector((vi)mag, vf) * 5.9604644775390625e-8f;
+        out = (vf)(sign | (subnormal & (vu)small) | (~subnormal & normal));
+    }
 };
 
 template <>
@@ -133,15 +157,45 @@ struct Elem<FLASHATTN_DTYPE_BF16> {
         const uint16_t h = float_to_bf16(f);
         std::memcpy(p + i * 2, &h, 2);
     }
+    static FA_ALWAYS_INLINE void widen8(vf &out, const unsigned char *p) {
+        vh h;
+        std::memcpy(&h, p, sizeof h);
+        out = (vf)(__builtin_convertvector(h, vu) << 16);
+    }
 };
 
+constexpr int kPrefetchRows = 8;
+
+FA_ALWAYS_INLINE void prefetch_row(const unsigned char *p, size_t bytes) {
+    for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
+}
+
+// dst[c * stride] = src[c] * mul for c < n (widened to fp32); stride 1 is a plain row copy.
+template <flashattn_dtype_t DT>
+FA_ALWAYS_INLINE void widen_row(const unsigned char *src, int n, float mul, float *dst, size_t stride) {
+    typedef Elem<DT> E;
+    int c = 0;
+    for (; c + kVector <= n; c += kVector) {
+        vf x;
+        E::widen8(x, src + static_cast<size_t>(c) * E::size);
+        if (mul != 1.0f) x = x * mul;
+        if (stride == 1) {
+            vstore(dst + c, x);
+        } else {
+            for (int i = 0; i < kVector; ++i) dst[static_cast<size_t>(c + i) * stride] = x[i];
+        }
+    }
+    for (; c < n; ++c) dst[static_cast<size_t>(c) * stride] = E::load(src, c) * mul;
+}
+
 // C[MR x n] = (accumulate ? C : 0) + A[MR x kdim] * B[kdim x n]; n a multiple of kVector; all
-// row-major with the given leading dimensions. MR rows x 16 columns of C live in registers.
-template <int MR>
+// row-major with the given leading dimensions. MR rows x 16 columns (WIDE) or x 8 columns of C
+// live in registers.
+template <int MR, bool WIDE>
 FA_ALWAYS_INLINE void gemm_rows(int n, int kdim, const float *a, int lda, const float *b, int ldb,
                                 float *c, int ldc, bool accumulate) {
     int j = 0;
-    for (; j + 2 * kVector <= n; j += 2 * kVector) {
+    for (; WIDE && j + 2 * kVector <= n; j += 2 * kVector) {
         vf acc0[MR], acc1[MR];
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
@@ -171,7 +225,7 @@ FA_ALWAYS_INLINE void gemm_rows(int n, int kdim, const float *a, int lda, const 
             vstore(c + r * ldc + j + kVector, acc1[r]);
         }
     }
-    if (j < n) {  // one remaining vector of columns
+    for (; j < n; j += kVector) {  // one vector of columns at a time
         vf acc[MR];
 #pragma GCC unroll 8
         for (int r = 0; r < MR; ++r) {
@@ -193,26 +247,37 @@ FA_ALWAYS_INLINE void gemm_rows(int n, int kdim, const float *a, int lda, const 
     }
 }
 
-constexpr int kMicroRows = 4;
+// The register blocking of one instruction set: MR rows x (WIDE ? 16 : 8) columns of C. AVX2 has
+// 16 registers of 8 floats: 6 x 16 accumulators use 12 and give enough independent multiply-add
+// chains to cover the FMA latency. The baseline (SSE2) holds a vector of 8 in two of its 16
+// registers: 4 x 8 accumulators use 8.
+struct BlockingAvx2 {
+    static constexpr int kRows = 6;
+    static constexpr bool kWide = true;
+};
+struct BlockingGeneric {
+    static constexpr int kRows = 4;
+    static constexpr bool kWide = false;
+};
 
+template <class BL>
 FA_ALWAYS_INLINE void gemm(int m, int n, int kdim, const float *a, int lda, const float *b, int ldb,
                            float *c, int ldc, bool accumulate) {
+    constexpr int MR = BL::kRows;
+    constexpr bool W = BL::kWide;
     int r = 0;
-    for (; r + kMicroRows <= m; r += kMicroRows) {
-        gemm_rows<kMicroRows>(n, kdim, a + r * lda, lda, b, ldb, c + r * ldc, ldc, accumulate);
+    for (; r + MR <= m; r += MR) {
+        gemm_rows<MR, W>(n, kdim, a + r * lda, lda, b, ldb, c + r * ldc, ldc, accumulate);
     }
+    const float *ar = a + r * lda;
+    float *cr = c + r * ldc;
     switch (m - r) {
-    case 3:
-        gemm_rows<3>(n, kdim, a + r * lda, lda, b, ldb, c + r * ldc, ldc, accumulate);
-        break;
-    case 2:
-        gemm_rows<2>(n, kdim, a + r * lda, lda, b, ldb, c + r * ldc, ldc, accumulate);
-        break;
-    case 1:
-        gemm_rows<1>(n, kdim, a + r * lda, lda, b, ldb, c + r * ldc, ldc, accumulate);
-        break;
-    default:
-        break;
+    case 5: gemm_rows<5, W>(n, kdim, ar, lda, b, ldb, cr, ldc, accumulate); break;
+    case 4: gemm_rows<4, W>(n, kdim, ar, lda, b, ldb, cr, ldc, accumulate); break;
+    case 3: gemm_rows<3, W>(n, kdim, ar, lda, b, ldb, cr, ldc, accumulate); break;
+    case 2: gemm_rows<2, W>(n, kdim, ar, lda, b, ldb, cr, ldc, accumulate); break;
+    case 1: gemm_rows<1, W>(n, kdim, ar, lda, b, ldb, cr, ldc, accumulate); break;
+    default: break;
     }
 }
 
@@ -239,7 +304,7 @@ struct Layout {
     }
 };
 
-template <flashattn_dtype_t DT>
+template <flashattn_dtype_t DT, class BL>
 FA_ALWAYS_INLINE void tile_body(const Problem &p, const TileShape &shape, const Slice &sl,
                                 int64_t row0, int64_t rows64, void *scratch) {
     typedef Elem<DT> E;
@@ -264,22 +329,29 @@ FA_ALWAYS_INLINE void tile_body(const Problem &p, const TileShape &shape, const 
     float *const mrow = base + lay.m;
     float *const lrow = base + lay.l;
 
-    // Visible keys of each row; both ends are non-decreasing in the row, so the block needs keys
-    // [first of its first row, last of its last row] and nothing else.
+    // Visible keys of each row; both ends are non-decreasing in the (packed) row, so the block
+    // needs keys [first of its first row, last of its last row] and nothing else.
+    const int64_t heads = sl.heads;
     int64_t first[kMaxBlockM];
     int64_t last[kMaxBlockM];
     for (int r = 0; r < rows; ++r) {
-        const KeyRange kr = visible_keys(p, row0 + r, sl.seqlen_q, sl.seqlen_k);
+        const KeyRange kr = visible_keys(p, (row0 + r) / heads, sl.seqlen_q, sl.seqlen_k);
         first[r] = kr.first;
         last[r] = kr.last;
     }
-    const int64_t key_begin = visible_keys(p, row0, sl.seqlen_q, sl.seqlen_k).first;
-    const int64_t key_end = visible_keys(p, row0 + rows - 1, sl.seqlen_q, sl.seqlen_k).last + 1;
+    const int64_t k_row_bytes = sl.k_row * static_cast<int64_t>(E::size);
+    const int64_t v_row_bytes = sl.v_row * static_cast<int64_t>(E::size);
+    const size_t k_bytes = static_cast<size_t>(d) * E::size;
+    const size_t v_bytes = static_cast<size_t>(dv) * E::size;
+    const int64_t key_begin = visible_keys(p, row0 / heads, sl.seqlen_q, sl.seqlen_k).first;
+    const int64_t key_end =
+        visible_keys(p, (row0 + rows - 1) / heads, sl.seqlen_q, sl.seqlen_k).last + 1;
 
     for (int r = 0; r < rows; ++r) {
-        const unsigned char *src = sl.q + (row0 + r) * sl.q_row * static_cast<int64_t>(E::size);
-        float *dst = qs + static_cast<size_t>(r) * d;
-        for (int c = 0; c < d; ++c) dst[c] = E::load(src, c) * q_mul;
+        const int64_t row = (row0 + r) / heads, head = (row0 + r) % heads;
+        const unsigned char *src =
+            sl.q + (row * sl.q_row + head * sl.q_head) * static_cast<int64_t>(E::size);
+        widen_row<DT>(src, d, q_mul, qs + static_cast<size_t>(r) * d, 1);
         mrow[r] = neg_inf;
         lrow[r] = 0.0f;
         float *acc = oa + static_cast<size_t>(r) * dvp;
@@ -291,10 +363,13 @@ FA_ALWAYS_INLINE void tile_body(const Problem &p, const TileShape &shape, const 
         const int nkp = round_up(nk, kVector);
 
         // Widen the K block (transposed: kt[c][j]) and the V block (vs[j][c], zero-padded to dvp).
+        // Rows of K/V are usually a page or more apart, out of the hardware prefetchers' reach:
+        // prefetch K a few rows ahead and V one block ahead, and the next K block while widening V.
         for (int jj = 0; jj < nk; ++jj) {
             const unsigned char *src = sl.k + (j0 + jj) * sl.k_row * static_cast<int64_t>(E::size);
-            float *dst = kt + jj;
-            for (int c = 0; c < d; ++c) dst[static_cast<size_t>(c) * bn] = E::load(src, c);
+            if (j0 + jj + kPrefetchRows < key_end) prefetch_row(src + kPrefetchRows * k_row_bytes, k_bytes);
+            prefetch_row(sl.v + (j0 + jj) * v_row_bytes, v_bytes);
+            widen_row<DT>(src, d, 1.0f, kt + jj, static_cast<size_t>(bn));
         }
         if (nk < nkp) {
             for (int c = 0; c < d; ++c) {
@@ -304,13 +379,14 @@ FA_ALWAYS_INLINE void tile_body(const Problem &p, const TileShape &shape, const 
         }
         for (int jj = 0; jj < nk; ++jj) {
             const unsigned char *src = sl.v + (j0 + jj) * sl.v_row * static_cast<int64_t>(E::size);
+            if (j0 + bn + jj < key_end) prefetch_row(sl.k + (j0 + bn + jj) * k_row_bytes, k_bytes);
             float *dst = vs + static_cast<size_t>(jj) * dvp;
-            for (int c = 0; c < dv; ++c) dst[c] = E::load(src, c);
+            widen_row<DT>(src, dv, 1.0f, dst, 1);
             for (int c = dv; c < dvp; ++c) dst[c] = 0.0f;
         }
 
         // Scores for the whole block of rows.
-        gemm(rows, nkp, d, qs, d, kt, bn, ss, bn, false);
+        gemm<BL>(rows, nkp, d, qs, d, kt, bn, ss, bn, false);
 
         for (int r = 0; r < rows; ++r) {
             float *srow = ss + static_cast<size_t>(r) * bn;
@@ -370,20 +446,22 @@ FA_ALWAYS_INLINE void tile_body(const Problem &p, const TileShape &shape, const 
         }
 
         // O += P V.
-        gemm(rows, dvp, nk, ss, bn, vs, dvp, oa, dvp, true);
+        gemm<BL>(rows, dvp, nk, ss, bn, vs, dvp, oa, dvp, true);
     }
 
     // Normalise once and narrow to the output type; rows that saw no key get O = 0, LSE = -inf.
     for (int r = 0; r < rows; ++r) {
-        unsigned char *dst = sl.o + (row0 + r) * sl.o_row * static_cast<int64_t>(E::size);
+        const int64_t row = (row0 + r) / heads, head = (row0 + r) % heads;
+        unsigned char *dst = sl.o + (row * sl.o_row + head * sl.o_head) * static_cast<int64_t>(E::size);
+        float *lse = sl.lse ? sl.lse + head * sl.lse_head + row : nullptr;
         const float *acc = oa + static_cast<size_t>(r) * dvp;
         if (mrow[r] == neg_inf) {
             for (int c = 0; c < dv; ++c) E::store(dst, c, 0.0f);
-            if (sl.lse) sl.lse[row0 + r] = neg_inf;
+            if (lse) *lse = neg_inf;
         } else {
             const float inv = 1.0f / lrow[r];
             for (int c = 0; c < dv; ++c) E::store(dst, c, acc[c] * inv);
-            if (sl.lse) sl.lse[row0 + r] = mrow[r] + std::log(lrow[r]);
+            if (lse) *lse = mrow[r] + std::log(lrow[r]);
         }
     }
 }
@@ -393,7 +471,7 @@ typedef void (*TileFn)(const Problem &, const TileShape &, const Slice &, int64_
 template <flashattn_dtype_t DT>
 void tile_generic(const Problem &p, const TileShape &shape, const Slice &sl, int64_t row0,
                   int64_t rows, void *scratch) {
-    tile_body<DT>(p, shape, sl, row0, rows, scratch);
+    tile_body<DT, BlockingGeneric>(p, shape, sl, row0, rows, scratch);
 }
 
 #if FLASHATTN_CPU_X86
@@ -401,7 +479,7 @@ template <flashattn_dtype_t DT>
 __attribute__((target("avx2,fma"))) void tile_avx2(const Problem &p, const TileShape &shape,
                                                    const Slice &sl, int64_t row0, int64_t rows,
                                                    void *scratch) {
-    tile_body<DT>(p, shape, sl, row0, rows, scratch);
+    tile_body<DT, BlockingAvx2>(p, shape, sl, row0, rows, scratch);
 }
 
 bool cpu_has_avx2_fma() {
@@ -415,12 +493,17 @@ struct TileTable {
     const char *name;
 };
 
+// FLASHATTN_CPU_SIMD=generic forces the baseline variant (for testing it on AVX2 machines).
 TileTable pick_table() {
+    const char *force = std::getenv("FLASHATTN_CPU_SIMD");
+    const bool generic_only = force != nullptr && std::strcmp(force, "generic") == 0;
 #if FLASHATTN_CPU_X86
-    if (cpu_has_avx2_fma()) {
+    if (!generic_only && cpu_has_avx2_fma()) {
         return {tile_avx2<FLASHATTN_DTYPE_FP32>, tile_avx2<FLASHATTN_DTYPE_FP16>,
                 tile_avx2<FLASHATTN_DTYPE_BF16>, "avx2+fma"};
     }
+#else
+    (void)generic_only;
 #endif
     return {tile_generic<FLASHATTN_DTYPE_FP32>, tile_generic<FLASHATTN_DTYPE_FP16>,
             tile_generic<FLASHATTN_DTYPE_BF16>, "generic"};

@@ -10,7 +10,7 @@
 namespace flashattn {
 namespace cpu {
 
-constexpr int kMaxBlockM = 64;  // query rows per tile (upper bound; stack arrays use it)
+constexpr int kMaxBlockM = 128;  // query rows per tile (upper bound; stack arrays use it)
 constexpr int kVector = 8;      // floats per SIMD vector of the kernel
 
 // Sizes the kernel is built around, fixed at make_schedule.
@@ -22,19 +22,24 @@ struct TileShape {
 // Per-thread scratch (in bytes) for a problem and tile shape; every sub-array starts 64-byte aligned.
 size_t scratch_bytes(const Problem &p, const TileShape &shape);
 
-// One (sequence, head) slice: base pointers of row 0 and the element stride between rows.
+// One sequence, one key/value head and `heads` (>= 1) of the query heads that share it, packed
+// (as FlashAttention-3's PackGQA does): packed row t is query row t / heads of query head
+// t % heads, so one K/V block serves every packed head. Pointers are those of row 0 of the first
+// packed head; strides are in elements (LSE: in floats, rows contiguous).
 struct Slice {
     const unsigned char *q = nullptr;
     const unsigned char *k = nullptr;
     const unsigned char *v = nullptr;
     unsigned char *o = nullptr;
-    float *lse = nullptr;  // lse of row 0 (rows contiguous); nullptr: not wanted
-    int64_t q_row = 0, k_row = 0, v_row = 0, o_row = 0;  // in elements
-    int64_t seqlen_q = 0;
+    float *lse = nullptr;  // nullptr: not wanted
+    int64_t q_row = 0, k_row = 0, v_row = 0, o_row = 0;
+    int64_t q_head = 0, o_head = 0, lse_head = 0;  // from one packed head to the next
+    int64_t heads = 1;
+    int64_t seqlen_q = 0;  // query rows (per head) of this sequence
     int64_t seqlen_k = 0;
 };
 
-// Compute rows [row0, row0 + rows) of `slice` (rows <= shape.block_m) into O (and LSE).
+// Compute packed rows [row0, row0 + rows) of `slice` (rows <= shape.block_m) into O (and LSE).
 // `scratch` holds scratch_bytes() bytes, 64-byte aligned, private to the calling thread.
 void run_tile(const Problem &p, const TileShape &shape, const Slice &slice, int64_t row0,
               int64_t rows, void *scratch);

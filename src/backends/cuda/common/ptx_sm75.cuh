@@ -66,7 +66,15 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi);
 template <>
 __device__ __forceinline__ uint32_t pack2<Half>(float lo, float hi) {
     uint32_t r;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    // The paired conversion is sm_80+; sm_75 converts each half and packs them.
+    asm("{\n\t.reg .f16 l, h;\n\tcvt.rn.f16.f32 l, %1;\n\tcvt.rn.f16.f32 h, %2;\n\t"
+        "mov.b32 %0, {l, h};\n}\n"
+        : "=r"(r)
+        : "f"(lo), "f"(hi));
+#endif
     return r;
 }
 

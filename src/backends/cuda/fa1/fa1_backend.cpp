@@ -1,0 +1,263 @@
+// FA1 backend: FlashAttention-1 forward on CUDA (sm_75 and newer). Host side: what it supports,
+// the tile and query-range split, the workspace (the FA1 partial output and softmax statistics),
+// and the launch. The kernel is in fa1_kernel.cuh.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "backends/cuda/common/cuda_host.h"
+#include "backends/cuda/fa1/fa1_params.h"
+#include "capi/error.h"
+#include "dispatch/backend.h"
+
+namespace flashattn {
+namespace {
+
+// The compiled head dim that runs head_dim (smaller head dims are zero-padded in shared memory).
+int compiled_hdim(int64_t d) { return d <= 32 ? 32 : d <= 64 ? 64 : d <= 128 ? 128 : 256; }
+
+fa1::Config config_for(int hd, bool large) {
+    switch (hd) {
+        case 32: return fa1::config_hdim32(large);
+        case 64: return fa1::config_hdim64(large);
+        case 128: return fa1::config_hdim128(large);
+        default: return fa1::config_hdim256(large);
+    }
+}
+
+cudaError_t launch_for(int hd, const fa1::Params &prm, bool large, bool bf16, cudaStream_t s) {
+    switch (hd) {
+        case 32: return fa1::launch_hdim32(prm, large, bf16, s);
+        case 64: return fa1::launch_hdim64(prm, large, bf16, s);
+        case 128: return fa1::launch_hdim128(prm, large, bf16, s);
+        default: return fa1::launch_hdim256(prm, large, bf16, s);
+    }
+}
+
+cudaError_t attributes_for(int hd, bool large, bool bf16, cudaFuncAttributes *attr) {
+    switch (hd) {
+        case 32: return fa1::func_attributes_hdim32(large, bf16, attr);
+        case 64: return fa1::func_attributes_hdim64(large, bf16, attr);
+        case 128: return fa1::func_attributes_hdim128(large, bf16, attr);
+        default: return fa1::func_attributes_hdim256(large, bf16, attr);
+    }
+}
+
+// The large tile where the device's per-block shared memory allows it, else the small one; false
+// when neither fits. FLASHATTN_FA1_TILE=small forces the small (sm_75) tile: a developer's knob to
+// test that tile on a bigger GPU.
+bool pick_config(const Problem &p, size_t smem_optin, fa1::Config *out) {
+    const int hd = compiled_hdim(p.head_dim);
+    const char *env = std::getenv("FLASHATTN_FA1_TILE");
+    const bool force_small = env != nullptr && std::string(env) == "small";
+    for (bool large : {true, false}) {
+        if (large && force_small) continue;
+        const fa1::Config c = config_for(hd, large);
+        if (c.smem_bytes <= smem_optin) {
+            *out = c;
+            return true;
+        }
+    }
+    return false;
+}
+
+// The configuration a schedule was made with (block_m and block_n identify it).
+fa1::Config schedule_config(const Problem &p, const Schedule &s) {
+    const int hd = compiled_hdim(p.head_dim);
+    const fa1::Config large = config_for(hd, true);
+    if (large.block_m == s.block_m && large.block_n() == s.block_n) return large;
+    return config_for(hd, false);
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
+
+// Workspace rows per head: each sequence's rows start at a multiple of block_m (see the kernel's
+// ws_start): varlen sequence b starts at block_m * (ceil(cu_q[b] / block_m) + b).
+int64_t workspace_rows(const Problem &p, int block_m) {
+    if (p.varlen) return block_m * (ceil_div(p.total_q, block_m) + p.batch);
+    return p.batch * ceil_div(p.seqlen_q, block_m) * block_m;
+}
+
+size_t oacc_bytes(const Problem &p, const fa1::Config &c) {
+    return align256(static_cast<size_t>(p.heads_q) * workspace_rows(p, c.block_m) * c.head_dim * sizeof(float));
+}
+
+size_t ml_bytes(const Problem &p, const fa1::Config &c) {
+    return align256(static_cast<size_t>(p.heads_q) * workspace_rows(p, c.block_m) * fa1::kWarps * 2 * sizeof(float));
+}
+
+// Restores the calling thread's current device on scope exit.
+class DeviceScope {
+public:
+    explicit DeviceScope(int device) {
+        if (cudaGetDevice(&saved_) != cudaSuccess) {
+            cudaGetLastError();
+            saved_ = -1;
+        }
+        if (saved_ != device) {
+            err_ = cudaSetDevice(device);
+            switched_ = err_ == cudaSuccess;
+        }
+    }
+    ~DeviceScope() {
+        if (switched_ && saved_ >= 0) cudaSetDevice(saved_);
+    }
+    cudaError_t error() const { return err_; }
+
+private:
+    int saved_ = -1;
+    bool switched_ = false;
+    cudaError_t err_ = cudaSuccess;
+};
+
+std::string fa1_unsupported(const Problem &p, const DeviceInfo &dev) {
+    if (!dev.present) return "no usable CUDA device (" + dev.absent_reason + ")";
+    const int cc = dev.cc_major * 10 + dev.cc_minor;
+    const std::string sm = "sm_" + std::to_string(dev.cc_major) + std::to_string(dev.cc_minor);
+    if (cc < 75) return "fa1 needs a GPU of compute capability 7.5 (sm_75) or newer; device is " + sm;
+    if (p.dtype == FLASHATTN_DTYPE_BF16) {
+        if (cc < 80) return "fa1 runs bf16 only on sm_80 or newer (sm_75 has no bf16 tensor-core instruction); device is " + sm;
+    } else if (p.dtype != FLASHATTN_DTYPE_FP16) {
+        return "fa1 supports the fp16 and bf16 dtypes only";
+    }
+    if (p.head_dim != p.head_dim_v)
+        return "fa1 needs head_dim == head_dim_v (got " + std::to_string(p.head_dim) + " and " +
+               std::to_string(p.head_dim_v) + ")";
+    if (p.head_dim < 8 || p.head_dim > 256 || p.head_dim % 8 != 0)
+        return "fa1 supports head dims 8..256 in multiples of 8 (got " + std::to_string(p.head_dim) + ")";
+    const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q;
+    const int64_t rows_k = p.varlen ? p.total_k : p.seqlen_k;
+    if (std::max({p.seqlen_q, p.seqlen_k, rows_q, rows_k}) > (INT32_MAX >> 2))
+        return "fa1 supports sequences and packed totals of at most 2^29 rows";
+    if (p.batch > INT32_MAX / 2 || p.heads_q > INT32_MAX / 2 || p.batch * p.heads_q > (INT32_MAX >> 2))
+        return "fa1 supports at most 2^29 (batch x heads) pairs";
+    fa1::Config c;
+    if (!pick_config(p, dev.smem_per_block_optin, &c)) {
+        const fa1::Config small = config_for(compiled_hdim(p.head_dim), false);
+        return "fa1 head dim " + std::to_string(p.head_dim) + " needs " + std::to_string(small.smem_bytes) +
+               " bytes of shared memory per block; the device (" + sm + ") allows " +
+               std::to_string(dev.smem_per_block_optin);
+    }
+    // The library must hold machine code this device can run.
+    DeviceScope scope(dev.device);
+    if (scope.error() != cudaSuccess) {
+        cudaGetLastError();
+        return std::string("fa1 could not select the device: ") + cudaGetErrorString(scope.error());
+    }
+    cudaFuncAttributes attr;
+    const cudaError_t err =
+        attributes_for(c.head_dim, c.large, p.dtype == FLASHATTN_DTYPE_BF16, &attr);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return "libflashattn holds no fa1 kernel this device (" + sm + ") can run (" +
+               cudaGetErrorString(err) + "); rebuild with FLASHATTN_FA1_ARCHS covering it";
+    }
+    return "";
+}
+
+flashattn_status_t fa1_schedule(const Problem &p, const DeviceInfo &dev, Schedule *out) {
+    fa1::Config c;
+    if (!pick_config(p, dev.smem_per_block_optin, &c))
+        return fail(FLASHATTN_ERROR_INTERNAL, "fa1: no tile fits the device's shared memory");
+    Schedule s;
+    s.num_splits = 1;  // no split over keys: FA1 walks every K/V block of a row range in one CTA
+    s.block_m = c.block_m;
+    s.block_n = c.block_n();
+    s.workspace_bytes = oacc_bytes(p, c) + ml_bytes(p, c);
+    *out = s;
+    return FLASHATTN_SUCCESS;
+}
+
+// Query blocks per CTA (the inner loop's length). Without a causal mask, sixteen inner steps
+// amortise each K/V block's load and the CTA's start (H200, fp16, FA3-paper grid, seqlen 1024:
+// 2 / 4 / 8 / 16 / 32 query blocks gave 102 / 111 / 115 / 117 / 117 TFLOP/s at head dim 128 and
+// 116 / 129 / 134 / 139 / 139 at head dim 64). Causal rows do uneven work, and shorter ranges
+// balance it better (8 ran 1-25% faster than 16 there). Fewer when that would leave less than one wave of
+// `slots` CTAs. FLASHATTN_FA1_QBLOCKS overrides it (a developer's tuning knob).
+int q_blocks_per_cta(int64_t nqb, int64_t bh, int64_t slots, bool causal) {
+    if (const char *env = std::getenv("FLASHATTN_FA1_QBLOCKS")) {
+        const long v = std::strtol(env, nullptr, 10);
+        if (v >= 1) return static_cast<int>(std::min<int64_t>(v, std::max<int64_t>(nqb, 1)));
+    }
+    int64_t nq = std::min<int64_t>(nqb, causal ? 8 : 16);
+    while (nq > 1 && bh * ceil_div(nqb, nq) < slots) nq = ceil_div(nq, 2);
+    if (nq < 1) nq = 1;
+    const int64_t splits = ceil_div(nqb, nq);
+    return static_cast<int>(std::max<int64_t>(1, ceil_div(nqb, splits)));  // balance the ranges
+}
+
+flashattn_status_t fa1_execute(const Problem &p, const Schedule &s, const Tensors &t) {
+    FLASHATTN_TRY(check_device_tensors(p, t));
+    const fa1::Config c = schedule_config(p, s);
+    if (t.workspace_bytes < oacc_bytes(p, c) + ml_bytes(p, c))
+        return fail(FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE, "fa1: workspace_bytes is below the plan's need");
+
+    DeviceScope scope(p.device);
+    if (scope.error() != cudaSuccess) return cuda_fail(scope.error(), "fa1: cudaSetDevice");
+    int sms = 0;
+    const cudaError_t aerr = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device);
+    if (aerr != cudaSuccess) return cuda_fail(aerr, "fa1: cudaDeviceGetAttribute");
+
+    fa1::Params prm;
+    prm.q = t.q;
+    prm.k = t.k;
+    prm.v = t.v;
+    prm.o = t.o;
+    prm.lse = t.lse;
+    prm.cu_q = t.cu_seqlens_q;
+    prm.cu_k = t.cu_seqlens_k;
+    prm.o_acc = static_cast<float *>(t.workspace);
+    prm.ml = reinterpret_cast<float2 *>(static_cast<char *>(t.workspace) + oacc_bytes(p, c));
+    prm.ws_rows = workspace_rows(p, c.block_m);
+    prm.q_bs = p.q.batch, prm.q_rs = p.q.row, prm.q_hs = p.q.head;
+    prm.k_bs = p.k.batch, prm.k_rs = p.k.row, prm.k_hs = p.k.head;
+    prm.v_bs = p.v.batch, prm.v_rs = p.v.row, prm.v_hs = p.v.head;
+    prm.o_bs = p.o.batch, prm.o_rs = p.o.row, prm.o_hs = p.o.head;
+    prm.batch = static_cast<int32_t>(p.batch);
+    prm.seqlen_q = static_cast<int32_t>(p.seqlen_q);
+    prm.seqlen_k = static_cast<int32_t>(p.seqlen_k);
+    prm.heads_q = static_cast<int32_t>(p.heads_q);
+    prm.group = static_cast<int32_t>(p.group_size());
+    prm.head_dim = static_cast<int32_t>(p.head_dim);
+    prm.varlen = p.varlen ? 1 : 0;
+    prm.total_q = static_cast<int32_t>(p.varlen ? p.total_q : 0);
+
+    auto extent = [](int64_t w) {
+        return w < 0 ? fa1::kUnbounded : static_cast<int32_t>(std::min<int64_t>(w, fa1::kUnbounded));
+    };
+    prm.left = extent(p.window_left);
+    prm.right = extent(p.window_right);
+    if (p.causal) prm.right = std::min<int32_t>(prm.right, 0);
+
+    const double log2e = 1.4426950408889634;
+    if (p.softcap > 0.0) {
+        prm.score_log2 = static_cast<float>(p.softcap * log2e);
+        prm.cap_mul = static_cast<float>(p.scale / p.softcap);
+    } else {
+        prm.score_log2 = static_cast<float>(p.scale * log2e);
+        prm.cap_mul = 0.f;
+    }
+
+    const int64_t nqb = ceil_div(p.seqlen_q, c.block_m);
+    if (nqb == 0 || p.batch == 0) return FLASHATTN_SUCCESS;  // nothing to compute
+    const int64_t slots = static_cast<int64_t>(std::max(sms, 1)) * 2;  // two CTAs per SM (large tiles)
+    prm.q_blocks_per_cta = q_blocks_per_cta(nqb, p.batch * p.heads_q, slots, p.causal);
+    prm.splits = static_cast<int32_t>(ceil_div(nqb, prm.q_blocks_per_cta));
+    prm.reverse = p.causal ? 1 : 0;  // bottom-right causal: the last query ranges do the most work
+
+    const cudaError_t err = launch_for(c.head_dim, prm, c.large, p.dtype == FLASHATTN_DTYPE_BF16,
+                                       reinterpret_cast<cudaStream_t>(t.stream));
+    if (err != cudaSuccess) return cuda_fail(err, "fa1 forward kernel (setup)");
+    return check_launch("fa1 forward kernel");
+}
+
+const Backend kFa1Backend = {FLASHATTN_BACKEND_FA1, "fa1", fa1_unsupported, fa1_schedule, fa1_execute};
+
+}  // namespace
+
+const Backend *fa1_backend() { return &kFa1Backend; }
+
+}  // namespace flashattn

@@ -1,0 +1,737 @@
+// The FA1 forward kernel (FlashAttention-1, Dao et al. 2022, Algorithm 1) for sm_75 and newer.
+//
+// One CTA owns one (batch, head) and a range of query blocks of BR rows. Its OUTER loop walks the
+// K/V blocks (BC = 4 warps x KPW keys), its INNER loop the query blocks. Every inner step reads the
+// block's partial output O (fp32, normalised) and its softmax statistics (running max m, running
+// sum l) from the workspace in device memory, and writes them back (Alg. 1 lines 9-13), except on a
+// block's first K/V block (nothing to read: the state starts as O = 0, m = -inf, l = 0) and its last
+// one (the final O is written in the caller's dtype straight from registers, plus the LSE).
+//
+// Inside a step the four warps split the KEY dimension of the K/V block (FA1's "split-K" warp
+// partition): warp w owns keys [w*KPW, (w+1)*KPW) of K and V, so its K/V slice in shared memory is
+// private to it; every warp sees all BR query rows (Q is shared). Each warp computes S = Q K_w^T,
+// the row maxima are combined across warps through shared memory, each warp exponentiates its part
+// and computes a partial P_w V_w over all D output columns; the partial products are then reduced
+// through shared memory: warp w owns output columns [w*D/4, (w+1)*D/4), receives the three other
+// warps' partials of those columns (stored in mma-fragment order: 16-byte, conflict-free accesses)
+// and applies the FA1 update O = (l_old e^(m_old - m_new) O_old + P V) / l_new to them.
+//
+// Barriers per inner step: (A) after the row maxima, (B) after the partial products; tiles whose Q
+// lives inside the reduction buffer (QALIAS) add (C) before the next step reads its Q. Each warp's
+// K/V slice is private, so refilling it needs only __syncwarp.
+//
+// Only sm_75 instructions: mma.sync m16n8k8 (fp16; bf16 only on sm_80+), ldmatrix (.trans for V),
+// plain 16-byte global loads staged through registers into shared memory (no cp.async).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_runtime.h>
+
+#include "backends/cuda/common/ptx_sm75.cuh"
+#include "backends/cuda/fa1/fa1_params.h"
+
+namespace flashattn {
+namespace fa1 {
+
+using cuda::sm75::BHalf;
+using cuda::sm75::Half;
+
+// Compile-time tile: head dim D, query rows per inner step BR, keys per warp KPW. QALIAS places the
+// Q tile inside the reduction buffer (saves BR*D*2 bytes of shared memory at the price of one more
+// barrier per step): row group gq (rows 8gq..8gq+7) lies in the part of the buffer that only warp
+// gq reads, so warp gq refills it for the next step as soon as it has read its partial products.
+template <int D_, int BR_, int KPW_, bool QALIAS_>
+struct Tile {
+    static constexpr int D = D_;
+    static constexpr int BR = BR_;
+    static constexpr int KPW = KPW_;
+    static constexpr bool QALIAS = QALIAS_;
+    static constexpr int BC = KPW * kWarps;
+    static constexpr int MT = BR / 16;          // m16 tiles (all rows, every warp)
+    static constexpr int NS = KPW / 8;          // n8 tiles of S per warp
+    static constexpr int NO = D / 8;            // n8 tiles of the output
+    static constexpr int NOW = NO / kWarps;     // n8 tiles of the output each warp owns
+    // Column groups of the P V product: at most 64 live fp32 accumulators per thread.
+    static constexpr int NH = (MT * NO * 4) / 64 > 1 ? (MT * NO * 4) / 64 : 1;
+    static_assert(kWarps % NH == 0 && (NO / NH) % 4 == 0, "column groups");
+    static constexpr int KC = D / 8;            // 16-byte chunks per row
+    static constexpr int ROWB = D * 2;          // bytes per shared row
+    // XOR swizzle span in chunks: rows of >= 128 bytes use chunk ^ (row % 8), 64-byte rows
+    // chunk ^ ((row / 2) % 4); eight consecutive rows at one logical chunk hit distinct banks.
+    static constexpr int SWC = D >= 64 ? 8 : 4;
+
+    static_assert(D == 32 || D == 64 || D == 128 || D == 256, "compiled head dims: 32, 64, 128, 256");
+    static_assert(BR % 16 == 0 && KPW % 16 == 0, "tile shape");
+    static_assert(NOW >= 1, "each warp owns at least one n8 tile");
+
+    // Q is stored in 8-row groups, group gq at kOffQ + gq * kQGroupStride.
+    static constexpr int kOwnerBytes = (kWarps - 1) * MT * NOW * 32 * 16;  // one owner's slots
+    static constexpr int kQGroupStride = QALIAS ? kOwnerBytes : 8 * ROWB;
+    static_assert(!QALIAS || (BR / 8 <= kWarps && 8 * ROWB <= kOwnerBytes), "Q groups in owner slots");
+    // Q chunks per thread: non-aliased, the CTA's threads share the tile; aliased, warp gq loads and
+    // stores row group gq (warps without a group load nothing).
+    static constexpr int QCH = QALIAS ? KC / 4 : BR * KC / kThreads;
+    static constexpr int KVCH = KPW * KC / 32;       // K (and V) chunks per lane
+    static_assert(QALIAS ? QCH * 32 == 8 * KC : QCH * kThreads == BR * KC, "Q tile load split");
+    static_assert(KVCH * 32 == KPW * KC, "K/V slice load split");
+
+    static constexpr int kKBytes = BC * ROWB;
+    static constexpr int kVBytes = BC * ROWB;
+    static constexpr int kRedBytes = kWarps * (kWarps - 1) * MT * NOW * 32 * 16;
+    static constexpr int kQBytes = BR * ROWB;
+    static constexpr int kStatBytes = 2 * kWarps * BR * 4;
+
+    static constexpr int kOffK = 0;
+    static constexpr int kOffV = kOffK + kKBytes;
+    static constexpr int kOffRed = kOffV + kVBytes;
+    static constexpr int kOffQ = QALIAS ? kOffRed : kOffRed + kRedBytes;
+    static constexpr int kOffStat = kOffRed + kRedBytes + (QALIAS ? 0 : kQBytes);
+    static constexpr int kSmemBytes = kOffStat + kStatBytes;
+
+    // Byte offset of 16-byte chunk c of row r inside a [rows][D] tile.
+    __device__ static __forceinline__ uint32_t swz(int r, int c) {
+        const int x = SWC == 8 ? (r & 7) : ((r >> 1) & 3);
+        return static_cast<uint32_t>(r * ROWB + ((c ^ x) << 4));
+    }
+    // The XOR term of a row whose index is (a multiple of 8) + r8.
+    __device__ static __forceinline__ int swx(int r8) { return SWC == 8 ? r8 : ((r8 >> 1) & 3); }
+};
+
+// Per-CTA sequence geometry.
+struct Seq {
+    int sq, sk;        // this sequence's lengths
+    int off;           // sk - sq
+    int left, right;   // window (right already includes causal)
+    int ib_begin, ib_end;
+    int br, bc;
+
+    // Visible keys of row r: [lo(r), hi(r)] (empty when lo > hi).
+    __device__ __forceinline__ int lo(int r) const {
+        const long long x = (long long)r + off - left;
+        return x < 0 ? 0 : (int)x;
+    }
+    __device__ __forceinline__ int hi(int r) const {
+        const long long x = (long long)r + off + right;
+        return x > sk - 1 ? sk - 1 : (int)(x < -1 ? -1 : x);
+    }
+    // K/V blocks [fj, lj] query block ib needs; false when it sees no key at all.
+    __device__ __forceinline__ bool range(int ib, int &fj, int &lj) const {
+        const int r0 = ib * br;
+        const int r1 = min(r0 + br, sq) - 1;
+        const int kmin = lo(r0), kmax = hi(r1);
+        if (kmin > kmax) return false;
+        fj = kmin / bc;
+        lj = kmax / bc;
+        return true;
+    }
+    // True when some element of tile (ib, j) is masked (a partial key block or a mask boundary).
+    __device__ __forceinline__ bool needs_mask(int ib, int j) const {
+        const int r0 = ib * br;
+        const int r1 = min(r0 + br, sq) - 1;
+        return j * bc < lo(r1) || j * bc + bc - 1 > hi(r0);
+    }
+    // The next (j, ib) after (j, ib) in outer-major order among active pairs; j > j_end: none.
+    __device__ __forceinline__ void next(int &j, int &ib, int j_end) const {
+        int jj = j, ii = ib + 1;
+        while (jj <= j_end) {
+            for (; ii < ib_end; ++ii) {
+                int fj, lj;
+                if (range(ii, fj, lj) && fj <= jj && jj <= lj) {
+                    j = jj;
+                    ib = ii;
+                    return;
+                }
+            }
+            ++jj;
+            ii = ib_begin;
+        }
+        j = jj;
+        ib = ib_begin;
+    }
+};
+
+template <class T, class E>
+struct Fwd {
+    static constexpr int D = T::D, BR = T::BR, KPW = T::KPW, BC = T::BC;
+    static constexpr int MT = T::MT, NS = T::NS, NO = T::NO, NOW = T::NOW, KC = T::KC;
+
+    __device__ static __forceinline__ void run(const Params &p, char *smem) {
+        const int tid = threadIdx.x;
+        const int lane = tid & 31;
+        const int warp = tid >> 5;
+        const int g = lane >> 2;
+        const int t = lane & 3;
+
+        // ---- which (batch, head, query range) this CTA owns ----
+        int idx = blockIdx.x;
+        int split = idx % p.splits;
+        idx /= p.splits;
+        const int h = idx % p.heads_q;
+        const int b = idx / p.heads_q;
+        if (p.reverse) split = p.splits - 1 - split;
+
+        Seq sg;
+        long long q_row0 = 0, k_row0 = 0;  // packed row offsets (varlen)
+        long long ws_start;
+        if (p.varlen) {
+            const int q0 = p.cu_q[b], q1 = p.cu_q[b + 1];
+            const int k0 = p.cu_k[b], k1 = p.cu_k[b + 1];
+            sg.sq = q1 - q0;
+            sg.sk = k1 - k0;
+            q_row0 = q0;
+            k_row0 = k0;
+            ws_start = (long long)BR * ((q0 + BR - 1) / BR + b);
+        } else {
+            sg.sq = p.seqlen_q;
+            sg.sk = p.seqlen_k;
+            ws_start = (long long)b * ((p.seqlen_q + BR - 1) / BR) * BR;
+        }
+        sg.off = sg.sk - sg.sq;
+        sg.left = p.left;
+        sg.right = p.right;
+        sg.br = BR;
+        sg.bc = BC;
+        const int nqb = (sg.sq + BR - 1) / BR;
+        sg.ib_begin = split * p.q_blocks_per_cta;
+        sg.ib_end = min(nqb, sg.ib_begin + p.q_blocks_per_cta);
+        if (sg.ib_begin >= sg.ib_end) return;
+
+        const int hk = h / p.group;
+        const char *qg = static_cast<const char *>(p.q) +
+                         2 * ((p.varlen ? q_row0 * p.q_rs : (long long)b * p.q_bs) + (long long)h * p.q_hs);
+        const char *kg = static_cast<const char *>(p.k) +
+                         2 * ((p.varlen ? k_row0 * p.k_rs : (long long)b * p.k_bs) + (long long)hk * p.k_hs);
+        const char *vg = static_cast<const char *>(p.v) +
+                         2 * ((p.varlen ? k_row0 * p.v_rs : (long long)b * p.v_bs) + (long long)hk * p.v_hs);
+        char *og = static_cast<char *>(p.o) +
+                   2 * ((p.varlen ? q_row0 * p.o_rs : (long long)b * p.o_bs) + (long long)h * p.o_hs);
+        float *lseg = nullptr;
+        if (p.lse != nullptr)
+            lseg = p.varlen ? p.lse + (long long)h * p.total_q + q_row0
+                            : p.lse + ((long long)b * p.heads_q + h) * p.seqlen_q;
+        float *oacc = p.o_acc + ((long long)h * p.ws_rows + ws_start) * D;
+        float2 *mlg = p.ml + ((long long)h * p.ws_rows + ws_start) * kWarps;
+        const int kvalid_chunks = p.head_dim / 8;
+
+        // ---- query blocks that see no key: O = 0, LSE = -inf ----
+        int j_begin = 1 << 30, j_end = -1;
+        for (int ib = sg.ib_begin; ib < sg.ib_end; ++ib) {
+            int fj, lj;
+            if (sg.range(ib, fj, lj)) {
+                j_begin = min(j_begin, fj);
+                j_end = max(j_end, lj);
+                continue;
+            }
+            const int r0 = ib * BR;
+            const int rows = min(BR, sg.sq - r0);
+            for (int c = tid; c < rows * kvalid_chunks; c += kThreads) {
+                const int r = c / kvalid_chunks, ch = c % kvalid_chunks;
+                *reinterpret_cast<uint4 *>(og + 2 * ((long long)(r0 + r) * p.o_rs + ch * 8)) =
+                    make_uint4(0, 0, 0, 0);
+            }
+            if (lseg != nullptr)
+                for (int r = tid; r < rows; r += kThreads) lseg[r0 + r] = -__int_as_float(0x7f800000);
+        }
+        if (j_end < 0) return;
+
+        // ---- shared memory ----
+        const uint32_t s_base = cuda::sm75::smem_addr(smem);
+        const uint32_t sK = s_base + T::kOffK;
+        const uint32_t sV = s_base + T::kOffV;
+        const uint32_t sRed = s_base + T::kOffRed;
+        const uint32_t sQ = s_base + T::kOffQ;
+        float *smax = reinterpret_cast<float *>(smem + T::kOffStat);
+        float *ssum = smax + kWarps * BR;
+
+        // Per-lane ldmatrix bases (see Tile::swz): the XOR term depends only on the lane's row in
+        // its 8-row group, so each base covers a run of chunks and the rest is an immediate offset.
+        const int i8 = lane >> 3, r8 = lane & 7;
+        const int xq = T::swx(r8);
+        // Q (A operand, x4 = rows {0-7, 8-15} x k {0-7, 8-15}): row (i8&1)*8 + r8, chunk 2kk + (i8>>1).
+        // K (B operand, x4 = keys {0-7, 8-15} x k {0-7, 8-15}): key (i8>>1)*8 + r8, chunk 2kk + (i8&1).
+        constexpr int kSubQ = T::SWC / 2;  // k16 steps per swizzle span
+        uint32_t q_lb[kSubQ], k_lb[kSubQ];
+#pragma unroll
+        for (int s = 0; s < kSubQ; ++s) {
+            q_lb[s] = sQ + (i8 & 1) * T::kQGroupStride + r8 * T::ROWB + ((((2 * s) + (i8 >> 1)) ^ xq) << 4);
+            k_lb[s] = sK + (warp * KPW + (i8 >> 1) * 8 + r8) * T::ROWB + ((((2 * s) + (i8 & 1)) ^ xq) << 4);
+        }
+        // V (B operand via .trans, x4 = keys 0-7 x four n8 tiles): key r8, chunk 4*nt4 + i8.
+        constexpr int kSubV = T::SWC / 4 > 0 ? T::SWC / 4 : 1;
+        uint32_t v_lb[kSubV];
+#pragma unroll
+        for (int s = 0; s < kSubV; ++s)
+            v_lb[s] = sV + (warp * KPW + r8) * T::ROWB + ((((4 * s) + i8) ^ xq) << 4);
+
+        // ---- global -> shared staging ----
+        // Chunk i of this thread: tile row q_row(i), 16-byte chunk q_ch(i).
+        const bool q_loader = !T::QALIAS || warp * 8 < BR;
+        auto q_row = [&](int i) { return T::QALIAS ? warp * 8 + (lane + i * 32) / KC : (tid + i * kThreads) / KC; };
+        auto q_ch = [&](int i) { return T::QALIAS ? (lane + i * 32) % KC : (tid + i * kThreads) % KC; };
+        auto load_q_regs = [&](int ib, uint4 (&qr)[T::QCH]) {
+#pragma unroll
+            for (int i = 0; i < T::QCH; ++i) {
+                const int row = ib * BR + q_row(i), ch = q_ch(i);
+                qr[i] = make_uint4(0, 0, 0, 0);
+                if (q_loader && row < sg.sq && ch < kvalid_chunks)
+                    qr[i] = cuda::sm75::ldg_128_cg(qg + 2 * ((long long)row * p.q_rs + ch * 8));
+            }
+        };
+        auto store_q = [&](const uint4 (&qr)[T::QCH]) {
+            if (!q_loader) return;
+#pragma unroll
+            for (int i = 0; i < T::QCH; ++i) {
+                const int r = q_row(i);
+                cuda::sm75::sts_128(sQ + (r >> 3) * T::kQGroupStride + T::swz(r & 7, q_ch(i)), qr[i]);
+            }
+        };
+        // This warp's K/V slice of block j (warp-private: only this warp reads it).
+        auto load_kv = [&](int j) {
+            // The aliased tiles issue all K and V loads, then store; the others stage K, then V:
+            // with both in flight ptxas runs out of registers there (it spills a few bytes at head
+            // dim 64), while the aliased tiles spill with the split. Both are checked with -v.
+            if constexpr (T::QALIAS) {
+                uint4 kr[T::KVCH], vr[T::KVCH];
+#pragma unroll
+                for (int i = 0; i < T::KVCH; ++i) {
+                    const int c = lane + i * 32;
+                    const int r = c / KC, ch = c % KC;
+                    const int key = j * BC + warp * KPW + r;
+                    kr[i] = make_uint4(0, 0, 0, 0);
+                    vr[i] = make_uint4(0, 0, 0, 0);
+                    if (key < sg.sk && ch < kvalid_chunks) {
+                        kr[i] = cuda::sm75::ldg_128_cg(kg + 2 * ((long long)key * p.k_rs + ch * 8));
+                        vr[i] = cuda::sm75::ldg_128_cg(vg + 2 * ((long long)key * p.v_rs + ch * 8));
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < T::KVCH; ++i) {
+                    const int c = lane + i * 32;
+                    const uint32_t o = T::swz(warp * KPW + c / KC, c % KC);
+                    cuda::sm75::sts_128(sK + o, kr[i]);
+                    cuda::sm75::sts_128(sV + o, vr[i]);
+                }
+            } else {
+                for (int pass = 0; pass < 2; ++pass) {
+                    const char *src = pass ? vg : kg;
+                    const long long rs = pass ? p.v_rs : p.k_rs;
+                    const uint32_t dst = pass ? sV : sK;
+                    uint4 r[T::KVCH];
+#pragma unroll
+                    for (int i = 0; i < T::KVCH; ++i) {
+                        const int c = lane + i * 32;
+                        const int key = j * BC + warp * KPW + c / KC, ch = c % KC;
+                        r[i] = make_uint4(0, 0, 0, 0);
+                        if (key < sg.sk && ch < kvalid_chunks)
+                            r[i] = cuda::sm75::ldg_128_cg(src + 2 * ((long long)key * rs + ch * 8));
+                    }
+#pragma unroll
+                    for (int i = 0; i < T::KVCH; ++i) {
+                        const int c = lane + i * 32;
+                        cuda::sm75::sts_128(dst + T::swz(warp * KPW + c / KC, c % KC), r[i]);
+                    }
+                }
+            }
+            __syncwarp();
+        };
+
+        // ---- prologue: first active (j, ib) ----
+        int j = j_begin, ib = sg.ib_begin - 1;
+        {
+            int jj = j_begin, ii = sg.ib_begin - 1;
+            sg.next(jj, ii, j_end);  // scans from ib_begin at j_begin
+            j = jj;
+            ib = ii;
+        }
+        {
+            uint4 qr[T::QCH];
+            load_q_regs(ib, qr);
+            load_kv(j);
+            store_q(qr);
+        }
+        __syncthreads();
+
+        const float sl2 = p.score_log2;
+        const float neg_inf = -__int_as_float(0x7f800000);
+
+        while (j <= j_end) {
+            int jn = j, ibn = ib;
+            sg.next(jn, ibn, j_end);
+            const bool has_next = jn <= j_end;
+            const bool reload_q = has_next && (T::QALIAS || ibn != ib);
+
+            int fj, lj;
+            sg.range(ib, fj, lj);
+            const bool first = j == fj;
+            const bool last = j == lj;
+            const int r0 = ib * BR;
+
+            // Prefetch: this warp's slice of O_old and its copy of (m, l) for the block's rows.
+            float4 oold[MT][NOW];
+            float2 mlold[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                for (int n = 0; n < NOW; ++n) oold[mt][n] = make_float4(0.f, 0.f, 0.f, 0.f);
+                mlold[mt][0] = mlold[mt][1] = make_float2(neg_inf, 0.f);
+            }
+            if (!first) {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    const float *tile = oacc + (((long long)ib * MT + mt) * NO + warp * NOW) * 128;
+#pragma unroll
+                    for (int n = 0; n < NOW; ++n)
+                        oold[mt][n] = __ldcg(reinterpret_cast<const float4 *>(tile + (n * 32 + lane) * 4));
+                    if (t == 0) {
+#pragma unroll
+                        for (int hh = 0; hh < 2; ++hh)
+                            mlold[mt][hh] = __ldcg(mlg + (long long)(r0 + mt * 16 + g + 8 * hh) * kWarps + warp);
+                    }
+                }
+            }
+            uint4 qn[T::QCH];
+            if (!T::QALIAS && reload_q) load_q_regs(ibn, qn);
+
+            // ---- S = Q K_w^T (this warp's KPW keys, all BR rows) ----
+            float s[MT][NS][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int n = 0; n < NS; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                const int sub = kk % kSubQ;
+                const uint32_t imm = (kk / kSubQ) * (T::SWC * 16);
+                uint32_t qa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+                    cuda::sm75::ldsm_x4(qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3],
+                                        q_lb[sub] + imm + mt * 2 * T::kQGroupStride);
+#pragma unroll
+                for (int np = 0; np < NS / 2; ++np) {
+                    uint32_t b0, b1, b2, b3;
+                    cuda::sm75::ldsm_x4(b0, b1, b2, b3, k_lb[sub] + imm + np * 16 * T::ROWB);
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        cuda::sm75::mma_1688<E>(s[mt][2 * np], qa[mt][0], qa[mt][1], b0);
+                        cuda::sm75::mma_1688<E>(s[mt][2 * np], qa[mt][2], qa[mt][3], b1);
+                        cuda::sm75::mma_1688<E>(s[mt][2 * np + 1], qa[mt][0], qa[mt][1], b2);
+                        cuda::sm75::mma_1688<E>(s[mt][2 * np + 1], qa[mt][2], qa[mt][3], b3);
+                    }
+                }
+            }
+
+            // ---- soft cap, mask, row maxima of this warp's part ----
+            if (p.cap_mul != 0.f) {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int n = 0; n < NS; ++n)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) s[mt][n][e] = cuda::sm75::tanh_acc(s[mt][n][e] * p.cap_mul);
+            }
+            if (sg.needs_mask(ib, j)) {
+                const int kbase = j * BC + warp * KPW + 2 * t;
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const int row = r0 + mt * 16 + g + 8 * hh;
+                        const int klo = sg.lo(row), khi = sg.hi(row);
+#pragma unroll
+                        for (int n = 0; n < NS; ++n)
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                const int key = kbase + n * 8 + e;
+                                if (key < klo || key > khi) s[mt][n][2 * hh + e] = neg_inf;
+                            }
+                    }
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    float m = neg_inf;
+#pragma unroll
+                    for (int n = 0; n < NS; ++n) m = fmaxf(m, fmaxf(s[mt][n][2 * hh], s[mt][n][2 * hh + 1]));
+                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                    if (t == 0) smax[warp * BR + mt * 16 + g + 8 * hh] = m;
+                }
+            __syncthreads();  // (A) row maxima of all warps visible; every warp is done reading Q
+
+            if (!T::QALIAS && reload_q) store_q(qn);  // visible after barrier (B)
+
+            // ---- m_new, P = exp(S - m_new), partial row sums ----
+            float mnew[MT][2], moff[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int rl = mt * 16 + g + 8 * hh;
+                    float m = __shfl_sync(0xffffffffu, mlold[mt][hh].x, lane & ~3);
+#pragma unroll
+                    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, smax[w * BR + rl]);
+                    mnew[mt][hh] = m;
+                    moff[mt][hh] = m == neg_inf ? 0.f : m * sl2;
+                }
+            uint32_t pa[MT][NS][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                float ls0 = 0.f, ls1 = 0.f;
+#pragma unroll
+                for (int n = 0; n < NS; ++n) {
+                    const float p0 = cuda::sm75::ex2(fmaf(s[mt][n][0], sl2, -moff[mt][0]));
+                    const float p1 = cuda::sm75::ex2(fmaf(s[mt][n][1], sl2, -moff[mt][0]));
+                    const float p2 = cuda::sm75::ex2(fmaf(s[mt][n][2], sl2, -moff[mt][1]));
+                    const float p3 = cuda::sm75::ex2(fmaf(s[mt][n][3], sl2, -moff[mt][1]));
+                    ls0 += p0 + p1;
+                    ls1 += p2 + p3;
+                    pa[mt][n][0] = cuda::sm75::pack2<E>(p0, p1);
+                    pa[mt][n][1] = cuda::sm75::pack2<E>(p2, p3);
+                }
+                ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1);
+                ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
+                ls1 += __shfl_xor_sync(0xffffffffu, ls1, 1);
+                ls1 += __shfl_xor_sync(0xffffffffu, ls1, 2);
+                if (t == 0) {
+                    ssum[warp * BR + mt * 16 + g] = ls0;
+                    ssum[warp * BR + mt * 16 + g + 8] = ls1;
+                }
+            }
+
+            // ---- partial O_w = P_w V_w over all D columns, then its reduction ----
+            // The columns are produced in NH groups (each a whole number of owners' slices) to
+            // bound the live accumulators; each group's slices owned by other warps go straight to
+            // the reduction buffer. Slot (owner q, source s, mt, n) holds one fragment per lane:
+            // 512 contiguous bytes, so every access is a conflict-free 16-byte one.
+            float4 own[MT][NOW];
+            constexpr int kSubVn = T::SWC / 4 > 0 ? T::SWC / 4 : 1;
+            // The group holding this warp's own columns goes last: its accumulators then never
+            // live alongside the partial products of another group.
+#pragma unroll
+            for (int gi = 0; gi < T::NH; ++gi) {
+                constexpr int NG = NO / T::NH;  // n8 tiles per group
+                static_assert((NG / 4) % kSubVn == 0, "V swizzle runs align with the groups");
+                const int grp = T::NH == 1 ? 0 : (warp / (kWarps / T::NH) + 1 + gi) % T::NH;
+                float o[MT][NG][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int n = 0; n < NG; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+#pragma unroll
+                for (int kc = 0; kc < NS; ++kc) {
+#pragma unroll
+                    for (int g4 = 0; g4 < NG / 4; ++g4) {
+                        const int sub = g4 % kSubVn;  // grp * (NG / 4) is a multiple of kSubVn
+                        const uint32_t imm = (grp * (NG / 4) / kSubVn + g4 / kSubVn) * (T::SWC * 16) +
+                                             kc * 8 * T::ROWB;
+                        uint32_t b0, b1, b2, b3;
+                        cuda::sm75::ldsm_x4_trans(b0, b1, b2, b3, v_lb[sub] + imm);
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) {
+                            cuda::sm75::mma_1688<E>(o[mt][4 * g4 + 0], pa[mt][kc][0], pa[mt][kc][1], b0);
+                            cuda::sm75::mma_1688<E>(o[mt][4 * g4 + 1], pa[mt][kc][0], pa[mt][kc][1], b1);
+                            cuda::sm75::mma_1688<E>(o[mt][4 * g4 + 2], pa[mt][kc][0], pa[mt][kc][1], b2);
+                            cuda::sm75::mma_1688<E>(o[mt][4 * g4 + 3], pa[mt][kc][0], pa[mt][kc][1], b3);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int qq = 0; qq < kWarps / T::NH; ++qq) {
+                    const int q = grp * (kWarps / T::NH) + qq;  // owner warp of these columns
+                    if (q == warp) {
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                            for (int n = 0; n < NOW; ++n)
+                                own[mt][n] = make_float4(o[mt][qq * NOW + n][0], o[mt][qq * NOW + n][1],
+                                                         o[mt][qq * NOW + n][2], o[mt][qq * NOW + n][3]);
+                    } else {
+                        const int src = warp < q ? warp : warp - 1;
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                            for (int n = 0; n < NOW; ++n)
+                                cuda::sm75::sts_f32x4(
+                                    sRed + ((((q * (kWarps - 1) + src) * MT + mt) * NOW + n) * 32 + lane) * 16,
+                                    o[mt][qq * NOW + n][0], o[mt][qq * NOW + n][1], o[mt][qq * NOW + n][2],
+                                    o[mt][qq * NOW + n][3]);
+                    }
+                }
+            }
+
+            if (T::QALIAS && reload_q) load_q_regs(ibn, qn);  // lands during the reduction
+            __syncthreads();  // (B) partial products and row sums of all warps visible
+
+#pragma unroll
+            for (int src = 0; src < kWarps - 1; ++src)
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int n = 0; n < NOW; ++n) {
+                        const float4 x = cuda::sm75::lds_f32x4(
+                            sRed + ((((warp * (kWarps - 1) + src) * MT + mt) * NOW + n) * 32 + lane) * 16);
+                        own[mt][n].x += x.x;
+                        own[mt][n].y += x.y;
+                        own[mt][n].z += x.z;
+                        own[mt][n].w += x.w;
+                    }
+
+            // ---- FA1 update of this warp's columns: O = (l_old e^(m_old-m_new) O_old + PV) / l_new ----
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                float cold[2], cnew[2], lnew[2];
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int rl = mt * 16 + g + 8 * hh;
+                    const float mo = __shfl_sync(0xffffffffu, mlold[mt][hh].x, lane & ~3);
+                    const float lo = __shfl_sync(0xffffffffu, mlold[mt][hh].y, lane & ~3);
+                    float lb = 0.f;
+#pragma unroll
+                    for (int w = 0; w < kWarps; ++w) lb += ssum[w * BR + rl];
+                    const float alpha = mo == neg_inf ? 0.f : cuda::sm75::ex2((mo - mnew[mt][hh]) * sl2);
+                    const float ln = alpha * lo + lb;
+                    const float inv = ln > 0.f ? 1.f / ln : 0.f;
+                    cold[hh] = alpha * lo * inv;
+                    cnew[hh] = inv;
+                    lnew[hh] = ln;
+                }
+#pragma unroll
+                for (int n = 0; n < NOW; ++n) {
+                    own[mt][n].x = fmaf(cold[0], oold[mt][n].x, cnew[0] * own[mt][n].x);
+                    own[mt][n].y = fmaf(cold[0], oold[mt][n].y, cnew[0] * own[mt][n].y);
+                    own[mt][n].z = fmaf(cold[1], oold[mt][n].z, cnew[1] * own[mt][n].z);
+                    own[mt][n].w = fmaf(cold[1], oold[mt][n].w, cnew[1] * own[mt][n].w);
+                }
+                if (last) {
+                    // Final: the caller's dtype straight from registers, and the LSE.
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const int row = r0 + mt * 16 + g + 8 * hh;
+                        if (row < sg.sq) {
+                            char *orow = og + 2 * (long long)row * p.o_rs;
+#pragma unroll
+                            for (int n = 0; n < NOW; ++n) {
+                                const int col = (warp * NOW + n) * 8 + 2 * t;
+                                if (col < p.head_dim) {
+                                    const uint32_t v = hh == 0 ? cuda::sm75::pack2<E>(own[mt][n].x, own[mt][n].y)
+                                                               : cuda::sm75::pack2<E>(own[mt][n].z, own[mt][n].w);
+                                    *reinterpret_cast<uint32_t *>(orow + 2 * col) = v;
+                                }
+                            }
+                            if (lseg != nullptr && warp == 0 && t == 0)
+                                lseg[row] = lnew[hh] > 0.f
+                                                ? (mnew[mt][hh] * sl2 + cuda::sm75::lg2(lnew[hh])) * 0.6931471805599453f
+                                                : neg_inf;
+                        }
+                    }
+                } else {
+                    float *tile = oacc + (((long long)ib * MT + mt) * NO + warp * NOW) * 128;
+#pragma unroll
+                    for (int n = 0; n < NOW; ++n)
+                        __stcg(reinterpret_cast<float4 *>(tile + (n * 32 + lane) * 4), own[mt][n]);
+                    if (t == 0) {
+#pragma unroll
+                        for (int hh = 0; hh < 2; ++hh)
+                            __stcg(mlg + (long long)(r0 + mt * 16 + g + 8 * hh) * kWarps + warp,
+                                   make_float2(mnew[mt][hh], lnew[hh]));
+                    }
+                }
+            }
+
+            if (T::QALIAS && reload_q) {
+                __syncwarp();  // every lane of this warp is done reading its slots
+                store_q(qn);   // this warp's Q row group goes into its own slots
+            }
+            if (has_next && jn != j) load_kv(jn);  // this warp's slice; it finished reading it
+            if (T::QALIAS && reload_q) __syncthreads();  // (C) Q of the next step visible
+            j = jn;
+            ib = ibn;
+        }
+    }
+};
+
+template <class T, class E>
+__global__ void __launch_bounds__(kThreads) fa1_fwd_kernel(const Params p) {
+    extern __shared__ __align__(128) char fa1_smem[];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    if constexpr (std::is_same<E, BHalf>::value) {
+        return;  // no bf16 tensor cores on sm_75; the host never launches this there
+    } else
+#endif
+    {
+        Fwd<T, E>::run(p, fa1_smem);
+    }
+}
+
+template <class T>
+Config tile_config(bool large) {
+    Config c;
+    c.head_dim = T::D;
+    c.block_m = T::BR;
+    c.keys_per_warp = T::KPW;
+    c.smem_bytes = T::kSmemBytes;
+    c.large = large;
+    return c;
+}
+
+template <class T>
+void *tile_kernel(bool bf16) {
+    return bf16 ? reinterpret_cast<void *>(&fa1_fwd_kernel<T, BHalf>)
+                : reinterpret_cast<void *>(&fa1_fwd_kernel<T, Half>);
+}
+
+template <class T>
+cudaError_t tile_prepare(bool bf16) {
+    if (T::kSmemBytes <= 48 * 1024) return cudaSuccess;
+    return cudaFuncSetAttribute(tile_kernel<T>(bf16), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                T::kSmemBytes);
+}
+
+template <class T>
+cudaError_t tile_launch(const Params &p, bool bf16, cudaStream_t stream) {
+    const cudaError_t err = tile_prepare<T>(bf16);
+    if (err != cudaSuccess) return err;
+    const long long ctas = (long long)p.splits * p.heads_q * p.batch;
+    if (ctas <= 0) return cudaSuccess;
+    const dim3 grid(static_cast<unsigned>(ctas));
+    if (bf16)
+        fa1_fwd_kernel<T, BHalf><<<grid, kThreads, T::kSmemBytes, stream>>>(p);
+    else
+        fa1_fwd_kernel<T, Half><<<grid, kThreads, T::kSmemBytes, stream>>>(p);
+    return cudaSuccess;
+}
+
+template <class T>
+cudaError_t tile_attributes(bool bf16, cudaFuncAttributes *attr) {
+    return cudaFuncGetAttributes(attr, tile_kernel<T>(bf16));
+}
+
+template <class T>
+cudaError_t tile_occupancy(bool bf16, int *blocks) {
+    const cudaError_t err = tile_prepare<T>(bf16);
+    if (err != cudaSuccess) return err;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, tile_kernel<T>(bf16), kThreads,
+                                                         T::kSmemBytes);
+}
+
+// Defines the per-head-dim entry points of fa1_params.h for a large and a small tile.
+#define FA1_DEFINE_HDIM(HD, LARGE, SMALL)                                                       \
+    Config config_hdim##HD(bool large) {                                                        \
+        return large ? tile_config<LARGE>(true) : tile_config<SMALL>(false);                    \
+    }                                                                                           \
+    cudaError_t launch_hdim##HD(const Params &p, bool large, bool bf16, cudaStream_t s) {       \
+        return large ? tile_launch<LARGE>(p, bf16, s) : tile_launch<SMALL>(p, bf16, s);         \
+    }                                                                                           \
+    cudaError_t func_attributes_hdim##HD(bool large, bool bf16, cudaFuncAttributes *attr) {     \
+        return large ? tile_attributes<LARGE>(bf16, attr) : tile_attributes<SMALL>(bf16, attr); \
+    }                                                                                           \
+    cudaError_t occupancy_hdim##HD(bool large, bool bf16, int *blocks) {                        \
+        return large ? tile_occupancy<LARGE>(bf16, blocks) : tile_occupancy<SMALL>(bf16, blocks); \
+    }
+
+}  // namespace fa1
+}  // namespace flashattn
