@@ -356,21 +356,28 @@ int main(void) {
     printf("numerics on backend %s, seed %llu (set FLASHATTN_TEST_SEED to change)\n",
            test_backend_name(TEST_BACKEND), (unsigned long long)g_seed);
 
+    /* FLASHATTN_TEST_REDUCED=1 keeps every third case of at most 128 x 256 scores per head: the
+     * grid compute-sanitizer runs (its tools slow kernels down 10-100x). */
+    const char *reduced_env = getenv("FLASHATTN_TEST_REDUCED");
+    const int reduced = reduced_env != NULL && reduced_env[0] != '\0' && strcmp(reduced_env, "0") != 0;
+    size_t n = 0, small = 0;
     for (i = 0; i < NUM_CASES; ++i) {
-        name_case(names[i], sizeof names[i], &grid[i]);
-        tests[i].name = names[i];
-        tests[i].test_func = run_case;
-        tests[i].setup_func = NULL;
-        tests[i].teardown_func = NULL;
-        tests[i].initial_state = (void *)&grid[i];
+        if (reduced && (grid[i].c.seqlen_q * grid[i].c.seqlen_k > 128 * 256 || small++ % 3 != 0)) continue;
+        name_case(names[n], sizeof names[n], &grid[i]);
+        tests[n].name = names[n];
+        tests[n].test_func = run_case;
+        tests[n].setup_func = NULL;
+        tests[n].teardown_func = NULL;
+        tests[n].initial_state = (void *)&grid[i];
+        ++n;
     }
     if (TEST_BACKEND == FLASHATTN_BACKEND_CPU) {
-        tests[NUM_CASES].name = "varlen_cu_seqlens_validation";
-        tests[NUM_CASES].test_func = varlen_validation;
-        tests[NUM_CASES].setup_func = NULL;
-        tests[NUM_CASES].teardown_func = NULL;
-        tests[NUM_CASES].initial_state = NULL;
-        return _cmocka_run_group_tests(test_backend_name(TEST_BACKEND), tests, NUM_CASES + 1, NULL, NULL);
+        tests[n].name = "varlen_cu_seqlens_validation";
+        tests[n].test_func = varlen_validation;
+        tests[n].setup_func = NULL;
+        tests[n].teardown_func = NULL;
+        tests[n].initial_state = NULL;
+        ++n;
     }
-    return _cmocka_run_group_tests(test_backend_name(TEST_BACKEND), tests, NUM_CASES, NULL, NULL);
+    return _cmocka_run_group_tests(test_backend_name(TEST_BACKEND), tests, n, NULL, NULL);
 }

@@ -20,18 +20,35 @@ constexpr TileConfig prefill_config(int kD) {
     return kD <= 32    ? TileConfig{32, 128, 128, 4, 2, 2}
            : kD <= 64  ? TileConfig{64, 128, 128, 4, 2, 2}
            : kD <= 96  ? TileConfig{96, 128, 64, 4, 2, 2}
-           : kD <= 128 ? TileConfig{128, 128, 64, 4, 2, 2}
+           : kD <= 128 ? TileConfig{128, 128, 64, 4, 1, 2}
            : kD <= 160 ? TileConfig{160, 128, 64, 8, 2, 1}
            : kD <= 192 ? TileConfig{192, 128, 64, 8, 2, 1}
-           : kD <= 224 ? TileConfig{224, 128, 64, 8, 2, 1}
+           : kD <= 224 ? TileConfig{224, 128, 64, 8, 1, 1}
                        : TileConfig{256, 64, 64, 4, 1, 2};
 }
 
-// Small-M configuration for decode-like problems (few query rows, packed GQA heads): one m16 tile
-// per warp so that idle warps skip their math, double-buffered K/V. Compiled for kD 64 and 128;
-// larger head dims already use one m16 tile per warp in their main configuration.
-constexpr TileConfig decode_config(int kD) {
-    return kD <= 64 ? TileConfig{64, 64, 128, 4, 2, 2} : TileConfig{128, 64, 64, 4, 2, 2};
+// Small configurations: one m16 tile per warp and a 64-row query tile. Used for decode-like
+// problems (at most 64 packed query rows: idle warps skip their math), and for head dims above
+// 128 on devices whose per-block shared memory (99 KB on sm_86/sm_89) cannot hold the main
+// configuration. kD <= 64 and kD <= 128 share the 64 / 128 variants; head dim 256 has none (its
+// main configuration is already 64 x 64).
+constexpr TileConfig small_config(int kD) {
+    return kD <= 64    ? TileConfig{64, 64, 128, 4, 2, 2}
+           : kD <= 128 ? TileConfig{128, 64, 64, 4, 2, 2}
+           : kD <= 160 ? TileConfig{160, 64, 64, 4, 1, 2}
+           : kD <= 192 ? TileConfig{192, 64, 64, 4, 1, 2}
+           : kD <= 224 ? TileConfig{224, 64, 64, 4, 1, 2}
+                       : TileConfig{256, 64, 64, 4, 1, 2};
+}
+
+constexpr bool same_config(const TileConfig &a, const TileConfig &b) {
+    return a.head_dim == b.head_dim && a.block_m == b.block_m && a.block_n == b.block_n &&
+           a.warps == b.warps && a.stages == b.stages && a.min_blocks == b.min_blocks;
+}
+
+// Whether head dim kD has a separately compiled small variant.
+constexpr bool has_small_variant(int kD) {
+    return small_config(kD).head_dim == kD && !same_config(small_config(kD), prefill_config(kD));
 }
 
 constexpr int smem_bytes(const TileConfig &c) {

@@ -5,8 +5,8 @@
 namespace flashattn {
 namespace fa2 {
 
-cudaError_t launch_fwd_hdim64(const Params &p, bool bf16, bool decode, cudaStream_t s) {
-    return launch_hdim<64>(p, bf16, decode, s);
+cudaError_t launch_fwd_hdim64(const Params &p, bool bf16, bool small, cudaStream_t s) {
+    return launch_hdim<64>(p, bf16, small, s);
 }
 
 }  // namespace fa2

@@ -5,8 +5,8 @@
 namespace flashattn {
 namespace fa2 {
 
-cudaError_t launch_fwd_hdim96(const Params &p, bool bf16, bool decode, cudaStream_t s) {
-    return launch_hdim<96>(p, bf16, decode, s);
+cudaError_t launch_fwd_hdim96(const Params &p, bool bf16, bool small, cudaStream_t s) {
+    return launch_hdim<96>(p, bf16, small, s);
 }
 
 }  // namespace fa2

@@ -46,29 +46,23 @@ struct Params {
     // Key j is visible to query i iff i+off-left <= j <= i+off+right (off = sk - sq), j in [0, sk).
     int64_t right = kUnbounded;
     int64_t left = kUnbounded;
+    int32_t right_i = 1 << 29;  // the same clamped to 2^29 for the per-element mask (seqlens < 2^28)
+    int32_t left_i = 1 << 29;
 
     float scale_log2 = 0.f;     // exp2 multiplier of the stored scores (scale*log2e, or cap*log2e)
     float softcap_scale = 0.f;  // 0: no softcap; else scale/cap (scores become tanh(raw*scale/cap))
 };
 
-// One compiled kernel variant.
-struct Variant {
-    int head_dim = 0;   // compiled head dim (kD)
-    bool decode = false; // the small-M (64-row, one m16 tile per warp) config
-    int block_m = 0;
-    int block_n = 0;
-    int ctas_per_sm = 1; // expected residency, for the split heuristic
-};
-
-// Launchers, one per compiled head dim (fa2_fwd_hdim*.cu). `bf16` picks the element type.
-cudaError_t launch_fwd_hdim32(const Params &p, bool bf16, bool decode, cudaStream_t s);
-cudaError_t launch_fwd_hdim64(const Params &p, bool bf16, bool decode, cudaStream_t s);
-cudaError_t launch_fwd_hdim96(const Params &p, bool bf16, bool decode, cudaStream_t s);
-cudaError_t launch_fwd_hdim128(const Params &p, bool bf16, bool decode, cudaStream_t s);
-cudaError_t launch_fwd_hdim160(const Params &p, bool bf16, bool decode, cudaStream_t s);
-cudaError_t launch_fwd_hdim192(const Params &p, bool bf16, bool decode, cudaStream_t s);
-cudaError_t launch_fwd_hdim224(const Params &p, bool bf16, bool decode, cudaStream_t s);
-cudaError_t launch_fwd_hdim256(const Params &p, bool bf16, bool decode, cudaStream_t s);
+// Launchers, one per compiled head dim (fa2_fwd_hdim*.cu). `bf16` picks the element type, `small`
+// the small configuration (fa2_config.h) where one is compiled.
+cudaError_t launch_fwd_hdim32(const Params &p, bool bf16, bool small, cudaStream_t s);
+cudaError_t launch_fwd_hdim64(const Params &p, bool bf16, bool small, cudaStream_t s);
+cudaError_t launch_fwd_hdim96(const Params &p, bool bf16, bool small, cudaStream_t s);
+cudaError_t launch_fwd_hdim128(const Params &p, bool bf16, bool small, cudaStream_t s);
+cudaError_t launch_fwd_hdim160(const Params &p, bool bf16, bool small, cudaStream_t s);
+cudaError_t launch_fwd_hdim192(const Params &p, bool bf16, bool small, cudaStream_t s);
+cudaError_t launch_fwd_hdim224(const Params &p, bool bf16, bool small, cudaStream_t s);
+cudaError_t launch_fwd_hdim256(const Params &p, bool bf16, bool small, cudaStream_t s);
 // Split-KV combine (fa2_merge.cu).
 cudaError_t launch_merge(const Params &p, bool bf16, cudaStream_t s);
 
