@@ -24,20 +24,20 @@ for stage in $stages; do
       t0=$(date +%s)
       cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DFLASHATTN_FA1_ARCHS="${FA1_ARCHS:-90-real}" -DFLASHATTN_FA2_ARCHS="${FA2_ARCHS:-90-real}" \
-        -DFLASHATTN_FA3_ARCHS="${FA3_ARCHS:-90a-real}" > "$out/configure.log" 2>&1 \
+        -DFLASHATTN_FA3_ARCHS="${FA3_ARCHS:-90a-real}" -DFLASHATTN_BENCH_CUDA_ARCHS=90-real > "$out/configure.log" 2>&1 \
         && cmake --build "$build" -j 16 > "$out/build.log" 2>&1
       rc=$?; note "build rc=$rc in $(( $(date +%s) - t0 ))s"
       [ $rc = 0 ] || { tail -40 "$out/build.log"; break; }
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
       ;;
     tests)
-      ctest --test-dir "$build" --output-on-failure -j 4 > "$out/ctest.log" 2>&1
+      ctest --test-dir "$build" --output-on-failure -j 6 ${CTEST_ARGS:-} > "$out/ctest.log" 2>&1
       note "ctest rc=$? $(grep -E 'tests passed' "$out/ctest.log")"
       grep -E 'Failed|Skipped|Not Run|Passed' "$out/ctest.log" | grep -E '^ *[0-9]+/' | sed 's/^/   /'
       ;;
     sanitize)
       for gen in ${SANITIZE_GENS:-fa1 fa2}; do
-        for tool in memcheck racecheck synccheck; do
+        for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
           FLASHATTN_TEST_REDUCED=1 compute-sanitizer --tool $tool --error-exitcode 99 \
             "$build/tests/test_numerics_$gen" > "$out/sanitize-$gen-$tool.log" 2>&1
           note "compute-sanitizer $tool $gen rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$gen-$tool.log" | tail -1)"
