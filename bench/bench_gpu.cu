@@ -147,11 +147,11 @@ __global__ void bshd_to_bhsd_kernel(const uint4 *in, uint4 *out, int64_t b, int6
     const int64_t total = b * s * h * d16;
     for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
          idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        int64_t t = idx;
+        int64_t t = idx;  // idx walks the input, [b, s, h, d16]
         const int64_t x = t % d16; t /= d16;
-        const int64_t si = t % s; t /= s;
-        const int64_t hi = t % h;
-        const int64_t bi = t / h;
+        const int64_t hi = t % h; t /= h;
+        const int64_t si = t % s;
+        const int64_t bi = t / s;
         out[((bi * h + hi) * s + si) * d16 + x] = in[idx];
     }
 }
