@@ -30,18 +30,6 @@ constexpr int32_t kMaxThreads = 1024;  // upper bound on worker threads (and wor
 // cost more than it saves.
 constexpr double kSerialMacs = 1 << 20;
 
-size_t dtype_bytes(flashattn_dtype_t dtype) {
-    switch (dtype) {
-    case FLASHATTN_DTYPE_FP32:
-        return 4;
-    case FLASHATTN_DTYPE_FP16:
-    case FLASHATTN_DTYPE_BF16:
-        return 2;
-    default:
-        return 1;
-    }
-}
-
 size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
 cpu::TileShape choose_shape(const Problem &p) {
@@ -255,7 +243,7 @@ flashattn_status_t execute_impl(const Problem &p, const Schedule &s, const Tenso
     job.tiles = tiles_per_sequence(p, shape.block_m, job.pack);
     job.units = p.batch * (p.heads_q / job.pack);
     job.items = job.tiles * job.units;
-    job.elem = dtype_bytes(p.dtype);
+    job.elem = p.element_size();
     job.slot_bytes = round_up(cpu::scratch_bytes(p, shape), kSlotAlign);
     if (job.items <= 0) return FLASHATTN_SUCCESS;
 
