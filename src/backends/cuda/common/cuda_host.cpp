@@ -130,6 +130,21 @@ flashattn_status_t check_host_tensors(const Problem &p, const Tensors &t) {
     return FLASHATTN_SUCCESS;
 }
 
+DeviceGuard::DeviceGuard(int device) {
+    if (cudaGetDevice(&saved_) != cudaSuccess) {
+        cudaGetLastError();
+        saved_ = -1;
+    }
+    if (saved_ != device) {
+        err_ = cudaSetDevice(device);
+        switched_ = err_ == cudaSuccess;
+    }
+}
+
+DeviceGuard::~DeviceGuard() {
+    if (switched_ && saved_ >= 0) cudaSetDevice(saved_);
+}
+
 flashattn_status_t check_launch(const char *kernel_name) {
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return cuda_fail(err, kernel_name);

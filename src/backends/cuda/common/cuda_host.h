@@ -19,6 +19,22 @@ flashattn_status_t query_device(int32_t device, DeviceInfo *out);
 // cu_seqlens 4-byte), and strides must keep rows 16-byte aligned. Names the argument on failure.
 flashattn_status_t check_device_tensors(const Problem &p, const Tensors &t);
 
+// Makes `device` current on the calling thread for a GPU execute's launches and restores the
+// caller's current device when it goes out of scope (execute must not change the caller's state).
+class DeviceGuard {
+public:
+    explicit DeviceGuard(int device);
+    ~DeviceGuard();
+    DeviceGuard(const DeviceGuard &) = delete;
+    DeviceGuard &operator=(const DeviceGuard &) = delete;
+    cudaError_t error() const { return err_; }
+
+private:
+    int saved_ = -1;
+    bool switched_ = false;
+    cudaError_t err_ = cudaSuccess;
+};
+
 // Launch bookkeeping: returns FLASHATTN_ERROR_DEVICE if the last launch failed.
 flashattn_status_t check_launch(const char *kernel_name);
 

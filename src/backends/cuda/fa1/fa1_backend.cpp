@@ -89,30 +89,6 @@ size_t ml_bytes(const Problem &p, const fa1::Config &c) {
     return align256(static_cast<size_t>(p.heads_q) * workspace_rows(p, c.block_m) * fa1::kWarps * 2 * sizeof(float));
 }
 
-// Restores the calling thread's current device on scope exit.
-class DeviceScope {
-public:
-    explicit DeviceScope(int device) {
-        if (cudaGetDevice(&saved_) != cudaSuccess) {
-            cudaGetLastError();
-            saved_ = -1;
-        }
-        if (saved_ != device) {
-            err_ = cudaSetDevice(device);
-            switched_ = err_ == cudaSuccess;
-        }
-    }
-    ~DeviceScope() {
-        if (switched_ && saved_ >= 0) cudaSetDevice(saved_);
-    }
-    cudaError_t error() const { return err_; }
-
-private:
-    int saved_ = -1;
-    bool switched_ = false;
-    cudaError_t err_ = cudaSuccess;
-};
-
 std::string fa1_unsupported(const Problem &p, const DeviceInfo &dev) {
     if (!dev.present) return "no usable CUDA device (" + dev.absent_reason + ")";
     const int cc = dev.cc_major * 10 + dev.cc_minor;
@@ -142,7 +118,7 @@ std::string fa1_unsupported(const Problem &p, const DeviceInfo &dev) {
                std::to_string(dev.smem_per_block_optin);
     }
     // The library must hold machine code this device can run.
-    DeviceScope scope(dev.device);
+    DeviceGuard scope(dev.device);
     if (scope.error() != cudaSuccess) {
         cudaGetLastError();
         return std::string("fa1 could not select the device: ") + cudaGetErrorString(scope.error());
@@ -195,7 +171,7 @@ flashattn_status_t fa1_execute(const Problem &p, const Schedule &s, const Tensor
     if (t.workspace_bytes < oacc_bytes(p, c) + ml_bytes(p, c))
         return fail(FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE, "fa1: workspace_bytes is below the plan's need");
 
-    DeviceScope scope(p.device);
+    DeviceGuard scope(p.device);
     if (scope.error() != cudaSuccess) return cuda_fail(scope.error(), "fa1: cudaSetDevice");
     int sms = 0;
     const cudaError_t aerr = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device);

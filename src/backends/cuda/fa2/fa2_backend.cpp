@@ -156,26 +156,6 @@ cudaError_t launch_variant(const fa2::Params &k, const Plan &pl, bool bf16, cuda
     }
 }
 
-// Makes p.device current for the launches and restores the caller's device afterwards.
-class DeviceGuard {
-public:
-    explicit DeviceGuard(int device) {
-        if (cudaGetDevice(&prev_) == cudaSuccess && prev_ != device) {
-            err_ = cudaSetDevice(device);
-            switched_ = err_ == cudaSuccess;
-        }
-    }
-    ~DeviceGuard() {
-        if (switched_) cudaSetDevice(prev_);
-    }
-    cudaError_t error() const { return err_; }
-
-private:
-    int prev_ = -1;
-    bool switched_ = false;
-    cudaError_t err_ = cudaSuccess;
-};
-
 flashattn_status_t fa2_execute(const Problem &p, const Schedule &s, const Tensors &t) {
     FLASHATTN_TRY(check_device_tensors(p, t));
     if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0 || (p.varlen && p.total_q == 0))
