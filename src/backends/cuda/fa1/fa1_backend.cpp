@@ -8,6 +8,7 @@
 #include <string>
 
 #include "backends/cuda/common/cuda_host.h"
+#include "backends/cuda/common/tensor_args.h"
 #include "backends/cuda/fa1/fa1_params.h"
 #include "capi/error.h"
 #include "dispatch/backend.h"
@@ -178,26 +179,10 @@ flashattn_status_t fa1_execute(const Problem &p, const Schedule &s, const Tensor
     if (aerr != cudaSuccess) return cuda_fail(aerr, "fa1: cudaDeviceGetAttribute");
 
     fa1::Params prm;
-    prm.q = t.q;
-    prm.k = t.k;
-    prm.v = t.v;
-    prm.o = t.o;
-    prm.lse = t.lse;
-    prm.cu_q = t.cu_seqlens_q;
-    prm.cu_k = t.cu_seqlens_k;
+    fill_tensor_args(p, t, &prm);
     prm.o_acc = static_cast<float *>(t.workspace);
     prm.ml = reinterpret_cast<float2 *>(static_cast<char *>(t.workspace) + oacc_bytes(p, c));
     prm.ws_rows = workspace_rows(p, c.block_m);
-    prm.q_bs = p.q.batch, prm.q_rs = p.q.row, prm.q_hs = p.q.head;
-    prm.k_bs = p.k.batch, prm.k_rs = p.k.row, prm.k_hs = p.k.head;
-    prm.v_bs = p.v.batch, prm.v_rs = p.v.row, prm.v_hs = p.v.head;
-    prm.o_bs = p.o.batch, prm.o_rs = p.o.row, prm.o_hs = p.o.head;
-    prm.batch = static_cast<int32_t>(p.batch);
-    prm.seqlen_q = static_cast<int32_t>(p.seqlen_q);
-    prm.seqlen_k = static_cast<int32_t>(p.seqlen_k);
-    prm.heads_q = static_cast<int32_t>(p.heads_q);
-    prm.group = static_cast<int32_t>(p.group_size());
-    prm.head_dim = static_cast<int32_t>(p.head_dim);
     prm.varlen = p.varlen ? 1 : 0;
     prm.total_q = static_cast<int32_t>(p.varlen ? p.total_q : 0);
 
@@ -207,15 +192,6 @@ flashattn_status_t fa1_execute(const Problem &p, const Schedule &s, const Tensor
     prm.left = extent(p.window_left);
     prm.right = extent(p.window_right);
     if (p.causal) prm.right = std::min<int32_t>(prm.right, 0);
-
-    const double log2e = 1.4426950408889634;
-    if (p.softcap > 0.0) {
-        prm.score_log2 = static_cast<float>(p.softcap * log2e);
-        prm.cap_mul = static_cast<float>(p.scale / p.softcap);
-    } else {
-        prm.score_log2 = static_cast<float>(p.scale * log2e);
-        prm.cap_mul = 0.f;
-    }
 
     const int64_t nqb = ceil_div(p.seqlen_q, c.block_m);
     if (nqb == 0 || p.batch == 0) return FLASHATTN_SUCCESS;  // nothing to compute

@@ -424,13 +424,13 @@ struct Fwd {
             }
 
             // ---- soft cap, mask, row maxima of this warp's part ----
-            if (p.cap_mul != 0.f) {
+            if (p.softcap_scale != 0.f) {
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                     for (int n = 0; n < NS; ++n)
 #pragma unroll
-                        for (int e = 0; e < 4; ++e) s[mt][n][e] = cuda::sm75::tanh_acc(s[mt][n][e] * p.cap_mul);
+                        for (int e = 0; e < 4; ++e) s[mt][n][e] = cuda::sm75::tanh_acc(s[mt][n][e] * p.softcap_scale);
             }
             if (sg.needs_mask(ib, j)) {
                 const int kbase = j * BC + warp * KPW + 2 * t;

@@ -7,6 +7,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "backends/cuda/common/tensor_args.h"
+
 namespace flashattn {
 namespace fa1 {
 
@@ -17,33 +19,13 @@ constexpr int kThreads = kWarps * 32;
 // "Unbounded" window extent: far beyond any sequence length, small enough for int32 sums.
 constexpr int32_t kUnbounded = 1 << 30;
 
-struct Params {
-    const void *q = nullptr;
-    const void *k = nullptr;
-    const void *v = nullptr;
-    void *o = nullptr;
-    float *lse = nullptr;           // optional: [batch][heads_q][seqlen_q], or [heads_q][total_q]
-    const int32_t *cu_q = nullptr;  // varlen only (device, batch+1 entries)
-    const int32_t *cu_k = nullptr;
-
+struct Params : TensorArgs {
     // Workspace: the FA1 partial output (fp32, normalised, fragment-native order) and the running
     // softmax statistics (m, l) per row, one copy per warp. See ws_row_start() for the row layout.
     float *o_acc = nullptr;  // [heads_q][ws_rows][D]
     float2 *ml = nullptr;    // [heads_q][ws_rows][kWarps]
     int64_t ws_rows = 0;
 
-    // Element strides (batch strides unused when varlen).
-    int64_t q_bs = 0, q_rs = 0, q_hs = 0;
-    int64_t k_bs = 0, k_rs = 0, k_hs = 0;
-    int64_t v_bs = 0, v_rs = 0, v_hs = 0;
-    int64_t o_bs = 0, o_rs = 0, o_hs = 0;
-
-    int32_t batch = 0;
-    int32_t seqlen_q = 0;  // max over the batch when varlen
-    int32_t seqlen_k = 0;
-    int32_t heads_q = 0;
-    int32_t group = 1;     // heads_q / heads_kv
-    int32_t head_dim = 0;  // actual head dim (<= compiled D, a multiple of 8)
     int32_t varlen = 0;
     int32_t total_q = 0;   // varlen: rows of packed Q (the LSE row stride)
     int32_t q_blocks_per_cta = 1;  // query blocks (of BR rows) each CTA walks in its inner loop
@@ -53,9 +35,6 @@ struct Params {
     // Key j is visible to query i iff i+off-left <= j <= i+off+right (off = sk - sq), j in [0, sk).
     int32_t left = kUnbounded;
     int32_t right = kUnbounded;
-
-    float score_log2 = 0.f;  // exp2 multiplier of the stored scores (scale*log2e, or cap*log2e)
-    float cap_mul = 0.f;     // 0: no softcap; else scale/cap (scores become tanh(raw*scale/cap))
 };
 
 // One compiled kernel configuration.

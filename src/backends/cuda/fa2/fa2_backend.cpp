@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backends/cuda/common/cuda_host.h"
+#include "backends/cuda/common/tensor_args.h"
 #include "backends/cuda/fa2/fa2_config.h"
 #include "backends/cuda/fa2/fa2_params.h"
 #include "capi/error.h"
@@ -168,26 +169,7 @@ flashattn_status_t fa2_execute(const Problem &p, const Schedule &s, const Tensor
                     workspace_for(p, splits), t.workspace_bytes);
 
     fa2::Params k;
-    k.q = t.q;
-    k.k = t.k;
-    k.v = t.v;
-    k.o = t.o;
-    k.lse = t.lse;
-    if (p.varlen) {
-        k.cu_q = t.cu_seqlens_q;
-        k.cu_k = t.cu_seqlens_k;
-    }
-    k.q_bs = p.q.batch, k.q_rs = p.q.row, k.q_hs = p.q.head;
-    k.k_bs = p.k.batch, k.k_rs = p.k.row, k.k_hs = p.k.head;
-    k.v_bs = p.v.batch, k.v_rs = p.v.row, k.v_hs = p.v.head;
-    k.o_bs = p.o.batch, k.o_rs = p.o.row, k.o_hs = p.o.head;
-    k.batch = static_cast<int32_t>(p.batch);
-    k.seqlen_q = static_cast<int32_t>(p.seqlen_q);
-    k.seqlen_k = static_cast<int32_t>(p.seqlen_k);
-    k.heads_q = static_cast<int32_t>(p.heads_q);
-    k.heads_kv = static_cast<int32_t>(p.heads_kv);
-    k.group = static_cast<int32_t>(p.heads_q / p.heads_kv);
-    k.head_dim = static_cast<int32_t>(p.head_dim);
+    fill_tensor_args(p, t, &k);
     k.pack = pl.pack;
     k.num_splits = splits;
     k.reverse_m = p.causal ? 1 : 0;
@@ -202,14 +184,6 @@ flashattn_status_t fa2_execute(const Problem &p, const Schedule &s, const Tensor
     k.right_i = static_cast<int32_t>(std::min<int64_t>(right, int64_t(1) << 29));
     k.left_i = static_cast<int32_t>(std::min<int64_t>(left, int64_t(1) << 29));
 
-    constexpr double kLog2e = 1.4426950408889634;
-    if (p.softcap > 0.0) {
-        k.scale_log2 = static_cast<float>(p.softcap * kLog2e);
-        k.softcap_scale = static_cast<float>(p.scale / p.softcap);
-    } else {
-        k.scale_log2 = static_cast<float>(p.scale * kLog2e);
-        k.softcap_scale = 0.f;
-    }
     if (splits > 1) {
         const size_t rows = static_cast<size_t>(splits) * static_cast<size_t>(p.heads_q) *
                             static_cast<size_t>(k.total_rows);

@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
         row_max[mt][0] = row_max[mt][1] = -INFINITY;
         row_sum[mt][0] = row_sum[mt][1] = 0.f;
     }
-    const float sl2 = p.scale_log2;
+    const float sl2 = p.score_log2;
 
     // ---- main loop: key tiles nb_last down to nb_first ----------------------------------------
     if (nb_first <= nb_last) {

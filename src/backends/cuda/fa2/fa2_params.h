@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "backends/cuda/common/tensor_args.h"
 #include "flashattn/flashattn.h"
 
 namespace flashattn {
@@ -14,30 +15,10 @@ namespace fa2 {
 // "Unbounded" window extent: far beyond any sequence length, small enough for int64 sums.
 constexpr int64_t kUnbounded = int64_t(1) << 40;
 
-struct Params {
-    const void *q = nullptr;
-    const void *k = nullptr;
-    const void *v = nullptr;
-    void *o = nullptr;
-    float *lse = nullptr;               // optional
-    const int32_t *cu_q = nullptr;      // varlen only (device)
-    const int32_t *cu_k = nullptr;
+struct Params : TensorArgs {
     float *o_part = nullptr;            // split-KV partials: [splits][heads_q][total_rows][head_dim]
     float *lse_part = nullptr;          // [splits][heads_q][total_rows]
 
-    // Element strides (batch strides unused when varlen).
-    int64_t q_bs = 0, q_rs = 0, q_hs = 0;
-    int64_t k_bs = 0, k_rs = 0, k_hs = 0;
-    int64_t v_bs = 0, v_rs = 0, v_hs = 0;
-    int64_t o_bs = 0, o_rs = 0, o_hs = 0;
-
-    int32_t batch = 0;
-    int32_t seqlen_q = 0;   // max over the batch when varlen
-    int32_t seqlen_k = 0;
-    int32_t heads_q = 0;
-    int32_t heads_kv = 0;
-    int32_t group = 1;      // heads_q / heads_kv
-    int32_t head_dim = 0;   // actual head dim (<= compiled kD, multiple of 8)
     int32_t pack = 1;       // pack-GQA: query heads of one kv head share the M dimension (group), else 1
     int32_t num_splits = 1;
     int32_t reverse_m = 0;  // launch the heaviest (last, causal) query tiles first
@@ -48,9 +29,6 @@ struct Params {
     int64_t left = kUnbounded;
     int32_t right_i = 1 << 29;  // the same clamped to 2^29 for the per-element mask (seqlens < 2^28)
     int32_t left_i = 1 << 29;
-
-    float scale_log2 = 0.f;     // exp2 multiplier of the stored scores (scale*log2e, or cap*log2e)
-    float softcap_scale = 0.f;  // 0: no softcap; else scale/cap (scores become tanh(raw*scale/cap))
 };
 
 // Launchers, one per compiled head dim (fa2_fwd_hdim*.cu). `bf16` picks the element type, `small`

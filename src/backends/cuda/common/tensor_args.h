@@ -1,0 +1,43 @@
+// What every CUDA attention kernel needs to know about its tensors, filled once from the resolved
+// Problem and the execute call's Tensors. Each generation's kernel parameters extend it with their
+// own fields (workspace layout, schedule, mask encoding). Plain C++, shared by host and device code.
+#pragma once
+
+#include <cstdint>
+
+namespace flashattn {
+
+struct Problem;
+struct Tensors;
+
+struct TensorArgs {
+    const void *q = nullptr;
+    const void *k = nullptr;
+    const void *v = nullptr;
+    void *o = nullptr;
+    float *lse = nullptr;           // optional: [batch][heads_q][seqlen_q], or [heads_q][total_q]
+    const int32_t *cu_q = nullptr;  // varlen only (device, batch+1 entries)
+    const int32_t *cu_k = nullptr;
+
+    // Element strides (batch strides unused when varlen).
+    int64_t q_bs = 0, q_rs = 0, q_hs = 0;
+    int64_t k_bs = 0, k_rs = 0, k_hs = 0;
+    int64_t v_bs = 0, v_rs = 0, v_hs = 0;
+    int64_t o_bs = 0, o_rs = 0, o_hs = 0;
+
+    int32_t batch = 0;
+    int32_t seqlen_q = 0;  // max over the batch when varlen
+    int32_t seqlen_k = 0;
+    int32_t heads_q = 0;
+    int32_t heads_kv = 0;
+    int32_t group = 1;     // heads_q / heads_kv
+    int32_t head_dim = 0;  // actual head dim (<= the compiled one, a multiple of 8)
+
+    float score_log2 = 0.f;     // exp2 multiplier of the stored scores (scale*log2e, or cap*log2e)
+    float softcap_scale = 0.f;  // 0: no softcap; else scale/cap (scores become tanh(raw*scale/cap))
+};
+
+// Pointers, strides, sizes and the score scaling of one execute call.
+void fill_tensor_args(const Problem &p, const Tensors &t, TensorArgs *out);
+
+}  // namespace flashattn
