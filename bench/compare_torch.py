@@ -185,6 +185,18 @@ def diff(torch, out_bshd, ref_bshd):
     return max_abs, rel, bad
 
 
+def check_against(torch, bench, notes, gen, where, out, ref):
+    """The error column of one library output against torch's; a wrong result fails the run and is
+    noted under its generation."""
+    mx, rel, bad = diff(torch, out, ref)
+    ok = bad == 0 and rel <= 2e-2
+    if not ok:
+        bench.failed = True
+        notes.setdefault(f"{gen}: WRONG RESULT vs torch", []).append(
+            f"{where} (max abs {mx:.3e}, rel L2 {rel:.3e}, {bad} non-finite)")
+    return f"{mx:.1e}" + ("" if ok else " BAD")
+
+
 # --- Runs ------------------------------------------------------------------------------------------
 
 def run_torch(bench, backend, q_sets, k_sets, v_sets, causal, gqa):
@@ -329,13 +341,7 @@ def prefill_table(bench, lib, gens, dtype_name, out_lines, notes):
                     if ref is None:
                         errs.append("no ref")
                         continue
-                    mx, rel, bad = diff(torch, out, ref)
-                    ok = bad == 0 and rel <= 2e-2
-                    errs.append(f"{mx:.1e}" + ("" if ok else " BAD"))
-                    if not ok:
-                        bench.failed = True
-                        notes.setdefault(f"{gen}: WRONG RESULT vs torch", []).append(
-                            f"{where} (max abs {mx:.3e}, rel L2 {rel:.3e}, {bad} non-finite)")
+                    errs.append(check_against(torch, bench, notes, gen, where, out, ref))
                     del out
                 for name in gens + ["torch-flash", "cuDNN"]:
                     row.append("n/a" if tf.get(name) is None else fmt_val(*tf[name]))
@@ -402,13 +408,7 @@ def decode_table(bench, lib, gens, out_lines, notes):
                     if ref is None:
                         errs.append("no ref")
                         continue
-                    mx, rel, bad = diff(torch, out, ref)
-                    ok = bad == 0 and rel <= 2e-2
-                    errs.append(f"{mx:.1e}" + ("" if ok else " BAD"))
-                    if not ok:
-                        bench.failed = True
-                        notes.setdefault(f"{gen}: WRONG RESULT vs torch", []).append(
-                            f"{where} (max abs {mx:.3e}, rel L2 {rel:.3e}, {bad} non-finite)")
+                    errs.append(check_against(torch, bench, notes, gen, where, out, ref))
                 for name in gens + ["torch-flash", "cuDNN"]:
                     r = res.get(name)
                     if r is None:
