@@ -39,6 +39,9 @@ struct Backend {
     flashattn_status_t (*make_schedule)(const Problem &p, const DeviceInfo &dev, Schedule *out);
     // Run. Arguments have been checked by the C boundary; GPU backends only enqueue.
     flashattn_status_t (*execute)(const Problem &p, const Schedule &s, const Tensors &t);
+    // Optional (may be null): empty when `auto` may choose this backend for a problem it supports,
+    // otherwise why an older generation serves the problem better (forcing the backend still works).
+    std::string (*auto_pass_reason)(const Problem &p, const DeviceInfo &dev);
 };
 
 // Backends compiled into this build; nullptr for those that are not.

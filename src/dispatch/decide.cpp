@@ -76,17 +76,28 @@ Decision decide_backend(flashattn_backend_t requested, const DeviceSummary &dev,
                    "(force FLASHATTN_BACKEND_CPU to run on the host)";
         return d;
     }
+    // A backend that can run the plan but passes it to an older generation (auto_pass) is taken
+    // only when none of the older ones can run it.
     std::string skipped;
+    int passed_over = -1;
     for (int i = 0; i < n; ++i) {
         const Candidate &c = candidates[order[i]];
-        if (c.compiled && c.unsupported.empty()) {
+        const bool runs = c.compiled && c.unsupported.empty();
+        if (runs && c.auto_pass.empty()) {
             d.backend = order[i];
             d.reason = std::string(backend_name(order[i])) + " is the newest generation for " + cc_text(dev) +
                        " that can run this plan" + (skipped.empty() ? "" : " (" + skipped + ")");
             return d;
         }
+        if (runs && passed_over < 0) passed_over = i;
         if (!skipped.empty()) skipped += "; ";
-        skipped += std::string(backend_name(order[i])) + ": " + why_not(order[i], c);
+        skipped += std::string(backend_name(order[i])) + ": " + (runs ? c.auto_pass : why_not(order[i], c));
+    }
+    if (passed_over >= 0) {
+        d.backend = order[passed_over];
+        d.reason = std::string(backend_name(order[passed_over])) + " is the only generation for " + cc_text(dev) +
+                   " that can run this plan (" + skipped + ")";
+        return d;
     }
     d.status = FLASHATTN_ERROR_NOT_SUPPORTED;
     d.reason = "no GPU backend can run this plan on " + cc_text(dev) + " (" + skipped + ")";

@@ -12,6 +12,7 @@ namespace flashattn {
 struct Candidate {
     bool compiled = false;  // built into this library
     std::string unsupported;  // empty: can run the problem; else why not
+    std::string auto_pass;    // empty: auto may choose it; else why auto prefers an older backend
 };
 
 struct DeviceSummary {

@@ -89,6 +89,8 @@ flashattn_status_t finalize_plan(flashattn_plan *plan) {
             candidates[id].unsupported = "no usable CUDA device (" + dev.absent_reason + ")";
         else
             candidates[id].unsupported = b->unsupported_reason(problem, dev);
+        if (candidates[id].unsupported.empty() && b->auto_pass_reason != nullptr)
+            candidates[id].auto_pass = b->auto_pass_reason(problem, dev);
     }
     const Decision d = decide_backend(requested, {dev.present, dev.cc_major, dev.cc_minor, dev.absent_reason}, candidates);
     if (d.status != FLASHATTN_SUCCESS) return fail(d.status, "plan: %s", d.reason.c_str());

@@ -51,7 +51,7 @@ __device__ __forceinline__ void gemm_tile(float (&acc)[32], const uint8_t *a, co
 #pragma unroll
     for (int k = 0; k < kK / 16; ++k) {
         const uint32_t off = (k / 4) * kPageBytes + (k % 4) * 32;
-        sm90::wgmma_m64n64k16_bf16_ss(acc, sm90::make_desc_sw128(a0 + off), sm90::make_desc_sw128(b0 + off),
+        sm90::wgmma_ss<cuda::Bf16, 64>(acc, sm90::make_desc_sw128(a0 + off), sm90::make_desc_sw128(b0 + off),
                                       k > 0 ? 1 : 0);
     }
     sm90::wgmma_commit();

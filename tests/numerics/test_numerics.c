@@ -11,7 +11,7 @@
  *   cpu: everything: fp32, fp16, bf16; any head_dim / head_dim_v.
  *   fa1: fp16 (bf16 on sm_80 and newer); head_dim <= 256, a multiple of 8; head_dim_v == head_dim.
  *   fa2: fp16, bf16; head_dim 8..256, a multiple of 8; head_dim_v == head_dim; sm_80 and newer.
- *   fa3: fp16, bf16; head_dim in {64, 96, 128, 192, 256}; head_dim_v == head_dim; sm_90 only.
+ *   fa3: fp16, bf16; head_dim 8..256, a multiple of 8; head_dim_v == head_dim; sm_90 only.
  * All backends run causal, sliding-window, softcap, GQA/MQA, variable-length, strided and LSE
  * cases. GPU backends have no fp32: the grid's fp32 cases run there in bf16 instead, so that
  * every feature combination is still covered. GPU-only cases add long sequences (2048, 4096, 8192)
@@ -170,6 +170,10 @@ static const grid_case grid[] = {
     GPU_CASE(3, 4096, 4096, 2, 2, 128, 0, B16, 1, -1, -1, 0, 0, 1, 0, 1),
     GPU_CASE(1, 8192, 8192, 1, 1, 64, 0, F16, 1, -1, -1, 0, 0, 0, 0, 1),
     GPU_CASE(1, 8192, 8192, 1, 1, 128, 0, B16, 0, 1024, 1024, 0, 0, 0, 0, 1),
+    GPU_CASE(2, 2048, 2048, 4, 2, 192, 0, B16, 0, -1, -1, 0, 0, 0, 1, 1),
+    GPU_CASE(3, 1536, 3000, 4, 4, 256, 0, B16, 0, -1, -1, 30.0, 0, 1, 0, 1),
+    /* Many CTAs at once, each wrapping the K/V buffer rings several times. */
+    GPU_CASE(8, 512, 1024, 8, 2, 64, 0, F16, 0, -1, -1, 0, 0, 0, 0, 1),
     /* ---- Decode (seqlen_q 1, long KV, GQA 32/8); the heaviest on GPU backends only --------- */
     LONG_CASE(2, 1, 8192, 32, 8, 128, 0, F16, 0, -1, -1, 0, 0, 0, 0, 1),
     GPU_CASE(1, 1, 16384, 32, 8, 128, 0, B16, 1, -1, -1, 0, 0, 0, 0, 1),
@@ -211,8 +215,7 @@ static const char *outside_range(const grid_case *g) {
         return NULL;
     case FLASHATTN_BACKEND_FA3:
         if (dt != FLASHATTN_DTYPE_FP16 && dt != FLASHATTN_DTYPE_BF16) return "fa3: fp16/bf16 only";
-        if (d != 64 && d != 96 && d != 128 && d != 192 && d != 256)
-            return "fa3: head_dim in {64, 96, 128, 192, 256}";
+        if (d < 8 || d > 256 || d % 8 != 0) return "fa3: head_dim 8..256, multiple of 8";
         if (dv != d) return "fa3: head_dim_v must equal head_dim";
         return NULL;
     default:

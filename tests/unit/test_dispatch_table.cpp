@@ -70,6 +70,22 @@ void test_auto_falls_back(void **) {
     expect(decide_backend(FLASHATTN_BACKEND_AUTO, gpu(7, 5), t.c), FLASHATTN_ERROR_NOT_SUPPORTED, FLASHATTN_BACKEND_CPU);
 }
 
+// A backend that runs the plan but defers to an older one (fa3 on decode shapes) is passed over
+// by auto, taken when nothing older can run the plan, and still runs when forced.
+void test_auto_pass(void **) {
+    Table t;
+    t.c[FLASHATTN_BACKEND_FA3].auto_pass = "fa3 has no split-KV path";
+    Decision d = decide_backend(FLASHATTN_BACKEND_AUTO, gpu(9, 0), t.c);
+    expect(d, FLASHATTN_SUCCESS, FLASHATTN_BACKEND_FA2);
+    assert_true(d.reason.find("split-KV") != std::string::npos);
+    t.c[FLASHATTN_BACKEND_FA2].unsupported = "no";
+    t.c[FLASHATTN_BACKEND_FA1].unsupported = "no";
+    d = decide_backend(FLASHATTN_BACKEND_AUTO, gpu(9, 0), t.c);
+    expect(d, FLASHATTN_SUCCESS, FLASHATTN_BACKEND_FA3);
+    assert_true(d.reason.find("only generation") != std::string::npos);
+    expect(decide_backend(FLASHATTN_BACKEND_FA3, gpu(9, 0), t.c), FLASHATTN_SUCCESS, FLASHATTN_BACKEND_FA3);
+}
+
 void test_forced(void **) {
     Table t;
     expect(decide_backend(FLASHATTN_BACKEND_FA1, gpu(9, 0), t.c), FLASHATTN_SUCCESS, FLASHATTN_BACKEND_FA1);
@@ -99,6 +115,7 @@ int main() {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auto_by_capability),
         cmocka_unit_test(test_auto_falls_back),
+        cmocka_unit_test(test_auto_pass),
         cmocka_unit_test(test_forced),
         cmocka_unit_test(test_names),
     };

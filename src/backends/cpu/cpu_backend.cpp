@@ -308,7 +308,7 @@ flashattn_status_t cpu_execute(const Problem &p, const Schedule &s, const Tensor
 
 const Backend *cpu_backend() {
     static const Backend backend = {FLASHATTN_BACKEND_CPU, "cpu", cpu_unsupported_reason,
-                                    cpu_make_schedule, cpu_execute};
+                                    cpu_make_schedule, cpu_execute, nullptr};
     return &backend;
 }
 

@@ -1,4 +1,7 @@
 #include "backends/cuda/common/cuda_host.h"
+
+#include <algorithm>
+
 #include "backends/cuda/common/tensor_args.h"
 
 #include <cstdint>
@@ -166,11 +169,19 @@ void fill_tensor_args(const Problem &p, const Tensors &t, TensorArgs *out) {
     a.heads_kv = static_cast<int32_t>(p.heads_kv);
     a.group = static_cast<int32_t>(p.group_size());
     a.head_dim = static_cast<int32_t>(p.head_dim);
+    a.total_rows = p.varlen ? p.total_q : p.batch * p.seqlen_q;
     // exp2 with log2(e) folded in; with a softcap the kernels compute cap*tanh(raw*scale/cap) and
     // the exp2 multiplier applies to that.
     constexpr double kLog2e = 1.4426950408889634;
     a.score_log2 = static_cast<float>((p.softcap > 0.0 ? p.softcap : p.scale) * kLog2e);
     a.softcap_scale = p.softcap > 0.0 ? static_cast<float>(p.scale / p.softcap) : 0.f;
+    int64_t right = kUnboundedWindow;
+    if (p.causal) right = 0;
+    if (p.window_right >= 0) right = std::min(right, p.window_right);
+    a.right = right;
+    a.left = p.window_left >= 0 ? p.window_left : kUnboundedWindow;
+    a.right_i = static_cast<int32_t>(std::min<int64_t>(a.right, int64_t(1) << 29));
+    a.left_i = static_cast<int32_t>(std::min<int64_t>(a.left, int64_t(1) << 29));
     *out = a;
 }
 

@@ -6,6 +6,9 @@
 
 #include <cstdint>
 
+#include "backends/cuda/common/ptx_sm80.cuh"  // element-type tags
+#include "backends/cuda/common/wgmma_operands.h"
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FLASHATTN_SM90A_BODY 1
 #else
@@ -133,6 +136,52 @@ __device__ __forceinline__ void tma_load_3d(void *dst_smem, const void *tmap, ui
 #endif
 }
 
+__device__ __forceinline__ void tma_load_4d(void *dst_smem, const void *tmap, uint64_t *bar, int32_t c0, int32_t c1,
+                                            int32_t c2, int32_t c3) {
+#if FLASHATTN_SM90A_BODY
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(smem_addr(dst_smem)),
+        "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+        : "memory");
+#else
+    (void)dst_smem; (void)tmap; (void)bar; (void)c0; (void)c1; (void)c2; (void)c3; FLASHATTN_SM90A_TRAP();
+#endif
+}
+
+// ---- warpgroup roles -------------------------------------------------------------------------
+
+// Register reallocation between warpgroups (every warp of the warpgroup executes it). Takes effect
+// only when the kernel has a register cap at entry: __launch_bounds__(threads, 1).
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    static_assert(kRegs >= 24 && kRegs <= 256 && kRegs % 8 == 0, "setmaxnreg takes 24..256, step 8");
+#if FLASHATTN_SM90A_BODY
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
+#else
+    FLASHATTN_SM90A_TRAP();
+#endif
+}
+
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    static_assert(kRegs >= 24 && kRegs <= 256 && kRegs % 8 == 0, "setmaxnreg takes 24..256, step 8");
+#if FLASHATTN_SM90A_BODY
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
+#else
+    FLASHATTN_SM90A_TRAP();
+#endif
+}
+
+// Named barriers (id 1..15; 0 is __syncthreads). `threads` counts every participant, a multiple
+// of 32: sync waits for all of them, arrive only signals.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Orders this thread's generic-proxy shared-memory accesses before later async-proxy accesses
 // (TMA, wgmma) once the hand-off barrier is passed.
 __device__ __forceinline__ void fence_proxy_async_smem() {
@@ -177,7 +226,6 @@ __device__ __forceinline__ void fence_operands(float (&r)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
-
 // Shared-memory matrix descriptor for wgmma (sm_90), 128-byte swizzle:
 //   bits [0,14) start address >> 4, [16,30) leading byte offset >> 4, [32,46) stride byte offset >> 4,
 //   [49,52) base offset (0: the 1024 B swizzle atom is 1024 B aligned), [62,64) layout type, 1 = 128B.
@@ -193,24 +241,78 @@ __device__ __forceinline__ uint64_t make_desc_sw128(uint32_t smem_byte_addr, uin
     return desc;
 }
 
-// D[64x64] (+)= A[64x16] * B[64x16]^T, both operands K-major in shared memory (SS), bf16 in,
-// fp32 accumulate. scale_d = 0 overwrites D, 1 accumulates. Register i of thread t (warp w = t/32,
-// g = lane/4, q = lane%4) is D[16w + g + 8*((i%4)/2)][8*(i/4) + 2q + (i%2)].
-__device__ __forceinline__ void wgmma_m64n64k16_bf16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
-                                                        int scale_d) {
+// ---- wgmma instructions, for any N of the operand tables (16..256, step 16) -----------------
+//
+// Accumulator register i of thread t (warp w = t/32 of the warpgroup, g = lane/4, q = lane%4) is
+// D[16w + g + 8*((i%4)/2)][8*(i/4) + 2q + (i%2)]: the n8 tiles of mma.sync's m16n8 layout in
+// order, so d[4j..4j+3] is n8 tile j. scale_d = 0 overwrites D, 1 accumulates.
+
+// D[64xN] (+)= A[64x16] * B[Nx16]^T: A and B in shared memory, both K-major (SW128 descriptors).
+template <class E, int N>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d);
+
+// D[64xN] (+)= A[64x16] * B[16xN]: A from registers (the m16k16 fragment of each warp: a0 = (g,
+// 2q..2q+1), a1 = (g+8, 2q..), a2 = (g, 8+2q..), a3 = (g+8, 8+2q..)), B in shared memory MN-major
+// (N contiguous; SW128 descriptor with LBO = the distance between 64-column pages, SBO = 1024).
+template <class E, int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, int scale_d);
+
 #if FLASHATTN_SM90A_BODY
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "setp.ne.b32 p, %34, 0;\n\t"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n\t}"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d)
-        : "memory");
+#define FLASHATTN_WGMMA_SS(N, E, T)                                                                     \
+    template <>                                                                                        \
+    __device__ __forceinline__ void wgmma_ss<E, N>(float(&d)[N / 2], uint64_t desc_a, uint64_t desc_b, \
+                                                   int scale_d) {                                      \
+        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, " FLASHATTN_WGMMA_N##N##_IN2                \
+                     ", 0;\n\twgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " "               \
+                     FLASHATTN_WGMMA_N##N##_REGS ", " FLASHATTN_WGMMA_N##N##_IN0                         \
+                     ", " FLASHATTN_WGMMA_N##N##_IN1 ", p, 1, 1, 0, 0;\n\t}"                              \
+                     : FLASHATTN_WGMMA_N##N##_OPS(d)                                                   \
+                     : "l"(desc_a), "l"(desc_b), "r"(scale_d)                                          \
+                     : "memory");                                                                      \
+    }
+#define FLASHATTN_WGMMA_RS(N, E, T)                                                                     \
+    template <>                                                                                        \
+    __device__ __forceinline__ void wgmma_rs<E, N>(float(&d)[N / 2], const uint32_t(&a)[4],            \
+                                                   uint64_t desc_b, int scale_d) {                     \
+        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, " FLASHATTN_WGMMA_N##N##_IN5                \
+                     ", 0;\n\twgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " "               \
+                     FLASHATTN_WGMMA_N##N##_REGS ", {" FLASHATTN_WGMMA_N##N##_IN0 ", "                  \
+                     FLASHATTN_WGMMA_N##N##_IN1 ", " FLASHATTN_WGMMA_N##N##_IN2 ", "                    \
+                     FLASHATTN_WGMMA_N##N##_IN3 "}, " FLASHATTN_WGMMA_N##N##_IN4 ", p, 1, 1, 1;\n\t}"    \
+                     : FLASHATTN_WGMMA_N##N##_OPS(d)                                                   \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)           \
+                     : "memory");                                                                      \
+    }
 #else
-    (void)d; (void)desc_a; (void)desc_b; (void)scale_d; FLASHATTN_SM90A_TRAP();
+#define FLASHATTN_WGMMA_SS(N, E, T)                                                                     \
+    template <>                                                                                        \
+    __device__ __forceinline__ void wgmma_ss<E, N>(float(&)[N / 2], uint64_t, uint64_t, int) {        \
+        FLASHATTN_SM90A_TRAP();                                                                        \
+    }
+#define FLASHATTN_WGMMA_RS(N, E, T)                                                                     \
+    template <>                                                                                        \
+    __device__ __forceinline__ void wgmma_rs<E, N>(float(&)[N / 2], const uint32_t(&)[4], uint64_t,   \
+                                                   int) {                                              \
+        FLASHATTN_SM90A_TRAP();                                                                        \
+    }
 #endif
-}
+#define FLASHATTN_WGMMA_BOTH_TYPES(N)          \
+    FLASHATTN_WGMMA_SS(N, cuda::Bf16, "bf16") \
+    FLASHATTN_WGMMA_SS(N, cuda::Fp16, "f16")  \
+    FLASHATTN_WGMMA_RS(N, cuda::Bf16, "bf16") \
+    FLASHATTN_WGMMA_RS(N, cuda::Fp16, "f16")
+// The N the kernels use: key tiles of 64..128 for S = Q K^T, padded head dims for O += P V.
+FLASHATTN_WGMMA_BOTH_TYPES(64)
+FLASHATTN_WGMMA_BOTH_TYPES(80)
+FLASHATTN_WGMMA_BOTH_TYPES(96)
+FLASHATTN_WGMMA_BOTH_TYPES(112)
+FLASHATTN_WGMMA_BOTH_TYPES(128)
+FLASHATTN_WGMMA_BOTH_TYPES(176)
+FLASHATTN_WGMMA_BOTH_TYPES(192)
+FLASHATTN_WGMMA_BOTH_TYPES(256)
+#undef FLASHATTN_WGMMA_BOTH_TYPES
+#undef FLASHATTN_WGMMA_SS
+#undef FLASHATTN_WGMMA_RS
 
 }  // namespace sm90
 }  // namespace flashattn

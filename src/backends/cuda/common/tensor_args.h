@@ -10,6 +10,9 @@ namespace flashattn {
 struct Problem;
 struct Tensors;
 
+// "Unbounded" window extent: far beyond any sequence length, small enough for int64 sums.
+constexpr int64_t kUnboundedWindow = int64_t(1) << 40;
+
 struct TensorArgs {
     const void *q = nullptr;
     const void *k = nullptr;
@@ -32,9 +35,17 @@ struct TensorArgs {
     int32_t heads_kv = 0;
     int32_t group = 1;     // heads_q / heads_kv
     int32_t head_dim = 0;  // actual head dim (<= the compiled one, a multiple of 8)
+    int64_t total_rows = 0;  // query rows of all sequences: batch*seqlen_q, or total_q when varlen
 
     float score_log2 = 0.f;     // exp2 multiplier of the stored scores (scale*log2e, or cap*log2e)
     float softcap_scale = 0.f;  // 0: no softcap; else scale/cap (scores become tanh(raw*scale/cap))
+
+    // Causal and sliding window as one key interval per query: key j is visible to query i iff
+    // i+off-left <= j <= i+off+right (off = sk - sq: bottom-right alignment) and 0 <= j < sk.
+    int64_t right = kUnboundedWindow;
+    int64_t left = kUnboundedWindow;
+    int32_t right_i = 1 << 29;  // the same clamped to 2^29 for per-element masks (seqlens < 2^28)
+    int32_t left_i = 1 << 29;
 };
 
 // Pointers, strides, sizes and the score scaling of one execute call.

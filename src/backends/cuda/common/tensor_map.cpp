@@ -40,7 +40,7 @@ flashattn_status_t encode_tensor_map_sw128(CUtensorMap *out, TmaElement element,
                                            const uint32_t *box) {
     if (out == nullptr || dims == nullptr || box == nullptr || (rank > 1 && strides_bytes == nullptr))
         return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "tensor map: null argument");
-    if (rank < 2 || rank > 3) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "tensor map: rank %d (2 or 3)", rank);
+    if (rank < 2 || rank > 4) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "tensor map: rank %d (2..4)", rank);
     if (base == nullptr || (reinterpret_cast<uintptr_t>(base) & 15u) != 0)
         return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "tensor map: base address %p is not 16-byte aligned", base);
     const uint64_t elem_bytes = 2;
@@ -72,10 +72,10 @@ flashattn_status_t encode_tensor_map_sw128(CUtensorMap *out, TmaElement element,
                     "cuTensorMapEncodeTiled is not available from the driver (query result %d)",
                     static_cast<int>(entry.query));
 
-    cuuint64_t gdim[3] = {};
-    cuuint64_t gstride[2] = {};
-    cuuint32_t bdim[3] = {};
-    cuuint32_t estride[3] = {1, 1, 1};
+    cuuint64_t gdim[4] = {};
+    cuuint64_t gstride[3] = {};
+    cuuint32_t bdim[4] = {};
+    cuuint32_t estride[4] = {1, 1, 1, 1};
     for (int i = 0; i < rank; ++i) {
         gdim[i] = dims[i];
         bdim[i] = box[i];

@@ -14,7 +14,7 @@ namespace flashattn {
 
 enum class TmaElement { bf16, fp16 };
 
-// A rank-2 or rank-3 tiled tensor map with CU_TENSOR_MAP_SWIZZLE_128B, elementStrides all 1,
+// A rank-2, -3 or -4 tiled tensor map with CU_TENSOR_MAP_SWIZZLE_128B, elementStrides all 1,
 // no interleave, L2_128B promotion and zero fill for out-of-bounds elements.
 //   dims[i]          extent of dim i, innermost first (dims[0] is the contiguous one)
 //   strides_bytes[i] byte stride of dim i+1 (rank-1 entries), each a multiple of 16 and < 2^40

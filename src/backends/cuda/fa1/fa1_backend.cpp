@@ -206,7 +206,7 @@ flashattn_status_t fa1_execute(const Problem &p, const Schedule &s, const Tensor
     return check_launch("fa1 forward kernel");
 }
 
-const Backend kFa1Backend = {FLASHATTN_BACKEND_FA1, "fa1", fa1_unsupported, fa1_schedule, fa1_execute};
+const Backend kFa1Backend = {FLASHATTN_BACKEND_FA1, "fa1", fa1_unsupported, fa1_schedule, fa1_execute, nullptr};
 
 }  // namespace
 

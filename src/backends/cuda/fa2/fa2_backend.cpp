@@ -173,16 +173,6 @@ flashattn_status_t fa2_execute(const Problem &p, const Schedule &s, const Tensor
     k.pack = pl.pack;
     k.num_splits = splits;
     k.reverse_m = p.causal ? 1 : 0;
-    k.total_rows = total_rows(p);
-
-    int64_t right = fa2::kUnbounded;
-    if (p.causal) right = 0;
-    if (p.window_right >= 0) right = std::min(right, p.window_right);
-    const int64_t left = p.window_left >= 0 ? p.window_left : fa2::kUnbounded;
-    k.right = right;
-    k.left = left;
-    k.right_i = static_cast<int32_t>(std::min<int64_t>(right, int64_t(1) << 29));
-    k.left_i = static_cast<int32_t>(std::min<int64_t>(left, int64_t(1) << 29));
 
     if (splits > 1) {
         const size_t rows = static_cast<size_t>(splits) * static_cast<size_t>(p.heads_q) *
@@ -211,7 +201,7 @@ flashattn_status_t fa2_execute(const Problem &p, const Schedule &s, const Tensor
 
 const Backend *fa2_backend() {
     static const Backend backend{FLASHATTN_BACKEND_FA2, "fa2", fa2_unsupported_reason,
-                                 fa2_make_schedule, fa2_execute};
+                                 fa2_make_schedule, fa2_execute, nullptr};
     return &backend;
 }
 

@@ -18,7 +18,10 @@
 
 #include <cuda_runtime.h>
 
+#include "backends/cuda/common/key_tiles.cuh"
+#include "backends/cuda/common/online_softmax.cuh"
 #include "backends/cuda/common/ptx_sm80.cuh"
+#include "backends/cuda/common/smem_optin.h"
 #include "backends/cuda/common/swizzle.cuh"
 #include "backends/cuda/fa2/fa2_config.h"
 #include "backends/cuda/fa2/fa2_params.h"
@@ -218,31 +221,6 @@ __device__ __forceinline__ void gemm_pv(float (&O)[Tr::kMT][Tr::kDT][4],
     }
 }
 
-// Where sequence b lives. Read again after the main loop (the asm memory clobbers make the compiler
-// reload cu_seqlens) so that the epilogue's offsets hold no registers during the loop.
-struct SeqInfo {
-    int sq, sk;
-    int64_t q_row0;  // first packed row of this sequence (varlen) or b*seqlen_q
-    int64_t k_row0;
-};
-
-__device__ __forceinline__ SeqInfo seq_info(const Params &p, int b) {
-    SeqInfo s;
-    if (p.cu_q != nullptr) {
-        const int q0 = p.cu_q[b], k0 = p.cu_k[b];
-        s.sq = p.cu_q[b + 1] - q0;
-        s.sk = p.cu_k[b + 1] - k0;
-        s.q_row0 = q0;
-        s.k_row0 = k0;
-    } else {
-        s.sq = p.seqlen_q;
-        s.sk = p.seqlen_k;
-        s.q_row0 = static_cast<int64_t>(b) * p.seqlen_q;
-        s.k_row0 = 0;
-    }
-    return s;
-}
-
 template <class Tr, class E>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     fwd_kernel(const __grid_constant__ Params p) {
@@ -265,7 +243,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const int split = static_cast<int>(blockIdx.z) - b * p.num_splits;
 
     // ---- this sequence ------------------------------------------------------------------------
-    const SeqInfo si = seq_info(p, b);
+    const cuda::SeqInfo si = cuda::seq_info(p, b);
     const int sq = si.sq, sk = si.sk;
     const bool varlen = p.cu_q != nullptr;
     const int64_t qoff = varlen ? si.q_row0 * p.q_rs : b * p.q_bs;
@@ -287,24 +265,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const int off = sk - sq;
     const int qlo = m0 / G;
     const int qhi = (min(m0 + kBM, prows) - 1) / G;
+    const cuda::KeyTiles kt = cuda::key_tiles(p, qlo, qhi, sk, off, kBN);
     int nb_first = 0, nb_last = -1;
-    {
-        const int64_t hi = min(static_cast<int64_t>(sk) - 1, qhi + off + p.right);
-        const int64_t lo = max(int64_t(0), qlo + off - p.left);
-        if (hi >= lo) {
-            const int nlo = static_cast<int>(lo / kBN), nhi = static_cast<int>(hi / kBN);
-            const int per = (nhi - nlo + p.num_splits) / p.num_splits;
-            nb_first = nlo + split * per;
-            nb_last = min(nhi, nb_first + per - 1);
-        }
-    }
-    // Tiles in [l_ok, r_ok] need no element mask for any row of this CTA.
-    int r_ok, l_ok;
-    {
-        const int64_t rlim = min(static_cast<int64_t>(sk) - 1, qlo + off + p.right);
-        r_ok = rlim >= 0 ? static_cast<int>((rlim + 1) / kBN) - 1 : -1;
-        const int64_t llim = qhi + off - p.left;
-        l_ok = llim <= 0 ? 0 : static_cast<int>((llim + kBN - 1) / kBN);
+    if (kt.first <= kt.last) {
+        const int per = (kt.last - kt.first + p.num_splits) / p.num_splits;
+        nb_first = kt.first + split * per;
+        nb_last = min(kt.last, nb_first + per - 1);
     }
 
     const bool warp_active = m0 + warp * kWR < prows;
@@ -383,63 +349,23 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
             if (warp_active) {
                 float S[kMT][kNT][4];
                 gemm_qk<Tr, E>(S, q_f, q_h, k_f0 + st_off, k_h0 + st_off);
-                if (p.softcap_scale != 0.f) {
-                    const float cs = p.softcap_scale;
+                if (p.softcap_scale != 0.f)
 #pragma unroll
-                    for (int mt = 0; mt < kMT; ++mt)
+                    for (int mt = 0; mt < kMT; ++mt) cuda::softcap_scores(S[mt], p.softcap_scale);
 #pragma unroll
-                        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-                            for (int e = 0; e < 4; ++e)
-                                S[mt][nt][e] = cuda::tanh_accurate(S[mt][nt][e] * cs);
-                }
-                if constexpr (kMasked) {
-                    // Edge tile: key j is visible to a row iff lo <= j <= hi.
-                    const int cbase = nb * kBN + 2 * t;
-#pragma unroll
-                    for (int mt = 0; mt < kMT; ++mt)
+                for (int mt = 0; mt < kMT; ++mt) {
+                    if constexpr (kMasked) {
+                        int rdiag[2];
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {
                             int qpos, head;
                             unpack_row(m0 + warp * kWR + mt * 16 + h * 8 + g, G, hbase, qpos, head);
-                            const int rdiag = qpos + off;
-                            const int hi = min(sk - 1, rdiag + p.right_i) - cbase;
-                            const int lo = max(0, rdiag - p.left_i) - cbase;
-#pragma unroll
-                            for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-                                for (int e = 0; e < 2; ++e) {
-                                    const int c = nt * 8 + e;
-                                    if (c > hi || c < lo) S[mt][nt][2 * h + e] = -INFINITY;
-                                }
+                            rdiag[h] = qpos + off;
                         }
-                }
-                // Online softmax (base 2, unscaled running max); P packed to 16 bits right away.
-#pragma unroll
-                for (int mt = 0; mt < kMT; ++mt) {
-                    float alpha[2];
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        float mx = row_max[mt][h];
-#pragma unroll
-                        for (int nt = 0; nt < kNT; ++nt)
-                            mx = fmaxf(mx, fmaxf(S[mt][nt][2 * h], S[mt][nt][2 * h + 1]));
-                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                        const float ms = mx == -INFINITY ? 0.f : mx * sl2;
-                        alpha[h] = cuda::fast_exp2(row_max[mt][h] * sl2 - ms);
-                        row_max[mt][h] = mx;
-                        float rs = 0.f;
-#pragma unroll
-                        for (int nt = 0; nt < kNT; ++nt) {
-                            const float p0 = cuda::fast_exp2(fmaf(S[mt][nt][2 * h], sl2, -ms));
-                            const float p1 = cuda::fast_exp2(fmaf(S[mt][nt][2 * h + 1], sl2, -ms));
-                            rs += p0 + p1;
-                            // n8 tile nt, row half h -> fragment (nt/2), register h + 2*(nt%2)
-                            P[mt][nt >> 1][h + 2 * (nt & 1)] = cuda::pack2<E>(p0, p1);
-                        }
-                        row_sum[mt][h] = fmaf(row_sum[mt][h], alpha[h], rs);
+                        cuda::mask_scores(S[mt], rdiag, nb * kBN + 2 * t, sk, p.right_i, p.left_i);
                     }
+                    float alpha[2];
+                    cuda::softmax_step<E>(S[mt], row_max[mt], row_sum[mt], sl2, P[mt], alpha);
                     // (Skipping this when no row's max moved, behind a warp vote, measured 2-3%
                     // slower at head dim 64 and no better elsewhere on the H200.)
 #pragma unroll
@@ -468,7 +394,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
         };
         int it = 0;
         for (int nb = nb_last; nb >= nb_first; --nb, ++it) {
-            if (nb > r_ok || nb < l_ok)
+            if (kt.masked(nb))
                 iteration(nb, it, std::true_type{});
             else
                 iteration(nb, it, std::false_type{});
@@ -476,21 +402,13 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     }
 
     // ---- epilogue ------------------------------------------------------------------------------
-    const SeqInfo se = seq_info(p, b);
+    // Read again (not kept from the prologue): the loop holds no registers for these offsets.
+    const cuda::SeqInfo se = cuda::seq_info(p, b);
     const int64_t grow0 = se.q_row0;
     const int64_t ooff = varlen ? se.q_row0 * p.o_rs : b * p.o_bs;
     float inv[kMT][2], lse[kMT][2];
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float l = row_sum[mt][h];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            inv[mt][h] = l == 0.f ? 0.f : 1.f / l;
-            lse[mt][h] = l == 0.f ? -INFINITY
-                                  : (row_max[mt][h] * sl2 + cuda::fast_log2(l)) * 0.6931471805599453f;
-        }
+    for (int mt = 0; mt < kMT; ++mt) cuda::finish_rows(row_max[mt], row_sum[mt], sl2, inv[mt], lse[mt]);
 
     if (p.num_splits > 1) {
         // fp32 partials straight from the fragments (normalised by this split's own sum).
@@ -564,27 +482,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     }
 }
 
-// Set the dynamic shared-memory opt-in of one kernel once per device (cheap, thread-safe). `done`
-// must be a per-kernel flag word (one bit per device ordinal < 64).
-template <class Kernel>
-cudaError_t ensure_smem_optin(Kernel kernel, int bytes, unsigned long long *done) {
-    if (bytes <= 48 * 1024) return cudaSuccess;
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess) return e;
-    const unsigned long long bit = dev < 64 ? (1ull << dev) : 0ull;
-    if (bit != 0 && (__atomic_load_n(done, __ATOMIC_ACQUIRE) & bit) != 0) return cudaSuccess;
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (e == cudaSuccess && bit != 0) __atomic_fetch_or(done, bit, __ATOMIC_RELEASE);
-    return e;
-}
-
 template <int kD, bool kSmall, class E>
 cudaError_t launch_fwd(const Params &p, cudaStream_t stream) {
     using Tr = typename TraitsFor<kD, kSmall>::type;
     auto kernel = fwd_kernel<Tr, E>;
     static unsigned long long optin_done = 0;  // one per instantiation of this function
-    cudaError_t e = ensure_smem_optin(kernel, Tr::kSmemBytes, &optin_done);
+    cudaError_t e = cuda::ensure_smem_optin(kernel, Tr::kSmemBytes, &optin_done);
     if (e != cudaSuccess) return e;
     const int64_t prow_max = static_cast<int64_t>(p.seqlen_q) * p.pack;
     const dim3 grid(static_cast<unsigned>((prow_max + Tr::kBM - 1) / Tr::kBM),

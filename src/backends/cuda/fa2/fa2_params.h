@@ -12,9 +12,6 @@
 namespace flashattn {
 namespace fa2 {
 
-// "Unbounded" window extent: far beyond any sequence length, small enough for int64 sums.
-constexpr int64_t kUnbounded = int64_t(1) << 40;
-
 struct Params : TensorArgs {
     float *o_part = nullptr;            // split-KV partials: [splits][heads_q][total_rows][head_dim]
     float *lse_part = nullptr;          // [splits][heads_q][total_rows]
@@ -22,13 +19,6 @@ struct Params : TensorArgs {
     int32_t pack = 1;       // pack-GQA: query heads of one kv head share the M dimension (group), else 1
     int32_t num_splits = 1;
     int32_t reverse_m = 0;  // launch the heaviest (last, causal) query tiles first
-    int64_t total_rows = 0; // rows of the partial buffers: batch*seqlen_q, or total_q when varlen
-
-    // Key j is visible to query i iff i+off-left <= j <= i+off+right (off = sk - sq), j in [0, sk).
-    int64_t right = kUnbounded;
-    int64_t left = kUnbounded;
-    int32_t right_i = 1 << 29;  // the same clamped to 2^29 for the per-element mask (seqlens < 2^28)
-    int32_t left_i = 1 << 29;
 };
 
 // Launchers, one per compiled head dim (fa2_fwd_hdim*.cu). `bf16` picks the element type, `small`

@@ -1,0 +1,90 @@
+// The row-wise steps of the attention main loop shared by the tensor-core kernels (FA2 with
+// mma.sync, FA3 with wgmma). Both hold a warp's 16-row slice of the scores S as n8 tiles of four
+// fp32 values, (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1) with g = lane/4 and t = lane%4, so each
+// thread owns rows g and g+8 ("row half" h = 0, 1) and the four threads of a quad share a row.
+// Scores stay unscaled: exp2 applies scale*log2(e) (sl2) in one FFMA, and the running max is
+// kept unscaled too.
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cuda/common/ptx_sm80.cuh"
+
+namespace flashattn {
+namespace cuda {
+
+// Soft cap: S <- tanh(S * cap_scale) (the cap itself is folded into sl2).
+template <int kNT>
+__device__ __forceinline__ void softcap_scores(float (&S)[kNT][4], float cap_scale) {
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S[nt][e] = tanh_accurate(S[nt][e] * cap_scale);
+}
+
+// Edge tile: -inf outside each row's visible key interval. rdiag[h] = query position + (sk - sq)
+// of row half h; col0 = key index of this thread's column 0 (tile start + 2t). Key j is visible
+// iff max(0, rdiag - left) <= j <= min(sk - 1, rdiag + right).
+template <int kNT>
+__device__ __forceinline__ void mask_scores(float (&S)[kNT][4], const int (&rdiag)[2], int col0, int sk,
+                                            int right, int left) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int hi = min(sk - 1, rdiag[h] + right) - col0;
+        const int lo = max(0, rdiag[h] - left) - col0;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int c = nt * 8 + e;
+                if (c > hi || c < lo) S[nt][2 * h + e] = -INFINITY;
+            }
+    }
+}
+
+// One online-softmax step: the new running max per row, alpha = exp2((m_old - m_new) * sl2) for
+// the caller's rescale of O, P = exp2(S*sl2 - m_new*sl2) packed to 16 bits as m16k16 A fragments
+// (n8 tiles 2k and 2k+1 form fragment k: no data movement), and the running sums. A row with
+// every key masked so far keeps max -inf and gets P = 0, alpha = 1.
+template <class E, int kNT>
+__device__ __forceinline__ void softmax_step(float (&S)[kNT][4], float (&row_max)[2], float (&row_sum)[2],
+                                             float sl2, uint32_t (&P)[kNT / 2][4], float (&alpha)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float mx = row_max[h];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(S[nt][2 * h], S[nt][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float ms = mx == -INFINITY ? 0.f : mx * sl2;
+        alpha[h] = fast_exp2(row_max[h] * sl2 - ms);
+        row_max[h] = mx;
+        float rs = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+            const float p0 = fast_exp2(fmaf(S[nt][2 * h], sl2, -ms));
+            const float p1 = fast_exp2(fmaf(S[nt][2 * h + 1], sl2, -ms));
+            rs += p0 + p1;
+            // n8 tile nt, row half h -> fragment nt/2, register h + 2*(nt%2)
+            P[nt >> 1][h + 2 * (nt & 1)] = pack2<E>(p0, p1);
+        }
+        row_sum[h] = fmaf(row_sum[h], alpha[h], rs);
+    }
+}
+
+// After the last key tile: 1/l per row (0 for a row that saw no key) and the natural-log LSE
+// (-inf for such a row). The quad holds partial sums of each row: they are reduced here.
+__device__ __forceinline__ void finish_rows(const float (&row_max)[2], const float (&row_sum)[2], float sl2,
+                                            float (&inv)[2], float (&lse)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float l = row_sum[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        inv[h] = l == 0.f ? 0.f : 1.f / l;
+        lse[h] = l == 0.f ? -INFINITY : (row_max[h] * sl2 + fast_log2(l)) * 0.6931471805599453f;
+    }
+}
+
+}  // namespace cuda
+}  // namespace flashattn

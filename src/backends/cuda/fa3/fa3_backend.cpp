@@ -1,0 +1,150 @@
+// The FA3 backend object (Hopper, sm_90a): what it supports, its schedule, the TMA descriptors of
+// each execute and the launch.
+#include <cstdint>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "backends/cuda/common/cuda_host.h"
+#include "backends/cuda/common/tensor_args.h"
+#include "backends/cuda/common/tensor_map.h"
+#include "backends/cuda/fa3/fa3_config.h"
+#include "backends/cuda/fa3/fa3_params.h"
+#include "capi/error.h"
+#include "dispatch/backend.h"
+
+namespace flashattn {
+namespace {
+
+constexpr int64_t kMaxSeqlen = int64_t(1) << 28;  // keeps the int32 mask and TMA coordinates exact
+constexpr int64_t kMaxStrideBytes = int64_t(1) << 40;
+constexpr int64_t kDecodeRows = 64;  // at most this many query rows: fa2's split-KV path is faster
+
+// Why TMA cannot describe one input tensor of `rows` x `heads` x `batch` rows, or empty. A
+// dimension of extent 1 never uses its stride (the tensor map gets a filler); every other stride
+// must be a positive multiple of 16 bytes below 2^40.
+std::string tma_stride_problem(const char *name, const Strides &s, int64_t rows, int64_t heads, int64_t batch) {
+    const struct {
+        const char *what;
+        int64_t stride, extent;
+    } dims[] = {{"row", s.row, rows}, {"head", s.head, heads}, {"batch", s.batch, batch}};
+    for (const auto &d : dims) {
+        if (d.extent <= 1) continue;
+        if (d.stride <= 0 || d.stride % 8 != 0 || d.stride * 2 >= kMaxStrideBytes)
+            return std::string("the fa3 backend loads ") + name + " with TMA, which needs its " + d.what +
+                   " stride to be a positive multiple of 8 elements below 2^39 (got " + std::to_string(d.stride) + ")";
+    }
+    return std::string();
+}
+
+std::string fa3_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
+    if (!dev.present) return "the fa3 backend needs a CUDA device and none is available";
+    if (dev.cc_major != 9 || dev.cc_minor != 0)
+        return "the fa3 backend runs only on compute capability 9.0 (Hopper; device " + std::to_string(dev.device) +
+               " is " + std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor) + ")";
+    if (p.dtype != FLASHATTN_DTYPE_FP16 && p.dtype != FLASHATTN_DTYPE_BF16)
+        return "the fa3 backend supports only fp16 and bf16 tensors";
+    if (p.head_dim_v != p.head_dim)
+        return "the fa3 backend needs head_dim_v equal to head_dim (got " + std::to_string(p.head_dim) + " and " +
+               std::to_string(p.head_dim_v) + ")";
+    if (p.head_dim < 8 || p.head_dim > 256 || p.head_dim % 8 != 0)
+        return "the fa3 backend supports head dims 8..256 in multiples of 8 (got " + std::to_string(p.head_dim) + ")";
+    if (p.seqlen_q >= kMaxSeqlen || p.seqlen_k >= kMaxSeqlen || p.total_q >= kMaxSeqlen || p.total_k >= kMaxSeqlen)
+        return "the fa3 backend supports sequence lengths (and varlen totals) below 2^28";
+    if (p.heads_q > 65535 || p.batch > 65535)
+        return "the fa3 backend supports at most 65535 heads and 65535 sequences";
+    const int64_t batch = p.varlen ? 1 : p.batch;
+    const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q, rows_k = p.varlen ? p.total_k : p.seqlen_k;
+    for (const std::string &why : {tma_stride_problem("q", p.q, rows_q, p.heads_q, batch),
+                                   tma_stride_problem("k", p.k, rows_k, p.heads_kv, batch),
+                                   tma_stride_problem("v", p.v, rows_k, p.heads_kv, batch)})
+        if (!why.empty()) return why;
+    const size_t smem = static_cast<size_t>(fa3::smem_bytes(fa3::config_for(static_cast<int>(p.head_dim))));
+    if (dev.smem_per_block_optin != 0 && smem > dev.smem_per_block_optin)
+        return "the fa3 backend needs " + std::to_string(smem / 1024) + " KB of shared memory per block and the device allows " +
+               std::to_string(dev.smem_per_block_optin / 1024) + " KB";
+    return std::string();
+}
+
+// Auto passes fa3 over for decode-shaped problems: it has no split-KV path, fa2's is faster there.
+std::string fa3_auto_pass_reason(const Problem &p, const DeviceInfo &) {
+    if (p.seqlen_q <= kDecodeRows && p.seqlen_k > 4 * kDecodeRows)
+        return "fa3 has no split-KV path; for " + std::to_string(p.seqlen_q) +
+               " query rows per sequence fa2's is faster";
+    return std::string();
+}
+
+flashattn_status_t fa3_make_schedule(const Problem &p, const DeviceInfo &, Schedule *out) {
+    if (out == nullptr) return fail(FLASHATTN_ERROR_INTERNAL, "fa3: no schedule to fill");
+    const fa3::TileConfig cfg = fa3::config_for(static_cast<int>(p.head_dim));
+    Schedule s;
+    s.block_m = fa3::kBlockM;
+    s.block_n = cfg.block_n;
+    s.num_splits = 1;
+    s.workspace_bytes = 0;
+    *out = s;
+    return FLASHATTN_SUCCESS;
+}
+
+// One rank-4 map {head_dim, rows, heads, batch}: 64-column boxes of `box_rows` rows. Extent-1
+// dimensions get a filler stride (unused, but the encoder checks it).
+flashattn_status_t encode_map(CUtensorMap *out, TmaElement el, const void *base, const Problem &p,
+                              const Strides &s, int64_t rows, int64_t heads, int box_rows) {
+    const int64_t batch = p.varlen ? 1 : p.batch;
+    const uint64_t row_bytes = static_cast<uint64_t>(s.row) * 2;
+    const uint64_t filler = static_cast<uint64_t>(p.head_dim) * 2 * 16;
+    const uint64_t dims[4] = {static_cast<uint64_t>(p.head_dim), static_cast<uint64_t>(rows),
+                              static_cast<uint64_t>(heads), static_cast<uint64_t>(batch)};
+    const uint64_t strides[3] = {rows > 1 ? row_bytes : filler, heads > 1 ? static_cast<uint64_t>(s.head) * 2 : filler,
+                                 batch > 1 ? static_cast<uint64_t>(s.batch) * 2 : filler};
+    const uint32_t box[4] = {64, static_cast<uint32_t>(box_rows), 1, 1};
+    return encode_tensor_map_sw128(out, el, base, 4, dims, strides, box);
+}
+
+cudaError_t launch_variant(const fa3::Params &k, const fa3::TensorMaps &maps, int head_dim, bool bf16,
+                           cudaStream_t st) {
+    switch (fa3::config_for(head_dim).head_dim) {
+        case 64: return fa3::launch_fwd_hdim64(k, maps, bf16, st);
+        case 128: return fa3::launch_fwd_hdim128(k, maps, bf16, st);
+        case 192: return fa3::launch_fwd_hdim192(k, maps, bf16, st);
+        case 256: return fa3::launch_fwd_hdim256(k, maps, bf16, st);
+        default: return cudaErrorInvalidValue;
+    }
+}
+
+flashattn_status_t fa3_execute(const Problem &p, const Schedule &s, const Tensors &t) {
+    FLASHATTN_TRY(check_device_tensors(p, t));
+    if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0 || (p.varlen && p.total_q == 0))
+        return FLASHATTN_SUCCESS;
+    fa3::Params k;
+    fill_tensor_args(p, t, &k);
+    k.reverse_m = p.causal ? 1 : 0;
+
+    const TmaElement el = p.dtype == FLASHATTN_DTYPE_BF16 ? TmaElement::bf16 : TmaElement::fp16;
+    const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q;
+    const int64_t rows_k = p.varlen ? p.total_k : p.seqlen_k;
+    fa3::TensorMaps maps;
+    FLASHATTN_TRY(encode_map(&maps.q, el, t.q, p, p.q, rows_q, p.heads_q, fa3::kBlockM));
+    // No keys at all: the kernel loads no K/V tile, but the maps still need a valid base and extent.
+    const bool no_keys = rows_k == 0;
+    FLASHATTN_TRY(encode_map(&maps.k, el, no_keys ? t.q : t.k, p, p.k, no_keys ? 1 : rows_k, p.heads_kv, s.block_n));
+    FLASHATTN_TRY(encode_map(&maps.v, el, no_keys ? t.q : t.v, p, p.v, no_keys ? 1 : rows_k, p.heads_kv, s.block_n));
+
+    DeviceGuard guard(p.device);
+    if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "fa3: cudaSetDevice");
+    const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);
+    const cudaError_t err =
+        launch_variant(k, maps, static_cast<int>(p.head_dim), p.dtype == FLASHATTN_DTYPE_BF16, stream);
+    if (err != cudaSuccess) return cuda_fail(err, "fa3 forward kernel setup");
+    return check_launch("fa3 forward kernel");
+}
+
+}  // namespace
+
+const Backend *fa3_backend() {
+    static const Backend backend{FLASHATTN_BACKEND_FA3, "fa3", fa3_unsupported_reason, fa3_make_schedule,
+                                 fa3_execute, fa3_auto_pass_reason};
+    return &backend;
+}
+
+}  // namespace flashattn
