@@ -1,6 +1,9 @@
 // The FA3 backend object (Hopper, sm_90a): what it supports, its schedule, the TMA descriptors of
 // each execute and the launch.
+#include <algorithm>
+#include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include <cuda_runtime_api.h>
@@ -51,8 +54,8 @@ std::string fa3_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
         return "the fa3 backend supports head dims 8..256 in multiples of 8 (got " + std::to_string(p.head_dim) + ")";
     if (p.seqlen_q >= kMaxSeqlen || p.seqlen_k >= kMaxSeqlen || p.total_q >= kMaxSeqlen || p.total_k >= kMaxSeqlen)
         return "the fa3 backend supports sequence lengths (and varlen totals) below 2^28";
-    if (p.heads_q > 65535 || p.batch > 65535)
-        return "the fa3 backend supports at most 65535 heads and 65535 sequences";
+    if ((p.seqlen_q + fa3::kBlockM - 1) / fa3::kBlockM * p.heads_q * p.batch >= (int64_t(1) << 31))
+        return "the fa3 backend schedules at most 2^31 - 1 query tiles (128 rows x heads x sequences)";
     const int64_t batch = p.varlen ? 1 : p.batch;
     const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q, rows_k = p.varlen ? p.total_k : p.seqlen_k;
     for (const std::string &why : {tma_stride_problem("q", p.q, rows_q, p.heads_q, batch),
@@ -72,6 +75,18 @@ std::string fa3_auto_pass_reason(const Problem &p, const DeviceInfo &) {
         return "fa3 has no split-KV path; for " + std::to_string(p.seqlen_q) +
                " query rows per sequence fa2's is faster";
     return std::string();
+}
+
+// Test hook: FLASHATTN_FA3_MAX_CTAS=n caps the persistent grid so that every CTA walks many
+// tiles (the ring and Q-buffer phases across tiles, skipped and key-less tiles in between).
+// Read once per process.
+int test_cta_limit() {
+    static const int limit = [] {
+        const char *env = std::getenv("FLASHATTN_FA3_MAX_CTAS");
+        const long v = env != nullptr ? std::strtol(env, nullptr, 10) : 0;
+        return v > 0 && v < INT32_MAX ? static_cast<int>(v) : INT32_MAX;
+    }();
+    return limit;
 }
 
 flashattn_status_t fa3_make_schedule(const Problem &p, const DeviceInfo &, Schedule *out) {
@@ -132,6 +147,10 @@ flashattn_status_t fa3_execute(const Problem &p, const Schedule &s, const Tensor
 
     DeviceGuard guard(p.device);
     if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "fa3: cudaSetDevice");
+    int sm_count = 0;
+    const cudaError_t qerr = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, p.device);
+    if (qerr != cudaSuccess) return cuda_fail(qerr, "fa3: cudaDeviceGetAttribute(multiProcessorCount)");
+    k.num_ctas = std::max(1, std::min(sm_count, test_cta_limit()));  // one persistent CTA per SM at most
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);
     const cudaError_t err =
         launch_variant(k, maps, static_cast<int>(p.head_dim), p.dtype == FLASHATTN_DTYPE_BF16, stream);

@@ -56,7 +56,7 @@ struct Traits {
 };
 
 struct Barriers {
-    uint64_t q_full;
+    uint64_t q_full, q_empty;
     uint64_t k_full[kStages], k_empty[kStages];
     uint64_t v_full[kStages], v_empty[kStages];
 };
@@ -67,13 +67,57 @@ constexpr int kConsumerWarps = 8;  // each consumer warp arrives once on an "emp
 __device__ __forceinline__ int stage_of(int i) { return i % kStages; }
 __device__ __forceinline__ uint32_t phase_of(int i) { return static_cast<uint32_t>((i / kStages) & 1); }
 
-// What both roles know about the CTA's tile.
+// Ring counters that persist across the tiles of a CTA: `kv` counts key tiles (K and V ring
+// positions), `q` counts tiles whose Q was loaded (the Q buffer's phase).
+struct Pipe {
+    int kv = 0;
+    int q = 0;
+};
+
+// What both roles know about a work tile.
 struct TileCoords {
-    int mblk, head, b;
+    int head, b;
     int m0;             // first query row of the tile within its sequence
     cuda::SeqInfo seq;  // lengths and first rows
-    cuda::KeyTiles kt;  // visible key tiles
+    cuda::KeyTiles kt;  // visible key tiles (empty when the tile has no query row)
+    __device__ bool has_rows() const { return m0 < seq.sq; }
+    __device__ bool has_keys() const { return has_rows() && kt.first <= kt.last; }
 };
+
+// Work tile `tile` of the persistent schedule. Equal-cost tiles (no causal mask): query tiles
+// fastest, so CTAs working at the same time share a head's K/V in L2. Causal: a tile's cost grows
+// with its query block, so the list runs from the heaviest query block (of every head and
+// sequence) to the lightest, longest-processing-time first.
+__device__ __forceinline__ TileCoords tile_coords(const Params &p, int tile, int m_blocks, int kBN) {
+    TileCoords c;
+    int mblk, rest;
+    if (p.reverse_m) {
+        const int hb = p.heads_q * p.batch;
+        mblk = m_blocks - 1 - tile / hb;
+        rest = tile % hb;
+    } else {
+        mblk = tile % m_blocks;
+        rest = tile / m_blocks;
+    }
+    c.head = rest % p.heads_q;
+    c.b = rest / p.heads_q;
+    c.m0 = mblk * kBlockM;
+    c.seq = cuda::seq_info(p, c.b);
+    if (c.has_rows()) {
+        const int qhi = min(c.m0 + kBlockM, c.seq.sq) - 1;
+        c.kt = cuda::key_tiles(p, c.m0, qhi, c.seq.sk, c.seq.sk - c.seq.sq, kBN);
+    }
+    return c;
+}
+
+// The r-th tile of this CTA: round r of the list, dealt forwards in even rounds and backwards in
+// odd ones ("snake"), so that with the causal heaviest-first order each CTA pairs heavy tiles with
+// light ones. -1 when the list is exhausted.
+__device__ __forceinline__ int nth_tile(int r, int n_work) {
+    const int x = static_cast<int>(blockIdx.x), g = static_cast<int>(gridDim.x);
+    const int64_t t = static_cast<int64_t>(r) * g + ((r & 1) ? g - 1 - x : x);
+    return t < n_work ? static_cast<int>(t) : -1;
+}
 
 __device__ __forceinline__ int32_t q_row_coord(const Params &p, const TileCoords &c) {
     return static_cast<int32_t>(p.cu_q != nullptr ? c.seq.q_row0 + c.m0 : c.m0);
@@ -85,33 +129,35 @@ __device__ __forceinline__ int32_t batch_coord(const Params &p, const TileCoords
     return p.cu_q != nullptr ? 0 : c.b;
 }
 
-// Producer: one thread. Q once, then for each key tile K then V, each into its ring once the
-// consumers have released the buffer (the first kStages waits pass at once: parity rule).
+// Producer: one thread. Per tile the first K tile goes out before the wait for the Q buffer
+// (the consumers release it only after their last GEMM of the previous tile), then Q, then V and
+// the remaining K/V tiles, each into its ring once the consumers have released the buffer (the
+// first kStages waits pass at once: parity rule).
 template <class Tr>
 __device__ __forceinline__ void produce(const Params &p, const TileCoords &c, const CUtensorMap *tm_q,
                                         const CUtensorMap *tm_k, const CUtensorMap *tm_v, unsigned char *smem,
-                                        Barriers *bars) {
-    sm90::prefetch_tensormap(tm_q);
-    sm90::prefetch_tensormap(tm_k);
-    sm90::prefetch_tensormap(tm_v);
+                                        Barriers *bars, Pipe &pipe) {
     const int32_t bq = batch_coord(p, c);
     const int kvh = c.head / p.group;
-    // Out-of-bounds rows and columns arrive as zeros and still count: expect whole boxes.
-    sm90::mbar_arrive_expect_tx(&bars->q_full, Tr::kQBytes);
-    const int32_t qrow = q_row_coord(p, c);
-#pragma unroll
-    for (int pg = 0; pg < Tr::kPages; ++pg)
-        sm90::tma_load_4d(smem + pg * Tr::kQPage, tm_q, &bars->q_full, 64 * pg, qrow, c.head, bq);
-    for (int i = 0, nb = c.kt.last; nb >= c.kt.first; ++i, --nb) {
+    for (int i = pipe.kv, nb = c.kt.last; nb >= c.kt.first; ++i, --nb) {
         const int st = stage_of(i);
         const uint32_t ph = phase_of(i);
         const int32_t krow = kv_row_coord(p, c, nb, Tr::kBN);
+        // Out-of-bounds rows and columns arrive as zeros and still count: expect whole boxes.
         unsigned char *k_dst = smem + Tr::kKOffset + st * Tr::kKVBytes;
         sm90::mbar_wait(&bars->k_empty[st], ph ^ 1u);
         sm90::mbar_arrive_expect_tx(&bars->k_full[st], Tr::kKVBytes);
 #pragma unroll
         for (int pg = 0; pg < Tr::kPages; ++pg)
             sm90::tma_load_4d(k_dst + pg * Tr::kKVPage, tm_k, &bars->k_full[st], 64 * pg, krow, kvh, bq);
+        if (nb == c.kt.last) {
+            sm90::mbar_wait(&bars->q_empty, static_cast<uint32_t>(pipe.q & 1) ^ 1u);
+            sm90::mbar_arrive_expect_tx(&bars->q_full, Tr::kQBytes);
+            const int32_t qrow = q_row_coord(p, c);
+#pragma unroll
+            for (int pg = 0; pg < Tr::kPages; ++pg)
+                sm90::tma_load_4d(smem + pg * Tr::kQPage, tm_q, &bars->q_full, 64 * pg, qrow, c.head, bq);
+        }
         unsigned char *v_dst = smem + Tr::kVOffset + st * Tr::kKVBytes;
         sm90::mbar_wait(&bars->v_empty[st], ph ^ 1u);
         sm90::mbar_arrive_expect_tx(&bars->v_full[st], Tr::kKVBytes);
@@ -119,6 +165,8 @@ __device__ __forceinline__ void produce(const Params &p, const TileCoords &c, co
         for (int pg = 0; pg < Tr::kPages; ++pg)
             sm90::tma_load_4d(v_dst + pg * Tr::kKVPage, tm_v, &bars->v_full[st], 64 * pg, krow, kvh, bq);
     }
+    pipe.kv += c.kt.last - c.kt.first + 1;
+    pipe.q += 1;
 }
 
 // A consumer warp is done reading a buffer: its lanes have all passed the wgmma wait.
@@ -130,7 +178,7 @@ __device__ __forceinline__ void release(uint64_t *bar, int lane) {
 // Consumer warpgroup `w` (0 or 1): query rows 64w..64w+63 of the tile.
 template <class Tr, class E>
 __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, unsigned char *smem, Barriers *bars,
-                                        int w) {
+                                        int w, Pipe &pipe) {
     constexpr int kD = Tr::kD, kBN = Tr::kBN, kNT = Tr::kNT, kPF = Tr::kPF;
     const int tid = threadIdx.x - 128 * (w + 1);
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -148,7 +196,7 @@ __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, un
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
     const float sl2 = p.score_log2;
 
-    if (c.kt.first <= c.kt.last) {
+    if (c.has_keys()) {
         // Descriptors: Q rows 64w.. (K-major), K (K-major), V (MN-major: LBO = one 64-column page).
         const uint32_t s_base = sm90::smem_addr(smem);
         const uint64_t dq = sm90::make_desc_sw128(s_base + 64 * w * 128);
@@ -186,16 +234,19 @@ __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, un
         // register sets (the loop is unrolled by two) so that the softmax writing P_{i+1} never
         // targets registers the in-flight P_i V_i wgmma still reads; a plain copy would be
         // coalesced by ptxas and serialize the wgmmas (C7513).
+        const int r0 = pipe.kv;  // ring position of this tile's first key tile
+        const int n_tiles = c.kt.last - c.kt.first + 1;
         auto step = [&](int i, uint32_t (&P)[kPF][4], uint32_t (&P_next)[kPF][4]) {
-            const int ks = stage_of(i), vs = stage_of(i - 1);
+            const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
             float S[kNT][4];
-            sm90::mbar_wait(&bars->k_full[ks], phase_of(i));
+            sm90::mbar_wait(&bars->k_full[ks], phase_of(r0 + i));
             issue_qk(S, ks);
-            sm90::mbar_wait(&bars->v_full[vs], phase_of(i - 1));
+            sm90::mbar_wait(&bars->v_full[vs], phase_of(r0 + i - 1));
             issue_pv(P, vs);
             sm90::wgmma_wait<1>();  // S_i is ready; P_{i-1} V_{i-1} may still run
             sm90::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
             release(&bars->k_empty[ks], lane);
+            if (i == n_tiles - 1) release(&bars->q_empty, lane);  // the last GEMM reading Q retired
             scores(S, c.kt.last - i);
             float alpha[2];
             cuda::softmax_step<E>(S, row_max, row_sum, sl2, P_next, alpha);
@@ -206,28 +257,29 @@ __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, un
             for (int j = 0; j < kD / 2; ++j) O[j] *= alpha[(j % 4) / 2];
         };
         auto last_pv = [&](uint32_t (&P)[kPF][4], int i) {
-            const int vs = stage_of(i);
-            sm90::mbar_wait(&bars->v_full[vs], phase_of(i));
+            const int vs = stage_of(r0 + i);
+            sm90::mbar_wait(&bars->v_full[vs], phase_of(r0 + i));
             issue_pv(P, vs);
             sm90::wgmma_wait<0>();
             sm90::fence_operands(O);
             release(&bars->v_empty[vs], lane);
         };
 
-        sm90::mbar_wait(&bars->q_full, 0);
+        sm90::mbar_wait(&bars->q_full, static_cast<uint32_t>(pipe.q & 1));
         uint32_t Pa[kPF][4], Pb[kPF][4];
         {  // the first (last-indexed) key tile: no O to rescale yet
+            const int ks = stage_of(r0);
             float S[kNT][4];
-            sm90::mbar_wait(&bars->k_full[0], 0);
-            issue_qk(S, 0);
+            sm90::mbar_wait(&bars->k_full[ks], phase_of(r0));
+            issue_qk(S, ks);
             sm90::wgmma_wait<0>();
             sm90::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
-            release(&bars->k_empty[0], lane);
+            release(&bars->k_empty[ks], lane);
+            if (n_tiles == 1) release(&bars->q_empty, lane);
             scores(S, c.kt.last);
             float alpha[2];
             cuda::softmax_step<E>(S, row_max, row_sum, sl2, Pa, alpha);
         }
-        const int n_tiles = c.kt.last - c.kt.first + 1;
         int i = 1;
         for (; i + 1 < n_tiles; i += 2) {
             step(i, Pa, Pb);
@@ -239,6 +291,8 @@ __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, un
         } else {
             last_pv(Pa, i - 1);
         }
+        pipe.kv += n_tiles;
+        pipe.q += 1;
     }
 
     // ---- epilogue: O / l as 16-bit pairs straight from the accumulators, LSE by the quad leader
@@ -277,18 +331,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
     Barriers *bars = reinterpret_cast<Barriers *>(smem + Tr::kBarOffset);
 
-    TileCoords c;
-    c.mblk = p.reverse_m ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
-    c.head = static_cast<int>(blockIdx.y);
-    c.b = static_cast<int>(blockIdx.z);
-    c.seq = cuda::seq_info(p, c.b);
-    c.m0 = c.mblk * kBlockM;
-    if (c.m0 >= c.seq.sq) return;  // whole CTA: varlen grids are sized by the longest sequence
-    const int qhi = min(c.m0 + kBlockM, c.seq.sq) - 1;
-    c.kt = cuda::key_tiles(p, c.m0, qhi, c.seq.sk, c.seq.sk - c.seq.sq, Tr::kBN);
-
     if (threadIdx.x == 0) {
         sm90::mbar_init(&bars->q_full, 1);
+        sm90::mbar_init(&bars->q_empty, kConsumerWarps);
 #pragma unroll
         for (int s = 0; s < kStages; ++s) {
             sm90::mbar_init(&bars->k_full[s], 1);
@@ -300,13 +345,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
 
+    // Persistent: each CTA takes every gridDim.x-th tile (nth_tile). Both roles walk the same list and skip
+    // the same tiles (no query rows: nothing; no visible key: the consumers write O = 0 alone).
+    const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    const int n_work = m_blocks * p.heads_q * p.batch;
     const int wg = threadIdx.x / 128;
+    Pipe pipe;
     if (wg == 0) {
         sm90::setmaxnreg_dec<40>();
-        if (threadIdx.x == 0 && c.kt.first <= c.kt.last) produce<Tr>(p, c, &tm_q, &tm_k, &tm_v, smem, bars);
+        if (threadIdx.x != 0) return;
+        sm90::prefetch_tensormap(&tm_q);
+        sm90::prefetch_tensormap(&tm_k);
+        sm90::prefetch_tensormap(&tm_v);
+        for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
+            const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
+            if (c.has_keys()) produce<Tr>(p, c, &tm_q, &tm_k, &tm_v, smem, bars, pipe);
+        }
     } else {
         sm90::setmaxnreg_inc<232>();
-        consume<Tr, E>(p, c, smem, bars, wg - 1);
+        for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
+            const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
+            if (c.has_rows()) consume<Tr, E>(p, c, smem, bars, wg - 1, pipe);
+        }
     }
 }
 
@@ -319,8 +379,8 @@ cudaError_t launch_fwd(const Params &p, const TensorMaps &maps, cudaStream_t str
     static unsigned long long optin_done = 0;  // one per instantiation
     cudaError_t e = cuda::ensure_smem_optin(kernel, Tr::kSmemBytes, &optin_done);
     if (e != cudaSuccess) return e;
-    const dim3 grid(static_cast<unsigned>((p.seqlen_q + kBlockM - 1) / kBlockM), static_cast<unsigned>(p.heads_q),
-                    static_cast<unsigned>(p.batch));
+    const int64_t n_work = (static_cast<int64_t>(p.seqlen_q) + kBlockM - 1) / kBlockM * p.heads_q * p.batch;
+    const unsigned grid = static_cast<unsigned>(n_work < p.num_ctas ? n_work : p.num_ctas);
     kernel<<<grid, kThreads, Tr::kSmemBytes, stream>>>(maps.q, maps.k, maps.v, p);
     return cudaSuccess;
 }
