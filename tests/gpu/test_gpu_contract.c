@@ -175,10 +175,41 @@ static void test_auto_picks_gpu(void **state) {
     flashattn_plan_destroy(plan);
 }
 
+/* A K row stride that is not a multiple of 8 elements: TMA cannot describe it, so fa3 refuses at
+ * finalize with a reason naming the stride and auto hands the plan to fa2 on Hopper, saying why
+ * (fa2 then rejects such pointers at execute, as the stride test in check_backend shows). */
+static void test_fa3_tma_stride_fallback(void **state) {
+    (void)state;
+    int32_t major = 0, minor = 0;
+    if (flashattn_device_compute_capability(0, &major, &minor) != FLASHATTN_SUCCESS || major != 9 || minor != 0) {
+        print_message("device is not sm_90: skipped\n");
+        skip();
+    }
+    flashattn_plan_t *plan = make_plan(FLASHATTN_BACKEND_FA3);
+    assert_int_equal(flashattn_plan_set_i64(plan, FLASHATTN_I64_K_ROW_STRIDE, H * D + 4), FLASHATTN_SUCCESS);
+    assert_int_equal(flashattn_plan_set_i64(plan, FLASHATTN_I64_K_BATCH_STRIDE, (int64_t)S * (H * D + 4)),
+                     FLASHATTN_SUCCESS);
+    flashattn_status_t s = flashattn_plan_finalize(plan);
+    if (s == FLASHATTN_ERROR_NOT_SUPPORTED && strstr(flashattn_last_error(), "built without")) {
+        flashattn_plan_destroy(plan);
+        skip();
+    }
+    assert_fails(s, FLASHATTN_ERROR_NOT_SUPPORTED, "TMA");
+    assert_non_null(strstr(flashattn_last_error(), "row stride"));
+    assert_int_equal(flashattn_plan_set_i64(plan, FLASHATTN_I64_BACKEND, FLASHATTN_BACKEND_AUTO), FLASHATTN_SUCCESS);
+    assert_int_equal(flashattn_plan_finalize(plan), FLASHATTN_SUCCESS);
+    flashattn_backend_t backend;
+    const char *reason = NULL;
+    assert_int_equal(flashattn_plan_get_backend(plan, &backend, &reason), FLASHATTN_SUCCESS);
+    assert_int_equal(backend, FLASHATTN_BACKEND_FA2);
+    if (strstr(reason, "TMA") == NULL) fail_msg("auto's reason '%s' does not say why fa3 was passed over", reason);
+    flashattn_plan_destroy(plan);
+}
+
 int main(void) {
     test_skip_without_gpu();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fa1), cmocka_unit_test(test_fa2), cmocka_unit_test(test_fa3),
-        cmocka_unit_test(test_auto_picks_gpu)};
+        cmocka_unit_test(test_auto_picks_gpu), cmocka_unit_test(test_fa3_tma_stride_fallback)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Checks the compiled FA3 kernels in libflashattn without running them (no GPU needed): every
+# fa3::fwd_kernel instantiation must be sm_90a code whose SASS uses HGMMA (wgmma: the tensor-core
+# path of Hopper, not HMMA/FFMA) and has no local-memory traffic (LDL/STL: register spills or
+# arrays indexed at run time). Usage: check_fa3_sass.sh CUOBJDUMP LIBRARY
+set -euo pipefail
+cuobjdump=$1
+lib=$2
+sass=$("$cuobjdump" -sass "$lib")
+report=$(awk '
+  /arch = / { arch = $3 }
+  /Function : / {
+    fn = $3
+    if (fn ~ /fa310fwd_kernel/) { kernels[fn] = arch; hgmma[fn] = 0; local[fn] = 0 }
+    next
+  }
+  fn != "" && (fn in kernels) {
+    if ($0 ~ /HGMMA/) hgmma[fn]++
+    if ($0 ~ /[^A-Z](LDL|STL)[. ]/) local[fn]++
+  }
+  END {
+    for (k in kernels) printf "%s arch=%s hgmma=%d local=%d\n", k, kernels[k], hgmma[k], local[k]
+  }' <<<"$sass")
+if [ -z "$report" ]; then
+  echo "no fa3 forward kernel found in $lib" >&2
+  exit 1
+fi
+echo "$report"
+bad=$(awk '$2 != "arch=sm_90a" || $3 == "hgmma=0" || $4 != "local=0"' <<<"$report")
+if [ -n "$bad" ]; then
+  echo "FA3 kernels failing the SASS check (need arch sm_90a, HGMMA > 0, no LDL/STL):" >&2
+  echo "$bad" >&2
+  exit 1
+fi
+echo "all $(wc -l <<<"$report") fa3 kernels: sm_90a, HGMMA, no local memory"
