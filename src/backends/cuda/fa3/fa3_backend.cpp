@@ -77,9 +77,9 @@ std::string fa3_auto_pass_reason(const Problem &p, const DeviceInfo &) {
     return std::string();
 }
 
-// Test hook: FLASHATTN_FA3_MAX_CTAS=n caps the persistent grid so that every CTA walks many
-// tiles (the ring and Q-buffer phases across tiles, skipped and key-less tiles in between).
-// Read once per process.
+// Test hook: FLASHATTN_FA3_MAX_CTAS=n caps the persistent grid at n CTAs, so that every CTA walks
+// many tiles (the ring and Q-buffer phases across tiles, skipped and key-less tiles in between),
+// and the causal L2 sections at n pairs (several sections, the last one narrower). Read once.
 int test_cta_limit() {
     static const int limit = [] {
         const char *env = std::getenv("FLASHATTN_FA3_MAX_CTAS");
@@ -87,6 +87,22 @@ int test_cta_limit() {
         return v > 0 && v < INT32_MAX ? static_cast<int>(v) : INT32_MAX;
     }();
     return limit;
+}
+
+// Causal L2 sections: as many (query head, sequence) pairs as have their K and V (seqlen_k x
+// head_dim, shared by a GQA group) in half the L2, but enough for 12 rounds of the persistent grid:
+// the heaviest-first dealing balances the CTAs only over several rounds (with one or two rounds
+// per section, hdim 256 causal at 16k lost 40%). At least one pair, at most all of them.
+int causal_section(const Problem &p, int l2_bytes, int num_ctas) {
+    const int64_t pairs = p.heads_q * p.batch;
+    const int64_t m_blocks = (p.seqlen_q + fa3::kBlockM - 1) / fa3::kBlockM;
+    const int64_t kv_per_pair = std::max<int64_t>(1, p.seqlen_k * p.head_dim * 2 * 2 / p.group_size());
+    const int64_t budget = l2_bytes > 0 ? l2_bytes / 2 : (int64_t(16) << 20);
+    const int64_t for_l2 = std::max<int64_t>(1, budget / kv_per_pair);
+    const int64_t for_balance = (int64_t(12) * num_ctas + m_blocks - 1) / std::max<int64_t>(1, m_blocks);
+    const int64_t section = std::min<int64_t>({pairs, std::max(for_l2, for_balance),
+                                               static_cast<int64_t>(test_cta_limit())});
+    return static_cast<int>(std::max<int64_t>(1, section));
 }
 
 flashattn_status_t fa3_make_schedule(const Problem &p, const DeviceInfo &, Schedule *out) {
@@ -151,6 +167,12 @@ flashattn_status_t fa3_execute(const Problem &p, const Schedule &s, const Tensor
     const cudaError_t qerr = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, p.device);
     if (qerr != cudaSuccess) return cuda_fail(qerr, "fa3: cudaDeviceGetAttribute(multiProcessorCount)");
     k.num_ctas = std::max(1, std::min(sm_count, test_cta_limit()));  // one persistent CTA per SM at most
+    int l2_bytes = 0;
+    if (cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, p.device) != cudaSuccess) {
+        cudaGetLastError();
+        l2_bytes = 0;
+    }
+    k.section = causal_section(p, l2_bytes, k.num_ctas);
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);
     const cudaError_t err =
         launch_variant(k, maps, static_cast<int>(p.head_dim), p.dtype == FLASHATTN_DTYPE_BF16, stream);

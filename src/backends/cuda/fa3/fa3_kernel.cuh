@@ -86,15 +86,21 @@ struct TileCoords {
 
 // Work tile `tile` of the persistent schedule. Equal-cost tiles (no causal mask): query tiles
 // fastest, so CTAs working at the same time share a head's K/V in L2. Causal: a tile's cost grows
-// with its query block, so the list runs from the heaviest query block (of every head and
-// sequence) to the lightest, longest-processing-time first.
+// with its query block, so within each L2 section (p.section (head, sequence) pairs whose K/V
+// fit in about half the L2) the list runs from the heaviest query block of every pair down to the
+// lightest: longest-processing-time first, while the CTAs working at the same time still share
+// the section's K/V.
 __device__ __forceinline__ TileCoords tile_coords(const Params &p, int tile, int m_blocks, int kBN) {
     TileCoords c;
     int mblk, rest;
     if (p.reverse_m) {
         const int hb = p.heads_q * p.batch;
-        mblk = m_blocks - 1 - tile / hb;
-        rest = tile % hb;
+        const int per_section = p.section * m_blocks;
+        const int first = tile / per_section * p.section;  // first pair of this tile's section
+        const int u = tile % per_section;
+        const int width = min(p.section, hb - first);       // the last section may be narrower
+        mblk = m_blocks - 1 - u / width;
+        rest = first + u % width;
     } else {
         mblk = tile % m_blocks;
         rest = tile / m_blocks;

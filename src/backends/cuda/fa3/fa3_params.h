@@ -15,6 +15,7 @@ namespace fa3 {
 struct Params : TensorArgs {
     int32_t reverse_m = 0;  // schedule the heaviest (last, causal) query tiles first
     int32_t num_ctas = 1;   // persistent grid: at most one CTA per SM
+    int32_t section = 1;    // causal schedule: (head, sequence) pairs per L2 section
 };
 
 // TMA descriptors of Q, K and V: rank 4 {head_dim, rows, heads, batch} (varlen: rows = total
