@@ -278,7 +278,9 @@ FLASHATTN_API flashattn_status_t flashattn_plan_get_f64(const flashattn_plan_t *
  * #FLASHATTN_BACKEND_AUTO picks by the device's compute capability: sm_90 runs FA3, sm_80 to
  * sm_89 (and newer GPUs without sm_90a code) FA2, sm_75 FA1, and a machine with no usable CUDA
  * device the CPU backend. When the picked generation cannot run the problem (dtype, head dim,
- * feature), auto falls back to the next older generation that can. A backend asked for by name that
+ * feature), auto falls back to the next older generation that can; FA3 also passes decode-shaped
+ * problems (seqlen_q <= 64 and seqlen_k > 256) to FA2, whose split-KV path serves them better. The
+ * reason is in flashattn_plan_get_backend(). A backend asked for by name that
  * cannot run the problem fails with #FLASHATTN_ERROR_NOT_SUPPORTED and a message saying why. The
  * environment variable FLASHATTN_BACKEND (cpu, fa1, fa2, fa3) overrides auto, for debugging.
  *

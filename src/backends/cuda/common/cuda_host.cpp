@@ -185,6 +185,18 @@ void fill_tensor_args(const Problem &p, const Tensors &t, TensorArgs *out) {
     *out = a;
 }
 
+std::string tensor_core_shape_problem(const Problem &p, const char *backend) {
+    const std::string who = std::string("the ") + backend + " backend";
+    if (p.dtype != FLASHATTN_DTYPE_FP16 && p.dtype != FLASHATTN_DTYPE_BF16)
+        return who + " supports only fp16 and bf16 tensors";
+    if (p.head_dim_v != p.head_dim)
+        return who + " needs head_dim_v equal to head_dim (got " + std::to_string(p.head_dim) + " and " +
+               std::to_string(p.head_dim_v) + ")";
+    if (p.head_dim < 8 || p.head_dim > 256 || p.head_dim % 8 != 0)
+        return who + " supports head dims 8..256 in multiples of 8 (got " + std::to_string(p.head_dim) + ")";
+    return std::string();
+}
+
 flashattn_status_t check_launch(const char *kernel_name) {
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return cuda_fail(err, kernel_name);

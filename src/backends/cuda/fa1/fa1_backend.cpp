@@ -95,16 +95,10 @@ std::string fa1_unsupported(const Problem &p, const DeviceInfo &dev) {
     const int cc = dev.cc_major * 10 + dev.cc_minor;
     const std::string sm = "sm_" + std::to_string(dev.cc_major) + std::to_string(dev.cc_minor);
     if (cc < 75) return "fa1 needs a GPU of compute capability 7.5 (sm_75) or newer; device is " + sm;
-    if (p.dtype == FLASHATTN_DTYPE_BF16) {
-        if (cc < 80) return "fa1 runs bf16 only on sm_80 or newer (sm_75 has no bf16 tensor-core instruction); device is " + sm;
-    } else if (p.dtype != FLASHATTN_DTYPE_FP16) {
-        return "fa1 supports the fp16 and bf16 dtypes only";
-    }
-    if (p.head_dim != p.head_dim_v)
-        return "fa1 needs head_dim == head_dim_v (got " + std::to_string(p.head_dim) + " and " +
-               std::to_string(p.head_dim_v) + ")";
-    if (p.head_dim < 8 || p.head_dim > 256 || p.head_dim % 8 != 0)
-        return "fa1 supports head dims 8..256 in multiples of 8 (got " + std::to_string(p.head_dim) + ")";
+    const std::string shape = tensor_core_shape_problem(p, "fa1");
+    if (!shape.empty()) return shape;
+    if (p.dtype == FLASHATTN_DTYPE_BF16 && cc < 80)
+        return "fa1 runs bf16 only on sm_80 or newer (sm_75 has no bf16 tensor-core instruction); device is " + sm;
     const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q;
     const int64_t rows_k = p.varlen ? p.total_k : p.seqlen_k;
     if (std::max({p.seqlen_q, p.seqlen_k, rows_q, rows_k}) > (INT32_MAX >> 2))

@@ -110,14 +110,8 @@ std::string fa2_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
         return "the fa2 backend needs compute capability 8.0 or newer (device " +
                std::to_string(dev.device) + " is " + std::to_string(dev.cc_major) + "." +
                std::to_string(dev.cc_minor) + ")";
-    if (p.dtype != FLASHATTN_DTYPE_FP16 && p.dtype != FLASHATTN_DTYPE_BF16)
-        return "the fa2 backend supports only fp16 and bf16 tensors";
-    if (p.head_dim_v != p.head_dim)
-        return "the fa2 backend needs head_dim_v equal to head_dim (got " +
-               std::to_string(p.head_dim) + " and " + std::to_string(p.head_dim_v) + ")";
-    if (p.head_dim < 8 || p.head_dim > 256 || p.head_dim % 8 != 0)
-        return "the fa2 backend supports head dims 8..256 in multiples of 8 (got " +
-               std::to_string(p.head_dim) + ")";
+    const std::string shape = tensor_core_shape_problem(p, "fa2");
+    if (!shape.empty()) return shape;
     if (p.seqlen_q >= kMaxSeqlen || p.seqlen_k >= kMaxSeqlen)
         return "the fa2 backend supports sequence lengths below 2^28";
     if (p.heads_q > 65535 || p.batch > 65535)

@@ -45,13 +45,8 @@ std::string fa3_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
     if (dev.cc_major != 9 || dev.cc_minor != 0)
         return "the fa3 backend runs only on compute capability 9.0 (Hopper; device " + std::to_string(dev.device) +
                " is " + std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor) + ")";
-    if (p.dtype != FLASHATTN_DTYPE_FP16 && p.dtype != FLASHATTN_DTYPE_BF16)
-        return "the fa3 backend supports only fp16 and bf16 tensors";
-    if (p.head_dim_v != p.head_dim)
-        return "the fa3 backend needs head_dim_v equal to head_dim (got " + std::to_string(p.head_dim) + " and " +
-               std::to_string(p.head_dim_v) + ")";
-    if (p.head_dim < 8 || p.head_dim > 256 || p.head_dim % 8 != 0)
-        return "the fa3 backend supports head dims 8..256 in multiples of 8 (got " + std::to_string(p.head_dim) + ")";
+    const std::string shape = tensor_core_shape_problem(p, "fa3");
+    if (!shape.empty()) return shape;
     if (p.seqlen_q >= kMaxSeqlen || p.seqlen_k >= kMaxSeqlen || p.total_q >= kMaxSeqlen || p.total_k >= kMaxSeqlen)
         return "the fa3 backend supports sequence lengths (and varlen totals) below 2^28";
     if ((p.seqlen_q + fa3::kBlockM - 1) / fa3::kBlockM * p.heads_q * p.batch >= (int64_t(1) << 31))
