@@ -37,6 +37,13 @@ struct Problem {
     int32_t device = 0;
 
     int64_t group_size() const { return heads_q / heads_kv; }  // query heads per key/value head
+    // Extents of the tensors' row and batch axes: varlen packs every sequence along the rows
+    // (total_q / total_k rows, one batch); otherwise seqlen rows in each of `batch` batches.
+    int64_t q_rows() const { return varlen ? total_q : seqlen_q; }
+    int64_t k_rows() const { return varlen ? total_k : seqlen_k; }
+    int64_t batch_extent() const { return varlen ? 1 : batch; }
+    // Query rows of all sequences, per head: the row count of the LSE and split-KV layouts.
+    int64_t total_query_rows() const { return varlen ? total_q : batch * seqlen_q; }
     size_t element_size() const;
     bool has_mask() const { return causal || window_left >= 0 || window_right >= 0; }
 };

@@ -55,7 +55,7 @@ flashattn_status_t resolve_strides(const PlanParams &params, StrideKeys keys, in
 // smaller ones span (otherwise two threads would write the same element).
 flashattn_status_t check_output_layout(const Problem &p) {
     struct Dim { int64_t stride, count; };
-    Dim dims[3] = {{p.o.row, p.varlen ? p.total_q : p.seqlen_q}, {p.o.head, p.heads_q}, {p.o.batch, p.varlen ? 1 : p.batch}};
+    Dim dims[3] = {{p.o.row, p.q_rows()}, {p.o.head, p.heads_q}, {p.o.batch, p.batch_extent()}};
     std::sort(dims, dims + 3, [](const Dim &a, const Dim &b) { return a.stride < b.stride; });
     int64_t span = p.head_dim_v;  // elements covered by the dimensions below
     for (const Dim &d : dims) {
@@ -76,8 +76,8 @@ flashattn_status_t require(const PlanParams &params, flashattn_i64_param_t key) 
 }
 
 flashattn_status_t check_extents(const Problem &p) {
-    const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q;
-    const int64_t rows_k = p.varlen ? p.total_k : p.seqlen_k;
+    const int64_t rows_q = p.q_rows();
+    const int64_t rows_k = p.k_rows();
     const int64_t es = static_cast<int64_t>(p.element_size());
     const struct { int64_t rows, heads, dim; const Strides &s; const char *name; } tensors[] = {
         {rows_q, p.heads_q, p.head_dim, p.q, "Q"}, {rows_k, p.heads_kv, p.head_dim, p.k, "K"},
@@ -88,7 +88,7 @@ flashattn_status_t check_extents(const Problem &p) {
             return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: its size in bytes overflows 64 bits", t.name);
     }
     int64_t lse;
-    if (!mul_add(p.varlen ? 1 : p.batch, p.heads_q, 0, &lse) || !mul_add(lse, rows_q, 0, &lse) ||
+    if (!mul_add(p.batch_extent(), p.heads_q, 0, &lse) || !mul_add(lse, rows_q, 0, &lse) ||
         !mul_add(lse, 4, 0, &lse))
         return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "LSE: its size in bytes overflows 64 bits");
     return FLASHATTN_SUCCESS;
@@ -136,8 +136,8 @@ flashattn_status_t resolve_problem(const PlanParams &params, Problem *out) {
                         "FLASHATTN_I64_TOTAL_K: %lld rows cannot come from %lld sequences of at most %lld keys",
                         (long long)p.total_k, (long long)p.batch, (long long)p.seqlen_k);
     }
-    const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q;
-    const int64_t rows_k = p.varlen ? p.total_k : p.seqlen_k;
+    const int64_t rows_q = p.q_rows();
+    const int64_t rows_k = p.k_rows();
     FLASHATTN_TRY(resolve_strides(params, {FLASHATTN_I64_Q_BATCH_STRIDE, FLASHATTN_I64_Q_ROW_STRIDE, FLASHATTN_I64_Q_HEAD_STRIDE},
                                   rows_q, p.heads_q, p.head_dim, &p.q));
     FLASHATTN_TRY(resolve_strides(params, {FLASHATTN_I64_K_BATCH_STRIDE, FLASHATTN_I64_K_ROW_STRIDE, FLASHATTN_I64_K_HEAD_STRIDE},
@@ -153,8 +153,8 @@ flashattn_status_t resolve_problem(const PlanParams &params, Problem *out) {
 }
 
 TensorExtents tensor_extents(const Problem &p) {
-    const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q;
-    const int64_t rows_k = p.varlen ? p.total_k : p.seqlen_k;
+    const int64_t rows_q = p.q_rows();
+    const int64_t rows_k = p.k_rows();
     const size_t es = p.element_size();
     auto bytes = [&](int64_t n1, int64_t n2, int64_t dim, const Strides &s) -> size_t {
         if (n1 == 0) return 0;  // an empty varlen tensor spans nothing
@@ -167,7 +167,7 @@ TensorExtents tensor_extents(const Problem &p) {
     e.k = bytes(rows_k, p.heads_kv, p.head_dim, p.k);
     e.v = bytes(rows_k, p.heads_kv, p.head_dim_v, p.v);
     e.o = bytes(rows_q, p.heads_q, p.head_dim_v, p.o);
-    e.lse = static_cast<size_t>((p.varlen ? 1 : p.batch) * p.heads_q * rows_q) * sizeof(float);
+    e.lse = static_cast<size_t>(p.batch_extent() * p.heads_q * rows_q) * sizeof(float);
     return e;
 }
 

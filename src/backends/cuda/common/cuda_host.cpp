@@ -169,7 +169,7 @@ void fill_tensor_args(const Problem &p, const Tensors &t, TensorArgs *out) {
     a.heads_kv = static_cast<int32_t>(p.heads_kv);
     a.group = static_cast<int32_t>(p.group_size());
     a.head_dim = static_cast<int32_t>(p.head_dim);
-    a.total_rows = p.varlen ? p.total_q : p.batch * p.seqlen_q;
+    a.total_rows = p.total_query_rows();
     // exp2 with log2(e) folded in; with a softcap the kernels compute cap*tanh(raw*scale/cap) and
     // the exp2 multiplier applies to that.
     constexpr double kLog2e = 1.4426950408889634;

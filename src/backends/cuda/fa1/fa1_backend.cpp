@@ -99,9 +99,7 @@ std::string fa1_unsupported(const Problem &p, const DeviceInfo &dev) {
     if (!shape.empty()) return shape;
     if (p.dtype == FLASHATTN_DTYPE_BF16 && cc < 80)
         return "fa1 runs bf16 only on sm_80 or newer (sm_75 has no bf16 tensor-core instruction); device is " + sm;
-    const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q;
-    const int64_t rows_k = p.varlen ? p.total_k : p.seqlen_k;
-    if (std::max({p.seqlen_q, p.seqlen_k, rows_q, rows_k}) > (INT32_MAX >> 2))
+    if (std::max({p.seqlen_q, p.seqlen_k, p.q_rows(), p.k_rows()}) > (INT32_MAX >> 2))
         return "fa1 supports sequences and packed totals of at most 2^29 rows";
     if (p.batch > INT32_MAX / 2 || p.heads_q > INT32_MAX / 2 || p.batch * p.heads_q > (INT32_MAX >> 2))
         return "fa1 supports at most 2^29 (batch x heads) pairs";

@@ -71,8 +71,6 @@ Plan plan_from_schedule(const Problem &p, const Schedule &s) {
     return pl;
 }
 
-int64_t total_rows(const Problem &p) { return p.varlen ? p.total_q : p.batch * p.seqlen_q; }
-
 int choose_splits(const Problem &p, const Plan &pl, int sm_count) {
     if (sm_count <= 0) return 1;
     const int64_t m_blocks = (p.seqlen_q * pl.pack + pl.cfg.block_m - 1) / pl.cfg.block_m;
@@ -99,7 +97,7 @@ int choose_splits(const Problem &p, const Plan &pl, int sm_count) {
 size_t workspace_for(const Problem &p, int splits) {
     if (splits <= 1) return 0;
     const size_t rows = static_cast<size_t>(splits) * static_cast<size_t>(p.heads_q) *
-                        static_cast<size_t>(total_rows(p));
+                        static_cast<size_t>(p.total_query_rows());
     return align256(rows * static_cast<size_t>(p.head_dim) * sizeof(float)) +
            align256(rows * sizeof(float));
 }

@@ -51,11 +51,10 @@ std::string fa3_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
         return "the fa3 backend supports sequence lengths (and varlen totals) below 2^28";
     if ((p.seqlen_q + fa3::kBlockM - 1) / fa3::kBlockM * p.heads_q * p.batch >= (int64_t(1) << 31))
         return "the fa3 backend schedules at most 2^31 - 1 query tiles (128 rows x heads x sequences)";
-    const int64_t batch = p.varlen ? 1 : p.batch;
-    const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q, rows_k = p.varlen ? p.total_k : p.seqlen_k;
-    for (const std::string &why : {tma_stride_problem("q", p.q, rows_q, p.heads_q, batch),
-                                   tma_stride_problem("k", p.k, rows_k, p.heads_kv, batch),
-                                   tma_stride_problem("v", p.v, rows_k, p.heads_kv, batch)})
+    const int64_t batch = p.batch_extent();
+    for (const std::string &why : {tma_stride_problem("q", p.q, p.q_rows(), p.heads_q, batch),
+                                   tma_stride_problem("k", p.k, p.k_rows(), p.heads_kv, batch),
+                                   tma_stride_problem("v", p.v, p.k_rows(), p.heads_kv, batch)})
         if (!why.empty()) return why;
     const size_t smem = static_cast<size_t>(fa3::smem_bytes(fa3::config_for(static_cast<int>(p.head_dim))));
     if (dev.smem_per_block_optin != 0 && smem > dev.smem_per_block_optin)
@@ -116,7 +115,7 @@ flashattn_status_t fa3_make_schedule(const Problem &p, const DeviceInfo &, Sched
 // dimensions get a filler stride (unused, but the encoder checks it).
 flashattn_status_t encode_map(CUtensorMap *out, TmaElement el, const void *base, const Problem &p,
                               const Strides &s, int64_t rows, int64_t heads, int box_rows) {
-    const int64_t batch = p.varlen ? 1 : p.batch;
+    const int64_t batch = p.batch_extent();
     const uint64_t row_bytes = static_cast<uint64_t>(s.row) * 2;
     const uint64_t filler = static_cast<uint64_t>(p.head_dim) * 2 * 16;
     const uint64_t dims[4] = {static_cast<uint64_t>(p.head_dim), static_cast<uint64_t>(rows),
@@ -147,10 +146,9 @@ flashattn_status_t fa3_execute(const Problem &p, const Schedule &s, const Tensor
     k.reverse_m = p.causal ? 1 : 0;
 
     const TmaElement el = p.dtype == FLASHATTN_DTYPE_BF16 ? TmaElement::bf16 : TmaElement::fp16;
-    const int64_t rows_q = p.varlen ? p.total_q : p.seqlen_q;
-    const int64_t rows_k = p.varlen ? p.total_k : p.seqlen_k;
+    const int64_t rows_k = p.k_rows();
     fa3::TensorMaps maps;
-    FLASHATTN_TRY(encode_map(&maps.q, el, t.q, p, p.q, rows_q, p.heads_q, fa3::kBlockM));
+    FLASHATTN_TRY(encode_map(&maps.q, el, t.q, p, p.q, p.q_rows(), p.heads_q, fa3::kBlockM));
     // No keys at all: the kernel loads no K/V tile, but the maps still need a valid base and extent.
     const bool no_keys = rows_k == 0;
     FLASHATTN_TRY(encode_map(&maps.k, el, no_keys ? t.q : t.k, p, p.k, no_keys ? 1 : rows_k, p.heads_kv, s.block_n));
