@@ -17,6 +17,7 @@ struct DeviceInfo {
     int32_t cc_minor = 0;
     int32_t sm_count = 0;
     size_t smem_per_block_optin = 0;  // bytes a block may opt in to
+    int64_t l2_bytes = 0;             // L2 cache size
     bool has_sm90a_code = false;      // the library holds sm_90a kernels (FA3)
     std::string absent_reason = "libflashattn was built without CUDA";  // when !present
 };
@@ -27,6 +28,8 @@ struct Schedule {
     int32_t cpu_threads = 1;    // worker threads (CPU backend)
     int32_t block_m = 0;        // query rows per tile, backend-specific
     int32_t block_n = 0;        // keys per tile, backend-specific
+    int32_t grid_limit = 0;     // persistent kernels: thread blocks launched at most (0: not persistent)
+    int32_t tile_group = 1;     // persistent kernels: work items scheduled together for L2 reuse
     size_t workspace_bytes = 0;
 };
 

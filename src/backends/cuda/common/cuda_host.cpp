@@ -43,6 +43,7 @@ flashattn_status_t query_device(int32_t device, DeviceInfo *out) {
     info.cc_minor = prop.minor;
     info.sm_count = prop.multiProcessorCount;
     info.smem_per_block_optin = prop.sharedMemPerBlockOptin;
+    info.l2_bytes = prop.l2CacheSize;
 #ifdef FLASHATTN_HAVE_FA3
     info.has_sm90a_code = true;
 #endif

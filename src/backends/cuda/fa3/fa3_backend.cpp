@@ -87,7 +87,7 @@ int test_cta_limit() {
 // head_dim, shared by a GQA group) in half the L2, but enough for 12 rounds of the persistent grid:
 // the heaviest-first dealing balances the CTAs only over several rounds (with one or two rounds
 // per section, hdim 256 causal at 16k lost 40%). At least one pair, at most all of them.
-int causal_section(const Problem &p, int l2_bytes, int num_ctas) {
+int causal_section(const Problem &p, int64_t l2_bytes, int num_ctas) {
     const int64_t pairs = p.heads_q * p.batch;
     const int64_t m_blocks = (p.seqlen_q + fa3::kBlockM - 1) / fa3::kBlockM;
     const int64_t kv_per_pair = std::max<int64_t>(1, p.seqlen_k * p.head_dim * 2 * 2 / p.group_size());
@@ -99,12 +99,14 @@ int causal_section(const Problem &p, int l2_bytes, int num_ctas) {
     return static_cast<int>(std::max<int64_t>(1, section));
 }
 
-flashattn_status_t fa3_make_schedule(const Problem &p, const DeviceInfo &, Schedule *out) {
+flashattn_status_t fa3_make_schedule(const Problem &p, const DeviceInfo &dev, Schedule *out) {
     if (out == nullptr) return fail(FLASHATTN_ERROR_INTERNAL, "fa3: no schedule to fill");
     const fa3::TileConfig cfg = fa3::config_for(static_cast<int>(p.head_dim));
     Schedule s;
     s.block_m = fa3::kBlockM;
     s.block_n = cfg.block_n;
+    s.grid_limit = std::max(1, std::min(dev.sm_count, test_cta_limit()));  // one persistent CTA per SM at most
+    s.tile_group = causal_section(p, dev.l2_bytes, s.grid_limit);
     s.num_splits = 1;
     s.workspace_bytes = 0;
     *out = s;
@@ -156,16 +158,8 @@ flashattn_status_t fa3_execute(const Problem &p, const Schedule &s, const Tensor
 
     DeviceGuard guard(p.device);
     if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "fa3: cudaSetDevice");
-    int sm_count = 0;
-    const cudaError_t qerr = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, p.device);
-    if (qerr != cudaSuccess) return cuda_fail(qerr, "fa3: cudaDeviceGetAttribute(multiProcessorCount)");
-    k.num_ctas = std::max(1, std::min(sm_count, test_cta_limit()));  // one persistent CTA per SM at most
-    int l2_bytes = 0;
-    if (cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, p.device) != cudaSuccess) {
-        cudaGetLastError();
-        l2_bytes = 0;
-    }
-    k.section = causal_section(p, l2_bytes, k.num_ctas);
+    k.num_ctas = s.grid_limit;
+    k.section = s.tile_group;
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);
     const cudaError_t err =
         launch_variant(k, maps, static_cast<int>(p.head_dim), p.dtype == FLASHATTN_DTYPE_BF16, stream);
