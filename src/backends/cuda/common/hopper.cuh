@@ -1,6 +1,6 @@
 // Device-side inline-PTX wrappers for the Hopper (sm_90a) path: mbarrier, TMA
-// (cp.async.bulk.tensor), async-proxy fences, wgmma ordering and the SW128 smem matrix
-// descriptor. Every body is guarded by __CUDA_ARCH_FEAT_SM90_ALL (compile with
+// (cp.async.bulk.tensor), setmaxnreg, wgmma (ordering, SS and RS forms for any N) and the SW128
+// smem matrix descriptor. Every body is guarded by __CUDA_ARCH_FEAT_SM90_ALL (compile with
 // -gencode arch=compute_90a,code=sm_90a); other targets get a trap so misuse is loud.
 #pragma once
 
@@ -123,19 +123,6 @@ __device__ __forceinline__ void tma_load_2d(void *dst_smem, const void *tmap, ui
 #endif
 }
 
-__device__ __forceinline__ void tma_load_3d(void *dst_smem, const void *tmap, uint64_t *bar, int32_t c0, int32_t c1,
-                                            int32_t c2) {
-#if FLASHATTN_SM90A_BODY
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(smem_addr(dst_smem)),
-        "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
-        : "memory");
-#else
-    (void)dst_smem; (void)tmap; (void)bar; (void)c0; (void)c1; (void)c2; FLASHATTN_SM90A_TRAP();
-#endif
-}
-
 __device__ __forceinline__ void tma_load_4d(void *dst_smem, const void *tmap, uint64_t *bar, int32_t c0, int32_t c1,
                                             int32_t c2, int32_t c3) {
 #if FLASHATTN_SM90A_BODY
@@ -168,25 +155,6 @@ __device__ __forceinline__ void setmaxnreg_dec() {
     static_assert(kRegs >= 24 && kRegs <= 256 && kRegs % 8 == 0, "setmaxnreg takes 24..256, step 8");
 #if FLASHATTN_SM90A_BODY
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
-#else
-    FLASHATTN_SM90A_TRAP();
-#endif
-}
-
-// Named barriers (id 1..15; 0 is __syncthreads). `threads` counts every participant, a multiple
-// of 32: sync waits for all of them, arrive only signals.
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-// Orders this thread's generic-proxy shared-memory accesses before later async-proxy accesses
-// (TMA, wgmma) once the hand-off barrier is passed.
-__device__ __forceinline__ void fence_proxy_async_smem() {
-#if FLASHATTN_SM90A_BODY
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #else
     FLASHATTN_SM90A_TRAP();
 #endif
