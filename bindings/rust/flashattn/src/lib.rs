@@ -561,20 +561,11 @@ impl Plan {
     pub fn execute<T: Element>(&self, q: &[T], k: &[T], v: &[T], o: &mut [T], lse: Option<&mut [f32]>,
                                workspace: Option<&mut Workspace>) -> Result<()> {
         self.check_host(q, k, v, o, lse.as_deref(), None)?;
-        let mut own;
-        let ws = match workspace {
-            Some(w) => w,
-            None => {
-                own = self.workspace()?;
-                &mut own
-            }
-        };
-        let (ws_ptr, ws_bytes) = ws.raw();
         let lse_ptr = lse.map_or(ptr::null_mut(), |l| l.as_mut_ptr());
-        unsafe {
+        self.with_workspace(workspace, |ws_ptr, ws_bytes| unsafe {
             self.execute_raw(q.as_ptr() as *const c_void, k.as_ptr() as *const c_void, v.as_ptr() as *const c_void,
                              o.as_mut_ptr() as *mut c_void, lse_ptr, ws_ptr, ws_bytes, ptr::null_mut())
-        }
+        })
     }
 
     /// Run a finalized variable-length plan on host slices: packed [total, heads, dim] tensors and
@@ -584,6 +575,17 @@ impl Plan {
                                       cu_seqlens_q: &[i32], cu_seqlens_k: &[i32],
                                       workspace: Option<&mut Workspace>) -> Result<()> {
         self.check_host(q, k, v, o, lse.as_deref(), Some((cu_seqlens_q, cu_seqlens_k)))?;
+        let lse_ptr = lse.map_or(ptr::null_mut(), |l| l.as_mut_ptr());
+        self.with_workspace(workspace, |ws_ptr, ws_bytes| unsafe {
+            self.execute_varlen_raw(q.as_ptr() as *const c_void, k.as_ptr() as *const c_void,
+                                    v.as_ptr() as *const c_void, o.as_mut_ptr() as *mut c_void, lse_ptr,
+                                    cu_seqlens_q.as_ptr(), cu_seqlens_k.as_ptr(), ws_ptr, ws_bytes, ptr::null_mut())
+        })
+    }
+
+    /// Runs `run` with the caller's workspace, or with one allocated for this call when None.
+    fn with_workspace<R>(&self, workspace: Option<&mut Workspace>,
+                         run: impl FnOnce(*mut c_void, usize) -> Result<R>) -> Result<R> {
         let mut own;
         let ws = match workspace {
             Some(w) => w,
@@ -592,13 +594,8 @@ impl Plan {
                 &mut own
             }
         };
-        let (ws_ptr, ws_bytes) = ws.raw();
-        let lse_ptr = lse.map_or(ptr::null_mut(), |l| l.as_mut_ptr());
-        unsafe {
-            self.execute_varlen_raw(q.as_ptr() as *const c_void, k.as_ptr() as *const c_void,
-                                    v.as_ptr() as *const c_void, o.as_mut_ptr() as *mut c_void, lse_ptr,
-                                    cu_seqlens_q.as_ptr(), cu_seqlens_k.as_ptr(), ws_ptr, ws_bytes, ptr::null_mut())
-        }
+        let (ptr, bytes) = ws.raw();
+        run(ptr, bytes)
     }
 
     /// `flashattn_plan_execute` with raw pointers: device memory (and a `cudaStream_t`) for GPU
