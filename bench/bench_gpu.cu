@@ -301,13 +301,29 @@ __device__ __forceinline__ void cmp_accumulate(CmpStats *out, double d2, double 
     }
 }
 
+// One thread's running error sums: squared error and squared reference (relative L2), the largest
+// absolute error, and how many outputs were not finite.
+struct ErrorSums {
+    double d2 = 0.0, r2 = 0.0;
+    float mx = 0.0f;
+    unsigned long long bad = 0;
+    __device__ void add(float a, float r) {
+        if (!isfinite(a)) {
+            ++bad;
+            return;
+        }
+        const float e = fabsf(a - r);
+        d2 += static_cast<double>(e) * e;
+        r2 += static_cast<double>(r) * r;
+        mx = fmaxf(mx, e);
+    }
+};
+
 // O in [b, s, h, d] (the library's) against Oref in [b, h, s, d] (the baseline's).
 template <typename T>
 __global__ void compare_o_kernel(const T *o, const T *ref, int64_t b, int64_t s, int64_t h, int64_t d,
                                  CmpStats *out) {
-    double d2 = 0.0, r2 = 0.0;
-    float mx = 0.0f;
-    unsigned long long bad = 0;
+    ErrorSums err;
     const int64_t total = b * s * h * d;
     for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
          idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -318,36 +334,20 @@ __global__ void compare_o_kernel(const T *o, const T *ref, int64_t b, int64_t s,
         const int64_t bi = t / s;
         const float a = to_float(o[idx]);
         const float r = to_float(ref[((bi * h + hi) * s + si) * d + x]);
-        if (!isfinite(a)) {
-            ++bad;
-            continue;
-        }
-        const float e = fabsf(a - r);
-        d2 += static_cast<double>(e) * e;
-        r2 += static_cast<double>(r) * r;
-        mx = fmaxf(mx, e);
+        err.add(a, r);
     }
-    cmp_accumulate(out, d2, r2, mx, bad);
+    cmp_accumulate(out, err.d2, err.r2, err.mx, err.bad);
 }
 
 __global__ void compare_lse_kernel(const float *x, const float *ref, int64_t n, CmpStats *out) {
-    double d2 = 0.0, r2 = 0.0;
-    float mx = 0.0f;
-    unsigned long long bad = 0;
+    ErrorSums err;
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         const float a = x[i], r = ref[i];
         if (isinf(r) && a == r) continue;  // both -inf: a fully masked row
-        if (!isfinite(a)) {
-            ++bad;
-            continue;
-        }
-        const float e = fabsf(a - r);
-        d2 += static_cast<double>(e) * e;
-        r2 += static_cast<double>(r) * r;
-        mx = fmaxf(mx, e);
+        err.add(a, r);
     }
-    cmp_accumulate(out, d2, r2, mx, bad);
+    cmp_accumulate(out, err.d2, err.r2, err.mx, err.bad);
 }
 
 // ---------------------------------------------------------------------------------------------
