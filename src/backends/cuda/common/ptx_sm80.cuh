@@ -117,6 +117,15 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
     return v;
 }
 
+// One 16-byte global store (the address must be 16-byte aligned). Written out because the
+// compiler splits a uint4 store through a 16-bit element pointer into four 4-byte stores when it
+// cannot see that alignment.
+__device__ __forceinline__ void st_global_v4(void *p, uint4 v) {
+    asm volatile("st.global.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+                 "r"(v.w)
+                 : "memory");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fast math. ex2.approx(-inf) = +0, which the online softmax relies on.
 __device__ __forceinline__ float fast_exp2(float x) {

@@ -135,6 +135,15 @@ __device__ __forceinline__ int32_t batch_coord(const Params &p, const TileCoords
     return p.cu_q != nullptr ? 0 : c.b;
 }
 
+// One [rows x kD] tile as kPages TMA boxes of 64 columns (one swizzle page each), all signalling
+// `bar`; `page_bytes` apart in shared memory.
+template <class Tr>
+__device__ __forceinline__ void tma_tile(unsigned char *dst, int page_bytes, const CUtensorMap *tm, uint64_t *bar,
+                                         int32_t row, int32_t head, int32_t batch) {
+#pragma unroll
+    for (int pg = 0; pg < Tr::kPages; ++pg) sm90::tma_load_4d(dst + pg * page_bytes, tm, bar, 64 * pg, row, head, batch);
+}
+
 // Producer: one thread. Per tile the first K tile goes out before the wait for the Q buffer
 // (the consumers release it only after their last GEMM of the previous tile), then Q, then V and
 // the remaining K/V tiles, each into its ring once the consumers have released the buffer (the
@@ -153,23 +162,17 @@ __device__ __forceinline__ void produce(const Params &p, const TileCoords &c, co
         unsigned char *k_dst = smem + Tr::kKOffset + st * Tr::kKVBytes;
         sm90::mbar_wait(&bars->k_empty[st], ph ^ 1u);
         sm90::mbar_arrive_expect_tx(&bars->k_full[st], Tr::kKVBytes);
-#pragma unroll
-        for (int pg = 0; pg < Tr::kPages; ++pg)
-            sm90::tma_load_4d(k_dst + pg * Tr::kKVPage, tm_k, &bars->k_full[st], 64 * pg, krow, kvh, bq);
+        tma_tile<Tr>(k_dst, Tr::kKVPage, tm_k, &bars->k_full[st], krow, kvh, bq);
         if (nb == c.kt.last) {
             sm90::mbar_wait(&bars->q_empty, static_cast<uint32_t>(pipe.q & 1) ^ 1u);
             sm90::mbar_arrive_expect_tx(&bars->q_full, Tr::kQBytes);
             const int32_t qrow = q_row_coord(p, c);
-#pragma unroll
-            for (int pg = 0; pg < Tr::kPages; ++pg)
-                sm90::tma_load_4d(smem + pg * Tr::kQPage, tm_q, &bars->q_full, 64 * pg, qrow, c.head, bq);
+            tma_tile<Tr>(smem, Tr::kQPage, tm_q, &bars->q_full, qrow, c.head, bq);
         }
         unsigned char *v_dst = smem + Tr::kVOffset + st * Tr::kKVBytes;
         sm90::mbar_wait(&bars->v_empty[st], ph ^ 1u);
         sm90::mbar_arrive_expect_tx(&bars->v_full[st], Tr::kKVBytes);
-#pragma unroll
-        for (int pg = 0; pg < Tr::kPages; ++pg)
-            sm90::tma_load_4d(v_dst + pg * Tr::kKVPage, tm_v, &bars->v_full[st], 64 * pg, krow, kvh, bq);
+        tma_tile<Tr>(v_dst, Tr::kKVPage, tm_v, &bars->v_full[st], krow, kvh, bq);
     }
     pipe.kv += c.kt.last - c.kt.first + 1;
     pipe.q += 1;
