@@ -35,6 +35,13 @@ __device__ __forceinline__ SeqInfo seq_info(const TensorArgs &p, int b) {
     return s;
 }
 
+// Offset of query qpos of sequence b (first packed row q_row0), head `head`, in the LSE output:
+// [batch][heads_q][seqlen_q], or [heads_q][total_q] when varlen.
+__device__ __forceinline__ int64_t lse_offset(const TensorArgs &p, int b, int head, int64_t q_row0, int qpos) {
+    return p.cu_q != nullptr ? static_cast<int64_t>(head) * p.total_rows + q_row0 + qpos
+                             : (static_cast<int64_t>(b) * p.heads_q + head) * p.seqlen_q + qpos;
+}
+
 // Key tiles of kBN keys seen by queries qlo..qhi of a sequence with sk keys and sk - sq = off:
 // [first, last] (empty when last < first), and [l_ok, r_ok], the tiles no row needs masked.
 struct KeyTiles {

@@ -468,10 +468,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
                 if (prow >= prows) continue;
                 int qpos, head;
                 unpack_row(prow, G, hbase, qpos, head);
-                const int64_t idx = p.cu_q != nullptr
-                                        ? static_cast<int64_t>(head) * p.total_rows + grow0 + qpos
-                                        : (static_cast<int64_t>(b) * p.heads_q + head) * p.seqlen_q + qpos;
-                p.lse[idx] = lse[mt][h];
+                p.lse[cuda::lse_offset(p, b, head, grow0, qpos)] = lse[mt][h];
             }
     }
     if (!warp_active) return;

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include "backends/cuda/common/key_tiles.cuh"
 #include "backends/cuda/common/ptx_sm80.cuh"
 #include "backends/cuda/fa2/fa2_params.h"
 
@@ -79,10 +80,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
         *reinterpret_cast<uint4 *>(og) = out;
     }
     if (lane == 0 && p.lse != nullptr) {
-        const int64_t idx = p.cu_q != nullptr
-                                ? r
-                                : (static_cast<int64_t>(b) * p.heads_q + head) * p.seqlen_q + qpos;
-        p.lse[idx] = lse;
+        p.lse[cuda::lse_offset(p, b, head, grow0, qpos)] = lse;
     }
 }
 

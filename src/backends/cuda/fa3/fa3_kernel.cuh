@@ -323,9 +323,7 @@ __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, un
                     cuda::pack2<E>(O[4 * j + 2 * h] * inv[h], O[4 * j + 2 * h + 1] * inv[h]);
         }
         if (p.lse != nullptr && t == 0) {
-            const int64_t idx = varlen ? static_cast<int64_t>(c.head) * p.total_rows + c.seq.q_row0 + qpos[h]
-                                       : (static_cast<int64_t>(c.b) * p.heads_q + c.head) * p.seqlen_q + qpos[h];
-            p.lse[idx] = lse[h];
+            p.lse[cuda::lse_offset(p, c.b, c.head, c.seq.q_row0, qpos[h])] = lse[h];
         }
     }
 }
