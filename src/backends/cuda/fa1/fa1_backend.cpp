@@ -178,13 +178,6 @@ flashattn_status_t fa1_execute(const Problem &p, const Schedule &s, const Tensor
     prm.varlen = p.varlen ? 1 : 0;
     prm.total_q = static_cast<int32_t>(p.varlen ? p.total_q : 0);
 
-    auto extent = [](int64_t w) {
-        return w < 0 ? fa1::kUnbounded : static_cast<int32_t>(std::min<int64_t>(w, fa1::kUnbounded));
-    };
-    prm.left = extent(p.window_left);
-    prm.right = extent(p.window_right);
-    if (p.causal) prm.right = std::min<int32_t>(prm.right, 0);
-
     const int64_t nqb = ceil_div(p.seqlen_q, c.block_m);
     if (nqb == 0 || p.batch == 0) return FLASHATTN_SUCCESS;  // nothing to compute
     const int64_t slots = static_cast<int64_t>(std::max(sms, 1)) * 2;  // two CTAs per SM (large tiles)

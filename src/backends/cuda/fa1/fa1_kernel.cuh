@@ -89,6 +89,10 @@ struct Tile {
     static constexpr int kOffQ = QALIAS ? kOffRed : kOffRed + kRedBytes;
     static constexpr int kOffStat = kOffRed + kRedBytes + (QALIAS ? 0 : kQBytes);
     static constexpr int kSmemBytes = kOffStat + kStatBytes;
+    // The ldmatrix address bases XOR the chunk bits of 128-byte aligned rows (see Fwd::run).
+    static_assert(kOffK % 128 == 0 && kOffV % 128 == 0 && kOffQ % 128 == 0 && kQGroupStride % 128 == 0 &&
+                      ROWB % 64 == 0 && (ROWB >= 128 || SWC == 4),
+                  "tile offsets keep the swizzle bits of row addresses clear");
 
     // Byte offset of 16-byte chunk c of row r inside a [rows][D] tile.
     __device__ static __forceinline__ uint32_t swz(int r, int c) {
@@ -99,45 +103,40 @@ struct Tile {
     __device__ static __forceinline__ int swx(int r8) { return SWC == 8 ? r8 : ((r8 >> 1) & 3); }
 };
 
-// Per-CTA sequence geometry.
+// Per-CTA sequence geometry. Every sum fits in int32: rows and keys are below 2^29 (the backend's
+// limit) and the window extents are clamped to 2^29 (TensorArgs::left_i / right_i).
+template <int BR, int BC>
 struct Seq {
     int sq, sk;        // this sequence's lengths
     int off;           // sk - sq
     int left, right;   // window (right already includes causal)
     int ib_begin, ib_end;
-    int br, bc;
 
     // Visible keys of row r: [lo(r), hi(r)] (empty when lo > hi).
-    __device__ __forceinline__ int lo(int r) const {
-        const long long x = (long long)r + off - left;
-        return x < 0 ? 0 : (int)x;
-    }
-    __device__ __forceinline__ int hi(int r) const {
-        const long long x = (long long)r + off + right;
-        return x > sk - 1 ? sk - 1 : (int)(x < -1 ? -1 : x);
-    }
+    __device__ __forceinline__ int lo(int r) const { return max(r + off - left, 0); }
+    __device__ __forceinline__ int hi(int r) const { return min(r + off + right, sk - 1); }
     // K/V blocks [fj, lj] query block ib needs; false when it sees no key at all.
     __device__ __forceinline__ bool range(int ib, int &fj, int &lj) const {
-        const int r0 = ib * br;
-        const int r1 = min(r0 + br, sq) - 1;
+        const int r0 = ib * BR;
+        const int r1 = min(r0 + BR, sq) - 1;
         const int kmin = lo(r0), kmax = hi(r1);
         if (kmin > kmax) return false;
-        fj = kmin / bc;
-        lj = kmax / bc;
+        fj = static_cast<unsigned>(kmin) / BC;
+        lj = static_cast<unsigned>(kmax) / BC;
         return true;
     }
     // True when some element of tile (ib, j) is masked (a partial key block or a mask boundary).
     __device__ __forceinline__ bool needs_mask(int ib, int j) const {
-        const int r0 = ib * br;
-        const int r1 = min(r0 + br, sq) - 1;
-        return j * bc < lo(r1) || j * bc + bc - 1 > hi(r0);
+        const int r0 = ib * BR;
+        const int r1 = min(r0 + BR, sq) - 1;
+        return j * BC < lo(r1) || j * BC + BC - 1 > hi(r0);
     }
-    // The next (j, ib) after (j, ib) in outer-major order among active pairs; j > j_end: none.
-    __device__ __forceinline__ void next(int &j, int &ib, int j_end) const {
+    // The step after (j, ib) in outer-major order among active (K/V block, query block) pairs, and
+    // the K/V block range [fj, lj] of its query block; j > j_end: none.
+    __device__ __forceinline__ void next(int &j, int &ib, int &fj, int &lj, int j_end) const {
         int jj = j, ii = ib + 1;
         while (jj <= j_end) {
             for (; ii < ib_end; ++ii) {
-                int fj, lj;
                 if (range(ii, fj, lj) && fj <= jj && jj <= lj) {
                     j = jj;
                     ib = ii;
@@ -172,7 +171,7 @@ struct Fwd {
         const int b = idx / p.heads_q;
         if (p.reverse) split = p.splits - 1 - split;
 
-        Seq sg;
+        Seq<BR, BC> sg;
         long long q_row0 = 0, k_row0 = 0;  // packed row offsets (varlen)
         long long ws_start;
         if (p.varlen) {
@@ -189,10 +188,8 @@ struct Fwd {
             ws_start = (long long)b * ((p.seqlen_q + BR - 1) / BR) * BR;
         }
         sg.off = sg.sk - sg.sq;
-        sg.left = p.left;
-        sg.right = p.right;
-        sg.br = BR;
-        sg.bc = BC;
+        sg.left = p.left_i;
+        sg.right = p.right_i;
         const int nqb = (sg.sq + BR - 1) / BR;
         sg.ib_begin = split * p.q_blocks_per_cta;
         sg.ib_end = min(nqb, sg.ib_begin + p.q_blocks_per_cta);
@@ -211,8 +208,10 @@ struct Fwd {
         if (p.lse != nullptr)
             lseg = p.varlen ? p.lse + (long long)h * p.total_q + q_row0
                             : p.lse + ((long long)b * p.heads_q + h) * p.seqlen_q;
-        float *oacc = p.o_acc + ((long long)h * p.ws_rows + ws_start) * D;
-        float2 *mlg = p.ml + ((long long)h * p.ws_rows + ws_start) * kWarps;
+        // This lane's element of the workspace: O fragments are stored per (query block, m16 tile,
+        // n8 tile) as 32 lanes x float4; (m, l) per row and warp. A step adds its query block.
+        float *o_lane = p.o_acc + ((long long)h * p.ws_rows + ws_start) * D + warp * NOW * 128 + lane * 4;
+        float2 *ml_lane = p.ml + ((long long)h * p.ws_rows + ws_start + g) * kWarps + warp;
         const int kvalid_chunks = p.head_dim / 8;
 
         // ---- query blocks that see no key: O = 0, LSE = -inf ----
@@ -242,28 +241,24 @@ struct Fwd {
         const uint32_t sV = s_base + T::kOffV;
         const uint32_t sRed = s_base + T::kOffRed;
         const uint32_t sQ = s_base + T::kOffQ;
+        // Per-row statistics of the four warps, [row][warp]: one 16-byte read gathers a row.
+        static_assert(kWarps == 4, "one float4 per row of statistics");
         float *smax = reinterpret_cast<float *>(smem + T::kOffStat);
         float *ssum = smax + kWarps * BR;
 
-        // Per-lane ldmatrix bases (see Tile::swz): the XOR term depends only on the lane's row in
-        // its 8-row group, so each base covers a run of chunks and the rest is an immediate offset.
+        // Per-lane ldmatrix bases (see Tile::swz). A lane's row address has zero bits in the XOR
+        // span (rows of 64 or 128 bytes x 2^k, 128-byte aligned tiles), so the address of logical
+        // chunk c0 + 2s (Q, K) or c0 + 4s (V) is the chunk-c0 base XOR (s << 5) or (s << 6): one LOP3
+        // per swizzle run and step instead of one live register per run.
         const int i8 = lane >> 3, r8 = lane & 7;
         const int xq = T::swx(r8);
         // Q (A operand, x4 = rows {0-7, 8-15} x k {0-7, 8-15}): row (i8&1)*8 + r8, chunk 2kk + (i8>>1).
         // K (B operand, x4 = keys {0-7, 8-15} x k {0-7, 8-15}): key (i8>>1)*8 + r8, chunk 2kk + (i8&1).
         constexpr int kSubQ = T::SWC / 2;  // k16 steps per swizzle span
-        uint32_t q_lb[kSubQ], k_lb[kSubQ];
-#pragma unroll
-        for (int s = 0; s < kSubQ; ++s) {
-            q_lb[s] = sQ + (i8 & 1) * T::kQGroupStride + r8 * T::ROWB + ((((2 * s) + (i8 >> 1)) ^ xq) << 4);
-            k_lb[s] = sK + (warp * KPW + (i8 >> 1) * 8 + r8) * T::ROWB + ((((2 * s) + (i8 & 1)) ^ xq) << 4);
-        }
+        const uint32_t q_lb = sQ + (i8 & 1) * T::kQGroupStride + r8 * T::ROWB + (((i8 >> 1) ^ xq) << 4);
+        const uint32_t k_lb = sK + (warp * KPW + (i8 >> 1) * 8 + r8) * T::ROWB + (((i8 & 1) ^ xq) << 4);
         // V (B operand via .trans, x4 = keys 0-7 x four n8 tiles): key r8, chunk 4*nt4 + i8.
-        constexpr int kSubV = T::SWC / 4 > 0 ? T::SWC / 4 : 1;
-        uint32_t v_lb[kSubV];
-#pragma unroll
-        for (int s = 0; s < kSubV; ++s)
-            v_lb[s] = sV + (warp * KPW + r8) * T::ROWB + ((((4 * s) + i8) ^ xq) << 4);
+        const uint32_t v_lb = sV + (warp * KPW + r8) * T::ROWB + ((i8 ^ xq) << 4);
 
         // ---- global -> shared staging ----
         // Chunk i of this thread: tile row q_row(i), 16-byte chunk q_ch(i).
@@ -338,13 +333,8 @@ struct Fwd {
         };
 
         // ---- prologue: first active (j, ib) ----
-        int j = j_begin, ib = sg.ib_begin - 1;
-        {
-            int jj = j_begin, ii = sg.ib_begin - 1;
-            sg.next(jj, ii, j_end);  // scans from ib_begin at j_begin
-            j = jj;
-            ib = ii;
-        }
+        int j = j_begin, ib = sg.ib_begin - 1, fj = 0, lj = -1;
+        sg.next(j, ib, fj, lj, j_end);  // scans from ib_begin at j_begin
         {
             uint4 qr[T::QCH];
             load_q_regs(ib, qr);
@@ -357,13 +347,11 @@ struct Fwd {
         const float neg_inf = -__int_as_float(0x7f800000);
 
         while (j <= j_end) {
-            int jn = j, ibn = ib;
-            sg.next(jn, ibn, j_end);
+            int jn = j, ibn = ib, fjn = fj, ljn = lj;
+            sg.next(jn, ibn, fjn, ljn, j_end);
             const bool has_next = jn <= j_end;
             const bool reload_q = has_next && (T::QALIAS || ibn != ib);
 
-            int fj, lj;
-            sg.range(ib, fj, lj);
             const bool first = j == fj;
             const bool last = j == lj;
             const int r0 = ib * BR;
@@ -377,17 +365,17 @@ struct Fwd {
                 for (int n = 0; n < NOW; ++n) oold[mt][n] = make_float4(0.f, 0.f, 0.f, 0.f);
                 mlold[mt][0] = mlold[mt][1] = make_float2(neg_inf, 0.f);
             }
+            float *o_step = o_lane + (long long)ib * (MT * NO * 128);
+            float2 *ml_step = ml_lane + (long long)r0 * kWarps;
             if (!first) {
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    const float *tile = oacc + (((long long)ib * MT + mt) * NO + warp * NOW) * 128;
 #pragma unroll
                     for (int n = 0; n < NOW; ++n)
-                        oold[mt][n] = __ldcg(reinterpret_cast<const float4 *>(tile + (n * 32 + lane) * 4));
+                        oold[mt][n] = __ldcg(reinterpret_cast<const float4 *>(o_step + (mt * NO + n) * 128));
                     if (t == 0) {
 #pragma unroll
-                        for (int hh = 0; hh < 2; ++hh)
-                            mlold[mt][hh] = __ldcg(mlg + (long long)(r0 + mt * 16 + g + 8 * hh) * kWarps + warp);
+                        for (int hh = 0; hh < 2; ++hh) mlold[mt][hh] = __ldcg(ml_step + (mt * 16 + 8 * hh) * kWarps);
                     }
                 }
             }
@@ -408,11 +396,11 @@ struct Fwd {
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
                     cuda::sm75::ldsm_x4(qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3],
-                                        q_lb[sub] + imm + mt * 2 * T::kQGroupStride);
+                                        (q_lb ^ (sub << 5)) + imm + mt * 2 * T::kQGroupStride);
 #pragma unroll
                 for (int np = 0; np < NS / 2; ++np) {
                     uint32_t b0, b1, b2, b3;
-                    cuda::sm75::ldsm_x4(b0, b1, b2, b3, k_lb[sub] + imm + np * 16 * T::ROWB);
+                    cuda::sm75::ldsm_x4(b0, b1, b2, b3, (k_lb ^ (sub << 5)) + imm + np * 16 * T::ROWB);
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
                         cuda::sm75::mma_1688<E>(s[mt][2 * np], qa[mt][0], qa[mt][1], b0);
@@ -458,7 +446,7 @@ struct Fwd {
                     for (int n = 0; n < NS; ++n) m = fmaxf(m, fmaxf(s[mt][n][2 * hh], s[mt][n][2 * hh + 1]));
                     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
                     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-                    if (t == 0) smax[warp * BR + mt * 16 + g + 8 * hh] = m;
+                    if (t == 0) smax[(mt * 16 + g + 8 * hh) * kWarps + warp] = m;
                 }
             __syncthreads();  // (A) row maxima of all warps visible; every warp is done reading Q
 
@@ -471,9 +459,9 @@ struct Fwd {
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
                     const int rl = mt * 16 + g + 8 * hh;
-                    float m = __shfl_sync(0xffffffffu, mlold[mt][hh].x, lane & ~3);
-#pragma unroll
-                    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, smax[w * BR + rl]);
+                    const float4 mw = *reinterpret_cast<const float4 *>(smax + rl * kWarps);
+                    const float m = fmaxf(fmaxf(__shfl_sync(0xffffffffu, mlold[mt][hh].x, lane & ~3), mw.x),
+                                          fmaxf(fmaxf(mw.y, mw.z), mw.w));
                     mnew[mt][hh] = m;
                     moff[mt][hh] = m == neg_inf ? 0.f : m * sl2;
                 }
@@ -497,8 +485,8 @@ struct Fwd {
                 ls1 += __shfl_xor_sync(0xffffffffu, ls1, 1);
                 ls1 += __shfl_xor_sync(0xffffffffu, ls1, 2);
                 if (t == 0) {
-                    ssum[warp * BR + mt * 16 + g] = ls0;
-                    ssum[warp * BR + mt * 16 + g + 8] = ls1;
+                    ssum[(mt * 16 + g) * kWarps + warp] = ls0;
+                    ssum[(mt * 16 + g + 8) * kWarps + warp] = ls1;
                 }
             }
 
@@ -529,7 +517,7 @@ struct Fwd {
                         const uint32_t imm = (grp * (NG / 4) / kSubVn + g4 / kSubVn) * (T::SWC * 16) +
                                              kc * 8 * T::ROWB;
                         uint32_t b0, b1, b2, b3;
-                        cuda::sm75::ldsm_x4_trans(b0, b1, b2, b3, v_lb[sub] + imm);
+                        cuda::sm75::ldsm_x4_trans(b0, b1, b2, b3, (v_lb ^ (sub << 6)) + imm);
 #pragma unroll
                         for (int mt = 0; mt < MT; ++mt) {
                             cuda::sm75::mma_1688<E>(o[mt][4 * g4 + 0], pa[mt][kc][0], pa[mt][kc][1], b0);
@@ -589,9 +577,8 @@ struct Fwd {
                     const int rl = mt * 16 + g + 8 * hh;
                     const float mo = __shfl_sync(0xffffffffu, mlold[mt][hh].x, lane & ~3);
                     const float lo = __shfl_sync(0xffffffffu, mlold[mt][hh].y, lane & ~3);
-                    float lb = 0.f;
-#pragma unroll
-                    for (int w = 0; w < kWarps; ++w) lb += ssum[w * BR + rl];
+                    const float4 lw = *reinterpret_cast<const float4 *>(ssum + rl * kWarps);
+                    const float lb = (lw.x + lw.y) + (lw.z + lw.w);
                     const float alpha = mo == neg_inf ? 0.f : cuda::sm75::ex2((mo - mnew[mt][hh]) * sl2);
                     const float ln = alpha * lo + lb;
                     const float inv = ln > 0.f ? 1.f / ln : 0.f;
@@ -629,15 +616,13 @@ struct Fwd {
                         }
                     }
                 } else {
-                    float *tile = oacc + (((long long)ib * MT + mt) * NO + warp * NOW) * 128;
 #pragma unroll
                     for (int n = 0; n < NOW; ++n)
-                        __stcg(reinterpret_cast<float4 *>(tile + (n * 32 + lane) * 4), own[mt][n]);
+                        __stcg(reinterpret_cast<float4 *>(o_step + (mt * NO + n) * 128), own[mt][n]);
                     if (t == 0) {
 #pragma unroll
                         for (int hh = 0; hh < 2; ++hh)
-                            __stcg(mlg + (long long)(r0 + mt * 16 + g + 8 * hh) * kWarps + warp,
-                                   make_float2(mnew[mt][hh], lnew[hh]));
+                            __stcg(ml_step + (mt * 16 + 8 * hh) * kWarps, make_float2(mnew[mt][hh], lnew[hh]));
                     }
                 }
             }
@@ -650,6 +635,8 @@ struct Fwd {
             if (T::QALIAS && reload_q) __syncthreads();  // (C) Q of the next step visible
             j = jn;
             ib = ibn;
+            fj = fjn;
+            lj = ljn;
         }
     }
 };
