@@ -581,7 +581,9 @@ struct Fwd {
                     const float lb = (lw.x + lw.y) + (lw.z + lw.w);
                     const float alpha = mo == neg_inf ? 0.f : cuda::sm75::ex2((mo - mnew[mt][hh]) * sl2);
                     const float ln = alpha * lo + lb;
-                    const float inv = ln > 0.f ? 1.f / ln : 0.f;
+                    // ln >= 1 whenever a key is visible (the row maximum contributes e^0), so the
+                    // approximate reciprocal (no IEEE slow path in the loop) is exact to ~1 ulp.
+                    const float inv = ln > 0.f ? cuda::sm75::rcp(ln) : 0.f;
                     cold[hh] = alpha * lo * inv;
                     cnew[hh] = inv;
                     lnew[hh] = ln;
