@@ -1,6 +1,7 @@
-// Where a query tile's sequence lives and which key tiles it must visit: shared by the tensor-core
-// kernels (FA2, FA3), which walk the visible key tiles from the last to the first so that the
-// tiles needing an element mask (causal diagonal, ragged end, window edges) come first.
+// Where a query tile's sequence lives (all kernels: FA1, FA2 and its split-KV merge, FA3), where its
+// LSE goes, and which key tiles it must visit (FA2, FA3: they walk the visible key tiles from the
+// last to the first so that the tiles needing an element mask - causal diagonal, ragged end,
+// window edges - come first).
 #pragma once
 
 #include <cstdint>

@@ -175,8 +175,6 @@ flashattn_status_t fa1_execute(const Problem &p, const Schedule &s, const Tensor
     prm.o_acc = static_cast<float *>(t.workspace);
     prm.ml = reinterpret_cast<float2 *>(static_cast<char *>(t.workspace) + oacc_bytes(p, c));
     prm.ws_rows = workspace_rows(p, c.block_m);
-    prm.varlen = p.varlen ? 1 : 0;
-    prm.total_q = static_cast<int32_t>(p.varlen ? p.total_q : 0);
 
     const int64_t nqb = ceil_div(p.seqlen_q, c.block_m);
     if (nqb == 0 || p.batch == 0) return FLASHATTN_SUCCESS;  // nothing to compute

@@ -29,6 +29,7 @@
 
 #include <cuda_runtime.h>
 
+#include "backends/cuda/common/key_tiles.cuh"
 #include "backends/cuda/common/ptx_sm75.cuh"
 #include "backends/cuda/fa1/fa1_params.h"
 
@@ -171,22 +172,14 @@ struct Fwd {
         const int b = idx / p.heads_q;
         if (p.reverse) split = p.splits - 1 - split;
 
+        const bool varlen = p.cu_q != nullptr;
+        const cuda::SeqInfo si = cuda::seq_info(p, b);
         Seq<BR, BC> sg;
-        long long q_row0 = 0, k_row0 = 0;  // packed row offsets (varlen)
-        long long ws_start;
-        if (p.varlen) {
-            const int q0 = p.cu_q[b], q1 = p.cu_q[b + 1];
-            const int k0 = p.cu_k[b], k1 = p.cu_k[b + 1];
-            sg.sq = q1 - q0;
-            sg.sk = k1 - k0;
-            q_row0 = q0;
-            k_row0 = k0;
-            ws_start = (long long)BR * ((q0 + BR - 1) / BR + b);
-        } else {
-            sg.sq = p.seqlen_q;
-            sg.sk = p.seqlen_k;
-            ws_start = (long long)b * ((p.seqlen_q + BR - 1) / BR) * BR;
-        }
+        sg.sq = si.sq;
+        sg.sk = si.sk;
+        // First workspace row of the sequence (see workspace_rows() in fa1_backend.cpp).
+        const long long ws_start = varlen ? (long long)BR * ((si.q_row0 + BR - 1) / BR + b)
+                                          : (long long)b * ((p.seqlen_q + BR - 1) / BR) * BR;
         sg.off = sg.sk - sg.sq;
         sg.left = p.left_i;
         sg.right = p.right_i;
@@ -197,17 +190,14 @@ struct Fwd {
 
         const int hk = h / p.group;
         const char *qg = static_cast<const char *>(p.q) +
-                         2 * ((p.varlen ? q_row0 * p.q_rs : (long long)b * p.q_bs) + (long long)h * p.q_hs);
+                         2 * ((varlen ? si.q_row0 * p.q_rs : (long long)b * p.q_bs) + (long long)h * p.q_hs);
         const char *kg = static_cast<const char *>(p.k) +
-                         2 * ((p.varlen ? k_row0 * p.k_rs : (long long)b * p.k_bs) + (long long)hk * p.k_hs);
+                         2 * ((varlen ? si.k_row0 * p.k_rs : (long long)b * p.k_bs) + (long long)hk * p.k_hs);
         const char *vg = static_cast<const char *>(p.v) +
-                         2 * ((p.varlen ? k_row0 * p.v_rs : (long long)b * p.v_bs) + (long long)hk * p.v_hs);
+                         2 * ((varlen ? si.k_row0 * p.v_rs : (long long)b * p.v_bs) + (long long)hk * p.v_hs);
         char *og = static_cast<char *>(p.o) +
-                   2 * ((p.varlen ? q_row0 * p.o_rs : (long long)b * p.o_bs) + (long long)h * p.o_hs);
-        float *lseg = nullptr;
-        if (p.lse != nullptr)
-            lseg = p.varlen ? p.lse + (long long)h * p.total_q + q_row0
-                            : p.lse + ((long long)b * p.heads_q + h) * p.seqlen_q;
+                   2 * ((varlen ? si.q_row0 * p.o_rs : (long long)b * p.o_bs) + (long long)h * p.o_hs);
+        float *lseg = p.lse != nullptr ? p.lse + cuda::lse_offset(p, b, h, si.q_row0, 0) : nullptr;
         // This lane's element of the workspace: O fragments are stored per (query block, m16 tile,
         // n8 tile) as 32 lanes x float4; (m, l) per row and warp. A step adds its query block.
         float *o_lane = p.o_acc + ((long long)h * p.ws_rows + ws_start) * D + warp * NOW * 128 + lane * 4;

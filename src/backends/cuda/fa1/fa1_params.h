@@ -18,18 +18,15 @@ constexpr int kThreads = kWarps * 32;
 
 struct Params : TensorArgs {
     // Workspace: the FA1 partial output (fp32, normalised, fragment-native order) and the running
-    // softmax statistics (m, l) per row, one copy per warp. See ws_row_start() for the row layout.
+    // softmax statistics (m, l) per row, one copy per warp. See workspace_rows() in fa1_backend.cpp
+    // for the row layout. Sequences, strides, mask (left_i / right_i, causal folded in) and LSE: TensorArgs.
     float *o_acc = nullptr;  // [heads_q][ws_rows][D]
     float2 *ml = nullptr;    // [heads_q][ws_rows][kWarps]
     int64_t ws_rows = 0;
 
-    int32_t varlen = 0;
-    int32_t total_q = 0;   // varlen: rows of packed Q (the LSE row stride)
     int32_t q_blocks_per_cta = 1;  // query blocks (of BR rows) each CTA walks in its inner loop
     int32_t splits = 1;            // CTAs per (batch, head) along the query axis
     int32_t reverse = 0;           // launch the last query ranges first (causal: heaviest first)
-
-    // The mask: TensorArgs::left_i / right_i (causal folded in, clamped to 2^29).
 };
 
 // One compiled kernel configuration.

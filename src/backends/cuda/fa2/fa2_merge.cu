@@ -22,18 +22,10 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
     const int qpos = blockIdx.x * kMergeWarps + warp;
     const int head = blockIdx.y;
     const int b = blockIdx.z;
-    int sq = p.seqlen_q;
-    int64_t grow0, ooff;
-    if (p.cu_q != nullptr) {
-        const int q0 = p.cu_q[b];
-        sq = p.cu_q[b + 1] - q0;
-        grow0 = q0;
-        ooff = q0 * p.o_rs;
-    } else {
-        grow0 = static_cast<int64_t>(b) * p.seqlen_q;
-        ooff = b * p.o_bs;
-    }
-    if (qpos >= sq) return;
+    const cuda::SeqInfo seq = cuda::seq_info(p, b);
+    if (qpos >= seq.sq) return;
+    const int64_t grow0 = seq.q_row0;
+    const int64_t ooff = p.cu_q != nullptr ? seq.q_row0 * p.o_rs : b * p.o_bs;
 
     const int S = p.num_splits;
     const int64_t split_stride = static_cast<int64_t>(p.heads_q) * p.total_rows;
