@@ -140,18 +140,20 @@ flashattn_status_t fa1_schedule(const Problem &p, const DeviceInfo &dev, Schedul
     return FLASHATTN_SUCCESS;
 }
 
-// Query blocks per CTA (the inner loop's length). Without a causal mask, sixteen inner steps
-// amortise each K/V block's load and the CTA's start (H200, fp16, FA3-paper grid, seqlen 1024:
-// 2 / 4 / 8 / 16 / 32 query blocks gave 102 / 111 / 115 / 117 / 117 TFLOP/s at head dim 128 and
-// 116 / 129 / 134 / 139 / 139 at head dim 64). Causal rows do uneven work, and shorter ranges
-// balance it better (8 ran 1-25% faster than 16 there). Fewer when that would leave less than one wave of
-// `slots` CTAs. FLASHATTN_FA1_QBLOCKS overrides it (a developer's tuning knob).
+// Query blocks per CTA (the inner loop's length). Without a causal mask, long inner loops amortise
+// each K/V block's load and the CTA's start. H200, FA3-paper grid: at seqlen 1024 (fp16, first
+// kernel) 2 / 4 / 8 / 16 / 32 query blocks gave 102 / 111 / 115 / 117 / 117 TFLOP/s at head dim 128
+// and 116 / 129 / 134 / 139 / 139 at head dim 64; at seqlen 2k-16k (bf16, kernel of stop 11)
+// 4 / 8 / 16 / 32 gave 155 / 166 / 167 / 171 at head dim 64 and 129 / 129 / 129 / 130-133 at 128.
+// Causal rows do uneven work, and shorter ranges balance it better (8 ran 1-25% faster than 16
+// there). Fewer when that would leave less than one wave of `slots` CTAs. FLASHATTN_FA1_QBLOCKS
+// overrides it (a developer's tuning knob).
 int q_blocks_per_cta(int64_t nqb, int64_t bh, int64_t slots, bool causal) {
     if (const char *env = std::getenv("FLASHATTN_FA1_QBLOCKS")) {
         const long v = std::strtol(env, nullptr, 10);
         if (v >= 1) return static_cast<int>(std::min<int64_t>(v, std::max<int64_t>(nqb, 1)));
     }
-    int64_t nq = std::min<int64_t>(nqb, causal ? 8 : 16);
+    int64_t nq = std::min<int64_t>(nqb, causal ? 8 : 32);
     while (nq > 1 && bh * ceil_div(nqb, nq) < slots) nq = ceil_div(nq, 2);
     if (nq < 1) nq = 1;
     const int64_t splits = ceil_div(nqb, nq);
