@@ -30,6 +30,7 @@ struct Schedule {
     int32_t block_n = 0;        // keys per tile, backend-specific
     int32_t grid_limit = 0;     // persistent kernels: thread blocks launched at most (0: not persistent)
     int32_t tile_group = 1;     // persistent kernels: work items scheduled together for L2 reuse
+    int32_t q_blocks_per_cta = 1;  // FA1: query blocks each thread block walks in its inner loop
     size_t workspace_bytes = 0;
 };
 

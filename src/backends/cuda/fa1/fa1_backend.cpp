@@ -46,6 +46,15 @@ cudaError_t attributes_for(int hd, bool large, bool bf16, cudaFuncAttributes *at
     }
 }
 
+cudaError_t occupancy_for(int hd, bool large, bool bf16, int *blocks_per_sm) {
+    switch (hd) {
+        case 32: return fa1::occupancy_hdim32(large, bf16, blocks_per_sm);
+        case 64: return fa1::occupancy_hdim64(large, bf16, blocks_per_sm);
+        case 128: return fa1::occupancy_hdim128(large, bf16, blocks_per_sm);
+        default: return fa1::occupancy_hdim256(large, bf16, blocks_per_sm);
+    }
+}
+
 // The large tile where the device's per-block shared memory allows it, else the small one; false
 // when neither fits. FLASHATTN_FA1_TILE=small forces the small (sm_75) tile: a developer's knob to
 // test that tile on a bigger GPU.
@@ -127,19 +136,6 @@ std::string fa1_unsupported(const Problem &p, const DeviceInfo &dev) {
     return "";
 }
 
-flashattn_status_t fa1_schedule(const Problem &p, const DeviceInfo &dev, Schedule *out) {
-    fa1::Config c;
-    if (!pick_config(p, dev.smem_per_block_optin, &c))
-        return fail(FLASHATTN_ERROR_INTERNAL, "fa1: no tile fits the device's shared memory");
-    Schedule s;
-    s.num_splits = 1;  // no split over keys: FA1 walks every K/V block of a row range in one CTA
-    s.block_m = c.block_m;
-    s.block_n = c.block_n();
-    s.workspace_bytes = oacc_bytes(p, c) + ml_bytes(p, c);
-    *out = s;
-    return FLASHATTN_SUCCESS;
-}
-
 // Query blocks per CTA (the inner loop's length). Without a causal mask, long inner loops amortise
 // each K/V block's load and the CTA's start. H200, FA3-paper grid: at seqlen 1024 (fp16, first
 // kernel) 2 / 4 / 8 / 16 / 32 query blocks gave 102 / 111 / 115 / 117 / 117 TFLOP/s at head dim 128
@@ -160,6 +156,29 @@ int q_blocks_per_cta(int64_t nqb, int64_t bh, int64_t slots, bool causal) {
     return static_cast<int>(std::max<int64_t>(1, ceil_div(nqb, splits)));  // balance the ranges
 }
 
+flashattn_status_t fa1_schedule(const Problem &p, const DeviceInfo &dev, Schedule *out) {
+    fa1::Config c;
+    if (!pick_config(p, dev.smem_per_block_optin, &c))
+        return fail(FLASHATTN_ERROR_INTERNAL, "fa1: no tile fits the device's shared memory");
+    // Resident thread blocks per SM for this tile (2 for every large tile on the H200; 1 for the
+    // small tile on a 64 KB Turing SM): the query-range split fills one wave of them.
+    DeviceGuard scope(dev.device);
+    if (scope.error() != cudaSuccess) return cuda_fail(scope.error(), "fa1: cudaSetDevice");
+    int per_sm = 0;
+    const cudaError_t err = occupancy_for(c.head_dim, c.large, p.dtype == FLASHATTN_DTYPE_BF16, &per_sm);
+    if (err != cudaSuccess) return cuda_fail(err, "fa1: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    const int64_t slots = static_cast<int64_t>(std::max(dev.sm_count, 1)) * std::max(per_sm, 1);
+
+    Schedule s;
+    s.num_splits = 1;  // no split over keys: FA1 walks every K/V block of a row range in one CTA
+    s.block_m = c.block_m;
+    s.block_n = c.block_n();
+    s.q_blocks_per_cta = q_blocks_per_cta(ceil_div(p.seqlen_q, c.block_m), p.batch * p.heads_q, slots, p.causal);
+    s.workspace_bytes = oacc_bytes(p, c) + ml_bytes(p, c);
+    *out = s;
+    return FLASHATTN_SUCCESS;
+}
+
 flashattn_status_t fa1_execute(const Problem &p, const Schedule &s, const Tensors &t) {
     FLASHATTN_TRY(check_device_tensors(p, t));
     const fa1::Config c = schedule_config(p, s);
@@ -168,9 +187,6 @@ flashattn_status_t fa1_execute(const Problem &p, const Schedule &s, const Tensor
 
     DeviceGuard scope(p.device);
     if (scope.error() != cudaSuccess) return cuda_fail(scope.error(), "fa1: cudaSetDevice");
-    int sms = 0;
-    const cudaError_t aerr = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device);
-    if (aerr != cudaSuccess) return cuda_fail(aerr, "fa1: cudaDeviceGetAttribute");
 
     fa1::Params prm;
     fill_tensor_args(p, t, &prm);
@@ -180,8 +196,7 @@ flashattn_status_t fa1_execute(const Problem &p, const Schedule &s, const Tensor
 
     const int64_t nqb = ceil_div(p.seqlen_q, c.block_m);
     if (nqb == 0 || p.batch == 0) return FLASHATTN_SUCCESS;  // nothing to compute
-    const int64_t slots = static_cast<int64_t>(std::max(sms, 1)) * 2;  // two CTAs per SM (large tiles)
-    prm.q_blocks_per_cta = q_blocks_per_cta(nqb, p.batch * p.heads_q, slots, p.causal);
+    prm.q_blocks_per_cta = std::max(s.q_blocks_per_cta, 1);
     prm.splits = static_cast<int32_t>(ceil_div(nqb, prm.q_blocks_per_cta));
     prm.reverse = p.causal ? 1 : 0;  // bottom-right causal: the last query ranges do the most work
 
