@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
         out.z = cuda::pack2<E>(acc[4], acc[5]);
         out.w = cuda::pack2<E>(acc[6], acc[7]);
         uint16_t *og = static_cast<uint16_t *>(p.o) + ooff + qpos * p.o_rs + head * p.o_hs + c;
-        *reinterpret_cast<uint4 *>(og) = out;
+        cuda::st_global_v4(og, out);  // a uint4 assignment through og compiled to four 4-byte stores
     }
     if (lane == 0 && p.lse != nullptr) {
         p.lse[cuda::lse_offset(p, b, head, grow0, qpos)] = lse;
