@@ -240,6 +240,34 @@ def run_torch(bench, backend, q_sets, k_sets, v_sets, causal, gqa):
         return None, None, None, (msg[0] if msg else type(e).__name__)[:160]
 
 
+def run_standard(bench, q, k, v, causal):
+    """PyTorch standard attention, the FlashAttention-1 paper's baseline: S = Q K^T in the input
+    dtype, scale and (bottom-right) causal mask, softmax in fp32, P cast back, O = P V; S and P are
+    materialised in device memory. (ms, reduced, out_bshd, note) or (None, None, None, reason)."""
+    torch = bench.torch
+    try:
+        qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        sq, sk = q.shape[1], k.shape[1]
+        scale = 1.0 / math.sqrt(q.shape[3])
+        mask = torch.ones(sq, sk, dtype=torch.bool, device="cuda").triu(sk - sq + 1) if causal else None
+
+        def call(i):
+            s = torch.matmul(qh, kh.transpose(-2, -1))
+            if mask is not None:
+                s.masked_fill_(mask, float("-inf"))
+            p = torch.softmax(s.float().mul_(scale), dim=-1).to(q.dtype)
+            del s
+            return torch.matmul(p, vh)
+
+        out = call(0)
+        torch.cuda.synchronize()
+        ms, reduced = bench.time_ms(call)
+        return ms, reduced, out.transpose(1, 2), ""
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return None, None, None, "out of device memory (S and P of the whole problem)"
+
+
 def run_lib(bench, lib, gen, q_sets, k_sets, v_sets, causal, dtype_name):
     """(ms, reduced, out_bshd, note) or (None, None, None, reason)."""
     torch = bench.torch
@@ -288,8 +316,11 @@ def prefill_table(bench, lib, gens, dtype_name, out_lines, notes):
     from torch.nn.attention import SDPBackend
     args = bench.args
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
-    head = ["hdim", "causal", "seqlen"] + gens + ["torch-flash", "cuDNN"]
+    peers = ["torch-flash", "cuDNN"] + (["standard"] if args.standard else [])
+    head = ["hdim", "causal", "seqlen"] + gens + peers
     ratio_cols = []
+    if args.standard:
+        ratio_cols += [(g, "standard") for g in gens]
     if "fa2" in gens:
         ratio_cols.append(("fa2", "torch-flash"))
     if "fa3" in gens:
@@ -326,6 +357,13 @@ def prefill_table(bench, lib, gens, dtype_name, out_lines, notes):
                     else:
                         tf[name] = (flops / (ms * 1e-3) / 1e12, red)
                         outs[name] = out
+                if args.standard:
+                    ms, red, out, note = run_standard(bench, q, k, v, bool(causal))
+                    tf["standard"] = None if ms is None else (flops / (ms * 1e-3) / 1e12, red)
+                    if ms is None:
+                        notes.setdefault(f"standard: {note}", []).append(where)
+                    del out
+                    torch.cuda.empty_cache()
                 ref = outs.get("torch-flash", outs.get("cuDNN"))
                 errs = []
                 for gen in gens:
@@ -343,7 +381,7 @@ def prefill_table(bench, lib, gens, dtype_name, out_lines, notes):
                         continue
                     errs.append(check_against(torch, bench, notes, gen, where, out, ref))
                     del out
-                for name in gens + ["torch-flash", "cuDNN"]:
+                for name in gens + peers:
                     row.append("n/a" if tf.get(name) is None else fmt_val(*tf[name]))
                 for a, bb in ratio_cols:
                     row.append(f"{tf[a][0] / tf[bb][0]:.2f}" if tf.get(a) and tf.get(bb) else "-")
@@ -453,6 +491,9 @@ def main():
     ap.add_argument("--hidden", type=int, default=2048, help="grid: heads = hidden/hdim (default 2048)")
     ap.add_argument("--tokens", type=int, default=16384, help="grid: batch = tokens/seqlen (default 16384)")
     ap.add_argument("--markdown", help="also write the tables to this markdown file")
+    ap.add_argument("--standard", action="store_true",
+                    help="also time PyTorch standard attention (matmul, fp32 softmax, matmul; the FA1 paper's "
+                         "baseline) and each generation's ratio to it")
     args = ap.parse_args()
     args.causal = {"0": [0], "1": [1], "both": [0, 1]}[args.causal]
     args.warmup = max(1, args.warmup)
@@ -480,7 +521,10 @@ def main():
                 "4*b*h*sq*sk*d, halved when causal. torch-flash = SDPA FLASH_ATTENTION, cuDNN = SDPA "
                 f"CUDNN_ATTENTION. Library LSE {'not requested' if args.no_lse else 'written (fp32)'}. "
                 "Errors: library O vs torch-flash's (cuDNN's where flash cannot run); BAD = rel L2 > 2e-2 or "
-                "non-finite. `*`: first run over 1 s, so median of 3 after 1 warm-up.")
+                "non-finite. `*`: first run over 1 s, so median of 3 after 1 warm-up."
+                + (" standard = PyTorch standard attention (S = Q K^T in the input dtype, mask, fp32 softmax, P "
+                   "cast back, O = P V; S and P in device memory), the FlashAttention-1 paper's baseline."
+                   if args.standard else ""))
     notes = {}
     with torch.inference_mode():
         if not args.decode:
