@@ -152,19 +152,41 @@ struct Seq {
     }
 };
 
+// One thread's view of the kernel: the (batch, head, query range) its CTA owns, the global and
+// shared-memory addresses it uses, and the phases of one inner step. run() is the loop.
 template <class T, class E>
 struct Fwd {
     static constexpr int D = T::D, BR = T::BR, KPW = T::KPW, BC = T::BC;
     static constexpr int MT = T::MT, NS = T::NS, NO = T::NO, NOW = T::NOW, KC = T::KC;
+    static constexpr int QCH = T::QCH, KVCH = T::KVCH;
 
-    __device__ static __forceinline__ void run(const Params &p, char *smem) {
-        const int tid = threadIdx.x;
-        const int lane = tid & 31;
-        const int warp = tid >> 5;
-        const int g = lane >> 2;
-        const int t = lane & 3;
+    // Thread coordinates, read from threadIdx where used (not kept as members): the compiler then
+    // knows warp() < 4, without which it indexes the P V accumulators dynamically (local memory).
+    __device__ static __forceinline__ int tid() { return threadIdx.x; }
+    __device__ static __forceinline__ int lane() { return threadIdx.x & 31; }
+    __device__ static __forceinline__ int warp() { return threadIdx.x >> 5; }
+    __device__ static __forceinline__ int g() { return lane() >> 2; }  // fragment row in an 8-row group
+    __device__ static __forceinline__ int t() { return lane() & 3; }   // fragment column pair
 
-        // ---- which (batch, head, query range) this CTA owns ----
+    const Params &p;
+    Seq<BR, BC> sg;
+    const char *qg, *kg, *vg;  // this (sequence, head)'s Q, K, V: row 0, column 0
+    char *og;
+    float *lseg;      // its LSE row 0, or null
+    float *o_lane;    // this lane's O fragment element in the workspace, query block 0
+    float2 *ml_lane;  // this lane's (m, l) slot, query block 0
+    int kvalid_chunks;  // 16-byte chunks of a row that hold data (head_dim / 8)
+    uint32_t sK, sV, sRed, sQ;
+    uint32_t q_lb, k_lb, v_lb;  // ldmatrix bases (see init_smem)
+    float *smax, *ssum;         // per-row statistics of the four warps, [row][warp]
+
+    __device__ __forceinline__ Fwd(const Params &params, char *smem) : p(params) {
+        init_sequence();
+        init_smem(smem);
+    }
+
+    // ---- which (batch, head, query range) this CTA owns, and its global addresses ----
+    __device__ __forceinline__ void init_sequence() {
         int idx = blockIdx.x;
         int split = idx % p.splits;
         idx /= p.splits;
@@ -174,38 +196,64 @@ struct Fwd {
 
         const bool varlen = p.cu_q != nullptr;
         const cuda::SeqInfo si = cuda::seq_info(p, b);
-        Seq<BR, BC> sg;
         sg.sq = si.sq;
         sg.sk = si.sk;
-        // First workspace row of the sequence (see workspace_rows() in fa1_backend.cpp).
-        const long long ws_start = varlen ? (long long)BR * ((si.q_row0 + BR - 1) / BR + b)
-                                          : (long long)b * ((p.seqlen_q + BR - 1) / BR) * BR;
         sg.off = sg.sk - sg.sq;
         sg.left = p.left_i;
         sg.right = p.right_i;
         const int nqb = (sg.sq + BR - 1) / BR;
         sg.ib_begin = split * p.q_blocks_per_cta;
         sg.ib_end = min(nqb, sg.ib_begin + p.q_blocks_per_cta);
-        if (sg.ib_begin >= sg.ib_end) return;
 
         const int hk = h / p.group;
-        const char *qg = static_cast<const char *>(p.q) +
-                         2 * ((varlen ? si.q_row0 * p.q_rs : (long long)b * p.q_bs) + (long long)h * p.q_hs);
-        const char *kg = static_cast<const char *>(p.k) +
-                         2 * ((varlen ? si.k_row0 * p.k_rs : (long long)b * p.k_bs) + (long long)hk * p.k_hs);
-        const char *vg = static_cast<const char *>(p.v) +
-                         2 * ((varlen ? si.k_row0 * p.v_rs : (long long)b * p.v_bs) + (long long)hk * p.v_hs);
-        char *og = static_cast<char *>(p.o) +
-                   2 * ((varlen ? si.q_row0 * p.o_rs : (long long)b * p.o_bs) + (long long)h * p.o_hs);
-        float *lseg = p.lse != nullptr ? p.lse + cuda::lse_offset(p, b, h, si.q_row0, 0) : nullptr;
-        // This lane's element of the workspace: O fragments are stored per (query block, m16 tile,
-        // n8 tile) as 32 lanes x float4; (m, l) per row and warp. A step adds its query block.
-        float *o_lane = p.o_acc + ((long long)h * p.ws_rows + ws_start) * D + warp * NOW * 128 + lane * 4;
-        float2 *ml_lane = p.ml + ((long long)h * p.ws_rows + ws_start + g) * kWarps + warp;
-        const int kvalid_chunks = p.head_dim / 8;
+        qg = static_cast<const char *>(p.q) +
+             2 * ((varlen ? si.q_row0 * p.q_rs : (long long)b * p.q_bs) + (long long)h * p.q_hs);
+        kg = static_cast<const char *>(p.k) +
+             2 * ((varlen ? si.k_row0 * p.k_rs : (long long)b * p.k_bs) + (long long)hk * p.k_hs);
+        vg = static_cast<const char *>(p.v) +
+             2 * ((varlen ? si.k_row0 * p.v_rs : (long long)b * p.v_bs) + (long long)hk * p.v_hs);
+        og = static_cast<char *>(p.o) +
+             2 * ((varlen ? si.q_row0 * p.o_rs : (long long)b * p.o_bs) + (long long)h * p.o_hs);
+        lseg = p.lse != nullptr ? p.lse + cuda::lse_offset(p, b, h, si.q_row0, 0) : nullptr;
+        // First workspace row of the sequence (see workspace_rows() in fa1_backend.cpp). The O
+        // fragments are stored per (query block, m16 tile, n8 tile) as 32 lanes x float4, (m, l)
+        // per row and warp; a step adds its query block to these per-lane bases.
+        const long long ws_start = varlen ? (long long)BR * ((si.q_row0 + BR - 1) / BR + b)
+                                          : (long long)b * ((p.seqlen_q + BR - 1) / BR) * BR;
+        o_lane = p.o_acc + ((long long)h * p.ws_rows + ws_start) * D + warp() * NOW * 128 + lane() * 4;
+        ml_lane = p.ml + ((long long)h * p.ws_rows + ws_start + g()) * kWarps + warp();
+        kvalid_chunks = p.head_dim / 8;
+    }
 
-        // ---- query blocks that see no key: O = 0, LSE = -inf ----
-        int j_begin = 1 << 30, j_end = -1;
+    __device__ __forceinline__ void init_smem(char *smem) {
+        const uint32_t s_base = cuda::sm75::smem_addr(smem);
+        sK = s_base + T::kOffK;
+        sV = s_base + T::kOffV;
+        sRed = s_base + T::kOffRed;
+        sQ = s_base + T::kOffQ;
+        static_assert(kWarps == 4, "one float4 per row of statistics");
+        smax = reinterpret_cast<float *>(smem + T::kOffStat);
+        ssum = smax + kWarps * BR;
+
+        // Per-lane ldmatrix bases (see Tile::swz). A lane's row address has zero bits in the XOR
+        // span (rows of 64 or 128 bytes x 2^k, 128-byte aligned tiles), so the address of logical
+        // chunk c0 + 2s (Q, K) or c0 + 4s (V) is the chunk-c0 base XOR (s << 5) or (s << 6): one
+        // LOP3 per swizzle run and step instead of one live register per run.
+        const int i8 = lane() >> 3, r8 = lane() & 7;
+        const int xq = T::swx(r8);
+        // Q (A operand, x4 = rows {0-7, 8-15} x k {0-7, 8-15}): row (i8&1)*8 + r8, chunk 2kk + (i8>>1).
+        // K (B operand, x4 = keys {0-7, 8-15} x k {0-7, 8-15}): key (i8>>1)*8 + r8, chunk 2kk + (i8&1).
+        q_lb = sQ + (i8 & 1) * T::kQGroupStride + r8 * T::ROWB + (((i8 >> 1) ^ xq) << 4);
+        k_lb = sK + (warp() * KPW + (i8 >> 1) * 8 + r8) * T::ROWB + (((i8 & 1) ^ xq) << 4);
+        // V (B operand via .trans, x4 = keys 0-7 x four n8 tiles): key r8, chunk 4*nt4 + i8.
+        v_lb = sV + (warp() * KPW + r8) * T::ROWB + ((i8 ^ xq) << 4);
+    }
+
+    // Query blocks that see no key get O = 0 and LSE = -inf here; [j_begin, j_end] is the K/V
+    // block range of the others (j_end < 0: none).
+    __device__ __forceinline__ void finish_keyless_blocks(int &j_begin, int &j_end) {
+        j_begin = 1 << 30;
+        j_end = -1;
         for (int ib = sg.ib_begin; ib < sg.ib_end; ++ib) {
             int fj, lj;
             if (sg.range(ib, fj, lj)) {
@@ -215,133 +263,387 @@ struct Fwd {
             }
             const int r0 = ib * BR;
             const int rows = min(BR, sg.sq - r0);
-            for (int c = tid; c < rows * kvalid_chunks; c += kThreads) {
+            for (int c = tid(); c < rows * kvalid_chunks; c += kThreads) {
                 const int r = c / kvalid_chunks, ch = c % kvalid_chunks;
                 *reinterpret_cast<uint4 *>(og + 2 * ((long long)(r0 + r) * p.o_rs + ch * 8)) =
                     make_uint4(0, 0, 0, 0);
             }
             if (lseg != nullptr)
-                for (int r = tid; r < rows; r += kThreads) lseg[r0 + r] = -__int_as_float(0x7f800000);
+                for (int r = tid(); r < rows; r += kThreads) lseg[r0 + r] = -__int_as_float(0x7f800000);
         }
-        if (j_end < 0) return;
+    }
 
-        // ---- shared memory ----
-        const uint32_t s_base = cuda::sm75::smem_addr(smem);
-        const uint32_t sK = s_base + T::kOffK;
-        const uint32_t sV = s_base + T::kOffV;
-        const uint32_t sRed = s_base + T::kOffRed;
-        const uint32_t sQ = s_base + T::kOffQ;
-        // Per-row statistics of the four warps, [row][warp]: one 16-byte read gathers a row.
-        static_assert(kWarps == 4, "one float4 per row of statistics");
-        float *smax = reinterpret_cast<float *>(smem + T::kOffStat);
-        float *ssum = smax + kWarps * BR;
-
-        // Per-lane ldmatrix bases (see Tile::swz). A lane's row address has zero bits in the XOR
-        // span (rows of 64 or 128 bytes x 2^k, 128-byte aligned tiles), so the address of logical
-        // chunk c0 + 2s (Q, K) or c0 + 4s (V) is the chunk-c0 base XOR (s << 5) or (s << 6): one LOP3
-        // per swizzle run and step instead of one live register per run.
-        const int i8 = lane >> 3, r8 = lane & 7;
-        const int xq = T::swx(r8);
-        // Q (A operand, x4 = rows {0-7, 8-15} x k {0-7, 8-15}): row (i8&1)*8 + r8, chunk 2kk + (i8>>1).
-        // K (B operand, x4 = keys {0-7, 8-15} x k {0-7, 8-15}): key (i8>>1)*8 + r8, chunk 2kk + (i8&1).
-        constexpr int kSubQ = T::SWC / 2;  // k16 steps per swizzle span
-        const uint32_t q_lb = sQ + (i8 & 1) * T::kQGroupStride + r8 * T::ROWB + (((i8 >> 1) ^ xq) << 4);
-        const uint32_t k_lb = sK + (warp * KPW + (i8 >> 1) * 8 + r8) * T::ROWB + (((i8 & 1) ^ xq) << 4);
-        // V (B operand via .trans, x4 = keys 0-7 x four n8 tiles): key r8, chunk 4*nt4 + i8.
-        const uint32_t v_lb = sV + (warp * KPW + r8) * T::ROWB + ((i8 ^ xq) << 4);
-
-        // ---- global -> shared staging ----
-        // Chunk i of this thread: tile row q_row(i), 16-byte chunk q_ch(i).
-        const bool q_loader = !T::QALIAS || warp * 8 < BR;
-        auto q_row = [&](int i) { return T::QALIAS ? warp * 8 + (lane + i * 32) / KC : (tid + i * kThreads) / KC; };
-        auto q_ch = [&](int i) { return T::QALIAS ? (lane + i * 32) % KC : (tid + i * kThreads) % KC; };
-        auto load_q_regs = [&](int ib, uint4 (&qr)[T::QCH]) {
+    // ---- global -> shared staging ----
+    // Q chunk i of this thread: tile row q_row(i), 16-byte chunk q_ch(i). Aliased tiles: warp gq
+    // loads row group gq (warps without a group load nothing).
+    __device__ __forceinline__ bool q_loader() const { return !T::QALIAS || warp() * 8 < BR; }
+    __device__ __forceinline__ int q_row(int i) const {
+        return T::QALIAS ? warp() * 8 + (lane() + i * 32) / KC : (tid() + i * kThreads) / KC;
+    }
+    __device__ __forceinline__ int q_ch(int i) const {
+        return T::QALIAS ? (lane() + i * 32) % KC : (tid() + i * kThreads) % KC;
+    }
+    __device__ __forceinline__ void load_q_regs(int ib, uint4 (&qr)[QCH]) const {
 #pragma unroll
-            for (int i = 0; i < T::QCH; ++i) {
-                const int row = ib * BR + q_row(i), ch = q_ch(i);
-                qr[i] = make_uint4(0, 0, 0, 0);
-                if (q_loader && row < sg.sq && ch < kvalid_chunks)
-                    qr[i] = cuda::sm75::ldg_128_cg(qg + 2 * ((long long)row * p.q_rs + ch * 8));
+        for (int i = 0; i < QCH; ++i) {
+            const int row = ib * BR + q_row(i), ch = q_ch(i);
+            qr[i] = make_uint4(0, 0, 0, 0);
+            if (q_loader() && row < sg.sq && ch < kvalid_chunks)
+                qr[i] = cuda::sm75::ldg_128_cg(qg + 2 * ((long long)row * p.q_rs + ch * 8));
+        }
+    }
+    __device__ __forceinline__ void store_q(const uint4 (&qr)[QCH]) const {
+        if (!q_loader()) return;
+#pragma unroll
+        for (int i = 0; i < QCH; ++i) {
+            const int r = q_row(i);
+            cuda::sm75::sts_128(sQ + (r >> 3) * T::kQGroupStride + T::swz(r & 7, q_ch(i)), qr[i]);
+        }
+    }
+
+    // This warp's K/V slice of block j (warp-private: only this warp reads it). The aliased tiles
+    // issue all K and V loads, then store; the others stage K, then V: with both in flight ptxas
+    // runs out of registers there (it spills a few bytes at head dim 64), while the aliased tiles
+    // spill with the split. Both are checked with -v.
+    __device__ __forceinline__ void load_kv(int j) const {
+        if constexpr (T::QALIAS) {
+            uint4 kr[KVCH], vr[KVCH];
+#pragma unroll
+            for (int i = 0; i < KVCH; ++i) {
+                const int c = lane() + i * 32;
+                const int r = c / KC, ch = c % KC;
+                const int key = j * BC + warp() * KPW + r;
+                kr[i] = make_uint4(0, 0, 0, 0);
+                vr[i] = make_uint4(0, 0, 0, 0);
+                if (key < sg.sk && ch < kvalid_chunks) {
+                    kr[i] = cuda::sm75::ldg_128_cg(kg + 2 * ((long long)key * p.k_rs + ch * 8));
+                    vr[i] = cuda::sm75::ldg_128_cg(vg + 2 * ((long long)key * p.v_rs + ch * 8));
+                }
             }
-        };
-        auto store_q = [&](const uint4 (&qr)[T::QCH]) {
-            if (!q_loader) return;
 #pragma unroll
-            for (int i = 0; i < T::QCH; ++i) {
-                const int r = q_row(i);
-                cuda::sm75::sts_128(sQ + (r >> 3) * T::kQGroupStride + T::swz(r & 7, q_ch(i)), qr[i]);
+            for (int i = 0; i < KVCH; ++i) {
+                const int c = lane() + i * 32;
+                const uint32_t o = T::swz(warp() * KPW + c / KC, c % KC);
+                cuda::sm75::sts_128(sK + o, kr[i]);
+                cuda::sm75::sts_128(sV + o, vr[i]);
             }
-        };
-        // This warp's K/V slice of block j (warp-private: only this warp reads it).
-        auto load_kv = [&](int j) {
-            // The aliased tiles issue all K and V loads, then store; the others stage K, then V:
-            // with both in flight ptxas runs out of registers there (it spills a few bytes at head
-            // dim 64), while the aliased tiles spill with the split. Both are checked with -v.
-            if constexpr (T::QALIAS) {
-                uint4 kr[T::KVCH], vr[T::KVCH];
+        } else {
+            for (int pass = 0; pass < 2; ++pass) {
+                const char *src = pass ? vg : kg;
+                const long long rs = pass ? p.v_rs : p.k_rs;
+                const uint32_t dst = pass ? sV : sK;
+                uint4 r[KVCH];
 #pragma unroll
-                for (int i = 0; i < T::KVCH; ++i) {
-                    const int c = lane + i * 32;
-                    const int r = c / KC, ch = c % KC;
-                    const int key = j * BC + warp * KPW + r;
-                    kr[i] = make_uint4(0, 0, 0, 0);
-                    vr[i] = make_uint4(0, 0, 0, 0);
-                    if (key < sg.sk && ch < kvalid_chunks) {
-                        kr[i] = cuda::sm75::ldg_128_cg(kg + 2 * ((long long)key * p.k_rs + ch * 8));
-                        vr[i] = cuda::sm75::ldg_128_cg(vg + 2 * ((long long)key * p.v_rs + ch * 8));
-                    }
+                for (int i = 0; i < KVCH; ++i) {
+                    const int c = lane() + i * 32;
+                    const int key = j * BC + warp() * KPW + c / KC, ch = c % KC;
+                    r[i] = make_uint4(0, 0, 0, 0);
+                    if (key < sg.sk && ch < kvalid_chunks)
+                        r[i] = cuda::sm75::ldg_128_cg(src + 2 * ((long long)key * rs + ch * 8));
                 }
 #pragma unroll
-                for (int i = 0; i < T::KVCH; ++i) {
-                    const int c = lane + i * 32;
-                    const uint32_t o = T::swz(warp * KPW + c / KC, c % KC);
-                    cuda::sm75::sts_128(sK + o, kr[i]);
-                    cuda::sm75::sts_128(sV + o, vr[i]);
+                for (int i = 0; i < KVCH; ++i) {
+                    const int c = lane() + i * 32;
+                    cuda::sm75::sts_128(dst + T::swz(warp() * KPW + c / KC, c % KC), r[i]);
+                }
+            }
+        }
+        __syncwarp();
+    }
+
+    // ---- the phases of one inner step ----
+
+    // S = Q K_w^T: this warp's KPW keys, all BR rows.
+    __device__ __forceinline__ void scores(float (&s)[MT][NS][4]) const {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int n = 0; n < NS; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
+        constexpr int kSubQ = T::SWC / 2;  // k16 steps per swizzle span
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const int sub = kk % kSubQ;
+            const uint32_t imm = (kk / kSubQ) * (T::SWC * 16);
+            uint32_t qa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                cuda::sm75::ldsm_x4(qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3],
+                                    (q_lb ^ (sub << 5)) + imm + mt * 2 * T::kQGroupStride);
+#pragma unroll
+            for (int np = 0; np < NS / 2; ++np) {
+                uint32_t b0, b1, b2, b3;
+                cuda::sm75::ldsm_x4(b0, b1, b2, b3, (k_lb ^ (sub << 5)) + imm + np * 16 * T::ROWB);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    cuda::sm75::mma_1688<E>(s[mt][2 * np], qa[mt][0], qa[mt][1], b0);
+                    cuda::sm75::mma_1688<E>(s[mt][2 * np], qa[mt][2], qa[mt][3], b1);
+                    cuda::sm75::mma_1688<E>(s[mt][2 * np + 1], qa[mt][0], qa[mt][1], b2);
+                    cuda::sm75::mma_1688<E>(s[mt][2 * np + 1], qa[mt][2], qa[mt][3], b3);
+                }
+            }
+        }
+    }
+
+    // Soft cap, mask, and this warp's row maxima into smax (read by all warps after barrier A).
+    __device__ __forceinline__ void mask_and_row_max(float (&s)[MT][NS][4], int ib, int j) const {
+        const float neg_inf = -__int_as_float(0x7f800000);
+        if (p.softcap_scale != 0.f) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int n = 0; n < NS; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[mt][n][e] = cuda::sm75::tanh_acc(s[mt][n][e] * p.softcap_scale);
+        }
+        if (sg.needs_mask(ib, j)) {
+            const int r0 = ib * BR;
+            const int kbase = j * BC + warp() * KPW + 2 * t();
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int row = r0 + mt * 16 + g() + 8 * hh;
+                    const int klo = sg.lo(row), khi = sg.hi(row);
+#pragma unroll
+                    for (int n = 0; n < NS; ++n)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int key = kbase + n * 8 + e;
+                            if (key < klo || key > khi) s[mt][n][2 * hh + e] = neg_inf;
+                        }
+                }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                float m = neg_inf;
+#pragma unroll
+                for (int n = 0; n < NS; ++n) m = fmaxf(m, fmaxf(s[mt][n][2 * hh], s[mt][n][2 * hh + 1]));
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                if (t() == 0) smax[(mt * 16 + g() + 8 * hh) * kWarps + warp()] = m;
+            }
+    }
+
+    // m_new from the four warps' maxima and m_old, P = exp(S - m_new) packed as A fragments, and
+    // this warp's partial row sums into ssum (read by all warps after barrier B).
+    __device__ __forceinline__ void softmax(const float (&s)[MT][NS][4], const float2 (&mlold)[MT][2],
+                                            float (&mnew)[MT][2], uint32_t (&pa)[MT][NS][2]) const {
+        const float sl2 = p.score_log2;
+        const float neg_inf = -__int_as_float(0x7f800000);
+        float moff[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int rl = mt * 16 + g() + 8 * hh;
+                const float4 mw = *reinterpret_cast<const float4 *>(smax + rl * kWarps);
+                const float m = fmaxf(fmaxf(__shfl_sync(0xffffffffu, mlold[mt][hh].x, lane() & ~3), mw.x),
+                                      fmaxf(fmaxf(mw.y, mw.z), mw.w));
+                mnew[mt][hh] = m;
+                moff[mt][hh] = m == neg_inf ? 0.f : m * sl2;
+            }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            float ls0 = 0.f, ls1 = 0.f;
+#pragma unroll
+            for (int n = 0; n < NS; ++n) {
+                const float p0 = cuda::sm75::ex2(fmaf(s[mt][n][0], sl2, -moff[mt][0]));
+                const float p1 = cuda::sm75::ex2(fmaf(s[mt][n][1], sl2, -moff[mt][0]));
+                const float p2 = cuda::sm75::ex2(fmaf(s[mt][n][2], sl2, -moff[mt][1]));
+                const float p3 = cuda::sm75::ex2(fmaf(s[mt][n][3], sl2, -moff[mt][1]));
+                ls0 += p0 + p1;
+                ls1 += p2 + p3;
+                pa[mt][n][0] = cuda::sm75::pack2<E>(p0, p1);
+                pa[mt][n][1] = cuda::sm75::pack2<E>(p2, p3);
+            }
+            ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1);
+            ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
+            ls1 += __shfl_xor_sync(0xffffffffu, ls1, 1);
+            ls1 += __shfl_xor_sync(0xffffffffu, ls1, 2);
+            if (t() == 0) {
+                ssum[(mt * 16 + g()) * kWarps + warp()] = ls0;
+                ssum[(mt * 16 + g() + 8) * kWarps + warp()] = ls1;
+            }
+        }
+    }
+
+    // Reduction slot of (owner warp q, source index src, m16 tile mt, n8 tile n) for this lane:
+    // one fragment per lane, 512 contiguous bytes per slot, so every access is a conflict-free
+    // 16-byte one.
+    __device__ __forceinline__ uint32_t red_slot(int q, int src, int mt, int n) const {
+        return sRed + ((((q * (kWarps - 1) + src) * MT + mt) * NOW + n) * 32 + lane()) * 16;
+    }
+
+    // Partial O_w = P_w V_w over all D columns. The columns are produced in NH groups (each a whole
+    // number of owners' slices) to bound the live accumulators; each group's slices owned by other
+    // warps go straight to the reduction buffer, this warp's own slice into `own`.
+    __device__ __forceinline__ void pv_and_scatter(const uint32_t (&pa)[MT][NS][2], float4 (&own)[MT][NOW]) const {
+        constexpr int kSubVn = T::SWC / 4 > 0 ? T::SWC / 4 : 1;
+        // The group holding this warp's own columns goes last: its accumulators then never live
+        // alongside the partial products of another group.
+#pragma unroll
+        for (int gi = 0; gi < T::NH; ++gi) {
+            constexpr int NG = NO / T::NH;  // n8 tiles per group
+            static_assert((NG / 4) % kSubVn == 0, "V swizzle runs align with the groups");
+            const int grp = T::NH == 1 ? 0 : (warp() / (kWarps / T::NH) + 1 + gi) % T::NH;
+            float o[MT][NG][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int n = 0; n < NG; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+#pragma unroll
+            for (int kc = 0; kc < NS; ++kc) {
+#pragma unroll
+                for (int g4 = 0; g4 < NG / 4; ++g4) {
+                    const int sub = g4 % kSubVn;  // grp * (NG / 4) is a multiple of kSubVn
+                    const uint32_t imm =
+                        (grp * (NG / 4) / kSubVn + g4 / kSubVn) * (T::SWC * 16) + kc * 8 * T::ROWB;
+                    uint32_t b0, b1, b2, b3;
+                    cuda::sm75::ldsm_x4_trans(b0, b1, b2, b3, (v_lb ^ (sub << 6)) + imm);
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        cuda::sm75::mma_1688<E>(o[mt][4 * g4 + 0], pa[mt][kc][0], pa[mt][kc][1], b0);
+                        cuda::sm75::mma_1688<E>(o[mt][4 * g4 + 1], pa[mt][kc][0], pa[mt][kc][1], b1);
+                        cuda::sm75::mma_1688<E>(o[mt][4 * g4 + 2], pa[mt][kc][0], pa[mt][kc][1], b2);
+                        cuda::sm75::mma_1688<E>(o[mt][4 * g4 + 3], pa[mt][kc][0], pa[mt][kc][1], b3);
+                    }
+                }
+            }
+#pragma unroll
+            for (int qq = 0; qq < kWarps / T::NH; ++qq) {
+                const int q = grp * (kWarps / T::NH) + qq;  // owner warp of these columns
+                if (q == warp()) {
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int n = 0; n < NOW; ++n)
+                            own[mt][n] = make_float4(o[mt][qq * NOW + n][0], o[mt][qq * NOW + n][1],
+                                                     o[mt][qq * NOW + n][2], o[mt][qq * NOW + n][3]);
+                } else {
+                    const int src = warp() < q ? warp() : warp() - 1;
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int n = 0; n < NOW; ++n)
+                            cuda::sm75::sts_f32x4(red_slot(q, src, mt, n), o[mt][qq * NOW + n][0],
+                                                  o[mt][qq * NOW + n][1], o[mt][qq * NOW + n][2],
+                                                  o[mt][qq * NOW + n][3]);
+                }
+            }
+        }
+    }
+
+    // After barrier B: add the three other warps' partial products of this warp's columns.
+    __device__ __forceinline__ void gather(float4 (&own)[MT][NOW]) const {
+#pragma unroll
+        for (int src = 0; src < kWarps - 1; ++src)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int n = 0; n < NOW; ++n) {
+                    const float4 x = cuda::sm75::lds_f32x4(red_slot(warp(), src, mt, n));
+                    own[mt][n].x += x.x;
+                    own[mt][n].y += x.y;
+                    own[mt][n].z += x.z;
+                    own[mt][n].w += x.w;
+                }
+    }
+
+    // The FA1 update of this warp's columns, O = (l_old e^(m_old - m_new) O_old + P V) / l_new,
+    // then either the final output (the caller's dtype, straight from registers, and the LSE) or
+    // the partial state back to the workspace.
+    __device__ __forceinline__ void update_and_store(float4 (&own)[MT][NOW], const float4 (&oold)[MT][NOW],
+                                                     const float2 (&mlold)[MT][2], const float (&mnew)[MT][2],
+                                                     int r0, bool last, float *o_step, float2 *ml_step) const {
+        const float sl2 = p.score_log2;
+        const float neg_inf = -__int_as_float(0x7f800000);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            float cold[2], cnew[2], lnew[2];
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int rl = mt * 16 + g() + 8 * hh;
+                const float mo = __shfl_sync(0xffffffffu, mlold[mt][hh].x, lane() & ~3);
+                const float lo = __shfl_sync(0xffffffffu, mlold[mt][hh].y, lane() & ~3);
+                const float4 lw = *reinterpret_cast<const float4 *>(ssum + rl * kWarps);
+                const float lb = (lw.x + lw.y) + (lw.z + lw.w);
+                const float alpha = mo == neg_inf ? 0.f : cuda::sm75::ex2((mo - mnew[mt][hh]) * sl2);
+                const float ln = alpha * lo + lb;
+                // ln >= 1 whenever a key is visible (the row maximum contributes e^0), so the
+                // approximate reciprocal (no IEEE slow path in the loop) is exact to ~1 ulp.
+                const float inv = ln > 0.f ? cuda::sm75::rcp(ln) : 0.f;
+                cold[hh] = alpha * lo * inv;
+                cnew[hh] = inv;
+                lnew[hh] = ln;
+            }
+#pragma unroll
+            for (int n = 0; n < NOW; ++n) {
+                own[mt][n].x = fmaf(cold[0], oold[mt][n].x, cnew[0] * own[mt][n].x);
+                own[mt][n].y = fmaf(cold[0], oold[mt][n].y, cnew[0] * own[mt][n].y);
+                own[mt][n].z = fmaf(cold[1], oold[mt][n].z, cnew[1] * own[mt][n].z);
+                own[mt][n].w = fmaf(cold[1], oold[mt][n].w, cnew[1] * own[mt][n].w);
+            }
+            if (last) {
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int row = r0 + mt * 16 + g() + 8 * hh;
+                    if (row < sg.sq) {
+                        char *orow = og + 2 * (long long)row * p.o_rs;
+#pragma unroll
+                        for (int n = 0; n < NOW; ++n) {
+                            const int col = (warp() * NOW + n) * 8 + 2 * t();
+                            if (col < p.head_dim) {
+                                const uint32_t v = hh == 0 ? cuda::sm75::pack2<E>(own[mt][n].x, own[mt][n].y)
+                                                           : cuda::sm75::pack2<E>(own[mt][n].z, own[mt][n].w);
+                                *reinterpret_cast<uint32_t *>(orow + 2 * col) = v;
+                            }
+                        }
+                        if (lseg != nullptr && warp() == 0 && t() == 0)
+                            lseg[row] = lnew[hh] > 0.f
+                                            ? (mnew[mt][hh] * sl2 + cuda::sm75::lg2(lnew[hh])) * 0.6931471805599453f
+                                            : neg_inf;
+                    }
                 }
             } else {
-                for (int pass = 0; pass < 2; ++pass) {
-                    const char *src = pass ? vg : kg;
-                    const long long rs = pass ? p.v_rs : p.k_rs;
-                    const uint32_t dst = pass ? sV : sK;
-                    uint4 r[T::KVCH];
 #pragma unroll
-                    for (int i = 0; i < T::KVCH; ++i) {
-                        const int c = lane + i * 32;
-                        const int key = j * BC + warp * KPW + c / KC, ch = c % KC;
-                        r[i] = make_uint4(0, 0, 0, 0);
-                        if (key < sg.sk && ch < kvalid_chunks)
-                            r[i] = cuda::sm75::ldg_128_cg(src + 2 * ((long long)key * rs + ch * 8));
-                    }
+                for (int n = 0; n < NOW; ++n)
+                    __stcg(reinterpret_cast<float4 *>(o_step + (mt * NO + n) * 128), own[mt][n]);
+                if (t() == 0) {
 #pragma unroll
-                    for (int i = 0; i < T::KVCH; ++i) {
-                        const int c = lane + i * 32;
-                        cuda::sm75::sts_128(dst + T::swz(warp * KPW + c / KC, c % KC), r[i]);
-                    }
+                    for (int hh = 0; hh < 2; ++hh)
+                        __stcg(ml_step + (mt * 16 + 8 * hh) * kWarps, make_float2(mnew[mt][hh], lnew[hh]));
                 }
             }
-            __syncwarp();
-        };
+        }
+    }
 
-        // ---- prologue: first active (j, ib) ----
-        int j = j_begin, ib = sg.ib_begin - 1, fj = 0, lj = -1;
-        sg.next(j, ib, fj, lj, j_end);  // scans from ib_begin at j_begin
+    // ---- the loop: outer over K/V blocks j, inner over this CTA's query blocks ib ----
+    __device__ static __forceinline__ void run(const Params &p, char *smem) {
+        Fwd f(p, smem);
+        if (f.sg.ib_begin >= f.sg.ib_end) return;
+        int j_begin, j_end;
+        f.finish_keyless_blocks(j_begin, j_end);
+        if (j_end < 0) return;
+
+        // Prologue: the first active (j, ib).
+        int j = j_begin, ib = f.sg.ib_begin - 1, fj = 0, lj = -1;
+        f.sg.next(j, ib, fj, lj, j_end);  // scans from ib_begin at j_begin
         {
-            uint4 qr[T::QCH];
-            load_q_regs(ib, qr);
-            load_kv(j);
-            store_q(qr);
+            uint4 qr[QCH];
+            f.load_q_regs(ib, qr);
+            f.load_kv(j);
+            f.store_q(qr);
         }
         __syncthreads();
 
-        const float sl2 = p.score_log2;
         const float neg_inf = -__int_as_float(0x7f800000);
-
         while (j <= j_end) {
             int jn = j, ibn = ib, fjn = fj, ljn = lj;
-            sg.next(jn, ibn, fjn, ljn, j_end);
+            f.sg.next(jn, ibn, fjn, ljn, j_end);
             const bool has_next = jn <= j_end;
             const bool reload_q = has_next && (T::QALIAS || ibn != ib);
-
             const bool first = j == fj;
             const bool last = j == lj;
             const int r0 = ib * BR;
@@ -355,275 +657,46 @@ struct Fwd {
                 for (int n = 0; n < NOW; ++n) oold[mt][n] = make_float4(0.f, 0.f, 0.f, 0.f);
                 mlold[mt][0] = mlold[mt][1] = make_float2(neg_inf, 0.f);
             }
-            float *o_step = o_lane + (long long)ib * (MT * NO * 128);
-            float2 *ml_step = ml_lane + (long long)r0 * kWarps;
+            float *o_step = f.o_lane + (long long)ib * (MT * NO * 128);
+            float2 *ml_step = f.ml_lane + (long long)r0 * kWarps;
             if (!first) {
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
                     for (int n = 0; n < NOW; ++n)
                         oold[mt][n] = __ldcg(reinterpret_cast<const float4 *>(o_step + (mt * NO + n) * 128));
-                    if (t == 0) {
+                    if (f.t() == 0) {
 #pragma unroll
                         for (int hh = 0; hh < 2; ++hh) mlold[mt][hh] = __ldcg(ml_step + (mt * 16 + 8 * hh) * kWarps);
                     }
                 }
             }
-            uint4 qn[T::QCH];
-            if (!T::QALIAS && reload_q) load_q_regs(ibn, qn);
+            uint4 qn[QCH];
+            if (!T::QALIAS && reload_q) f.load_q_regs(ibn, qn);
 
-            // ---- S = Q K_w^T (this warp's KPW keys, all BR rows) ----
             float s[MT][NS][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int n = 0; n < NS; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                const int sub = kk % kSubQ;
-                const uint32_t imm = (kk / kSubQ) * (T::SWC * 16);
-                uint32_t qa[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-                    cuda::sm75::ldsm_x4(qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3],
-                                        (q_lb ^ (sub << 5)) + imm + mt * 2 * T::kQGroupStride);
-#pragma unroll
-                for (int np = 0; np < NS / 2; ++np) {
-                    uint32_t b0, b1, b2, b3;
-                    cuda::sm75::ldsm_x4(b0, b1, b2, b3, (k_lb ^ (sub << 5)) + imm + np * 16 * T::ROWB);
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        cuda::sm75::mma_1688<E>(s[mt][2 * np], qa[mt][0], qa[mt][1], b0);
-                        cuda::sm75::mma_1688<E>(s[mt][2 * np], qa[mt][2], qa[mt][3], b1);
-                        cuda::sm75::mma_1688<E>(s[mt][2 * np + 1], qa[mt][0], qa[mt][1], b2);
-                        cuda::sm75::mma_1688<E>(s[mt][2 * np + 1], qa[mt][2], qa[mt][3], b3);
-                    }
-                }
-            }
-
-            // ---- soft cap, mask, row maxima of this warp's part ----
-            if (p.softcap_scale != 0.f) {
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int n = 0; n < NS; ++n)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) s[mt][n][e] = cuda::sm75::tanh_acc(s[mt][n][e] * p.softcap_scale);
-            }
-            if (sg.needs_mask(ib, j)) {
-                const int kbase = j * BC + warp * KPW + 2 * t;
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int hh = 0; hh < 2; ++hh) {
-                        const int row = r0 + mt * 16 + g + 8 * hh;
-                        const int klo = sg.lo(row), khi = sg.hi(row);
-#pragma unroll
-                        for (int n = 0; n < NS; ++n)
-#pragma unroll
-                            for (int e = 0; e < 2; ++e) {
-                                const int key = kbase + n * 8 + e;
-                                if (key < klo || key > khi) s[mt][n][2 * hh + e] = neg_inf;
-                            }
-                    }
-            }
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    float m = neg_inf;
-#pragma unroll
-                    for (int n = 0; n < NS; ++n) m = fmaxf(m, fmaxf(s[mt][n][2 * hh], s[mt][n][2 * hh + 1]));
-                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-                    if (t == 0) smax[(mt * 16 + g + 8 * hh) * kWarps + warp] = m;
-                }
+            f.scores(s);
+            f.mask_and_row_max(s, ib, j);
             __syncthreads();  // (A) row maxima of all warps visible; every warp is done reading Q
 
-            if (!T::QALIAS && reload_q) store_q(qn);  // visible after barrier (B)
-
-            // ---- m_new, P = exp(S - m_new), partial row sums ----
-            float mnew[MT][2], moff[MT][2];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const int rl = mt * 16 + g + 8 * hh;
-                    const float4 mw = *reinterpret_cast<const float4 *>(smax + rl * kWarps);
-                    const float m = fmaxf(fmaxf(__shfl_sync(0xffffffffu, mlold[mt][hh].x, lane & ~3), mw.x),
-                                          fmaxf(fmaxf(mw.y, mw.z), mw.w));
-                    mnew[mt][hh] = m;
-                    moff[mt][hh] = m == neg_inf ? 0.f : m * sl2;
-                }
+            if (!T::QALIAS && reload_q) f.store_q(qn);  // visible after barrier (B)
+            float mnew[MT][2];
             uint32_t pa[MT][NS][2];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                float ls0 = 0.f, ls1 = 0.f;
-#pragma unroll
-                for (int n = 0; n < NS; ++n) {
-                    const float p0 = cuda::sm75::ex2(fmaf(s[mt][n][0], sl2, -moff[mt][0]));
-                    const float p1 = cuda::sm75::ex2(fmaf(s[mt][n][1], sl2, -moff[mt][0]));
-                    const float p2 = cuda::sm75::ex2(fmaf(s[mt][n][2], sl2, -moff[mt][1]));
-                    const float p3 = cuda::sm75::ex2(fmaf(s[mt][n][3], sl2, -moff[mt][1]));
-                    ls0 += p0 + p1;
-                    ls1 += p2 + p3;
-                    pa[mt][n][0] = cuda::sm75::pack2<E>(p0, p1);
-                    pa[mt][n][1] = cuda::sm75::pack2<E>(p2, p3);
-                }
-                ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1);
-                ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
-                ls1 += __shfl_xor_sync(0xffffffffu, ls1, 1);
-                ls1 += __shfl_xor_sync(0xffffffffu, ls1, 2);
-                if (t == 0) {
-                    ssum[(mt * 16 + g) * kWarps + warp] = ls0;
-                    ssum[(mt * 16 + g + 8) * kWarps + warp] = ls1;
-                }
-            }
-
-            // ---- partial O_w = P_w V_w over all D columns, then its reduction ----
-            // The columns are produced in NH groups (each a whole number of owners' slices) to
-            // bound the live accumulators; each group's slices owned by other warps go straight to
-            // the reduction buffer. Slot (owner q, source s, mt, n) holds one fragment per lane:
-            // 512 contiguous bytes, so every access is a conflict-free 16-byte one.
+            f.softmax(s, mlold, mnew, pa);
             float4 own[MT][NOW];
-            constexpr int kSubVn = T::SWC / 4 > 0 ? T::SWC / 4 : 1;
-            // The group holding this warp's own columns goes last: its accumulators then never
-            // live alongside the partial products of another group.
-#pragma unroll
-            for (int gi = 0; gi < T::NH; ++gi) {
-                constexpr int NG = NO / T::NH;  // n8 tiles per group
-                static_assert((NG / 4) % kSubVn == 0, "V swizzle runs align with the groups");
-                const int grp = T::NH == 1 ? 0 : (warp / (kWarps / T::NH) + 1 + gi) % T::NH;
-                float o[MT][NG][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int n = 0; n < NG; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
-#pragma unroll
-                for (int kc = 0; kc < NS; ++kc) {
-#pragma unroll
-                    for (int g4 = 0; g4 < NG / 4; ++g4) {
-                        const int sub = g4 % kSubVn;  // grp * (NG / 4) is a multiple of kSubVn
-                        const uint32_t imm = (grp * (NG / 4) / kSubVn + g4 / kSubVn) * (T::SWC * 16) +
-                                             kc * 8 * T::ROWB;
-                        uint32_t b0, b1, b2, b3;
-                        cuda::sm75::ldsm_x4_trans(b0, b1, b2, b3, (v_lb ^ (sub << 6)) + imm);
-#pragma unroll
-                        for (int mt = 0; mt < MT; ++mt) {
-                            cuda::sm75::mma_1688<E>(o[mt][4 * g4 + 0], pa[mt][kc][0], pa[mt][kc][1], b0);
-                            cuda::sm75::mma_1688<E>(o[mt][4 * g4 + 1], pa[mt][kc][0], pa[mt][kc][1], b1);
-                            cuda::sm75::mma_1688<E>(o[mt][4 * g4 + 2], pa[mt][kc][0], pa[mt][kc][1], b2);
-                            cuda::sm75::mma_1688<E>(o[mt][4 * g4 + 3], pa[mt][kc][0], pa[mt][kc][1], b3);
-                        }
-                    }
-                }
-#pragma unroll
-                for (int qq = 0; qq < kWarps / T::NH; ++qq) {
-                    const int q = grp * (kWarps / T::NH) + qq;  // owner warp of these columns
-                    if (q == warp) {
-#pragma unroll
-                        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                            for (int n = 0; n < NOW; ++n)
-                                own[mt][n] = make_float4(o[mt][qq * NOW + n][0], o[mt][qq * NOW + n][1],
-                                                         o[mt][qq * NOW + n][2], o[mt][qq * NOW + n][3]);
-                    } else {
-                        const int src = warp < q ? warp : warp - 1;
-#pragma unroll
-                        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                            for (int n = 0; n < NOW; ++n)
-                                cuda::sm75::sts_f32x4(
-                                    sRed + ((((q * (kWarps - 1) + src) * MT + mt) * NOW + n) * 32 + lane) * 16,
-                                    o[mt][qq * NOW + n][0], o[mt][qq * NOW + n][1], o[mt][qq * NOW + n][2],
-                                    o[mt][qq * NOW + n][3]);
-                    }
-                }
-            }
+            f.pv_and_scatter(pa, own);
 
-            if (T::QALIAS && reload_q) load_q_regs(ibn, qn);  // lands during the reduction
+            if (T::QALIAS && reload_q) f.load_q_regs(ibn, qn);  // lands during the reduction
             __syncthreads();  // (B) partial products and row sums of all warps visible
 
-#pragma unroll
-            for (int src = 0; src < kWarps - 1; ++src)
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int n = 0; n < NOW; ++n) {
-                        const float4 x = cuda::sm75::lds_f32x4(
-                            sRed + ((((warp * (kWarps - 1) + src) * MT + mt) * NOW + n) * 32 + lane) * 16);
-                        own[mt][n].x += x.x;
-                        own[mt][n].y += x.y;
-                        own[mt][n].z += x.z;
-                        own[mt][n].w += x.w;
-                    }
-
-            // ---- FA1 update of this warp's columns: O = (l_old e^(m_old-m_new) O_old + PV) / l_new ----
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                float cold[2], cnew[2], lnew[2];
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const int rl = mt * 16 + g + 8 * hh;
-                    const float mo = __shfl_sync(0xffffffffu, mlold[mt][hh].x, lane & ~3);
-                    const float lo = __shfl_sync(0xffffffffu, mlold[mt][hh].y, lane & ~3);
-                    const float4 lw = *reinterpret_cast<const float4 *>(ssum + rl * kWarps);
-                    const float lb = (lw.x + lw.y) + (lw.z + lw.w);
-                    const float alpha = mo == neg_inf ? 0.f : cuda::sm75::ex2((mo - mnew[mt][hh]) * sl2);
-                    const float ln = alpha * lo + lb;
-                    // ln >= 1 whenever a key is visible (the row maximum contributes e^0), so the
-                    // approximate reciprocal (no IEEE slow path in the loop) is exact to ~1 ulp.
-                    const float inv = ln > 0.f ? cuda::sm75::rcp(ln) : 0.f;
-                    cold[hh] = alpha * lo * inv;
-                    cnew[hh] = inv;
-                    lnew[hh] = ln;
-                }
-#pragma unroll
-                for (int n = 0; n < NOW; ++n) {
-                    own[mt][n].x = fmaf(cold[0], oold[mt][n].x, cnew[0] * own[mt][n].x);
-                    own[mt][n].y = fmaf(cold[0], oold[mt][n].y, cnew[0] * own[mt][n].y);
-                    own[mt][n].z = fmaf(cold[1], oold[mt][n].z, cnew[1] * own[mt][n].z);
-                    own[mt][n].w = fmaf(cold[1], oold[mt][n].w, cnew[1] * own[mt][n].w);
-                }
-                if (last) {
-                    // Final: the caller's dtype straight from registers, and the LSE.
-#pragma unroll
-                    for (int hh = 0; hh < 2; ++hh) {
-                        const int row = r0 + mt * 16 + g + 8 * hh;
-                        if (row < sg.sq) {
-                            char *orow = og + 2 * (long long)row * p.o_rs;
-#pragma unroll
-                            for (int n = 0; n < NOW; ++n) {
-                                const int col = (warp * NOW + n) * 8 + 2 * t;
-                                if (col < p.head_dim) {
-                                    const uint32_t v = hh == 0 ? cuda::sm75::pack2<E>(own[mt][n].x, own[mt][n].y)
-                                                               : cuda::sm75::pack2<E>(own[mt][n].z, own[mt][n].w);
-                                    *reinterpret_cast<uint32_t *>(orow + 2 * col) = v;
-                                }
-                            }
-                            if (lseg != nullptr && warp == 0 && t == 0)
-                                lseg[row] = lnew[hh] > 0.f
-                                                ? (mnew[mt][hh] * sl2 + cuda::sm75::lg2(lnew[hh])) * 0.6931471805599453f
-                                                : neg_inf;
-                        }
-                    }
-                } else {
-#pragma unroll
-                    for (int n = 0; n < NOW; ++n)
-                        __stcg(reinterpret_cast<float4 *>(o_step + (mt * NO + n) * 128), own[mt][n]);
-                    if (t == 0) {
-#pragma unroll
-                        for (int hh = 0; hh < 2; ++hh)
-                            __stcg(ml_step + (mt * 16 + 8 * hh) * kWarps, make_float2(mnew[mt][hh], lnew[hh]));
-                    }
-                }
-            }
+            f.gather(own);
+            f.update_and_store(own, oold, mlold, mnew, r0, last, o_step, ml_step);
 
             if (T::QALIAS && reload_q) {
-                __syncwarp();  // every lane of this warp is done reading its slots
-                store_q(qn);   // this warp's Q row group goes into its own slots
+                __syncwarp();   // every lane of this warp is done reading its slots
+                f.store_q(qn);  // this warp's Q row group goes into its own slots
             }
-            if (has_next && jn != j) load_kv(jn);  // this warp's slice; it finished reading it
+            if (has_next && jn != j) f.load_kv(jn);  // this warp's slice; it finished reading it
             if (T::QALIAS && reload_q) __syncthreads();  // (C) Q of the next step visible
             j = jn;
             ib = ibn;
