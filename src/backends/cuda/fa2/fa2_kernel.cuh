@@ -242,11 +242,121 @@ __device__ __forceinline__ void gemm_pv(float (&O)[Tr::kMT][Tr::kDT][4],
     }
 }
 
+// ---- epilogue -------------------------------------------------------------------------------
+// The CTA's packed query rows: tile row m is packed row m0 + m (< prows); packed row r is query
+// position and head unpack_row(r, G, hbase). Thread coordinates come from threadIdx (the compiler
+// then knows their ranges).
+
+// Split-KV: this split's fp32 partial O (normalised by its own sum) and LSE, for the merge kernel.
+template <class Tr>
+__device__ __forceinline__ void store_split_partials(const Params &p, const float (&O)[Tr::kMT][Tr::kDT][4],
+                                                     const float (&inv)[Tr::kMT][2],
+                                                     const float (&lse)[Tr::kMT][2], int m0, int prows,
+                                                     int G, int hbase, int split, int64_t grow0) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int prow = m0 + warp * Tr::kWarpRows + mt * 16 + h * 8 + g;
+            if (prow >= prows) continue;
+            int qpos, head;
+            unpack_row(prow, G, hbase, qpos, head);
+            const int64_t r = (static_cast<int64_t>(split) * p.heads_q + head) * p.total_rows + grow0 + qpos;
+            float *op = p.o_part + r * p.head_dim;
+#pragma unroll
+            for (int dt = 0; dt < Tr::kDT; ++dt) {
+                const int col = dt * 8 + 2 * t;
+                if (col < p.head_dim)
+                    *reinterpret_cast<float2 *>(op + col) =
+                        make_float2(O[mt][dt][2 * h] * inv[mt][h], O[mt][dt][2 * h + 1] * inv[mt][h]);
+            }
+            if (t == 0) p.lse_part[r] = lse[mt][h];
+        }
+}
+
+// The LSE of this warp's rows (one thread per row).
+template <class Tr>
+__device__ __forceinline__ void store_lse(const Params &p, const float (&lse)[Tr::kMT][2], int m0, int prows,
+                                          int G, int hbase, int b, int64_t grow0) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    if (p.lse == nullptr || t != 0) return;
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int prow = m0 + warp * Tr::kWarpRows + mt * 16 + h * 8 + g;
+            if (prow >= prows) continue;
+            int qpos, head;
+            unpack_row(prow, G, hbase, qpos, head);
+            p.lse[cuda::lse_offset(p, b, head, grow0, qpos)] = lse[mt][h];
+        }
+}
+
+// O / l -> 16-bit, staged through this warp's own rows of the Q tile (only this warp ever read
+// them), then 16-byte coalesced stores. `og` is O of this sequence (row 0, head 0).
+template <class Tr, class E>
+__device__ __forceinline__ void store_o(const Params &p, const float (&O)[Tr::kMT][Tr::kDT][4],
+                                        const float (&inv)[Tr::kMT][2], uint32_t s_q, uint16_t *og, int m0,
+                                        int prows, int G, int hbase) {
+    using QT = typename Tr::QTile;
+    constexpr int kWR = Tr::kWarpRows;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = warp * kWR + mt * 16 + h * 8 + g;
+#pragma unroll
+            for (int dt = 0; dt < Tr::kDT; ++dt)
+                cuda::st_shared_b32(s_q + QT::offset(r, dt) + 4 * t,
+                                    cuda::pack2<E>(O[mt][dt][2 * h] * inv[mt][h],
+                                                   O[mt][dt][2 * h + 1] * inv[mt][h]));
+        }
+    __syncwarp();
+    // Lane l stores 16-byte column chunk c = l % kCPRp of rows lr0, lr0 + kStep, ... of the warp's
+    // rows: without pack-GQA its global address then just advances by a fixed stride (the
+    // per-chunk index arithmetic this replaces was ~2% of a CTA's instructions at head dim 256,
+    // seqlen 1024).
+    constexpr int kCPR = Tr::kD / 8;
+    constexpr int kCPRp = next_pow2(kCPR);
+    static_assert(kCPRp <= 32, "one row of chunks per warp pass at most");
+    constexpr int kStep = 32 / kCPRp;
+    const int c = lane % kCPRp;
+    const int lr0 = lane / kCPRp;
+    if (!((kCPR == kCPRp || c < kCPR) && c * 8 < p.head_dim)) return;
+    og += c * 8;
+    const int prow0 = m0 + warp * kWR + lr0;
+    if (G == 1) {
+        uint16_t *dst = og + hbase * p.o_hs + static_cast<int64_t>(prow0) * p.o_rs;
+        const int64_t step = p.o_rs * kStep;
+#pragma unroll
+        for (int j = 0; j < kWR / kStep; ++j) {
+            if (prow0 + j * kStep < prows)
+                cuda::st_global_v4(dst, cuda::ld_shared_v4(s_q + QT::offset(warp * kWR + lr0 + j * kStep, c)));
+            dst += step;
+        }
+    } else {
+#pragma unroll 1
+        for (int j = 0; j < kWR / kStep; ++j) {
+            const int prow = prow0 + j * kStep;
+            if (prow >= prows) break;
+            int qpos, head;
+            unpack_row(prow, G, hbase, qpos, head);
+            cuda::st_global_v4(og + qpos * p.o_rs + head * p.o_hs,
+                               cuda::ld_shared_v4(s_q + QT::offset(warp * kWR + lr0 + j * kStep, c)));
+        }
+    }
+}
+
 template <class Tr, class E>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     fwd_kernel(const __grid_constant__ Params p) {
-    constexpr int kD = Tr::kD, kBM = Tr::kBM, kBN = Tr::kBN, kMT = Tr::kMT, kNT = Tr::kNT,
-                  kDT = Tr::kDT, kWR = Tr::kWarpRows;
+    constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kMT = Tr::kMT, kNT = Tr::kNT, kDT = Tr::kDT,
+                  kWR = Tr::kWarpRows;
     using QT = typename Tr::QTile;
     using KT = typename Tr::KVTile;
 
@@ -435,92 +545,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     for (int mt = 0; mt < kMT; ++mt) cuda::finish_rows(row_max[mt], row_sum[mt], sl2, inv[mt], lse[mt]);
 
     if (p.num_splits > 1) {
-        // fp32 partials straight from the fragments (normalised by this split's own sum).
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int prow = m0 + warp * kWR + mt * 16 + h * 8 + g;
-                if (prow >= prows) continue;
-                int qpos, head;
-                unpack_row(prow, G, hbase, qpos, head);
-                const int64_t r =
-                    (static_cast<int64_t>(split) * p.heads_q + head) * p.total_rows + grow0 + qpos;
-                float *op = p.o_part + r * d;
-#pragma unroll
-                for (int dt = 0; dt < kDT; ++dt) {
-                    const int col = dt * 8 + 2 * t;
-                    if (col < d)
-                        *reinterpret_cast<float2 *>(op + col) =
-                            make_float2(O[mt][dt][2 * h] * inv[mt][h], O[mt][dt][2 * h + 1] * inv[mt][h]);
-                }
-                if (t == 0) p.lse_part[r] = lse[mt][h];
-            }
+        store_split_partials<Tr>(p, O, inv, lse, m0, prows, G, hbase, split, grow0);
         return;
     }
-
-    if (p.lse != nullptr && t == 0) {
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int prow = m0 + warp * kWR + mt * 16 + h * 8 + g;
-                if (prow >= prows) continue;
-                int qpos, head;
-                unpack_row(prow, G, hbase, qpos, head);
-                p.lse[cuda::lse_offset(p, b, head, grow0, qpos)] = lse[mt][h];
-            }
-    }
+    store_lse<Tr>(p, lse, m0, prows, G, hbase, b, grow0);
     if (!warp_active) return;
-
-    // O -> 16-bit, staged through this warp's own rows of the Q tile (only this warp ever read
-    // them), then 16-byte coalesced stores.
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = warp * kWR + mt * 16 + h * 8 + g;
-#pragma unroll
-            for (int dt = 0; dt < kDT; ++dt)
-                cuda::st_shared_b32(s_q + QT::offset(r, dt) + 4 * t,
-                                    cuda::pack2<E>(O[mt][dt][2 * h] * inv[mt][h],
-                                                   O[mt][dt][2 * h + 1] * inv[mt][h]));
-        }
-    __syncwarp();
-    // Lane l stores 16-byte column chunk c = l % kCPRp of rows lr0, lr0 + kStep, ... of the warp's
-    // rows: without pack-GQA its global address then just advances by a fixed stride (the
-    // per-chunk index arithmetic this replaces was ~2% of a CTA's instructions at head dim 256,
-    // seqlen 1024).
-    constexpr int kCPR = kD / 8;
-    constexpr int kCPRp = next_pow2(kCPR);
-    static_assert(kCPRp <= 32, "one row of chunks per warp pass at most");
-    constexpr int kStep = 32 / kCPRp;
-    const int c = lane % kCPRp;
-    const int lr0 = lane / kCPRp;
-    if ((kCPR == kCPRp || c < kCPR) && c * 8 < d) {
-        uint16_t *og = static_cast<uint16_t *>(p.o) + ooff + c * 8;
-        const int prow0 = m0 + warp * kWR + lr0;
-        if (G == 1) {
-            uint16_t *dst = og + hbase * p.o_hs + static_cast<int64_t>(prow0) * p.o_rs;
-            const int64_t step = p.o_rs * kStep;
-#pragma unroll
-            for (int j = 0; j < kWR / kStep; ++j) {
-                if (prow0 + j * kStep < prows)
-                    cuda::st_global_v4(dst, cuda::ld_shared_v4(s_q + QT::offset(warp * kWR + lr0 + j * kStep, c)));
-                dst += step;
-            }
-        } else {
-#pragma unroll 1
-            for (int j = 0; j < kWR / kStep; ++j) {
-                const int prow = prow0 + j * kStep;
-                if (prow >= prows) break;
-                int qpos, head;
-                unpack_row(prow, G, hbase, qpos, head);
-                cuda::st_global_v4(og + qpos * p.o_rs + head * p.o_hs,
-                                   cuda::ld_shared_v4(s_q + QT::offset(warp * kWR + lr0 + j * kStep, c)));
-            }
-        }
-    }
+    store_o<Tr, E>(p, O, inv, s_q, static_cast<uint16_t *>(p.o) + ooff, m0, prows, G, hbase);
 }
 
 template <int kD, bool kSmall, class E>
