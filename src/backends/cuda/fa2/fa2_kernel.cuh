@@ -247,52 +247,52 @@ __device__ __forceinline__ void gemm_pv(float (&O)[Tr::kMT][Tr::kDT][4],
 // position and head unpack_row(r, G, hbase). Thread coordinates come from threadIdx (the compiler
 // then knows their ranges).
 
+// fn(mt, h, qpos, head) for each row this thread holds in the O fragments (rows g and g + 8 of
+// each m16 tile of its warp) that lies inside the CTA's packed rows.
+template <class Tr, class Fn>
+__device__ __forceinline__ void for_each_own_row(int m0, int prows, int G, int hbase, Fn fn) {
+    const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int prow = m0 + warp * Tr::kWarpRows + mt * 16 + h * 8 + g;
+            if (prow >= prows) continue;
+            int qpos, head;
+            unpack_row(prow, G, hbase, qpos, head);
+            fn(mt, h, qpos, head);
+        }
+}
+
 // Split-KV: this split's fp32 partial O (normalised by its own sum) and LSE, for the merge kernel.
 template <class Tr>
 __device__ __forceinline__ void store_split_partials(const Params &p, const float (&O)[Tr::kMT][Tr::kDT][4],
                                                      const float (&inv)[Tr::kMT][2],
                                                      const float (&lse)[Tr::kMT][2], int m0, int prows,
                                                      int G, int hbase, int split, int64_t grow0) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
+    const int t = threadIdx.x & 3;
+    for_each_own_row<Tr>(m0, prows, G, hbase, [&](int mt, int h, int qpos, int head) {
+        const int64_t r = (static_cast<int64_t>(split) * p.heads_q + head) * p.total_rows + grow0 + qpos;
+        float *op = p.o_part + r * p.head_dim;
 #pragma unroll
-    for (int mt = 0; mt < Tr::kMT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int prow = m0 + warp * Tr::kWarpRows + mt * 16 + h * 8 + g;
-            if (prow >= prows) continue;
-            int qpos, head;
-            unpack_row(prow, G, hbase, qpos, head);
-            const int64_t r = (static_cast<int64_t>(split) * p.heads_q + head) * p.total_rows + grow0 + qpos;
-            float *op = p.o_part + r * p.head_dim;
-#pragma unroll
-            for (int dt = 0; dt < Tr::kDT; ++dt) {
-                const int col = dt * 8 + 2 * t;
-                if (col < p.head_dim)
-                    *reinterpret_cast<float2 *>(op + col) =
-                        make_float2(O[mt][dt][2 * h] * inv[mt][h], O[mt][dt][2 * h + 1] * inv[mt][h]);
-            }
-            if (t == 0) p.lse_part[r] = lse[mt][h];
+        for (int dt = 0; dt < Tr::kDT; ++dt) {
+            const int col = dt * 8 + 2 * t;
+            if (col < p.head_dim)
+                *reinterpret_cast<float2 *>(op + col) =
+                    make_float2(O[mt][dt][2 * h] * inv[mt][h], O[mt][dt][2 * h + 1] * inv[mt][h]);
         }
+        if (t == 0) p.lse_part[r] = lse[mt][h];
+    });
 }
 
 // The LSE of this warp's rows (one thread per row).
 template <class Tr>
 __device__ __forceinline__ void store_lse(const Params &p, const float (&lse)[Tr::kMT][2], int m0, int prows,
                                           int G, int hbase, int b, int64_t grow0) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-    if (p.lse == nullptr || t != 0) return;
-#pragma unroll
-    for (int mt = 0; mt < Tr::kMT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int prow = m0 + warp * Tr::kWarpRows + mt * 16 + h * 8 + g;
-            if (prow >= prows) continue;
-            int qpos, head;
-            unpack_row(prow, G, hbase, qpos, head);
-            p.lse[cuda::lse_offset(p, b, head, grow0, qpos)] = lse[mt][h];
-        }
+    if (p.lse == nullptr || (threadIdx.x & 3) != 0) return;
+    for_each_own_row<Tr>(m0, prows, G, hbase, [&](int mt, int h, int qpos, int head) {
+        p.lse[cuda::lse_offset(p, b, head, grow0, qpos)] = lse[mt][h];
+    });
 }
 
 // O / l -> 16-bit, staged through this warp's own rows of the Q tile (only this warp ever read
