@@ -24,6 +24,7 @@
 // plain 16-byte global loads staged through registers into shared memory (no cp.async).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -269,7 +270,7 @@ struct Fwd {
                     make_uint4(0, 0, 0, 0);
             }
             if (lseg != nullptr)
-                for (int r = tid(); r < rows; r += kThreads) lseg[r0 + r] = -__int_as_float(0x7f800000);
+                for (int r = tid(); r < rows; r += kThreads) lseg[r0 + r] = -INFINITY;
         }
     }
 
@@ -386,7 +387,6 @@ struct Fwd {
 
     // Soft cap, mask, and this warp's row maxima into smax (read by all warps after barrier A).
     __device__ __forceinline__ void mask_and_row_max(float (&s)[MT][NS][4], int ib, int j) const {
-        const float neg_inf = -__int_as_float(0x7f800000);
         if (p.softcap_scale != 0.f) {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
@@ -409,7 +409,7 @@ struct Fwd {
 #pragma unroll
                         for (int e = 0; e < 2; ++e) {
                             const int key = kbase + n * 8 + e;
-                            if (key < klo || key > khi) s[mt][n][2 * hh + e] = neg_inf;
+                            if (key < klo || key > khi) s[mt][n][2 * hh + e] = -INFINITY;
                         }
                 }
         }
@@ -417,7 +417,7 @@ struct Fwd {
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
-                float m = neg_inf;
+                float m = -INFINITY;
 #pragma unroll
                 for (int n = 0; n < NS; ++n) m = fmaxf(m, fmaxf(s[mt][n][2 * hh], s[mt][n][2 * hh + 1]));
                 m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
@@ -431,7 +431,6 @@ struct Fwd {
     __device__ __forceinline__ void softmax(const float (&s)[MT][NS][4], const float2 (&mlold)[MT][2],
                                             float (&mnew)[MT][2], uint32_t (&pa)[MT][NS][2]) const {
         const float sl2 = p.score_log2;
-        const float neg_inf = -__int_as_float(0x7f800000);
         float moff[MT][2];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -442,7 +441,7 @@ struct Fwd {
                 const float m = fmaxf(fmaxf(__shfl_sync(0xffffffffu, mlold[mt][hh].x, lane() & ~3), mw.x),
                                       fmaxf(fmaxf(mw.y, mw.z), mw.w));
                 mnew[mt][hh] = m;
-                moff[mt][hh] = m == neg_inf ? 0.f : m * sl2;
+                moff[mt][hh] = m == -INFINITY ? 0.f : m * sl2;
             }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
@@ -558,7 +557,6 @@ struct Fwd {
                                                      const float2 (&mlold)[MT][2], const float (&mnew)[MT][2],
                                                      int r0, bool last, float *o_step, float2 *ml_step) const {
         const float sl2 = p.score_log2;
-        const float neg_inf = -__int_as_float(0x7f800000);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
             float cold[2], cnew[2], lnew[2];
@@ -569,7 +567,7 @@ struct Fwd {
                 const float lo = __shfl_sync(0xffffffffu, mlold[mt][hh].y, lane() & ~3);
                 const float4 lw = *reinterpret_cast<const float4 *>(ssum + rl * kWarps);
                 const float lb = (lw.x + lw.y) + (lw.z + lw.w);
-                const float alpha = mo == neg_inf ? 0.f : cuda::sm75::ex2((mo - mnew[mt][hh]) * sl2);
+                const float alpha = mo == -INFINITY ? 0.f : cuda::sm75::ex2((mo - mnew[mt][hh]) * sl2);
                 const float ln = alpha * lo + lb;
                 // ln >= 1 whenever a key is visible (the row maximum contributes e^0), so the
                 // approximate reciprocal (no IEEE slow path in the loop) is exact to ~1 ulp.
@@ -603,7 +601,7 @@ struct Fwd {
                         if (lseg != nullptr && warp() == 0 && t() == 0)
                             lseg[row] = lnew[hh] > 0.f
                                             ? (mnew[mt][hh] * sl2 + cuda::sm75::lg2(lnew[hh])) * 0.6931471805599453f
-                                            : neg_inf;
+                                            : -INFINITY;
                     }
                 }
             } else {
@@ -638,7 +636,6 @@ struct Fwd {
         }
         __syncthreads();
 
-        const float neg_inf = -__int_as_float(0x7f800000);
         while (j <= j_end) {
             int jn = j, ibn = ib, fjn = fj, ljn = lj;
             f.sg.next(jn, ibn, fjn, ljn, j_end);
@@ -655,7 +652,7 @@ struct Fwd {
             for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
                 for (int n = 0; n < NOW; ++n) oold[mt][n] = make_float4(0.f, 0.f, 0.f, 0.f);
-                mlold[mt][0] = mlold[mt][1] = make_float2(neg_inf, 0.f);
+                mlold[mt][0] = mlold[mt][1] = make_float2(-INFINITY, 0.f);
             }
             float *o_step = f.o_lane + (long long)ib * (MT * NO * 128);
             float2 *ml_step = f.ml_lane + (long long)r0 * kWarps;
