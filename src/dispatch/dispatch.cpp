@@ -7,7 +7,7 @@
 #include "problem/resolve.h"
 
 #ifdef FLASHATTN_WITH_CUDA
-#include "backends/cuda/common/cuda_host.h"
+#include "backends/cuda/host/cuda_host.h"
 #endif
 
 namespace flashattn {

@@ -15,8 +15,8 @@
 #include <random>
 #include <vector>
 
-#include "backends/cuda/common/hopper.cuh"
-#include "backends/cuda/common/tensor_map.h"
+#include "backends/cuda/device/ptx_sm90.cuh"
+#include "backends/cuda/host/tensor_map.h"
 
 namespace {
 
@@ -39,24 +39,24 @@ __device__ __forceinline__ uint8_t *align1024(uint8_t *p) {
 
 // Issue the loads of one 64x128 tile at row `row0` as two 64-column boxes, back to back.
 __device__ __forceinline__ void load_tile(uint8_t *dst, const CUtensorMap *map, uint64_t *bar, int row0) {
-    sm90::tma_load_2d(dst, map, bar, 0, row0);
-    sm90::tma_load_2d(dst + kPageBytes, map, bar, 64, row0);
+    cuda::tma_load_2d(dst, map, bar, 0, row0);
+    cuda::tma_load_2d(dst + kPageBytes, map, bar, 64, row0);
 }
 
 // acc = A_tile * B_tile^T over K = 128: 8 k16 steps, 4 per 64-column page at +32 B each.
 __device__ __forceinline__ void gemm_tile(float (&acc)[32], const uint8_t *a, const uint8_t *b) {
-    const uint32_t a0 = sm90::smem_addr(a), b0 = sm90::smem_addr(b);
-    sm90::fence_operands(acc);
-    sm90::wgmma_fence();
+    const uint32_t a0 = cuda::smem_addr(a), b0 = cuda::smem_addr(b);
+    cuda::fence_operands(acc);
+    cuda::wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kK / 16; ++k) {
         const uint32_t off = (k / 4) * kPageBytes + (k % 4) * 32;
-        sm90::wgmma_ss<cuda::Bf16, 64>(acc, sm90::make_desc_sw128(a0 + off), sm90::make_desc_sw128(b0 + off),
+        cuda::wgmma_ss<cuda::Bf16, 64>(acc, cuda::make_desc_sw128(a0 + off), cuda::make_desc_sw128(b0 + off),
                                       k > 0 ? 1 : 0);
     }
-    sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
-    sm90::fence_operands(acc);
+    cuda::wgmma_commit();
+    cuda::wgmma_wait<0>();
+    cuda::fence_operands(acc);
 }
 
 // Accumulator register i -> (row, col) of the 64x64 tile (kernel-guide §3.5).
@@ -79,18 +79,18 @@ __global__ void __launch_bounds__(128) single_tile_kernel(const __grid_constant_
     uint8_t *sa = align1024(smem_raw);
     uint8_t *sb = sa + kTileBytes;
     if (threadIdx.x == 0) {
-        sm90::prefetch_tensormap(&map_a);
-        sm90::prefetch_tensormap(&map_b);
-        sm90::mbar_init(&full, 1);
-        sm90::fence_mbar_init();
+        cuda::prefetch_tensormap(&map_a);
+        cuda::prefetch_tensormap(&map_b);
+        cuda::mbar_init(&full, 1);
+        cuda::fence_mbar_init();
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        sm90::mbar_arrive_expect_tx(&full, kTxBytes);
+        cuda::mbar_arrive_expect_tx(&full, kTxBytes);
         load_tile(sa, &map_a, &full, 0);
         load_tile(sb, &map_b, &full, 0);
     }
-    if (!sm90::mbar_wait_timeout(&full, 0, kTimeout)) {
+    if (!cuda::mbar_wait_timeout(&full, 0, kTimeout)) {
         atomicExch(error, kErrFullTimeout);
         return;
     }
@@ -113,10 +113,10 @@ __global__ void __launch_bounds__(160) ring_kernel(const __grid_constant__ CUten
     uint8_t *base = align1024(smem_raw);
     if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; ++s) {
-            sm90::mbar_init(&full[s], 1);
-            sm90::mbar_init(&empty[s], 128);  // every consumer thread arrives
+            cuda::mbar_init(&full[s], 1);
+            cuda::mbar_init(&empty[s], 128);  // every consumer thread arrives
         }
-        sm90::fence_mbar_init();
+        cuda::fence_mbar_init();
     }
     __syncthreads();
     const int my_tiles = ntiles > static_cast<int>(blockIdx.x)
@@ -125,18 +125,18 @@ __global__ void __launch_bounds__(160) ring_kernel(const __grid_constant__ CUten
                              : 0;
     if (threadIdx.x >= 128) {  // producer warp
         if (threadIdx.x != 128) return;
-        sm90::prefetch_tensormap(&map_a);
-        sm90::prefetch_tensormap(&map_b);
+        cuda::prefetch_tensormap(&map_a);
+        cuda::prefetch_tensormap(&map_b);
         for (int it = 0; it < my_tiles; ++it) {
             const int s = it % kStages;
             const uint32_t ph = (it / kStages) & 1;
-            if (!sm90::mbar_wait_timeout(&empty[s], ph ^ 1, kTimeout)) {  // first pass falls through
+            if (!cuda::mbar_wait_timeout(&empty[s], ph ^ 1, kTimeout)) {  // first pass falls through
                 atomicExch(error, kErrEmptyTimeout);
                 return;
             }
             const int t = static_cast<int>(blockIdx.x) + it * static_cast<int>(gridDim.x);
             uint8_t *sa = base + s * 2 * kTileBytes;
-            sm90::mbar_arrive_expect_tx(&full[s], kTxBytes);
+            cuda::mbar_arrive_expect_tx(&full[s], kTxBytes);
             load_tile(sa, &map_a, &full[s], (t % kDistinct) * kRows);
             load_tile(sa + kTileBytes, &map_b, &full[s], ((t / kDistinct) % kDistinct) * kRows);
         }
@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(160) ring_kernel(const __grid_constant__ CUten
     for (int it = 0; it < my_tiles; ++it) {
         const int s = it % kStages;
         const uint32_t ph = (it / kStages) & 1;
-        if (!sm90::mbar_wait_timeout(&full[s], ph, kTimeout)) {
+        if (!cuda::mbar_wait_timeout(&full[s], ph, kTimeout)) {
             atomicExch(error, kErrFullTimeout);
             return;
         }
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(160) ring_kernel(const __grid_constant__ CUten
 #pragma unroll
         for (int i = 0; i < 32; ++i) acc[i] = 0.f;
         gemm_tile(acc, sa, sa + kTileBytes);  // returns after wgmma.wait_group 0: the stage is read
-        sm90::mbar_arrive(&empty[s]);
+        cuda::mbar_arrive(&empty[s]);
         const int t = static_cast<int>(blockIdx.x) + it * static_cast<int>(gridDim.x);
         store_acc(c + static_cast<size_t>(t) * 64 * 64, acc);
     }

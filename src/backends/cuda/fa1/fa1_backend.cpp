@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "backends/cuda/common/cuda_host.h"
-#include "backends/cuda/common/tensor_args.h"
+#include "backends/cuda/host/cuda_host.h"
+#include "backends/cuda/host/tensor_args.h"
 #include "backends/cuda/fa1/fa1_params.h"
 #include "capi/error.h"
 #include "dispatch/backend.h"

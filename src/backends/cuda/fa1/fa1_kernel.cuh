@@ -30,8 +30,8 @@
 
 #include <cuda_runtime.h>
 
-#include "backends/cuda/common/key_tiles.cuh"
-#include "backends/cuda/common/ptx_sm75.cuh"
+#include "backends/cuda/device/mask.cuh"
+#include "backends/cuda/device/ptx_sm75.cuh"
 #include "backends/cuda/fa1/fa1_params.h"
 
 namespace flashattn {

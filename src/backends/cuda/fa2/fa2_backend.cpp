@@ -6,8 +6,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "backends/cuda/common/cuda_host.h"
-#include "backends/cuda/common/tensor_args.h"
+#include "backends/cuda/host/cuda_host.h"
+#include "backends/cuda/host/tensor_args.h"
 #include "backends/cuda/fa2/fa2_config.h"
 #include "backends/cuda/fa2/fa2_params.h"
 #include "capi/error.h"

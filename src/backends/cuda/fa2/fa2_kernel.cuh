@@ -18,11 +18,11 @@
 
 #include <cuda_runtime.h>
 
-#include "backends/cuda/common/key_tiles.cuh"
-#include "backends/cuda/common/online_softmax.cuh"
-#include "backends/cuda/common/ptx_sm80.cuh"
-#include "backends/cuda/common/smem_optin.h"
-#include "backends/cuda/common/swizzle.cuh"
+#include "backends/cuda/device/mask.cuh"
+#include "backends/cuda/device/online_softmax.cuh"
+#include "backends/cuda/device/ptx.cuh"
+#include "backends/cuda/host/smem_optin.h"
+#include "backends/cuda/device/swizzle.cuh"
 #include "backends/cuda/fa2/fa2_config.h"
 #include "backends/cuda/fa2/fa2_params.h"
 
@@ -407,7 +407,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const bool warp_active = m0 + warp * kWR < prows;
 
     // ---- shared memory -----------------------------------------------------------------------
-    const uint32_t s_q = cuda::smem_u32(smem);
+    const uint32_t s_q = cuda::smem_addr(smem);
     const uint32_t s_kv = s_q + Tr::kQBytes;  // stage s: K at s_kv + 2*s*kKVBytes, V after it
     // Lane bases for ldmatrix (see SwizzledTile): Q/V use rows lane%16 and chunk bit lane/16, K
     // uses rows (lane%8) + 8*(lane/16) and chunk bit (lane/8)%2.

@@ -5,8 +5,8 @@
 
 #include <cuda_runtime.h>
 
-#include "backends/cuda/common/key_tiles.cuh"
-#include "backends/cuda/common/ptx_sm80.cuh"
+#include "backends/cuda/device/mask.cuh"
+#include "backends/cuda/device/ptx.cuh"
 #include "backends/cuda/fa2/fa2_params.h"
 
 namespace flashattn {

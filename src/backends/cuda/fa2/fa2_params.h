@@ -6,7 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "backends/cuda/common/tensor_args.h"
+#include "backends/cuda/host/tensor_args.h"
 #include "flashattn/flashattn.h"
 
 namespace flashattn {

@@ -8,9 +8,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include "backends/cuda/common/cuda_host.h"
-#include "backends/cuda/common/tensor_args.h"
-#include "backends/cuda/common/tensor_map.h"
+#include "backends/cuda/host/cuda_host.h"
+#include "backends/cuda/host/tensor_args.h"
+#include "backends/cuda/host/tensor_map.h"
 #include "backends/cuda/fa3/fa3_config.h"
 #include "backends/cuda/fa3/fa3_params.h"
 #include "capi/error.h"

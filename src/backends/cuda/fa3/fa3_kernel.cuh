@@ -25,11 +25,11 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include "backends/cuda/common/hopper.cuh"
-#include "backends/cuda/common/key_tiles.cuh"
-#include "backends/cuda/common/online_softmax.cuh"
-#include "backends/cuda/common/ptx_sm80.cuh"
-#include "backends/cuda/common/smem_optin.h"
+#include "backends/cuda/device/ptx_sm90.cuh"
+#include "backends/cuda/device/mask.cuh"
+#include "backends/cuda/device/online_softmax.cuh"
+#include "backends/cuda/device/ptx.cuh"
+#include "backends/cuda/host/smem_optin.h"
 #include "backends/cuda/fa3/fa3_config.h"
 #include "backends/cuda/fa3/fa3_params.h"
 
@@ -141,7 +141,7 @@ template <class Tr>
 __device__ __forceinline__ void tma_tile(unsigned char *dst, int page_bytes, const CUtensorMap *tm, uint64_t *bar,
                                          int32_t row, int32_t head, int32_t batch) {
 #pragma unroll
-    for (int pg = 0; pg < Tr::kPages; ++pg) sm90::tma_load_4d(dst + pg * page_bytes, tm, bar, 64 * pg, row, head, batch);
+    for (int pg = 0; pg < Tr::kPages; ++pg) cuda::tma_load_4d(dst + pg * page_bytes, tm, bar, 64 * pg, row, head, batch);
 }
 
 // Producer: one thread. Per tile the first K tile goes out before the wait for the Q buffer
@@ -160,18 +160,18 @@ __device__ __forceinline__ void produce(const Params &p, const TileCoords &c, co
         const int32_t krow = kv_row_coord(p, c, nb, Tr::kBN);
         // Out-of-bounds rows and columns arrive as zeros and still count: expect whole boxes.
         unsigned char *k_dst = smem + Tr::kKOffset + st * Tr::kKVBytes;
-        sm90::mbar_wait(&bars->k_empty[st], ph ^ 1u);
-        sm90::mbar_arrive_expect_tx(&bars->k_full[st], Tr::kKVBytes);
+        cuda::mbar_wait(&bars->k_empty[st], ph ^ 1u);
+        cuda::mbar_arrive_expect_tx(&bars->k_full[st], Tr::kKVBytes);
         tma_tile<Tr>(k_dst, Tr::kKVPage, tm_k, &bars->k_full[st], krow, kvh, bq);
         if (nb == c.kt.last) {
-            sm90::mbar_wait(&bars->q_empty, static_cast<uint32_t>(pipe.q & 1) ^ 1u);
-            sm90::mbar_arrive_expect_tx(&bars->q_full, Tr::kQBytes);
+            cuda::mbar_wait(&bars->q_empty, static_cast<uint32_t>(pipe.q & 1) ^ 1u);
+            cuda::mbar_arrive_expect_tx(&bars->q_full, Tr::kQBytes);
             const int32_t qrow = q_row_coord(p, c);
             tma_tile<Tr>(smem, Tr::kQPage, tm_q, &bars->q_full, qrow, c.head, bq);
         }
         unsigned char *v_dst = smem + Tr::kVOffset + st * Tr::kKVBytes;
-        sm90::mbar_wait(&bars->v_empty[st], ph ^ 1u);
-        sm90::mbar_arrive_expect_tx(&bars->v_full[st], Tr::kKVBytes);
+        cuda::mbar_wait(&bars->v_empty[st], ph ^ 1u);
+        cuda::mbar_arrive_expect_tx(&bars->v_full[st], Tr::kKVBytes);
         tma_tile<Tr>(v_dst, Tr::kKVPage, tm_v, &bars->v_full[st], krow, kvh, bq);
     }
     pipe.kv += c.kt.last - c.kt.first + 1;
@@ -181,7 +181,7 @@ __device__ __forceinline__ void produce(const Params &p, const TileCoords &c, co
 // A consumer warp is done reading a buffer: its lanes have all passed the wgmma wait.
 __device__ __forceinline__ void release(uint64_t *bar, int lane) {
     __syncwarp();
-    if (lane == 0) sm90::mbar_arrive(bar);
+    if (lane == 0) cuda::mbar_arrive(bar);
 }
 
 // Consumer warpgroup `w` (0 or 1): query rows 64w..64w+63 of the tile.
@@ -207,10 +207,10 @@ __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, un
 
     if (c.has_keys()) {
         // Descriptors: Q rows 64w.. (K-major), K (K-major), V (MN-major: LBO = one 64-column page).
-        const uint32_t s_base = sm90::smem_addr(smem);
-        const uint64_t dq = sm90::make_desc_sw128(s_base + 64 * w * 128);
-        const uint64_t dk = sm90::make_desc_sw128(s_base + Tr::kKOffset);
-        const uint64_t dv = sm90::make_desc_sw128(s_base + Tr::kVOffset, 1024, Tr::kKVPage);
+        const uint32_t s_base = cuda::smem_addr(smem);
+        const uint64_t dq = cuda::make_desc_sw128(s_base + 64 * w * 128);
+        const uint64_t dk = cuda::make_desc_sw128(s_base + Tr::kKOffset);
+        const uint64_t dv = cuda::make_desc_sw128(s_base + Tr::kVOffset, 1024, Tr::kKVPage);
         // A k16 step of the K-major operands: +32 B inside the 128 B row, a new page every 4 steps.
         auto k_step = [](int ks, int page) { return static_cast<uint64_t>(((ks / 4) * page + (ks % 4) * 32) >> 4); };
         auto issue_qk = [&](float (&S)[kNT][4], int st) {
@@ -218,21 +218,21 @@ __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, un
             const uint64_t dks = dk + static_cast<uint64_t>((st * Tr::kKVBytes) >> 4);
             // Operand fences before wgmma.fence: no register of a wgmma is defined by an ordinary
             // instruction inside the issue window (ptxas would serialize the wgmmas, C7513).
-            sm90::fence_operands(acc);
-            sm90::wgmma_fence();
+            cuda::fence_operands(acc);
+            cuda::wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < kD / 16; ++ks)
-                sm90::wgmma_ss<E, kBN>(acc, dq + k_step(ks, Tr::kQPage), dks + k_step(ks, Tr::kKVPage), ks > 0);
-            sm90::wgmma_commit();
+                cuda::wgmma_ss<E, kBN>(acc, dq + k_step(ks, Tr::kQPage), dks + k_step(ks, Tr::kKVPage), ks > 0);
+            cuda::wgmma_commit();
         };
         auto issue_pv = [&](const uint32_t (&P)[kPF][4], int st) {
             const uint64_t dvs = dv + static_cast<uint64_t>((st * Tr::kKVBytes) >> 4);
-            sm90::fence_operands(O);
-            sm90::wgmma_fence();
+            cuda::fence_operands(O);
+            cuda::wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < kPF; ++kk)  // 16 keys = 16 rows of 128 B
-                sm90::wgmma_rs<E, kD>(O, P[kk], dvs + static_cast<uint64_t>((kk * 16 * 128) >> 4), 1);
-            sm90::wgmma_commit();
+                cuda::wgmma_rs<E, kD>(O, P[kk], dvs + static_cast<uint64_t>((kk * 16 * 128) >> 4), 1);
+            cuda::wgmma_commit();
         };
         auto scores = [&](float (&S)[kNT][4], int nb) {
             if (p.softcap_scale != 0.f) cuda::softcap_scores(S, p.softcap_scale);
@@ -248,41 +248,41 @@ __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, un
         auto step = [&](int i, uint32_t (&P)[kPF][4], uint32_t (&P_next)[kPF][4]) {
             const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
             float S[kNT][4];
-            sm90::mbar_wait(&bars->k_full[ks], phase_of(r0 + i));
+            cuda::mbar_wait(&bars->k_full[ks], phase_of(r0 + i));
             issue_qk(S, ks);
-            sm90::mbar_wait(&bars->v_full[vs], phase_of(r0 + i - 1));
+            cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i - 1));
             issue_pv(P, vs);
-            sm90::wgmma_wait<1>();  // S_i is ready; P_{i-1} V_{i-1} may still run
-            sm90::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
+            cuda::wgmma_wait<1>();  // S_i is ready; P_{i-1} V_{i-1} may still run
+            cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
             release(&bars->k_empty[ks], lane);
             if (i == n_tiles - 1) release(&bars->q_empty, lane);  // the last GEMM reading Q retired
             scores(S, c.kt.last - i);
             float alpha[2];
             cuda::softmax_step<E>(S, row_max, row_sum, sl2, P_next, alpha);
-            sm90::wgmma_wait<0>();
-            sm90::fence_operands(O);
+            cuda::wgmma_wait<0>();
+            cuda::fence_operands(O);
             release(&bars->v_empty[vs], lane);
 #pragma unroll
             for (int j = 0; j < kD / 2; ++j) O[j] *= alpha[(j % 4) / 2];
         };
         auto last_pv = [&](uint32_t (&P)[kPF][4], int i) {
             const int vs = stage_of(r0 + i);
-            sm90::mbar_wait(&bars->v_full[vs], phase_of(r0 + i));
+            cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i));
             issue_pv(P, vs);
-            sm90::wgmma_wait<0>();
-            sm90::fence_operands(O);
+            cuda::wgmma_wait<0>();
+            cuda::fence_operands(O);
             release(&bars->v_empty[vs], lane);
         };
 
-        sm90::mbar_wait(&bars->q_full, static_cast<uint32_t>(pipe.q & 1));
+        cuda::mbar_wait(&bars->q_full, static_cast<uint32_t>(pipe.q & 1));
         uint32_t Pa[kPF][4], Pb[kPF][4];
         {  // the first (last-indexed) key tile: no O to rescale yet
             const int ks = stage_of(r0);
             float S[kNT][4];
-            sm90::mbar_wait(&bars->k_full[ks], phase_of(r0));
+            cuda::mbar_wait(&bars->k_full[ks], phase_of(r0));
             issue_qk(S, ks);
-            sm90::wgmma_wait<0>();
-            sm90::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
+            cuda::wgmma_wait<0>();
+            cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
             release(&bars->k_empty[ks], lane);
             if (n_tiles == 1) release(&bars->q_empty, lane);
             scores(S, c.kt.last);
@@ -339,16 +339,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     Barriers *bars = reinterpret_cast<Barriers *>(smem + Tr::kBarOffset);
 
     if (threadIdx.x == 0) {
-        sm90::mbar_init(&bars->q_full, 1);
-        sm90::mbar_init(&bars->q_empty, kConsumerWarps);
+        cuda::mbar_init(&bars->q_full, 1);
+        cuda::mbar_init(&bars->q_empty, kConsumerWarps);
 #pragma unroll
         for (int s = 0; s < kStages; ++s) {
-            sm90::mbar_init(&bars->k_full[s], 1);
-            sm90::mbar_init(&bars->v_full[s], 1);
-            sm90::mbar_init(&bars->k_empty[s], kConsumerWarps);
-            sm90::mbar_init(&bars->v_empty[s], kConsumerWarps);
+            cuda::mbar_init(&bars->k_full[s], 1);
+            cuda::mbar_init(&bars->v_full[s], 1);
+            cuda::mbar_init(&bars->k_empty[s], kConsumerWarps);
+            cuda::mbar_init(&bars->v_empty[s], kConsumerWarps);
         }
-        sm90::fence_mbar_init();
+        cuda::fence_mbar_init();
     }
     __syncthreads();
 
@@ -359,17 +359,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int wg = threadIdx.x / 128;
     Pipe pipe;
     if (wg == 0) {
-        sm90::setmaxnreg_dec<40>();
+        cuda::setmaxnreg_dec<40>();
         if (threadIdx.x != 0) return;
-        sm90::prefetch_tensormap(&tm_q);
-        sm90::prefetch_tensormap(&tm_k);
-        sm90::prefetch_tensormap(&tm_v);
+        cuda::prefetch_tensormap(&tm_q);
+        cuda::prefetch_tensormap(&tm_k);
+        cuda::prefetch_tensormap(&tm_v);
         for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
             const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
             if (c.has_keys()) produce<Tr>(p, c, &tm_q, &tm_k, &tm_v, smem, bars, pipe);
         }
     } else {
-        sm90::setmaxnreg_inc<232>();
+        cuda::setmaxnreg_inc<232>();
         for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
             const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
             if (c.has_rows()) consume<Tr, E>(p, c, smem, bars, wg - 1, pipe);

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "backends/cuda/common/tensor_args.h"
+#include "backends/cuda/host/tensor_args.h"
 
 namespace flashattn {
 namespace fa3 {

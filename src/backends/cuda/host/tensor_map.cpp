@@ -1,4 +1,4 @@
-#include "backends/cuda/common/tensor_map.h"
+#include "backends/cuda/host/tensor_map.h"
 
 #include <cuda_runtime_api.h>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000

@@ -1,8 +1,8 @@
-#include "backends/cuda/common/cuda_host.h"
+#include "backends/cuda/host/cuda_host.h"
 
 #include <algorithm>
 
-#include "backends/cuda/common/tensor_args.h"
+#include "backends/cuda/host/tensor_args.h"
 
 #include <cstdint>
 #include <string>

@@ -6,8 +6,8 @@
 
 #include <cstdint>
 
-#include "backends/cuda/common/ptx_sm80.cuh"  // element-type tags
-#include "backends/cuda/common/wgmma_operands.h"
+#include "backends/cuda/device/ptx.cuh"  // element-type tags, smem_addr
+#include "backends/cuda/device/wgmma_operands.h"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FLASHATTN_SM90A_BODY 1
@@ -22,11 +22,7 @@
 #endif
 
 namespace flashattn {
-namespace sm90 {
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+namespace cuda {
 
 // ---- mbarrier ------------------------------------------------------------------------------
 
@@ -282,5 +278,5 @@ FLASHATTN_WGMMA_BOTH_TYPES(256)
 #undef FLASHATTN_WGMMA_SS
 #undef FLASHATTN_WGMMA_RS
 
-}  // namespace sm90
+}  // namespace cuda
 }  // namespace flashattn

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "backends/cuda/common/tensor_args.h"
+#include "backends/cuda/host/tensor_args.h"
 
 namespace flashattn {
 namespace cuda {

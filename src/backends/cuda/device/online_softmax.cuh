@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "backends/cuda/common/ptx_sm80.cuh"
+#include "backends/cuda/device/ptx.cuh"
 
 namespace flashattn {
 namespace cuda {

@@ -19,7 +19,7 @@ namespace cuda {
 struct Fp16 {};
 struct Bf16 {};
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
