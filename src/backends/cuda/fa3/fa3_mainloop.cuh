@@ -1,0 +1,161 @@
+// FA3 forward, consumer mainloop: one consumer warpgroup's walk over the visible key tiles of a
+// work tile. Per key tile: S = Q K^T (wgmma, both operands in shared memory, K-major), soft cap
+// and mask on the accumulator registers, the online softmax step, and O += P V (wgmma with P from
+// registers: the S accumulator layout is the m16k16 A fragment, no shuffle; V MN-major in shared
+// memory).
+//
+// The loop overlaps the two GEMMs with the softmax inside a warpgroup: at step n it issues
+// S_n = Q K_n^T and O += P_{n+1} V_{n+1} back to back, waits only for S_n, computes the softmax
+// of S_n while the PV GEMM still runs, then waits for it and rescales O. The two consumer
+// warpgroups run independently, so one's softmax also overlaps the other's GEMMs.
+//
+// Assumptions a backward/FP8 author must keep: each consumer warpgroup owns 64 rows of the
+// 128-row Q tile (wgmma m64); buffers are released per warp (kConsumerWarps arrivals); key tiles
+// are taken in the producer's order (last visible tile first, so the masked edge tiles come
+// first); 16-bit operands with 128-byte swizzle (make_desc_sw128).
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cuda/device/online_softmax.cuh"
+#include "backends/cuda/device/ptx.cuh"
+#include "backends/cuda/device/ptx_sm90.cuh"
+#include "backends/cuda/fa3/fa3_params.h"
+#include "backends/cuda/fa3/fa3_tile_scheduler.cuh"
+#include "backends/cuda/fa3/fa3_traits.cuh"
+
+namespace flashattn {
+namespace fa3 {
+
+// A consumer warp is done reading a buffer: its lanes have all passed the wgmma wait.
+__device__ __forceinline__ void release(uint64_t *bar, int lane) {
+    __syncwarp();
+    if (lane == 0) cuda::mbar_arrive(bar);
+}
+
+// A k16 step of a K-major SW128 operand, as a descriptor offset (16-byte units): +32 B inside
+// the 128 B row, a new 64-column page (`page` bytes on) every 4 steps.
+__device__ __forceinline__ uint64_t k_step(int ks, int page) {
+    return static_cast<uint64_t>(((ks / 4) * page + (ks % 4) * 32) >> 4);
+}
+
+// Issues S = Q K^T for K ring stage `st` (not waited for): kD / 16 wgmmas, both operands in
+// shared memory. Operand fences before wgmma.fence: no register of a wgmma is defined by an
+// ordinary instruction inside the issue window (ptxas would serialize the wgmmas, C7513).
+template <class Tr, class E>
+__device__ __forceinline__ void issue_qk(float (&S)[Tr::kNT][4], uint64_t dq, uint64_t dk, int st) {
+    float(&acc)[Tr::kBN / 2] = reinterpret_cast<float(&)[Tr::kBN / 2]>(S);
+    const uint64_t dks = dk + static_cast<uint64_t>((st * Tr::kKVBytes) >> 4);
+    cuda::fence_operands(acc);
+    cuda::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Tr::kD / 16; ++ks)
+        cuda::wgmma_ss<E, Tr::kBN>(acc, dq + k_step(ks, Tr::kQPage), dks + k_step(ks, Tr::kKVPage), ks > 0);
+    cuda::wgmma_commit();
+}
+
+// Issues O += P V for V ring stage `st` (not waited for): P from registers, 16 keys (16 rows of
+// 128 B of V) per wgmma.
+template <class Tr, class E>
+__device__ __forceinline__ void issue_pv(float (&O)[Tr::kD / 2], const uint32_t (&P)[Tr::kPF][4], uint64_t dv,
+                                         int st) {
+    const uint64_t dvs = dv + static_cast<uint64_t>((st * Tr::kKVBytes) >> 4);
+    cuda::fence_operands(O);
+    cuda::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Tr::kPF; ++kk)
+        cuda::wgmma_rs<E, Tr::kD>(O, P[kk], dvs + static_cast<uint64_t>((kk * 16 * 128) >> 4), 1);
+    cuda::wgmma_commit();
+}
+
+// Soft cap, then the causal / window / ragged-end mask on key tile `nb`, only if it is an edge tile.
+template <class Tr>
+__device__ __forceinline__ void score_mods(const Params &p, const TileCoords &c, float (&S)[Tr::kNT][4], int nb,
+                                           const int (&rdiag)[2], int t) {
+    if (p.softcap_scale != 0.f) cuda::softcap_scores(S, p.softcap_scale);
+    if (c.kt.masked(nb)) cuda::mask_scores(S, rdiag, nb * Tr::kBN + 2 * t, c.seq.sk, p.right_i, p.left_i);
+}
+
+// Consumer warpgroup `w` (0 or 1), rows 64w..64w+63 of a tile with at least one visible key
+// tile: accumulates the unnormalised O and the softmax row statistics (row_max, row_sum) over
+// all key tiles and advances `pipe` past them. `lane`, `t` (lane % 4) and `rdiag` (each of the
+// thread's two rows' diagonal key) place the thread in the accumulator layout.
+template <class Tr, class E>
+__device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoords &c, unsigned char *smem,
+                                                  Barriers *bars, int w, int lane, int t, const int (&rdiag)[2],
+                                                  float sl2, float (&O)[Tr::kD / 2], float (&row_max)[2],
+                                                  float (&row_sum)[2], Pipe &pipe) {
+    constexpr int kD = Tr::kD, kBN = Tr::kBN, kNT = Tr::kNT, kPF = Tr::kPF;
+    // Descriptors: Q rows 64w.. (K-major), K (K-major), V (MN-major: LBO = one 64-column page).
+    const uint32_t s_base = cuda::smem_addr(smem);
+    const uint64_t dq = cuda::make_desc_sw128(s_base + 64 * w * 128);
+    const uint64_t dk = cuda::make_desc_sw128(s_base + Tr::kKOffset);
+    const uint64_t dv = cuda::make_desc_sw128(s_base + Tr::kVOffset, 1024, Tr::kKVPage);
+
+    // Key tile i is consumed as S_i, then P_i V_i during step i+1. P alternates between two
+    // register sets (the loop is unrolled by two) so that the softmax writing P_{i+1} never
+    // targets registers the in-flight P_i V_i wgmma still reads; a plain copy would be
+    // coalesced by ptxas and serialize the wgmmas (C7513).
+    const int r0 = pipe.kv;  // ring position of this tile's first key tile
+    const int n_tiles = c.kt.last - c.kt.first + 1;
+    auto step = [&](int i, uint32_t (&P)[kPF][4], uint32_t (&P_next)[kPF][4]) {
+        const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
+        float S[kNT][4];
+        cuda::mbar_wait(&bars->k_full[ks], phase_of(r0 + i));
+        issue_qk<Tr, E>(S, dq, dk, ks);
+        cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i - 1));
+        issue_pv<Tr, E>(O, P, dv, vs);
+        cuda::wgmma_wait<1>();  // S_i is ready; P_{i-1} V_{i-1} may still run
+        cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
+        release(&bars->k_empty[ks], lane);
+        if (i == n_tiles - 1) release(&bars->q_empty, lane);  // the last GEMM reading Q retired
+        score_mods<Tr>(p, c, S, c.kt.last - i, rdiag, t);
+        float alpha[2];
+        cuda::softmax_step<E>(S, row_max, row_sum, sl2, P_next, alpha);
+        cuda::wgmma_wait<0>();
+        cuda::fence_operands(O);
+        release(&bars->v_empty[vs], lane);
+#pragma unroll
+        for (int j = 0; j < kD / 2; ++j) O[j] *= alpha[(j % 4) / 2];
+    };
+    auto last_pv = [&](uint32_t (&P)[kPF][4], int i) {
+        const int vs = stage_of(r0 + i);
+        cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i));
+        issue_pv<Tr, E>(O, P, dv, vs);
+        cuda::wgmma_wait<0>();
+        cuda::fence_operands(O);
+        release(&bars->v_empty[vs], lane);
+    };
+
+    cuda::mbar_wait(&bars->q_full, static_cast<uint32_t>(pipe.q & 1));
+    uint32_t Pa[kPF][4], Pb[kPF][4];
+    {  // the first (last-indexed) key tile: no O to rescale yet
+        const int ks = stage_of(r0);
+        float S[kNT][4];
+        cuda::mbar_wait(&bars->k_full[ks], phase_of(r0));
+        issue_qk<Tr, E>(S, dq, dk, ks);
+        cuda::wgmma_wait<0>();
+        cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
+        release(&bars->k_empty[ks], lane);
+        if (n_tiles == 1) release(&bars->q_empty, lane);
+        score_mods<Tr>(p, c, S, c.kt.last, rdiag, t);
+        float alpha[2];
+        cuda::softmax_step<E>(S, row_max, row_sum, sl2, Pa, alpha);
+    }
+    int i = 1;
+    for (; i + 1 < n_tiles; i += 2) {
+        step(i, Pa, Pb);
+        step(i + 1, Pb, Pa);
+    }
+    if (i < n_tiles) {
+        step(i, Pa, Pb);
+        last_pv(Pb, i);
+    } else {
+        last_pv(Pa, i - 1);
+    }
+    pipe.kv += n_tiles;
+    pipe.q += 1;
+}
+
+}  // namespace fa3
+}  // namespace flashattn

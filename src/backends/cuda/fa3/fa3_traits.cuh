@@ -1,0 +1,61 @@
+// FA3 forward, shared plumbing: the compile-time tile shape (Traits), the shared-memory layout, the
+// mbarriers of the Q buffer and the K/V rings, and the ring position/phase arithmetic. Every role
+// (producer, mainloop, epilogue, kernel, launcher) reads these, so they live apart from all of them.
+//
+// For a backward or FP8 kernel reusing the producer or the mainloop: the layout assumes a 128-row
+// Q tile (kBlockM) of 16-bit elements stored as 64-column, 128-byte-swizzled pages, and kStages
+// K and V buffers in two separate rings. The "empty" barriers expect one arrival per consumer
+// warp (kConsumerWarps = 8: two consumer warpgroups); a kernel with a different consumer count
+// must change that count, not only the thread count.
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cuda/fa3/fa3_config.h"
+
+namespace flashattn {
+namespace fa3 {
+
+template <int kD_, int kBN_>
+struct Traits {
+    static constexpr int kD = kD_;    // padded head dim, a multiple of 64
+    static constexpr int kBN = kBN_;  // keys per tile
+    static constexpr int kPages = kD / 64;       // 64-column swizzle pages per row
+    static constexpr int kQPage = kBlockM * 128;  // bytes of one page of the Q tile
+    static constexpr int kKVPage = kBN * 128;     // ... of a K or V tile
+    static constexpr int kQBytes = kPages * kQPage;
+    static constexpr int kKVBytes = kPages * kKVPage;
+    static constexpr int kKOffset = kQBytes;
+    static constexpr int kVOffset = kQBytes + kStages * kKVBytes;
+    static constexpr int kBarOffset = kQBytes + 2 * kStages * kKVBytes;
+    static constexpr int kSmemBytes = smem_bytes(TileConfig{kD, kBN});
+    static constexpr int kNT = kBN / 8;   // n8 tiles of S per thread's rows
+    static constexpr int kPF = kBN / 16;  // k16 fragments of P
+    static_assert(kD % 64 == 0 && kBN % 16 == 0 && kBN <= 256, "unsupported tile");
+    static_assert(kKVPage % 1024 == 0, "K/V pages must keep the 1 KB swizzle alignment");
+};
+
+// At Traits::kBarOffset in shared memory. "full": the producer's TMA bytes landed (count 1 plus
+// the transaction bytes); "empty": every consumer warp has finished reading the buffer.
+struct Barriers {
+    uint64_t q_full, q_empty;
+    uint64_t k_full[kStages], k_empty[kStages];
+    uint64_t v_full[kStages], v_empty[kStages];
+};
+
+constexpr int kConsumerWarps = 8;  // each consumer warp arrives once on an "empty" barrier
+
+// Ring position of the i-th key tile a CTA visits (tiles are consumed in order).
+__device__ __forceinline__ int stage_of(int i) { return i % kStages; }
+__device__ __forceinline__ uint32_t phase_of(int i) { return static_cast<uint32_t>((i / kStages) & 1); }
+
+// Ring counters that persist across the tiles of a CTA: `kv` counts key tiles (K and V ring
+// positions), `q` counts tiles whose Q was loaded (the Q buffer's phase). The producer and each
+// consumer keep their own copy and advance it identically, so they agree without talking.
+struct Pipe {
+    int kv = 0;
+    int q = 0;
+};
+
+}  // namespace fa3
+}  // namespace flashattn
