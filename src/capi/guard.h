@@ -6,7 +6,7 @@
 #include <exception>
 #include <new>
 
-#include "capi/error.h"
+#include "base/status.h"
 
 namespace flashattn {
 

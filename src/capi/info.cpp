@@ -1,6 +1,6 @@
 // Library and device information.
 #include "capi/guard.h"
-#include "dispatch/dispatch.h"
+#include "device/device.h"
 
 #include "build_info.h"  // generated: FLASHATTN_BUILD_INFO_STRING
 
@@ -32,7 +32,7 @@ FLASHATTN_API flashattn_status_t flashattn_device_compute_capability(int32_t dev
         if (device >= count)
             return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "device: %d is not a device ordinal (the machine has %d)", device, count);
         DeviceInfo info;
-        FLASHATTN_TRY(device_info(device, &info));
+        FLASHATTN_TRY(query_device(device, &info));
         *major = info.cc_major;
         *minor = info.cc_minor;
         return FLASHATTN_SUCCESS;

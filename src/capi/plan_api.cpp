@@ -151,7 +151,7 @@ FLASHATTN_API flashattn_status_t flashattn_plan_get_workspace_size(const flashat
         if (plan == nullptr) return null_plan(__func__);
         if (bytes == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "bytes: the out-pointer must not be NULL");
         if (!plan->finalized) return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: not finalized; the workspace size is fixed by flashattn_plan_finalize");
-        *bytes = plan->schedule.workspace_bytes;
+        *bytes = plan->workspace_bytes();
         return FLASHATTN_SUCCESS;
     });
 }

@@ -1,39 +1,15 @@
 #include "dispatch/dispatch.h"
 
 #include <cstdlib>
+#include <utility>
 
-#include "capi/error.h"
+#include "base/status.h"
+#include "device/device.h"
 #include "dispatch/decide.h"
 #include "problem/resolve.h"
 
-#ifdef FLASHATTN_WITH_CUDA
-#include "backends/cuda/host/cuda_host.h"
-#endif
-
 namespace flashattn {
-
-// Backends left out of this build.
-#ifndef FLASHATTN_HAVE_FA1
-const Backend *fa1_backend() { return nullptr; }
-#endif
-#ifndef FLASHATTN_HAVE_FA2
-const Backend *fa2_backend() { return nullptr; }
-#endif
-#ifndef FLASHATTN_HAVE_FA3
-const Backend *fa3_backend() { return nullptr; }
-#endif
-
 namespace {
-
-const Backend *backend_by_id(flashattn_backend_t id) {
-    switch (id) {
-        case FLASHATTN_BACKEND_CPU: return cpu_backend();
-        case FLASHATTN_BACKEND_FA1: return fa1_backend();
-        case FLASHATTN_BACKEND_FA2: return fa2_backend();
-        case FLASHATTN_BACKEND_FA3: return fa3_backend();
-        default: return nullptr;
-    }
-}
 
 flashattn_status_t requested_backend(const PlanParams &params, flashattn_backend_t *out) {
     *out = static_cast<flashattn_backend_t>(params.get(FLASHATTN_I64_BACKEND, FLASHATTN_BACKEND_AUTO));
@@ -48,29 +24,6 @@ flashattn_status_t requested_backend(const PlanParams &params, flashattn_backend
 
 }  // namespace
 
-flashattn_status_t device_info(int32_t device, DeviceInfo *out) {
-#ifdef FLASHATTN_WITH_CUDA
-    return query_device(device, out);
-#else
-    *out = DeviceInfo{};
-    out->device = device;
-    return FLASHATTN_SUCCESS;
-#endif
-}
-
-int32_t usable_device_count() {
-#ifdef FLASHATTN_WITH_CUDA
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
-        cudaGetLastError();  // "no driver" / "no device" are not sticky errors; clear them
-        return 0;
-    }
-    return count;
-#else
-    return 0;
-#endif
-}
-
 flashattn_status_t finalize_plan(flashattn_plan *plan) {
     plan->finalized = false;
     Problem problem;
@@ -79,7 +32,7 @@ flashattn_status_t finalize_plan(flashattn_plan *plan) {
     FLASHATTN_TRY(requested_backend(plan->params, &requested));
 
     DeviceInfo dev;
-    FLASHATTN_TRY(device_info(problem.device, &dev));
+    FLASHATTN_TRY(query_device(problem.device, &dev));
     Candidate candidates[5];
     for (flashattn_backend_t id : {FLASHATTN_BACKEND_CPU, FLASHATTN_BACKEND_FA1, FLASHATTN_BACKEND_FA2, FLASHATTN_BACKEND_FA3}) {
         const Backend *b = backend_by_id(id);
@@ -96,25 +49,21 @@ flashattn_status_t finalize_plan(flashattn_plan *plan) {
     if (d.status != FLASHATTN_SUCCESS) return fail(d.status, "plan: %s", d.reason.c_str());
 
     const Backend *backend = backend_by_id(d.backend);
-    Schedule schedule;
-    FLASHATTN_TRY(backend->make_schedule(problem, dev, &schedule));
+    std::unique_ptr<BackendPlan> backend_plan;
+    FLASHATTN_TRY(backend->make_plan(problem, dev, &backend_plan));
 
     plan->problem = problem;
     plan->device = dev;
     plan->backend = backend;
-    plan->schedule = schedule;
+    plan->backend_plan = std::move(backend_plan);
     plan->reason = d.reason;
     plan->finalized = true;
     return FLASHATTN_SUCCESS;
 }
 
 flashattn_status_t execute_plan(const flashattn_plan *plan, const Tensors &t) {
-    FLASHATTN_TRY(check_execute_args(plan->problem, t, plan->schedule.workspace_bytes));
-#ifdef FLASHATTN_WITH_CUDA
-    if (plan->backend->id == FLASHATTN_BACKEND_CPU && plan->device.present)
-        FLASHATTN_TRY(check_host_tensors(plan->problem, t));
-#endif
-    return plan->backend->execute(plan->problem, plan->schedule, t);
+    FLASHATTN_TRY(check_execute_args(plan->problem, t, plan->workspace_bytes()));
+    return plan->backend->execute(plan->problem, *plan->backend_plan, t);
 }
 
 }  // namespace flashattn

@@ -1,4 +1,4 @@
-// Finalizing a plan (resolve, query the device, choose a backend, schedule) and running it.
+// Finalizing a plan (resolve, query the device, choose a backend, let it plan) and running it.
 #pragma once
 
 #include "dispatch/plan.h"
@@ -7,9 +7,5 @@ namespace flashattn {
 
 flashattn_status_t finalize_plan(flashattn_plan *plan);
 flashattn_status_t execute_plan(const flashattn_plan *plan, const Tensors &t);
-
-// Device queries that work with or without CUDA in the build.
-flashattn_status_t device_info(int32_t device, DeviceInfo *out);
-int32_t usable_device_count();
 
 }  // namespace flashattn

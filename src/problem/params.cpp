@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "capi/error.h"
+#include "base/status.h"
 
 namespace flashattn {
 namespace {

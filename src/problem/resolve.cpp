@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstdint>
 
-#include "capi/error.h"
+#include "base/checked_math.h"
+#include "base/status.h"
+#include "base/workspace.h"
 
 namespace flashattn {
 
@@ -17,13 +19,6 @@ size_t Problem::element_size() const {
 }
 
 namespace {
-
-// Checked a*b+c on int64; false on overflow.
-bool mul_add(int64_t a, int64_t b, int64_t c, int64_t *out) {
-    int64_t product;
-    if (__builtin_mul_overflow(a, b, &product)) return false;
-    return !__builtin_add_overflow(product, c, out);
-}
 
 // Offset one past the last element of a [n0, n1, n2, dim] tensor with the given strides.
 bool tensor_end(int64_t n0, int64_t n1, int64_t n2, int64_t dim, const Strides &s, bool varlen, int64_t *end) {
@@ -208,8 +203,8 @@ flashattn_status_t check_execute_args(const Problem &p, const Tensors &t, size_t
                     t.workspace_bytes, workspace_needed);
     if (workspace_needed > 0 && t.workspace == nullptr)
         return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: NULL, but this plan needs %zu bytes", workspace_needed);
-    if (workspace_needed > 0 && reinterpret_cast<uintptr_t>(t.workspace) % 256 != 0)
-        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: must be aligned to 256 bytes");
+    if (workspace_needed > 0 && reinterpret_cast<uintptr_t>(t.workspace) % kWorkspaceAlignment != 0)
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: must be aligned to %zu bytes", kWorkspaceAlignment);
     if (workspace_needed > 0) {
         for (const auto &in : inputs)
             if (overlaps(t.workspace, workspace_needed, in.ptr, in.bytes))

@@ -2,9 +2,9 @@
 // (query tile, batch, head or pack of GQA heads) work items on all cores.
 //
 // execute() allocates nothing but the std::thread objects: each thread (the calling one included)
-// carves its scratch out of the caller's workspace, whose size make_schedule() fixed as
-// cpu_threads x per-thread scratch (cpu_threads: the hardware threads, capped by the work items;
-// 1 for problems too small to pay for starting threads). Work items are handed out through an
+// takes its scratch slot from the caller's workspace, whose one slice make_plan() laid out as
+// threads x per-thread scratch (threads: the hardware threads, capped by the work items; 1 for
+// problems too small to pay for starting threads). Work items are handed out through an
 // atomic counter, heaviest (last, under a causal mask) query tiles first. Every item is computed
 // by one thread with the same code whichever thread that is, so results are bit-identical from run
 // to run.
@@ -18,19 +18,28 @@
 #include <thread>
 
 #include "backends/cpu/cpu_kernel.h"
-#include "capi/error.h"
-#include "dispatch/backend.h"
+#include "backends/backend.h"
+#include "base/checked_math.h"
+#include "base/status.h"
+#include "device/device.h"
 
 namespace flashattn {
 namespace {
 
-constexpr size_t kSlotAlign = 256;     // per-thread scratch slots start on 256-byte boundaries
 constexpr int32_t kMaxThreads = 1024;  // upper bound on worker threads (and workspace slots)
 // Problems below this many multiply-adds run on the calling thread alone: starting threads would
 // cost more than it saves.
 constexpr double kSerialMacs = 1 << 20;
 
-size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
+// What finalize decided for the CPU backend.
+struct CpuPlan : BackendPlan {
+    cpu::TileShape shape;
+    int64_t threads = 1;   // worker threads, the calling one included
+    int64_t pack = 1;      // query heads per work item (GQA packing)
+    size_t slot_bytes = 0; // one thread's scratch, a multiple of kWorkspaceAlignment
+    int scratch = 0;       // the workspace slice holding `threads` slots
+    bool gpu_present = false;  // then every pointer must be checked to be host memory
+};
 
 cpu::TileShape choose_shape(const Problem &p) {
     // Taller query blocks amortise widening each K/V block over more rows; longer key blocks
@@ -83,10 +92,8 @@ std::string cpu_unsupported_reason(const Problem &p, const DeviceInfo &) {
     return std::string();
 }
 
-flashattn_status_t cpu_make_schedule(const Problem &p, const DeviceInfo &, Schedule *out) {
-    const cpu::TileShape shape = choose_shape(p);
+int64_t choose_threads(const Problem &p, const cpu::TileShape &shape) {
     const int64_t items = tiles_per_sequence(p, shape.block_m, 1) * p.batch * p.heads_q;
-
     unsigned hw = std::thread::hardware_concurrency();
     int64_t threads = hw == 0 ? 1 : static_cast<int64_t>(hw);
     threads = std::min<int64_t>(threads, kMaxThreads);
@@ -94,15 +101,31 @@ flashattn_status_t cpu_make_schedule(const Problem &p, const DeviceInfo &, Sched
     const double macs = static_cast<double>(p.batch) * static_cast<double>(p.heads_q) *
                         static_cast<double>(p.seqlen_q) * static_cast<double>(p.seqlen_k) *
                         static_cast<double>(p.head_dim + p.head_dim_v);
-    if (macs < kSerialMacs) threads = 1;
+    return macs < kSerialMacs ? 1 : threads;
+}
 
-    Schedule s;
-    s.num_splits = 1;
-    s.cpu_threads = static_cast<int32_t>(threads);
-    s.block_m = shape.block_m;
-    s.block_n = shape.block_n;
-    s.workspace_bytes = static_cast<size_t>(threads) * round_up(cpu::scratch_bytes(p, shape), kSlotAlign);
-    *out = s;
+flashattn_status_t cpu_make_plan(const Problem &p, const DeviceInfo &dev, std::unique_ptr<BackendPlan> *out) {
+    auto plan = std::make_unique<CpuPlan>();
+    plan->shape = choose_shape(p);
+    plan->threads = choose_threads(p, plan->shape);
+    plan->pack = choose_pack(p, plan->shape.block_m, plan->threads);
+    plan->slot_bytes = align_up(cpu::scratch_bytes(p, plan->shape), kWorkspaceAlignment);
+    plan->scratch = plan->workspace.add("cpu per-thread scratch", static_cast<size_t>(plan->threads) * plan->slot_bytes);
+    plan->gpu_present = dev.present;
+    *out = std::move(plan);
+    return FLASHATTN_SUCCESS;
+}
+
+// On a machine with a GPU, a device pointer handed to the CPU backend would crash the host loops.
+flashattn_status_t check_host_memory(const Tensors &t) {
+    const struct { const void *ptr; const char *name; } all[] = {
+        {t.q, "q"}, {t.k, "k"}, {t.v, "v"}, {t.o, "o"}, {t.lse, "lse"},
+        {t.cu_seqlens_q, "cu_seqlens_q"}, {t.cu_seqlens_k, "cu_seqlens_k"}, {t.workspace, "workspace"}};
+    for (const auto &a : all) {
+        int32_t owner = -1;
+        if (a.ptr != nullptr && memory_kind(a.ptr, &owner) == MemoryKind::device)
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: device memory, but the plan runs on the CPU backend", a.name);
+    }
     return FLASHATTN_SUCCESS;
 }
 
@@ -219,58 +242,27 @@ void worker(Job *job, size_t slot) noexcept {
     }
 }
 
-flashattn_status_t execute_impl(const Problem &p, const Schedule &s, const Tensors &t) {
+flashattn_status_t execute_impl(const Problem &p, const CpuPlan &plan, const Tensors &t) {
+    if (plan.gpu_present) FLASHATTN_TRY(check_host_memory(t));
     if (p.varlen) {
         FLASHATTN_TRY(check_cu_seqlens("cu_seqlens_q", t.cu_seqlens_q, p.batch, p.total_q,
                                        "total_q", p.seqlen_q, "seqlen_q"));
         FLASHATTN_TRY(check_cu_seqlens("cu_seqlens_k", t.cu_seqlens_k, p.batch, p.total_k,
                                        "total_k", p.seqlen_k, "seqlen_k"));
     }
-    cpu::TileShape shape;
-    shape.block_m = s.block_m;
-    shape.block_n = s.block_n;
-    if (shape.block_m < 1 || shape.block_m > cpu::kMaxBlockM || shape.block_n < cpu::kVector ||
-        shape.block_n % cpu::kVector != 0) {
-        return fail(FLASHATTN_ERROR_INTERNAL, "CPU backend: invalid schedule (block_m %d, block_n %d)",
-                    static_cast<int>(shape.block_m), static_cast<int>(shape.block_n));
-    }
-
     Job job;
     job.p = &p;
     job.t = &t;
-    job.shape = shape;
-    job.pack = choose_pack(p, shape.block_m, std::max<int32_t>(s.cpu_threads, 1));
-    job.tiles = tiles_per_sequence(p, shape.block_m, job.pack);
+    job.shape = plan.shape;
+    job.pack = plan.pack;
+    job.tiles = tiles_per_sequence(p, plan.shape.block_m, job.pack);
     job.units = p.batch * (p.heads_q / job.pack);
     job.items = job.tiles * job.units;
     job.elem = p.element_size();
-    job.slot_bytes = round_up(cpu::scratch_bytes(p, shape), kSlotAlign);
+    job.slot_bytes = plan.slot_bytes;
+    job.workspace = plan.workspace.at<unsigned char>(t.workspace, plan.scratch);
     if (job.items <= 0) return FLASHATTN_SUCCESS;
-
-    // Scratch: one slot per thread from the workspace; never more threads than slots or items.
-    const size_t slots = t.workspace ? t.workspace_bytes / job.slot_bytes : 0;
-    if (slots == 0) {
-        return fail(FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE,
-                    "the CPU backend needs at least %zu bytes of workspace; %zu were given",
-                    job.slot_bytes, t.workspace ? t.workspace_bytes : static_cast<size_t>(0));
-    }
-    // Align the carve-out ourselves should a caller's pointer not be (the C boundary promises 256).
-    unsigned char *ws = static_cast<unsigned char *>(t.workspace);
-    const size_t misalign = reinterpret_cast<uintptr_t>(ws) % 64;
-    size_t usable = t.workspace_bytes;
-    if (misalign != 0) {
-        ws += 64 - misalign;
-        usable -= 64 - misalign;
-    }
-    job.workspace = ws;
-    int64_t threads = std::max<int32_t>(s.cpu_threads, 1);
-    threads = std::min<int64_t>(threads, static_cast<int64_t>(usable / job.slot_bytes));
-    threads = std::min<int64_t>(threads, job.items);
-    if (threads < 1) {
-        return fail(FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE,
-                    "the CPU backend needs at least %zu bytes of aligned workspace; %zu were given",
-                    job.slot_bytes + 64, t.workspace_bytes);
-    }
+    const int64_t threads = std::min<int64_t>(plan.threads, job.items);
 
     // Workers 1..n-1 on new threads, slot 0 on the calling thread. A thread that cannot be
     // created simply leaves its share to the others.
@@ -294,9 +286,9 @@ flashattn_status_t execute_impl(const Problem &p, const Schedule &s, const Tenso
     return FLASHATTN_SUCCESS;
 }
 
-flashattn_status_t cpu_execute(const Problem &p, const Schedule &s, const Tensors &t) {
+flashattn_status_t cpu_execute(const Problem &p, const BackendPlan &plan, const Tensors &t) {
     try {
-        return execute_impl(p, s, t);
+        return execute_impl(p, static_cast<const CpuPlan &>(plan), t);
     } catch (const std::exception &e) {
         return fail(FLASHATTN_ERROR_INTERNAL, "CPU backend: unexpected exception: %s", e.what());
     } catch (...) {
@@ -308,7 +300,7 @@ flashattn_status_t cpu_execute(const Problem &p, const Schedule &s, const Tensor
 
 const Backend *cpu_backend() {
     static const Backend backend = {FLASHATTN_BACKEND_CPU, "cpu", cpu_unsupported_reason,
-                                    cpu_make_schedule, cpu_execute, nullptr};
+                                    cpu_make_plan, cpu_execute, nullptr};
     return &backend;
 }
 

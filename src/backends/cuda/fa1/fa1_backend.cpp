@@ -5,66 +5,61 @@
 #include <climits>
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <utility>
 
+#include "backends/backend.h"
+#include "backends/cuda/fa1/fa1_params.h"
 #include "backends/cuda/host/cuda_host.h"
 #include "backends/cuda/host/tensor_args.h"
-#include "backends/cuda/fa1/fa1_params.h"
-#include "capi/error.h"
-#include "dispatch/backend.h"
+#include "base/checked_math.h"
+#include "base/status.h"
 
 namespace flashattn {
 namespace {
 
-// The compiled head dim that runs head_dim (smaller head dims are zero-padded in shared memory).
-int compiled_hdim(int64_t d) { return d <= 32 ? 32 : d <= 64 ? 64 : d <= 128 ? 128 : 256; }
+// One row per compiled head dim (fa1_head_dims.h): its entry points.
+struct CompiledHeadDim {
+    int head_dim;
+    fa1::Config (*config)(bool large);
+    cudaError_t (*launch)(const fa1::Params &p, bool large, bool bf16, cudaStream_t s);
+    cudaError_t (*attributes)(bool large, bool bf16, cudaFuncAttributes *attr);
+    cudaError_t (*occupancy)(bool large, bool bf16, int *blocks_per_sm);
+};
+#define FLASHATTN_FA1_ROW(D, ...) \
+    {D, fa1::config_hdim##D, fa1::launch_hdim##D, fa1::func_attributes_hdim##D, fa1::occupancy_hdim##D},
+constexpr CompiledHeadDim kHeadDims[] = {FLASHATTN_FA1_HEAD_DIMS(FLASHATTN_FA1_ROW)};
+#undef FLASHATTN_FA1_ROW
 
-fa1::Config config_for(int hd, bool large) {
-    switch (hd) {
-        case 32: return fa1::config_hdim32(large);
-        case 64: return fa1::config_hdim64(large);
-        case 128: return fa1::config_hdim128(large);
-        default: return fa1::config_hdim256(large);
-    }
+// The compiled head dim that runs `d` (smaller head dims are zero-padded in shared memory).
+const CompiledHeadDim &compiled_for(int64_t d) {
+    for (const CompiledHeadDim &row : kHeadDims)
+        if (d <= row.head_dim) return row;
+    return kHeadDims[sizeof kHeadDims / sizeof kHeadDims[0] - 1];
 }
 
-cudaError_t launch_for(int hd, const fa1::Params &prm, bool large, bool bf16, cudaStream_t s) {
-    switch (hd) {
-        case 32: return fa1::launch_hdim32(prm, large, bf16, s);
-        case 64: return fa1::launch_hdim64(prm, large, bf16, s);
-        case 128: return fa1::launch_hdim128(prm, large, bf16, s);
-        default: return fa1::launch_hdim256(prm, large, bf16, s);
-    }
-}
-
-cudaError_t attributes_for(int hd, bool large, bool bf16, cudaFuncAttributes *attr) {
-    switch (hd) {
-        case 32: return fa1::func_attributes_hdim32(large, bf16, attr);
-        case 64: return fa1::func_attributes_hdim64(large, bf16, attr);
-        case 128: return fa1::func_attributes_hdim128(large, bf16, attr);
-        default: return fa1::func_attributes_hdim256(large, bf16, attr);
-    }
-}
-
-cudaError_t occupancy_for(int hd, bool large, bool bf16, int *blocks_per_sm) {
-    switch (hd) {
-        case 32: return fa1::occupancy_hdim32(large, bf16, blocks_per_sm);
-        case 64: return fa1::occupancy_hdim64(large, bf16, blocks_per_sm);
-        case 128: return fa1::occupancy_hdim128(large, bf16, blocks_per_sm);
-        default: return fa1::occupancy_hdim256(large, bf16, blocks_per_sm);
-    }
-}
+// Everything execute needs, decided at finalize.
+struct Fa1Plan : BackendPlan {
+    const CompiledHeadDim *kernels = nullptr;
+    fa1::Config cfg;
+    int32_t q_blocks_per_cta = 1;  // the inner loop's length
+    int32_t splits = 1;            // CTAs per (batch, head) along the query axis
+    int64_t ws_rows = 0;           // workspace rows per head (see workspace_rows)
+    int o_acc = -1;                // workspace slices: the running output and (m, l)
+    int ml = -1;
+};
 
 // The large tile where the device's per-block shared memory allows it, else the small one; false
 // when neither fits. FLASHATTN_FA1_TILE=small forces the small (sm_75) tile: a developer's knob to
 // test that tile on a bigger GPU.
 bool pick_config(const Problem &p, size_t smem_optin, fa1::Config *out) {
-    const int hd = compiled_hdim(p.head_dim);
+    const CompiledHeadDim &kernels = compiled_for(p.head_dim);
     const char *env = std::getenv("FLASHATTN_FA1_TILE");
     const bool force_small = env != nullptr && std::string(env) == "small";
     for (bool large : {true, false}) {
         if (large && force_small) continue;
-        const fa1::Config c = config_for(hd, large);
+        const fa1::Config c = kernels.config(large);
         if (c.smem_bytes <= smem_optin) {
             *out = c;
             return true;
@@ -73,17 +68,6 @@ bool pick_config(const Problem &p, size_t smem_optin, fa1::Config *out) {
     return false;
 }
 
-// The configuration a schedule was made with (block_m and block_n identify it).
-fa1::Config schedule_config(const Problem &p, const Schedule &s) {
-    const int hd = compiled_hdim(p.head_dim);
-    const fa1::Config large = config_for(hd, true);
-    if (large.block_m == s.block_m && large.block_n() == s.block_n) return large;
-    return config_for(hd, false);
-}
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
-
 // Workspace rows per head: each sequence's rows start at a multiple of block_m (see the kernel's
 // ws_start): varlen sequence b starts at block_m * (ceil(cu_q[b] / block_m) + b).
 int64_t workspace_rows(const Problem &p, int block_m) {
@@ -91,12 +75,11 @@ int64_t workspace_rows(const Problem &p, int block_m) {
     return p.batch * ceil_div(p.seqlen_q, block_m) * block_m;
 }
 
-size_t oacc_bytes(const Problem &p, const fa1::Config &c) {
-    return align256(static_cast<size_t>(p.heads_q) * workspace_rows(p, c.block_m) * c.head_dim * sizeof(float));
-}
-
-size_t ml_bytes(const Problem &p, const fa1::Config &c) {
-    return align256(static_cast<size_t>(p.heads_q) * workspace_rows(p, c.block_m) * fa1::kWarps * 2 * sizeof(float));
+// The FA1 partial output [heads_q][ws_rows][D] (fp32) and statistics [heads_q][ws_rows][kWarps] (m, l).
+void add_workspace_slices(const Problem &p, Fa1Plan *plan) {
+    const size_t rows = static_cast<size_t>(p.heads_q) * static_cast<size_t>(plan->ws_rows);
+    plan->o_acc = plan->workspace.add("fa1 running output", rows * plan->cfg.head_dim * sizeof(float));
+    plan->ml = plan->workspace.add("fa1 running (m, l)", rows * fa1::kWarps * 2 * sizeof(float));
 }
 
 std::string fa1_unsupported(const Problem &p, const DeviceInfo &dev) {
@@ -114,7 +97,7 @@ std::string fa1_unsupported(const Problem &p, const DeviceInfo &dev) {
         return "fa1 supports at most 2^29 (batch x heads) pairs";
     fa1::Config c;
     if (!pick_config(p, dev.smem_per_block_optin, &c)) {
-        const fa1::Config small = config_for(compiled_hdim(p.head_dim), false);
+        const fa1::Config small = compiled_for(p.head_dim).config(false);
         return "fa1 head dim " + std::to_string(p.head_dim) + " needs " + std::to_string(small.smem_bytes) +
                " bytes of shared memory per block; the device (" + sm + ") allows " +
                std::to_string(dev.smem_per_block_optin);
@@ -126,8 +109,7 @@ std::string fa1_unsupported(const Problem &p, const DeviceInfo &dev) {
         return std::string("fa1 could not select the device: ") + cudaGetErrorString(scope.error());
     }
     cudaFuncAttributes attr;
-    const cudaError_t err =
-        attributes_for(c.head_dim, c.large, p.dtype == FLASHATTN_DTYPE_BF16, &attr);
+    const cudaError_t err = compiled_for(p.head_dim).attributes(c.large, p.dtype == FLASHATTN_DTYPE_BF16, &attr);
     if (err != cudaSuccess) {
         cudaGetLastError();
         return "libflashattn holds no fa1 kernel this device (" + sm + ") can run (" +
@@ -156,57 +138,54 @@ int q_blocks_per_cta(int64_t nqb, int64_t bh, int64_t slots, bool causal) {
     return static_cast<int>(std::max<int64_t>(1, ceil_div(nqb, splits)));  // balance the ranges
 }
 
-flashattn_status_t fa1_schedule(const Problem &p, const DeviceInfo &dev, Schedule *out) {
-    fa1::Config c;
-    if (!pick_config(p, dev.smem_per_block_optin, &c))
+flashattn_status_t fa1_make_plan(const Problem &p, const DeviceInfo &dev, std::unique_ptr<BackendPlan> *out) {
+    auto plan = std::make_unique<Fa1Plan>();
+    plan->kernels = &compiled_for(p.head_dim);
+    if (!pick_config(p, dev.smem_per_block_optin, &plan->cfg))
         return fail(FLASHATTN_ERROR_INTERNAL, "fa1: no tile fits the device's shared memory");
     // Resident thread blocks per SM for this tile (2 for every large tile on the H200; 1 for the
     // small tile on a 64 KB Turing SM): the query-range split fills one wave of them.
     DeviceGuard scope(dev.device);
     if (scope.error() != cudaSuccess) return cuda_fail(scope.error(), "fa1: cudaSetDevice");
     int per_sm = 0;
-    const cudaError_t err = occupancy_for(c.head_dim, c.large, p.dtype == FLASHATTN_DTYPE_BF16, &per_sm);
+    const cudaError_t err = plan->kernels->occupancy(plan->cfg.large, p.dtype == FLASHATTN_DTYPE_BF16, &per_sm);
     if (err != cudaSuccess) return cuda_fail(err, "fa1: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     const int64_t slots = static_cast<int64_t>(std::max(dev.sm_count, 1)) * std::max(per_sm, 1);
 
-    Schedule s;
-    s.num_splits = 1;  // no split over keys: FA1 walks every K/V block of a row range in one CTA
-    s.block_m = c.block_m;
-    s.block_n = c.block_n();
-    s.q_blocks_per_cta = q_blocks_per_cta(ceil_div(p.seqlen_q, c.block_m), p.batch * p.heads_q, slots, p.causal);
-    s.workspace_bytes = oacc_bytes(p, c) + ml_bytes(p, c);
-    *out = s;
+    // No split over keys: FA1 walks every K/V block of a row range in one CTA.
+    const int64_t nqb = ceil_div(p.seqlen_q, plan->cfg.block_m);
+    plan->q_blocks_per_cta = q_blocks_per_cta(nqb, p.batch * p.heads_q, slots, p.causal);
+    plan->splits = static_cast<int32_t>(ceil_div(nqb, plan->q_blocks_per_cta));
+    plan->ws_rows = workspace_rows(p, plan->cfg.block_m);
+    add_workspace_slices(p, plan.get());
+    *out = std::move(plan);
     return FLASHATTN_SUCCESS;
 }
 
-flashattn_status_t fa1_execute(const Problem &p, const Schedule &s, const Tensors &t) {
+flashattn_status_t fa1_execute(const Problem &p, const BackendPlan &base_plan, const Tensors &t) {
+    const Fa1Plan &plan = static_cast<const Fa1Plan &>(base_plan);
     FLASHATTN_TRY(check_device_tensors(p, t));
-    const fa1::Config c = schedule_config(p, s);
-    if (t.workspace_bytes < oacc_bytes(p, c) + ml_bytes(p, c))
-        return fail(FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE, "fa1: workspace_bytes is below the plan's need");
+    if (p.seqlen_q == 0 || p.batch == 0) return FLASHATTN_SUCCESS;  // nothing to compute
 
     DeviceGuard scope(p.device);
     if (scope.error() != cudaSuccess) return cuda_fail(scope.error(), "fa1: cudaSetDevice");
 
     fa1::Params prm;
     fill_tensor_args(p, t, &prm);
-    prm.o_acc = static_cast<float *>(t.workspace);
-    prm.ml = reinterpret_cast<float2 *>(static_cast<char *>(t.workspace) + oacc_bytes(p, c));
-    prm.ws_rows = workspace_rows(p, c.block_m);
-
-    const int64_t nqb = ceil_div(p.seqlen_q, c.block_m);
-    if (nqb == 0 || p.batch == 0) return FLASHATTN_SUCCESS;  // nothing to compute
-    prm.q_blocks_per_cta = std::max(s.q_blocks_per_cta, 1);
-    prm.splits = static_cast<int32_t>(ceil_div(nqb, prm.q_blocks_per_cta));
+    prm.o_acc = plan.workspace.at<float>(t.workspace, plan.o_acc);
+    prm.ml = plan.workspace.at<float2>(t.workspace, plan.ml);
+    prm.ws_rows = plan.ws_rows;
+    prm.q_blocks_per_cta = plan.q_blocks_per_cta;
+    prm.splits = plan.splits;
     prm.reverse = p.causal ? 1 : 0;  // bottom-right causal: the last query ranges do the most work
 
-    const cudaError_t err = launch_for(c.head_dim, prm, c.large, p.dtype == FLASHATTN_DTYPE_BF16,
-                                       reinterpret_cast<cudaStream_t>(t.stream));
+    const cudaError_t err = plan.kernels->launch(prm, plan.cfg.large, p.dtype == FLASHATTN_DTYPE_BF16,
+                                                 reinterpret_cast<cudaStream_t>(t.stream));
     if (err != cudaSuccess) return cuda_fail(err, "fa1 forward kernel (setup)");
     return check_launch("fa1 forward kernel");
 }
 
-const Backend kFa1Backend = {FLASHATTN_BACKEND_FA1, "fa1", fa1_unsupported, fa1_schedule, fa1_execute, nullptr};
+const Backend kFa1Backend = {FLASHATTN_BACKEND_FA1, "fa1", fa1_unsupported, fa1_make_plan, fa1_execute, nullptr};
 
 }  // namespace
 

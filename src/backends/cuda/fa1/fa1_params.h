@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "backends/cuda/fa1/fa1_head_dims.h"
 #include "backends/cuda/host/tensor_args.h"
 
 namespace flashattn {
@@ -39,26 +40,16 @@ struct Config {
     bool large = false;
 };
 
-// Launch one compiled configuration (fa1_fwd_hdim*.cu). `large` picks the big-shared-memory
-// variant, `bf16` the element type.
-cudaError_t launch_hdim32(const Params &p, bool large, bool bf16, cudaStream_t s);
-cudaError_t launch_hdim64(const Params &p, bool large, bool bf16, cudaStream_t s);
-cudaError_t launch_hdim128(const Params &p, bool large, bool bf16, cudaStream_t s);
-cudaError_t launch_hdim256(const Params &p, bool large, bool bf16, cudaStream_t s);
-
-// Configuration facts and an attribute query for one compiled kernel (fa1_fwd_hdim*.cu).
-Config config_hdim32(bool large);
-Config config_hdim64(bool large);
-Config config_hdim128(bool large);
-Config config_hdim256(bool large);
-cudaError_t func_attributes_hdim32(bool large, bool bf16, cudaFuncAttributes *attr);
-cudaError_t func_attributes_hdim64(bool large, bool bf16, cudaFuncAttributes *attr);
-cudaError_t func_attributes_hdim128(bool large, bool bf16, cudaFuncAttributes *attr);
-cudaError_t func_attributes_hdim256(bool large, bool bf16, cudaFuncAttributes *attr);
-cudaError_t occupancy_hdim32(bool large, bool bf16, int *blocks_per_sm);
-cudaError_t occupancy_hdim64(bool large, bool bf16, int *blocks_per_sm);
-cudaError_t occupancy_hdim128(bool large, bool bf16, int *blocks_per_sm);
-cudaError_t occupancy_hdim256(bool large, bool bf16, int *blocks_per_sm);
+// The entry points of one compiled head dim, defined by FA1_DEFINE_HDIM in the generated unit
+// fa1_fwd_hdimD.cu (one per row of fa1_head_dims.h). `large` picks the big-shared-memory tile,
+// `bf16` the element type.
+#define FLASHATTN_FA1_DECLARE_HDIM(D, ...)                                              \
+    Config config_hdim##D(bool large);                                                  \
+    cudaError_t launch_hdim##D(const Params &p, bool large, bool bf16, cudaStream_t s); \
+    cudaError_t func_attributes_hdim##D(bool large, bool bf16, cudaFuncAttributes *attr); \
+    cudaError_t occupancy_hdim##D(bool large, bool bf16, int *blocks_per_sm);
+FLASHATTN_FA1_HEAD_DIMS(FLASHATTN_FA1_DECLARE_HDIM)
+#undef FLASHATTN_FA1_DECLARE_HDIM
 
 }  // namespace fa1
 }  // namespace flashattn

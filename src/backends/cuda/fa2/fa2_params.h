@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "backends/cuda/fa2/fa2_head_dims.h"
 #include "backends/cuda/host/tensor_args.h"
 #include "flashattn/flashattn.h"
 
@@ -21,16 +22,13 @@ struct Params : TensorArgs {
     int32_t reverse_m = 0;  // launch the heaviest (last, causal) query tiles first
 };
 
-// Launchers, one per compiled head dim (fa2_fwd_hdim*.cu). `bf16` picks the element type, `small`
-// the small configuration (fa2_config.h) where one is compiled.
-cudaError_t launch_fwd_hdim32(const Params &p, bool bf16, bool small, cudaStream_t s);
-cudaError_t launch_fwd_hdim64(const Params &p, bool bf16, bool small, cudaStream_t s);
-cudaError_t launch_fwd_hdim96(const Params &p, bool bf16, bool small, cudaStream_t s);
-cudaError_t launch_fwd_hdim128(const Params &p, bool bf16, bool small, cudaStream_t s);
-cudaError_t launch_fwd_hdim160(const Params &p, bool bf16, bool small, cudaStream_t s);
-cudaError_t launch_fwd_hdim192(const Params &p, bool bf16, bool small, cudaStream_t s);
-cudaError_t launch_fwd_hdim224(const Params &p, bool bf16, bool small, cudaStream_t s);
-cudaError_t launch_fwd_hdim256(const Params &p, bool bf16, bool small, cudaStream_t s);
+// Launchers, one per row of fa2_head_dims.h (generated fa2_fwd_hdimD.cu). `bf16` picks the
+// element type, `small` the small configuration (fa2_config.h) where one is compiled.
+using LaunchFwd = cudaError_t (*)(const Params &p, bool bf16, bool small, cudaStream_t s);
+#define FLASHATTN_FA2_DECLARE_LAUNCH(D) cudaError_t launch_fwd_hdim##D(const Params &p, bool bf16, bool small, cudaStream_t s);
+FLASHATTN_FA2_HEAD_DIMS(FLASHATTN_FA2_DECLARE_LAUNCH)
+#undef FLASHATTN_FA2_DECLARE_LAUNCH
+
 // Split-KV combine (fa2_merge.cu).
 cudaError_t launch_merge(const Params &p, bool bf16, cudaStream_t s);
 

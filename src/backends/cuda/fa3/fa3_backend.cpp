@@ -4,17 +4,19 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include <cuda_runtime_api.h>
 
+#include "backends/backend.h"
+#include "backends/cuda/fa3/fa3_config.h"
+#include "backends/cuda/fa3/fa3_params.h"
 #include "backends/cuda/host/cuda_host.h"
 #include "backends/cuda/host/tensor_args.h"
 #include "backends/cuda/host/tensor_map.h"
-#include "backends/cuda/fa3/fa3_config.h"
-#include "backends/cuda/fa3/fa3_params.h"
-#include "capi/error.h"
-#include "dispatch/backend.h"
+#include "base/status.h"
 
 namespace flashattn {
 namespace {
@@ -22,6 +24,32 @@ namespace {
 constexpr int64_t kMaxSeqlen = int64_t(1) << 28;  // keeps the int32 mask and TMA coordinates exact
 constexpr int64_t kMaxStrideBytes = int64_t(1) << 40;
 constexpr int64_t kDecodeRows = 64;  // at most this many query rows: fa2's split-KV path is faster
+
+// One row per compiled head dim (fa3_head_dims.h): its launcher.
+struct CompiledHeadDim {
+    int head_dim;
+    fa3::LaunchFwd launch;
+};
+#define FLASHATTN_FA3_ROW(D) {D, fa3::launch_fwd_hdim##D},
+constexpr CompiledHeadDim kHeadDims[] = {FLASHATTN_FA3_HEAD_DIMS(FLASHATTN_FA3_ROW)};
+#undef FLASHATTN_FA3_ROW
+#define FLASHATTN_FA3_CHECK(D) static_assert(fa3::config_for(D).head_dim == D, "fa3_config.h has no tile for head dim " #D);
+FLASHATTN_FA3_HEAD_DIMS(FLASHATTN_FA3_CHECK)
+#undef FLASHATTN_FA3_CHECK
+
+fa3::LaunchFwd launcher_for(int compiled_head_dim) {
+    for (const CompiledHeadDim &row : kHeadDims)
+        if (row.head_dim == compiled_head_dim) return row.launch;
+    return nullptr;
+}
+
+// Everything execute needs, decided at finalize. FA3 needs no workspace.
+struct Fa3Plan : BackendPlan {
+    fa3::TileConfig cfg{};  // compiled head dim and keys per K/V tile
+    fa3::LaunchFwd launch = nullptr;
+    int num_ctas = 1;       // persistent grid size
+    int section = 1;        // causal schedule: (head, sequence) pairs per L2 section
+};
 
 // Why TMA cannot describe one input tensor of `rows` x `heads` x `batch` rows, or empty. A
 // dimension of extent 1 never uses its stride (the tensor map gets a filler); every other stride
@@ -99,17 +127,15 @@ int causal_section(const Problem &p, int64_t l2_bytes, int num_ctas) {
     return static_cast<int>(std::max<int64_t>(1, section));
 }
 
-flashattn_status_t fa3_make_schedule(const Problem &p, const DeviceInfo &dev, Schedule *out) {
-    if (out == nullptr) return fail(FLASHATTN_ERROR_INTERNAL, "fa3: no schedule to fill");
-    const fa3::TileConfig cfg = fa3::config_for(static_cast<int>(p.head_dim));
-    Schedule s;
-    s.block_m = fa3::kBlockM;
-    s.block_n = cfg.block_n;
-    s.grid_limit = std::max(1, std::min(dev.sm_count, test_cta_limit()));  // one persistent CTA per SM at most
-    s.tile_group = causal_section(p, dev.l2_bytes, s.grid_limit);
-    s.num_splits = 1;
-    s.workspace_bytes = 0;
-    *out = s;
+flashattn_status_t fa3_make_plan(const Problem &p, const DeviceInfo &dev, std::unique_ptr<BackendPlan> *out) {
+    auto plan = std::make_unique<Fa3Plan>();
+    plan->cfg = fa3::config_for(static_cast<int>(p.head_dim));
+    plan->launch = launcher_for(plan->cfg.head_dim);
+    if (plan->launch == nullptr)
+        return fail(FLASHATTN_ERROR_INTERNAL, "fa3: no compiled kernel for head dim %d", plan->cfg.head_dim);
+    plan->num_ctas = std::max(1, std::min(dev.sm_count, test_cta_limit()));  // one persistent CTA per SM at most
+    plan->section = causal_section(p, dev.l2_bytes, plan->num_ctas);
+    *out = std::move(plan);
     return FLASHATTN_SUCCESS;
 }
 
@@ -128,18 +154,8 @@ flashattn_status_t encode_map(CUtensorMap *out, TmaElement el, const void *base,
     return encode_tensor_map_sw128(out, el, base, 4, dims, strides, box);
 }
 
-cudaError_t launch_variant(const fa3::Params &k, const fa3::TensorMaps &maps, int head_dim, bool bf16,
-                           cudaStream_t st) {
-    switch (fa3::config_for(head_dim).head_dim) {
-        case 64: return fa3::launch_fwd_hdim64(k, maps, bf16, st);
-        case 128: return fa3::launch_fwd_hdim128(k, maps, bf16, st);
-        case 192: return fa3::launch_fwd_hdim192(k, maps, bf16, st);
-        case 256: return fa3::launch_fwd_hdim256(k, maps, bf16, st);
-        default: return cudaErrorInvalidValue;
-    }
-}
-
-flashattn_status_t fa3_execute(const Problem &p, const Schedule &s, const Tensors &t) {
+flashattn_status_t fa3_execute(const Problem &p, const BackendPlan &base_plan, const Tensors &t) {
+    const Fa3Plan &plan = static_cast<const Fa3Plan &>(base_plan);
     FLASHATTN_TRY(check_device_tensors(p, t));
     if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0 || (p.varlen && p.total_q == 0))
         return FLASHATTN_SUCCESS;
@@ -153,16 +169,15 @@ flashattn_status_t fa3_execute(const Problem &p, const Schedule &s, const Tensor
     FLASHATTN_TRY(encode_map(&maps.q, el, t.q, p, p.q, p.q_rows(), p.heads_q, fa3::kBlockM));
     // No keys at all: the kernel loads no K/V tile, but the maps still need a valid base and extent.
     const bool no_keys = rows_k == 0;
-    FLASHATTN_TRY(encode_map(&maps.k, el, no_keys ? t.q : t.k, p, p.k, no_keys ? 1 : rows_k, p.heads_kv, s.block_n));
-    FLASHATTN_TRY(encode_map(&maps.v, el, no_keys ? t.q : t.v, p, p.v, no_keys ? 1 : rows_k, p.heads_kv, s.block_n));
+    FLASHATTN_TRY(encode_map(&maps.k, el, no_keys ? t.q : t.k, p, p.k, no_keys ? 1 : rows_k, p.heads_kv, plan.cfg.block_n));
+    FLASHATTN_TRY(encode_map(&maps.v, el, no_keys ? t.q : t.v, p, p.v, no_keys ? 1 : rows_k, p.heads_kv, plan.cfg.block_n));
 
     DeviceGuard guard(p.device);
     if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "fa3: cudaSetDevice");
-    k.num_ctas = s.grid_limit;
-    k.section = s.tile_group;
+    k.num_ctas = plan.num_ctas;
+    k.section = plan.section;
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);
-    const cudaError_t err =
-        launch_variant(k, maps, static_cast<int>(p.head_dim), p.dtype == FLASHATTN_DTYPE_BF16, stream);
+    const cudaError_t err = plan.launch(k, maps, p.dtype == FLASHATTN_DTYPE_BF16, stream);
     if (err != cudaSuccess) return cuda_fail(err, "fa3 forward kernel setup");
     return check_launch("fa3 forward kernel");
 }
@@ -170,7 +185,7 @@ flashattn_status_t fa3_execute(const Problem &p, const Schedule &s, const Tensor
 }  // namespace
 
 const Backend *fa3_backend() {
-    static const Backend backend{FLASHATTN_BACKEND_FA3, "fa3", fa3_unsupported_reason, fa3_make_schedule,
+    static const Backend backend{FLASHATTN_BACKEND_FA3, "fa3", fa3_unsupported_reason, fa3_make_plan,
                                  fa3_execute, fa3_auto_pass_reason};
     return &backend;
 }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "backends/cuda/fa3/fa3_head_dims.h"
 #include "backends/cuda/host/tensor_args.h"
 
 namespace flashattn {
@@ -24,11 +25,12 @@ struct TensorMaps {
     CUtensorMap q, k, v;
 };
 
-// One launcher per compiled head dim (fa3_fwd_hdim*.cu); `bf16` picks the element type.
-cudaError_t launch_fwd_hdim64(const Params &p, const TensorMaps &maps, bool bf16, cudaStream_t s);
-cudaError_t launch_fwd_hdim128(const Params &p, const TensorMaps &maps, bool bf16, cudaStream_t s);
-cudaError_t launch_fwd_hdim192(const Params &p, const TensorMaps &maps, bool bf16, cudaStream_t s);
-cudaError_t launch_fwd_hdim256(const Params &p, const TensorMaps &maps, bool bf16, cudaStream_t s);
+// One launcher per row of fa3_head_dims.h (generated fa3_fwd_hdimD.cu); `bf16` picks the element type.
+using LaunchFwd = cudaError_t (*)(const Params &p, const TensorMaps &maps, bool bf16, cudaStream_t s);
+#define FLASHATTN_FA3_DECLARE_LAUNCH(D) \
+    cudaError_t launch_fwd_hdim##D(const Params &p, const TensorMaps &maps, bool bf16, cudaStream_t s);
+FLASHATTN_FA3_HEAD_DIMS(FLASHATTN_FA3_DECLARE_LAUNCH)
+#undef FLASHATTN_FA3_DECLARE_LAUNCH
 
 }  // namespace fa3
 }  // namespace flashattn

@@ -6,7 +6,7 @@
 #include <cinttypes>
 #include <cstring>
 
-#include "capi/error.h"
+#include "base/status.h"
 
 namespace flashattn {
 namespace {

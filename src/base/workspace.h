@@ -1,0 +1,55 @@
+// One plan's workspace as named slices, laid out once at finalize.
+//
+// A backend adds its slices while it plans (FA2's split-KV partials, FA1's running output and
+// statistics, the CPU backend's per-thread scratch); each starts on a kWorkspaceAlignment boundary.
+// The C boundary checks the caller's buffer once against total_bytes() and the alignment; execute
+// then takes each slice's address with at() and never re-derives sizes or re-checks the buffer.
+#pragma once
+
+#include <cstddef>
+
+#include "base/checked_math.h"
+
+namespace flashattn {
+
+// The alignment the API promises for the workspace pointer, and the one every slice keeps.
+constexpr size_t kWorkspaceAlignment = 256;
+
+class WorkspaceLayout {
+public:
+    static constexpr int kMaxSlices = 4;
+
+    // Append a slice of `bytes` (0 is allowed: it takes no room) and return its index for at().
+    int add(const char *name, size_t bytes) {
+        Slice &s = slices_[count_];
+        s.name = name;
+        s.offset = total_;
+        s.bytes = bytes;
+        total_ += align_up(bytes, kWorkspaceAlignment);
+        return count_++;
+    }
+
+    size_t total_bytes() const { return total_; }
+    int slice_count() const { return count_; }
+    const char *name(int slice) const { return slices_[slice].name; }
+    size_t offset(int slice) const { return slices_[slice].offset; }
+    size_t bytes(int slice) const { return slices_[slice].bytes; }
+
+    // The slice's address inside a workspace buffer that the C boundary has checked.
+    template <class T>
+    T *at(void *workspace, int slice) const {
+        return reinterpret_cast<T *>(static_cast<unsigned char *>(workspace) + slices_[slice].offset);
+    }
+
+private:
+    struct Slice {
+        const char *name = "";
+        size_t offset = 0;
+        size_t bytes = 0;
+    };
+    Slice slices_[kMaxSlices];
+    int count_ = 0;
+    size_t total_ = 0;
+};
+
+}  // namespace flashattn
