@@ -31,19 +31,21 @@ echo "== built both in $(( $(date +%s) - t0 ))s; sizes: old $(stat -c %s /tmp/ab
 
 python3 - /tmp/ab-old/src/libflashattn.so /tmp/ab-new/src/libflashattn.so > "$out/kernels.md" <<'PY'
 import re, subprocess, sys
+def rename(fn):  # FA1's element tags before the one PTX vocabulary (cuda::sm75::Half / BHalf)
+    return fn.replace("4sm754HalfE", "4Fp16E").replace("4sm755BHalfE", "4Bf16E")
 def kernels(lib):
     res = subprocess.run(["cuobjdump", "--dump-resource-usage", lib], capture_output=True, text=True).stdout
     info, fn = {}, None
     for line in res.splitlines():
         m = re.search(r"Function (\S+):", line)
-        if m: fn = m.group(1); continue
+        if m: fn = rename(m.group(1)); continue
         m = re.search(r"REG:(\d+) STACK:(\d+)", line)
         if m and fn: info[fn] = [int(m.group(1)), int(m.group(2)), 0]
     sass = subprocess.run(["cuobjdump", "-sass", lib], capture_output=True, text=True).stdout
     fn = None
     for line in sass.splitlines():
         m = re.search(r"Function : (\S+)", line)
-        if m: fn = m.group(1); continue
+        if m: fn = rename(m.group(1)); continue
         if fn in info and re.search(r"/\*[0-9a-f]{4,}\*/\s+\S", line): info[fn][2] += 1
     return info
 old, new = kernels(sys.argv[1]), kernels(sys.argv[2])

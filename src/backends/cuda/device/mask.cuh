@@ -1,7 +1,11 @@
-// Where a query tile's sequence lives (all kernels: FA1, FA2 and its split-KV merge, FA3), where its
-// LSE goes, and which key tiles it must visit (FA2, FA3: they walk the visible key tiles from the
-// last to the first so that the tiles needing an element mask - causal diagonal, ragged end,
-// window edges - come first).
+// The attention mask rule and the per-sequence geometry of all CUDA kernels (FA1, FA2 and its
+// split-KV merge, FA3): where a query tile's sequence lives and where its LSE goes (SeqInfo,
+// seq_info, lse_offset), which keys one query row sees (first_visible_key / last_visible_key: THE
+// mask rule, written once here), and which key tiles a query tile must visit (key_tiles, for FA2 and
+// FA3: they walk the visible key tiles from the last to the first so that the tiles needing an
+// element mask - causal diagonal, ragged end, window edges - come first). The element mask of an
+// edge tile is mask_scores (online_softmax.cuh); FA1 derives its own forms from the same rule (see
+// the end of this file).
 #pragma once
 
 #include <cstdint>
@@ -43,6 +47,23 @@ __device__ __forceinline__ int64_t lse_offset(const TensorArgs &p, int b, int he
                              : (static_cast<int64_t>(b) * p.heads_q + head) * p.seqlen_q + qpos;
 }
 
+// The mask rule. Causal and sliding window are one key interval per query (TensorArgs): with
+// rdiag = query position + (sk - sq) (bottom-right alignment), key j is visible iff
+//   first_visible_key(rdiag, left) <= j <= last_visible_key(rdiag, right, sk)
+// (none when first > last). This is the device form of visible_keys (problem.h, the definition
+// every backend implements), with causal folded into right and absent windows made "unbounded" by
+// fill_tensor_args.
+// The int form takes TensorArgs::left_i / right_i (clamped to 2^29, so every sum fits in int32: the
+// per-element masks), the int64_t form left / right (the tile ranges).
+__device__ __forceinline__ int first_visible_key(int rdiag, int left) { return max(0, rdiag - left); }
+__device__ __forceinline__ int last_visible_key(int rdiag, int right, int sk) { return min(sk - 1, rdiag + right); }
+__device__ __forceinline__ int64_t first_visible_key(int64_t rdiag, int64_t left) {
+    return max(int64_t(0), rdiag - left);
+}
+__device__ __forceinline__ int64_t last_visible_key(int64_t rdiag, int64_t right, int64_t sk) {
+    return min(sk - 1, rdiag + right);
+}
+
 // Key tiles of kBN keys seen by queries qlo..qhi of a sequence with sk keys and sk - sq = off:
 // [first, last] (empty when last < first), and [l_ok, r_ok], the tiles no row needs masked.
 struct KeyTiles {
@@ -53,18 +74,33 @@ struct KeyTiles {
 
 __device__ __forceinline__ KeyTiles key_tiles(const TensorArgs &p, int qlo, int qhi, int sk, int off, int kBN) {
     KeyTiles kt;
-    const int64_t hi = min(static_cast<int64_t>(sk) - 1, qhi + off + p.right);
-    const int64_t lo = max(int64_t(0), qlo + off - p.left);
+    const int64_t hi = last_visible_key(int64_t(qhi + off), p.right, int64_t(sk));
+    const int64_t lo = first_visible_key(int64_t(qlo + off), p.left);
     if (hi >= lo) {
         kt.first = static_cast<int>(lo / kBN);
         kt.last = static_cast<int>(hi / kBN);
     }
-    const int64_t rlim = min(static_cast<int64_t>(sk) - 1, qlo + off + p.right);
+    // No row needs a mask in tile nb iff it lies inside every row's interval: up to the last key of
+    // the first row, from the first key of the last row on (unclamped: tiles < 0 do not exist).
+    const int64_t rlim = last_visible_key(int64_t(qlo + off), p.right, int64_t(sk));
     kt.r_ok = rlim >= 0 ? static_cast<int>((rlim + 1) / kBN) - 1 : -1;
     const int64_t llim = qhi + off - p.left;
     kt.l_ok = llim <= 0 ? 0 : static_cast<int>((llim + kBN - 1) / kBN);
     return kt;
 }
+
+// FA1 (fa1/fa1_kernel.cuh, Seq) applies the same rule in int32 (left_i / right_i) with its own
+// tile bookkeeping, because its loop order differs: its OUTER loop walks key blocks and the inner one
+// query blocks, so instead of one key-tile range per query tile it asks, at every (key block j, query
+// block ib) step,
+//   Seq::range(ib)         = [first, last] of key_tiles for query rows ib*BR .. ib*BR+BR-1,
+//   Seq::needs_mask(ib, j) = KeyTiles::masked(j) for those rows,
+//   Seq::lo(r), Seq::hi(r) = first_visible_key(r + off, left), last_visible_key(r + off, right, sk)
+// and masks an edge tile element by element with "key < lo(row) || key > hi(row)", which is
+// mask_scores' test. The step scheduler calls range() for every candidate query block, where
+// int32 arithmetic and shift divisions keep the scan cheap. FA1 writes these expressions out rather
+// than calling the helpers or mask_scores: with the helpers ptxas allocates up to 4 more registers,
+// with mask_scores up to 15 more, in FA1's hdim-32/64 kernels (CUDA 13.0).
 
 }  // namespace cuda
 }  // namespace flashattn

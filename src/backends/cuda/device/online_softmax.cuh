@@ -3,11 +3,13 @@
 // fp32 values, (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1) with g = lane/4 and t = lane%4, so each
 // thread owns rows g and g+8 ("row half" h = 0, 1) and the four threads of a quad share a row.
 // Scores stay unscaled: exp2 applies scale*log2(e) (sl2) in one FFMA, and the running max is
-// kept unscaled too.
+// kept unscaled too. (FA1 keeps its own forms of these steps: its warps split the keys of a block,
+// so its row statistics are combined across the four warps through shared memory.)
 #pragma once
 
 #include <cstdint>
 
+#include "backends/cuda/device/mask.cuh"
 #include "backends/cuda/device/ptx.cuh"
 
 namespace flashattn {
@@ -24,14 +26,14 @@ __device__ __forceinline__ void softcap_scores(float (&S)[kNT][4], float cap_sca
 
 // Edge tile: -inf outside each row's visible key interval. rdiag[h] = query position + (sk - sq)
 // of row half h; col0 = key index of this thread's column 0 (tile start + 2t). Key j is visible
-// iff max(0, rdiag - left) <= j <= min(sk - 1, rdiag + right).
+// iff first_visible_key(rdiag, left) <= j <= last_visible_key(rdiag, right, sk) (mask.cuh).
 template <int kNT>
 __device__ __forceinline__ void mask_scores(float (&S)[kNT][4], const int (&rdiag)[2], int col0, int sk,
                                             int right, int left) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int hi = min(sk - 1, rdiag[h] + right) - col0;
-        const int lo = max(0, rdiag[h] - left) - col0;
+        const int hi = last_visible_key(rdiag[h], right, sk) - col0;
+        const int lo = first_visible_key(rdiag[h], left) - col0;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll

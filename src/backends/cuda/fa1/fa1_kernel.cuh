@@ -20,8 +20,11 @@
 // lives inside the reduction buffer (QALIAS) add (C) before the next step reads its Q. Each warp's
 // K/V slice is private, so refilling it needs only __syncwarp.
 //
-// Only sm_75 instructions: mma.sync m16n8k8 (fp16; bf16 only on sm_80+), ldmatrix (.trans for V),
-// plain 16-byte global loads staged through registers into shared memory (no cp.async).
+// Only sm_75 instructions (device/ptx.cuh): mma.sync m16n8k8 (fp16; bf16 only on sm_80+), ldmatrix
+// (.trans for V), plain 16-byte global loads staged through registers into shared memory (no
+// cp.async). Shared tiles use the row-major swizzle of device/swizzle.cuh (RowSwizzle); the mask is
+// the rule of device/mask.cuh in FA1's int32 form (Seq); the dynamic shared-memory opt-in is set
+// once per device and kernel (host/smem_optin.h).
 #pragma once
 
 #include <cmath>
@@ -31,14 +34,16 @@
 #include <cuda_runtime.h>
 
 #include "backends/cuda/device/mask.cuh"
-#include "backends/cuda/device/ptx_sm75.cuh"
+#include "backends/cuda/device/ptx.cuh"
+#include "backends/cuda/device/swizzle.cuh"
 #include "backends/cuda/fa1/fa1_params.h"
+#include "backends/cuda/host/smem_optin.h"
 
 namespace flashattn {
 namespace fa1 {
 
-using cuda::sm75::BHalf;
-using cuda::sm75::Half;
+using cuda::Bf16;
+using cuda::Fp16;
 
 // Compile-time tile: head dim D, query rows per inner step BR, keys per warp KPW. QALIAS places the
 // Q tile inside the reduction buffer (saves BR*D*2 bytes of shared memory at the price of one more
@@ -60,9 +65,10 @@ struct Tile {
     static_assert(kWarps % NH == 0 && (NO / NH) % 4 == 0, "column groups");
     static constexpr int KC = D / 8;            // 16-byte chunks per row
     static constexpr int ROWB = D * 2;          // bytes per shared row
-    // XOR swizzle span in chunks: rows of >= 128 bytes use chunk ^ (row % 8), 64-byte rows
-    // chunk ^ ((row / 2) % 4); eight consecutive rows at one logical chunk hit distinct banks.
-    static constexpr int SWC = D >= 64 ? 8 : 4;
+    // Shared tiles are row-major with the XOR swizzle of swizzle.cuh (RowSwizzle): rows of >= 128
+    // bytes use chunk ^ (row % 8), 64-byte rows chunk ^ ((row / 2) % 4). SWC: XOR span in chunks.
+    using Swz = cuda::RowSwizzle<ROWB>;
+    static constexpr int SWC = Swz::kSpan;
 
     static_assert(D == 32 || D == 64 || D == 128 || D == 256, "compiled head dims: 32, 64, 128, 256");
     static_assert(BR % 16 == 0 && KPW % 16 == 0, "tile shape");
@@ -91,22 +97,16 @@ struct Tile {
     static constexpr int kOffQ = QALIAS ? kOffRed : kOffRed + kRedBytes;
     static constexpr int kOffStat = kOffRed + kRedBytes + (QALIAS ? 0 : kQBytes);
     static constexpr int kSmemBytes = kOffStat + kStatBytes;
-    // The ldmatrix address bases XOR the chunk bits of 128-byte aligned rows (see Fwd::run).
+    // The ldmatrix address bases XOR the chunk bits of 128-byte aligned rows (see Fwd::init_smem).
     static_assert(kOffK % 128 == 0 && kOffV % 128 == 0 && kOffQ % 128 == 0 && kQGroupStride % 128 == 0 &&
                       ROWB % 64 == 0 && (ROWB >= 128 || SWC == 4),
                   "tile offsets keep the swizzle bits of row addresses clear");
-
-    // Byte offset of 16-byte chunk c of row r inside a [rows][D] tile.
-    __device__ static __forceinline__ uint32_t swz(int r, int c) {
-        const int x = SWC == 8 ? (r & 7) : ((r >> 1) & 3);
-        return static_cast<uint32_t>(r * ROWB + ((c ^ x) << 4));
-    }
-    // The XOR term of a row whose index is (a multiple of 8) + r8.
-    __device__ static __forceinline__ int swx(int r8) { return SWC == 8 ? r8 : ((r8 >> 1) & 3); }
 };
 
-// Per-CTA sequence geometry. Every sum fits in int32: rows and keys are below 2^29 (the backend's
-// limit) and the window extents are clamped to 2^29 (TensorArgs::left_i / right_i).
+// Per-CTA sequence geometry: the mask rule of mask.cuh in int32 and the (key block, query block)
+// bookkeeping of FA1's loop order (mask.cuh says how it derives from key_tiles). Every sum fits in
+// int32: rows and keys are below 2^29 (the backend's limit) and the window extents are clamped to
+// 2^29 (TensorArgs::left_i / right_i).
 template <int BR, int BC>
 struct Seq {
     int sq, sk;        // this sequence's lengths
@@ -114,7 +114,10 @@ struct Seq {
     int left, right;   // window (right already includes causal)
     int ib_begin, ib_end;
 
-    // Visible keys of row r: [lo(r), hi(r)] (empty when lo > hi).
+    // Visible keys of row r: [lo(r), hi(r)] (empty when lo > hi). These are
+    // cuda::first_visible_key(r + off, left) and cuda::last_visible_key(r + off, right, sk), written
+    // out: through the helpers ptxas allocates up to 4 more registers and up to 16 more
+    // instructions in some FA1 kernels (hdim 32 and 64, CUDA 13.0).
     __device__ __forceinline__ int lo(int r) const { return max(r + off - left, 0); }
     __device__ __forceinline__ int hi(int r) const { return min(r + off + right, sk - 1); }
     // K/V blocks [fj, lj] query block ib needs; false when it sees no key at all.
@@ -227,7 +230,7 @@ struct Fwd {
     }
 
     __device__ __forceinline__ void init_smem(char *smem) {
-        const uint32_t s_base = cuda::sm75::smem_addr(smem);
+        const uint32_t s_base = cuda::smem_addr(smem);
         sK = s_base + T::kOffK;
         sV = s_base + T::kOffV;
         sRed = s_base + T::kOffRed;
@@ -236,12 +239,12 @@ struct Fwd {
         smax = reinterpret_cast<float *>(smem + T::kOffStat);
         ssum = smax + kWarps * BR;
 
-        // Per-lane ldmatrix bases (see Tile::swz). A lane's row address has zero bits in the XOR
+        // Per-lane ldmatrix bases (see RowSwizzle). A lane's row address has zero bits in the XOR
         // span (rows of 64 or 128 bytes x 2^k, 128-byte aligned tiles), so the address of logical
         // chunk c0 + 2s (Q, K) or c0 + 4s (V) is the chunk-c0 base XOR (s << 5) or (s << 6): one
         // LOP3 per swizzle run and step instead of one live register per run.
         const int i8 = lane() >> 3, r8 = lane() & 7;
-        const int xq = T::swx(r8);
+        const int xq = T::Swz::xor_of(r8);
         // Q (A operand, x4 = rows {0-7, 8-15} x k {0-7, 8-15}): row (i8&1)*8 + r8, chunk 2kk + (i8>>1).
         // K (B operand, x4 = keys {0-7, 8-15} x k {0-7, 8-15}): key (i8>>1)*8 + r8, chunk 2kk + (i8&1).
         q_lb = sQ + (i8 & 1) * T::kQGroupStride + r8 * T::ROWB + (((i8 >> 1) ^ xq) << 4);
@@ -290,7 +293,7 @@ struct Fwd {
             const int row = ib * BR + q_row(i), ch = q_ch(i);
             qr[i] = make_uint4(0, 0, 0, 0);
             if (q_loader() && row < sg.sq && ch < kvalid_chunks)
-                qr[i] = cuda::sm75::ldg_128_cg(qg + 2 * ((long long)row * p.q_rs + ch * 8));
+                qr[i] = cuda::ld_global_cg_v4(qg + 2 * ((long long)row * p.q_rs + ch * 8));
         }
     }
     __device__ __forceinline__ void store_q(const uint4 (&qr)[QCH]) const {
@@ -298,7 +301,7 @@ struct Fwd {
 #pragma unroll
         for (int i = 0; i < QCH; ++i) {
             const int r = q_row(i);
-            cuda::sm75::sts_128(sQ + (r >> 3) * T::kQGroupStride + T::swz(r & 7, q_ch(i)), qr[i]);
+            cuda::st_shared_v4(sQ + (r >> 3) * T::kQGroupStride + T::Swz::offset(r & 7, q_ch(i)), qr[i]);
         }
     }
 
@@ -317,16 +320,16 @@ struct Fwd {
                 kr[i] = make_uint4(0, 0, 0, 0);
                 vr[i] = make_uint4(0, 0, 0, 0);
                 if (key < sg.sk && ch < kvalid_chunks) {
-                    kr[i] = cuda::sm75::ldg_128_cg(kg + 2 * ((long long)key * p.k_rs + ch * 8));
-                    vr[i] = cuda::sm75::ldg_128_cg(vg + 2 * ((long long)key * p.v_rs + ch * 8));
+                    kr[i] = cuda::ld_global_cg_v4(kg + 2 * ((long long)key * p.k_rs + ch * 8));
+                    vr[i] = cuda::ld_global_cg_v4(vg + 2 * ((long long)key * p.v_rs + ch * 8));
                 }
             }
 #pragma unroll
             for (int i = 0; i < KVCH; ++i) {
                 const int c = lane() + i * 32;
-                const uint32_t o = T::swz(warp() * KPW + c / KC, c % KC);
-                cuda::sm75::sts_128(sK + o, kr[i]);
-                cuda::sm75::sts_128(sV + o, vr[i]);
+                const uint32_t o = T::Swz::offset(warp() * KPW + c / KC, c % KC);
+                cuda::st_shared_v4(sK + o, kr[i]);
+                cuda::st_shared_v4(sV + o, vr[i]);
             }
         } else {
             for (int pass = 0; pass < 2; ++pass) {
@@ -340,12 +343,12 @@ struct Fwd {
                     const int key = j * BC + warp() * KPW + c / KC, ch = c % KC;
                     r[i] = make_uint4(0, 0, 0, 0);
                     if (key < sg.sk && ch < kvalid_chunks)
-                        r[i] = cuda::sm75::ldg_128_cg(src + 2 * ((long long)key * rs + ch * 8));
+                        r[i] = cuda::ld_global_cg_v4(src + 2 * ((long long)key * rs + ch * 8));
                 }
 #pragma unroll
                 for (int i = 0; i < KVCH; ++i) {
                     const int c = lane() + i * 32;
-                    cuda::sm75::sts_128(dst + T::swz(warp() * KPW + c / KC, c % KC), r[i]);
+                    cuda::st_shared_v4(dst + T::Swz::offset(warp() * KPW + c / KC, c % KC), r[i]);
                 }
             }
         }
@@ -368,18 +371,17 @@ struct Fwd {
             uint32_t qa[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
-                cuda::sm75::ldsm_x4(qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3],
-                                    (q_lb ^ (sub << 5)) + imm + mt * 2 * T::kQGroupStride);
+                cuda::ldmatrix_x4(qa[mt], (q_lb ^ (sub << 5)) + imm + mt * 2 * T::kQGroupStride);
 #pragma unroll
             for (int np = 0; np < NS / 2; ++np) {
-                uint32_t b0, b1, b2, b3;
-                cuda::sm75::ldsm_x4(b0, b1, b2, b3, (k_lb ^ (sub << 5)) + imm + np * 16 * T::ROWB);
+                uint32_t b[4];
+                cuda::ldmatrix_x4(b, (k_lb ^ (sub << 5)) + imm + np * 16 * T::ROWB);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    cuda::sm75::mma_1688<E>(s[mt][2 * np], qa[mt][0], qa[mt][1], b0);
-                    cuda::sm75::mma_1688<E>(s[mt][2 * np], qa[mt][2], qa[mt][3], b1);
-                    cuda::sm75::mma_1688<E>(s[mt][2 * np + 1], qa[mt][0], qa[mt][1], b2);
-                    cuda::sm75::mma_1688<E>(s[mt][2 * np + 1], qa[mt][2], qa[mt][3], b3);
+                    cuda::mma_1688<E>(s[mt][2 * np], qa[mt][0], qa[mt][1], b[0]);
+                    cuda::mma_1688<E>(s[mt][2 * np], qa[mt][2], qa[mt][3], b[1]);
+                    cuda::mma_1688<E>(s[mt][2 * np + 1], qa[mt][0], qa[mt][1], b[2]);
+                    cuda::mma_1688<E>(s[mt][2 * np + 1], qa[mt][2], qa[mt][3], b[3]);
                 }
             }
         }
@@ -393,7 +395,7 @@ struct Fwd {
 #pragma unroll
                 for (int n = 0; n < NS; ++n)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) s[mt][n][e] = cuda::sm75::tanh_acc(s[mt][n][e] * p.softcap_scale);
+                    for (int e = 0; e < 4; ++e) s[mt][n][e] = cuda::tanh_accurate(s[mt][n][e] * p.softcap_scale);
         }
         if (sg.needs_mask(ib, j)) {
             const int r0 = ib * BR;
@@ -448,14 +450,14 @@ struct Fwd {
             float ls0 = 0.f, ls1 = 0.f;
 #pragma unroll
             for (int n = 0; n < NS; ++n) {
-                const float p0 = cuda::sm75::ex2(fmaf(s[mt][n][0], sl2, -moff[mt][0]));
-                const float p1 = cuda::sm75::ex2(fmaf(s[mt][n][1], sl2, -moff[mt][0]));
-                const float p2 = cuda::sm75::ex2(fmaf(s[mt][n][2], sl2, -moff[mt][1]));
-                const float p3 = cuda::sm75::ex2(fmaf(s[mt][n][3], sl2, -moff[mt][1]));
+                const float p0 = cuda::fast_exp2(fmaf(s[mt][n][0], sl2, -moff[mt][0]));
+                const float p1 = cuda::fast_exp2(fmaf(s[mt][n][1], sl2, -moff[mt][0]));
+                const float p2 = cuda::fast_exp2(fmaf(s[mt][n][2], sl2, -moff[mt][1]));
+                const float p3 = cuda::fast_exp2(fmaf(s[mt][n][3], sl2, -moff[mt][1]));
                 ls0 += p0 + p1;
                 ls1 += p2 + p3;
-                pa[mt][n][0] = cuda::sm75::pack2<E>(p0, p1);
-                pa[mt][n][1] = cuda::sm75::pack2<E>(p2, p3);
+                pa[mt][n][0] = cuda::pack2<E>(p0, p1);
+                pa[mt][n][1] = cuda::pack2<E>(p2, p3);
             }
             ls0 += __shfl_xor_sync(0xffffffffu, ls0, 1);
             ls0 += __shfl_xor_sync(0xffffffffu, ls0, 2);
@@ -499,15 +501,13 @@ struct Fwd {
                     const int sub = g4 % kSubVn;  // grp * (NG / 4) is a multiple of kSubVn
                     const uint32_t imm =
                         (grp * (NG / 4) / kSubVn + g4 / kSubVn) * (T::SWC * 16) + kc * 8 * T::ROWB;
-                    uint32_t b0, b1, b2, b3;
-                    cuda::sm75::ldsm_x4_trans(b0, b1, b2, b3, (v_lb ^ (sub << 6)) + imm);
+                    uint32_t b[4];
+                    cuda::ldmatrix_x4_trans(b, (v_lb ^ (sub << 6)) + imm);
 #pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        cuda::sm75::mma_1688<E>(o[mt][4 * g4 + 0], pa[mt][kc][0], pa[mt][kc][1], b0);
-                        cuda::sm75::mma_1688<E>(o[mt][4 * g4 + 1], pa[mt][kc][0], pa[mt][kc][1], b1);
-                        cuda::sm75::mma_1688<E>(o[mt][4 * g4 + 2], pa[mt][kc][0], pa[mt][kc][1], b2);
-                        cuda::sm75::mma_1688<E>(o[mt][4 * g4 + 3], pa[mt][kc][0], pa[mt][kc][1], b3);
-                    }
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            cuda::mma_1688<E>(o[mt][4 * g4 + i], pa[mt][kc][0], pa[mt][kc][1], b[i]);
                 }
             }
 #pragma unroll
@@ -526,9 +526,9 @@ struct Fwd {
                     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                         for (int n = 0; n < NOW; ++n)
-                            cuda::sm75::sts_f32x4(red_slot(q, src, mt, n), o[mt][qq * NOW + n][0],
-                                                  o[mt][qq * NOW + n][1], o[mt][qq * NOW + n][2],
-                                                  o[mt][qq * NOW + n][3]);
+                            cuda::st_shared_v4(red_slot(q, src, mt, n),
+                                               make_float4(o[mt][qq * NOW + n][0], o[mt][qq * NOW + n][1],
+                                                           o[mt][qq * NOW + n][2], o[mt][qq * NOW + n][3]));
                 }
             }
         }
@@ -542,7 +542,7 @@ struct Fwd {
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int n = 0; n < NOW; ++n) {
-                    const float4 x = cuda::sm75::lds_f32x4(red_slot(warp(), src, mt, n));
+                    const float4 x = cuda::ld_shared_v4_f32(red_slot(warp(), src, mt, n));
                     own[mt][n].x += x.x;
                     own[mt][n].y += x.y;
                     own[mt][n].z += x.z;
@@ -567,11 +567,11 @@ struct Fwd {
                 const float lo = __shfl_sync(0xffffffffu, mlold[mt][hh].y, lane() & ~3);
                 const float4 lw = *reinterpret_cast<const float4 *>(ssum + rl * kWarps);
                 const float lb = (lw.x + lw.y) + (lw.z + lw.w);
-                const float alpha = mo == -INFINITY ? 0.f : cuda::sm75::ex2((mo - mnew[mt][hh]) * sl2);
+                const float alpha = mo == -INFINITY ? 0.f : cuda::fast_exp2((mo - mnew[mt][hh]) * sl2);
                 const float ln = alpha * lo + lb;
                 // ln >= 1 whenever a key is visible (the row maximum contributes e^0), so the
                 // approximate reciprocal (no IEEE slow path in the loop) is exact to ~1 ulp.
-                const float inv = ln > 0.f ? cuda::sm75::rcp(ln) : 0.f;
+                const float inv = ln > 0.f ? cuda::fast_rcp(ln) : 0.f;
                 cold[hh] = alpha * lo * inv;
                 cnew[hh] = inv;
                 lnew[hh] = ln;
@@ -593,14 +593,14 @@ struct Fwd {
                         for (int n = 0; n < NOW; ++n) {
                             const int col = (warp() * NOW + n) * 8 + 2 * t();
                             if (col < p.head_dim) {
-                                const uint32_t v = hh == 0 ? cuda::sm75::pack2<E>(own[mt][n].x, own[mt][n].y)
-                                                           : cuda::sm75::pack2<E>(own[mt][n].z, own[mt][n].w);
+                                const uint32_t v = hh == 0 ? cuda::pack2<E>(own[mt][n].x, own[mt][n].y)
+                                                           : cuda::pack2<E>(own[mt][n].z, own[mt][n].w);
                                 *reinterpret_cast<uint32_t *>(orow + 2 * col) = v;
                             }
                         }
                         if (lseg != nullptr && warp() == 0 && t() == 0)
                             lseg[row] = lnew[hh] > 0.f
-                                            ? (mnew[mt][hh] * sl2 + cuda::sm75::lg2(lnew[hh])) * 0.6931471805599453f
+                                            ? (mnew[mt][hh] * sl2 + cuda::fast_log2(lnew[hh])) * 0.6931471805599453f
                                             : -INFINITY;
                     }
                 }
@@ -707,7 +707,7 @@ template <class T, class E>
 __global__ void __launch_bounds__(kThreads) fa1_fwd_kernel(const Params p) {
     extern __shared__ __align__(128) char fa1_smem[];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    if constexpr (std::is_same<E, BHalf>::value) {
+    if constexpr (std::is_same<E, Bf16>::value) {
         return;  // no bf16 tensor cores on sm_75; the host never launches this there
     } else
 #endif
@@ -729,15 +729,20 @@ Config tile_config(bool large) {
 
 template <class T>
 void *tile_kernel(bool bf16) {
-    return bf16 ? reinterpret_cast<void *>(&fa1_fwd_kernel<T, BHalf>)
-                : reinterpret_cast<void *>(&fa1_fwd_kernel<T, Half>);
+    return bf16 ? reinterpret_cast<void *>(&fa1_fwd_kernel<T, Bf16>)
+                : reinterpret_cast<void *>(&fa1_fwd_kernel<T, Fp16>);
+}
+
+// The dynamic shared-memory opt-in of kernel (T, E), set once per device.
+template <class T, class E>
+cudaError_t tile_prepare() {
+    static unsigned long long optin_done = 0;  // one per instantiation, i.e. per kernel
+    return cuda::ensure_smem_optin(&fa1_fwd_kernel<T, E>, T::kSmemBytes, &optin_done);
 }
 
 template <class T>
 cudaError_t tile_prepare(bool bf16) {
-    if (T::kSmemBytes <= 48 * 1024) return cudaSuccess;
-    return cudaFuncSetAttribute(tile_kernel<T>(bf16), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                T::kSmemBytes);
+    return bf16 ? tile_prepare<T, Bf16>() : tile_prepare<T, Fp16>();
 }
 
 template <class T>
@@ -748,9 +753,9 @@ cudaError_t tile_launch(const Params &p, bool bf16, cudaStream_t stream) {
     if (ctas <= 0) return cudaSuccess;
     const dim3 grid(static_cast<unsigned>(ctas));
     if (bf16)
-        fa1_fwd_kernel<T, BHalf><<<grid, kThreads, T::kSmemBytes, stream>>>(p);
+        fa1_fwd_kernel<T, Bf16><<<grid, kThreads, T::kSmemBytes, stream>>>(p);
     else
-        fa1_fwd_kernel<T, Half><<<grid, kThreads, T::kSmemBytes, stream>>>(p);
+        fa1_fwd_kernel<T, Fp16><<<grid, kThreads, T::kSmemBytes, stream>>>(p);
     return cudaSuccess;
 }
 
