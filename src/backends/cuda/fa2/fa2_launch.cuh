@@ -1,0 +1,46 @@
+// FA2 forward launchers: the host side of one compiled head dim. launch_hdim<D> picks the element
+// type and the tile configuration (fa2_config.h) and is what each fa2_fwd_hdim*.cu instantiates;
+// launch_fwd opts the kernel into its dynamic shared memory and launches it on fwd_grid.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "backends/cuda/device/ptx.cuh"
+#include "backends/cuda/fa2/fa2_config.h"
+#include "backends/cuda/fa2/fa2_fwd_kernel.cuh"
+#include "backends/cuda/fa2/fa2_params.h"
+#include "backends/cuda/fa2/fa2_tile_scheduler.cuh"
+#include "backends/cuda/fa2/fa2_traits.cuh"
+#include "backends/cuda/host/smem_optin.h"
+
+namespace flashattn {
+namespace fa2 {
+
+template <int kD, bool kSmall, class E>
+cudaError_t launch_fwd(const Params &p, cudaStream_t stream) {
+    using Tr = typename TraitsFor<kD, kSmall>::type;
+    auto kernel = fwd_kernel<Tr, E>;
+    static unsigned long long optin_done = 0;  // one per instantiation of this function
+    cudaError_t e = cuda::ensure_smem_optin(kernel, Tr::kSmemBytes, &optin_done);
+    if (e != cudaSuccess) return e;
+    kernel<<<fwd_grid<Tr>(p), Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+    return cudaSuccess;
+}
+
+// Launcher body of one compiled head dim (both element types; the small configuration only where
+// one is compiled for kD).
+template <int kD>
+cudaError_t launch_hdim(const Params &p, bool bf16, bool small, cudaStream_t s) {
+    if constexpr (has_small_variant(kD)) {
+        if (small)
+            return bf16 ? launch_fwd<kD, true, cuda::Bf16>(p, s)
+                        : launch_fwd<kD, true, cuda::Fp16>(p, s);
+    }
+    (void)small;
+    return bf16 ? launch_fwd<kD, false, cuda::Bf16>(p, s) : launch_fwd<kD, false, cuda::Fp16>(p, s);
+}
+
+}  // namespace fa2
+}  // namespace flashattn

@@ -1,0 +1,180 @@
+// FA2 forward main loop: the K/V pipeline over one CTA's key tiles, walked from the last visible
+// tile down to the first so that the tiles needing an element mask (causal diagonal, ragged end,
+// left edge of a sliding window) come first. Per key tile: S = Q K^T (fa2_gemm.cuh), soft cap,
+// element mask on edge tiles only, online softmax (device/online_softmax.cuh), O = alpha * O + P V.
+//
+// Forward-only: the buffer schemes and cp.async group counts below are this kernel's pipeline.
+// With two K/V buffers (Tr::kStages == 2) K and V of the next tile load into the other buffer
+// while this one is used; with one, V[nb] is waited for and K[nb-1] refilled at the point where
+// every warp is done with K[nb] (wait_v_load_next_k). A backward pass needs its own pipeline (it
+// walks query tiles per key tile) but builds it from the same loaders (fa2_load.cuh), GEMM
+// addressing (fa2_gemm.cuh) and shared softmax/mask steps.
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cuda/device/mask.cuh"
+#include "backends/cuda/device/online_softmax.cuh"
+#include "backends/cuda/device/ptx.cuh"
+#include "backends/cuda/fa2/fa2_gemm.cuh"
+#include "backends/cuda/fa2/fa2_load.cuh"
+#include "backends/cuda/fa2/fa2_params.h"
+#include "backends/cuda/fa2/fa2_traits.cuh"
+
+namespace flashattn {
+namespace fa2 {
+
+// What one CTA's main loop reads and never changes; the kernel fills it once. (The mask's row ->
+// query position map is not in here: it comes as the kernel's row_diag functor, see fwd_key_tile.)
+struct FwdLoopArgs {
+    const uint16_t *qg;               // Q of this sequence (row 0, head 0)
+    const uint16_t *kg, *vg;          // K and V of this sequence and kv head (key 0)
+    int m0, prows, G, hbase;          // packed query rows m0 .. prows - 1 (see unpack_row)
+    int sk;                           // keys of this sequence
+    int d;                            // runtime head dim (columns >= d are zero-filled)
+    int nb_first;                     // lowest key tile of this CTA (and split)
+    float sl2;                        // score scale * log2(e), soft cap folded in
+    int tid, t;                       // thread, lane % 4 (its first score column is 2t)
+    bool warp_active;                 // whether the warp holds any query row: else it skips the math
+    uint32_t s_q, s_kv;               // shared memory: Q tile; K/V stage s at s_kv + 2*s*kKVBytes
+    uint32_t q_f, q_h;                // ldmatrix lane bases of this warp's Q rows (full / half page)
+    uint32_t k_f0, k_h0, v_f0, v_h0;  // ... and of the first K and V buffer
+};
+
+// Single K/V buffer, at the point where every warp is done with K[nb]: wait for V[nb] (the only
+// copy in flight), then refill the buffer with K[nb-1]. Traits::kEarlyK places this before the
+// softmax (as FlashAttention-2 does), otherwise it comes after it.
+template <class Tr>
+__device__ __forceinline__ void wait_v_load_next_k(uint32_t s_k, const uint16_t *kg, int nb, int nb_first,
+                                                   int64_t k_rs, int sk, int d, int tid) {
+    cuda::cp_async_wait<0>();  // V[nb] landed
+    __syncthreads();           // every warp is done with K[nb]
+    if (nb > nb_first) {
+        const int n0 = (nb - 1) * Tr::kBN;
+        load_tile<Tr, Tr::kBN, true>(s_k, kg, n0, k_rs, sk - n0, d, tid);
+        cuda::cp_async_commit();
+    }
+}
+
+// Prologue: Q, K[nb_last] and V[nb_last] into the first buffer, as two cp.async groups (Q with K,
+// then V). The first V tile goes out with Q and K (both buffer schemes), so that the first
+// iteration waits for one memory round trip, not two.
+template <class Tr>
+__device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopArgs &a, int nb_last) {
+    constexpr int kBM = Tr::kBM, kBN = Tr::kBN;
+    if (a.G == 1)
+        load_tile<Tr, kBM>(a.s_q, a.qg + a.hbase * p.q_hs, a.m0, p.q_rs, a.prows - a.m0, a.d, a.tid);
+    else
+        load_q<Tr>(a.s_q, a.qg, p.q_rs, p.q_hs, a.m0, a.prows, a.G, a.hbase, a.d, a.tid);
+    load_tile<Tr, kBN>(a.s_kv, a.kg, nb_last * kBN, p.k_rs, a.sk - nb_last * kBN, a.d, a.tid);
+    cuda::cp_async_commit();
+    load_tile<Tr, kBN>(a.s_kv + Tr::kKVBytes, a.vg, nb_last * kBN, p.v_rs, a.sk - nb_last * kBN, a.d,
+                       a.tid);
+    cuda::cp_async_commit();
+}
+
+// One K/V tile nb, the it-th of the walk. kMasked: an edge tile that needs the element mask (a
+// separate copy of the body, so the steady state carries no mask code or registers); row_diag(mt,
+// h) is then the query position + (sk - sq) of this thread's row half h of m16 tile mt. It is the
+// kernel's functor, taken by reference, because the row -> query map is the kernel's (pack-GQA
+// here), and because reading the thread's row (m0, warp, g) from FwdLoopArgs or from parameters
+// instead changed the SASS of the two-m16-tile configurations (8 fewer instructions at head dim
+// 64, different scheduling), which this reorganisation was not to do. Tiles loaded here lie
+// below the first one, so all their rows are in range (only a sequence's last key tile can be
+// partial): they are loaded with kAllRows.
+template <class Tr, class E, bool kMasked, class RowDiag>
+__device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs &a, const int nb,
+                                             const int it, float (&O)[Tr::kMT][Tr::kDT][4],
+                                             float (&row_max)[Tr::kMT][2], float (&row_sum)[Tr::kMT][2],
+                                             const RowDiag &row_diag) {
+    constexpr int kBN = Tr::kBN, kMT = Tr::kMT, kNT = Tr::kNT, kDT = Tr::kDT;
+    const uint32_t st_off = Tr::kStages == 2 ? (it & 1) * 2 * Tr::kKVBytes : 0;
+    if constexpr (Tr::kStages == 2) {
+        cuda::cp_async_wait<1>();  // K[nb] landed (V[nb] may still be in flight)
+        __syncthreads();           // ... for every thread; the other buffer is free
+        const uint32_t nxt = a.s_kv + (((it + 1) & 1) * 2 * Tr::kKVBytes);
+        if (nb > a.nb_first) {
+            const int n0 = (nb - 1) * kBN;
+            load_tile<Tr, kBN, true>(nxt, a.kg, n0, p.k_rs, a.sk - n0, a.d, a.tid);
+            cuda::cp_async_commit();
+            load_tile<Tr, kBN, true>(nxt + Tr::kKVBytes, a.vg, n0, p.v_rs, a.sk - n0, a.d, a.tid);
+            cuda::cp_async_commit();
+        } else {
+            cuda::cp_async_commit();
+            cuda::cp_async_commit();
+        }
+    } else if (it == 0) {
+        cuda::cp_async_wait<1>();  // Q and K[nb] landed (V[nb], from the prologue, may not)
+        __syncthreads();
+    } else {
+        cuda::cp_async_wait<0>();  // K[nb] landed
+        __syncthreads();           // every warp is done with V[nb+1]
+        load_tile<Tr, kBN, true>(a.s_kv + Tr::kKVBytes, a.vg, nb * kBN, p.v_rs, a.sk - nb * kBN, a.d,
+                                 a.tid);
+        cuda::cp_async_commit();
+    }
+
+    // A warp past the last query row (warp_active false) skips the math. With kEarlyK it must
+    // still reach the barrier between the S GEMM and the softmax; it then leaves the tile, whose
+    // remaining steps have no barrier.
+    uint32_t P[kMT][Tr::kVS][4];
+    if (a.warp_active || Tr::kEarlyK) {
+        float S[kMT][kNT][4];
+        if (a.warp_active) gemm_qk<Tr, E>(S, a.q_f, a.q_h, a.k_f0 + st_off, a.k_h0 + st_off);
+        if constexpr (Tr::kEarlyK) {
+            wait_v_load_next_k<Tr>(a.s_kv, a.kg, nb, a.nb_first, p.k_rs, a.sk, a.d, a.tid);
+            if (!a.warp_active) return;
+        }
+        if (p.softcap_scale != 0.f)
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) cuda::softcap_scores(S[mt], p.softcap_scale);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+            if constexpr (kMasked) {
+                int rdiag[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) rdiag[h] = row_diag(mt, h);
+                cuda::mask_scores(S[mt], rdiag, nb * kBN + 2 * a.t, a.sk, p.right_i, p.left_i);
+            }
+            float alpha[2];
+            cuda::softmax_step<E>(S[mt], row_max[mt], row_sum[mt], a.sl2, P[mt], alpha);
+            // (Skipping this when no row's max moved, behind a warp vote, measured 2-3% slower at
+            // head dim 64 and no better elsewhere on the H200.)
+#pragma unroll
+            for (int dt = 0; dt < kDT; ++dt) {
+                O[mt][dt][0] *= alpha[0];
+                O[mt][dt][1] *= alpha[0];
+                O[mt][dt][2] *= alpha[1];
+                O[mt][dt][3] *= alpha[1];
+            }
+        }
+    }
+
+    if constexpr (Tr::kStages == 2) {
+        cuda::cp_async_wait<2>();  // V[nb] landed
+        __syncthreads();
+    } else if constexpr (!Tr::kEarlyK) {
+        wait_v_load_next_k<Tr>(a.s_kv, a.kg, nb, a.nb_first, p.k_rs, a.sk, a.d, a.tid);
+    }
+    if (a.warp_active) gemm_pv<Tr, E>(O, P, a.v_f0 + st_off, a.v_h0 + st_off);
+}
+
+// The whole walk over key tiles nb_last down to a.nb_first (non-empty), accumulating the
+// unnormalised O and the running row max / sum that the epilogue finishes (cuda::finish_rows).
+template <class Tr, class E, class RowDiag>
+__device__ __forceinline__ void fwd_mainloop(const Params &p, const FwdLoopArgs &a, const cuda::KeyTiles &kt,
+                                             int nb_last, float (&O)[Tr::kMT][Tr::kDT][4],
+                                             float (&row_max)[Tr::kMT][2], float (&row_sum)[Tr::kMT][2],
+                                             const RowDiag &row_diag) {
+    load_first_tiles<Tr>(p, a, nb_last);
+    int it = 0;
+    for (int nb = nb_last; nb >= a.nb_first; --nb, ++it) {
+        if (kt.masked(nb))
+            fwd_key_tile<Tr, E, true>(p, a, nb, it, O, row_max, row_sum, row_diag);
+        else
+            fwd_key_tile<Tr, E, false>(p, a, nb, it, O, row_max, row_sum, row_diag);
+    }
+}
+
+}  // namespace fa2
+}  // namespace flashattn
