@@ -53,16 +53,11 @@ __device__ __forceinline__ int64_t lse_offset(const TensorArgs &p, int b, int he
 // (none when first > last). This is the device form of visible_keys (problem.h, the definition
 // every backend implements), with causal folded into right and absent windows made "unbounded" by
 // fill_tensor_args.
-// The int form takes TensorArgs::left_i / right_i (clamped to 2^29, so every sum fits in int32: the
-// per-element masks), the int64_t form left / right (the tile ranges).
+// They take TensorArgs::left_i / right_i (clamped to 2^29, so every sum fits in int32: the
+// per-element masks). key_tiles below applies the same two bounds in int64 to a tile's first and
+// last rows.
 __device__ __forceinline__ int first_visible_key(int rdiag, int left) { return max(0, rdiag - left); }
 __device__ __forceinline__ int last_visible_key(int rdiag, int right, int sk) { return min(sk - 1, rdiag + right); }
-__device__ __forceinline__ int64_t first_visible_key(int64_t rdiag, int64_t left) {
-    return max(int64_t(0), rdiag - left);
-}
-__device__ __forceinline__ int64_t last_visible_key(int64_t rdiag, int64_t right, int64_t sk) {
-    return min(sk - 1, rdiag + right);
-}
 
 // Key tiles of kBN keys seen by queries qlo..qhi of a sequence with sk keys and sk - sq = off:
 // [first, last] (empty when last < first), and [l_ok, r_ok], the tiles no row needs masked.
@@ -74,15 +69,18 @@ struct KeyTiles {
 
 __device__ __forceinline__ KeyTiles key_tiles(const TensorArgs &p, int qlo, int qhi, int sk, int off, int kBN) {
     KeyTiles kt;
-    const int64_t hi = last_visible_key(int64_t(qhi + off), p.right, int64_t(sk));
-    const int64_t lo = first_visible_key(int64_t(qlo + off), p.left);
+    // last_visible_key of the last row and first_visible_key of the first row, in int64 (left and
+    // right unclamped). Written out: calling int64 forms of the helpers reordered FA2 hdim 160's
+    // SASS (same instructions, other registers; CUDA 13.0), and this file's rule is the contract.
+    const int64_t hi = min(static_cast<int64_t>(sk) - 1, qhi + off + p.right);
+    const int64_t lo = max(int64_t(0), qlo + off - p.left);
     if (hi >= lo) {
         kt.first = static_cast<int>(lo / kBN);
         kt.last = static_cast<int>(hi / kBN);
     }
     // No row needs a mask in tile nb iff it lies inside every row's interval: up to the last key of
     // the first row, from the first key of the last row on (unclamped: tiles < 0 do not exist).
-    const int64_t rlim = last_visible_key(int64_t(qlo + off), p.right, int64_t(sk));
+    const int64_t rlim = min(static_cast<int64_t>(sk) - 1, qlo + off + p.right);
     kt.r_ok = rlim >= 0 ? static_cast<int>((rlim + 1) / kBN) - 1 : -1;
     const int64_t llim = qhi + off - p.left;
     kt.l_ok = llim <= 0 ? 0 : static_cast<int>((llim + kBN - 1) / kBN);
