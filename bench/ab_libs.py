@@ -9,7 +9,8 @@ so that clock drift at the power limit falls on both alike. For refactors that m
 
 Grid as compare_torch.py's prefill table: heads = hidden/hdim, batch = tokens/seqlen, bf16.
 Prints one row per (generation, hdim, causal, seqlen): median TFLOP/s of A and B over the rounds
-and B/A; the summary line gives each generation's lowest and geometric-mean B/A.
+and B/A, and each library's spread over the rounds ((max - min) / median); the summary line gives each
+generation's lowest and geometric-mean B/A. An A/A run (the same library twice) shows the noise floor.
 """
 import argparse
 import math
@@ -24,6 +25,11 @@ import compare_torch as ct  # noqa: E402  (the ctypes layer and the event timer)
 def time_lib(bench, lib, gen, q, k, v, causal, dtype_name):
     ms, _, out, note = ct.run_lib(bench, lib, gen, [q], [k], [v], causal, dtype_name)
     return ms, out, note
+
+
+def spread(values):
+    """(max - min) / median of one library's per-round TFLOP/s: the noise a B/A must be read against."""
+    return f"{(max(values) - min(values)) / statistics.median(values):.1%}"
 
 
 def main():
@@ -59,8 +65,8 @@ def main():
     ct.emit(lines, f"Median TFLOP/s over {args.rounds} rounds (each the median of {args.reps} event-timed runs), "
                    "A and B alternating first; max abs diff = |O_A - O_B| on the same inputs.")
     ct.emit(lines, "")
-    ct.emit(lines, "| gen | hdim | causal | seqlen | A TFLOP/s | B TFLOP/s | B/A | max abs diff |")
-    ct.emit(lines, "|---|---|---|---|---|---|---|---|")
+    ct.emit(lines, "| gen | hdim | causal | seqlen | A TFLOP/s | B TFLOP/s | B/A | max abs diff | A spread | B spread |")
+    ct.emit(lines, "|---|---|---|---|---|---|---|---|---|---|")
     ratios = {g: [] for g in gens}
     failed = False
     with torch.inference_mode():
@@ -85,7 +91,7 @@ def main():
                                 outs[name] = out
                         row = [gen, str(d), "yes" if causal else "no", str(s)]
                         if not tf["A"] or not tf["B"]:
-                            ct.emit(lines, "| " + " | ".join(row + ["-", "-", "-", note[:60]]) + " |")
+                            ct.emit(lines, "| " + " | ".join(row + ["-", "-", "-", note[:60], "-", "-"]) + " |")
                             failed = failed or note.startswith("ERR")
                             continue
                         a, bb = statistics.median(tf["A"]), statistics.median(tf["B"])
@@ -93,7 +99,8 @@ def main():
                         if not math.isfinite(diff):
                             failed = True
                         ratios[gen].append(bb / a)
-                        ct.emit(lines, "| " + " | ".join(row + [f"{a:.1f}", f"{bb:.1f}", f"{bb / a:.3f}", f"{diff:.2e}"]) + " |")
+                        ct.emit(lines, "| " + " | ".join(row + [f"{a:.1f}", f"{bb:.1f}", f"{bb / a:.3f}", f"{diff:.2e}",
+                                                               spread(tf["A"]), spread(tf["B"])]) + " |")
                         del q, k, v, outs
                         torch.cuda.empty_cache()
     ct.emit(lines, "")

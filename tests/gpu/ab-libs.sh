@@ -27,12 +27,14 @@ build /tmp/ab-old-src /tmp/ab-old & p1=$!
 build "$root" /tmp/ab-new & p2=$!
 wait $p1 || { echo "old build failed"; tail -20 /tmp/ab-old.build.log; exit 1; }
 wait $p2 || { echo "new build failed"; tail -20 /tmp/ab-new.build.log; exit 1; }
-echo "== built both in $(( $(date +%s) - t0 ))s; sizes: old $(stat -c %s /tmp/ab-old/src/libflashattn.so) new $(stat -c %s /tmp/ab-new/src/libflashattn.so)"
+echo "== built both in $(( $(date +%s) - t0 ))s; sizes: old $(stat -L -c %s /tmp/ab-old/src/libflashattn.so) new $(stat -L -c %s /tmp/ab-new/src/libflashattn.so) bytes"
 
 python3 - /tmp/ab-old/src/libflashattn.so /tmp/ab-new/src/libflashattn.so > "$out/kernels.md" <<'PY'
 import re, subprocess, sys
-def rename(fn):  # FA1's element tags before the one PTX vocabulary (cuda::sm75::Half / BHalf)
-    return fn.replace("4sm754HalfE", "4Fp16E").replace("4sm755BHalfE", "4Bf16E")
+def rename(fn):  # FA1's element tags before the one PTX vocabulary (cuda::sm75::Half / BHalf);
+    # anonymous namespaces carry a per-build hash
+    fn = fn.replace("4sm754HalfE", "4Fp16E").replace("4sm755BHalfE", "4Bf16E")
+    return re.sub(r"\d{2}_GLOBAL__N__[0-9a-f]+_\d+_(\w+?)_cu_[0-9a-f]{8}", r"anon_\1", fn)
 def kernels(lib):
     res = subprocess.run(["cuobjdump", "--dump-resource-usage", lib], capture_output=True, text=True).stdout
     info, fn = {}, None
@@ -55,7 +57,7 @@ same = 0
 for fn in sorted(set(old) | set(new)):
     o, n = old.get(fn, ["-"] * 3), new.get(fn, ["-"] * 3)
     same += o == n
-    short = re.sub(r"_GLOBAL__N__\w+?_\d+_\w+?_[0-9a-f]+", "anon", fn)[:90]
+    short = fn[:90]
     print(f"| {short} | {o[0]} | {n[0]} | {o[1]} | {n[1]} | {o[2]} | {n[2]} |")
 print(f"\n{same} of {len(set(old) | set(new))} kernels identical in registers, stack and instruction count.")
 PY
