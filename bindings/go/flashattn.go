@@ -1,10 +1,12 @@
 // Package flashattn calls libflashattn, exact FlashAttention forward attention
-// O = softmax(scale·Q·Kᵀ, masked)·V with an optional fp32 log-sum-exp, through its C API.
+// O = softmax(scale·Q·Kᵀ, masked)·V with an optional fp32 log-sum-exp, and its backward pass
+// (dQ, dK, dV), through its C API.
 //
-// A Plan mirrors the C plan: NewPlan, SetI64/SetF64, Finalize, Execute (any number of times), Close.
-// A Plan not closed is destroyed by a finalizer when it becomes unreachable. Host tensors are Go
-// slices ([]float32, []Float16, []BFloat16) checked against the plan; device memory goes through
-// ExecuteRaw with unsafe.Pointer. Attention does the whole sequence for contiguous host tensors.
+// A Plan mirrors the C plan: NewPlan, SetI64/SetF64, Finalize, Execute and Backward (any number of
+// times), Close. A Plan not closed is destroyed by a finalizer when it becomes unreachable. Host
+// tensors are Go slices ([]float32, []Float16, []BFloat16) checked against the plan; device memory
+// goes through ExecuteRaw and BackwardRaw with unsafe.Pointer. Attention and AttentionBackward do
+// the whole sequence for contiguous host tensors.
 //
 // The library is found with pkg-config (flashattn.pc); at run time the dynamic loader must find
 // libflashattn.so.0 (LD_LIBRARY_PATH, or an installed library).
@@ -143,6 +145,20 @@ const (
 	OBatchStride I64Param = C.FLASHATTN_I64_O_BATCH_STRIDE
 	ORowStride   I64Param = C.FLASHATTN_I64_O_ROW_STRIDE
 	OHeadStride  I64Param = C.FLASHATTN_I64_O_HEAD_STRIDE
+	// Backward pass (since 0.2): 1 = bitwise-reproducible gradients; strides of dO, dQ, dK, dV.
+	Deterministic I64Param = C.FLASHATTN_I64_DETERMINISTIC
+	DOBatchStride I64Param = C.FLASHATTN_I64_DO_BATCH_STRIDE
+	DORowStride   I64Param = C.FLASHATTN_I64_DO_ROW_STRIDE
+	DOHeadStride  I64Param = C.FLASHATTN_I64_DO_HEAD_STRIDE
+	DQBatchStride I64Param = C.FLASHATTN_I64_DQ_BATCH_STRIDE
+	DQRowStride   I64Param = C.FLASHATTN_I64_DQ_ROW_STRIDE
+	DQHeadStride  I64Param = C.FLASHATTN_I64_DQ_HEAD_STRIDE
+	DKBatchStride I64Param = C.FLASHATTN_I64_DK_BATCH_STRIDE
+	DKRowStride   I64Param = C.FLASHATTN_I64_DK_ROW_STRIDE
+	DKHeadStride  I64Param = C.FLASHATTN_I64_DK_HEAD_STRIDE
+	DVBatchStride I64Param = C.FLASHATTN_I64_DV_BATCH_STRIDE
+	DVRowStride   I64Param = C.FLASHATTN_I64_DV_ROW_STRIDE
+	DVHeadStride  I64Param = C.FLASHATTN_I64_DV_HEAD_STRIDE
 )
 
 // F64Param is a flashattn_f64_param_t.
@@ -370,6 +386,8 @@ type Extents struct {
 	Q, K, V, O, LSE int
 	CuSeqlens       int // entries of each cu_seqlens array for a variable-length plan, else 0
 	DType           DType
+	// Backward: dO (layout of O), dQ, dK, dV (layouts of Q, K, V) with their own strides.
+	DOut, DQ, DK, DV int
 }
 
 // Extents computes the spans from the finalized plan's resolved sizes and strides.
@@ -408,6 +426,10 @@ func (p *Plan) Extents() (Extents, error) {
 		V:     span(rowsK, hkv, dv, VBatchStride, VRowStride, VHeadStride),
 		O:     span(rowsQ, hq, dv, OBatchStride, ORowStride, OHeadStride),
 		DType: DType(g(Dtype)),
+		DOut:  span(rowsQ, hq, dv, DOBatchStride, DORowStride, DOHeadStride),
+		DQ:    span(rowsQ, hq, d, DQBatchStride, DQRowStride, DQHeadStride),
+		DK:    span(rowsK, hkv, d, DKBatchStride, DKRowStride, DKHeadStride),
+		DV:    span(rowsK, hkv, dv, DVBatchStride, DVRowStride, DVHeadStride),
 	}
 	if varlen {
 		e.LSE = int(hq * rowsQ)
@@ -596,6 +618,202 @@ func (p *Plan) ExecuteVarlenRaw(q, k, v, o, lse, cuSeqlensQ, cuSeqlensK, workspa
 	})
 }
 
+// BackwardBackend is the backend that runs a finalized plan's backward pass (it may differ from
+// the forward's) and why; StatusNotSupported with the reason when none can.
+func (p *Plan) BackwardBackend() (Backend, string, error) {
+	h, err := p.handle("BackwardBackend")
+	if err != nil {
+		return 0, "", err
+	}
+	defer runtime.KeepAlive(p)
+	var b C.flashattn_backend_t
+	var reason *C.char
+	err = call("flashattn_plan_get_backward_backend", func() C.flashattn_status_t {
+		return C.flashattn_plan_get_backward_backend(h, &b, &reason)
+	})
+	if err != nil {
+		return 0, "", err
+	}
+	return Backend(b), C.GoString(reason), nil
+}
+
+// BackwardWorkspaceSize is the bytes of workspace each backward execute of a finalized plan needs
+// (separate from the forward's WorkspaceSize).
+func (p *Plan) BackwardWorkspaceSize() (int, error) {
+	h, err := p.handle("BackwardWorkspaceSize")
+	if err != nil {
+		return 0, err
+	}
+	defer runtime.KeepAlive(p)
+	var n C.size_t
+	err = call("flashattn_plan_get_backward_workspace_size", func() C.flashattn_status_t {
+		return C.flashattn_plan_get_backward_workspace_size(h, &n)
+	})
+	return int(n), err
+}
+
+type backwardArgs struct {
+	q, k, v, o, dout, lse, dq, dk, dv, cuQ, cuK unsafe.Pointer
+}
+
+func (p *Plan) checkBackwardHost(op string, q, k, v, o, dout interface{}, lse []float32, dq, dk, dv interface{},
+	cuQ, cuK []int32, varlen bool) (backwardArgs, error) {
+	var a backwardArgs
+	e, err := p.Extents()
+	if err != nil {
+		return a, err
+	}
+	b, _, err := p.BackwardBackend()
+	if err != nil {
+		return a, err
+	}
+	if b != BackendCPU {
+		return a, &Error{Status: StatusInvalidArgument, Op: op,
+			Message: fmt.Sprintf("host slices need the CPU backend; this plan's backward runs %s (use BackwardRaw with device memory)", b)}
+	}
+	type check struct {
+		name string
+		have int
+		need int
+	}
+	var checks []check
+	for _, t := range []struct {
+		name string
+		x    interface{}
+		dst  *unsafe.Pointer
+		need int
+	}{{"q", q, &a.q, e.Q}, {"k", k, &a.k, e.K}, {"v", v, &a.v, e.V}, {"o", o, &a.o, e.O}, {"dout", dout, &a.dout, e.DOut},
+		{"dq", dq, &a.dq, e.DQ}, {"dk", dk, &a.dk, e.DK}, {"dv", dv, &a.dv, e.DV}} {
+		ptr, n, dt, err := hostSlice(t.name, t.x)
+		if err != nil {
+			err.(*Error).Op = op
+			return a, err
+		}
+		if dt != e.DType {
+			return a, &Error{Status: StatusInvalidArgument, Op: op,
+				Message: fmt.Sprintf("%s: %T elements, but the plan's dtype is %d", t.name, t.x, int(e.DType))}
+		}
+		*t.dst = ptr
+		checks = append(checks, check{t.name, n, t.need})
+	}
+	checks = append(checks, check{"lse", len(lse), e.LSE})
+	if len(lse) > 0 {
+		a.lse = unsafe.Pointer(&lse[0])
+	}
+	if varlen {
+		checks = append(checks, check{"cuSeqlensQ", len(cuQ), e.CuSeqlens}, check{"cuSeqlensK", len(cuK), e.CuSeqlens})
+		if len(cuQ) > 0 {
+			a.cuQ = unsafe.Pointer(&cuQ[0])
+		}
+		if len(cuK) > 0 {
+			a.cuK = unsafe.Pointer(&cuK[0])
+		}
+	}
+	for _, c := range checks {
+		if c.have < c.need {
+			return a, &Error{Status: StatusInvalidArgument, Op: op,
+				Message: fmt.Sprintf("%s: the slice holds %d elements, the plan needs %d", c.name, c.have, c.need)}
+		}
+	}
+	return a, nil
+}
+
+func (p *Plan) backwardWorkspaceFor(ws *Workspace) (*Workspace, error) {
+	if ws != nil {
+		return ws, nil
+	}
+	n, err := p.BackwardWorkspaceSize()
+	if err != nil {
+		return nil, err
+	}
+	return NewWorkspace(n), nil
+}
+
+// Backward runs the backward pass of a finalized fixed-length plan on host slices (CPU backend):
+// from the forward's q, k, v, o, its lse [batch, heads_q, seqlen_q] and dout (the gradient of the
+// loss with respect to O, layout of O with the DO* strides) it writes dq, dk, dv (layouts of Q, K,
+// V with the DQ*, DK*, DV* strides). Slices are []float32, []Float16 or []BFloat16 of the plan's
+// dtype; ws nil allocates BackwardWorkspaceSize bytes for this call.
+func (p *Plan) Backward(q, k, v, o, dout interface{}, lse []float32, dq, dk, dv interface{}, ws *Workspace) error {
+	a, err := p.checkBackwardHost("Backward", q, k, v, o, dout, lse, dq, dk, dv, nil, nil, false)
+	if err != nil {
+		return err
+	}
+	if ws, err = p.backwardWorkspaceFor(ws); err != nil {
+		return err
+	}
+	err = p.BackwardRaw(a.q, a.k, a.v, a.o, a.dout, a.lse, a.dq, a.dk, a.dv, ws.ptr(), uintptr(ws.Len()), nil)
+	runtime.KeepAlive(q)
+	runtime.KeepAlive(k)
+	runtime.KeepAlive(v)
+	runtime.KeepAlive(o)
+	runtime.KeepAlive(dout)
+	runtime.KeepAlive(lse)
+	runtime.KeepAlive(dq)
+	runtime.KeepAlive(dk)
+	runtime.KeepAlive(dv)
+	runtime.KeepAlive(ws)
+	return err
+}
+
+// BackwardVarlen runs the backward pass of a finalized variable-length plan on packed host slices
+// ([total, heads, dim]); lse is [heads_q, total_q], cuSeqlensQ/K int32 prefix sums of batch+1 entries.
+func (p *Plan) BackwardVarlen(q, k, v, o, dout interface{}, lse []float32, dq, dk, dv interface{},
+	cuSeqlensQ, cuSeqlensK []int32, ws *Workspace) error {
+	a, err := p.checkBackwardHost("BackwardVarlen", q, k, v, o, dout, lse, dq, dk, dv, cuSeqlensQ, cuSeqlensK, true)
+	if err != nil {
+		return err
+	}
+	if ws, err = p.backwardWorkspaceFor(ws); err != nil {
+		return err
+	}
+	err = p.BackwardVarlenRaw(a.q, a.k, a.v, a.o, a.dout, a.lse, a.dq, a.dk, a.dv, a.cuQ, a.cuK, ws.ptr(),
+		uintptr(ws.Len()), nil)
+	runtime.KeepAlive(q)
+	runtime.KeepAlive(k)
+	runtime.KeepAlive(v)
+	runtime.KeepAlive(o)
+	runtime.KeepAlive(dout)
+	runtime.KeepAlive(lse)
+	runtime.KeepAlive(dq)
+	runtime.KeepAlive(dk)
+	runtime.KeepAlive(dv)
+	runtime.KeepAlive(cuSeqlensQ)
+	runtime.KeepAlive(cuSeqlensK)
+	runtime.KeepAlive(ws)
+	return err
+}
+
+// BackwardRaw is flashattn_plan_execute_backward with raw pointers (see ExecuteRaw): dq, dk, dv
+// must not overlap each other or any input.
+func (p *Plan) BackwardRaw(q, k, v, o, dout, lse, dq, dk, dv, workspace unsafe.Pointer, workspaceBytes uintptr,
+	stream unsafe.Pointer) error {
+	h, err := p.handle("BackwardRaw")
+	if err != nil {
+		return err
+	}
+	defer runtime.KeepAlive(p)
+	return call("flashattn_plan_execute_backward", func() C.flashattn_status_t {
+		return C.flashattn_plan_execute_backward(h, q, k, v, o, dout, (*C.float)(lse), dq, dk, dv, workspace,
+			C.size_t(workspaceBytes), C.flashattn_stream_t(stream))
+	})
+}
+
+// BackwardVarlenRaw is flashattn_plan_execute_backward_varlen with raw pointers (see ExecuteRaw).
+func (p *Plan) BackwardVarlenRaw(q, k, v, o, dout, lse, dq, dk, dv, cuSeqlensQ, cuSeqlensK, workspace unsafe.Pointer,
+	workspaceBytes uintptr, stream unsafe.Pointer) error {
+	h, err := p.handle("BackwardVarlenRaw")
+	if err != nil {
+		return err
+	}
+	defer runtime.KeepAlive(p)
+	return call("flashattn_plan_execute_backward_varlen", func() C.flashattn_status_t {
+		return C.flashattn_plan_execute_backward_varlen(h, q, k, v, o, dout, (*C.float)(lse), dq, dk, dv,
+			(*C.int32_t)(cuSeqlensQ), (*C.int32_t)(cuSeqlensK), workspace, C.size_t(workspaceBytes),
+			C.flashattn_stream_t(stream))
+	})
+}
+
 // Shape gives the sizes of a fixed-length problem on contiguous [batch, seq, heads, dim] tensors.
 // HeadsKV 0 means HeadsQ and HeadDimV 0 means HeadDim.
 type Shape struct {
@@ -685,6 +903,31 @@ func Attention[T Element](q, k, v []T, shape Shape, opts Options) ([]T, []float3
 		return nil, nil, err
 	}
 	return o, lse, nil
+}
+
+// AttentionBackward runs the backward pass over contiguous host tensors: from the forward's q, k, v,
+// its o and lse (as Attention returned them) and dout (shaped like o), it returns dQ, dK, dV
+// shaped like q, k, v. opts must be the forward's.
+func AttentionBackward[T Element](q, k, v, o []T, lse []float32, dout []T, shape Shape, opts Options) ([]T, []T, []T, error) {
+	s := shape.resolved()
+	plan, err := NewPlan()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	defer plan.Close()
+	err = plan.setAll([][2]int64{{int64(Batch), int64(s.Batch)}, {int64(SeqlenQ), int64(s.SeqlenQ)},
+		{int64(SeqlenK), int64(s.SeqlenK)}, {int64(HeadsQ), int64(s.HeadsQ)}, {int64(HeadsKV), int64(s.HeadsKV)},
+		{int64(HeadDim), int64(s.HeadDim)}, {int64(HeadDimV), int64(s.HeadDimV)}}, dtypeOf[T](), opts)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	dq := make([]T, s.Batch*s.SeqlenQ*s.HeadsQ*s.HeadDim)
+	dk := make([]T, s.Batch*s.SeqlenK*s.HeadsKV*s.HeadDim)
+	dv := make([]T, s.Batch*s.SeqlenK*s.HeadsKV*s.HeadDimV)
+	if err := plan.Backward(q, k, v, o, dout, lse, dq, dk, dv, nil); err != nil {
+		return nil, nil, nil, err
+	}
+	return dq, dk, dv, nil
 }
 
 // AttentionVarlen runs attention over packed host tensors ([total, heads, dim]) whose sequences

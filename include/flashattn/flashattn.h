@@ -100,7 +100,20 @@ typedef enum flashattn_i64_param {
     FLASHATTN_I64_V_HEAD_STRIDE = 28,  /**< Elements between heads of V. Default: head_dim_v. */
     FLASHATTN_I64_O_BATCH_STRIDE = 29, /**< Elements between batches of O. Default: contiguous. */
     FLASHATTN_I64_O_ROW_STRIDE = 30,   /**< Elements between sequence positions of O. Default: heads_q*head_dim_v. */
-    FLASHATTN_I64_O_HEAD_STRIDE = 31   /**< Elements between heads of O. Default: head_dim_v. */
+    FLASHATTN_I64_O_HEAD_STRIDE = 31,  /**< Elements between heads of O. Default: head_dim_v. */
+    FLASHATTN_I64_DETERMINISTIC = 32,  /**< 0 or 1: the backward pass reduces every gradient in a fixed order, so two runs give bitwise-identical dQ, dK, dV (GPU: slower). Default 0. Since 0.2. */
+    FLASHATTN_I64_DO_BATCH_STRIDE = 33, /**< Backward: elements between batches of dO. Default: contiguous. Since 0.2. */
+    FLASHATTN_I64_DO_ROW_STRIDE = 34,   /**< Backward: elements between sequence positions of dO. Default: heads_q*head_dim_v. Since 0.2. */
+    FLASHATTN_I64_DO_HEAD_STRIDE = 35,  /**< Backward: elements between heads of dO. Default: head_dim_v. Since 0.2. */
+    FLASHATTN_I64_DQ_BATCH_STRIDE = 36, /**< Backward: elements between batches of dQ. Default: contiguous. Since 0.2. */
+    FLASHATTN_I64_DQ_ROW_STRIDE = 37,   /**< Backward: elements between sequence positions of dQ. Default: heads_q*head_dim. Since 0.2. */
+    FLASHATTN_I64_DQ_HEAD_STRIDE = 38,  /**< Backward: elements between heads of dQ. Default: head_dim. Since 0.2. */
+    FLASHATTN_I64_DK_BATCH_STRIDE = 39, /**< Backward: elements between batches of dK. Default: contiguous. Since 0.2. */
+    FLASHATTN_I64_DK_ROW_STRIDE = 40,   /**< Backward: elements between sequence positions of dK. Default: heads_kv*head_dim. Since 0.2. */
+    FLASHATTN_I64_DK_HEAD_STRIDE = 41,  /**< Backward: elements between heads of dK. Default: head_dim. Since 0.2. */
+    FLASHATTN_I64_DV_BATCH_STRIDE = 42, /**< Backward: elements between batches of dV. Default: contiguous. Since 0.2. */
+    FLASHATTN_I64_DV_ROW_STRIDE = 43,   /**< Backward: elements between sequence positions of dV. Default: heads_kv*head_dim_v. Since 0.2. */
+    FLASHATTN_I64_DV_HEAD_STRIDE = 44   /**< Backward: elements between heads of dV. Default: head_dim_v. Since 0.2. */
 } flashattn_i64_param_t;
 
 /** @brief Keys of the plan's floating-point parameters, set with flashattn_plan_set_f64(). */
@@ -379,6 +392,99 @@ FLASHATTN_API flashattn_status_t flashattn_plan_execute_varlen(
     const flashattn_plan_t *plan, const void *q, const void *k, const void *v, void *o, float *lse,
     const int32_t *cu_seqlens_q, const int32_t *cu_seqlens_k, void *workspace,
     size_t workspace_bytes, flashattn_stream_t stream);
+
+/** @} */
+
+/**
+ * @defgroup flashattn_backward Backward pass
+ * @brief Gradients dQ, dK, dV of the forward pass, recomputed tile by tile from Q, K, V and the
+ * forward's LSE (no N×N matrix in memory). Since 0.2.
+ *
+ * The same finalized plan runs it; every forward option has its gradient (causal, windows,
+ * softcap through the tanh, GQA/MQA with dK and dV summed over each key/value head's query group,
+ * variable length, explicit scale). dO, dQ, dK, dV have the layouts of O, Q, K, V with their own
+ * strides (#FLASHATTN_I64_DO_BATCH_STRIDE ... #FLASHATTN_I64_DV_HEAD_STRIDE, contiguous by
+ * default). Gradients accumulate in fp32 and are written in the plan's dtype; each output element
+ * is overwritten (not accumulated into). Keys no query sees get dK = dV = 0; queries that see no
+ * key get dQ = 0.
+ *
+ * The backend may differ from the forward's: flashattn_plan_get_backward_backend() says which
+ * runs and why (on Hopper, auto runs the FA3 forward and the FA2 backward). With
+ * #FLASHATTN_I64_DETERMINISTIC = 1 two runs are bitwise identical; the CPU backend always is.
+ * @{
+ */
+
+/**
+ * @brief The backend that runs a finalized plan's backward pass and why.
+ * @param[in] plan A finalized plan.
+ * @param[out] backend The backend (never AUTO).
+ * @param[out] reason May be NULL. A string owned by the plan, valid until it is changed or destroyed.
+ * @retval FLASHATTN_SUCCESS
+ * @retval FLASHATTN_ERROR_INVALID_ARGUMENT NULL plan or @p backend.
+ * @retval FLASHATTN_ERROR_INVALID_STATE the plan is not finalized.
+ * @retval FLASHATTN_ERROR_NOT_SUPPORTED no compiled backend can run this plan's backward pass on
+ * its device; the message says why (*backend is left unchanged).
+ */
+FLASHATTN_API flashattn_status_t flashattn_plan_get_backward_backend(const flashattn_plan_t *plan,
+                                                                     flashattn_backend_t *backend,
+                                                                     const char **reason);
+
+/**
+ * @brief Bytes of workspace every backward execute of this finalized plan needs (may be 0).
+ *
+ * Separate from the forward's size; the same rules apply (caller-owned, 256-byte aligned, one per
+ * concurrent call). It grows as O(N): fp32 accumulators of dQ (and of dK, dV for GQA) and the
+ * per-row dO·O sums, never an N×N buffer.
+ * @param plan A finalized plan.
+ * @param[out] bytes Receives the size in bytes.
+ * @retval FLASHATTN_SUCCESS
+ * @retval FLASHATTN_ERROR_INVALID_ARGUMENT NULL plan or @p bytes.
+ * @retval FLASHATTN_ERROR_INVALID_STATE the plan is not finalized.
+ * @retval FLASHATTN_ERROR_NOT_SUPPORTED the plan's backward pass cannot run (see
+ * flashattn_plan_get_backward_backend()).
+ */
+FLASHATTN_API flashattn_status_t flashattn_plan_get_backward_workspace_size(const flashattn_plan_t *plan,
+                                                                            size_t *bytes);
+
+/**
+ * @brief Run the backward pass of a finalized, fixed-length plan.
+ *
+ * @param plan A finalized plan with #FLASHATTN_I64_VARLEN = 0.
+ * @param q, k, v The forward's inputs.
+ * @param o The forward's output.
+ * @param dout dO, the gradient of the loss with respect to O (layout of O, strides DO_*).
+ * @param lse The forward's LSE output (required): fp32 [batch, heads_q, seqlen_q].
+ * @param dq, dk, dv Outputs (layouts of Q, K, V, strides DQ_*, DK_*, DV_*); must not overlap each
+ * other or any input.
+ * @param workspace, workspace_bytes Caller-owned scratch of at least
+ * flashattn_plan_get_backward_workspace_size() bytes; may be NULL when that size is 0.
+ * @param stream As for flashattn_plan_execute().
+ *
+ * @retval FLASHATTN_SUCCESS
+ * @retval FLASHATTN_ERROR_INVALID_ARGUMENT NULL plan or tensor, overlapping output, wrong memory
+ * kind, misaligned or wrong-device pointer.
+ * @retval FLASHATTN_ERROR_INVALID_STATE the plan is not finalized, or is a variable-length plan.
+ * @retval FLASHATTN_ERROR_NOT_SUPPORTED no backend can run this plan's backward pass.
+ * @retval FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE @p workspace_bytes is below the plan's need.
+ * @retval FLASHATTN_ERROR_DEVICE a kernel launch failed.
+ */
+FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward(
+    const flashattn_plan_t *plan, const void *q, const void *k, const void *v, const void *o,
+    const void *dout, const float *lse, void *dq, void *dk, void *dv, void *workspace,
+    size_t workspace_bytes, flashattn_stream_t stream);
+
+/**
+ * @brief Run the backward pass of a finalized variable-length plan (#FLASHATTN_I64_VARLEN = 1).
+ *
+ * Tensors are packed as for flashattn_plan_execute_varlen(); @p lse is fp32 [heads_q, total_q].
+ * Sequences with no keys contribute nothing (their dQ rows are 0).
+ * @return As flashattn_plan_execute_backward(), with #FLASHATTN_ERROR_INVALID_STATE also when the
+ * plan is not variable-length, and #FLASHATTN_ERROR_INVALID_ARGUMENT for bad cu_seqlens (CPU backend).
+ */
+FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward_varlen(
+    const flashattn_plan_t *plan, const void *q, const void *k, const void *v, const void *o,
+    const void *dout, const float *lse, void *dq, void *dk, void *dv, const int32_t *cu_seqlens_q,
+    const int32_t *cu_seqlens_k, void *workspace, size_t workspace_bytes, flashattn_stream_t stream);
 
 /** @} */
 

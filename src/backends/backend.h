@@ -3,7 +3,8 @@
 // Finalize asks each compiled backend whether it can run the problem on the device, dispatch picks
 // one, and that backend's make_plan() decides everything execute needs (tile configuration, grid,
 // splits, threads) and lays out the workspace. The result is the backend's own BackendPlan
-// subclass, stored in the plan handle; execute() receives it back and only reads it.
+// subclass, stored in the plan handle; execute() receives it back and only reads it. The backward
+// pass is chosen the same way and may run on another backend than the forward (dispatch.cpp).
 #pragma once
 
 #include <memory>
@@ -19,7 +20,8 @@ namespace flashattn {
 // casts back in execute: the Backend that made a plan is the only one that ever receives it.
 struct BackendPlan {
     virtual ~BackendPlan() = default;
-    WorkspaceLayout workspace;  // checked by the C boundary before execute runs
+    WorkspaceLayout workspace;           // checked by the C boundary before execute runs
+    WorkspaceLayout backward_workspace;  // the same for execute_backward (empty without one)
 };
 
 struct Backend {
@@ -34,6 +36,10 @@ struct Backend {
     // Optional (may be null): empty when `auto` may choose this backend for a problem it supports,
     // otherwise why an older generation serves the problem better (forcing the backend still works).
     std::string (*auto_pass_reason)(const Problem &p, const DeviceInfo &dev);
+    // Backward pass; both null where the backend has none. make_plan lays out backward_workspace
+    // whenever backward_unsupported_reason(p, dev) is empty.
+    std::string (*backward_unsupported_reason)(const Problem &p, const DeviceInfo &dev);
+    flashattn_status_t (*execute_backward)(const Problem &p, const BackendPlan &plan, const Tensors &t);
 };
 
 // Backends compiled into this build; nullptr for those that are not (backend_registry.cpp).

@@ -14,14 +14,32 @@ flashattn_status_t null_plan(const char *function) {
     return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: NULL passed to %s", function);
 }
 
-flashattn_status_t run(const flashattn_plan_t *plan, bool varlen_call, const Tensors &t) {
+// The state rules of every execute call: finalized, and the varlen entry point for varlen plans.
+flashattn_status_t check_call_state(const flashattn_plan_t *plan, bool varlen_call, const char *fixed_fn,
+                                    const char *varlen_fn) {
     if (!plan->finalized)
         return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: not finalized; call flashattn_plan_finalize after the last setter");
     if (plan->problem.varlen && !varlen_call)
-        return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: FLASHATTN_I64_VARLEN is 1; call flashattn_plan_execute_varlen");
+        return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: FLASHATTN_I64_VARLEN is 1; call %s", varlen_fn);
     if (!plan->problem.varlen && varlen_call)
-        return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: FLASHATTN_I64_VARLEN is 0; call flashattn_plan_execute");
+        return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: FLASHATTN_I64_VARLEN is 0; call %s", fixed_fn);
+    return FLASHATTN_SUCCESS;
+}
+
+flashattn_status_t run(const flashattn_plan_t *plan, bool varlen_call, const Tensors &t) {
+    FLASHATTN_TRY(check_call_state(plan, varlen_call, "flashattn_plan_execute", "flashattn_plan_execute_varlen"));
     return execute_plan(plan, t);
+}
+
+flashattn_status_t run_backward(const flashattn_plan_t *plan, bool varlen_call, const Tensors &t) {
+    FLASHATTN_TRY(check_call_state(plan, varlen_call, "flashattn_plan_execute_backward",
+                                   "flashattn_plan_execute_backward_varlen"));
+    return execute_backward_plan(plan, t);
+}
+
+flashattn_status_t require_finalized(const flashattn_plan_t *plan, const char *what) {
+    if (plan->finalized) return FLASHATTN_SUCCESS;
+    return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: not finalized; %s is fixed by flashattn_plan_finalize", what);
 }
 
 }  // namespace
@@ -106,6 +124,19 @@ FLASHATTN_API flashattn_status_t flashattn_plan_get_i64(const flashattn_plan_t *
             case FLASHATTN_I64_O_BATCH_STRIDE: *value = p.o.batch; break;
             case FLASHATTN_I64_O_ROW_STRIDE: *value = p.o.row; break;
             case FLASHATTN_I64_O_HEAD_STRIDE: *value = p.o.head; break;
+            case FLASHATTN_I64_DETERMINISTIC: *value = p.deterministic; break;
+            case FLASHATTN_I64_DO_BATCH_STRIDE: *value = p.dout.batch; break;
+            case FLASHATTN_I64_DO_ROW_STRIDE: *value = p.dout.row; break;
+            case FLASHATTN_I64_DO_HEAD_STRIDE: *value = p.dout.head; break;
+            case FLASHATTN_I64_DQ_BATCH_STRIDE: *value = p.dq.batch; break;
+            case FLASHATTN_I64_DQ_ROW_STRIDE: *value = p.dq.row; break;
+            case FLASHATTN_I64_DQ_HEAD_STRIDE: *value = p.dq.head; break;
+            case FLASHATTN_I64_DK_BATCH_STRIDE: *value = p.dk.batch; break;
+            case FLASHATTN_I64_DK_ROW_STRIDE: *value = p.dk.row; break;
+            case FLASHATTN_I64_DK_HEAD_STRIDE: *value = p.dk.head; break;
+            case FLASHATTN_I64_DV_BATCH_STRIDE: *value = p.dv.batch; break;
+            case FLASHATTN_I64_DV_ROW_STRIDE: *value = p.dv.row; break;
+            case FLASHATTN_I64_DV_HEAD_STRIDE: *value = p.dv.head; break;
         }
         return FLASHATTN_SUCCESS;
     });
@@ -180,6 +211,62 @@ FLASHATTN_API flashattn_status_t flashattn_plan_execute_varlen(const flashattn_p
         t.cu_seqlens_q = cu_seqlens_q; t.cu_seqlens_k = cu_seqlens_k;
         t.workspace = workspace; t.workspace_bytes = workspace_bytes; t.stream = stream;
         return run(plan, true, t);
+    });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_plan_get_backward_backend(const flashattn_plan_t *plan,
+                                                                     flashattn_backend_t *backend, const char **reason) {
+    return guarded(__func__, [&] {
+        if (plan == nullptr) return null_plan(__func__);
+        if (backend == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "backend: the out-pointer must not be NULL");
+        FLASHATTN_TRY(require_finalized(plan, "the backward backend"));
+        if (plan->backward_backend == nullptr)
+            return fail(FLASHATTN_ERROR_NOT_SUPPORTED, "plan: %s", plan->backward_reason.c_str());
+        *backend = plan->backward_backend->id;
+        if (reason != nullptr) *reason = plan->backward_reason.c_str();
+        return FLASHATTN_SUCCESS;
+    });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_plan_get_backward_workspace_size(const flashattn_plan_t *plan, size_t *bytes) {
+    return guarded(__func__, [&] {
+        if (plan == nullptr) return null_plan(__func__);
+        if (bytes == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "bytes: the out-pointer must not be NULL");
+        FLASHATTN_TRY(require_finalized(plan, "the backward workspace size"));
+        if (plan->backward_backend == nullptr)
+            return fail(FLASHATTN_ERROR_NOT_SUPPORTED, "plan: %s", plan->backward_reason.c_str());
+        *bytes = plan->backward_workspace_bytes();
+        return FLASHATTN_SUCCESS;
+    });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward(const flashattn_plan_t *plan, const void *q, const void *k,
+                                                                 const void *v, const void *o, const void *dout,
+                                                                 const float *lse, void *dq, void *dk, void *dv,
+                                                                 void *workspace, size_t workspace_bytes,
+                                                                 flashattn_stream_t stream) {
+    return guarded(__func__, [&] {
+        if (plan == nullptr) return null_plan(__func__);
+        Tensors t;
+        t.q = q; t.k = k; t.v = v; t.o = const_cast<void *>(o); t.lse = const_cast<float *>(lse);
+        t.dout = dout; t.dq = dq; t.dk = dk; t.dv = dv;
+        t.workspace = workspace; t.workspace_bytes = workspace_bytes; t.stream = stream;
+        return run_backward(plan, false, t);
+    });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward_varlen(
+    const flashattn_plan_t *plan, const void *q, const void *k, const void *v, const void *o, const void *dout,
+    const float *lse, void *dq, void *dk, void *dv, const int32_t *cu_seqlens_q, const int32_t *cu_seqlens_k,
+    void *workspace, size_t workspace_bytes, flashattn_stream_t stream) {
+    return guarded(__func__, [&] {
+        if (plan == nullptr) return null_plan(__func__);
+        Tensors t;
+        t.q = q; t.k = k; t.v = v; t.o = const_cast<void *>(o); t.lse = const_cast<float *>(lse);
+        t.dout = dout; t.dq = dq; t.dk = dk; t.dv = dv;
+        t.cu_seqlens_q = cu_seqlens_q; t.cu_seqlens_k = cu_seqlens_k;
+        t.workspace = workspace; t.workspace_bytes = workspace_bytes; t.stream = stream;
+        return run_backward(plan, true, t);
     });
 }
 

@@ -104,4 +104,43 @@ Decision decide_backend(flashattn_backend_t requested, const DeviceSummary &dev,
     return d;
 }
 
+Decision decide_backward_backend(flashattn_backend_t requested, flashattn_backend_t forward, const DeviceSummary &dev,
+                                 const Candidate candidates[5]) {
+    Decision d;
+    const Candidate &same = candidates[forward];
+    if (same.compiled && same.unsupported.empty()) {
+        d.backend = forward;
+        d.reason = std::string(backend_name(forward)) + " runs the backward pass as it runs the forward";
+        return d;
+    }
+    const std::string why_forward = std::string(backend_name(forward)) + ": " + why_not(forward, same);
+    if (requested != FLASHATTN_BACKEND_AUTO) {
+        d.status = FLASHATTN_ERROR_NOT_SUPPORTED;
+        d.reason = "the backward pass cannot run on the requested backend (" + why_forward +
+                   "); leave FLASHATTN_I64_BACKEND at auto to let another generation run it";
+        return d;
+    }
+    flashattn_backend_t order[4];
+    int n = 0;
+    const int cc = dev.cc_major * 10 + dev.cc_minor;
+    if (dev.present && cc == 90) order[n++] = FLASHATTN_BACKEND_FA3;
+    if (dev.present && cc >= 80) order[n++] = FLASHATTN_BACKEND_FA2;
+    if (dev.present && cc >= 75) order[n++] = FLASHATTN_BACKEND_FA1;
+    if (!dev.present) order[n++] = FLASHATTN_BACKEND_CPU;
+    std::string skipped = why_forward;
+    for (int i = 0; i < n; ++i) {
+        if (order[i] == forward) continue;
+        const Candidate &c = candidates[order[i]];
+        if (c.compiled && c.unsupported.empty()) {
+            d.backend = order[i];
+            d.reason = std::string(backend_name(order[i])) + " runs the backward pass (" + skipped + ")";
+            return d;
+        }
+        skipped += "; " + std::string(backend_name(order[i])) + ": " + why_not(order[i], c);
+    }
+    d.status = FLASHATTN_ERROR_NOT_SUPPORTED;
+    d.reason = "no backend can run this plan's backward pass (" + skipped + ")";
+    return d;
+}
+
 }  // namespace flashattn

@@ -32,6 +32,14 @@ struct Decision {
 // by flashattn_backend_t (CPU..FA3).
 Decision decide_backend(flashattn_backend_t requested, const DeviceSummary &dev, const Candidate candidates[5]);
 
+// The backward pass's backend. `candidates` carry each backend's backward support (unsupported:
+// why it cannot run this plan's backward pass); `forward` is the forward's decided backend. The
+// forward's backend runs the backward when it can; otherwise, only under auto, the newest
+// generation for the device that can (on Hopper: the FA3 forward with the FA2 backward), or the
+// CPU where no device exists. A status other than SUCCESS means no backend can: the reason says why.
+Decision decide_backward_backend(flashattn_backend_t requested, flashattn_backend_t forward, const DeviceSummary &dev,
+                                 const Candidate candidates[5]);
+
 // Parse FLASHATTN_BACKEND's value ("cpu", "fa1", "fa2", "fa3", "auto"); false if unrecognised.
 bool parse_backend_name(const char *text, flashattn_backend_t *out);
 

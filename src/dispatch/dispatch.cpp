@@ -1,6 +1,7 @@
 #include "dispatch/dispatch.h"
 
 #include <cstdlib>
+#include <string>
 #include <utility>
 
 #include "base/status.h"
@@ -19,6 +20,39 @@ flashattn_status_t requested_backend(const PlanParams &params, flashattn_backend
     if (!parse_backend_name(env, out))
         return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
                     "FLASHATTN_BACKEND: environment value '%s' is not one of auto, cpu, fa1, fa2, fa3", env);
+    return FLASHATTN_SUCCESS;
+}
+
+// Each compiled backend's backward support for the problem (unsupported: why not).
+void backward_candidates(const Problem &problem, const DeviceInfo &dev, Candidate candidates[5]) {
+    for (flashattn_backend_t id : {FLASHATTN_BACKEND_CPU, FLASHATTN_BACKEND_FA1, FLASHATTN_BACKEND_FA2, FLASHATTN_BACKEND_FA3}) {
+        const Backend *b = backend_by_id(id);
+        candidates[id] = Candidate{};
+        candidates[id].compiled = b != nullptr;
+        if (b == nullptr) continue;
+        if (b->execute_backward == nullptr)
+            candidates[id].unsupported = std::string(b->name) + " has no backward pass";
+        else if (id != FLASHATTN_BACKEND_CPU && !dev.present)
+            candidates[id].unsupported = "no usable CUDA device (" + dev.absent_reason + ")";
+        else
+            candidates[id].unsupported = b->backward_unsupported_reason(problem, dev);
+    }
+}
+
+// Choose the backward pass's backend and, when it is not the forward's, let it make its own plan.
+// A plan whose backward cannot run still finalizes: the forward is usable and the backward calls
+// report why.
+flashattn_status_t plan_backward(flashattn_plan *plan, flashattn_backend_t requested) {
+    Candidate candidates[5];
+    backward_candidates(plan->problem, plan->device, candidates);
+    const DeviceInfo &dev = plan->device;
+    const Decision d = decide_backward_backend(requested, plan->backend->id,
+                                               {dev.present, dev.cc_major, dev.cc_minor, dev.absent_reason}, candidates);
+    plan->backward_reason = d.reason;
+    if (d.status != FLASHATTN_SUCCESS) return FLASHATTN_SUCCESS;
+    const Backend *b = backend_by_id(d.backend);
+    if (b != plan->backend) FLASHATTN_TRY(b->make_plan(plan->problem, dev, &plan->separate_backward_plan));
+    plan->backward_backend = b;
     return FLASHATTN_SUCCESS;
 }
 
@@ -57,6 +91,9 @@ flashattn_status_t finalize_plan(flashattn_plan *plan) {
     plan->backend = backend;
     plan->backend_plan = std::move(backend_plan);
     plan->reason = d.reason;
+    plan->backward_backend = nullptr;
+    plan->separate_backward_plan.reset();
+    FLASHATTN_TRY(plan_backward(plan, requested));
     plan->finalized = true;
     return FLASHATTN_SUCCESS;
 }
@@ -64,6 +101,13 @@ flashattn_status_t finalize_plan(flashattn_plan *plan) {
 flashattn_status_t execute_plan(const flashattn_plan *plan, const Tensors &t) {
     FLASHATTN_TRY(check_execute_args(plan->problem, t, plan->workspace_bytes()));
     return plan->backend->execute(plan->problem, *plan->backend_plan, t);
+}
+
+flashattn_status_t execute_backward_plan(const flashattn_plan *plan, const Tensors &t) {
+    if (plan->backward_backend == nullptr)
+        return fail(FLASHATTN_ERROR_NOT_SUPPORTED, "plan: %s", plan->backward_reason.c_str());
+    FLASHATTN_TRY(check_backward_args(plan->problem, t, plan->backward_workspace_bytes()));
+    return plan->backward_backend->execute_backward(plan->problem, plan->backward_plan(), t);
 }
 
 }  // namespace flashattn

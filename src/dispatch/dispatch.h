@@ -7,5 +7,6 @@ namespace flashattn {
 
 flashattn_status_t finalize_plan(flashattn_plan *plan);
 flashattn_status_t execute_plan(const flashattn_plan *plan, const Tensors &t);
+flashattn_status_t execute_backward_plan(const flashattn_plan *plan, const Tensors &t);
 
 }  // namespace flashattn

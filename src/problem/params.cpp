@@ -51,12 +51,28 @@ const KeyInfo *key_info(int key) {
         {"FLASHATTN_I64_O_BATCH_STRIDE", 1, kNoMax, -1},
         {"FLASHATTN_I64_O_ROW_STRIDE", 1, kNoMax, -1},
         {"FLASHATTN_I64_O_HEAD_STRIDE", 1, kNoMax, -1},
+        /* DETERMINISTIC */ {"FLASHATTN_I64_DETERMINISTIC", 0, 1, 0},
+        {"FLASHATTN_I64_DO_BATCH_STRIDE", 1, kNoMax, -1},
+        {"FLASHATTN_I64_DO_ROW_STRIDE", 1, kNoMax, -1},
+        {"FLASHATTN_I64_DO_HEAD_STRIDE", 1, kNoMax, -1},
+        {"FLASHATTN_I64_DQ_BATCH_STRIDE", 1, kNoMax, -1},
+        {"FLASHATTN_I64_DQ_ROW_STRIDE", 1, kNoMax, -1},
+        {"FLASHATTN_I64_DQ_HEAD_STRIDE", 1, kNoMax, -1},
+        {"FLASHATTN_I64_DK_BATCH_STRIDE", 1, kNoMax, -1},
+        {"FLASHATTN_I64_DK_ROW_STRIDE", 1, kNoMax, -1},
+        {"FLASHATTN_I64_DK_HEAD_STRIDE", 1, kNoMax, -1},
+        {"FLASHATTN_I64_DV_BATCH_STRIDE", 1, kNoMax, -1},
+        {"FLASHATTN_I64_DV_ROW_STRIDE", 1, kNoMax, -1},
+        {"FLASHATTN_I64_DV_HEAD_STRIDE", 1, kNoMax, -1},
     };
     if (key < 0 || key >= kMaxI64Key || table[key].name == nullptr) return nullptr;
     return &table[key];
 }
 
-bool is_stride_key(int key) { return key >= FLASHATTN_I64_Q_BATCH_STRIDE && key <= FLASHATTN_I64_O_HEAD_STRIDE; }
+bool is_stride_key(int key) {
+    return (key >= FLASHATTN_I64_Q_BATCH_STRIDE && key <= FLASHATTN_I64_O_HEAD_STRIDE) ||
+           (key >= FLASHATTN_I64_DO_BATCH_STRIDE && key <= FLASHATTN_I64_DV_HEAD_STRIDE);
+}
 
 }  // namespace
 

@@ -34,6 +34,8 @@ struct Problem {
     int64_t total_q = 0;  // varlen only
     int64_t total_k = 0;
     Strides q, k, v, o;
+    Strides dout, dq, dk, dv;  // backward: the layouts of O, Q, K, V with their own strides
+    bool deterministic = false;  // backward: reduce in a fixed order (bitwise-reproducible)
     int32_t device = 0;
 
     int64_t group_size() const { return heads_q / heads_kv; }  // query heads per key/value head
@@ -48,7 +50,7 @@ struct Problem {
     bool has_mask() const { return causal || window_left >= 0 || window_right >= 0; }
 };
 
-// Pointers of one execute call. cu_seqlens are set for varlen plans only.
+// Pointers of one execute call (forward or backward). cu_seqlens are set for varlen plans only.
 struct Tensors {
     const void *q = nullptr;
     const void *k = nullptr;
@@ -60,6 +62,12 @@ struct Tensors {
     void *workspace = nullptr;
     size_t workspace_bytes = 0;
     flashattn_stream_t stream = nullptr;
+    // Backward pass only (null in forward calls): the gradient of O in, the gradients out. lse is
+    // then an input (the forward's).
+    const void *dout = nullptr;
+    void *dq = nullptr;
+    void *dk = nullptr;
+    void *dv = nullptr;
 };
 
 // The keys query `row` (0-based within its sequence of length sq, against sk keys) may see form

@@ -46,21 +46,22 @@ flashattn_status_t resolve_strides(const PlanParams &params, StrideKeys keys, in
     return FLASHATTN_SUCCESS;
 }
 
-// O must not overlap itself: sorted by stride, each dimension must step past everything the
+// An output must not overlap itself: sorted by stride, each dimension must step past everything the
 // smaller ones span (otherwise two threads would write the same element).
-flashattn_status_t check_output_layout(const Problem &p) {
+flashattn_status_t check_output_layout(const Strides &s, int64_t rows, int64_t heads, int64_t batches, int64_t dim,
+                                       const char *name) {
     struct Dim { int64_t stride, count; };
-    Dim dims[3] = {{p.o.row, p.q_rows()}, {p.o.head, p.heads_q}, {p.o.batch, p.batch_extent()}};
+    Dim dims[3] = {{s.row, rows}, {s.head, heads}, {s.batch, batches}};
     std::sort(dims, dims + 3, [](const Dim &a, const Dim &b) { return a.stride < b.stride; });
-    int64_t span = p.head_dim_v;  // elements covered by the dimensions below
+    int64_t span = dim;  // elements covered by the dimensions below
     for (const Dim &d : dims) {
         if (d.count <= 1) continue;
         if (d.stride < span)
             return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
-                        "O strides: a stride of %lld elements makes O overlap itself (it must be at least %lld)",
-                        (long long)d.stride, (long long)span);
+                        "%s strides: a stride of %lld elements makes %s overlap itself (it must be at least %lld)",
+                        name, (long long)d.stride, name, (long long)span);
         if (!mul_add(d.stride, d.count - 1, span, &span))
-            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "O strides: the tensor's extent overflows 64 bits");
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s strides: the tensor's extent overflows 64 bits", name);
     }
     return FLASHATTN_SUCCESS;
 }
@@ -76,7 +77,9 @@ flashattn_status_t check_extents(const Problem &p) {
     const int64_t es = static_cast<int64_t>(p.element_size());
     const struct { int64_t rows, heads, dim; const Strides &s; const char *name; } tensors[] = {
         {rows_q, p.heads_q, p.head_dim, p.q, "Q"}, {rows_k, p.heads_kv, p.head_dim, p.k, "K"},
-        {rows_k, p.heads_kv, p.head_dim_v, p.v, "V"}, {rows_q, p.heads_q, p.head_dim_v, p.o, "O"}};
+        {rows_k, p.heads_kv, p.head_dim_v, p.v, "V"}, {rows_q, p.heads_q, p.head_dim_v, p.o, "O"},
+        {rows_q, p.heads_q, p.head_dim_v, p.dout, "dO"}, {rows_q, p.heads_q, p.head_dim, p.dq, "dQ"},
+        {rows_k, p.heads_kv, p.head_dim, p.dk, "dK"}, {rows_k, p.heads_kv, p.head_dim_v, p.dv, "dV"}};
     for (const auto &t : tensors) {
         int64_t end, bytes;
         if (!tensor_end(p.batch, t.rows, t.heads, t.dim, t.s, p.varlen, &end) || !mul_add(end, es, 0, &bytes))
@@ -141,8 +144,20 @@ flashattn_status_t resolve_problem(const PlanParams &params, Problem *out) {
                                   rows_k, p.heads_kv, p.head_dim_v, &p.v));
     FLASHATTN_TRY(resolve_strides(params, {FLASHATTN_I64_O_BATCH_STRIDE, FLASHATTN_I64_O_ROW_STRIDE, FLASHATTN_I64_O_HEAD_STRIDE},
                                   rows_q, p.heads_q, p.head_dim_v, &p.o));
+    FLASHATTN_TRY(resolve_strides(params, {FLASHATTN_I64_DO_BATCH_STRIDE, FLASHATTN_I64_DO_ROW_STRIDE, FLASHATTN_I64_DO_HEAD_STRIDE},
+                                  rows_q, p.heads_q, p.head_dim_v, &p.dout));
+    FLASHATTN_TRY(resolve_strides(params, {FLASHATTN_I64_DQ_BATCH_STRIDE, FLASHATTN_I64_DQ_ROW_STRIDE, FLASHATTN_I64_DQ_HEAD_STRIDE},
+                                  rows_q, p.heads_q, p.head_dim, &p.dq));
+    FLASHATTN_TRY(resolve_strides(params, {FLASHATTN_I64_DK_BATCH_STRIDE, FLASHATTN_I64_DK_ROW_STRIDE, FLASHATTN_I64_DK_HEAD_STRIDE},
+                                  rows_k, p.heads_kv, p.head_dim, &p.dk));
+    FLASHATTN_TRY(resolve_strides(params, {FLASHATTN_I64_DV_BATCH_STRIDE, FLASHATTN_I64_DV_ROW_STRIDE, FLASHATTN_I64_DV_HEAD_STRIDE},
+                                  rows_k, p.heads_kv, p.head_dim_v, &p.dv));
+    p.deterministic = params.get(FLASHATTN_I64_DETERMINISTIC, 0) != 0;
     FLASHATTN_TRY(check_extents(p));
-    FLASHATTN_TRY(check_output_layout(p));
+    FLASHATTN_TRY(check_output_layout(p.o, p.q_rows(), p.heads_q, p.batch_extent(), p.head_dim_v, "O"));
+    FLASHATTN_TRY(check_output_layout(p.dq, p.q_rows(), p.heads_q, p.batch_extent(), p.head_dim, "dQ"));
+    FLASHATTN_TRY(check_output_layout(p.dk, p.k_rows(), p.heads_kv, p.batch_extent(), p.head_dim, "dK"));
+    FLASHATTN_TRY(check_output_layout(p.dv, p.k_rows(), p.heads_kv, p.batch_extent(), p.head_dim_v, "dV"));
     *out = p;
     return FLASHATTN_SUCCESS;
 }
@@ -163,6 +178,10 @@ TensorExtents tensor_extents(const Problem &p) {
     e.v = bytes(rows_k, p.heads_kv, p.head_dim_v, p.v);
     e.o = bytes(rows_q, p.heads_q, p.head_dim_v, p.o);
     e.lse = static_cast<size_t>(p.batch_extent() * p.heads_q * rows_q) * sizeof(float);
+    e.dout = bytes(rows_q, p.heads_q, p.head_dim_v, p.dout);
+    e.dq = bytes(rows_q, p.heads_q, p.head_dim, p.dq);
+    e.dk = bytes(rows_k, p.heads_kv, p.head_dim, p.dk);
+    e.dv = bytes(rows_k, p.heads_kv, p.head_dim_v, p.dv);
     return e;
 }
 
@@ -174,45 +193,69 @@ bool overlaps(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
     return a0 < b0 + b_bytes && b0 < a0 + a_bytes;
 }
 
-}  // namespace
+struct Span {
+    const void *ptr;
+    size_t bytes;
+    const char *name;
+    bool required;  // must not be NULL
+};
 
-flashattn_status_t check_execute_args(const Problem &p, const Tensors &t, size_t workspace_needed) {
-    if (t.q == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "q: must not be NULL");
-    if (t.k == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "k: must not be NULL");
-    if (t.v == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "v: must not be NULL");
-    if (t.o == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "o: must not be NULL");
-    if (p.varlen && t.cu_seqlens_q == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "cu_seqlens_q: must not be NULL");
-    if (p.varlen && t.cu_seqlens_k == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "cu_seqlens_k: must not be NULL");
-
-    const TensorExtents e = tensor_extents(p);
-    const struct { const void *ptr; size_t bytes; const char *name; } inputs[] = {
-        {t.q, e.q, "q"}, {t.k, e.k, "k"}, {t.v, e.v, "v"},
-        {t.cu_seqlens_q, p.varlen ? (size_t)(p.batch + 1) * 4 : 0, "cu_seqlens_q"},
-        {t.cu_seqlens_k, p.varlen ? (size_t)(p.batch + 1) * 4 : 0, "cu_seqlens_k"}};
-    for (const auto &in : inputs) {
-        if (overlaps(t.o, e.o, in.ptr, in.bytes))
-            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "o: overlaps %s; outputs must not share memory with inputs", in.name);
-        if (overlaps(t.lse, e.lse, in.ptr, in.bytes))
-            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "lse: overlaps %s; outputs must not share memory with inputs", in.name);
+// The rules shared by the forward and backward calls: required pointers present; no output
+// overlapping an input or an earlier output; the workspace large enough, aligned, and apart from
+// every tensor.
+flashattn_status_t check_call(const Span *inputs, int n_in, const Span *outputs, int n_out, const Tensors &t,
+                              size_t workspace_needed) {
+    for (const Span *set : {inputs, outputs})
+        for (int i = 0; i < (set == inputs ? n_in : n_out); ++i)
+            if (set[i].required && set[i].ptr == nullptr)
+                return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: must not be NULL", set[i].name);
+    for (int o = 0; o < n_out; ++o) {
+        for (int i = 0; i < n_in; ++i)
+            if (overlaps(outputs[o].ptr, outputs[o].bytes, inputs[i].ptr, inputs[i].bytes))
+                return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: overlaps %s; outputs must not share memory with inputs",
+                            outputs[o].name, inputs[i].name);
+        for (int j = 0; j < o; ++j)
+            if (overlaps(outputs[o].ptr, outputs[o].bytes, outputs[j].ptr, outputs[j].bytes))
+                return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: overlaps %s", outputs[o].name, outputs[j].name);
     }
-    if (overlaps(t.o, e.o, t.lse, e.lse)) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "lse: overlaps o");
-
     if (t.workspace_bytes < workspace_needed)
         return fail(FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE,
-                    "workspace_bytes: %zu bytes given, this plan needs %zu (flashattn_plan_get_workspace_size)",
-                    t.workspace_bytes, workspace_needed);
+                    "workspace_bytes: %zu bytes given, this plan needs %zu (flashattn_plan_get_%sworkspace_size)",
+                    t.workspace_bytes, workspace_needed, t.dq != nullptr || t.dout != nullptr ? "backward_" : "");
     if (workspace_needed > 0 && t.workspace == nullptr)
         return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: NULL, but this plan needs %zu bytes", workspace_needed);
     if (workspace_needed > 0 && reinterpret_cast<uintptr_t>(t.workspace) % kWorkspaceAlignment != 0)
         return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: must be aligned to %zu bytes", kWorkspaceAlignment);
     if (workspace_needed > 0) {
-        for (const auto &in : inputs)
-            if (overlaps(t.workspace, workspace_needed, in.ptr, in.bytes))
-                return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: overlaps %s", in.name);
-        if (overlaps(t.workspace, workspace_needed, t.o, e.o)) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: overlaps o");
-        if (overlaps(t.workspace, workspace_needed, t.lse, e.lse)) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: overlaps lse");
+        for (const Span *set : {inputs, outputs})
+            for (int i = 0; i < (set == inputs ? n_in : n_out); ++i)
+                if (overlaps(t.workspace, workspace_needed, set[i].ptr, set[i].bytes))
+                    return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: overlaps %s", set[i].name);
     }
     return FLASHATTN_SUCCESS;
+}
+
+size_t cu_seqlens_bytes(const Problem &p) { return p.varlen ? static_cast<size_t>(p.batch + 1) * 4 : 0; }
+
+}  // namespace
+
+flashattn_status_t check_execute_args(const Problem &p, const Tensors &t, size_t workspace_needed) {
+    const TensorExtents e = tensor_extents(p);
+    const Span inputs[] = {{t.q, e.q, "q", true}, {t.k, e.k, "k", true}, {t.v, e.v, "v", true},
+                           {t.cu_seqlens_q, cu_seqlens_bytes(p), "cu_seqlens_q", p.varlen},
+                           {t.cu_seqlens_k, cu_seqlens_bytes(p), "cu_seqlens_k", p.varlen}};
+    const Span outputs[] = {{t.o, e.o, "o", true}, {t.lse, e.lse, "lse", false}};
+    return check_call(inputs, 5, outputs, 2, t, workspace_needed);
+}
+
+flashattn_status_t check_backward_args(const Problem &p, const Tensors &t, size_t workspace_needed) {
+    const TensorExtents e = tensor_extents(p);
+    const Span inputs[] = {{t.q, e.q, "q", true}, {t.k, e.k, "k", true}, {t.v, e.v, "v", true},
+                           {t.o, e.o, "o", true}, {t.dout, e.dout, "dout", true}, {t.lse, e.lse, "lse", true},
+                           {t.cu_seqlens_q, cu_seqlens_bytes(p), "cu_seqlens_q", p.varlen},
+                           {t.cu_seqlens_k, cu_seqlens_bytes(p), "cu_seqlens_k", p.varlen}};
+    const Span outputs[] = {{t.dq, e.dq, "dq", true}, {t.dk, e.dk, "dk", true}, {t.dv, e.dv, "dv", true}};
+    return check_call(inputs, 8, outputs, 3, t, workspace_needed);
 }
 
 }  // namespace flashattn

@@ -111,6 +111,35 @@ void test_names(void **) {
 
 }  // namespace
 
+// The backward's backend: the forward's when it has one; else, under auto, the newest generation
+// for the device with a backward (Hopper: fa3 forward, fa2 backward); forced: not supported.
+void test_backward_choice(void **) {
+    Table t;
+    t.c[FLASHATTN_BACKEND_FA1].unsupported = "fa1 has no backward pass";
+    t.c[FLASHATTN_BACKEND_FA3].unsupported = "fa3 has no backward pass";
+    const flashattn_backend_t AUTO = FLASHATTN_BACKEND_AUTO;
+    expect(decide_backward_backend(AUTO, FLASHATTN_BACKEND_FA2, gpu(8, 0), t.c), FLASHATTN_SUCCESS, FLASHATTN_BACKEND_FA2);
+    Decision d = decide_backward_backend(AUTO, FLASHATTN_BACKEND_FA3, gpu(9, 0), t.c);
+    expect(d, FLASHATTN_SUCCESS, FLASHATTN_BACKEND_FA2);
+    assert_true(d.reason.find("fa3 has no backward pass") != std::string::npos);
+    expect(decide_backward_backend(AUTO, FLASHATTN_BACKEND_CPU, {false, 0, 0, "no driver"}, t.c), FLASHATTN_SUCCESS,
+           FLASHATTN_BACKEND_CPU);
+    // sm_75: fa1 forward, and fa2 cannot run there: nothing (the CPU is not a fallback for device memory).
+    t.c[FLASHATTN_BACKEND_FA2].unsupported = "fa2 needs sm_80";
+    expect(decide_backward_backend(AUTO, FLASHATTN_BACKEND_FA1, gpu(7, 5), t.c), FLASHATTN_ERROR_NOT_SUPPORTED,
+           FLASHATTN_BACKEND_CPU);
+    t.c[FLASHATTN_BACKEND_FA2].unsupported.clear();
+    // Forced fa3: its backward or nothing, with a reason that says how to get one.
+    d = decide_backward_backend(FLASHATTN_BACKEND_FA3, FLASHATTN_BACKEND_FA3, gpu(9, 0), t.c);
+    expect(d, FLASHATTN_ERROR_NOT_SUPPORTED, FLASHATTN_BACKEND_CPU);
+    assert_true(d.reason.find("auto") != std::string::npos);
+    // A backend left out of the build is named as such.
+    t.c[FLASHATTN_BACKEND_FA2].compiled = false;
+    d = decide_backward_backend(AUTO, FLASHATTN_BACKEND_FA3, gpu(9, 0), t.c);
+    expect(d, FLASHATTN_ERROR_NOT_SUPPORTED, FLASHATTN_BACKEND_CPU);
+    assert_true(d.reason.find("built without fa2") != std::string::npos);
+}
+
 int main() {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auto_by_capability),
@@ -118,6 +147,7 @@ int main() {
         cmocka_unit_test(test_auto_pass),
         cmocka_unit_test(test_forced),
         cmocka_unit_test(test_names),
+        cmocka_unit_test(test_backward_choice),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -1,12 +1,13 @@
 """
     FlashAttn
 
-libflashattn from Julia: exact FlashAttention forward attention over the library's C ABI.
+libflashattn from Julia: exact FlashAttention attention (forward and backward) over the library's C ABI.
 
 The raw layer mirrors `include/flashattn/flashattn.h` one to one (`flashattn_plan_create`, ...,
 with the header's enum constants); `test/check_wrappers.py` checks it against the header. On top:
 [`Plan`](@ref) (a mutable struct with a finalizer), [`attention`](@ref) for host `Array`s (CPU
-backend) and [`execute!`](@ref) with raw pointers for device memory.
+backend) and [`execute!`](@ref) with raw pointers for device memory; the backward pass through
+[`backward!`](@ref), [`backward_varlen!`](@ref) and [`attention_backward`](@ref).
 
 Julia arrays are column-major, so the C layout `[batch, seq, heads, dim]` is a Julia array of
 size `(dim, heads, seq, batch)` (variable length: `(dim, heads, total)`); LSE `[batch, heads, seq]`
@@ -20,7 +21,9 @@ module FlashAttn
 using Libdl
 
 export Plan, FlashAttnError, attention, attention_varlen, execute!, execute_varlen!, finalize!,
-       set_i64!, set_f64!, get_i64, get_f64, backend, workspace_size
+       set_i64!, set_f64!, get_i64, get_f64, backend, workspace_size,
+       attention_backward, attention_varlen_backward, backward!, backward_varlen!, backward_backend,
+       backward_workspace_size
 
 # ---------------------------------------------------------------------------------------------
 # Types and constants (values pinned by the ABI)
@@ -77,6 +80,19 @@ const FLASHATTN_I64_V_HEAD_STRIDE = flashattn_i64_param_t(28)
 const FLASHATTN_I64_O_BATCH_STRIDE = flashattn_i64_param_t(29)
 const FLASHATTN_I64_O_ROW_STRIDE = flashattn_i64_param_t(30)
 const FLASHATTN_I64_O_HEAD_STRIDE = flashattn_i64_param_t(31)
+const FLASHATTN_I64_DETERMINISTIC = flashattn_i64_param_t(32)
+const FLASHATTN_I64_DO_BATCH_STRIDE = flashattn_i64_param_t(33)
+const FLASHATTN_I64_DO_ROW_STRIDE = flashattn_i64_param_t(34)
+const FLASHATTN_I64_DO_HEAD_STRIDE = flashattn_i64_param_t(35)
+const FLASHATTN_I64_DQ_BATCH_STRIDE = flashattn_i64_param_t(36)
+const FLASHATTN_I64_DQ_ROW_STRIDE = flashattn_i64_param_t(37)
+const FLASHATTN_I64_DQ_HEAD_STRIDE = flashattn_i64_param_t(38)
+const FLASHATTN_I64_DK_BATCH_STRIDE = flashattn_i64_param_t(39)
+const FLASHATTN_I64_DK_ROW_STRIDE = flashattn_i64_param_t(40)
+const FLASHATTN_I64_DK_HEAD_STRIDE = flashattn_i64_param_t(41)
+const FLASHATTN_I64_DV_BATCH_STRIDE = flashattn_i64_param_t(42)
+const FLASHATTN_I64_DV_ROW_STRIDE = flashattn_i64_param_t(43)
+const FLASHATTN_I64_DV_HEAD_STRIDE = flashattn_i64_param_t(44)
 
 const flashattn_f64_param_t = Cint
 const FLASHATTN_F64_SOFTMAX_SCALE = flashattn_f64_param_t(1)
@@ -97,7 +113,12 @@ const FUNCTIONS = (:flashattn_status_string, :flashattn_last_error, :flashattn_l
                    :flashattn_plan_set_f64, :flashattn_plan_get_i64, :flashattn_plan_get_f64,
                    :flashattn_plan_finalize, :flashattn_plan_get_backend,
                    :flashattn_plan_get_workspace_size, :flashattn_plan_execute,
-                   :flashattn_plan_execute_varlen)
+                   :flashattn_plan_execute_varlen, :flashattn_plan_get_backward_backend,
+                   :flashattn_plan_get_backward_workspace_size, :flashattn_plan_execute_backward,
+                   :flashattn_plan_execute_backward_varlen)
+# Added after 0.1: an older library still loads, and calling one of these throws.
+const SINCE_0_2 = (:flashattn_plan_get_backward_backend, :flashattn_plan_get_backward_workspace_size,
+                   :flashattn_plan_execute_backward, :flashattn_plan_execute_backward_varlen)
 
 const _handle = Ref{Ptr{Cvoid}}(C_NULL)
 const _path = Ref{String}("")
@@ -155,7 +176,12 @@ function _load!()
                                       join(tried, "\n  "))
         end
         for f in FUNCTIONS
-            _symbols[f] = Libdl.dlsym(handle, f)
+            if f in SINCE_0_2
+                p = Libdl.dlsym(handle, f; throw_error=false)
+                _symbols[f] = p === nothing ? C_NULL : p
+            else
+                _symbols[f] = Libdl.dlsym(handle, f)
+            end
         end
         _handle[] = handle
         _loaded[] = true
@@ -166,7 +192,9 @@ end
 "The address of a library function (loads the library on first use)."
 @inline function fptr(name::Symbol)
     _loaded[] || _load!()
-    return _symbols[name]
+    p = _symbols[name]
+    p == C_NULL && error("FlashAttn: the loaded library ($(_path[])) lacks $name (libflashattn >= 0.2)")
+    return p
 end
 
 library_path() = (fptr(:flashattn_version); _path[])
@@ -193,6 +221,10 @@ flashattn_plan_get_backend(plan, backend, reason) = ccall(fptr(:flashattn_plan_g
 flashattn_plan_get_workspace_size(plan, bytes) = ccall(fptr(:flashattn_plan_get_workspace_size), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Csize_t}), plan, bytes)
 flashattn_plan_execute(plan, q, k, v, o, lse, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cfloat}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, q, k, v, o, lse, workspace, workspace_bytes, stream)
 flashattn_plan_execute_varlen(plan, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_varlen), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cfloat}, Ptr{Int32}, Ptr{Int32}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, workspace, workspace_bytes, stream)
+flashattn_plan_get_backward_backend(plan, backend, reason) = ccall(fptr(:flashattn_plan_get_backward_backend), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{flashattn_backend_t}, Ptr{Ptr{Cchar}}), plan, backend, reason)
+flashattn_plan_get_backward_workspace_size(plan, bytes) = ccall(fptr(:flashattn_plan_get_backward_workspace_size), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Csize_t}), plan, bytes)
+flashattn_plan_execute_backward(plan, q, k, v, o, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_backward), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cfloat}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, q, k, v, o, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream)
+flashattn_plan_execute_backward_varlen(plan, q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_backward_varlen), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cfloat}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Int32}, Ptr{Int32}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, workspace, workspace_bytes, stream)
 
 # ---------------------------------------------------------------------------------------------
 # Errors and information
@@ -258,7 +290,14 @@ const I64_KEYS = Dict{Symbol,flashattn_i64_param_t}(
     :k_row_stride => FLASHATTN_I64_K_ROW_STRIDE, :k_head_stride => FLASHATTN_I64_K_HEAD_STRIDE,
     :v_batch_stride => FLASHATTN_I64_V_BATCH_STRIDE, :v_row_stride => FLASHATTN_I64_V_ROW_STRIDE,
     :v_head_stride => FLASHATTN_I64_V_HEAD_STRIDE, :o_batch_stride => FLASHATTN_I64_O_BATCH_STRIDE,
-    :o_row_stride => FLASHATTN_I64_O_ROW_STRIDE, :o_head_stride => FLASHATTN_I64_O_HEAD_STRIDE)
+    :o_row_stride => FLASHATTN_I64_O_ROW_STRIDE, :o_head_stride => FLASHATTN_I64_O_HEAD_STRIDE,
+    :deterministic => FLASHATTN_I64_DETERMINISTIC,
+    :do_batch_stride => FLASHATTN_I64_DO_BATCH_STRIDE, :do_row_stride => FLASHATTN_I64_DO_ROW_STRIDE,
+    :do_head_stride => FLASHATTN_I64_DO_HEAD_STRIDE, :dq_batch_stride => FLASHATTN_I64_DQ_BATCH_STRIDE,
+    :dq_row_stride => FLASHATTN_I64_DQ_ROW_STRIDE, :dq_head_stride => FLASHATTN_I64_DQ_HEAD_STRIDE,
+    :dk_batch_stride => FLASHATTN_I64_DK_BATCH_STRIDE, :dk_row_stride => FLASHATTN_I64_DK_ROW_STRIDE,
+    :dk_head_stride => FLASHATTN_I64_DK_HEAD_STRIDE, :dv_batch_stride => FLASHATTN_I64_DV_BATCH_STRIDE,
+    :dv_row_stride => FLASHATTN_I64_DV_ROW_STRIDE, :dv_head_stride => FLASHATTN_I64_DV_HEAD_STRIDE)
 const F64_KEYS = Dict{Symbol,flashattn_f64_param_t}(
     :softmax_scale => FLASHATTN_F64_SOFTMAX_SCALE, :scale => FLASHATTN_F64_SOFTMAX_SCALE,
     :softcap => FLASHATTN_F64_SOFTCAP)
@@ -388,7 +427,11 @@ function extents(plan::Plan)
             v = span(rows_k, hkv, dv, FLASHATTN_I64_V_BATCH_STRIDE, FLASHATTN_I64_V_ROW_STRIDE, FLASHATTN_I64_V_HEAD_STRIDE),
             o = span(rows_q, hq, dv, FLASHATTN_I64_O_BATCH_STRIDE, FLASHATTN_I64_O_ROW_STRIDE, FLASHATTN_I64_O_HEAD_STRIDE),
             lse = (varlen ? 1 : batch) * hq * rows_q, cu_seqlens = varlen ? batch + 1 : 0,
-            dtype = flashattn_dtype_t(g(FLASHATTN_I64_DTYPE)))
+            dtype = flashattn_dtype_t(g(FLASHATTN_I64_DTYPE)),
+            dout = span(rows_q, hq, dv, FLASHATTN_I64_DO_BATCH_STRIDE, FLASHATTN_I64_DO_ROW_STRIDE, FLASHATTN_I64_DO_HEAD_STRIDE),
+            dq = span(rows_q, hq, d, FLASHATTN_I64_DQ_BATCH_STRIDE, FLASHATTN_I64_DQ_ROW_STRIDE, FLASHATTN_I64_DQ_HEAD_STRIDE),
+            dk = span(rows_k, hkv, d, FLASHATTN_I64_DK_BATCH_STRIDE, FLASHATTN_I64_DK_ROW_STRIDE, FLASHATTN_I64_DK_HEAD_STRIDE),
+            dv = span(rows_k, hkv, dv, FLASHATTN_I64_DV_BATCH_STRIDE, FLASHATTN_I64_DV_ROW_STRIDE, FLASHATTN_I64_DV_HEAD_STRIDE))
 end
 
 "The `flashattn_dtype_t` of a Julia element type (Float32, Float16, or a 2-byte BFloat16 type)."
@@ -477,6 +520,112 @@ function execute_varlen!(plan::Plan, q::Ptr, k::Ptr, v::Ptr, o::Ptr, cu_seqlens_
 end
 
 # ---------------------------------------------------------------------------------------------
+# Backward pass
+
+"`(backend::Symbol, reason::String)` that runs a finalized plan's backward pass (may differ from the forward's)."
+function backward_backend(plan::Plan)
+    b = Ref{flashattn_backend_t}(0)
+    reason = Ref{Ptr{Cchar}}(C_NULL)
+    check(flashattn_plan_get_backward_backend(_ptr(plan), b, reason), "flashattn_plan_get_backward_backend")
+    name = :unknown
+    for (k, v) in BACKENDS
+        v == b[] && (name = k)
+    end
+    return name, reason[] == C_NULL ? "" : unsafe_string(reason[])
+end
+
+"Bytes of workspace each backward execute of a finalized plan needs (separate from [`workspace_size`](@ref))."
+function backward_workspace_size(plan::Plan)
+    n = Ref{Csize_t}(0)
+    check(flashattn_plan_get_backward_workspace_size(_ptr(plan), n), "flashattn_plan_get_backward_workspace_size")
+    return Int(n[])
+end
+
+function _check_backward_host(plan, q, k, v, o, dout, lse, dq, dk, dv, cu)
+    e = extents(plan)
+    name, _ = backward_backend(plan)
+    name === :cpu || throw(ArgumentError("Julia arrays are host memory and need the CPU backend; this plan's backward runs $name"))
+    dtype_of(eltype(q)) == e.dtype || throw(ArgumentError("element type $(eltype(q)) does not match the plan's dtype"))
+    for (n, a, need) in ((:q, q, e.q), (:k, k, e.k), (:v, v, e.v), (:o, o, e.o), (:dout, dout, e.dout),
+                         (:lse, lse, e.lse), (:dq, dq, e.dq), (:dk, dk, e.dk), (:dv, dv, e.dv))
+        length(a) >= need || throw(DimensionMismatch("$n holds $(length(a)) elements, the plan needs $need"))
+    end
+    if cu !== nothing
+        for c in cu
+            length(c) >= e.cu_seqlens || throw(DimensionMismatch("cu_seqlens hold $(length(c)) entries, the plan needs $(e.cu_seqlens)"))
+        end
+    end
+    return nothing
+end
+
+"""
+    backward!(plan, q, k, v, o, dout, lse, dq, dk, dv; workspace=nothing)
+
+The backward pass of a finalized fixed-length plan on host arrays (CPU backend): from the forward's
+`q`, `k`, `v`, `o`, its Float32 `lse` and `dout` (the gradient of the loss with respect to `o`,
+laid out as `o` with the `do_*` strides), writes `dq`, `dk`, `dv` (layouts of `q`, `k`, `v` with
+the `dq_*`, `dk_*`, `dv_*` strides). A workspace of [`backward_workspace_size`](@ref) bytes is
+allocated when none is given. Returns `(dq, dk, dv)`.
+"""
+function backward!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::DenseArray{T}, o::DenseArray{T},
+                   dout::DenseArray{T}, lse::DenseArray{Float32}, dq::DenseArray{T}, dk::DenseArray{T},
+                   dv::DenseArray{T}; workspace=nothing) where {T}
+    _check_backward_host(plan, q, k, v, o, dout, lse, dq, dk, dv, nothing)
+    need = backward_workspace_size(plan)
+    owner, ws = workspace === nothing ? host_workspace(need) : (workspace, pointer(workspace))
+    nbytes = workspace === nothing ? need : sizeof(workspace)
+    GC.@preserve q k v o dout lse dq dk dv owner begin
+        check(flashattn_plan_execute_backward(plan.ptr, pointer(q), pointer(k), pointer(v), pointer(o), pointer(dout),
+                                              pointer(lse), pointer(dq), pointer(dk), pointer(dv), ws, nbytes, C_NULL),
+              "flashattn_plan_execute_backward")
+    end
+    return dq, dk, dv
+end
+
+"""
+    backward!(plan, q::Ptr, k::Ptr, v::Ptr, o::Ptr, dout::Ptr, lse::Ptr, dq::Ptr, dk::Ptr, dv::Ptr;
+              workspace=C_NULL, workspace_bytes=0, stream=C_NULL)
+
+`flashattn_plan_execute_backward` with raw (device) pointers; see the raw [`execute!`](@ref).
+"""
+function backward!(plan::Plan, q::Ptr, k::Ptr, v::Ptr, o::Ptr, dout::Ptr, lse::Ptr, dq::Ptr, dk::Ptr, dv::Ptr;
+                   workspace::Ptr=C_NULL, workspace_bytes::Integer=0, stream::Ptr=C_NULL)
+    check(flashattn_plan_execute_backward(_ptr(plan), q, k, v, o, dout, convert(Ptr{Cfloat}, lse), dq, dk, dv,
+                                          workspace, workspace_bytes, stream),
+          "flashattn_plan_execute_backward")
+    return nothing
+end
+
+"Variable-length counterpart of [`backward!`](@ref) on packed host arrays; `cu_seqlens_*` are Int32 prefix sums."
+function backward_varlen!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::DenseArray{T}, o::DenseArray{T},
+                          dout::DenseArray{T}, lse::DenseArray{Float32}, dq::DenseArray{T}, dk::DenseArray{T},
+                          dv::DenseArray{T}, cu_seqlens_q::Vector{Int32}, cu_seqlens_k::Vector{Int32};
+                          workspace=nothing) where {T}
+    _check_backward_host(plan, q, k, v, o, dout, lse, dq, dk, dv, (cu_seqlens_q, cu_seqlens_k))
+    need = backward_workspace_size(plan)
+    owner, ws = workspace === nothing ? host_workspace(need) : (workspace, pointer(workspace))
+    nbytes = workspace === nothing ? need : sizeof(workspace)
+    GC.@preserve q k v o dout lse dq dk dv owner cu_seqlens_q cu_seqlens_k begin
+        check(flashattn_plan_execute_backward_varlen(plan.ptr, pointer(q), pointer(k), pointer(v), pointer(o),
+                                                     pointer(dout), pointer(lse), pointer(dq), pointer(dk), pointer(dv),
+                                                     pointer(cu_seqlens_q), pointer(cu_seqlens_k), ws, nbytes, C_NULL),
+              "flashattn_plan_execute_backward_varlen")
+    end
+    return dq, dk, dv
+end
+
+"`flashattn_plan_execute_backward_varlen` with raw (device) pointers; see the raw [`execute!`](@ref)."
+function backward_varlen!(plan::Plan, q::Ptr, k::Ptr, v::Ptr, o::Ptr, dout::Ptr, lse::Ptr, dq::Ptr, dk::Ptr, dv::Ptr,
+                          cu_seqlens_q::Ptr, cu_seqlens_k::Ptr; workspace::Ptr=C_NULL, workspace_bytes::Integer=0,
+                          stream::Ptr=C_NULL)
+    check(flashattn_plan_execute_backward_varlen(_ptr(plan), q, k, v, o, dout, convert(Ptr{Cfloat}, lse), dq, dk, dv,
+                                                 convert(Ptr{Int32}, cu_seqlens_q), convert(Ptr{Int32}, cu_seqlens_k),
+                                                 workspace, workspace_bytes, stream),
+          "flashattn_plan_execute_backward_varlen")
+    return nothing
+end
+
+# ---------------------------------------------------------------------------------------------
 # One-call attention on host arrays
 
 # (batch, row, head) element strides of a (dim, heads, seq[, batch]) array; size-1 dimensions get
@@ -500,11 +649,16 @@ function _options!(plan, T, causal, window, softcap, scale, backend_choice)
     scale === nothing || set_f64!(plan, FLASHATTN_F64_SOFTMAX_SCALE, scale)
 end
 
-function _set_strides!(plan, arrays)
-    keys = ((FLASHATTN_I64_Q_BATCH_STRIDE, FLASHATTN_I64_Q_ROW_STRIDE, FLASHATTN_I64_Q_HEAD_STRIDE),
-            (FLASHATTN_I64_K_BATCH_STRIDE, FLASHATTN_I64_K_ROW_STRIDE, FLASHATTN_I64_K_HEAD_STRIDE),
-            (FLASHATTN_I64_V_BATCH_STRIDE, FLASHATTN_I64_V_ROW_STRIDE, FLASHATTN_I64_V_HEAD_STRIDE),
-            (FLASHATTN_I64_O_BATCH_STRIDE, FLASHATTN_I64_O_ROW_STRIDE, FLASHATTN_I64_O_HEAD_STRIDE))
+const _FORWARD_STRIDES = ((FLASHATTN_I64_Q_BATCH_STRIDE, FLASHATTN_I64_Q_ROW_STRIDE, FLASHATTN_I64_Q_HEAD_STRIDE),
+                          (FLASHATTN_I64_K_BATCH_STRIDE, FLASHATTN_I64_K_ROW_STRIDE, FLASHATTN_I64_K_HEAD_STRIDE),
+                          (FLASHATTN_I64_V_BATCH_STRIDE, FLASHATTN_I64_V_ROW_STRIDE, FLASHATTN_I64_V_HEAD_STRIDE),
+                          (FLASHATTN_I64_O_BATCH_STRIDE, FLASHATTN_I64_O_ROW_STRIDE, FLASHATTN_I64_O_HEAD_STRIDE))
+const _BACKWARD_STRIDES = ((FLASHATTN_I64_DO_BATCH_STRIDE, FLASHATTN_I64_DO_ROW_STRIDE, FLASHATTN_I64_DO_HEAD_STRIDE),
+                           (FLASHATTN_I64_DQ_BATCH_STRIDE, FLASHATTN_I64_DQ_ROW_STRIDE, FLASHATTN_I64_DQ_HEAD_STRIDE),
+                           (FLASHATTN_I64_DK_BATCH_STRIDE, FLASHATTN_I64_DK_ROW_STRIDE, FLASHATTN_I64_DK_HEAD_STRIDE),
+                           (FLASHATTN_I64_DV_BATCH_STRIDE, FLASHATTN_I64_DV_ROW_STRIDE, FLASHATTN_I64_DV_HEAD_STRIDE))
+
+function _set_strides!(plan, arrays, keys=_FORWARD_STRIDES)
     for (a, ks) in zip(arrays, keys)
         b, r, h = _strides(a)
         ndims(a) == 4 && set_i64!(plan, ks[1], b)
@@ -585,6 +739,92 @@ function attention_varlen(q::StridedArray{T,3}, k::StridedArray{T,3}, v::Strided
         close(plan)
     end
     return o, lse
+end
+
+"""
+    attention_backward(q, k, v, o, lse, dout; causal=false, window=(-1, -1), softcap=0.0, scale=nothing, deterministic=false)
+
+Gradients of [`attention`](@ref) on host arrays (CPU backend): from the forward's `q`, `k`, `v`,
+its `(o, lse)` and `dout` (the gradient of the loss with respect to `o`, same size as `o`), returns
+`(dq, dk, dv)` of the sizes of `q`, `k`, `v`. The keyword arguments must be the forward's.
+"""
+function attention_backward(q::StridedArray{T,4}, k::StridedArray{T,4}, v::StridedArray{T,4}, o::StridedArray{T,4},
+                            lse::DenseArray{Float32,3}, dout::StridedArray{T,4}; causal::Bool=false, window=(-1, -1),
+                            softcap::Real=0.0, scale=nothing, backend::Symbol=:cpu, deterministic::Bool=false) where {T}
+    d, hq, sq, b = size(q)
+    dk_, hkv, sk, bk = size(k)
+    dv_, hv, sv, bv = size(v)
+    (dk_ == d && bk == b && bv == b && hv == hkv && sv == sk) ||
+        throw(DimensionMismatch("q $(size(q)), k $(size(k)), v $(size(v)) do not fit together"))
+    (size(o) == size(dout) == (dv_, hq, sq, b) && size(lse) == (sq, hq, b)) ||
+        throw(DimensionMismatch("o $(size(o)), dout $(size(dout)), lse $(size(lse)) do not fit q, k, v"))
+    dq, dk, dv = Array{T}(undef, size(q)), Array{T}(undef, size(k)), Array{T}(undef, size(v))
+    plan = Plan(batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=d, head_dim_v=dv_,
+                deterministic=deterministic ? 1 : 0)
+    try
+        _options!(plan, T, causal, window, softcap, scale, backend)
+        _set_strides!(plan, (q, k, v, o))
+        _set_strides!(plan, (dout, dq, dk, dv), _BACKWARD_STRIDES)
+        finalize!(plan)
+        _backward_call(plan, q, k, v, o, dout, lse, dq, dk, dv, nothing, nothing)
+    finally
+        close(plan)
+    end
+    return dq, dk, dv
+end
+
+"""
+    attention_varlen_backward(q, k, v, o, lse, dout, cu_seqlens_q, cu_seqlens_k; causal=false, ...)
+
+Gradients of [`attention_varlen`](@ref) on packed host arrays; returns `(dq, dk, dv)`.
+"""
+function attention_varlen_backward(q::StridedArray{T,3}, k::StridedArray{T,3}, v::StridedArray{T,3},
+                                   o::StridedArray{T,3}, lse::DenseArray{Float32,2}, dout::StridedArray{T,3},
+                                   cu_seqlens_q::AbstractVector{<:Integer}, cu_seqlens_k::AbstractVector{<:Integer};
+                                   causal::Bool=false, window=(-1, -1), softcap::Real=0.0, scale=nothing,
+                                   backend::Symbol=:cpu, deterministic::Bool=false) where {T}
+    cq, ck = Vector{Int32}(cu_seqlens_q), Vector{Int32}(cu_seqlens_k)
+    (length(cq) >= 2 && length(cq) == length(ck)) || throw(ArgumentError("cu_seqlens need batch+1 >= 2 entries each"))
+    d, hq, tq = size(q)
+    dk_, hkv, tk = size(k)
+    dv_ = size(v, 1)
+    (dk_ == d && size(v, 2) == hkv && size(v, 3) == tk) ||
+        throw(DimensionMismatch("q $(size(q)), k $(size(k)), v $(size(v)) do not fit together"))
+    (size(o) == size(dout) == (dv_, hq, tq) && size(lse) == (tq, hq)) ||
+        throw(DimensionMismatch("o $(size(o)), dout $(size(dout)), lse $(size(lse)) do not fit q, k, v"))
+    maxlen(c) = max(1, maximum(diff(Int64.(c))))
+    dq, dk, dv = Array{T}(undef, size(q)), Array{T}(undef, size(k)), Array{T}(undef, size(v))
+    plan = Plan(batch=length(cq) - 1, seqlen_q=maxlen(cq), seqlen_k=maxlen(ck), heads_q=hq, heads_kv=hkv,
+                head_dim=d, head_dim_v=dv_, varlen=1, total_q=tq, total_k=tk, deterministic=deterministic ? 1 : 0)
+    try
+        _options!(plan, T, causal, window, softcap, scale, backend)
+        _set_strides!(plan, (q, k, v, o))
+        _set_strides!(plan, (dout, dq, dk, dv), _BACKWARD_STRIDES)
+        finalize!(plan)
+        _backward_call(plan, q, k, v, o, dout, lse, dq, dk, dv, cq, ck)
+    finally
+        close(plan)
+    end
+    return dq, dk, dv
+end
+
+# The C call on (possibly strided) host arrays whose strides the plan already has.
+function _backward_call(plan, q, k, v, o, dout, lse, dq, dk, dv, cq, ck)
+    need = backward_workspace_size(plan)
+    owner, ws = host_workspace(need)
+    GC.@preserve q k v o dout lse dq dk dv owner cq ck begin
+        if cq === nothing
+            check(flashattn_plan_execute_backward(plan.ptr, pointer(q), pointer(k), pointer(v), pointer(o),
+                                                  pointer(dout), pointer(lse), pointer(dq), pointer(dk), pointer(dv),
+                                                  ws, need, C_NULL), "flashattn_plan_execute_backward")
+        else
+            check(flashattn_plan_execute_backward_varlen(plan.ptr, pointer(q), pointer(k), pointer(v), pointer(o),
+                                                         pointer(dout), pointer(lse), pointer(dq), pointer(dk),
+                                                         pointer(dv), pointer(cq), pointer(ck), ws, need, C_NULL),
+                  "flashattn_plan_execute_backward_varlen")
+        end
+    end
+    return nothing
 end
 
 end # module

@@ -41,6 +41,57 @@ function reference(q, k, v; causal=false, window=(-1, -1), softcap=0.0, scale=no
     return o, lse
 end
 
+# Float64 gradients of sum(o .* dout) on Julia-layout arrays: (dq, dk, dv) of the sizes of q, k, v.
+# P = softmax(S); dS = P (dO·V - dO·O) through the softcap's tanh; dQ = scale dS K, dK = scale dSᵀ Q,
+# dV = Pᵀ dO, dK and dV summed over each kv head's query group.
+function reference_backward(q, k, v, dout; causal=false, window=(-1, -1), softcap=0.0, scale=nothing)
+    d, hq, sq, b = size(q)
+    hkv, sk = size(k, 2), size(k, 3)
+    dv = size(v, 1)
+    sc = scale === nothing ? 1 / sqrt(d) : scale
+    gq, gk, gv = zeros(size(q)), zeros(size(k)), zeros(size(v))
+    for bi in 1:b, h in 1:hq
+        hk = (h - 1) ÷ (hq ÷ hkv) + 1
+        for i in 1:sq
+            diag = (i - 1) + sk - sq
+            s = fill(-Inf, sk)
+            t = zeros(sk)
+            for j in 1:sk
+                j0 = j - 1
+                (causal && j0 > diag) && continue
+                (window[1] >= 0 && j0 < diag - window[1]) && continue
+                (window[2] >= 0 && j0 > diag + window[2]) && continue
+                x = sc * sum(Float64(q[u, h, i, bi]) * Float64(k[u, hk, j, bi]) for u in 1:d)
+                if softcap > 0
+                    t[j] = tanh(x / softcap)
+                    x = softcap * t[j]
+                end
+                s[j] = x
+            end
+            m = maximum(s)
+            isinf(m) && continue
+            p = exp.(s .- m)
+            p ./= sum(p)
+            o = [sum(p[j] * Float64(v[u, hk, j, bi]) for j in 1:sk) for u in 1:dv]
+            delta = sum(Float64(dout[u, h, i, bi]) * o[u] for u in 1:dv)
+            for j in 1:sk
+                p[j] == 0 && continue
+                dp = sum(Float64(dout[u, h, i, bi]) * Float64(v[u, hk, j, bi]) for u in 1:dv)
+                ds = p[j] * (dp - delta)
+                softcap > 0 && (ds *= 1 - t[j]^2)
+                for u in 1:d
+                    gq[u, h, i, bi] += sc * ds * Float64(k[u, hk, j, bi])
+                    gk[u, hk, j, bi] += sc * ds * Float64(q[u, h, i, bi])
+                end
+                for u in 1:dv
+                    gv[u, hk, j, bi] += p[j] * Float64(dout[u, h, i, bi])
+                end
+            end
+        end
+    end
+    return gq, gk, gv
+end
+
 function close_enough(a, b; atol, rtol)
     size(a) == size(b) || return false
     for (x, y) in zip(a, b)
@@ -158,6 +209,83 @@ end
         x = zeros(Float32, 8, 3, 4, 1)
         @test_throws FlashAttnError attention(x, zeros(Float32, 8, 2, 4, 1), zeros(Float32, 8, 2, 4, 1))
         @test_throws DimensionMismatch attention(x, zeros(Float32, 8, 3, 4, 2), x)
+    end
+
+    @testset "backward pass" begin
+        for (shape, kw) in (((16, 4, 9, 2, 2, 13, 16), (;)),
+                            ((16, 2, 13, 2, 2, 7, 16), (causal=true,)),
+                            ((16, 6, 11, 1, 1, 17, 24), (window=(4, 2), softcap=2.0, scale=0.4)))
+            d, hq, sq, b, hkv, sk, dv = shape
+            q, k, v = randn(Float32, d, hq, sq, b), randn(Float32, d, hkv, sk, b), randn(Float32, dv, hkv, sk, b)
+            dout = randn(Float32, dv, hq, sq, b)
+            o, lse = attention(q, k, v; kw...)
+            dq, dk, dvv = attention_backward(q, k, v, o, lse, dout; kw...)
+            rq, rk, rv = reference_backward(q, k, v, dout; kw...)
+            @test close_enough(dq, rq; atol=1e-4, rtol=1e-4)
+            @test close_enough(dk, rk; atol=1e-4, rtol=1e-4)
+            @test close_enough(dvv, rv; atol=1e-4, rtol=1e-4)
+        end
+        # variable length: the second sequence has no keys (dQ = 0 there)
+        cu_q, cu_k = Int32[0, 5, 12, 15], Int32[0, 7, 7, 16]
+        q, k, v = randn(Float32, 16, 4, 15), randn(Float32, 16, 2, 16), randn(Float32, 16, 2, 16)
+        dout = randn(Float32, 16, 4, 15)
+        o, lse = attention_varlen(q, k, v, cu_q, cu_k; causal=true)
+        dq, dk, dvv = attention_varlen_backward(q, k, v, o, lse, dout, cu_q, cu_k; causal=true)
+        rq, rk, rv = zeros(size(q)), zeros(size(k)), zeros(size(v))
+        for s in 1:3
+            q0, q1, k0, k1 = cu_q[s] + 1, cu_q[s + 1], cu_k[s] + 1, cu_k[s + 1]
+            k1 < k0 && continue
+            a, b_, c = reference_backward(reshape(q[:, :, q0:q1], 16, 4, :, 1), reshape(k[:, :, k0:k1], 16, 2, :, 1),
+                                          reshape(v[:, :, k0:k1], 16, 2, :, 1), reshape(dout[:, :, q0:q1], 16, 4, :, 1);
+                                          causal=true)
+            rq[:, :, q0:q1] .= a[:, :, :, 1]
+            rk[:, :, k0:k1] .= b_[:, :, :, 1]
+            rv[:, :, k0:k1] .= c[:, :, :, 1]
+        end
+        @test close_enough(dq, rq; atol=1e-4, rtol=1e-4)
+        @test close_enough(dk, rk; atol=1e-4, rtol=1e-4)
+        @test close_enough(dvv, rv; atol=1e-4, rtol=1e-4)
+        @test all(iszero, dq[:, :, 6:12])
+
+        # a plan: backward!, the backward backend, DETERMINISTIC, and the errors
+        plan = Plan(batch=1, seqlen_q=8, seqlen_k=8, heads_q=2, head_dim=8, dtype=:fp32, backend=:cpu, deterministic=1)
+        @test_throws FlashAttnError backward_workspace_size(plan)  # not finalized
+        finalize!(plan)
+        @test backward_backend(plan)[1] === :cpu
+        @test !isempty(backward_backend(plan)[2])
+        @test get_i64(plan, FA.FLASHATTN_I64_DETERMINISTIC) == 1
+        q, k, v, dout = (randn(Float32, 8, 2, 8, 1) for _ in 1:4)
+        o = similar(q)
+        lse = Vector{Float32}(undef, 16)
+        execute!(plan, q, k, v, o; lse=lse)
+        dq, dk, dvv = similar(q), similar(k), similar(v)
+        backward!(plan, q, k, v, o, dout, lse, dq, dk, dvv)
+        rq, rk, rv = reference_backward(q, k, v, dout)
+        @test close_enough(dq, rq; atol=1e-4, rtol=1e-4)
+        @test close_enough(dvv, rv; atol=1e-4, rtol=1e-4)
+        @test_throws DimensionMismatch backward!(plan, q, k, v, o, dout, lse, dq[:, :, 1:4, :], dk, dvv)
+        need = backward_workspace_size(plan)
+        if need > 0
+            owner, ws = FA.host_workspace(need)
+            err = GC.@preserve q k v o dout lse dq dk dvv owner try
+                backward!(plan, pointer(q), pointer(k), pointer(v), pointer(o), pointer(dout), pointer(lse),
+                          pointer(dq), pointer(dk), pointer(dvv); workspace=ws, workspace_bytes=need - 1)
+                nothing
+            catch e
+                e
+            end
+            @test err isa FlashAttnError
+            @test err.status == FA.FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE
+            @test !isempty(err.message)
+        end
+        e3 = try
+            backward_varlen!(plan, q, k, v, o, dout, lse, dq, dk, dvv, Int32[0, 8], Int32[0, 8])
+            nothing
+        catch e
+            e
+        end
+        @test e3 isa FlashAttnError && e3.status == FA.FLASHATTN_ERROR_INVALID_STATE
+        close(plan)
     end
 
     @testset "plan lifecycle, execute! and GC in any order" begin

@@ -1,4 +1,4 @@
-"""libflashattn from Python: exact FlashAttention forward attention over the library's C ABI.
+"""libflashattn from Python: exact FlashAttention attention (forward and backward) over the library's C ABI.
 
     import numpy as np, flashattn
     q = np.random.randn(1, 128, 8, 64).astype(np.float32)
@@ -6,7 +6,9 @@
 
 The library is found through FLASHATTN_LIBRARY (a path), then ``pkg-config --variable=libdir
 flashattn``, then the system loader. ``Plan`` mirrors the C plan for repeated calls and raw
-device pointers.
+device pointers, including the backward pass (``Plan.backward``, ``Plan.backward_varlen``).
+With PyTorch, ``flashattn.flash_attn_func`` / ``flash_attn_varlen_func`` are differentiable
+(``flashattn.torch_autograd``; torch is imported only when they are called).
 """
 
 from ._capi import (AllocationError, Backend, DeviceError, DType, F64, FlashAttnError, I64, InsufficientWorkspaceError,
@@ -16,8 +18,23 @@ from ._capi import (AllocationError, Backend, DeviceError, DType, F64, FlashAttn
 from ._plan import Plan
 from ._attention import attention
 
+
+def flash_attn_func(q, k, v, **kwargs):
+    """Differentiable attention on torch tensors [batch, seqlen, heads, dim]: see
+    flashattn.torch_autograd.flash_attn_func (imports torch)."""
+    from .torch_autograd import flash_attn_func as f
+    return f(q, k, v, **kwargs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs):
+    """Differentiable variable-length attention on packed torch tensors: see
+    flashattn.torch_autograd.flash_attn_varlen_func (imports torch)."""
+    from .torch_autograd import flash_attn_varlen_func as f
+    return f(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs)
+
+
 __all__ = [
-    "attention", "Plan", "Status", "DType", "Backend", "I64", "F64",
+    "attention", "flash_attn_func", "flash_attn_varlen_func", "Plan", "Status", "DType", "Backend", "I64", "F64",
     "FlashAttnError", "InvalidArgumentError", "NotSupportedError", "InvalidStateError", "AllocationError",
     "DeviceError", "InsufficientWorkspaceError", "InternalError", "LibraryNotFoundError",
     "version", "version_string", "build_info", "build_info_string", "device_count",

@@ -67,6 +67,19 @@ class I64(enum.IntEnum):
     O_BATCH_STRIDE = 29
     O_ROW_STRIDE = 30
     O_HEAD_STRIDE = 31
+    DETERMINISTIC = 32
+    DO_BATCH_STRIDE = 33
+    DO_ROW_STRIDE = 34
+    DO_HEAD_STRIDE = 35
+    DQ_BATCH_STRIDE = 36
+    DQ_ROW_STRIDE = 37
+    DQ_HEAD_STRIDE = 38
+    DK_BATCH_STRIDE = 39
+    DK_ROW_STRIDE = 40
+    DK_HEAD_STRIDE = 41
+    DV_BATCH_STRIDE = 42
+    DV_ROW_STRIDE = 43
+    DV_HEAD_STRIDE = 44
 
 
 class F64(enum.IntEnum):
@@ -238,7 +251,35 @@ PROTOTYPES = {
                                                  ctypes.c_void_p, P(ctypes.c_float), P(ctypes.c_int32),
                                                  P(ctypes.c_int32), ctypes.c_void_p, ctypes.c_size_t,
                                                  c_stream]),
+    "flashattn_plan_get_backward_backend": (c_status, [c_plan_p, P(c_enum), P(ctypes.c_char_p)]),
+    "flashattn_plan_get_backward_workspace_size": (c_status, [c_plan_p, P(ctypes.c_size_t)]),
+    "flashattn_plan_execute_backward": (c_status, [c_plan_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                                   ctypes.c_void_p, ctypes.c_void_p, P(ctypes.c_float),
+                                                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                                   ctypes.c_void_p, ctypes.c_size_t, c_stream]),
+    "flashattn_plan_execute_backward_varlen": (c_status, [c_plan_p, ctypes.c_void_p, ctypes.c_void_p,
+                                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                                          P(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p,
+                                                          ctypes.c_void_p, P(ctypes.c_int32), P(ctypes.c_int32),
+                                                          ctypes.c_void_p, ctypes.c_size_t, c_stream]),
 }
+
+
+# Functions added after 0.1: a library without them still loads, and calling one raises.
+SINCE = {
+    "flashattn_plan_get_backward_backend": "0.2",
+    "flashattn_plan_get_backward_workspace_size": "0.2",
+    "flashattn_plan_execute_backward": "0.2",
+    "flashattn_plan_execute_backward_varlen": "0.2",
+}
+
+
+def _missing(name, path):
+    def fn(*args):
+        raise NotSupportedError(Status.ERROR_NOT_SUPPORTED,
+                                "the loaded library (%s, %s) lacks %s (libflashattn >= %s)"
+                                % (path, lib().flashattn_version_string().decode(), name, SINCE[name]), name)
+    return fn
 
 
 class _Lib:
@@ -250,6 +291,9 @@ class _Lib:
             try:
                 fn = getattr(self.cdll, name)
             except AttributeError:
+                if name in SINCE:  # newer than the loaded library: fails when called, not at load
+                    setattr(self, name, _missing(name, self.path))
+                    continue
                 raise LibraryNotFoundError("%s (loaded from %s) lacks %s: not a compatible libflashattn"
                                            % (self.cdll._name, self.path, name)) from None
             fn.restype = restype

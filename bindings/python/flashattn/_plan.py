@@ -184,8 +184,27 @@ class Plan:
         call("flashattn_plan_get_workspace_size", self.handle, ctypes.byref(out))
         return out.value
 
+    def backward_backend_info(self):
+        """(Backend, reason) that runs a finalized plan's backward pass (may differ from the forward's)."""
+        backend = ctypes.c_int()
+        reason = ctypes.c_char_p()
+        call("flashattn_plan_get_backward_backend", self.handle, ctypes.byref(backend), ctypes.byref(reason))
+        return Backend(backend.value), (reason.value or b"").decode("utf-8", "replace")
+
+    @property
+    def backward_backend(self):
+        return self.backward_backend_info()[0]
+
+    @property
+    def backward_workspace_size(self):
+        """Bytes of workspace each backward execute of this finalized plan needs (separate from the forward's)."""
+        out = ctypes.c_size_t()
+        call("flashattn_plan_get_backward_workspace_size", self.handle, ctypes.byref(out))
+        return out.value
+
     def extents(self):
-        """Bytes each tensor of a finalized plan spans from its pointer: dict q, k, v, o, lse, cu."""
+        """Bytes each tensor of a finalized plan spans from its pointer: dict q, k, v, o, lse, cu and the
+        backward's dout, dq, dk, dv."""
         g = self.get_i64
         varlen = g(I64.VARLEN) == 1
         es = 4 if g(I64.DTYPE) == DType.FP32 else (1 if g(I64.DTYPE) == DType.FP8_E4M3 else 2)
@@ -204,20 +223,23 @@ class Plan:
         hq, hkv, d, dv = g(I64.HEADS_Q), g(I64.HEADS_KV), g(I64.HEAD_DIM), g(I64.HEAD_DIM_V)
         return {"q": span("Q", rows_q, hq, d), "k": span("K", rows_k, hkv, d), "v": span("V", rows_k, hkv, dv),
                 "o": span("O", rows_q, hq, dv), "lse": (1 if varlen else batch) * hq * rows_q * 4,
-                "cu": (batch + 1) * 4 if varlen else 0, "dtype": DType(g(I64.DTYPE))}
+                "cu": (batch + 1) * 4 if varlen else 0, "dtype": DType(g(I64.DTYPE)),
+                "dout": span("DO", rows_q, hq, dv), "dq": span("DQ", rows_q, hq, d),
+                "dk": span("DK", rows_k, hkv, d), "dv": span("DV", rows_k, hkv, dv)}
 
     # -- execute -----------------------------------------------------------------------------
-    def _check_refs(self, refs):
+    def _check_refs(self, refs, outputs=("o", "lse"), backend=None):
         ext = self.extents()
-        on_cpu = self.backend == Backend.CPU
+        chosen = backend if backend is not None else self.backend
+        on_cpu = chosen == Backend.CPU
         for name, ref in refs.items():
             if ref is None:
                 continue
             if ref.on_host != on_cpu:
                 raise ValueError("%s: %s, but the plan runs on backend '%s'"
-                                 % (name, ref.describe(), self.backend.name.lower()))
+                                 % (name, ref.describe(), chosen.name.lower()))
             key = "cu" if name.startswith("cu_seqlens") else name
-            if name in ("q", "k", "v", "o"):
+            if name in ("q", "k", "v", "o", "dout", "dq", "dk", "dv"):
                 if ref.flash_dtype != ext["dtype"]:
                     raise TypeError("%s: %s, but the plan's dtype is %s" % (name, ref.describe(), ext["dtype"].name.lower()))
             elif name == "lse" and ref.dtype_name != "float32":
@@ -226,7 +248,7 @@ class Plan:
                 raise TypeError("%s: %s; it must be int32" % (name, ref.describe()))
             if name in ("lse", "cu_seqlens_q", "cu_seqlens_k") and not ref.is_contiguous:
                 raise ValueError("%s: must be contiguous" % name)
-            if name in ("o", "lse") and not ref.writeable:
+            if name in outputs and not ref.writeable:
                 raise ValueError("%s: the array is read-only" % name)
             if ref.span_bytes < ext[key]:
                 raise ValueError("%s: %s spans %d bytes, the plan needs %d (check its shape and strides)"
@@ -278,6 +300,58 @@ class Plan:
                                                   ws_ptr, ws_bytes, s)
             lib().check(status, "flashattn_plan_execute")
         del refs  # the arrays stayed referenced for the whole call
+
+    # -- backward ----------------------------------------------------------------------------
+    def backward(self, q, k, v, o, dout, lse, dq, dk, dv, workspace=None, stream=None):
+        """flashattn_plan_execute_backward: writes dq, dk, dv (layouts of q, k, v with the plan's
+        DQ_/DK_/DV_ strides) from the forward's q, k, v, o, its float32 lse [batch, heads_q,
+        seqlen_q] and dout (layout of o, DO_ strides). Tensors as in execute(). workspace: an
+        array or (address, bytes) of at least backward_workspace_size bytes; None on the CPU
+        backend allocates one for this call (elsewhere None passes no workspace)."""
+        self._backward(False, q, k, v, o, dout, lse, dq, dk, dv, None, None, workspace, stream)
+
+    def backward_varlen(self, q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, workspace=None,
+                        stream=None):
+        """flashattn_plan_execute_backward_varlen: as backward() on packed [total, heads, dim]
+        tensors, lse float32 [heads_q, total_q], plus int32 cu_seqlens_q/k."""
+        self._backward(True, q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, workspace, stream)
+
+    def _backward(self, varlen, q, k, v, o, dout, lse, dq, dk, dv, cu_q, cu_k, workspace, stream):
+        handle = self.handle
+        ptrs, refs = {}, {}
+        for name, value, optional in (("q", q, False), ("k", k, False), ("v", v, False), ("o", o, False),
+                                      ("dout", dout, False), ("lse", lse, False), ("dq", dq, False),
+                                      ("dk", dk, False), ("dv", dv, False), ("cu_seqlens_q", cu_q, not varlen),
+                                      ("cu_seqlens_k", cu_k, not varlen)):
+            ptrs[name], refs[name] = _pointer(value, name, allow_none=optional)
+        backend = None
+        try:
+            backend = self.backward_backend
+        except (_capi.InvalidStateError, _capi.NotSupportedError):
+            pass  # not finalized, or no backward backend: let the C call report it
+        if backend is not None:
+            self._check_refs(refs, outputs=("dq", "dk", "dv"), backend=backend)
+        ws_owner = None
+        if workspace is None and backend == Backend.CPU:
+            need = self.backward_workspace_size
+            if need > 0:
+                import numpy as np
+                ws_owner = np.empty(need + 256, dtype=np.uint8)
+                workspace = ((ws_owner.ctypes.data + 255) // 256 * 256, need)
+        ws_ptr, ws_bytes = self._workspace(workspace)
+        s = stream_handle(stream) or None
+        lse_p = ctypes.cast(ctypes.c_void_p(ptrs["lse"]), ctypes.POINTER(ctypes.c_float)) if ptrs["lse"] else None
+        args = [handle, ptrs["q"], ptrs["k"], ptrs["v"], ptrs["o"], ptrs["dout"], lse_p, ptrs["dq"], ptrs["dk"],
+                ptrs["dv"]]
+        if varlen:
+            cq = ctypes.cast(ctypes.c_void_p(ptrs["cu_seqlens_q"]), ctypes.POINTER(ctypes.c_int32)) if ptrs["cu_seqlens_q"] else None
+            ck = ctypes.cast(ctypes.c_void_p(ptrs["cu_seqlens_k"]), ctypes.POINTER(ctypes.c_int32)) if ptrs["cu_seqlens_k"] else None
+            status = lib().flashattn_plan_execute_backward_varlen(*args, cq, ck, ws_ptr, ws_bytes, s)
+            lib().check(status, "flashattn_plan_execute_backward_varlen")
+        else:
+            status = lib().flashattn_plan_execute_backward(*args, ws_ptr, ws_bytes, s)
+            lib().check(status, "flashattn_plan_execute_backward")
+        del refs, ws_owner  # kept referenced for the whole call
 
 
 __all__ = ["Plan", "parse_backend", "parse_dtype", "Status"]

@@ -47,6 +47,64 @@ def reference_attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, sca
     return o, lse[..., 0]
 
 
+def reference_attention_backward(q, k, v, dout, causal=False, window=(-1, -1), softcap=0.0, scale=None):
+    """float64 gradients (dQ, dK, dV) of sum(O * dout) for reference_attention's inputs.
+
+    P = softmax(S), dP = dO V^T, dS = P * (dP - rowsum(dO * O)), through the softcap's tanh,
+    dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO; dK, dV summed over each kv head's query group."""
+    q, k, v, dout = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout))
+    b, sq, hq, d = q.shape
+    sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
+    group = hq // hkv
+    kk = np.repeat(k, group, axis=2)
+    vv = np.repeat(v, group, axis=2)
+    if scale is None:
+        scale = 1.0 / np.sqrt(d)
+    s = np.einsum("bqhd,bkhd->bhqk", q, kk) * scale
+    if softcap:
+        t = np.tanh(s / softcap)
+        s = softcap * t
+    i = np.arange(sq)[:, None]
+    j = np.arange(sk)[None, :]
+    diag = i + sk - sq
+    mask = np.ones((sq, sk), dtype=bool)
+    if causal:
+        mask &= j <= diag
+    left, right = window
+    if left >= 0:
+        mask &= j >= diag - left
+    if right >= 0:
+        mask &= j <= diag + right
+    s = np.where(mask, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(s - m_safe)
+    total = e.sum(axis=-1, keepdims=True)
+    p = np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0)
+    o = np.einsum("bhqk,bkhd->bqhd", p, vv)
+    dp = np.einsum("bqhd,bkhd->bhqk", dout, vv)
+    delta = np.einsum("bqhd,bqhd->bhq", dout, o)[..., None]
+    ds = p * (dp - delta)
+    if softcap:
+        ds = ds * (1.0 - t * t)
+    dq = np.einsum("bhqk,bkhd->bqhd", ds, kk) * scale
+    dk = (np.einsum("bhqk,bqhd->bkhd", ds, q) * scale).reshape(b, sk, hkv, group, d).sum(axis=3)
+    dvv = np.einsum("bhqk,bqhd->bkhd", p, dout).reshape(b, sk, hkv, group, dv).sum(axis=3)
+    return dq, dk, dvv
+
+
+def reference_varlen_backward(q, k, v, dout, cu_q, cu_k, **kw):
+    """Packed [total, H, D] tensors -> (dQ, dK, dV) of the same shapes."""
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for s in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]
+        if q1 == q0 or k1 == k0:
+            continue  # no queries or no keys: nothing flows
+        g = reference_attention_backward(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], dout[None, q0:q1], **kw)
+        dq[q0:q1], dk[k0:k1], dv[k0:k1] = g[0][0], g[1][0], g[2][0]
+    return dq, dk, dv
+
+
 def reference_varlen(q, k, v, cu_q, cu_k, **kw):
     """Packed [total, H, D] tensors -> (O [total_q, Hq, Dv], LSE [Hq, total_q])."""
     tq, hq = q.shape[0], q.shape[1]

@@ -26,6 +26,7 @@ def expected_ctype(c_type):
     plain = {"void": None, "size_t": ctypes.c_size_t, "int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32,
              "uint32_t": ctypes.c_uint32, "double": ctypes.c_double, "const char*": ctypes.c_char_p,
              "char*": ctypes.c_char_p, "float*": ctypes.POINTER(ctypes.c_float),
+             "const float*": ctypes.POINTER(ctypes.c_float),
              "int32_t*": ctypes.POINTER(ctypes.c_int32), "const int32_t*": ctypes.POINTER(ctypes.c_int32),
              "int64_t*": ctypes.POINTER(ctypes.c_int64), "double*": ctypes.POINTER(ctypes.c_double),
              "size_t*": ctypes.POINTER(ctypes.c_size_t), "const char**": ctypes.POINTER(ctypes.c_char_p),
@@ -67,6 +68,11 @@ def test_exported_symbols_list():
     listed = os.path.join(os.path.dirname(HEADER), "..", "..", "tests", "abi", "exported_symbols.txt")
     if not os.path.exists(listed):
         pytest.skip("tests/abi/exported_symbols.txt not found")
+    # A line is "name" or "name version-that-introduced-it".
     with open(listed) as f:
-        names = {line.strip() for line in f if line.strip() and not line.startswith("#")}
+        rows = [line.split() for line in f if line.strip() and not line.lstrip().startswith("#")]
+    names = {row[0] for row in rows}
     assert names == set(_capi.PROTOTYPES)
+    # Functions newer than 0.1 are optional at load time (_capi.SINCE), with the listed version.
+    since = {row[0]: row[1] for row in rows if len(row) > 1 and row[1] not in ("0.1", "0.1.0")}
+    assert since == _capi.SINCE

@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "backends/cpu/cpu_backward.h"
 #include "backends/cpu/cpu_kernel.h"
 #include "backends/backend.h"
 #include "base/checked_math.h"
@@ -39,6 +40,7 @@ struct CpuPlan : BackendPlan {
     size_t slot_bytes = 0; // one thread's scratch, a multiple of kWorkspaceAlignment
     int scratch = 0;       // the workspace slice holding `threads` slots
     bool gpu_present = false;  // then every pointer must be checked to be host memory
+    cpu::BackwardPlan backward;  // laid out in backward_workspace when the backward can run
 };
 
 cpu::TileShape choose_shape(const Problem &p) {
@@ -112,6 +114,8 @@ flashattn_status_t cpu_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     plan->slot_bytes = align_up(cpu::scratch_bytes(p, plan->shape), kWorkspaceAlignment);
     plan->scratch = plan->workspace.add("cpu per-thread scratch", static_cast<size_t>(plan->threads) * plan->slot_bytes);
     plan->gpu_present = dev.present;
+    if (cpu::backward_unsupported_reason(p).empty())
+        plan->backward = cpu::plan_backward(p, plan->threads, &plan->backward_workspace);
     *out = std::move(plan);
     return FLASHATTN_SUCCESS;
 }
@@ -120,7 +124,8 @@ flashattn_status_t cpu_make_plan(const Problem &p, const DeviceInfo &dev, std::u
 flashattn_status_t check_host_memory(const Tensors &t) {
     const struct { const void *ptr; const char *name; } all[] = {
         {t.q, "q"}, {t.k, "k"}, {t.v, "v"}, {t.o, "o"}, {t.lse, "lse"},
-        {t.cu_seqlens_q, "cu_seqlens_q"}, {t.cu_seqlens_k, "cu_seqlens_k"}, {t.workspace, "workspace"}};
+        {t.cu_seqlens_q, "cu_seqlens_q"}, {t.cu_seqlens_k, "cu_seqlens_k"}, {t.workspace, "workspace"},
+        {t.dout, "dout"}, {t.dq, "dq"}, {t.dk, "dk"}, {t.dv, "dv"}};
     for (const auto &a : all) {
         int32_t owner = -1;
         if (a.ptr != nullptr && memory_kind(a.ptr, &owner) == MemoryKind::device)
@@ -242,7 +247,8 @@ void worker(Job *job, size_t slot) noexcept {
     }
 }
 
-flashattn_status_t execute_impl(const Problem &p, const CpuPlan &plan, const Tensors &t) {
+// What the host can check of a call before reading the tensors: memory kinds, then cu_seqlens.
+flashattn_status_t check_host_call(const Problem &p, const CpuPlan &plan, const Tensors &t) {
     if (plan.gpu_present) FLASHATTN_TRY(check_host_memory(t));
     if (p.varlen) {
         FLASHATTN_TRY(check_cu_seqlens("cu_seqlens_q", t.cu_seqlens_q, p.batch, p.total_q,
@@ -250,6 +256,11 @@ flashattn_status_t execute_impl(const Problem &p, const CpuPlan &plan, const Ten
         FLASHATTN_TRY(check_cu_seqlens("cu_seqlens_k", t.cu_seqlens_k, p.batch, p.total_k,
                                        "total_k", p.seqlen_k, "seqlen_k"));
     }
+    return FLASHATTN_SUCCESS;
+}
+
+flashattn_status_t execute_impl(const Problem &p, const CpuPlan &plan, const Tensors &t) {
+    FLASHATTN_TRY(check_host_call(p, plan, t));
     Job job;
     job.p = &p;
     job.t = &t;
@@ -296,11 +307,29 @@ flashattn_status_t cpu_execute(const Problem &p, const BackendPlan &plan, const 
     }
 }
 
+std::string cpu_backward_unsupported_reason(const Problem &p, const DeviceInfo &) {
+    const std::string forward = cpu_unsupported_reason(p, DeviceInfo{});
+    return forward.empty() ? cpu::backward_unsupported_reason(p) : forward;
+}
+
+flashattn_status_t cpu_execute_backward(const Problem &p, const BackendPlan &base_plan, const Tensors &t) {
+    const CpuPlan &plan = static_cast<const CpuPlan &>(base_plan);
+    try {
+        FLASHATTN_TRY(check_host_call(p, plan, t));
+        return cpu::run_backward(p, plan.backward, plan.backward_workspace, t);
+    } catch (const std::exception &e) {
+        return fail(FLASHATTN_ERROR_INTERNAL, "CPU backend (backward): unexpected exception: %s", e.what());
+    } catch (...) {
+        return fail(FLASHATTN_ERROR_INTERNAL, "CPU backend (backward): unexpected exception");
+    }
+}
+
 }  // namespace
 
 const Backend *cpu_backend() {
     static const Backend backend = {FLASHATTN_BACKEND_CPU, "cpu", cpu_unsupported_reason,
-                                    cpu_make_plan, cpu_execute, nullptr};
+                                    cpu_make_plan, cpu_execute, nullptr,
+                                    cpu_backward_unsupported_reason, cpu_execute_backward};
     return &backend;
 }
 

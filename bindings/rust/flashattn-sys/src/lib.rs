@@ -70,6 +70,19 @@ pub const FLASHATTN_I64_V_HEAD_STRIDE: flashattn_i64_param_t = 28;
 pub const FLASHATTN_I64_O_BATCH_STRIDE: flashattn_i64_param_t = 29;
 pub const FLASHATTN_I64_O_ROW_STRIDE: flashattn_i64_param_t = 30;
 pub const FLASHATTN_I64_O_HEAD_STRIDE: flashattn_i64_param_t = 31;
+pub const FLASHATTN_I64_DETERMINISTIC: flashattn_i64_param_t = 32;
+pub const FLASHATTN_I64_DO_BATCH_STRIDE: flashattn_i64_param_t = 33;
+pub const FLASHATTN_I64_DO_ROW_STRIDE: flashattn_i64_param_t = 34;
+pub const FLASHATTN_I64_DO_HEAD_STRIDE: flashattn_i64_param_t = 35;
+pub const FLASHATTN_I64_DQ_BATCH_STRIDE: flashattn_i64_param_t = 36;
+pub const FLASHATTN_I64_DQ_ROW_STRIDE: flashattn_i64_param_t = 37;
+pub const FLASHATTN_I64_DQ_HEAD_STRIDE: flashattn_i64_param_t = 38;
+pub const FLASHATTN_I64_DK_BATCH_STRIDE: flashattn_i64_param_t = 39;
+pub const FLASHATTN_I64_DK_ROW_STRIDE: flashattn_i64_param_t = 40;
+pub const FLASHATTN_I64_DK_HEAD_STRIDE: flashattn_i64_param_t = 41;
+pub const FLASHATTN_I64_DV_BATCH_STRIDE: flashattn_i64_param_t = 42;
+pub const FLASHATTN_I64_DV_ROW_STRIDE: flashattn_i64_param_t = 43;
+pub const FLASHATTN_I64_DV_HEAD_STRIDE: flashattn_i64_param_t = 44;
 
 /// `flashattn_f64_param_t`
 pub type flashattn_f64_param_t = c_int;
@@ -138,6 +151,46 @@ extern "C" {
         v: *const c_void,
         o: *mut c_void,
         lse: *mut f32,
+        cu_seqlens_q: *const i32,
+        cu_seqlens_k: *const i32,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+        stream: flashattn_stream_t,
+    ) -> flashattn_status_t;
+
+    // Backward pass (since 0.2)
+    pub fn flashattn_plan_get_backward_backend(
+        plan: *const flashattn_plan_t,
+        backend: *mut flashattn_backend_t,
+        reason: *mut *const c_char,
+    ) -> flashattn_status_t;
+    pub fn flashattn_plan_get_backward_workspace_size(plan: *const flashattn_plan_t, bytes: *mut usize) -> flashattn_status_t;
+    pub fn flashattn_plan_execute_backward(
+        plan: *const flashattn_plan_t,
+        q: *const c_void,
+        k: *const c_void,
+        v: *const c_void,
+        o: *const c_void,
+        dout: *const c_void,
+        lse: *const f32,
+        dq: *mut c_void,
+        dk: *mut c_void,
+        dv: *mut c_void,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+        stream: flashattn_stream_t,
+    ) -> flashattn_status_t;
+    pub fn flashattn_plan_execute_backward_varlen(
+        plan: *const flashattn_plan_t,
+        q: *const c_void,
+        k: *const c_void,
+        v: *const c_void,
+        o: *const c_void,
+        dout: *const c_void,
+        lse: *const f32,
+        dq: *mut c_void,
+        dk: *mut c_void,
+        dv: *mut c_void,
         cu_seqlens_q: *const i32,
         cu_seqlens_k: *const i32,
         workspace: *mut c_void,

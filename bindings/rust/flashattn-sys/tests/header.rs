@@ -177,7 +177,7 @@ fn every_header_function_is_declared_with_the_same_signature() {
     let enum_names: Vec<&str> = enums.keys().map(String::as_str).collect();
     let c = parse_header_functions(&header);
     let rust = parse_rust_functions(LIB_RS, &enum_names);
-    assert_eq!(c.len(), 19, "the header declares {} functions; update this test and src/lib.rs", c.len());
+    assert_eq!(c.len(), 23, "the header declares {} functions; update this test and src/lib.rs", c.len());
     let c_names: Vec<_> = c.keys().collect();
     let rust_names: Vec<_> = rust.keys().collect();
     assert_eq!(c_names, rust_names, "function sets differ");
@@ -213,6 +213,7 @@ fn compiled_constants_match_the_parsed_text() {
     // compiler so a formatting change that fooled the parser would show.
     let consts = parse_rust_consts(LIB_RS);
     assert_eq!(consts["FLASHATTN_I64_O_HEAD_STRIDE"].1, FLASHATTN_I64_O_HEAD_STRIDE as i64);
+    assert_eq!(consts["FLASHATTN_I64_DV_HEAD_STRIDE"].1, FLASHATTN_I64_DV_HEAD_STRIDE as i64);
     assert_eq!(consts["FLASHATTN_ERROR_INTERNAL"].1, FLASHATTN_ERROR_INTERNAL as i64);
     assert_eq!(consts["FLASHATTN_BACKEND_FA3"].1, FLASHATTN_BACKEND_FA3 as i64);
 }
@@ -220,7 +221,7 @@ fn compiled_constants_match_the_parsed_text() {
 #[test]
 fn every_function_links() {
     use flashattn_sys::*;
-    let addresses: [usize; 19] = [
+    let addresses: [usize; 23] = [
         flashattn_status_string as *const () as usize,
         flashattn_last_error as *const () as usize,
         flashattn_last_error_copy as *const () as usize,
@@ -240,6 +241,10 @@ fn every_function_links() {
         flashattn_plan_get_workspace_size as *const () as usize,
         flashattn_plan_execute as *const () as usize,
         flashattn_plan_execute_varlen as *const () as usize,
+        flashattn_plan_get_backward_backend as *const () as usize,
+        flashattn_plan_get_backward_workspace_size as *const () as usize,
+        flashattn_plan_execute_backward as *const () as usize,
+        flashattn_plan_execute_backward_varlen as *const () as usize,
     ];
     assert!(addresses.iter().all(|&a| a != 0));
     assert_eq!(unsafe { flashattn_version() } / 10000, 0, "this crate is for libflashattn 0.x");

@@ -1,11 +1,13 @@
 //! Safe Rust API over libflashattn: exact FlashAttention forward attention
-//! `O = softmax(scale · Q·Kᵀ, masked) · V`, plus the optional fp32 natural-log LSE.
+//! `O = softmax(scale · Q·Kᵀ, masked) · V`, plus the optional fp32 natural-log LSE, and its
+//! backward pass (dQ, dK, dV from Q, K, V, O, dO and the LSE).
 //!
 //! [`Plan`] mirrors the C plan: create, set parameters, [`Plan::finalize`], execute any number of
 //! times, and the C plan is destroyed when the `Plan` is dropped. Host tensors are slices
-//! ([`Plan::execute`], checked against the plan's sizes, strides and dtype); device memory goes
-//! through the `unsafe` [`Plan::execute_raw`]. [`attention`] does the whole sequence for
-//! contiguous host tensors in one call.
+//! ([`Plan::execute`], [`Plan::backward`], checked against the plan's sizes, strides and dtype);
+//! device memory goes through the `unsafe` [`Plan::execute_raw`] and [`Plan::backward_raw`].
+//! [`attention`] and [`attention_backward`] do the whole sequence for contiguous host tensors in
+//! one call.
 //!
 //! ```no_run
 //! use flashattn::{attention, Options, Shape};
@@ -214,6 +216,20 @@ pub enum I64Param {
     OBatchStride = sys::FLASHATTN_I64_O_BATCH_STRIDE,
     ORowStride = sys::FLASHATTN_I64_O_ROW_STRIDE,
     OHeadStride = sys::FLASHATTN_I64_O_HEAD_STRIDE,
+    /// Backward: 1 = bitwise-reproducible dQ, dK, dV (since 0.2).
+    Deterministic = sys::FLASHATTN_I64_DETERMINISTIC,
+    DoBatchStride = sys::FLASHATTN_I64_DO_BATCH_STRIDE,
+    DoRowStride = sys::FLASHATTN_I64_DO_ROW_STRIDE,
+    DoHeadStride = sys::FLASHATTN_I64_DO_HEAD_STRIDE,
+    DqBatchStride = sys::FLASHATTN_I64_DQ_BATCH_STRIDE,
+    DqRowStride = sys::FLASHATTN_I64_DQ_ROW_STRIDE,
+    DqHeadStride = sys::FLASHATTN_I64_DQ_HEAD_STRIDE,
+    DkBatchStride = sys::FLASHATTN_I64_DK_BATCH_STRIDE,
+    DkRowStride = sys::FLASHATTN_I64_DK_ROW_STRIDE,
+    DkHeadStride = sys::FLASHATTN_I64_DK_HEAD_STRIDE,
+    DvBatchStride = sys::FLASHATTN_I64_DV_BATCH_STRIDE,
+    DvRowStride = sys::FLASHATTN_I64_DV_ROW_STRIDE,
+    DvHeadStride = sys::FLASHATTN_I64_DV_HEAD_STRIDE,
 }
 
 /// Floating-point plan parameters (`flashattn_f64_param_t`).
@@ -393,6 +409,11 @@ pub struct Extents {
     pub lse: usize,
     /// Entries of each cu_seqlens array (batch + 1) for a variable-length plan, else 0.
     pub cu_seqlens: usize,
+    /// Backward: dO (layout of O), dQ, dK, dV (layouts of Q, K, V) with their own strides.
+    pub dout: usize,
+    pub dq: usize,
+    pub dk: usize,
+    pub dv: usize,
 }
 
 /// One attention problem: owns a `flashattn_plan_t`, destroyed on drop.
@@ -523,6 +544,10 @@ impl Plan {
             o: span(rows_q, hq, dv, [OBatchStride, ORowStride, OHeadStride])?,
             lse: ((if varlen { 1 } else { batch }) * hq * rows_q) as usize,
             cu_seqlens: if varlen { batch as usize + 1 } else { 0 },
+            dout: span(rows_q, hq, dv, [DoBatchStride, DoRowStride, DoHeadStride])?,
+            dq: span(rows_q, hq, d, [DqBatchStride, DqRowStride, DqHeadStride])?,
+            dk: span(rows_k, hkv, d, [DkBatchStride, DkRowStride, DkHeadStride])?,
+            dv: span(rows_k, hkv, dv, [DvBatchStride, DvRowStride, DvHeadStride])?,
         })
     }
 
@@ -627,6 +652,146 @@ impl Plan {
         check(sys::flashattn_plan_execute_varlen(self.raw.as_ptr(), q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k,
                                                  workspace, workspace_bytes, stream as sys::flashattn_stream_t))
     }
+
+    // -- backward pass -------------------------------------------------------------------------
+
+    /// The backend that runs a finalized plan's backward pass and why (it may differ from the
+    /// forward's); `NotSupported` with the reason when none can.
+    pub fn backward_backend(&self) -> Result<(Backend, String)> {
+        let mut backend = 0;
+        let mut reason: *const c_char = ptr::null();
+        check(unsafe { sys::flashattn_plan_get_backward_backend(self.raw.as_ptr(), &mut backend, &mut reason) })?;
+        let reason = if reason.is_null() {
+            String::new()
+        } else {
+            unsafe { CStr::from_ptr(reason) }.to_string_lossy().into_owned()
+        };
+        let b = Backend::from_raw(backend as i64)
+            .ok_or_else(|| Error::new(Status::Internal, format!("unknown backend value {backend}")))?;
+        Ok((b, reason))
+    }
+
+    /// Bytes of workspace each backward execute of this finalized plan needs (not the forward's).
+    pub fn backward_workspace_size(&self) -> Result<usize> {
+        let mut bytes = 0usize;
+        check(unsafe { sys::flashattn_plan_get_backward_workspace_size(self.raw.as_ptr(), &mut bytes) })?;
+        Ok(bytes)
+    }
+
+    /// A workspace of the size this finalized plan's backward pass needs.
+    pub fn backward_workspace(&self) -> Result<Workspace> {
+        Ok(Workspace::new(self.backward_workspace_size()?))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn check_backward_host<T: Element>(&self, q: &[T], k: &[T], v: &[T], o: &[T], dout: &[T], lse: &[f32],
+                                       dq: &[T], dk: &[T], dv: &[T], cu: Option<(&[i32], &[i32])>) -> Result<()> {
+        let e = self.extents()?;
+        let dtype = DType::from_raw(self.get_i64(I64Param::Dtype)?);
+        if dtype != Some(T::DTYPE) {
+            return Err(Error::new(Status::InvalidArgument,
+                format!("slices of {:?} elements, but the plan's dtype is {:?}", T::DTYPE, dtype)));
+        }
+        let (backend, _) = self.backward_backend()?;
+        if backend != Backend::Cpu {
+            return Err(Error::new(Status::InvalidArgument,
+                format!("host slices need the CPU backend; this plan's backward runs {backend:?} (use backward_raw with device memory)")));
+        }
+        let mut checks = vec![("q", q.len(), e.q), ("k", k.len(), e.k), ("v", v.len(), e.v), ("o", o.len(), e.o),
+                              ("dout", dout.len(), e.dout), ("lse", lse.len(), e.lse), ("dq", dq.len(), e.dq),
+                              ("dk", dk.len(), e.dk), ("dv", dv.len(), e.dv)];
+        if let Some((cq, ck)) = cu {
+            checks.push(("cu_seqlens_q", cq.len(), e.cu_seqlens));
+            checks.push(("cu_seqlens_k", ck.len(), e.cu_seqlens));
+        }
+        for (name, have, need) in checks {
+            if have < need {
+                return Err(Error::new(Status::InvalidArgument,
+                    format!("{name}: the slice holds {have} elements, the plan needs {need}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `run` with the caller's workspace, or with a backward workspace allocated for this call.
+    fn with_backward_workspace<R>(&self, workspace: Option<&mut Workspace>,
+                                  run: impl FnOnce(*mut c_void, usize) -> Result<R>) -> Result<R> {
+        let mut own;
+        let ws = match workspace {
+            Some(w) => w,
+            None => {
+                own = self.backward_workspace()?;
+                &mut own
+            }
+        };
+        let (ptr, bytes) = ws.raw();
+        run(ptr, bytes)
+    }
+
+    /// The backward pass of a finalized fixed-length plan on host slices (CPU backend): from the
+    /// forward's `q`, `k`, `v`, `o`, its `lse` [batch, heads_q, seqlen_q] and `dout` (layout of O,
+    /// strides `Do*`), writes `dq`, `dk`, `dv` (layouts of Q, K, V, strides `Dq*`, `Dk*`, `Dv*`).
+    /// `workspace` None allocates [`Plan::backward_workspace_size`] bytes for this call.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward<T: Element>(&self, q: &[T], k: &[T], v: &[T], o: &[T], dout: &[T], lse: &[f32],
+                                dq: &mut [T], dk: &mut [T], dv: &mut [T],
+                                workspace: Option<&mut Workspace>) -> Result<()> {
+        self.check_backward_host(q, k, v, o, dout, lse, dq, dk, dv, None)?;
+        self.with_backward_workspace(workspace, |ws_ptr, ws_bytes| unsafe {
+            self.backward_raw(q.as_ptr() as *const c_void, k.as_ptr() as *const c_void, v.as_ptr() as *const c_void,
+                              o.as_ptr() as *const c_void, dout.as_ptr() as *const c_void, lse.as_ptr(),
+                              dq.as_mut_ptr() as *mut c_void, dk.as_mut_ptr() as *mut c_void,
+                              dv.as_mut_ptr() as *mut c_void, ws_ptr, ws_bytes, ptr::null_mut())
+        })
+    }
+
+    /// The backward pass of a finalized variable-length plan on packed host slices; `lse` is
+    /// [heads_q, total_q], `cu_seqlens_*` int32 prefix sums of batch+1 entries.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_varlen<T: Element>(&self, q: &[T], k: &[T], v: &[T], o: &[T], dout: &[T], lse: &[f32],
+                                       dq: &mut [T], dk: &mut [T], dv: &mut [T], cu_seqlens_q: &[i32],
+                                       cu_seqlens_k: &[i32], workspace: Option<&mut Workspace>) -> Result<()> {
+        self.check_backward_host(q, k, v, o, dout, lse, dq, dk, dv, Some((cu_seqlens_q, cu_seqlens_k)))?;
+        self.with_backward_workspace(workspace, |ws_ptr, ws_bytes| unsafe {
+            self.backward_varlen_raw(q.as_ptr() as *const c_void, k.as_ptr() as *const c_void,
+                                     v.as_ptr() as *const c_void, o.as_ptr() as *const c_void,
+                                     dout.as_ptr() as *const c_void, lse.as_ptr(), dq.as_mut_ptr() as *mut c_void,
+                                     dk.as_mut_ptr() as *mut c_void, dv.as_mut_ptr() as *mut c_void,
+                                     cu_seqlens_q.as_ptr(), cu_seqlens_k.as_ptr(), ws_ptr, ws_bytes, ptr::null_mut())
+        })
+    }
+
+    /// `flashattn_plan_execute_backward` with raw pointers (device memory and a `cudaStream_t`
+    /// for GPU backends, host memory for the CPU backend).
+    ///
+    /// # Safety
+    /// As [`Plan::execute_raw`]: the pointers must be valid for the plan's shapes, strides and
+    /// dtype, `dq`, `dk`, `dv` must not overlap each other or any input, and the workspace must
+    /// hold `workspace_bytes` bytes.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn backward_raw(&self, q: *const c_void, k: *const c_void, v: *const c_void, o: *const c_void,
+                               dout: *const c_void, lse: *const f32, dq: *mut c_void, dk: *mut c_void,
+                               dv: *mut c_void, workspace: *mut c_void, workspace_bytes: usize,
+                               stream: *mut c_void) -> Result<()> {
+        check(sys::flashattn_plan_execute_backward(self.raw.as_ptr(), q, k, v, o, dout, lse, dq, dk, dv, workspace,
+                                                   workspace_bytes, stream as sys::flashattn_stream_t))
+    }
+
+    /// `flashattn_plan_execute_backward_varlen` with raw pointers.
+    ///
+    /// # Safety
+    /// As [`Plan::backward_raw`]; `cu_seqlens_q`/`cu_seqlens_k` hold batch+1 int32 each, in the
+    /// same memory kind as the tensors.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn backward_varlen_raw(&self, q: *const c_void, k: *const c_void, v: *const c_void, o: *const c_void,
+                                      dout: *const c_void, lse: *const f32, dq: *mut c_void, dk: *mut c_void,
+                                      dv: *mut c_void, cu_seqlens_q: *const i32, cu_seqlens_k: *const i32,
+                                      workspace: *mut c_void, workspace_bytes: usize,
+                                      stream: *mut c_void) -> Result<()> {
+        check(sys::flashattn_plan_execute_backward_varlen(self.raw.as_ptr(), q, k, v, o, dout, lse, dq, dk, dv,
+                                                          cu_seqlens_q, cu_seqlens_k, workspace, workspace_bytes,
+                                                          stream as sys::flashattn_stream_t))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -722,6 +887,37 @@ pub fn attention<T: Element>(q: &[T], k: &[T], v: &[T], shape: &Shape, opts: &Op
     let mut out = Output { o: vec![T::default(); s.o_len()], lse: vec![0f32; s.lse_len()] };
     plan.execute(q, k, v, &mut out.o, Some(&mut out.lse), None)?;
     Ok(out)
+}
+
+/// dQ, dK, dV of [`attention_backward`].
+#[derive(Clone, Debug)]
+pub struct Gradients<T> {
+    pub dq: Vec<T>,
+    pub dk: Vec<T>,
+    pub dv: Vec<T>,
+}
+
+/// The backward pass over contiguous host tensors: from the forward's inputs, its [`Output`] and
+/// `dout` (the gradient of the loss with respect to O, shaped like O), returns dQ, dK, dV shaped
+/// like Q, K, V. `opts` must be the forward's.
+pub fn attention_backward<T: Element>(q: &[T], k: &[T], v: &[T], out: &Output<T>, dout: &[T], shape: &Shape,
+                                      opts: &Options) -> Result<Gradients<T>> {
+    let s = shape;
+    let mut plan = Plan::with(&[
+        (I64Param::Batch, s.batch as i64),
+        (I64Param::SeqlenQ, s.seqlen_q as i64),
+        (I64Param::SeqlenK, s.seqlen_k as i64),
+        (I64Param::HeadsQ, s.heads_q as i64),
+        (I64Param::HeadsKv, s.heads_kv as i64),
+        (I64Param::HeadDim, s.head_dim as i64),
+        (I64Param::HeadDimV, s.head_dim_v as i64),
+    ])?;
+    options_plan(&mut plan, T::DTYPE, opts)?;
+    plan.finalize()?;
+    let mut g = Gradients { dq: vec![T::default(); s.q_len()], dk: vec![T::default(); s.k_len()],
+                            dv: vec![T::default(); s.v_len()] };
+    plan.backward(q, k, v, &out.o, dout, &out.lse, &mut g.dq, &mut g.dk, &mut g.dv, None)?;
+    Ok(g)
 }
 
 /// Variable-length attention over packed host tensors ([total, heads, dim]); the lengths come from

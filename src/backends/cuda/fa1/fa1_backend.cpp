@@ -185,7 +185,9 @@ flashattn_status_t fa1_execute(const Problem &p, const BackendPlan &base_plan, c
     return check_launch("fa1 forward kernel");
 }
 
-const Backend kFa1Backend = {FLASHATTN_BACKEND_FA1, "fa1", fa1_unsupported, fa1_make_plan, fa1_execute, nullptr};
+// No backward pass: FA1's kernels are forward-only (auto runs the backward on FA2 where it can).
+const Backend kFa1Backend = {FLASHATTN_BACKEND_FA1, "fa1", fa1_unsupported, fa1_make_plan, fa1_execute, nullptr,
+                             nullptr, nullptr};
 
 }  // namespace
 

@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backends/backend.h"
+#include "backends/cuda/fa2/fa2_bwd_host.h"
 #include "backends/cuda/fa2/fa2_config.h"
 #include "backends/cuda/fa2/fa2_params.h"
 #include "backends/cuda/host/cuda_host.h"
@@ -58,6 +59,7 @@ struct Fa2Plan : BackendPlan {
     int splits = 1;     // split-KV factor; > 1 adds the two partial slices and the combine kernel
     int o_part = -1;    // workspace slices of the split partials (when splits > 1)
     int lse_part = -1;
+    fa2::BwdPlan backward;  // laid out in backward_workspace when the backward can run
 };
 
 int pack_for(const Problem &p) {
@@ -136,6 +138,8 @@ flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     plan->launch = compiled_for(plan->variant.cfg.head_dim).launch;  // a small tile may be a wider head dim
     plan->splits = choose_splits(p, plan->variant, dev.sm_count);
     if (plan->splits > 1) add_split_slices(p, plan.get());
+    if (fa2::backward_unsupported_reason(p, dev).empty())
+        plan->backward = fa2::plan_backward(p, dev, &plan->backward_workspace);
     *out = std::move(plan);
     return FLASHATTN_SUCCESS;
 }
@@ -171,11 +175,17 @@ flashattn_status_t fa2_execute(const Problem &p, const BackendPlan &base_plan, c
     return FLASHATTN_SUCCESS;
 }
 
+flashattn_status_t fa2_execute_backward(const Problem &p, const BackendPlan &base_plan, const Tensors &t) {
+    const Fa2Plan &plan = static_cast<const Fa2Plan &>(base_plan);
+    return fa2::run_backward(p, plan.backward, plan.backward_workspace, t);
+}
+
 }  // namespace
 
 const Backend *fa2_backend() {
     static const Backend backend{FLASHATTN_BACKEND_FA2, "fa2", fa2_unsupported_reason,
-                                 fa2_make_plan, fa2_execute, nullptr};
+                                 fa2_make_plan, fa2_execute, nullptr,
+                                 fa2::backward_unsupported_reason, fa2_execute_backward};
     return &backend;
 }
 

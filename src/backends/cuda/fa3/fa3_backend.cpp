@@ -185,8 +185,9 @@ flashattn_status_t fa3_execute(const Problem &p, const BackendPlan &base_plan, c
 }  // namespace
 
 const Backend *fa3_backend() {
+    // No backward pass yet (issue 16): auto runs the backward of an fa3 plan on fa2.
     static const Backend backend{FLASHATTN_BACKEND_FA3, "fa3", fa3_unsupported_reason, fa3_make_plan,
-                                 fa3_execute, fa3_auto_pass_reason};
+                                 fa3_execute, fa3_auto_pass_reason, nullptr, nullptr};
     return &backend;
 }
 

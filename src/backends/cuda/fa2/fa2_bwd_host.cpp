@@ -1,0 +1,202 @@
+// The FA2 backward pass, host side: what it supports, its plan (compiled head dim and tile,
+// column slices, the deterministic dQ accumulator copies, the workspace slices) and the enqueue of
+// its three kernels (preprocess, main, dQ convert; see fa2_bwd_params.h for what each does).
+//
+// Workspace (O(N), never N x N):
+//   row_dot   heads_q x rows x 4 bytes
+//   dq_accum  dq_splits x heads_q x rows x head_dim x 4 bytes (rows = batch * seqlen_q, or
+//             total_q); dq_splits = 1 unless deterministic, then 1..16, chosen for about two waves
+//             of CTAs and, when above 1, at most 1 GiB in all.
+// Determinism: dK and dV are written once by the one CTA that owns the key block (it walks the
+// whole GQA group in a fixed order); dQ goes through fp32 atomics, except in deterministic mode,
+// where grid x is the fixed number of accumulator copies, CTA x walks key blocks x, x + copies, ...
+// adding into copy x alone (single writer, program order), and the convert kernel sums the copies
+// in index order.
+#include "backends/cuda/fa2/fa2_bwd_host.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "backends/cuda/fa2/fa2_bwd_params.h"
+#include "backends/cuda/host/cuda_host.h"
+#include "backends/cuda/host/tensor_args.h"
+#include "base/checked_math.h"
+#include "base/status.h"
+
+namespace flashattn {
+namespace fa2 {
+namespace {
+
+struct BwdHeadDim {
+    int head_dim;
+    LaunchBwd launch;
+};
+#define FLASHATTN_FA2_BWD_ROW(D) {D, launch_bwd_hdim##D},
+constexpr BwdHeadDim kBwdHeadDims[] = {FLASHATTN_FA2_HEAD_DIMS(FLASHATTN_FA2_BWD_ROW)};
+#undef FLASHATTN_FA2_BWD_ROW
+
+constexpr int64_t kMaxSeqlen = int64_t(1) << 28;  // keeps the int32 mask arithmetic exact
+constexpr int64_t kMaxGridYZ = 65535;
+// Deterministic mode: at most this many fp32 copies of the dQ accumulator (each as large as dQ in
+// fp32), enough for two waves of CTAs on problems with few heads (more heads need fewer), and
+// beyond one copy no more than kDeterministicCopyBytes of them in all.
+constexpr int kMaxDeterministicCopies = 16;
+constexpr int64_t kDeterministicCopyBytes = int64_t(1) << 30;
+
+// The compiled head dim that runs `d` (callers have checked 8 <= d <= 256).
+const BwdHeadDim &bwd_compiled_for(int64_t d) {
+    for (const BwdHeadDim &row : kBwdHeadDims)
+        if (d <= row.head_dim) return row;
+    return kBwdHeadDims[sizeof kBwdHeadDims / sizeof kBwdHeadDims[0] - 1];
+}
+
+// Main (4-warp) tile unless it exceeds the device's per-block opt-in and a small one is compiled.
+bool use_small(int kd, size_t smem_optin) {
+    const size_t main = static_cast<size_t>(bwd_smem_bytes(kd, kBwdMainWarps));
+    return smem_optin != 0 && main > smem_optin && bwd_has_small(kd);
+}
+
+int warps_of(bool small) { return small ? kBwdSmallWarps : kBwdMainWarps; }
+
+int64_t slices_of(const Problem &p) { return ceil_div(p.head_dim, kBwdSliceCols); }
+
+int choose_dq_splits(const Problem &p, int block, int sm_count) {
+    if (!p.deterministic) return 1;
+    const int64_t base = std::max<int64_t>(1, p.batch * p.heads_kv * slices_of(p));
+    const int64_t key_blocks = std::max<int64_t>(1, ceil_div(p.seqlen_k, block));
+    const int64_t want = sm_count > 0 ? ceil_div(2 * static_cast<int64_t>(sm_count), base) : 1;
+    const int64_t copy_bytes = std::max<int64_t>(1, p.heads_q * p.total_query_rows() * p.head_dim * 4);
+    const int64_t by_memory = std::max<int64_t>(1, kDeterministicCopyBytes / copy_bytes);
+    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, key_blocks, by_memory, kMaxDeterministicCopies})));
+}
+
+// The checks check_device_tensors makes, for the backward's own tensors (dO, dQ, dK, dV).
+flashattn_status_t check_grad_pointer(const void *ptr, const char *name, int device) {
+    if (ptr == nullptr) return FLASHATTN_SUCCESS;
+    int32_t owner = -1;
+    switch (memory_kind(ptr, &owner)) {
+        case MemoryKind::managed: break;
+        case MemoryKind::device:
+            if (owner == device) break;
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: device memory of device %d, but the plan runs on device %d", name,
+                        owner, device);
+        default:
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                        "%s: not device memory; GPU backends need cudaMalloc'd (or managed) memory on device %d", name, device);
+    }
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: must be aligned to 16 bytes", name);
+    return FLASHATTN_SUCCESS;
+}
+
+flashattn_status_t check_grad_strides(const Strides &s, bool varlen, size_t element_size, const char *name) {
+    const int64_t vec = static_cast<int64_t>(16 / element_size);
+    if (s.row % vec != 0 || s.head % vec != 0 || (!varlen && s.batch % vec != 0))
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                    "%s strides: GPU backends need every stride to be a multiple of %lld elements (16 bytes)", name,
+                    (long long)vec);
+    return FLASHATTN_SUCCESS;
+}
+
+flashattn_status_t check_backward_tensors(const Problem &p, const Tensors &t) {
+    FLASHATTN_TRY(check_device_tensors(p, t));  // q, k, v, o, lse, cu_seqlens, workspace
+    FLASHATTN_TRY(check_grad_pointer(t.dout, "dout", p.device));
+    FLASHATTN_TRY(check_grad_pointer(t.dq, "dq", p.device));
+    FLASHATTN_TRY(check_grad_pointer(t.dk, "dk", p.device));
+    FLASHATTN_TRY(check_grad_pointer(t.dv, "dv", p.device));
+    const size_t es = p.element_size();
+    FLASHATTN_TRY(check_grad_strides(p.dout, p.varlen, es, "dO"));
+    FLASHATTN_TRY(check_grad_strides(p.dq, p.varlen, es, "dQ"));
+    FLASHATTN_TRY(check_grad_strides(p.dk, p.varlen, es, "dK"));
+    FLASHATTN_TRY(check_grad_strides(p.dv, p.varlen, es, "dV"));
+    return FLASHATTN_SUCCESS;
+}
+
+}  // namespace
+
+std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
+    if (!dev.present) return "the fa2 backward pass needs a CUDA device and none is available";
+    if (dev.cc_major < 8)
+        return "the fa2 backward pass needs compute capability 8.0 or newer (device " + std::to_string(dev.device) +
+               " is " + std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor) + ")";
+    const std::string shape = tensor_core_shape_problem(p, "fa2");
+    if (!shape.empty()) return shape;
+    if (p.seqlen_q >= kMaxSeqlen || p.seqlen_k >= kMaxSeqlen)
+        return "the fa2 backward pass supports sequence lengths below 2^28";
+    if (p.heads_q > kMaxGridYZ || p.batch > kMaxGridYZ)
+        return "the fa2 backward pass supports at most 65535 heads and 65535 sequences";
+    if (p.heads_kv * slices_of(p) > kMaxGridYZ)
+        return "the fa2 backward pass supports at most 65535 key/value heads x " + std::to_string(slices_of(p)) +
+               " column slices of head dim " + std::to_string(p.head_dim);
+    const int kd = bwd_compiled_for(p.head_dim).head_dim;
+    const size_t smem = static_cast<size_t>(bwd_smem_bytes(kd, warps_of(use_small(kd, dev.smem_per_block_optin))));
+    if (dev.smem_per_block_optin != 0 && smem > dev.smem_per_block_optin)
+        return "the fa2 backward pass needs " + std::to_string(smem / 1024) + " KB of shared memory per block for head dim " +
+               std::to_string(p.head_dim) + " and the device allows " + std::to_string(dev.smem_per_block_optin / 1024) +
+               " KB";
+    return std::string();
+}
+
+BwdPlan plan_backward(const Problem &p, const DeviceInfo &dev, WorkspaceLayout *ws) {
+    BwdPlan plan;
+    plan.head_dim = bwd_compiled_for(p.head_dim).head_dim;
+    plan.small = use_small(plan.head_dim, dev.smem_per_block_optin);
+    plan.slices = static_cast<int>(slices_of(p));
+    plan.dq_splits = choose_dq_splits(p, bwd_block(warps_of(plan.small)), dev.sm_count);
+    const size_t rows = static_cast<size_t>(p.heads_q) * static_cast<size_t>(p.total_query_rows());
+    plan.row_dot = ws->add("fa2 backward dO.O row sums", rows * sizeof(float));
+    plan.dq_accum = ws->add("fa2 backward dQ accumulator",
+                            static_cast<size_t>(plan.dq_splits) * rows * static_cast<size_t>(p.head_dim) * sizeof(float));
+    return plan;
+}
+
+flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const WorkspaceLayout &ws, const Tensors &t) {
+    FLASHATTN_TRY(check_backward_tensors(p, t));
+    if (p.batch == 0 || p.heads_q == 0) return FLASHATTN_SUCCESS;
+    const bool have_q = p.varlen ? p.total_q > 0 : p.seqlen_q > 0;
+    const bool have_k = p.varlen ? p.total_k > 0 : p.seqlen_k > 0;
+
+    BwdParams k;
+    fill_tensor_args(p, t, &k);
+    k.dout = t.dout;
+    k.dq = t.dq;
+    k.dk = t.dk;
+    k.dv = t.dv;
+    k.do_bs = p.dout.batch, k.do_rs = p.dout.row, k.do_hs = p.dout.head;
+    k.dq_bs = p.dq.batch, k.dq_rs = p.dq.row, k.dq_hs = p.dq.head;
+    k.dk_bs = p.dk.batch, k.dk_rs = p.dk.row, k.dk_hs = p.dk.head;
+    k.dv_bs = p.dv.batch, k.dv_rs = p.dv.row, k.dv_hs = p.dv.head;
+    k.row_dot = ws.at<float>(t.workspace, plan.row_dot);
+    k.dq_accum = ws.at<float>(t.workspace, plan.dq_accum);
+    k.scale = static_cast<float>(p.scale);
+    k.slices = plan.slices;
+    k.dq_splits = plan.dq_splits;
+    k.deterministic = p.deterministic ? 1 : 0;
+
+    DeviceGuard guard(p.device);
+    if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "fa2 backward: cudaSetDevice");
+    const bool bf16 = p.dtype == FLASHATTN_DTYPE_BF16;
+    const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);
+    cudaError_t err;
+    if (have_q) {
+        err = launch_bwd_preprocess(k, bf16, stream);
+        if (err != cudaSuccess) return cuda_fail(err, "fa2 backward preprocess");
+        FLASHATTN_TRY(check_launch("fa2 backward preprocess kernel"));
+    }
+    if (have_k) {  // also with no queries: dK = dV = 0
+        err = bwd_compiled_for(plan.head_dim).launch(k, bf16, plan.small, stream);
+        if (err != cudaSuccess) return cuda_fail(err, "fa2 backward kernel setup");
+        FLASHATTN_TRY(check_launch("fa2 backward kernel"));
+    }
+    if (have_q) {  // also with no keys: dQ = 0
+        err = launch_bwd_convert_dq(k, bf16, stream);
+        if (err != cudaSuccess) return cuda_fail(err, "fa2 backward dQ convert");
+        FLASHATTN_TRY(check_launch("fa2 backward dQ convert kernel"));
+    }
+    return FLASHATTN_SUCCESS;
+}
+
+}  // namespace fa2
+}  // namespace flashattn
