@@ -13,14 +13,7 @@ import (
 // dV = Pᵀ dO, dK and dV summed over each kv head's query group.
 func referenceBackward(q, k, v, dout []float32, s Shape, o Options) ([]float64, []float64, []float64) {
 	s = s.resolved()
-	scale := o.Scale
-	if scale == 0 {
-		scale = 1 / math.Sqrt(float64(s.HeadDim))
-	}
-	left, right := int64(-1), int64(-1)
-	if o.Window != nil {
-		left, right = o.Window[0], o.Window[1]
-	}
+	scale := refScale(s, o)
 	d, dv := s.HeadDim, s.HeadDimV
 	dq := make([]float64, s.Batch*s.SeqlenQ*s.HeadsQ*d)
 	dk := make([]float64, s.Batch*s.SeqlenK*s.HeadsKV*d)
@@ -33,28 +26,7 @@ func referenceBackward(q, k, v, dout []float32, s Shape, o Options) ([]float64, 
 			vi := func(j, x int) int { return ((b*s.SeqlenK+j)*s.HeadsKV+hk)*dv + x }
 			oi := func(i, x int) int { return ((b*s.SeqlenQ+i)*s.HeadsQ+h)*dv + x }
 			for i := 0; i < s.SeqlenQ; i++ {
-				diag := int64(i + s.SeqlenK - s.SeqlenQ)
-				scores := make([]float64, s.SeqlenK)
-				tanhs := make([]float64, s.SeqlenK)
-				m := math.Inf(-1)
-				for j := range scores {
-					j64 := int64(j)
-					if (o.Causal && j64 > diag) || (left >= 0 && j64 < diag-left) || (right >= 0 && j64 > diag+right) {
-						scores[j] = math.Inf(-1)
-						continue
-					}
-					dot := 0.0
-					for x := 0; x < d; x++ {
-						dot += float64(q[qi(i, x)]) * float64(k[ki(j, x)])
-					}
-					sc := dot * scale
-					if o.Softcap > 0 {
-						tanhs[j] = math.Tanh(sc / o.Softcap)
-						sc = o.Softcap * tanhs[j]
-					}
-					scores[j] = sc
-					m = math.Max(m, sc)
-				}
+				scores, tanhs, m := scoreRow(q, k, s, o, b, h, hk, i)
 				if math.IsInf(m, -1) {
 					continue // sees no key: no gradient flows
 				}
@@ -245,17 +217,8 @@ func TestBackwardVarlenAndStrides(t *testing.T) {
 }
 
 func TestBackwardErrors(t *testing.T) {
-	plan, err := NewPlan()
-	if err != nil {
-		t.Fatal(err)
-	}
+	plan := smallPlanParams(t)
 	defer plan.Close()
-	for _, kv := range [][2]int64{{int64(Batch), 1}, {int64(SeqlenQ), 8}, {int64(SeqlenK), 8}, {int64(HeadsQ), 2},
-		{int64(HeadDim), 8}, {int64(Dtype), int64(FP32)}, {int64(BackendParam), int64(BackendCPU)}} {
-		if err := plan.SetI64(I64Param(kv[0]), kv[1]); err != nil {
-			t.Fatal(err)
-		}
-	}
 	if _, err := plan.BackwardWorkspaceSize(); !errors.Is(err, ErrInvalidState) {
 		t.Fatalf("backward workspace size before finalize: %v", err)
 	}

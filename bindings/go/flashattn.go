@@ -324,33 +324,45 @@ func (p *Plan) Finalize() error {
 
 // Backend is the backend a finalized plan runs and why it was chosen.
 func (p *Plan) Backend() (Backend, string, error) {
-	h, err := p.handle("Backend")
+	return p.readBackend("Backend", "flashattn_plan_get_backend",
+		func(h *C.flashattn_plan_t, b *C.flashattn_backend_t, reason **C.char) C.flashattn_status_t {
+			return C.flashattn_plan_get_backend(h, b, reason)
+		})
+}
+
+// WorkspaceSize is the bytes of workspace each execute of a finalized plan needs.
+func (p *Plan) WorkspaceSize() (int, error) {
+	return p.readSize("WorkspaceSize", "flashattn_plan_get_workspace_size",
+		func(h *C.flashattn_plan_t, n *C.size_t) C.flashattn_status_t {
+			return C.flashattn_plan_get_workspace_size(h, n)
+		})
+}
+
+// readBackend is Backend or BackwardBackend: get is the C getter (named cname) of that pass.
+func (p *Plan) readBackend(method, cname string,
+	get func(*C.flashattn_plan_t, *C.flashattn_backend_t, **C.char) C.flashattn_status_t) (Backend, string, error) {
+	h, err := p.handle(method)
 	if err != nil {
 		return 0, "", err
 	}
 	defer runtime.KeepAlive(p)
 	var b C.flashattn_backend_t
 	var reason *C.char
-	err = call("flashattn_plan_get_backend", func() C.flashattn_status_t {
-		return C.flashattn_plan_get_backend(h, &b, &reason)
-	})
-	if err != nil {
+	if err := call(cname, func() C.flashattn_status_t { return get(h, &b, &reason) }); err != nil {
 		return 0, "", err
 	}
 	return Backend(b), C.GoString(reason), nil
 }
 
-// WorkspaceSize is the bytes of workspace each execute of a finalized plan needs.
-func (p *Plan) WorkspaceSize() (int, error) {
-	h, err := p.handle("WorkspaceSize")
+// readSize is WorkspaceSize or BackwardWorkspaceSize: get is the C getter (named cname) of that pass.
+func (p *Plan) readSize(method, cname string, get func(*C.flashattn_plan_t, *C.size_t) C.flashattn_status_t) (int, error) {
+	h, err := p.handle(method)
 	if err != nil {
 		return 0, err
 	}
 	defer runtime.KeepAlive(p)
 	var n C.size_t
-	err = call("flashattn_plan_get_workspace_size", func() C.flashattn_status_t {
-		return C.flashattn_plan_get_workspace_size(h, &n)
-	})
+	err = call(cname, func() C.flashattn_status_t { return get(h, &n) })
 	return int(n), err
 }
 
@@ -441,7 +453,7 @@ func (p *Plan) Extents() (Extents, error) {
 }
 
 // hostSlice: pointer, length and dtype of a []float32, []Float16 or []BFloat16.
-func hostSlice(name string, x interface{}) (unsafe.Pointer, int, DType, error) {
+func hostSlice(op, name string, x interface{}) (unsafe.Pointer, int, DType, error) {
 	var ptr unsafe.Pointer
 	var n int
 	var dt DType
@@ -462,29 +474,39 @@ func hostSlice(name string, x interface{}) (unsafe.Pointer, int, DType, error) {
 			ptr = unsafe.Pointer(&s[0])
 		}
 	default:
-		return nil, 0, 0, &Error{Status: StatusInvalidArgument, Op: "Execute",
+		return nil, 0, 0, &Error{Status: StatusInvalidArgument, Op: op,
 			Message: fmt.Sprintf("%s: %T is not a []float32, []Float16 or []BFloat16", name, x)}
 	}
 	return ptr, n, dt, nil
 }
 
+// hostArgs are the C pointers of the host slices one Execute or Backward call passes (nil where
+// the call has no such tensor).
 type hostArgs struct {
-	q, k, v, o, lse, cuQ, cuK unsafe.Pointer
+	q, k, v, o, dout, lse, dq, dk, dv, cuQ, cuK unsafe.Pointer
 }
 
-func (p *Plan) checkHost(op string, q, k, v, o interface{}, lse []float32, cuQ, cuK []int32, varlen bool) (hostArgs, error) {
+// checkHost checks host slices against a finalized plan whose pass (the backward when backward,
+// else the forward) runs on the CPU backend, and returns their pointers. tensors are q, k, v, o
+// and, for the backward, dout, dq, dk, dv; the forward's lse may be nil (not written).
+func (p *Plan) checkHost(op string, backward bool, tensors []interface{}, lse []float32, cuQ, cuK []int32,
+	varlen bool) (hostArgs, error) {
 	var a hostArgs
 	e, err := p.Extents()
 	if err != nil {
 		return a, err
 	}
-	b, _, err := p.Backend()
+	backendOf, runs, raw := p.Backend, "this plan runs", "ExecuteRaw"
+	if backward {
+		backendOf, runs, raw = p.BackwardBackend, "this plan's backward runs", "BackwardRaw"
+	}
+	b, _, err := backendOf()
 	if err != nil {
 		return a, err
 	}
 	if b != BackendCPU {
 		return a, &Error{Status: StatusInvalidArgument, Op: op,
-			Message: fmt.Sprintf("host slices need the CPU backend; this plan runs %s (use ExecuteRaw with device memory)", b)}
+			Message: fmt.Sprintf("host slices need the CPU backend; %s %s (use %s with device memory)", runs, b, raw)}
 	}
 	type check struct {
 		name string
@@ -492,24 +514,26 @@ func (p *Plan) checkHost(op string, q, k, v, o interface{}, lse []float32, cuQ, 
 		need int
 	}
 	var checks []check
-	for _, t := range []struct {
+	slots := []struct {
 		name string
-		x    interface{}
 		dst  *unsafe.Pointer
 		need int
-	}{{"q", q, &a.q, e.Q}, {"k", k, &a.k, e.K}, {"v", v, &a.v, e.V}, {"o", o, &a.o, e.O}} {
-		ptr, n, dt, err := hostSlice(t.name, t.x)
+	}{{"q", &a.q, e.Q}, {"k", &a.k, e.K}, {"v", &a.v, e.V}, {"o", &a.o, e.O}, {"dout", &a.dout, e.DOut},
+		{"dq", &a.dq, e.DQ}, {"dk", &a.dk, e.DK}, {"dv", &a.dv, e.DV}}
+	for i, x := range tensors {
+		t := slots[i]
+		ptr, n, dt, err := hostSlice(op, t.name, x)
 		if err != nil {
 			return a, err
 		}
 		if dt != e.DType {
 			return a, &Error{Status: StatusInvalidArgument, Op: op,
-				Message: fmt.Sprintf("%s: %T elements, but the plan's dtype is %d", t.name, t.x, int(e.DType))}
+				Message: fmt.Sprintf("%s: %T elements, but the plan's dtype is %d", t.name, x, int(e.DType))}
 		}
 		*t.dst = ptr
 		checks = append(checks, check{t.name, n, t.need})
 	}
-	if lse != nil {
+	if lse != nil || backward {
 		checks = append(checks, check{"lse", len(lse), e.LSE})
 		if len(lse) > 0 {
 			a.lse = unsafe.Pointer(&lse[0])
@@ -533,58 +557,51 @@ func (p *Plan) checkHost(op string, q, k, v, o interface{}, lse []float32, cuQ, 
 	return a, nil
 }
 
-func (p *Plan) workspaceFor(ws *Workspace) (*Workspace, error) {
-	if ws != nil {
-		return ws, nil
-	}
-	n, err := p.WorkspaceSize()
+// runHost checks host slices (see checkHost), allocates the pass's workspace for this call when ws
+// is nil, and runs raw on their pointers, keeping the slices alive until it returns.
+func (p *Plan) runHost(op string, backward bool, tensors []interface{}, lse []float32, cuQ, cuK []int32, varlen bool,
+	ws *Workspace, raw func(a hostArgs, ws *Workspace) error) error {
+	a, err := p.checkHost(op, backward, tensors, lse, cuQ, cuK, varlen)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return NewWorkspace(n), nil
+	if ws == nil {
+		size := p.WorkspaceSize
+		if backward {
+			size = p.BackwardWorkspaceSize
+		}
+		n, err := size()
+		if err != nil {
+			return err
+		}
+		ws = NewWorkspace(n)
+	}
+	err = raw(a, ws)
+	runtime.KeepAlive(tensors)
+	runtime.KeepAlive(lse)
+	runtime.KeepAlive(cuQ)
+	runtime.KeepAlive(cuK)
+	runtime.KeepAlive(ws)
+	return err
 }
 
 // Execute runs a finalized fixed-length plan on host slices (CPU backend): q, k, v, o are
 // []float32, []Float16 or []BFloat16 laid out as the plan's strides say; lse (nil to skip)
 // receives [batch, heads_q, seqlen_q] values; ws nil allocates a workspace for this call.
 func (p *Plan) Execute(q, k, v, o interface{}, lse []float32, ws *Workspace) error {
-	a, err := p.checkHost("Execute", q, k, v, o, lse, nil, nil, false)
-	if err != nil {
-		return err
-	}
-	if ws, err = p.workspaceFor(ws); err != nil {
-		return err
-	}
-	err = p.ExecuteRaw(a.q, a.k, a.v, a.o, a.lse, ws.ptr(), uintptr(ws.Len()), nil)
-	runtime.KeepAlive(q)
-	runtime.KeepAlive(k)
-	runtime.KeepAlive(v)
-	runtime.KeepAlive(o)
-	runtime.KeepAlive(lse)
-	runtime.KeepAlive(ws)
-	return err
+	return p.runHost("Execute", false, []interface{}{q, k, v, o}, lse, nil, nil, false, ws,
+		func(a hostArgs, ws *Workspace) error {
+			return p.ExecuteRaw(a.q, a.k, a.v, a.o, a.lse, ws.ptr(), uintptr(ws.Len()), nil)
+		})
 }
 
 // ExecuteVarlen runs a finalized variable-length plan on packed host slices ([total, heads,
 // dim]) with int32 prefix sums of batch+1 entries; lse is [heads_q, total_q].
 func (p *Plan) ExecuteVarlen(q, k, v, o interface{}, lse []float32, cuSeqlensQ, cuSeqlensK []int32, ws *Workspace) error {
-	a, err := p.checkHost("ExecuteVarlen", q, k, v, o, lse, cuSeqlensQ, cuSeqlensK, true)
-	if err != nil {
-		return err
-	}
-	if ws, err = p.workspaceFor(ws); err != nil {
-		return err
-	}
-	err = p.ExecuteVarlenRaw(a.q, a.k, a.v, a.o, a.lse, a.cuQ, a.cuK, ws.ptr(), uintptr(ws.Len()), nil)
-	runtime.KeepAlive(q)
-	runtime.KeepAlive(k)
-	runtime.KeepAlive(v)
-	runtime.KeepAlive(o)
-	runtime.KeepAlive(lse)
-	runtime.KeepAlive(cuSeqlensQ)
-	runtime.KeepAlive(cuSeqlensK)
-	runtime.KeepAlive(ws)
-	return err
+	return p.runHost("ExecuteVarlen", false, []interface{}{q, k, v, o}, lse, cuSeqlensQ, cuSeqlensK, true, ws,
+		func(a hostArgs, ws *Workspace) error {
+			return p.ExecuteVarlenRaw(a.q, a.k, a.v, a.o, a.lse, a.cuQ, a.cuK, ws.ptr(), uintptr(ws.Len()), nil)
+		})
 }
 
 // ExecuteRaw is flashattn_plan_execute with raw pointers: CUDA device memory and a cudaStream_t
@@ -621,112 +638,19 @@ func (p *Plan) ExecuteVarlenRaw(q, k, v, o, lse, cuSeqlensQ, cuSeqlensK, workspa
 // BackwardBackend is the backend that runs a finalized plan's backward pass (it may differ from
 // the forward's) and why; StatusNotSupported with the reason when none can.
 func (p *Plan) BackwardBackend() (Backend, string, error) {
-	h, err := p.handle("BackwardBackend")
-	if err != nil {
-		return 0, "", err
-	}
-	defer runtime.KeepAlive(p)
-	var b C.flashattn_backend_t
-	var reason *C.char
-	err = call("flashattn_plan_get_backward_backend", func() C.flashattn_status_t {
-		return C.flashattn_plan_get_backward_backend(h, &b, &reason)
-	})
-	if err != nil {
-		return 0, "", err
-	}
-	return Backend(b), C.GoString(reason), nil
+	return p.readBackend("BackwardBackend", "flashattn_plan_get_backward_backend",
+		func(h *C.flashattn_plan_t, b *C.flashattn_backend_t, reason **C.char) C.flashattn_status_t {
+			return C.flashattn_plan_get_backward_backend(h, b, reason)
+		})
 }
 
 // BackwardWorkspaceSize is the bytes of workspace each backward execute of a finalized plan needs
 // (separate from the forward's WorkspaceSize).
 func (p *Plan) BackwardWorkspaceSize() (int, error) {
-	h, err := p.handle("BackwardWorkspaceSize")
-	if err != nil {
-		return 0, err
-	}
-	defer runtime.KeepAlive(p)
-	var n C.size_t
-	err = call("flashattn_plan_get_backward_workspace_size", func() C.flashattn_status_t {
-		return C.flashattn_plan_get_backward_workspace_size(h, &n)
-	})
-	return int(n), err
-}
-
-type backwardArgs struct {
-	q, k, v, o, dout, lse, dq, dk, dv, cuQ, cuK unsafe.Pointer
-}
-
-func (p *Plan) checkBackwardHost(op string, q, k, v, o, dout interface{}, lse []float32, dq, dk, dv interface{},
-	cuQ, cuK []int32, varlen bool) (backwardArgs, error) {
-	var a backwardArgs
-	e, err := p.Extents()
-	if err != nil {
-		return a, err
-	}
-	b, _, err := p.BackwardBackend()
-	if err != nil {
-		return a, err
-	}
-	if b != BackendCPU {
-		return a, &Error{Status: StatusInvalidArgument, Op: op,
-			Message: fmt.Sprintf("host slices need the CPU backend; this plan's backward runs %s (use BackwardRaw with device memory)", b)}
-	}
-	type check struct {
-		name string
-		have int
-		need int
-	}
-	var checks []check
-	for _, t := range []struct {
-		name string
-		x    interface{}
-		dst  *unsafe.Pointer
-		need int
-	}{{"q", q, &a.q, e.Q}, {"k", k, &a.k, e.K}, {"v", v, &a.v, e.V}, {"o", o, &a.o, e.O}, {"dout", dout, &a.dout, e.DOut},
-		{"dq", dq, &a.dq, e.DQ}, {"dk", dk, &a.dk, e.DK}, {"dv", dv, &a.dv, e.DV}} {
-		ptr, n, dt, err := hostSlice(t.name, t.x)
-		if err != nil {
-			err.(*Error).Op = op
-			return a, err
-		}
-		if dt != e.DType {
-			return a, &Error{Status: StatusInvalidArgument, Op: op,
-				Message: fmt.Sprintf("%s: %T elements, but the plan's dtype is %d", t.name, t.x, int(e.DType))}
-		}
-		*t.dst = ptr
-		checks = append(checks, check{t.name, n, t.need})
-	}
-	checks = append(checks, check{"lse", len(lse), e.LSE})
-	if len(lse) > 0 {
-		a.lse = unsafe.Pointer(&lse[0])
-	}
-	if varlen {
-		checks = append(checks, check{"cuSeqlensQ", len(cuQ), e.CuSeqlens}, check{"cuSeqlensK", len(cuK), e.CuSeqlens})
-		if len(cuQ) > 0 {
-			a.cuQ = unsafe.Pointer(&cuQ[0])
-		}
-		if len(cuK) > 0 {
-			a.cuK = unsafe.Pointer(&cuK[0])
-		}
-	}
-	for _, c := range checks {
-		if c.have < c.need {
-			return a, &Error{Status: StatusInvalidArgument, Op: op,
-				Message: fmt.Sprintf("%s: the slice holds %d elements, the plan needs %d", c.name, c.have, c.need)}
-		}
-	}
-	return a, nil
-}
-
-func (p *Plan) backwardWorkspaceFor(ws *Workspace) (*Workspace, error) {
-	if ws != nil {
-		return ws, nil
-	}
-	n, err := p.BackwardWorkspaceSize()
-	if err != nil {
-		return nil, err
-	}
-	return NewWorkspace(n), nil
+	return p.readSize("BackwardWorkspaceSize", "flashattn_plan_get_backward_workspace_size",
+		func(h *C.flashattn_plan_t, n *C.size_t) C.flashattn_status_t {
+			return C.flashattn_plan_get_backward_workspace_size(h, n)
+		})
 }
 
 // Backward runs the backward pass of a finalized fixed-length plan on host slices (CPU backend):
@@ -735,53 +659,21 @@ func (p *Plan) backwardWorkspaceFor(ws *Workspace) (*Workspace, error) {
 // V with the DQ*, DK*, DV* strides). Slices are []float32, []Float16 or []BFloat16 of the plan's
 // dtype; ws nil allocates BackwardWorkspaceSize bytes for this call.
 func (p *Plan) Backward(q, k, v, o, dout interface{}, lse []float32, dq, dk, dv interface{}, ws *Workspace) error {
-	a, err := p.checkBackwardHost("Backward", q, k, v, o, dout, lse, dq, dk, dv, nil, nil, false)
-	if err != nil {
-		return err
-	}
-	if ws, err = p.backwardWorkspaceFor(ws); err != nil {
-		return err
-	}
-	err = p.BackwardRaw(a.q, a.k, a.v, a.o, a.dout, a.lse, a.dq, a.dk, a.dv, ws.ptr(), uintptr(ws.Len()), nil)
-	runtime.KeepAlive(q)
-	runtime.KeepAlive(k)
-	runtime.KeepAlive(v)
-	runtime.KeepAlive(o)
-	runtime.KeepAlive(dout)
-	runtime.KeepAlive(lse)
-	runtime.KeepAlive(dq)
-	runtime.KeepAlive(dk)
-	runtime.KeepAlive(dv)
-	runtime.KeepAlive(ws)
-	return err
+	return p.runHost("Backward", true, []interface{}{q, k, v, o, dout, dq, dk, dv}, lse, nil, nil, false, ws,
+		func(a hostArgs, ws *Workspace) error {
+			return p.BackwardRaw(a.q, a.k, a.v, a.o, a.dout, a.lse, a.dq, a.dk, a.dv, ws.ptr(), uintptr(ws.Len()), nil)
+		})
 }
 
 // BackwardVarlen runs the backward pass of a finalized variable-length plan on packed host slices
 // ([total, heads, dim]); lse is [heads_q, total_q], cuSeqlensQ/K int32 prefix sums of batch+1 entries.
 func (p *Plan) BackwardVarlen(q, k, v, o, dout interface{}, lse []float32, dq, dk, dv interface{},
 	cuSeqlensQ, cuSeqlensK []int32, ws *Workspace) error {
-	a, err := p.checkBackwardHost("BackwardVarlen", q, k, v, o, dout, lse, dq, dk, dv, cuSeqlensQ, cuSeqlensK, true)
-	if err != nil {
-		return err
-	}
-	if ws, err = p.backwardWorkspaceFor(ws); err != nil {
-		return err
-	}
-	err = p.BackwardVarlenRaw(a.q, a.k, a.v, a.o, a.dout, a.lse, a.dq, a.dk, a.dv, a.cuQ, a.cuK, ws.ptr(),
-		uintptr(ws.Len()), nil)
-	runtime.KeepAlive(q)
-	runtime.KeepAlive(k)
-	runtime.KeepAlive(v)
-	runtime.KeepAlive(o)
-	runtime.KeepAlive(dout)
-	runtime.KeepAlive(lse)
-	runtime.KeepAlive(dq)
-	runtime.KeepAlive(dk)
-	runtime.KeepAlive(dv)
-	runtime.KeepAlive(cuSeqlensQ)
-	runtime.KeepAlive(cuSeqlensK)
-	runtime.KeepAlive(ws)
-	return err
+	return p.runHost("BackwardVarlen", true, []interface{}{q, k, v, o, dout, dq, dk, dv}, lse, cuSeqlensQ, cuSeqlensK,
+		true, ws, func(a hostArgs, ws *Workspace) error {
+			return p.BackwardVarlenRaw(a.q, a.k, a.v, a.o, a.dout, a.lse, a.dq, a.dk, a.dv, a.cuQ, a.cuK, ws.ptr(),
+				uintptr(ws.Len()), nil)
+		})
 }
 
 // BackwardRaw is flashattn_plan_execute_backward with raw pointers (see ExecuteRaw): dq, dk, dv
@@ -839,6 +731,27 @@ type Options struct {
 	Backend Backend   // host slices run on the CPU backend; Auto means CPU here
 }
 
+// params are the size parameters of a resolved Shape, for newPlan.
+func (s Shape) params() [][2]int64 {
+	return [][2]int64{{int64(Batch), int64(s.Batch)}, {int64(SeqlenQ), int64(s.SeqlenQ)},
+		{int64(SeqlenK), int64(s.SeqlenK)}, {int64(HeadsQ), int64(s.HeadsQ)}, {int64(HeadsKV), int64(s.HeadsKV)},
+		{int64(HeadDim), int64(s.HeadDim)}, {int64(HeadDimV), int64(s.HeadDimV)}}
+}
+
+// newPlan is a finalized plan with the given integer parameters, dtype and options (closed again
+// when any step fails).
+func newPlan(params [][2]int64, dtype DType, opts Options) (*Plan, error) {
+	plan, err := NewPlan()
+	if err != nil {
+		return nil, err
+	}
+	if err := plan.setAll(params, dtype, opts); err != nil {
+		plan.Close()
+		return nil, err
+	}
+	return plan, nil
+}
+
 func (p *Plan) setAll(params [][2]int64, dtype DType, opts Options) error {
 	backend := opts.Backend
 	if backend == BackendAuto {
@@ -886,17 +799,11 @@ func dtypeOf[T Element]() DType {
 // head_dim_v] and LSE [batch, heads_q, seqlen_q].
 func Attention[T Element](q, k, v []T, shape Shape, opts Options) ([]T, []float32, error) {
 	s := shape.resolved()
-	plan, err := NewPlan()
+	plan, err := newPlan(s.params(), dtypeOf[T](), opts)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer plan.Close()
-	err = plan.setAll([][2]int64{{int64(Batch), int64(s.Batch)}, {int64(SeqlenQ), int64(s.SeqlenQ)},
-		{int64(SeqlenK), int64(s.SeqlenK)}, {int64(HeadsQ), int64(s.HeadsQ)}, {int64(HeadsKV), int64(s.HeadsKV)},
-		{int64(HeadDim), int64(s.HeadDim)}, {int64(HeadDimV), int64(s.HeadDimV)}}, dtypeOf[T](), opts)
-	if err != nil {
-		return nil, nil, err
-	}
 	o := make([]T, s.Batch*s.SeqlenQ*s.HeadsQ*s.HeadDimV)
 	lse := make([]float32, s.Batch*s.HeadsQ*s.SeqlenQ)
 	if err := plan.Execute(q, k, v, o, lse, nil); err != nil {
@@ -910,17 +817,11 @@ func Attention[T Element](q, k, v []T, shape Shape, opts Options) ([]T, []float3
 // shaped like q, k, v. opts must be the forward's.
 func AttentionBackward[T Element](q, k, v, o []T, lse []float32, dout []T, shape Shape, opts Options) ([]T, []T, []T, error) {
 	s := shape.resolved()
-	plan, err := NewPlan()
+	plan, err := newPlan(s.params(), dtypeOf[T](), opts)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	defer plan.Close()
-	err = plan.setAll([][2]int64{{int64(Batch), int64(s.Batch)}, {int64(SeqlenQ), int64(s.SeqlenQ)},
-		{int64(SeqlenK), int64(s.SeqlenK)}, {int64(HeadsQ), int64(s.HeadsQ)}, {int64(HeadsKV), int64(s.HeadsKV)},
-		{int64(HeadDim), int64(s.HeadDim)}, {int64(HeadDimV), int64(s.HeadDimV)}}, dtypeOf[T](), opts)
-	if err != nil {
-		return nil, nil, nil, err
-	}
 	dq := make([]T, s.Batch*s.SeqlenQ*s.HeadsQ*s.HeadDim)
 	dk := make([]T, s.Batch*s.SeqlenK*s.HeadsKV*s.HeadDim)
 	dv := make([]T, s.Batch*s.SeqlenK*s.HeadsKV*s.HeadDimV)
@@ -952,18 +853,14 @@ func AttentionVarlen[T Element](q, k, v []T, cuSeqlensQ, cuSeqlensK []int32, hea
 		return m
 	}
 	totalQ, totalK := int64(cuSeqlensQ[len(cuSeqlensQ)-1]), int64(cuSeqlensK[len(cuSeqlensK)-1])
-	plan, err := NewPlan()
-	if err != nil {
-		return nil, nil, err
-	}
-	defer plan.Close()
-	err = plan.setAll([][2]int64{{int64(Batch), int64(len(cuSeqlensQ) - 1)}, {int64(SeqlenQ), maxLen(cuSeqlensQ)},
+	plan, err := newPlan([][2]int64{{int64(Batch), int64(len(cuSeqlensQ) - 1)}, {int64(SeqlenQ), maxLen(cuSeqlensQ)},
 		{int64(SeqlenK), maxLen(cuSeqlensK)}, {int64(HeadsQ), int64(headsQ)}, {int64(HeadsKV), int64(headsKV)},
 		{int64(HeadDim), int64(headDim)}, {int64(HeadDimV), int64(headDimV)}, {int64(Varlen), 1},
 		{int64(TotalQ), totalQ}, {int64(TotalK), totalK}}, dtypeOf[T](), opts)
 	if err != nil {
 		return nil, nil, err
 	}
+	defer plan.Close()
 	o := make([]T, int(totalQ)*headsQ*headDimV)
 	lse := make([]float32, headsQ*int(totalQ))
 	if err := plan.ExecuteVarlen(q, k, v, o, lse, cuSeqlensQ, cuSeqlensK, nil); err != nil {

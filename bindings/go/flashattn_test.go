@@ -20,44 +20,59 @@ func randSlice(r *rand.Rand, n int) []float32 {
 	return s
 }
 
-// reference computes float64 attention on contiguous tensors: O and LSE [b, hq, sq].
-func reference(q, k, v []float32, s Shape, o Options) ([]float64, []float64) {
-	s = s.resolved()
-	scale := o.Scale
-	if scale == 0 {
-		scale = 1 / math.Sqrt(float64(s.HeadDim))
+// refScale is the softmax scale of o for the resolved shape s.
+func refScale(s Shape, o Options) float64 {
+	if o.Scale == 0 {
+		return 1 / math.Sqrt(float64(s.HeadDim))
 	}
+	return o.Scale
+}
+
+// scoreRow is row i of the masked scores scale·q·kᵀ (through the softcap) of query head h and kv
+// head hk in batch b on contiguous tensors (s resolved): the scores (-Inf where masked), each key's
+// tanh(score/softcap) (0 without a softcap) and the row's maximum (-Inf when it sees no key).
+func scoreRow(q, k []float32, s Shape, o Options, b, h, hk, i int) ([]float64, []float64, float64) {
 	left, right := int64(-1), int64(-1)
 	if o.Window != nil {
 		left, right = o.Window[0], o.Window[1]
 	}
+	scale, d := refScale(s, o), s.HeadDim
+	diag := int64(i + s.SeqlenK - s.SeqlenQ)
+	scores := make([]float64, s.SeqlenK)
+	tanhs := make([]float64, s.SeqlenK)
+	m := math.Inf(-1)
+	for j := range scores {
+		j64 := int64(j)
+		if (o.Causal && j64 > diag) || (left >= 0 && j64 < diag-left) || (right >= 0 && j64 > diag+right) {
+			scores[j] = math.Inf(-1)
+			continue
+		}
+		dot := 0.0
+		for x := 0; x < d; x++ {
+			dot += float64(q[((b*s.SeqlenQ+i)*s.HeadsQ+h)*d+x]) * float64(k[((b*s.SeqlenK+j)*s.HeadsKV+hk)*d+x])
+		}
+		sc := dot * scale
+		if o.Softcap > 0 {
+			tanhs[j] = math.Tanh(sc / o.Softcap)
+			sc = o.Softcap * tanhs[j]
+		}
+		scores[j] = sc
+		m = math.Max(m, sc)
+	}
+	return scores, tanhs, m
+}
+
+// reference computes float64 attention on contiguous tensors: O and LSE [b, hq, sq].
+func reference(q, k, v []float32, s Shape, o Options) ([]float64, []float64) {
+	s = s.resolved()
 	out := make([]float64, s.Batch*s.SeqlenQ*s.HeadsQ*s.HeadDimV)
 	lse := make([]float64, s.Batch*s.HeadsQ*s.SeqlenQ)
-	d, dv := s.HeadDim, s.HeadDimV
+	dv := s.HeadDimV
 	for b := 0; b < s.Batch; b++ {
 		for h := 0; h < s.HeadsQ; h++ {
 			hk := h / (s.HeadsQ / s.HeadsKV)
 			for i := 0; i < s.SeqlenQ; i++ {
-				diag := int64(i + s.SeqlenK - s.SeqlenQ)
-				scores := make([]float64, s.SeqlenK)
-				m := math.Inf(-1)
-				for j := range scores {
-					j64 := int64(j)
-					if (o.Causal && j64 > diag) || (left >= 0 && j64 < diag-left) || (right >= 0 && j64 > diag+right) {
-						scores[j] = math.Inf(-1)
-						continue
-					}
-					dot := 0.0
-					for x := 0; x < d; x++ {
-						dot += float64(q[((b*s.SeqlenQ+i)*s.HeadsQ+h)*d+x]) * float64(k[((b*s.SeqlenK+j)*s.HeadsKV+hk)*d+x])
-					}
-					sc := dot * scale
-					if o.Softcap > 0 {
-						sc = o.Softcap * math.Tanh(sc/o.Softcap)
-					}
-					scores[j] = sc
-					m = math.Max(m, sc)
-				}
+				scores, _, m := scoreRow(q, k, s, o, b, h, hk, i)
 				li := (b*s.HeadsQ+h)*s.SeqlenQ + i
 				if math.IsInf(m, -1) {
 					lse[li] = m
@@ -288,7 +303,8 @@ func TestErrors(t *testing.T) {
 	}
 }
 
-func smallPlan(t testing.TB) *Plan {
+// smallPlanParams is a plan with the sizes of smallPlan set, not yet finalized.
+func smallPlanParams(t testing.TB) *Plan {
 	plan, err := NewPlan()
 	if err != nil {
 		t.Fatal(err)
@@ -299,6 +315,11 @@ func smallPlan(t testing.TB) *Plan {
 			t.Fatal(err)
 		}
 	}
+	return plan
+}
+
+func smallPlan(t testing.TB) *Plan {
+	plan := smallPlanParams(t)
 	if err := plan.Finalize(); err != nil {
 		t.Fatal(err)
 	}

@@ -381,11 +381,12 @@ end
 
 finalize!(plan::Plan) = (check(flashattn_plan_finalize(_ptr(plan)), "flashattn_plan_finalize"); plan)
 
-"`(backend::Symbol, reason::String)` of a finalized plan."
-function backend(plan::Plan)
+# `(backend::Symbol, reason::String)` through `getter`, the raw wrapper of the C getter `cname`
+# (flashattn_plan_get_backend or its backward twin).
+function _read_backend(plan::Plan, getter, cname)
     b = Ref{flashattn_backend_t}(0)
     reason = Ref{Ptr{Cchar}}(C_NULL)
-    check(flashattn_plan_get_backend(_ptr(plan), b, reason), "flashattn_plan_get_backend")
+    check(getter(_ptr(plan), b, reason), cname)
     name = :unknown
     for (k, v) in BACKENDS
         v == b[] && (name = k)
@@ -393,11 +394,17 @@ function backend(plan::Plan)
     return name, reason[] == C_NULL ? "" : unsafe_string(reason[])
 end
 
-function workspace_size(plan::Plan)
+# Bytes through `getter`, the raw wrapper of the C getter `cname` (a workspace size).
+function _read_size(plan::Plan, getter, cname)
     n = Ref{Csize_t}(0)
-    check(flashattn_plan_get_workspace_size(_ptr(plan), n), "flashattn_plan_get_workspace_size")
+    check(getter(_ptr(plan), n), cname)
     return Int(n[])
 end
+
+"`(backend::Symbol, reason::String)` of a finalized plan."
+backend(plan::Plan) = _read_backend(plan, flashattn_plan_get_backend, "flashattn_plan_get_backend")
+
+workspace_size(plan::Plan) = _read_size(plan, flashattn_plan_get_workspace_size, "flashattn_plan_get_workspace_size")
 
 "Host workspace: (owner, 256-byte aligned pointer) of at least `bytes` bytes."
 function host_workspace(bytes::Integer)
@@ -405,6 +412,15 @@ function host_workspace(bytes::Integer)
     buf = Vector{UInt8}(undef, bytes + 256)
     addr = UInt(pointer(buf))
     return buf, Ptr{Cvoid}(addr + (256 - addr % 256) % 256)
+end
+
+# (owner, pointer, bytes) of the caller's workspace array, or when it is `nothing` of a host
+# workspace of `bytes_of(plan)` bytes (workspace_size or backward_workspace_size) allocated here.
+function _workspace(plan, workspace, bytes_of)
+    workspace === nothing || return (workspace, pointer(workspace), sizeof(workspace))
+    need = bytes_of(plan)
+    owner, ws = host_workspace(need)
+    return (owner, ws, need)
 end
 
 "Elements each tensor of a finalized plan spans (host arrays must hold at least that many)."
@@ -442,15 +458,19 @@ function dtype_of(::Type{T}) where {T}
     throw(ArgumentError("element type $T: libflashattn takes Float32, Float16 or BFloat16"))
 end
 
-function _check_host(plan, q, k, v, o, lse, cu)
+# Checks host arrays against a finalized plan whose pass (`pass_backend`: backend or
+# backward_backend; `pass` names it in the message) runs on the CPU backend: q's element type, then
+# each (name, array) of `arrays` (an array `nothing` is skipped) against the extent of that name,
+# then the cu_seqlens when `cu` is not `nothing`.
+function _check_arrays(plan, pass_backend, pass, q, arrays, cu)
     e = extents(plan)
-    name, _ = backend(plan)
-    name === :cpu || throw(ArgumentError("Julia arrays are host memory and need the CPU backend; this plan runs $name"))
+    name, _ = pass_backend(plan)
+    name === :cpu || throw(ArgumentError("Julia arrays are host memory and need the CPU backend; $pass runs $name"))
     dtype_of(eltype(q)) == e.dtype || throw(ArgumentError("element type $(eltype(q)) does not match the plan's dtype"))
-    for (n, a, need) in ((:q, q, e.q), (:k, k, e.k), (:v, v, e.v), (:o, o, e.o))
-        length(a) >= need || throw(DimensionMismatch("$n holds $(length(a)) elements, the plan needs $need"))
+    for (n, a) in arrays
+        need = e[n]
+        a === nothing || length(a) >= need || throw(DimensionMismatch("$n holds $(length(a)) elements, the plan needs $need"))
     end
-    lse === nothing || length(lse) >= e.lse || throw(DimensionMismatch("lse holds $(length(lse)) elements, the plan needs $(e.lse)"))
     if cu !== nothing
         for c in cu
             length(c) >= e.cu_seqlens || throw(DimensionMismatch("cu_seqlens hold $(length(c)) entries, the plan needs $(e.cu_seqlens)"))
@@ -458,6 +478,9 @@ function _check_host(plan, q, k, v, o, lse, cu)
     end
     return nothing
 end
+
+_check_host(plan, q, k, v, o, lse, cu) =
+    _check_arrays(plan, backend, "this plan", q, ((:q, q), (:k, k), (:v, v), (:o, o), (:lse, lse)), cu)
 
 """
     execute!(plan, q, k, v, o; lse=nothing, workspace=nothing)
@@ -469,8 +492,7 @@ when none is given.
 function execute!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::DenseArray{T}, o::DenseArray{T};
                   lse::Union{Nothing,DenseArray{Float32}}=nothing, workspace=nothing) where {T}
     _check_host(plan, q, k, v, o, lse, nothing)
-    owner, ws = workspace === nothing ? host_workspace(workspace_size(plan)) : (workspace, pointer(workspace))
-    nbytes = workspace === nothing ? workspace_size(plan) : sizeof(workspace)
+    owner, ws, nbytes = _workspace(plan, workspace, workspace_size)
     GC.@preserve q k v o lse owner begin
         lp = lse === nothing ? convert(Ptr{Cfloat}, C_NULL) : pointer(lse)
         check(flashattn_plan_execute(plan.ptr, pointer(q), pointer(k), pointer(v), pointer(o), lp, ws, nbytes, C_NULL),
@@ -498,8 +520,7 @@ function execute_varlen!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::Dens
                          cu_seqlens_q::Vector{Int32}, cu_seqlens_k::Vector{Int32};
                          lse::Union{Nothing,DenseArray{Float32}}=nothing, workspace=nothing) where {T}
     _check_host(plan, q, k, v, o, lse, (cu_seqlens_q, cu_seqlens_k))
-    owner, ws = workspace === nothing ? host_workspace(workspace_size(plan)) : (workspace, pointer(workspace))
-    nbytes = workspace === nothing ? workspace_size(plan) : sizeof(workspace)
+    owner, ws, nbytes = _workspace(plan, workspace, workspace_size)
     GC.@preserve q k v o lse owner cu_seqlens_q cu_seqlens_k begin
         lp = lse === nothing ? convert(Ptr{Cfloat}, C_NULL) : pointer(lse)
         check(flashattn_plan_execute_varlen(plan.ptr, pointer(q), pointer(k), pointer(v), pointer(o), lp,
@@ -523,40 +544,16 @@ end
 # Backward pass
 
 "`(backend::Symbol, reason::String)` that runs a finalized plan's backward pass (may differ from the forward's)."
-function backward_backend(plan::Plan)
-    b = Ref{flashattn_backend_t}(0)
-    reason = Ref{Ptr{Cchar}}(C_NULL)
-    check(flashattn_plan_get_backward_backend(_ptr(plan), b, reason), "flashattn_plan_get_backward_backend")
-    name = :unknown
-    for (k, v) in BACKENDS
-        v == b[] && (name = k)
-    end
-    return name, reason[] == C_NULL ? "" : unsafe_string(reason[])
-end
+backward_backend(plan::Plan) =
+    _read_backend(plan, flashattn_plan_get_backward_backend, "flashattn_plan_get_backward_backend")
 
 "Bytes of workspace each backward execute of a finalized plan needs (separate from [`workspace_size`](@ref))."
-function backward_workspace_size(plan::Plan)
-    n = Ref{Csize_t}(0)
-    check(flashattn_plan_get_backward_workspace_size(_ptr(plan), n), "flashattn_plan_get_backward_workspace_size")
-    return Int(n[])
-end
+backward_workspace_size(plan::Plan) =
+    _read_size(plan, flashattn_plan_get_backward_workspace_size, "flashattn_plan_get_backward_workspace_size")
 
-function _check_backward_host(plan, q, k, v, o, dout, lse, dq, dk, dv, cu)
-    e = extents(plan)
-    name, _ = backward_backend(plan)
-    name === :cpu || throw(ArgumentError("Julia arrays are host memory and need the CPU backend; this plan's backward runs $name"))
-    dtype_of(eltype(q)) == e.dtype || throw(ArgumentError("element type $(eltype(q)) does not match the plan's dtype"))
-    for (n, a, need) in ((:q, q, e.q), (:k, k, e.k), (:v, v, e.v), (:o, o, e.o), (:dout, dout, e.dout),
-                         (:lse, lse, e.lse), (:dq, dq, e.dq), (:dk, dk, e.dk), (:dv, dv, e.dv))
-        length(a) >= need || throw(DimensionMismatch("$n holds $(length(a)) elements, the plan needs $need"))
-    end
-    if cu !== nothing
-        for c in cu
-            length(c) >= e.cu_seqlens || throw(DimensionMismatch("cu_seqlens hold $(length(c)) entries, the plan needs $(e.cu_seqlens)"))
-        end
-    end
-    return nothing
-end
+_check_backward_host(plan, q, k, v, o, dout, lse, dq, dk, dv, cu) =
+    _check_arrays(plan, backward_backend, "this plan's backward", q,
+                  ((:q, q), (:k, k), (:v, v), (:o, o), (:dout, dout), (:lse, lse), (:dq, dq), (:dk, dk), (:dv, dv)), cu)
 
 """
     backward!(plan, q, k, v, o, dout, lse, dq, dk, dv; workspace=nothing)
@@ -571,9 +568,7 @@ function backward!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::DenseArray
                    dout::DenseArray{T}, lse::DenseArray{Float32}, dq::DenseArray{T}, dk::DenseArray{T},
                    dv::DenseArray{T}; workspace=nothing) where {T}
     _check_backward_host(plan, q, k, v, o, dout, lse, dq, dk, dv, nothing)
-    need = backward_workspace_size(plan)
-    owner, ws = workspace === nothing ? host_workspace(need) : (workspace, pointer(workspace))
-    nbytes = workspace === nothing ? need : sizeof(workspace)
+    owner, ws, nbytes = _workspace(plan, workspace, backward_workspace_size)
     GC.@preserve q k v o dout lse dq dk dv owner begin
         check(flashattn_plan_execute_backward(plan.ptr, pointer(q), pointer(k), pointer(v), pointer(o), pointer(dout),
                                               pointer(lse), pointer(dq), pointer(dk), pointer(dv), ws, nbytes, C_NULL),
@@ -602,9 +597,7 @@ function backward_varlen!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::Den
                           dv::DenseArray{T}, cu_seqlens_q::Vector{Int32}, cu_seqlens_k::Vector{Int32};
                           workspace=nothing) where {T}
     _check_backward_host(plan, q, k, v, o, dout, lse, dq, dk, dv, (cu_seqlens_q, cu_seqlens_k))
-    need = backward_workspace_size(plan)
-    owner, ws = workspace === nothing ? host_workspace(need) : (workspace, pointer(workspace))
-    nbytes = workspace === nothing ? need : sizeof(workspace)
+    owner, ws, nbytes = _workspace(plan, workspace, backward_workspace_size)
     GC.@preserve q k v o dout lse dq dk dv owner cu_seqlens_q cu_seqlens_k begin
         check(flashattn_plan_execute_backward_varlen(plan.ptr, pointer(q), pointer(k), pointer(v), pointer(o),
                                                      pointer(dout), pointer(lse), pointer(dq), pointer(dk), pointer(dv),
@@ -667,6 +660,32 @@ function _set_strides!(plan, arrays, keys=_FORWARD_STRIDES)
     end
 end
 
+# (d, hq, sq, b, hkv, sk, dv) of fixed-length (dim, heads, seq, batch) arrays q, k, v that fit together.
+function _fixed_sizes(q, k, v)
+    d, hq, sq, b = size(q)
+    dk, hkv, sk, bk = size(k)
+    dv, hv, sv, bv = size(v)
+    (dk == d && bk == b && bv == b && hv == hkv && sv == sk) ||
+        throw(DimensionMismatch("q $(size(q)), k $(size(k)), v $(size(v)) do not fit together"))
+    return (d, hq, sq, b, hkv, sk, dv)
+end
+
+# (cq, ck, d, hq, tq, hkv, tk, dv): the cu_seqlens as Int32 vectors and the sizes of packed
+# (dim, heads, total) arrays q, k, v that fit together.
+function _varlen_sizes(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    cq, ck = Vector{Int32}(cu_seqlens_q), Vector{Int32}(cu_seqlens_k)
+    (length(cq) >= 2 && length(cq) == length(ck)) || throw(ArgumentError("cu_seqlens need batch+1 >= 2 entries each"))
+    d, hq, tq = size(q)
+    dk, hkv, tk = size(k)
+    dv = size(v, 1)
+    (dk == d && size(v, 2) == hkv && size(v, 3) == tk) ||
+        throw(DimensionMismatch("q $(size(q)), k $(size(k)), v $(size(v)) do not fit together"))
+    return (cq, ck, d, hq, tq, hkv, tk, dv)
+end
+
+# The longest sequence of a cu_seqlens prefix sum (at least 1).
+_maxlen(c) = max(1, maximum(diff(Int64.(c))))
+
 """
     attention(q, k, v; causal=false, window=(-1, -1), softcap=0.0, scale=nothing, backend=:cpu)
 
@@ -679,11 +698,7 @@ batch)`, `lse` is Float32 `(seqlen_q, heads_q, batch)`.
 function attention(q::StridedArray{T,4}, k::StridedArray{T,4}, v::StridedArray{T,4};
                    causal::Bool=false, window=(-1, -1), softcap::Real=0.0, scale=nothing,
                    backend::Symbol=:cpu) where {T}
-    d, hq, sq, b = size(q)
-    dk, hkv, sk, bk = size(k)
-    dv, hv, sv, bv = size(v)
-    (dk == d && bk == b && bv == b && hv == hkv && sv == sk) ||
-        throw(DimensionMismatch("q $(size(q)), k $(size(k)), v $(size(v)) do not fit together"))
+    d, hq, sq, b, hkv, sk, dv = _fixed_sizes(q, k, v)
     o = Array{T}(undef, dv, hq, sq, b)
     lse = Array{Float32}(undef, sq, hq, b)
     plan = Plan(batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=d, head_dim_v=dv)
@@ -713,17 +728,10 @@ function attention_varlen(q::StridedArray{T,3}, k::StridedArray{T,3}, v::Strided
                           cu_seqlens_q::AbstractVector{<:Integer}, cu_seqlens_k::AbstractVector{<:Integer};
                           causal::Bool=false, window=(-1, -1), softcap::Real=0.0, scale=nothing,
                           backend::Symbol=:cpu) where {T}
-    cq, ck = Vector{Int32}(cu_seqlens_q), Vector{Int32}(cu_seqlens_k)
-    (length(cq) >= 2 && length(cq) == length(ck)) || throw(ArgumentError("cu_seqlens need batch+1 >= 2 entries each"))
-    d, hq, tq = size(q)
-    dk, hkv, tk = size(k)
-    dv = size(v, 1)
-    (dk == d && size(v, 2) == hkv && size(v, 3) == tk) ||
-        throw(DimensionMismatch("q $(size(q)), k $(size(k)), v $(size(v)) do not fit together"))
-    maxlen(c) = max(1, maximum(diff(Int64.(c))))
+    cq, ck, d, hq, tq, hkv, tk, dv = _varlen_sizes(q, k, v, cu_seqlens_q, cu_seqlens_k)
     o = Array{T}(undef, dv, hq, tq)
     lse = Array{Float32}(undef, tq, hq)
-    plan = Plan(batch=length(cq) - 1, seqlen_q=maxlen(cq), seqlen_k=maxlen(ck), heads_q=hq, heads_kv=hkv,
+    plan = Plan(batch=length(cq) - 1, seqlen_q=_maxlen(cq), seqlen_k=_maxlen(ck), heads_q=hq, heads_kv=hkv,
                 head_dim=d, head_dim_v=dv, varlen=1, total_q=tq, total_k=tk)
     try
         _options!(plan, T, causal, window, softcap, scale, backend)
@@ -751,25 +759,14 @@ its `(o, lse)` and `dout` (the gradient of the loss with respect to `o`, same si
 function attention_backward(q::StridedArray{T,4}, k::StridedArray{T,4}, v::StridedArray{T,4}, o::StridedArray{T,4},
                             lse::DenseArray{Float32,3}, dout::StridedArray{T,4}; causal::Bool=false, window=(-1, -1),
                             softcap::Real=0.0, scale=nothing, backend::Symbol=:cpu, deterministic::Bool=false) where {T}
-    d, hq, sq, b = size(q)
-    dk_, hkv, sk, bk = size(k)
-    dv_, hv, sv, bv = size(v)
-    (dk_ == d && bk == b && bv == b && hv == hkv && sv == sk) ||
-        throw(DimensionMismatch("q $(size(q)), k $(size(k)), v $(size(v)) do not fit together"))
+    d, hq, sq, b, hkv, sk, dv_ = _fixed_sizes(q, k, v)
     (size(o) == size(dout) == (dv_, hq, sq, b) && size(lse) == (sq, hq, b)) ||
         throw(DimensionMismatch("o $(size(o)), dout $(size(dout)), lse $(size(lse)) do not fit q, k, v"))
     dq, dk, dv = Array{T}(undef, size(q)), Array{T}(undef, size(k)), Array{T}(undef, size(v))
-    plan = Plan(batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=d, head_dim_v=dv_,
-                deterministic=deterministic ? 1 : 0)
-    try
-        _options!(plan, T, causal, window, softcap, scale, backend)
-        _set_strides!(plan, (q, k, v, o))
-        _set_strides!(plan, (dout, dq, dk, dv), _BACKWARD_STRIDES)
-        finalize!(plan)
-        _backward_call(plan, q, k, v, o, dout, lse, dq, dk, dv, nothing, nothing)
-    finally
-        close(plan)
-    end
+    sizes = (batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=d, head_dim_v=dv_,
+             deterministic=deterministic ? 1 : 0)
+    _backward_plan_call(sizes, (causal, window, softcap, scale, backend), q, k, v, o, dout, lse, dq, dk, dv,
+                        nothing, nothing)
     return dq, dk, dv
 end
 
@@ -783,21 +780,22 @@ function attention_varlen_backward(q::StridedArray{T,3}, k::StridedArray{T,3}, v
                                    cu_seqlens_q::AbstractVector{<:Integer}, cu_seqlens_k::AbstractVector{<:Integer};
                                    causal::Bool=false, window=(-1, -1), softcap::Real=0.0, scale=nothing,
                                    backend::Symbol=:cpu, deterministic::Bool=false) where {T}
-    cq, ck = Vector{Int32}(cu_seqlens_q), Vector{Int32}(cu_seqlens_k)
-    (length(cq) >= 2 && length(cq) == length(ck)) || throw(ArgumentError("cu_seqlens need batch+1 >= 2 entries each"))
-    d, hq, tq = size(q)
-    dk_, hkv, tk = size(k)
-    dv_ = size(v, 1)
-    (dk_ == d && size(v, 2) == hkv && size(v, 3) == tk) ||
-        throw(DimensionMismatch("q $(size(q)), k $(size(k)), v $(size(v)) do not fit together"))
+    cq, ck, d, hq, tq, hkv, tk, dv_ = _varlen_sizes(q, k, v, cu_seqlens_q, cu_seqlens_k)
     (size(o) == size(dout) == (dv_, hq, tq) && size(lse) == (tq, hq)) ||
         throw(DimensionMismatch("o $(size(o)), dout $(size(dout)), lse $(size(lse)) do not fit q, k, v"))
-    maxlen(c) = max(1, maximum(diff(Int64.(c))))
     dq, dk, dv = Array{T}(undef, size(q)), Array{T}(undef, size(k)), Array{T}(undef, size(v))
-    plan = Plan(batch=length(cq) - 1, seqlen_q=maxlen(cq), seqlen_k=maxlen(ck), heads_q=hq, heads_kv=hkv,
-                head_dim=d, head_dim_v=dv_, varlen=1, total_q=tq, total_k=tk, deterministic=deterministic ? 1 : 0)
+    sizes = (batch=length(cq) - 1, seqlen_q=_maxlen(cq), seqlen_k=_maxlen(ck), heads_q=hq, heads_kv=hkv,
+             head_dim=d, head_dim_v=dv_, varlen=1, total_q=tq, total_k=tk, deterministic=deterministic ? 1 : 0)
+    _backward_plan_call(sizes, (causal, window, softcap, scale, backend), q, k, v, o, dout, lse, dq, dk, dv, cq, ck)
+    return dq, dk, dv
+end
+
+# A plan of `sizes` (Plan keywords), the options `(causal, window, softcap, scale, backend)` and
+# the strides of the host arrays, finalized, run by _backward_call and closed.
+function _backward_plan_call(sizes, options, q, k, v, o, dout, lse, dq, dk, dv, cq, ck)
+    plan = Plan(; sizes...)
     try
-        _options!(plan, T, causal, window, softcap, scale, backend)
+        _options!(plan, eltype(q), options...)
         _set_strides!(plan, (q, k, v, o))
         _set_strides!(plan, (dout, dq, dk, dv), _BACKWARD_STRIDES)
         finalize!(plan)
@@ -805,7 +803,7 @@ function attention_varlen_backward(q::StridedArray{T,3}, k::StridedArray{T,3}, v
     finally
         close(plan)
     end
-    return dq, dk, dv
+    return nothing
 end
 
 # The C call on (possibly strided) host arrays whose strides the plan already has.

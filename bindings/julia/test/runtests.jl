@@ -6,6 +6,33 @@ using Test
 using FlashAttn
 const FA = FlashAttn
 
+# Row i of the Float64 softmax of the scores sc·q·kᵀ (masked, through the softcap) of query head h
+# (kv head hk) in batch bi on Julia-layout arrays: (probabilities, log-sum-exp, each key's
+# tanh(score/softcap) (0 without a softcap)), or `nothing` when the row sees no key.
+function softmax_row(q, k, h, hk, i, bi; causal, window, softcap, sc)
+    d, sq, sk = size(q, 1), size(q, 3), size(k, 3)
+    diag = (i - 1) + sk - sq
+    s = fill(-Inf, sk)
+    t = zeros(sk)
+    for j in 1:sk
+        j0 = j - 1
+        (causal && j0 > diag) && continue
+        (window[1] >= 0 && j0 < diag - window[1]) && continue
+        (window[2] >= 0 && j0 > diag + window[2]) && continue
+        x = sc * sum(Float64(q[u, h, i, bi]) * Float64(k[u, hk, j, bi]) for u in 1:d)
+        if softcap > 0
+            t[j] = tanh(x / softcap)
+            x = softcap * t[j]
+        end
+        s[j] = x
+    end
+    m = maximum(s)
+    isinf(m) && return nothing
+    p = exp.(s .- m)
+    total = sum(p)
+    return p ./ total, log(total) + m, t
+end
+
 # Float64 reference on Julia-layout arrays: q (d, hq, sq, b) -> o (dv, hq, sq, b), lse (sq, hq, b).
 function reference(q, k, v; causal=false, window=(-1, -1), softcap=0.0, scale=nothing)
     d, hq, sq, b = size(q)
@@ -17,24 +44,12 @@ function reference(q, k, v; causal=false, window=(-1, -1), softcap=0.0, scale=no
     for bi in 1:b, h in 1:hq
         hk = (h - 1) ÷ (hq ÷ hkv) + 1
         for i in 1:sq
-            diag = (i - 1) + sk - sq
-            s = fill(-Inf, sk)
-            for j in 1:sk
-                j0 = j - 1
-                (causal && j0 > diag) && continue
-                (window[1] >= 0 && j0 < diag - window[1]) && continue
-                (window[2] >= 0 && j0 > diag + window[2]) && continue
-                x = sc * sum(Float64(q[t, h, i, bi]) * Float64(k[t, hk, j, bi]) for t in 1:d)
-                softcap > 0 && (x = softcap * tanh(x / softcap))
-                s[j] = x
-            end
-            m = maximum(s)
-            isinf(m) && continue
-            p = exp.(s .- m)
-            total = sum(p)
-            lse[i, h, bi] = log(total) + m
+            row = softmax_row(q, k, h, hk, i, bi; causal=causal, window=window, softcap=softcap, sc=sc)
+            row === nothing && continue
+            p, l, _ = row
+            lse[i, h, bi] = l
             for j in 1:sk, t in 1:dv
-                o[t, h, i, bi] += p[j] / total * Float64(v[t, hk, j, bi])
+                o[t, h, i, bi] += p[j] * Float64(v[t, hk, j, bi])
             end
         end
     end
@@ -53,25 +68,9 @@ function reference_backward(q, k, v, dout; causal=false, window=(-1, -1), softca
     for bi in 1:b, h in 1:hq
         hk = (h - 1) ÷ (hq ÷ hkv) + 1
         for i in 1:sq
-            diag = (i - 1) + sk - sq
-            s = fill(-Inf, sk)
-            t = zeros(sk)
-            for j in 1:sk
-                j0 = j - 1
-                (causal && j0 > diag) && continue
-                (window[1] >= 0 && j0 < diag - window[1]) && continue
-                (window[2] >= 0 && j0 > diag + window[2]) && continue
-                x = sc * sum(Float64(q[u, h, i, bi]) * Float64(k[u, hk, j, bi]) for u in 1:d)
-                if softcap > 0
-                    t[j] = tanh(x / softcap)
-                    x = softcap * t[j]
-                end
-                s[j] = x
-            end
-            m = maximum(s)
-            isinf(m) && continue
-            p = exp.(s .- m)
-            p ./= sum(p)
+            row = softmax_row(q, k, h, hk, i, bi; causal=causal, window=window, softcap=softcap, sc=sc)
+            row === nothing && continue  # sees no key: no gradient flows
+            p, _, t = row
             o = [sum(p[j] * Float64(v[u, hk, j, bi]) for j in 1:sk) for u in 1:dv]
             delta = sum(Float64(dout[u, h, i, bi]) * o[u] for u in 1:dv)
             for j in 1:sk

@@ -6,20 +6,33 @@ from ._capi import I64, F64, Backend, DType
 from ._plan import Plan, parse_backend
 from ._tensors import Allocator, as_tensor, current_stream, is_torch_tensor, stream_handle
 
+# (batch, row, head) stride keys of each tensor; dout, dq, dk, dv are the backward's.
 _STRIDE_KEYS = {
     "q": (I64.Q_BATCH_STRIDE, I64.Q_ROW_STRIDE, I64.Q_HEAD_STRIDE),
     "k": (I64.K_BATCH_STRIDE, I64.K_ROW_STRIDE, I64.K_HEAD_STRIDE),
     "v": (I64.V_BATCH_STRIDE, I64.V_ROW_STRIDE, I64.V_HEAD_STRIDE),
     "o": (I64.O_BATCH_STRIDE, I64.O_ROW_STRIDE, I64.O_HEAD_STRIDE),
+    "dout": (I64.DO_BATCH_STRIDE, I64.DO_ROW_STRIDE, I64.DO_HEAD_STRIDE),
+    "dq": (I64.DQ_BATCH_STRIDE, I64.DQ_ROW_STRIDE, I64.DQ_HEAD_STRIDE),
+    "dk": (I64.DK_BATCH_STRIDE, I64.DK_ROW_STRIDE, I64.DK_HEAD_STRIDE),
+    "dv": (I64.DV_BATCH_STRIDE, I64.DV_ROW_STRIDE, I64.DV_HEAD_STRIDE),
 }
 
 
-def _layout_strides(ref, varlen):
+def _set_strides(plan, name, shape, strides, varlen):
+    """Set tensor name's strides (elements) on the plan from its shape and strides (no batch stride
+    for a variable-length plan)."""
+    for key, value in zip(_STRIDE_KEYS[name], _layout_strides(shape, strides, varlen)):
+        if not (varlen and key.name.endswith("BATCH_STRIDE")):
+            plan.set_i64(key, value)
+
+
+def _layout_strides(shape, strides, varlen):
     """(batch, row, head) element strides of a [b, s, h, d] (or [t, h, d]) tensor for the plan.
 
     A dimension of size 1 has no meaningful stride (numpy and torch report arbitrary ones, even 0):
     it gets the contiguous value, which the library accepts and which keeps rows aligned."""
-    shape, strides = ref.shape, ref.strides
+    shape, strides = tuple(shape), tuple(strides)
     if varlen:
         shape, strides = (1,) + shape, (0,) + strides
     _, s, h, d = shape
@@ -203,9 +216,7 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, scale=None
             plan.set_i64(I64.TOTAL_Q, tq)
             plan.set_i64(I64.TOTAL_K, tk)
         for name, r in (("q", qr), ("k", kr), ("v", vr), ("o", orf)):
-            for key, value in zip(_STRIDE_KEYS[name], _layout_strides(r, varlen)):
-                if not (varlen and key.name.endswith("BATCH_STRIDE")):
-                    plan.set_i64(key, value)
+            _set_strides(plan, name, r.shape, r.strides, varlen)
         plan.set_f64(F64.SOFTCAP, softcap or 0.0)
         if scale is not None:
             plan.set_f64(F64.SOFTMAX_SCALE, scale)

@@ -62,6 +62,19 @@ def _destroy(library, handle):
     library.flashattn_plan_destroy(handle)
 
 
+def _c_ptr(address, ctype):
+    """A ctypes pointer to ctype at an int address, or None for a null one."""
+    return ctypes.cast(ctypes.c_void_p(address), ctypes.POINTER(ctype)) if address else None
+
+
+def _pointers(specs):
+    """({name: pointer}, {name: TensorRef or None}) of (name, value, may be None) triples (see _pointer)."""
+    ptrs, refs = {}, {}
+    for name, value, optional in specs:
+        ptrs[name], refs[name] = _pointer(value, name, allow_none=optional)
+    return ptrs, refs
+
+
 def _pointer(value, name, allow_none=False):
     """(pointer, TensorRef or None) for a tensor object, an int address or None."""
     if value is None:
@@ -163,12 +176,22 @@ class Plan:
         call("flashattn_plan_finalize", self.handle)
         return self
 
-    def backend_info(self):
-        """(Backend, reason) of a finalized plan."""
+    def _get_backend(self, function):
+        """(Backend, reason) from flashattn_plan_get_backend or its backward twin."""
         backend = ctypes.c_int()
         reason = ctypes.c_char_p()
-        call("flashattn_plan_get_backend", self.handle, ctypes.byref(backend), ctypes.byref(reason))
+        call(function, self.handle, ctypes.byref(backend), ctypes.byref(reason))
         return Backend(backend.value), (reason.value or b"").decode("utf-8", "replace")
+
+    def _get_size(self, function):
+        """The size_t that flashattn_plan_get_workspace_size (or its backward twin) reports."""
+        out = ctypes.c_size_t()
+        call(function, self.handle, ctypes.byref(out))
+        return out.value
+
+    def backend_info(self):
+        """(Backend, reason) of a finalized plan."""
+        return self._get_backend("flashattn_plan_get_backend")
 
     @property
     def backend(self):
@@ -180,16 +203,11 @@ class Plan:
 
     @property
     def workspace_size(self):
-        out = ctypes.c_size_t()
-        call("flashattn_plan_get_workspace_size", self.handle, ctypes.byref(out))
-        return out.value
+        return self._get_size("flashattn_plan_get_workspace_size")
 
     def backward_backend_info(self):
         """(Backend, reason) that runs a finalized plan's backward pass (may differ from the forward's)."""
-        backend = ctypes.c_int()
-        reason = ctypes.c_char_p()
-        call("flashattn_plan_get_backward_backend", self.handle, ctypes.byref(backend), ctypes.byref(reason))
-        return Backend(backend.value), (reason.value or b"").decode("utf-8", "replace")
+        return self._get_backend("flashattn_plan_get_backward_backend")
 
     @property
     def backward_backend(self):
@@ -198,9 +216,7 @@ class Plan:
     @property
     def backward_workspace_size(self):
         """Bytes of workspace each backward execute of this finalized plan needs (separate from the forward's)."""
-        out = ctypes.c_size_t()
-        call("flashattn_plan_get_backward_workspace_size", self.handle, ctypes.byref(out))
-        return out.value
+        return self._get_size("flashattn_plan_get_backward_workspace_size")
 
     def extents(self):
         """Bytes each tensor of a finalized plan spans from its pointer: dict q, k, v, o, lse, cu and the
@@ -274,11 +290,9 @@ class Plan:
 
     def _execute(self, varlen, q, k, v, o, lse, cu_q, cu_k, workspace, stream):
         handle = self.handle
-        ptrs, refs = {}, {}
-        for name, value, optional in (("q", q, False), ("k", k, False), ("v", v, False), ("o", o, False),
-                                      ("lse", lse, True), ("cu_seqlens_q", cu_q, not varlen),
-                                      ("cu_seqlens_k", cu_k, not varlen)):
-            ptrs[name], refs[name] = _pointer(value, name, allow_none=optional)
+        ptrs, refs = _pointers((("q", q, False), ("k", k, False), ("v", v, False), ("o", o, False),
+                                ("lse", lse, True), ("cu_seqlens_q", cu_q, not varlen),
+                                ("cu_seqlens_k", cu_k, not varlen)))
         finalized = True
         try:
             self.workspace_size
@@ -286,20 +300,19 @@ class Plan:
             finalized = False  # let the C call report it
         if finalized:
             self._check_refs(refs)
+        self._call("flashattn_plan_execute", handle, ptrs, ("q", "k", "v", "o", "lse"), varlen, workspace, stream)
+        del refs  # the arrays stayed referenced for the whole call
+
+    def _call(self, function, handle, ptrs, names, varlen, workspace, stream):
+        """function (its _varlen twin when varlen, with the cu_seqlens) on the pointers of names (lse
+        as float*), then the workspace and the stream; raises on a failed status."""
         ws_ptr, ws_bytes = self._workspace(workspace)
         s = stream_handle(stream) or None
-        lse_p = ctypes.cast(ctypes.c_void_p(ptrs["lse"]), ctypes.POINTER(ctypes.c_float)) if ptrs["lse"] else None
+        args = [handle] + [_c_ptr(ptrs[n], ctypes.c_float) if n == "lse" else ptrs[n] for n in names]
         if varlen:
-            cq = ctypes.cast(ctypes.c_void_p(ptrs["cu_seqlens_q"]), ctypes.POINTER(ctypes.c_int32)) if ptrs["cu_seqlens_q"] else None
-            ck = ctypes.cast(ctypes.c_void_p(ptrs["cu_seqlens_k"]), ctypes.POINTER(ctypes.c_int32)) if ptrs["cu_seqlens_k"] else None
-            status = lib().flashattn_plan_execute_varlen(handle, ptrs["q"], ptrs["k"], ptrs["v"], ptrs["o"], lse_p,
-                                                         cq, ck, ws_ptr, ws_bytes, s)
-            lib().check(status, "flashattn_plan_execute_varlen")
-        else:
-            status = lib().flashattn_plan_execute(handle, ptrs["q"], ptrs["k"], ptrs["v"], ptrs["o"], lse_p,
-                                                  ws_ptr, ws_bytes, s)
-            lib().check(status, "flashattn_plan_execute")
-        del refs  # the arrays stayed referenced for the whole call
+            function += "_varlen"
+            args += [_c_ptr(ptrs["cu_seqlens_q"], ctypes.c_int32), _c_ptr(ptrs["cu_seqlens_k"], ctypes.c_int32)]
+        call(function, *args, ws_ptr, ws_bytes, s)
 
     # -- backward ----------------------------------------------------------------------------
     def backward(self, q, k, v, o, dout, lse, dq, dk, dv, workspace=None, stream=None):
@@ -318,12 +331,10 @@ class Plan:
 
     def _backward(self, varlen, q, k, v, o, dout, lse, dq, dk, dv, cu_q, cu_k, workspace, stream):
         handle = self.handle
-        ptrs, refs = {}, {}
-        for name, value, optional in (("q", q, False), ("k", k, False), ("v", v, False), ("o", o, False),
-                                      ("dout", dout, False), ("lse", lse, False), ("dq", dq, False),
-                                      ("dk", dk, False), ("dv", dv, False), ("cu_seqlens_q", cu_q, not varlen),
-                                      ("cu_seqlens_k", cu_k, not varlen)):
-            ptrs[name], refs[name] = _pointer(value, name, allow_none=optional)
+        ptrs, refs = _pointers((("q", q, False), ("k", k, False), ("v", v, False), ("o", o, False),
+                                ("dout", dout, False), ("lse", lse, False), ("dq", dq, False), ("dk", dk, False),
+                                ("dv", dv, False), ("cu_seqlens_q", cu_q, not varlen),
+                                ("cu_seqlens_k", cu_k, not varlen)))
         backend = None
         try:
             backend = self.backward_backend
@@ -338,19 +349,8 @@ class Plan:
                 import numpy as np
                 ws_owner = np.empty(need + 256, dtype=np.uint8)
                 workspace = ((ws_owner.ctypes.data + 255) // 256 * 256, need)
-        ws_ptr, ws_bytes = self._workspace(workspace)
-        s = stream_handle(stream) or None
-        lse_p = ctypes.cast(ctypes.c_void_p(ptrs["lse"]), ctypes.POINTER(ctypes.c_float)) if ptrs["lse"] else None
-        args = [handle, ptrs["q"], ptrs["k"], ptrs["v"], ptrs["o"], ptrs["dout"], lse_p, ptrs["dq"], ptrs["dk"],
-                ptrs["dv"]]
-        if varlen:
-            cq = ctypes.cast(ctypes.c_void_p(ptrs["cu_seqlens_q"]), ctypes.POINTER(ctypes.c_int32)) if ptrs["cu_seqlens_q"] else None
-            ck = ctypes.cast(ctypes.c_void_p(ptrs["cu_seqlens_k"]), ctypes.POINTER(ctypes.c_int32)) if ptrs["cu_seqlens_k"] else None
-            status = lib().flashattn_plan_execute_backward_varlen(*args, cq, ck, ws_ptr, ws_bytes, s)
-            lib().check(status, "flashattn_plan_execute_backward_varlen")
-        else:
-            status = lib().flashattn_plan_execute_backward(*args, ws_ptr, ws_bytes, s)
-            lib().check(status, "flashattn_plan_execute_backward")
+        self._call("flashattn_plan_execute_backward", handle, ptrs, ("q", "k", "v", "o", "dout", "lse", "dq", "dk", "dv"),
+                   varlen, workspace, stream)
         del refs, ws_owner  # kept referenced for the whole call
 
 

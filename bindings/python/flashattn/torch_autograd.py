@@ -15,32 +15,10 @@ backends, on the current stream, with workspaces allocated by torch. This module
 import torch
 from torch.autograd.function import once_differentiable
 
+from ._attention import _set_strides
 from ._capi import I64, F64, Backend
 from ._plan import Plan
 from ._tensors import as_tensor
-
-_STRIDES = {
-    "q": (I64.Q_BATCH_STRIDE, I64.Q_ROW_STRIDE, I64.Q_HEAD_STRIDE),
-    "k": (I64.K_BATCH_STRIDE, I64.K_ROW_STRIDE, I64.K_HEAD_STRIDE),
-    "v": (I64.V_BATCH_STRIDE, I64.V_ROW_STRIDE, I64.V_HEAD_STRIDE),
-    "o": (I64.O_BATCH_STRIDE, I64.O_ROW_STRIDE, I64.O_HEAD_STRIDE),
-    "dout": (I64.DO_BATCH_STRIDE, I64.DO_ROW_STRIDE, I64.DO_HEAD_STRIDE),
-    "dq": (I64.DQ_BATCH_STRIDE, I64.DQ_ROW_STRIDE, I64.DQ_HEAD_STRIDE),
-    "dk": (I64.DK_BATCH_STRIDE, I64.DK_ROW_STRIDE, I64.DK_HEAD_STRIDE),
-    "dv": (I64.DV_BATCH_STRIDE, I64.DV_ROW_STRIDE, I64.DV_HEAD_STRIDE),
-}
-
-
-def _strides(t, varlen):
-    """(batch, row, head) element strides of [b, s, h, d] (or [t, h, d]); size-1 dims contiguous."""
-    shape, st = tuple(t.shape), tuple(t.stride())
-    if varlen:
-        shape, st = (1,) + shape, (0,) + st
-    _, s, h, d = shape
-    head = st[2] if h > 1 else d
-    row = st[1] if s > 1 else h * head
-    batch = st[0] if shape[0] > 1 else max(s, 1) * row
-    return batch, row, head
 
 
 def _last_contiguous(t):
@@ -60,9 +38,7 @@ def _plan(cfg, tensors):
         if q.is_cuda:
             plan.set_i64(I64.DEVICE, q.device.index if q.device.index is not None else torch.cuda.current_device())
         for name, t in tensors.items():
-            for key, value in zip(_STRIDES[name], _strides(t, cfg["varlen"])):
-                if not (cfg["varlen"] and key.name.endswith("BATCH_STRIDE")):
-                    plan.set_i64(key, value)
+            _set_strides(plan, name, t.shape, t.stride(), cfg["varlen"])
         plan.finalize()
     except BaseException:
         plan.close()

@@ -11,8 +11,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # the package, when PYTHONPATH does not name it already
 
 
-def reference_attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None):
-    """float64 attention of [B, Sq, Hq, D], [B, Sk, Hkv, D], [B, Sk, Hkv, Dv] -> (O, LSE[B, Hq, Sq])."""
+def _reference_softmax(q, k, v, causal, window, softcap, scale):
+    """The float64 softmax of reference_attention's scores: dict with P [B, Hq, Sq, Sk], K and V
+    repeated per query head, the scale, tanh(S / softcap) (None without a softcap) and LSE [B, Hq, Sq, 1]."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
@@ -22,45 +23,7 @@ def reference_attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, sca
     if scale is None:
         scale = 1.0 / np.sqrt(d)
     s = np.einsum("bqhd,bkhd->bhqk", q, kk) * scale
-    if softcap:
-        s = softcap * np.tanh(s / softcap)
-    i = np.arange(sq)[:, None]
-    j = np.arange(sk)[None, :]
-    diag = i + sk - sq
-    mask = np.ones((sq, sk), dtype=bool)
-    if causal:
-        mask &= j <= diag
-    left, right = window
-    if left >= 0:
-        mask &= j >= diag - left
-    if right >= 0:
-        mask &= j <= diag + right
-    s = np.where(mask, s, -np.inf)
-    m = s.max(axis=-1, keepdims=True)
-    m_safe = np.where(np.isfinite(m), m, 0.0)
-    e = np.exp(s - m_safe)
-    total = e.sum(axis=-1, keepdims=True)
-    with np.errstate(divide="ignore"):
-        lse = np.where(total > 0, np.log(total) + m_safe, -np.inf)
-    p = np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0)
-    o = np.einsum("bhqk,bkhd->bqhd", p, vv)
-    return o, lse[..., 0]
-
-
-def reference_attention_backward(q, k, v, dout, causal=False, window=(-1, -1), softcap=0.0, scale=None):
-    """float64 gradients (dQ, dK, dV) of sum(O * dout) for reference_attention's inputs.
-
-    P = softmax(S), dP = dO V^T, dS = P * (dP - rowsum(dO * O)), through the softcap's tanh,
-    dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO; dK, dV summed over each kv head's query group."""
-    q, k, v, dout = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout))
-    b, sq, hq, d = q.shape
-    sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
-    group = hq // hkv
-    kk = np.repeat(k, group, axis=2)
-    vv = np.repeat(v, group, axis=2)
-    if scale is None:
-        scale = 1.0 / np.sqrt(d)
-    s = np.einsum("bqhd,bkhd->bhqk", q, kk) * scale
+    t = None
     if softcap:
         t = np.tanh(s / softcap)
         s = softcap * t
@@ -80,12 +43,35 @@ def reference_attention_backward(q, k, v, dout, causal=False, window=(-1, -1), s
     m_safe = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(s - m_safe)
     total = e.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        lse = np.where(total > 0, np.log(total) + m_safe, -np.inf)
     p = np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0)
+    return {"p": p, "kk": kk, "vv": vv, "scale": scale, "tanh": t, "lse": lse}
+
+
+def reference_attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None):
+    """float64 attention of [B, Sq, Hq, D], [B, Sk, Hkv, D], [B, Sk, Hkv, Dv] -> (O, LSE[B, Hq, Sq])."""
+    r = _reference_softmax(q, k, v, causal, window, softcap, scale)
+    o = np.einsum("bhqk,bkhd->bqhd", r["p"], r["vv"])
+    return o, r["lse"][..., 0]
+
+
+def reference_attention_backward(q, k, v, dout, causal=False, window=(-1, -1), softcap=0.0, scale=None):
+    """float64 gradients (dQ, dK, dV) of sum(O * dout) for reference_attention's inputs.
+
+    P = softmax(S), dP = dO V^T, dS = P * (dP - rowsum(dO * O)), through the softcap's tanh,
+    dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO; dK, dV summed over each kv head's query group."""
+    r = _reference_softmax(q, k, v, causal, window, softcap, scale)
+    p, kk, vv, scale, t = r["p"], r["kk"], r["vv"], r["scale"], r["tanh"]
+    q, dout = np.asarray(q, dtype=np.float64), np.asarray(dout, dtype=np.float64)
+    b, sq, hq, d = q.shape
+    sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
+    group = hq // hkv
     o = np.einsum("bhqk,bkhd->bqhd", p, vv)
     dp = np.einsum("bqhd,bkhd->bhqk", dout, vv)
     delta = np.einsum("bqhd,bqhd->bhq", dout, o)[..., None]
     ds = p * (dp - delta)
-    if softcap:
+    if t is not None:
         ds = ds * (1.0 - t * t)
     dq = np.einsum("bhqk,bkhd->bqhd", ds, kk) * scale
     dk = (np.einsum("bhqk,bqhd->bkhd", ds, q) * scale).reshape(b, sk, hkv, group, d).sum(axis=3)
@@ -93,13 +79,18 @@ def reference_attention_backward(q, k, v, dout, causal=False, window=(-1, -1), s
     return dq, dk, dvv
 
 
-def reference_varlen_backward(q, k, v, dout, cu_q, cu_k, **kw):
-    """Packed [total, H, D] tensors -> (dQ, dK, dV) of the same shapes."""
-    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+def _sequences(cu_q, cu_k):
+    """(q0, q1, k0, k1) row ranges of each sequence of packed tensors that has queries and keys."""
     for s in range(len(cu_q) - 1):
         q0, q1, k0, k1 = cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]
-        if q1 == q0 or k1 == k0:
-            continue  # no queries or no keys: nothing flows
+        if q1 > q0 and k1 > k0:
+            yield q0, q1, k0, k1
+
+
+def reference_varlen_backward(q, k, v, dout, cu_q, cu_k, **kw):
+    """Packed [total, H, D] tensors -> (dQ, dK, dV) of the same shapes (0 where nothing flows)."""
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for q0, q1, k0, k1 in _sequences(cu_q, cu_k):
         g = reference_attention_backward(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], dout[None, q0:q1], **kw)
         dq[q0:q1], dk[k0:k1], dv[k0:k1] = g[0][0], g[1][0], g[2][0]
     return dq, dk, dv
@@ -110,12 +101,7 @@ def reference_varlen(q, k, v, cu_q, cu_k, **kw):
     tq, hq = q.shape[0], q.shape[1]
     o = np.zeros((tq, hq, v.shape[2]))
     lse = np.full((hq, tq), -np.inf)
-    for s in range(len(cu_q) - 1):
-        q0, q1, k0, k1 = cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]
-        if q1 == q0:
-            continue
-        if k1 == k0:
-            continue  # no keys: O = 0, LSE = -inf
+    for q0, q1, k0, k1 in _sequences(cu_q, cu_k):  # a sequence without keys: O = 0, LSE = -inf
         os_, ls = reference_attention(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], **kw)
         o[q0:q1] = os_[0]
         lse[:, q0:q1] = ls[0]

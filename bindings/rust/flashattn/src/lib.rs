@@ -491,9 +491,16 @@ impl Plan {
 
     /// The backend a finalized plan runs and why it was chosen.
     pub fn backend(&self) -> Result<(Backend, String)> {
+        self.read_backend(sys::flashattn_plan_get_backend)
+    }
+
+    /// (backend, reason) through `get`: `flashattn_plan_get_backend` or its backward twin.
+    fn read_backend(&self, get: unsafe extern "C" fn(*const sys::flashattn_plan_t, *mut sys::flashattn_backend_t,
+                                                     *mut *const c_char) -> sys::flashattn_status_t)
+                    -> Result<(Backend, String)> {
         let mut backend = 0;
         let mut reason: *const c_char = ptr::null();
-        check(unsafe { sys::flashattn_plan_get_backend(self.raw.as_ptr(), &mut backend, &mut reason) })?;
+        check(unsafe { get(self.raw.as_ptr(), &mut backend, &mut reason) })?;
         let reason = if reason.is_null() {
             String::new()
         } else {
@@ -506,8 +513,14 @@ impl Plan {
 
     /// Bytes of workspace each execute of this finalized plan needs.
     pub fn workspace_size(&self) -> Result<usize> {
+        self.read_size(sys::flashattn_plan_get_workspace_size)
+    }
+
+    /// Bytes through `get`: `flashattn_plan_get_workspace_size` or its backward twin.
+    fn read_size(&self, get: unsafe extern "C" fn(*const sys::flashattn_plan_t, *mut usize) -> sys::flashattn_status_t)
+                 -> Result<usize> {
         let mut bytes = 0usize;
-        check(unsafe { sys::flashattn_plan_get_workspace_size(self.raw.as_ptr(), &mut bytes) })?;
+        check(unsafe { get(self.raw.as_ptr(), &mut bytes) })?;
         Ok(bytes)
     }
 
@@ -553,21 +566,37 @@ impl Plan {
 
     fn check_host<T: Element>(&self, q: &[T], k: &[T], v: &[T], o: &[T], lse: Option<&[f32]>,
                               cu: Option<(&[i32], &[i32])>) -> Result<()> {
+        self.check_host_lengths::<T>(false, cu, |e| {
+            let mut checks = vec![("q", q.len(), e.q), ("k", k.len(), e.k), ("v", v.len(), e.v), ("o", o.len(), e.o)];
+            if let Some(l) = lse {
+                checks.push(("lse", l.len(), e.lse));
+            }
+            checks
+        })
+    }
+
+    /// Checks host slices of `T` against this finalized plan, whose pass (the backward when
+    /// `backward`, else the forward) must run on the CPU backend: `lengths` gives each slice's
+    /// (name, elements it holds, elements the plan needs), checked in order, then the cu_seqlens.
+    fn check_host_lengths<T: Element>(&self, backward: bool, cu: Option<(&[i32], &[i32])>,
+                                      lengths: impl FnOnce(&Extents) -> Vec<(&'static str, usize, usize)>)
+                                      -> Result<()> {
         let e = self.extents()?;
         let dtype = DType::from_raw(self.get_i64(I64Param::Dtype)?);
         if dtype != Some(T::DTYPE) {
             return Err(Error::new(Status::InvalidArgument,
                 format!("slices of {:?} elements, but the plan's dtype is {:?}", T::DTYPE, dtype)));
         }
-        let (backend, _) = self.backend()?;
+        let ((backend, _), runs, raw) = if backward {
+            (self.backward_backend()?, "this plan's backward runs", "backward_raw")
+        } else {
+            (self.backend()?, "this plan runs", "execute_raw")
+        };
         if backend != Backend::Cpu {
             return Err(Error::new(Status::InvalidArgument,
-                format!("host slices need the CPU backend; this plan runs {backend:?} (use execute_raw with device memory)")));
+                format!("host slices need the CPU backend; {runs} {backend:?} (use {raw} with device memory)")));
         }
-        let mut checks = vec![("q", q.len(), e.q), ("k", k.len(), e.k), ("v", v.len(), e.v), ("o", o.len(), e.o)];
-        if let Some(l) = lse {
-            checks.push(("lse", l.len(), e.lse));
-        }
+        let mut checks = lengths(&e);
         if let Some((cq, ck)) = cu {
             checks.push(("cu_seqlens_q", cq.len(), e.cu_seqlens));
             checks.push(("cu_seqlens_k", ck.len(), e.cu_seqlens));
@@ -587,7 +616,7 @@ impl Plan {
                                workspace: Option<&mut Workspace>) -> Result<()> {
         self.check_host(q, k, v, o, lse.as_deref(), None)?;
         let lse_ptr = lse.map_or(ptr::null_mut(), |l| l.as_mut_ptr());
-        self.with_workspace(workspace, |ws_ptr, ws_bytes| unsafe {
+        self.with_workspace(workspace, Plan::workspace, |ws_ptr, ws_bytes| unsafe {
             self.execute_raw(q.as_ptr() as *const c_void, k.as_ptr() as *const c_void, v.as_ptr() as *const c_void,
                              o.as_mut_ptr() as *mut c_void, lse_ptr, ws_ptr, ws_bytes, ptr::null_mut())
         })
@@ -601,21 +630,22 @@ impl Plan {
                                       workspace: Option<&mut Workspace>) -> Result<()> {
         self.check_host(q, k, v, o, lse.as_deref(), Some((cu_seqlens_q, cu_seqlens_k)))?;
         let lse_ptr = lse.map_or(ptr::null_mut(), |l| l.as_mut_ptr());
-        self.with_workspace(workspace, |ws_ptr, ws_bytes| unsafe {
+        self.with_workspace(workspace, Plan::workspace, |ws_ptr, ws_bytes| unsafe {
             self.execute_varlen_raw(q.as_ptr() as *const c_void, k.as_ptr() as *const c_void,
                                     v.as_ptr() as *const c_void, o.as_mut_ptr() as *mut c_void, lse_ptr,
                                     cu_seqlens_q.as_ptr(), cu_seqlens_k.as_ptr(), ws_ptr, ws_bytes, ptr::null_mut())
         })
     }
 
-    /// Runs `run` with the caller's workspace, or with one allocated for this call when None.
-    fn with_workspace<R>(&self, workspace: Option<&mut Workspace>,
+    /// Runs `run` with the caller's workspace, or when None with one that `alloc` (the forward's
+    /// [`Plan::workspace`] or [`Plan::backward_workspace`]) makes for this call.
+    fn with_workspace<R>(&self, workspace: Option<&mut Workspace>, alloc: fn(&Plan) -> Result<Workspace>,
                          run: impl FnOnce(*mut c_void, usize) -> Result<R>) -> Result<R> {
         let mut own;
         let ws = match workspace {
             Some(w) => w,
             None => {
-                own = self.workspace()?;
+                own = alloc(self)?;
                 &mut own
             }
         };
@@ -658,24 +688,12 @@ impl Plan {
     /// The backend that runs a finalized plan's backward pass and why (it may differ from the
     /// forward's); `NotSupported` with the reason when none can.
     pub fn backward_backend(&self) -> Result<(Backend, String)> {
-        let mut backend = 0;
-        let mut reason: *const c_char = ptr::null();
-        check(unsafe { sys::flashattn_plan_get_backward_backend(self.raw.as_ptr(), &mut backend, &mut reason) })?;
-        let reason = if reason.is_null() {
-            String::new()
-        } else {
-            unsafe { CStr::from_ptr(reason) }.to_string_lossy().into_owned()
-        };
-        let b = Backend::from_raw(backend as i64)
-            .ok_or_else(|| Error::new(Status::Internal, format!("unknown backend value {backend}")))?;
-        Ok((b, reason))
+        self.read_backend(sys::flashattn_plan_get_backward_backend)
     }
 
     /// Bytes of workspace each backward execute of this finalized plan needs (not the forward's).
     pub fn backward_workspace_size(&self) -> Result<usize> {
-        let mut bytes = 0usize;
-        check(unsafe { sys::flashattn_plan_get_backward_workspace_size(self.raw.as_ptr(), &mut bytes) })?;
-        Ok(bytes)
+        self.read_size(sys::flashattn_plan_get_backward_workspace_size)
     }
 
     /// A workspace of the size this finalized plan's backward pass needs.
@@ -686,46 +704,11 @@ impl Plan {
     #[allow(clippy::too_many_arguments)]
     fn check_backward_host<T: Element>(&self, q: &[T], k: &[T], v: &[T], o: &[T], dout: &[T], lse: &[f32],
                                        dq: &[T], dk: &[T], dv: &[T], cu: Option<(&[i32], &[i32])>) -> Result<()> {
-        let e = self.extents()?;
-        let dtype = DType::from_raw(self.get_i64(I64Param::Dtype)?);
-        if dtype != Some(T::DTYPE) {
-            return Err(Error::new(Status::InvalidArgument,
-                format!("slices of {:?} elements, but the plan's dtype is {:?}", T::DTYPE, dtype)));
-        }
-        let (backend, _) = self.backward_backend()?;
-        if backend != Backend::Cpu {
-            return Err(Error::new(Status::InvalidArgument,
-                format!("host slices need the CPU backend; this plan's backward runs {backend:?} (use backward_raw with device memory)")));
-        }
-        let mut checks = vec![("q", q.len(), e.q), ("k", k.len(), e.k), ("v", v.len(), e.v), ("o", o.len(), e.o),
-                              ("dout", dout.len(), e.dout), ("lse", lse.len(), e.lse), ("dq", dq.len(), e.dq),
-                              ("dk", dk.len(), e.dk), ("dv", dv.len(), e.dv)];
-        if let Some((cq, ck)) = cu {
-            checks.push(("cu_seqlens_q", cq.len(), e.cu_seqlens));
-            checks.push(("cu_seqlens_k", ck.len(), e.cu_seqlens));
-        }
-        for (name, have, need) in checks {
-            if have < need {
-                return Err(Error::new(Status::InvalidArgument,
-                    format!("{name}: the slice holds {have} elements, the plan needs {need}")));
-            }
-        }
-        Ok(())
-    }
-
-    /// Runs `run` with the caller's workspace, or with a backward workspace allocated for this call.
-    fn with_backward_workspace<R>(&self, workspace: Option<&mut Workspace>,
-                                  run: impl FnOnce(*mut c_void, usize) -> Result<R>) -> Result<R> {
-        let mut own;
-        let ws = match workspace {
-            Some(w) => w,
-            None => {
-                own = self.backward_workspace()?;
-                &mut own
-            }
-        };
-        let (ptr, bytes) = ws.raw();
-        run(ptr, bytes)
+        self.check_host_lengths::<T>(true, cu, |e| {
+            vec![("q", q.len(), e.q), ("k", k.len(), e.k), ("v", v.len(), e.v), ("o", o.len(), e.o),
+                 ("dout", dout.len(), e.dout), ("lse", lse.len(), e.lse), ("dq", dq.len(), e.dq),
+                 ("dk", dk.len(), e.dk), ("dv", dv.len(), e.dv)]
+        })
     }
 
     /// The backward pass of a finalized fixed-length plan on host slices (CPU backend): from the
@@ -737,7 +720,7 @@ impl Plan {
                                 dq: &mut [T], dk: &mut [T], dv: &mut [T],
                                 workspace: Option<&mut Workspace>) -> Result<()> {
         self.check_backward_host(q, k, v, o, dout, lse, dq, dk, dv, None)?;
-        self.with_backward_workspace(workspace, |ws_ptr, ws_bytes| unsafe {
+        self.with_workspace(workspace, Plan::backward_workspace, |ws_ptr, ws_bytes| unsafe {
             self.backward_raw(q.as_ptr() as *const c_void, k.as_ptr() as *const c_void, v.as_ptr() as *const c_void,
                               o.as_ptr() as *const c_void, dout.as_ptr() as *const c_void, lse.as_ptr(),
                               dq.as_mut_ptr() as *mut c_void, dk.as_mut_ptr() as *mut c_void,
@@ -752,7 +735,7 @@ impl Plan {
                                        dq: &mut [T], dk: &mut [T], dv: &mut [T], cu_seqlens_q: &[i32],
                                        cu_seqlens_k: &[i32], workspace: Option<&mut Workspace>) -> Result<()> {
         self.check_backward_host(q, k, v, o, dout, lse, dq, dk, dv, Some((cu_seqlens_q, cu_seqlens_k)))?;
-        self.with_backward_workspace(workspace, |ws_ptr, ws_bytes| unsafe {
+        self.with_workspace(workspace, Plan::backward_workspace, |ws_ptr, ws_bytes| unsafe {
             self.backward_varlen_raw(q.as_ptr() as *const c_void, k.as_ptr() as *const c_void,
                                      v.as_ptr() as *const c_void, o.as_ptr() as *const c_void,
                                      dout.as_ptr() as *const c_void, lse.as_ptr(), dq.as_mut_ptr() as *mut c_void,
@@ -857,7 +840,9 @@ pub struct Output<T> {
     pub lse: Vec<f32>,
 }
 
-fn options_plan(plan: &mut Plan, dtype: DType, opts: &Options) -> Result<()> {
+/// A finalized plan with `params`, then the dtype and `opts`, set.
+fn options_plan(params: &[(I64Param, i64)], dtype: DType, opts: &Options) -> Result<Plan> {
+    let mut plan = Plan::with(params)?;
     plan.set_i64(I64Param::Dtype, dtype.raw() as i64)?
         .set_i64(I64Param::Causal, opts.causal as i64)?
         .set_i64(I64Param::WindowLeft, opts.window.0)?
@@ -867,13 +852,13 @@ fn options_plan(plan: &mut Plan, dtype: DType, opts: &Options) -> Result<()> {
     if let Some(scale) = opts.scale {
         plan.set_f64(F64Param::SoftmaxScale, scale)?;
     }
-    Ok(())
+    plan.finalize()?;
+    Ok(plan)
 }
 
-/// Attention over contiguous host tensors: builds, finalizes and runs a plan, returns O and LSE.
-pub fn attention<T: Element>(q: &[T], k: &[T], v: &[T], shape: &Shape, opts: &Options) -> Result<Output<T>> {
-    let s = shape;
-    let mut plan = Plan::with(&[
+/// [`options_plan`] for a fixed-length problem on contiguous tensors of `s`.
+fn shape_plan(s: &Shape, dtype: DType, opts: &Options) -> Result<Plan> {
+    options_plan(&[
         (I64Param::Batch, s.batch as i64),
         (I64Param::SeqlenQ, s.seqlen_q as i64),
         (I64Param::SeqlenK, s.seqlen_k as i64),
@@ -881,9 +866,13 @@ pub fn attention<T: Element>(q: &[T], k: &[T], v: &[T], shape: &Shape, opts: &Op
         (I64Param::HeadsKv, s.heads_kv as i64),
         (I64Param::HeadDim, s.head_dim as i64),
         (I64Param::HeadDimV, s.head_dim_v as i64),
-    ])?;
-    options_plan(&mut plan, T::DTYPE, opts)?;
-    plan.finalize()?;
+    ], dtype, opts)
+}
+
+/// Attention over contiguous host tensors: builds, finalizes and runs a plan, returns O and LSE.
+pub fn attention<T: Element>(q: &[T], k: &[T], v: &[T], shape: &Shape, opts: &Options) -> Result<Output<T>> {
+    let s = shape;
+    let plan = shape_plan(s, T::DTYPE, opts)?;
     let mut out = Output { o: vec![T::default(); s.o_len()], lse: vec![0f32; s.lse_len()] };
     plan.execute(q, k, v, &mut out.o, Some(&mut out.lse), None)?;
     Ok(out)
@@ -903,17 +892,7 @@ pub struct Gradients<T> {
 pub fn attention_backward<T: Element>(q: &[T], k: &[T], v: &[T], out: &Output<T>, dout: &[T], shape: &Shape,
                                       opts: &Options) -> Result<Gradients<T>> {
     let s = shape;
-    let mut plan = Plan::with(&[
-        (I64Param::Batch, s.batch as i64),
-        (I64Param::SeqlenQ, s.seqlen_q as i64),
-        (I64Param::SeqlenK, s.seqlen_k as i64),
-        (I64Param::HeadsQ, s.heads_q as i64),
-        (I64Param::HeadsKv, s.heads_kv as i64),
-        (I64Param::HeadDim, s.head_dim as i64),
-        (I64Param::HeadDimV, s.head_dim_v as i64),
-    ])?;
-    options_plan(&mut plan, T::DTYPE, opts)?;
-    plan.finalize()?;
+    let plan = shape_plan(s, T::DTYPE, opts)?;
     let mut g = Gradients { dq: vec![T::default(); s.q_len()], dk: vec![T::default(); s.k_len()],
                             dv: vec![T::default(); s.v_len()] };
     plan.backward(q, k, v, &out.o, dout, &out.lse, &mut g.dq, &mut g.dk, &mut g.dv, None)?;
@@ -933,7 +912,7 @@ pub fn attention_varlen<T: Element>(q: &[T], k: &[T], v: &[T], cu_seqlens_q: &[i
     }
     let max_len = |cu: &[i32]| cu.windows(2).map(|w| (w[1] - w[0]) as i64).max().unwrap_or(1).max(1);
     let (total_q, total_k) = (*cu_seqlens_q.last().unwrap() as i64, *cu_seqlens_k.last().unwrap() as i64);
-    let mut plan = Plan::with(&[
+    let plan = options_plan(&[
         (I64Param::Batch, cu_seqlens_q.len() as i64 - 1),
         (I64Param::SeqlenQ, max_len(cu_seqlens_q)),
         (I64Param::SeqlenK, max_len(cu_seqlens_k)),
@@ -944,9 +923,7 @@ pub fn attention_varlen<T: Element>(q: &[T], k: &[T], v: &[T], cu_seqlens_q: &[i
         (I64Param::Varlen, 1),
         (I64Param::TotalQ, total_q.max(0)),
         (I64Param::TotalK, total_k.max(0)),
-    ])?;
-    options_plan(&mut plan, T::DTYPE, opts)?;
-    plan.finalize()?;
+    ], T::DTYPE, opts)?;
     let tq = total_q.max(0) as usize;
     let mut out = Output { o: vec![T::default(); tq * heads_q * head_dim_v], lse: vec![0f32; heads_q * tq] };
     plan.execute_varlen(q, k, v, &mut out.o, Some(&mut out.lse), cu_seqlens_q, cu_seqlens_k, None)?;

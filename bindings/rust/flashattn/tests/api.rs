@@ -2,45 +2,19 @@
 //! written by bindings/common/make_reference.c (FLASHATTN_REFERENCE_FILE), errors and drop order.
 use flashattn::*;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.next()).collect()
-    }
-}
+mod common;
+use common::{score_row, Rng};
 
 /// float64 reference on contiguous tensors; returns (O, LSE [b, hq, sq]).
 fn reference(q: &[f32], k: &[f32], v: &[f32], s: &Shape, o: &Options) -> (Vec<f64>, Vec<f64>) {
-    let (b, sq, sk, hq, hkv, d, dv) = (s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v);
-    let scale = o.scale.unwrap_or(1.0 / (d as f64).sqrt());
+    let (b, sq, sk, hq, hkv, dv) = (s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, s.head_dim_v);
     let mut out = vec![0f64; s.o_len()];
     let mut lse = vec![f64::NEG_INFINITY; s.lse_len()];
     for bi in 0..b {
         for h in 0..hq {
             let hk = h / (hq / hkv);
             for i in 0..sq {
-                let diag = i as i64 + sk as i64 - sq as i64;
-                let mut scores = vec![f64::NEG_INFINITY; sk];
-                for (j, sc) in scores.iter_mut().enumerate() {
-                    let j64 = j as i64;
-                    if (o.causal && j64 > diag) || (o.window.0 >= 0 && j64 < diag - o.window.0)
-                        || (o.window.1 >= 0 && j64 > diag + o.window.1) {
-                        continue;
-                    }
-                    let mut dot = 0f64;
-                    for x in 0..d {
-                        dot += q[((bi * sq + i) * hq + h) * d + x] as f64 * k[((bi * sk + j) * hkv + hk) * d + x] as f64;
-                    }
-                    let mut val = dot * scale;
-                    if o.softcap > 0.0 {
-                        val = o.softcap * (val / o.softcap).tanh();
-                    }
-                    *sc = val;
-                }
+                let (scores, _) = score_row(q, k, s, o, bi, h, hk, i);
                 let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 if m == f64::NEG_INFINITY {
                     continue;

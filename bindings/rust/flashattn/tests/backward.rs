@@ -2,16 +2,8 @@
 //! variable length), strided gradients, and its errors.
 use flashattn::*;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.next()).collect()
-    }
-}
+mod common;
+use common::{score_row, Rng};
 
 /// float64 gradients of sum(O * dout) on contiguous tensors: (dQ, dK, dV).
 /// P = softmax(S); dS = P (dO·V - dO·O) through the softcap's tanh; dQ = scale dS K,
@@ -19,7 +11,7 @@ impl Rng {
 fn reference_backward(q: &[f32], k: &[f32], v: &[f32], dout: &[f32], s: &Shape, o: &Options)
                       -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let (b, sq, sk, hq, hkv, d, dv) = (s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, s.head_dim, s.head_dim_v);
-    let scale = o.scale.unwrap_or(1.0 / (d as f64).sqrt());
+    let scale = common::scale(s, o);
     let (mut dq, mut dk, mut dvv) = (vec![0f64; s.q_len()], vec![0f64; s.k_len()], vec![0f64; s.v_len()]);
     for bi in 0..b {
         for h in 0..hq {
@@ -29,22 +21,7 @@ fn reference_backward(q: &[f32], k: &[f32], v: &[f32], dout: &[f32], s: &Shape, 
             let vi = |j: usize, x: usize| v[((bi * sk + j) * hkv + hk) * dv + x] as f64;
             let di = |i: usize, x: usize| dout[((bi * sq + i) * hq + h) * dv + x] as f64;
             for i in 0..sq {
-                let diag = i as i64 + sk as i64 - sq as i64;
-                let mut scores = vec![f64::NEG_INFINITY; sk];
-                let mut tanhs = vec![0f64; sk];
-                for j in 0..sk {
-                    let j64 = j as i64;
-                    if (o.causal && j64 > diag) || (o.window.0 >= 0 && j64 < diag - o.window.0)
-                        || (o.window.1 >= 0 && j64 > diag + o.window.1) {
-                        continue;
-                    }
-                    let mut x = (0..d).map(|t| qi(i, t) * ki(j, t)).sum::<f64>() * scale;
-                    if o.softcap > 0.0 {
-                        tanhs[j] = (x / o.softcap).tanh();
-                        x = o.softcap * tanhs[j];
-                    }
-                    scores[j] = x;
-                }
+                let (scores, tanhs) = score_row(q, k, s, o, bi, h, hk, i);
                 let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 if m == f64::NEG_INFINITY {
                     continue; // sees no key: no gradient flows
