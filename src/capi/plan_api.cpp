@@ -37,6 +37,15 @@ flashattn_status_t run_backward(const flashattn_plan_t *plan, bool varlen_call, 
     return execute_backward_plan(plan, t);
 }
 
+Tensors backward_tensors(const void *q, const void *k, const void *v, const void *o, const void *dout, const float *lse,
+                         void *dq, void *dk, void *dv, void *workspace, size_t workspace_bytes, flashattn_stream_t stream) {
+    Tensors t;
+    t.q = q; t.k = k; t.v = v; t.o = const_cast<void *>(o); t.lse = const_cast<float *>(lse);  // read only
+    t.dout = dout; t.dq = dq; t.dk = dk; t.dv = dv;
+    t.workspace = workspace; t.workspace_bytes = workspace_bytes; t.stream = stream;
+    return t;
+}
+
 flashattn_status_t require_finalized(const flashattn_plan_t *plan, const char *what) {
     if (plan->finalized) return FLASHATTN_SUCCESS;
     return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: not finalized; %s is fixed by flashattn_plan_finalize", what);
@@ -247,10 +256,7 @@ FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward(const flashattn
                                                                  flashattn_stream_t stream) {
     return guarded(__func__, [&] {
         if (plan == nullptr) return null_plan(__func__);
-        Tensors t;
-        t.q = q; t.k = k; t.v = v; t.o = const_cast<void *>(o); t.lse = const_cast<float *>(lse);
-        t.dout = dout; t.dq = dq; t.dk = dk; t.dv = dv;
-        t.workspace = workspace; t.workspace_bytes = workspace_bytes; t.stream = stream;
+        const Tensors t = backward_tensors(q, k, v, o, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream);
         return run_backward(plan, false, t);
     });
 }
@@ -261,11 +267,9 @@ FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward_varlen(
     void *workspace, size_t workspace_bytes, flashattn_stream_t stream) {
     return guarded(__func__, [&] {
         if (plan == nullptr) return null_plan(__func__);
-        Tensors t;
-        t.q = q; t.k = k; t.v = v; t.o = const_cast<void *>(o); t.lse = const_cast<float *>(lse);
-        t.dout = dout; t.dq = dq; t.dk = dk; t.dv = dv;
-        t.cu_seqlens_q = cu_seqlens_q; t.cu_seqlens_k = cu_seqlens_k;
-        t.workspace = workspace; t.workspace_bytes = workspace_bytes; t.stream = stream;
+        Tensors t = backward_tensors(q, k, v, o, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream);
+        t.cu_seqlens_q = cu_seqlens_q;
+        t.cu_seqlens_k = cu_seqlens_k;
         return run_backward(plan, true, t);
     });
 }

@@ -136,22 +136,22 @@ flashattn_status_t resolve_problem(const PlanParams &params, Problem *out) {
     }
     const int64_t rows_q = p.q_rows();
     const int64_t rows_k = p.k_rows();
-    FLASHATTN_TRY(resolve_strides(params, {FLASHATTN_I64_Q_BATCH_STRIDE, FLASHATTN_I64_Q_ROW_STRIDE, FLASHATTN_I64_Q_HEAD_STRIDE},
-                                  rows_q, p.heads_q, p.head_dim, &p.q));
-    FLASHATTN_TRY(resolve_strides(params, {FLASHATTN_I64_K_BATCH_STRIDE, FLASHATTN_I64_K_ROW_STRIDE, FLASHATTN_I64_K_HEAD_STRIDE},
-                                  rows_k, p.heads_kv, p.head_dim, &p.k));
-    FLASHATTN_TRY(resolve_strides(params, {FLASHATTN_I64_V_BATCH_STRIDE, FLASHATTN_I64_V_ROW_STRIDE, FLASHATTN_I64_V_HEAD_STRIDE},
-                                  rows_k, p.heads_kv, p.head_dim_v, &p.v));
-    FLASHATTN_TRY(resolve_strides(params, {FLASHATTN_I64_O_BATCH_STRIDE, FLASHATTN_I64_O_ROW_STRIDE, FLASHATTN_I64_O_HEAD_STRIDE},
-                                  rows_q, p.heads_q, p.head_dim_v, &p.o));
-    FLASHATTN_TRY(resolve_strides(params, {FLASHATTN_I64_DO_BATCH_STRIDE, FLASHATTN_I64_DO_ROW_STRIDE, FLASHATTN_I64_DO_HEAD_STRIDE},
-                                  rows_q, p.heads_q, p.head_dim_v, &p.dout));
-    FLASHATTN_TRY(resolve_strides(params, {FLASHATTN_I64_DQ_BATCH_STRIDE, FLASHATTN_I64_DQ_ROW_STRIDE, FLASHATTN_I64_DQ_HEAD_STRIDE},
-                                  rows_q, p.heads_q, p.head_dim, &p.dq));
-    FLASHATTN_TRY(resolve_strides(params, {FLASHATTN_I64_DK_BATCH_STRIDE, FLASHATTN_I64_DK_ROW_STRIDE, FLASHATTN_I64_DK_HEAD_STRIDE},
-                                  rows_k, p.heads_kv, p.head_dim, &p.dk));
-    FLASHATTN_TRY(resolve_strides(params, {FLASHATTN_I64_DV_BATCH_STRIDE, FLASHATTN_I64_DV_ROW_STRIDE, FLASHATTN_I64_DV_HEAD_STRIDE},
-                                  rows_k, p.heads_kv, p.head_dim_v, &p.dv));
+    // Every tensor's strides: its keys, rows, heads and last dimension (contiguous by default).
+    const struct {
+        StrideKeys keys;
+        int64_t rows, heads, dim;
+        Strides *out;
+    } tensors[] = {
+        {{FLASHATTN_I64_Q_BATCH_STRIDE, FLASHATTN_I64_Q_ROW_STRIDE, FLASHATTN_I64_Q_HEAD_STRIDE}, rows_q, p.heads_q, p.head_dim, &p.q},
+        {{FLASHATTN_I64_K_BATCH_STRIDE, FLASHATTN_I64_K_ROW_STRIDE, FLASHATTN_I64_K_HEAD_STRIDE}, rows_k, p.heads_kv, p.head_dim, &p.k},
+        {{FLASHATTN_I64_V_BATCH_STRIDE, FLASHATTN_I64_V_ROW_STRIDE, FLASHATTN_I64_V_HEAD_STRIDE}, rows_k, p.heads_kv, p.head_dim_v, &p.v},
+        {{FLASHATTN_I64_O_BATCH_STRIDE, FLASHATTN_I64_O_ROW_STRIDE, FLASHATTN_I64_O_HEAD_STRIDE}, rows_q, p.heads_q, p.head_dim_v, &p.o},
+        {{FLASHATTN_I64_DO_BATCH_STRIDE, FLASHATTN_I64_DO_ROW_STRIDE, FLASHATTN_I64_DO_HEAD_STRIDE}, rows_q, p.heads_q, p.head_dim_v, &p.dout},
+        {{FLASHATTN_I64_DQ_BATCH_STRIDE, FLASHATTN_I64_DQ_ROW_STRIDE, FLASHATTN_I64_DQ_HEAD_STRIDE}, rows_q, p.heads_q, p.head_dim, &p.dq},
+        {{FLASHATTN_I64_DK_BATCH_STRIDE, FLASHATTN_I64_DK_ROW_STRIDE, FLASHATTN_I64_DK_HEAD_STRIDE}, rows_k, p.heads_kv, p.head_dim, &p.dk},
+        {{FLASHATTN_I64_DV_BATCH_STRIDE, FLASHATTN_I64_DV_ROW_STRIDE, FLASHATTN_I64_DV_HEAD_STRIDE}, rows_k, p.heads_kv, p.head_dim_v, &p.dv},
+    };
+    for (const auto &t : tensors) FLASHATTN_TRY(resolve_strides(params, t.keys, t.rows, t.heads, t.dim, t.out));
     p.deterministic = params.get(FLASHATTN_I64_DETERMINISTIC, 0) != 0;
     FLASHATTN_TRY(check_extents(p));
     FLASHATTN_TRY(check_output_layout(p.o, p.q_rows(), p.heads_q, p.batch_extent(), p.head_dim_v, "O"));

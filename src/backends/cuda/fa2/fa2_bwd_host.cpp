@@ -73,47 +73,6 @@ int choose_dq_splits(const Problem &p, int block, int sm_count) {
     return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, key_blocks, by_memory, kMaxDeterministicCopies})));
 }
 
-// The checks check_device_tensors makes, for the backward's own tensors (dO, dQ, dK, dV).
-flashattn_status_t check_grad_pointer(const void *ptr, const char *name, int device) {
-    if (ptr == nullptr) return FLASHATTN_SUCCESS;
-    int32_t owner = -1;
-    switch (memory_kind(ptr, &owner)) {
-        case MemoryKind::managed: break;
-        case MemoryKind::device:
-            if (owner == device) break;
-            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: device memory of device %d, but the plan runs on device %d", name,
-                        owner, device);
-        default:
-            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
-                        "%s: not device memory; GPU backends need cudaMalloc'd (or managed) memory on device %d", name, device);
-    }
-    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: must be aligned to 16 bytes", name);
-    return FLASHATTN_SUCCESS;
-}
-
-flashattn_status_t check_grad_strides(const Strides &s, bool varlen, size_t element_size, const char *name) {
-    const int64_t vec = static_cast<int64_t>(16 / element_size);
-    if (s.row % vec != 0 || s.head % vec != 0 || (!varlen && s.batch % vec != 0))
-        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
-                    "%s strides: GPU backends need every stride to be a multiple of %lld elements (16 bytes)", name,
-                    (long long)vec);
-    return FLASHATTN_SUCCESS;
-}
-
-flashattn_status_t check_backward_tensors(const Problem &p, const Tensors &t) {
-    FLASHATTN_TRY(check_device_tensors(p, t));  // q, k, v, o, lse, cu_seqlens, workspace
-    FLASHATTN_TRY(check_grad_pointer(t.dout, "dout", p.device));
-    FLASHATTN_TRY(check_grad_pointer(t.dq, "dq", p.device));
-    FLASHATTN_TRY(check_grad_pointer(t.dk, "dk", p.device));
-    FLASHATTN_TRY(check_grad_pointer(t.dv, "dv", p.device));
-    const size_t es = p.element_size();
-    FLASHATTN_TRY(check_grad_strides(p.dout, p.varlen, es, "dO"));
-    FLASHATTN_TRY(check_grad_strides(p.dq, p.varlen, es, "dQ"));
-    FLASHATTN_TRY(check_grad_strides(p.dk, p.varlen, es, "dK"));
-    FLASHATTN_TRY(check_grad_strides(p.dv, p.varlen, es, "dV"));
-    return FLASHATTN_SUCCESS;
-}
-
 }  // namespace
 
 std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
@@ -153,7 +112,7 @@ BwdPlan plan_backward(const Problem &p, const DeviceInfo &dev, WorkspaceLayout *
 }
 
 flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const WorkspaceLayout &ws, const Tensors &t) {
-    FLASHATTN_TRY(check_backward_tensors(p, t));
+    FLASHATTN_TRY(check_device_tensors(p, t));
     if (p.batch == 0 || p.heads_q == 0) return FLASHATTN_SUCCESS;
     const bool have_q = p.varlen ? p.total_q > 0 : p.seqlen_q > 0;
     const bool have_k = p.varlen ? p.total_k > 0 : p.seqlen_k > 0;

@@ -12,7 +12,8 @@
 // another forward variant reuses them (the epilogue's destinations still come from Params). The
 // masking and online softmax steps are shared with FA3 (device/mask.cuh, device/online_softmax.cuh);
 // the split-KV combine kernel is fa2_merge.cu. Each head dim is one unit so that the build
-// parallelises; all of them include this file and call launch_hdim<D>.
+// parallelises; all of them include this file and call launch_hdim<D>. The backward pass is
+// fa2_bwd_* (its own units from fa2_bwd_hdim.cu.in; it reuses gemm_qk and the loaders' addressing).
 #pragma once
 
 #include "backends/cuda/fa2/fa2_launch.cuh"

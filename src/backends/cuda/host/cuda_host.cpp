@@ -55,6 +55,15 @@ flashattn_status_t check_device_tensors(const Problem &p, const Tensors &t) {
     FLASHATTN_TRY(check_row_alignment(p.k, p.varlen, es, "K"));
     FLASHATTN_TRY(check_row_alignment(p.v, p.varlen, es, "V"));
     FLASHATTN_TRY(check_row_alignment(p.o, p.varlen, es, "O"));
+    if (t.dq == nullptr) return FLASHATTN_SUCCESS;  // a forward call: the gradients' layouts do not matter
+    FLASHATTN_TRY(check_device_pointer(t.dout, "dout", dev, 16));
+    FLASHATTN_TRY(check_device_pointer(t.dq, "dq", dev, 16));
+    FLASHATTN_TRY(check_device_pointer(t.dk, "dk", dev, 16));
+    FLASHATTN_TRY(check_device_pointer(t.dv, "dv", dev, 16));
+    FLASHATTN_TRY(check_row_alignment(p.dout, p.varlen, es, "dO"));
+    FLASHATTN_TRY(check_row_alignment(p.dq, p.varlen, es, "dQ"));
+    FLASHATTN_TRY(check_row_alignment(p.dk, p.varlen, es, "dK"));
+    FLASHATTN_TRY(check_row_alignment(p.dv, p.varlen, es, "dV"));
     return FLASHATTN_SUCCESS;
 }
 

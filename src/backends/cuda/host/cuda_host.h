@@ -13,8 +13,9 @@
 namespace flashattn {
 
 // Checks made by every GPU execute: each non-null pointer (q, k, v, o, lse, cu_seqlens,
-// workspace) must be device (or managed) memory on `p.device`, q/k/v/o 16-byte aligned (lse and
-// cu_seqlens 4-byte), and strides must keep rows 16-byte aligned. Names the argument on failure.
+// workspace; in a backward call also dout, dq, dk, dv) must be device (or managed) memory on
+// `p.device`, tensors 16-byte aligned (lse and cu_seqlens 4-byte), and strides must keep rows
+// 16-byte aligned. Names the argument on failure.
 flashattn_status_t check_device_tensors(const Problem &p, const Tensors &t);
 
 // Makes `device` current on the calling thread for a GPU execute's launches and restores the
