@@ -2,56 +2,21 @@
  * a non-empty message, and outputs left untouched. Runs on the CPU backend (forced). */
 #include <math.h>
 #include <pthread.h>
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <cmocka.h>
-
 #include "flashattn/flashattn.h"
+#include "test_contract.h"
+#include "test_runner.h"
 
-#define B 2
-#define SQ 5
-#define SK 7
-#define H 4
-#define HKV 2
-#define D 16
-
-/* Every failing call must return `expected`, leave a non-empty message and (checked by callers)
- * write nothing. */
-#define assert_status(call, expected)                                       \
-    do {                                                                    \
-        flashattn_status_t s_ = (call);                                     \
-        if (s_ != (expected))                                               \
-            fail_msg("%s returned %d (%s), expected %d; message: %s", #call, \
-                     (int)s_, flashattn_status_string(s_), (int)(expected), \
-                     flashattn_last_error());                               \
-        if ((expected) != FLASHATTN_SUCCESS)                                \
-            assert_true(strlen(flashattn_last_error()) > 0);                \
-    } while (0)
-
-/* The message of the last error must mention `word` (the argument it names). */
-static void assert_message_mentions(const char *word) {
-    if (strstr(flashattn_last_error(), word) == NULL)
-        fail_msg("message '%s' does not mention '%s'", flashattn_last_error(), word);
-}
 
 static flashattn_plan_t *basic_plan(void) {
-    flashattn_plan_t *plan = NULL;
-    assert_status(flashattn_plan_create(&plan), FLASHATTN_SUCCESS);
-    assert_non_null(plan);
-    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_BATCH, B), FLASHATTN_SUCCESS);
-    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_SEQLEN_Q, SQ), FLASHATTN_SUCCESS);
-    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_SEQLEN_K, SK), FLASHATTN_SUCCESS);
-    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_HEADS_Q, H), FLASHATTN_SUCCESS);
-    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_HEADS_KV, HKV), FLASHATTN_SUCCESS);
-    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_HEAD_DIM, D), FLASHATTN_SUCCESS);
-    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_DTYPE, FLASHATTN_DTYPE_FP32), FLASHATTN_SUCCESS);
-    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_BACKEND, FLASHATTN_BACKEND_CPU), FLASHATTN_SUCCESS);
-    return plan;
+    static const test_key_value keys[] = {
+        {FLASHATTN_I64_BATCH, B},     {FLASHATTN_I64_SEQLEN_Q, SQ}, {FLASHATTN_I64_SEQLEN_K, SK},
+        {FLASHATTN_I64_HEADS_Q, H},   {FLASHATTN_I64_HEADS_KV, HKV}, {FLASHATTN_I64_HEAD_DIM, D},
+        {FLASHATTN_I64_DTYPE, FLASHATTN_DTYPE_FP32}, {FLASHATTN_I64_BACKEND, FLASHATTN_BACKEND_CPU},
+    };
+    return plan_with_keys(keys, sizeof keys / sizeof keys[0]);
 }
 
 /* Host buffers for the basic plan, inputs random, outputs poisoned. */
@@ -432,27 +397,20 @@ static void test_varlen_errors(void **state) {
     /* batch 2, sequences of at most SQ queries and SK keys, packed. */
     flashattn_plan_t *plan = basic_plan();
     assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_VARLEN, 1), FLASHATTN_SUCCESS);
-    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_TOTAL_Q, 8), FLASHATTN_SUCCESS);
-    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_TOTAL_K, 10), FLASHATTN_SUCCESS);
+    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_TOTAL_Q, TQ), FLASHATTN_SUCCESS);
+    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_TOTAL_K, TK), FLASHATTN_SUCCESS);
     assert_status(flashattn_plan_finalize(plan), FLASHATTN_SUCCESS);
     buffers *b = make_buffers(plan);
     const int32_t good_q[3] = {0, 3, 8}, good_k[3] = {0, 7, 10};
     assert_status(flashattn_plan_execute(plan, b->q, b->k, b->v, b->o, b->lse, b->workspace, b->workspace_bytes, NULL),
                   FLASHATTN_ERROR_INVALID_STATE);
     assert_message_mentions("varlen");
-    struct { int32_t q[3], k[3]; const char *word; } bad[] = {
-        {{1, 3, 8}, {0, 7, 10}, "cu_seqlens_q"},  /* does not start at 0 */
-        {{0, 5, 3}, {0, 7, 10}, "cu_seqlens_q"},  /* decreasing */
-        {{0, 3, 7}, {0, 7, 10}, "cu_seqlens_q"},  /* disagrees with total_q */
-        {{0, 2, 8}, {0, 7, 10}, "cu_seqlens_q"},  /* a sequence longer than seqlen_q */
-        {{0, 3, 8}, {0, 8, 10}, "cu_seqlens_k"},  /* a sequence longer than seqlen_k */
-        {{0, 3, 8}, {0, 7, 11}, "cu_seqlens_k"},  /* disagrees with total_k */
-    };
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; ++i) {
-        assert_status(flashattn_plan_execute_varlen(plan, b->q, b->k, b->v, b->o, b->lse, bad[i].q, bad[i].k, b->workspace,
+    for (size_t i = 0; i < NUM_BAD_CU_SEQLENS; ++i) {
+        const bad_cu_seqlens *bad = &bad_cu_seqlens_table[i];
+        assert_status(flashattn_plan_execute_varlen(plan, b->q, b->k, b->v, b->o, b->lse, bad->q, bad->k, b->workspace,
                                                     b->workspace_bytes, NULL),
                       FLASHATTN_ERROR_INVALID_ARGUMENT);
-        assert_message_mentions(bad[i].word);
+        assert_message_mentions(bad->word);
         assert_outputs_untouched(b);
     }
     assert_status(flashattn_plan_execute_varlen(plan, b->q, b->k, b->v, b->o, b->lse, NULL, good_k, b->workspace,
@@ -516,18 +474,7 @@ static void *fail_in_thread(void *arg) {
     return NULL;
 }
 
-/* A finalized plan executed from several threads at once, each with its own workspace. */
-typedef struct {
-    const flashattn_plan_t *plan;
-    buffers *b;
-    flashattn_status_t status;
-} exec_job;
-
-static void *execute_in_thread(void *arg) {
-    exec_job *job = arg;
-    for (int i = 0; i < 20 && job->status == FLASHATTN_SUCCESS; ++i) job->status = execute(job->plan, job->b);
-    return NULL;
-}
+static flashattn_status_t execute_buffers(const flashattn_plan_t *plan, void *b) { return execute(plan, b); }
 
 static void test_threads(void **state) {
     (void)state;
@@ -545,18 +492,14 @@ static void test_threads(void **state) {
     buffers *expected = make_buffers(plan);
     assert_status(execute(plan, expected), FLASHATTN_SUCCESS);
     enum { N = 4 };
-    exec_job jobs[N];
-    pthread_t threads[N];
+    buffers *bufs[N];
+    for (int i = 0; i < N; ++i) bufs[i] = make_buffers(plan);
+    /* A finalized plan executed from several threads at once, each with its own workspace. */
+    run_in_threads(plan, execute_buffers, (void *const *)bufs, N, 20);
     for (int i = 0; i < N; ++i) {
-        jobs[i] = (exec_job){plan, make_buffers(plan), FLASHATTN_SUCCESS};
-        assert_int_equal(pthread_create(&threads[i], NULL, execute_in_thread, &jobs[i]), 0);
-    }
-    for (int i = 0; i < N; ++i) {
-        pthread_join(threads[i], NULL);
-        assert_int_equal(jobs[i].status, FLASHATTN_SUCCESS);
-        assert_memory_equal(jobs[i].b->o, expected->o, sizeof expected->o);
-        assert_memory_equal(jobs[i].b->lse, expected->lse, sizeof expected->lse);
-        free_buffers(jobs[i].b);
+        assert_memory_equal(bufs[i]->o, expected->o, sizeof expected->o);
+        assert_memory_equal(bufs[i]->lse, expected->lse, sizeof expected->lse);
+        free_buffers(bufs[i]);
     }
     free_buffers(expected);
     flashattn_plan_destroy(plan);

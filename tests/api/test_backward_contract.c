@@ -5,40 +5,15 @@
  * with its state before the call). Runs on the CPU backend (forced); the numerics are in
  * tests/numerics/test_backward.c. */
 #include <math.h>
-#include <pthread.h>
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <cmocka.h>
-
 #include "flashattn/flashattn.h"
+#include "test_contract.h"
+#include "test_runner.h"
 
-#define B 2
-#define SQ 5
-#define SK 7
-#define H 4
-#define HKV 2
-#define D 16
 #define DV 24
-/* Variable length: two sequences packed, cu_seqlens {0, 3, 8} and {0, 7, 10}. */
-#define TQ 8
-#define TK 10
-
-#define assert_status(call, expected)                                        \
-    do {                                                                     \
-        flashattn_status_t s_ = (call);                                      \
-        if (s_ != (expected))                                                \
-            fail_msg("%s returned %d (%s), expected %d; message: %s", #call, \
-                     (int)s_, flashattn_status_string(s_), (int)(expected),  \
-                     flashattn_last_error());                                \
-        if ((expected) != FLASHATTN_SUCCESS)                                 \
-            assert_true(strlen(flashattn_last_error()) > 0);                 \
-    } while (0)
 
 static int ident_char(char c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
@@ -55,29 +30,17 @@ static void assert_message_names(const char *word) {
     fail_msg("message '%s' does not name '%s'", msg, word);
 }
 
-static void assert_message_mentions(const char *word) {
-    if (strstr(flashattn_last_error(), word) == NULL)
-        fail_msg("message '%s' does not mention '%s'", flashattn_last_error(), word);
-}
-
 static flashattn_plan_t *basic_plan(int varlen) {
-    flashattn_plan_t *plan = NULL;
-    assert_status(flashattn_plan_create(&plan), FLASHATTN_SUCCESS);
-    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_BATCH, B), FLASHATTN_SUCCESS);
-    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_SEQLEN_Q, SQ), FLASHATTN_SUCCESS);
-    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_SEQLEN_K, SK), FLASHATTN_SUCCESS);
-    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_HEADS_Q, H), FLASHATTN_SUCCESS);
-    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_HEADS_KV, HKV), FLASHATTN_SUCCESS);
-    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_HEAD_DIM, D), FLASHATTN_SUCCESS);
-    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_HEAD_DIM_V, DV), FLASHATTN_SUCCESS);
-    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_DTYPE, FLASHATTN_DTYPE_FP32), FLASHATTN_SUCCESS);
-    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_CAUSAL, 1), FLASHATTN_SUCCESS);
-    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_BACKEND, FLASHATTN_BACKEND_CPU), FLASHATTN_SUCCESS);
-    if (varlen) {
-        assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_VARLEN, 1), FLASHATTN_SUCCESS);
-        assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_TOTAL_Q, TQ), FLASHATTN_SUCCESS);
-        assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_TOTAL_K, TK), FLASHATTN_SUCCESS);
-    }
+    static const test_key_value keys[] = {
+        {FLASHATTN_I64_BATCH, B},      {FLASHATTN_I64_SEQLEN_Q, SQ},  {FLASHATTN_I64_SEQLEN_K, SK},
+        {FLASHATTN_I64_HEADS_Q, H},    {FLASHATTN_I64_HEADS_KV, HKV}, {FLASHATTN_I64_HEAD_DIM, D},
+        {FLASHATTN_I64_HEAD_DIM_V, DV}, {FLASHATTN_I64_DTYPE, FLASHATTN_DTYPE_FP32}, {FLASHATTN_I64_CAUSAL, 1},
+        {FLASHATTN_I64_BACKEND, FLASHATTN_BACKEND_CPU},
+    };
+    static const test_key_value varlen_keys[] = {
+        {FLASHATTN_I64_VARLEN, 1}, {FLASHATTN_I64_TOTAL_Q, TQ}, {FLASHATTN_I64_TOTAL_K, TK}};
+    flashattn_plan_t *plan = plan_with_keys(keys, sizeof keys / sizeof keys[0]);
+    if (varlen) set_keys_or_fail(plan, varlen_keys, sizeof varlen_keys / sizeof varlen_keys[0]);
     return plan;
 }
 
@@ -147,14 +110,19 @@ static void free_buffers(buffers *b) {
     free(b);
 }
 
-/* Nothing written: every tensor as it was at the last snapshot (the workspace is scratch). */
-static void assert_untouched(const buffers *b) {
+/* The six inputs as they were at the last snapshot. */
+static void assert_inputs_untouched(const buffers *b) {
     assert_memory_equal(b->t.q, b->before.q, sizeof b->t.q);
     assert_memory_equal(b->t.k, b->before.k, sizeof b->t.k);
     assert_memory_equal(b->t.v, b->before.v, sizeof b->t.v);
     assert_memory_equal(b->t.o, b->before.o, sizeof b->t.o);
     assert_memory_equal(b->t.dout, b->before.dout, sizeof b->t.dout);
     assert_memory_equal(b->t.lse, b->before.lse, sizeof b->t.lse);
+}
+
+/* Nothing written: every tensor as it was at the last snapshot (the workspace is scratch). */
+static void assert_untouched(const buffers *b) {
+    assert_inputs_untouched(b);
     assert_memory_equal(b->t.dq, b->before.dq, sizeof b->t.dq);
     assert_memory_equal(b->t.dk, b->before.dk, sizeof b->t.dk);
     assert_memory_equal(b->t.dv, b->before.dv, sizeof b->t.dv);
@@ -217,13 +185,7 @@ static void test_backward_runs(void **state) {
     for (i = 0; i < sizeof b->t.dq / sizeof *b->t.dq; ++i) assert_true(isfinite(b->t.dq[i]));
     for (i = 0; i < sizeof b->t.dk / sizeof *b->t.dk; ++i) assert_true(isfinite(b->t.dk[i]));
     for (i = 0; i < sizeof b->t.dv / sizeof *b->t.dv; ++i) assert_true(isfinite(b->t.dv[i]));
-    /* The inputs are read only. */
-    assert_memory_equal(b->t.q, b->before.q, sizeof b->t.q);
-    assert_memory_equal(b->t.k, b->before.k, sizeof b->t.k);
-    assert_memory_equal(b->t.v, b->before.v, sizeof b->t.v);
-    assert_memory_equal(b->t.o, b->before.o, sizeof b->t.o);
-    assert_memory_equal(b->t.dout, b->before.dout, sizeof b->t.dout);
-    assert_memory_equal(b->t.lse, b->before.lse, sizeof b->t.lse);
+    assert_inputs_untouched(b); /* the inputs are read only */
     /* The CPU backend is always deterministic (DETERMINISTIC is 0 here): outputs are overwritten,
      * not accumulated into, and a second run is bitwise identical. */
     memcpy(first_dq, b->t.dq, sizeof first_dq);
@@ -426,17 +388,6 @@ static void test_backward_varlen_state(void **state) {
     flashattn_plan_t *fixed = basic_plan(0), *varlen = basic_plan(1);
     buffers *b;
     size_t i;
-    const struct {
-        int32_t q[3], k[3];
-        const char *word;
-    } bad[] = {
-        {{1, 3, 8}, {0, 7, 10}, "cu_seqlens_q"}, /* does not start at 0 */
-        {{0, 5, 3}, {0, 7, 10}, "cu_seqlens_q"}, /* decreasing */
-        {{0, 3, 7}, {0, 7, 10}, "cu_seqlens_q"}, /* disagrees with total_q */
-        {{0, 2, 8}, {0, 7, 10}, "cu_seqlens_q"}, /* a sequence longer than seqlen_q */
-        {{0, 3, 8}, {0, 8, 10}, "cu_seqlens_k"}, /* a sequence longer than seqlen_k */
-        {{0, 3, 8}, {0, 7, 11}, "cu_seqlens_k"}, /* disagrees with total_k */
-    };
     (void)state;
     assert_status(flashattn_plan_finalize(fixed), FLASHATTN_SUCCESS);
     assert_status(flashattn_plan_finalize(varlen), FLASHATTN_SUCCESS);
@@ -451,12 +402,13 @@ static void test_backward_varlen_state(void **state) {
     assert_message_mentions("VARLEN");
     assert_untouched(b);
     /* Bad cu_seqlens: the CPU backend checks them before writing anything. */
-    for (i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+    for (i = 0; i < NUM_BAD_CU_SEQLENS; ++i) {
+        const bad_cu_seqlens *bad = &bad_cu_seqlens_table[i];
         assert_status(flashattn_plan_execute_backward_varlen(varlen, b->t.q, b->t.k, b->t.v, b->t.o, b->t.dout, b->t.lse,
-                                                             b->t.dq, b->t.dk, b->t.dv, bad[i].q, bad[i].k,
+                                                             b->t.dq, b->t.dk, b->t.dv, bad->q, bad->k,
                                                              b->t.workspace, b->t.workspace_bytes, NULL),
                       FLASHATTN_ERROR_INVALID_ARGUMENT);
-        assert_message_mentions(bad[i].word);
+        assert_message_mentions(bad->word);
         assert_untouched(b);
     }
     assert_status(backward(varlen, b, 1), FLASHATTN_SUCCESS);
@@ -601,44 +553,25 @@ static void test_backward_backend_choice(void **state) {
     flashattn_plan_destroy(plan);
 }
 
+static flashattn_status_t backward_fixed(const flashattn_plan_t *plan, void *b) { return backward(plan, b, 0); }
+
 /* One finalized plan, backward from several threads at once, each with its own workspace. */
-typedef struct {
-    const flashattn_plan_t *plan;
-    buffers *b;
-    flashattn_status_t status;
-} job;
-
-static void *backward_in_thread(void *arg) {
-    job *j = arg;
-    int i;
-    for (i = 0; i < 10 && j->status == FLASHATTN_SUCCESS; ++i) j->status = backward(j->plan, j->b, 0);
-    return NULL;
-}
-
 static void test_backward_threads(void **state) {
     enum { N = 4 };
     flashattn_plan_t *plan = basic_plan(0);
-    buffers *expected;
-    job jobs[N];
-    pthread_t threads[N];
+    buffers *expected, *bufs[N];
     int i;
     (void)state;
     assert_status(flashattn_plan_finalize(plan), FLASHATTN_SUCCESS);
     expected = make_buffers(plan, 0);
     assert_status(backward(plan, expected, 0), FLASHATTN_SUCCESS);
+    for (i = 0; i < N; ++i) bufs[i] = make_buffers(plan, 0);
+    run_in_threads(plan, backward_fixed, (void *const *)bufs, N, 10);
     for (i = 0; i < N; ++i) {
-        jobs[i].plan = plan;
-        jobs[i].b = make_buffers(plan, 0);
-        jobs[i].status = FLASHATTN_SUCCESS;
-        assert_int_equal(pthread_create(&threads[i], NULL, backward_in_thread, &jobs[i]), 0);
-    }
-    for (i = 0; i < N; ++i) {
-        pthread_join(threads[i], NULL);
-        assert_int_equal(jobs[i].status, FLASHATTN_SUCCESS);
-        assert_memory_equal(jobs[i].b->t.dq, expected->t.dq, sizeof expected->t.dq);
-        assert_memory_equal(jobs[i].b->t.dk, expected->t.dk, sizeof expected->t.dk);
-        assert_memory_equal(jobs[i].b->t.dv, expected->t.dv, sizeof expected->t.dv);
-        free_buffers(jobs[i].b);
+        assert_memory_equal(bufs[i]->t.dq, expected->t.dq, sizeof expected->t.dq);
+        assert_memory_equal(bufs[i]->t.dk, expected->t.dk, sizeof expected->t.dk);
+        assert_memory_equal(bufs[i]->t.dv, expected->t.dv, sizeof expected->t.dv);
+        free_buffers(bufs[i]);
     }
     free_buffers(expected);
     flashattn_plan_destroy(plan);

@@ -7,38 +7,24 @@
 #include "test_backward_reference.h"
 #include "test_support.h"
 
-int grad_visible(const grad_problem *p, int64_t i, int64_t j, int64_t sq, int64_t sk) {
-    const int64_t diag = i + sk - sq;
-    if (p->causal && j > diag) return 0;
-    if (p->window_left >= 0 && j < diag - p->window_left) return 0;
-    if (p->window_right >= 0 && j > diag + p->window_right) return 0;
-    return 1;
-}
-
-static int64_t longest(const int64_t *len, int64_t n) {
-    int64_t m = 1, i;
-    for (i = 0; i < n; ++i)
-        if (len[i] > m) m = len[i];
-    return m;
-}
-
 static void *xcalloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size);
     if (p == NULL) abort();
     return p;
 }
 
-void grad_reference(const grad_problem *p, double *dq, double *dk, double *dv, double *o,
+void grad_reference(const ref_problem *p, double *dq, double *dk, double *dv, double *o,
                     unsigned char *q_sees, unsigned char *k_seen) {
     const int64_t hq = p->heads_q, hk = p->heads_kv, d = p->head_dim, dvd = p->head_dim_v;
-    const int64_t group = hq / hk, maxk = longest(p->len_k, p->batch);
+    const int64_t maxk = ref_longest(p->len_k, p->batch);
     const double cap = p->softcap;
     double *s = (double *)xcalloc((size_t)maxk, sizeof(double));    /* capped, scaled scores */
     double *th = (double *)xcalloc((size_t)maxk, sizeof(double));   /* tanh(raw / cap) */
     double *pr = (double *)xcalloc((size_t)maxk, sizeof(double));   /* probabilities */
     unsigned char *vis = (unsigned char *)xcalloc((size_t)maxk, 1);
     double *orow = (double *)xcalloc((size_t)dvd, sizeof(double));
-    int64_t b, h, i, j, c;
+    ref_row r = ref_rows_begin();
+    int64_t j, c;
 
     memset(dq, 0, (size_t)(p->total_q * hq * d) * sizeof(double));
     memset(dk, 0, (size_t)(p->total_k * hk * d) * sizeof(double));
@@ -47,66 +33,59 @@ void grad_reference(const grad_problem *p, double *dq, double *dk, double *dv, d
     if (q_sees) memset(q_sees, 0, (size_t)(p->total_q * hq));
     if (k_seen) memset(k_seen, 0, (size_t)(p->total_k * hk));
 
-    for (b = 0; b < p->batch; ++b) {
-        const int64_t sq = p->len_q[b], sk = p->len_k[b];
-        for (h = 0; h < hq; ++h) {
-            const int64_t kh = h / group;
-            for (i = 0; i < sq; ++i) {
-                const int64_t tq = p->start_q[b] + i;
-                const float *q = p->q + (tq * hq + h) * d;
-                const float *g = p->dout + (tq * hq + h) * dvd;
-                double *dqr = dq + (tq * hq + h) * d;
-                double m = -INFINITY, l = 0.0, di = 0.0;
-                int any = 0;
-                for (j = 0; j < sk; ++j) {
-                    const float *k = p->k + ((p->start_k[b] + j) * hk + kh) * d;
-                    double dot = 0.0;
-                    vis[j] = (unsigned char)grad_visible(p, i, j, sq, sk);
-                    if (!vis[j]) continue;
-                    for (c = 0; c < d; ++c) dot += (double)q[c] * (double)k[c];
-                    dot *= p->scale;
-                    if (cap > 0.0) {
-                        th[j] = tanh(dot / cap);
-                        dot = cap * th[j];
-                    }
-                    s[j] = dot;
-                    if (dot > m) m = dot;
-                    any = 1;
-                }
-                if (!any) continue; /* sees no key: O = 0, dQ = 0, contributes nothing */
-                if (q_sees) q_sees[tq * hq + h] = 1;
-                for (j = 0; j < sk; ++j)
-                    if (vis[j]) l += (pr[j] = exp(s[j] - m));
-                for (c = 0; c < dvd; ++c) orow[c] = 0.0;
-                for (j = 0; j < sk; ++j) {
-                    const float *v = p->v + ((p->start_k[b] + j) * hk + kh) * dvd;
-                    if (!vis[j]) continue;
-                    pr[j] /= l;
-                    for (c = 0; c < dvd; ++c) orow[c] += pr[j] * (double)v[c];
-                }
-                if (o)
-                    for (c = 0; c < dvd; ++c) o[(tq * hq + h) * dvd + c] = orow[c];
-                for (c = 0; c < dvd; ++c) di += (double)g[c] * orow[c]; /* rowsum(dO * O) */
-                for (j = 0; j < sk; ++j) {
-                    const int64_t tk = p->start_k[b] + j;
-                    const float *k = p->k + (tk * hk + kh) * d;
-                    const float *v = p->v + (tk * hk + kh) * dvd;
-                    double *dkr = dk + (tk * hk + kh) * d, *dvr = dv + (tk * hk + kh) * dvd;
-                    double dp = 0.0, ds;
-                    if (!vis[j]) continue;
-                    if (k_seen) k_seen[tk * hk + kh] = 1;
-                    for (c = 0; c < dvd; ++c) {
-                        dp += (double)g[c] * (double)v[c]; /* dP = dO V^T */
-                        dvr[c] += pr[j] * (double)g[c];    /* dV = P^T dO */
-                    }
-                    ds = pr[j] * (dp - di); /* softmax backward */
-                    /* d/d(raw) of cap * tanh(raw * scale / cap) is scale * (1 - tanh^2). */
-                    ds *= p->scale * (cap > 0.0 ? 1.0 - th[j] * th[j] : 1.0);
-                    for (c = 0; c < d; ++c) {
-                        dqr[c] += ds * (double)k[c]; /* dQ = dS K */
-                        dkr[c] += ds * (double)q[c]; /* dK = dS^T Q (summed over the group) */
-                    }
-                }
+    while (ref_next_row(p, &r)) {
+        const float *q = r.q;
+        const float *g = p->dout + (r.tq * hq + r.h) * dvd;
+        double *dqr = dq + (r.tq * hq + r.h) * d;
+        double m = -INFINITY, l = 0.0, di = 0.0;
+        int any = 0;
+        for (j = 0; j < r.sk; ++j) {
+            const float *k = p->k + ((p->start_k[r.b] + j) * hk + r.kh) * d;
+            double dot = 0.0;
+            vis[j] = (unsigned char)ref_visible(p, r.i, j, r.sq, r.sk);
+            if (!vis[j]) continue;
+            for (c = 0; c < d; ++c) dot += (double)q[c] * (double)k[c];
+            dot *= p->scale;
+            if (cap > 0.0) {
+                th[j] = tanh(dot / cap);
+                dot = cap * th[j];
+            }
+            s[j] = dot;
+            if (dot > m) m = dot;
+            any = 1;
+        }
+        if (!any) continue; /* sees no key: O = 0, dQ = 0, contributes nothing */
+        if (q_sees) q_sees[r.tq * hq + r.h] = 1;
+        for (j = 0; j < r.sk; ++j)
+            if (vis[j]) l += (pr[j] = exp(s[j] - m));
+        for (c = 0; c < dvd; ++c) orow[c] = 0.0;
+        for (j = 0; j < r.sk; ++j) {
+            const float *v = p->v + ((p->start_k[r.b] + j) * hk + r.kh) * dvd;
+            if (!vis[j]) continue;
+            pr[j] /= l;
+            for (c = 0; c < dvd; ++c) orow[c] += pr[j] * (double)v[c];
+        }
+        if (o)
+            for (c = 0; c < dvd; ++c) o[(r.tq * hq + r.h) * dvd + c] = orow[c];
+        for (c = 0; c < dvd; ++c) di += (double)g[c] * orow[c]; /* rowsum(dO * O) */
+        for (j = 0; j < r.sk; ++j) {
+            const int64_t tk = p->start_k[r.b] + j;
+            const float *k = p->k + (tk * hk + r.kh) * d;
+            const float *v = p->v + (tk * hk + r.kh) * dvd;
+            double *dkr = dk + (tk * hk + r.kh) * d, *dvr = dv + (tk * hk + r.kh) * dvd;
+            double dp = 0.0, ds;
+            if (!vis[j]) continue;
+            if (k_seen) k_seen[tk * hk + r.kh] = 1;
+            for (c = 0; c < dvd; ++c) {
+                dp += (double)g[c] * (double)v[c]; /* dP = dO V^T */
+                dvr[c] += pr[j] * (double)g[c];    /* dV = P^T dO */
+            }
+            ds = pr[j] * (dp - di); /* softmax backward */
+            /* d/d(raw) of cap * tanh(raw * scale / cap) is scale * (1 - tanh^2). */
+            ds *= p->scale * (cap > 0.0 ? 1.0 - th[j] * th[j] : 1.0);
+            for (c = 0; c < d; ++c) {
+                dqr[c] += ds * (double)k[c]; /* dQ = dS K */
+                dkr[c] += ds * (double)q[c]; /* dK = dS^T Q (summed over the group) */
             }
         }
     }
@@ -117,9 +96,9 @@ void grad_reference(const grad_problem *p, double *dq, double *dk, double *dv, d
     free(s);
 }
 
-void grad_reference_lowp(const grad_problem *p, double *dq, double *dk, double *dv) {
+void grad_reference_lowp(const ref_problem *p, double *dq, double *dk, double *dv) {
     const int64_t hq = p->heads_q, hk = p->heads_kv, d = p->head_dim, dvd = p->head_dim_v;
-    const int64_t group = hq / hk, maxk = longest(p->len_k, p->batch);
+    const int64_t group = hq / hk, maxk = ref_longest(p->len_k, p->batch);
     const flashattn_dtype_t dt = p->dtype;
     const float scale = (float)p->scale, cap = (float)p->softcap;
     float *s = (float *)xcalloc((size_t)maxk, sizeof(float));
@@ -159,7 +138,7 @@ void grad_reference_lowp(const grad_problem *p, double *dq, double *dk, double *
                     for (j = 0; j < sk; ++j) {
                         const float *k = p->k + ((p->start_k[b] + j) * hk + kh) * d;
                         float dot = 0.0f;
-                        vis[j] = (unsigned char)grad_visible(p, i, j, sq, sk);
+                        vis[j] = (unsigned char)ref_visible(p, i, j, sq, sk);
                         if (!vis[j]) continue;
                         for (c = 0; c < d; ++c) dot += qs[c] * k[c];
                         dot = (float)test_round(dt, (double)dot);

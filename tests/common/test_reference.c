@@ -166,62 +166,77 @@ int ref_visible(const ref_problem *p, int64_t i, int64_t j, int64_t sq, int64_t 
            (p->window_right < 0 || j <= diag + p->window_right);
 }
 
-static int64_t max_len(const int64_t *len, int64_t n) {
+int64_t ref_longest(const int64_t *len, int64_t n) {
     int64_t m = 1, i;
     for (i = 0; i < n; ++i)
         if (len[i] > m) m = len[i];
     return m;
 }
 
+ref_row ref_rows_begin(void) {
+    ref_row r = {0, 0, -1, 0, 0, 0, 0, NULL};
+    return r;
+}
+
+int ref_next_row(const ref_problem *p, ref_row *r) {
+    for (;;) {
+        if (r->b >= p->batch) return 0;
+        if (++r->i < p->len_q[r->b]) break;
+        r->i = -1;
+        if (++r->h < p->heads_q) continue;
+        r->h = 0;
+        ++r->b;
+    }
+    r->kh = r->h / (p->heads_q / p->heads_kv);
+    r->sq = p->len_q[r->b];
+    r->sk = p->len_k[r->b];
+    r->tq = p->start_q[r->b] + r->i;
+    r->q = p->q + (r->tq * p->heads_q + r->h) * p->head_dim;
+    return 1;
+}
+
 void ref_attention(const ref_problem *p, double *o, double *lse) {
     const int64_t hq = p->heads_q, hk = p->heads_kv, d = p->head_dim, dv = p->head_dim_v;
-    const int64_t group = hq / hk;
-    double *s = (double *)malloc((size_t)max_len(p->len_k, p->batch) * sizeof(double));
+    double *s = (double *)malloc((size_t)ref_longest(p->len_k, p->batch) * sizeof(double));
     double *acc = (double *)malloc((size_t)dv * sizeof(double));
-    int64_t b, h, i, j, c;
+    ref_row r = ref_rows_begin();
+    int64_t j, c;
     if (!s || !acc) abort();
-    for (b = 0; b < p->batch; ++b) {
-        const int64_t sq = p->len_q[b], sk = p->len_k[b];
-        for (h = 0; h < hq; ++h) {
-            const int64_t kh = h / group;
-            for (i = 0; i < sq; ++i) {
-                const int64_t tq = p->start_q[b] + i;
-                const float *q = p->q + (tq * hq + h) * d;
-                double *out = o + (tq * hq + h) * dv;
-                double m = -INFINITY, l = 0.0;
-                int any = 0;
-                for (j = 0; j < sk; ++j) {
-                    const float *k = p->k + ((p->start_k[b] + j) * hk + kh) * d;
-                    double dot = 0.0;
-                    if (!ref_visible(p, i, j, sq, sk)) {
-                        s[j] = -INFINITY;
-                        continue;
-                    }
-                    for (c = 0; c < d; ++c) dot += (double)q[c] * (double)k[c];
-                    dot *= p->scale;
-                    if (p->softcap > 0.0) dot = p->softcap * tanh(dot / p->softcap);
-                    s[j] = dot;
-                    if (dot > m) m = dot;
-                    any = 1;
-                }
-                for (c = 0; c < dv; ++c) acc[c] = 0.0;
-                if (!any) {
-                    for (c = 0; c < dv; ++c) out[c] = 0.0;
-                    lse[h * p->total_q + tq] = -INFINITY;
-                    continue;
-                }
-                for (j = 0; j < sk; ++j) {
-                    const float *v = p->v + ((p->start_k[b] + j) * hk + kh) * dv;
-                    double e;
-                    if (s[j] == -INFINITY) continue;
-                    e = exp(s[j] - m);
-                    l += e;
-                    for (c = 0; c < dv; ++c) acc[c] += e * (double)v[c];
-                }
-                for (c = 0; c < dv; ++c) out[c] = acc[c] / l;
-                lse[h * p->total_q + tq] = m + log(l);
+    while (ref_next_row(p, &r)) {
+        const float *q = r.q;
+        double *out = o + (r.tq * hq + r.h) * dv;
+        double m = -INFINITY, l = 0.0;
+        int any = 0;
+        for (j = 0; j < r.sk; ++j) {
+            const float *k = p->k + ((p->start_k[r.b] + j) * hk + r.kh) * d;
+            double dot = 0.0;
+            if (!ref_visible(p, r.i, j, r.sq, r.sk)) {
+                s[j] = -INFINITY;
+                continue;
             }
+            for (c = 0; c < d; ++c) dot += (double)q[c] * (double)k[c];
+            dot *= p->scale;
+            if (p->softcap > 0.0) dot = p->softcap * tanh(dot / p->softcap);
+            s[j] = dot;
+            if (dot > m) m = dot;
+            any = 1;
         }
+        for (c = 0; c < dv; ++c) acc[c] = 0.0;
+        if (!any) {
+            for (c = 0; c < dv; ++c) out[c] = 0.0;
+            lse[r.h * p->total_q + r.tq] = -INFINITY;
+            continue;
+        }
+        for (j = 0; j < r.sk; ++j) {
+            const float *v = p->v + ((p->start_k[r.b] + j) * hk + r.kh) * dv;
+            double e;
+            if (s[j] == -INFINITY) continue;
+            e = exp(s[j] - m);
+            l += e;
+            for (c = 0; c < dv; ++c) acc[c] += e * (double)v[c];
+        }
+        for (c = 0; c < dv; ++c) out[c] = acc[c] / l;
+        lse[r.h * p->total_q + r.tq] = m + log(l);
     }
     free(acc);
     free(s);
@@ -229,54 +244,47 @@ void ref_attention(const ref_problem *p, double *o, double *lse) {
 
 void ref_attention_lowp(const ref_problem *p, double *o) {
     const int64_t hq = p->heads_q, hk = p->heads_kv, d = p->head_dim, dv = p->head_dim_v;
-    const int64_t group = hq / hk;
     const flashattn_dtype_t dt = p->dtype;
     const float scale = (float)p->scale, cap = (float)p->softcap;
-    float *s = (float *)malloc((size_t)max_len(p->len_k, p->batch) * sizeof(float));
-    unsigned char *vis = (unsigned char *)malloc((size_t)max_len(p->len_k, p->batch));
+    float *s = (float *)malloc((size_t)ref_longest(p->len_k, p->batch) * sizeof(float));
+    unsigned char *vis = (unsigned char *)malloc((size_t)ref_longest(p->len_k, p->batch));
     float *acc = (float *)malloc((size_t)dv * sizeof(float));
-    int64_t b, h, i, j, c;
+    ref_row r = ref_rows_begin();
+    int64_t j, c;
     if (!s || !vis || !acc) abort();
-    for (b = 0; b < p->batch; ++b) {
-        const int64_t sq = p->len_q[b], sk = p->len_k[b];
-        for (h = 0; h < hq; ++h) {
-            const int64_t kh = h / group;
-            for (i = 0; i < sq; ++i) {
-                const int64_t tq = p->start_q[b] + i;
-                const float *q = p->q + (tq * hq + h) * d;
-                double *out = o + (tq * hq + h) * dv;
-                float m = -INFINITY, l = 0.0f;
-                int any = 0;
-                for (j = 0; j < sk; ++j) {
-                    const float *k = p->k + ((p->start_k[b] + j) * hk + kh) * d;
-                    float dot = 0.0f;
-                    vis[j] = (unsigned char)ref_visible(p, i, j, sq, sk);
-                    if (!vis[j]) continue;
-                    for (c = 0; c < d; ++c) dot += q[c] * k[c];
-                    dot = (float)test_round(dt, (double)(dot * scale));
-                    if (cap > 0.0f) dot = (float)test_round(dt, (double)(cap * tanhf(dot / cap)));
-                    s[j] = dot;
-                    if (dot > m) m = dot;
-                    any = 1;
-                }
-                for (c = 0; c < dv; ++c) acc[c] = 0.0f;
-                if (any) {
-                    for (j = 0; j < sk; ++j) {
-                        if (!vis[j]) continue;
-                        s[j] = expf(s[j] - m);
-                        l += s[j];
-                    }
-                    for (j = 0; j < sk; ++j) {
-                        const float *v = p->v + ((p->start_k[b] + j) * hk + kh) * dv;
-                        float pr;
-                        if (!vis[j]) continue;
-                        pr = (float)test_round(dt, (double)(s[j] / l));
-                        for (c = 0; c < dv; ++c) acc[c] += pr * v[c];
-                    }
-                }
-                for (c = 0; c < dv; ++c) out[c] = test_round(dt, (double)acc[c]);
+    while (ref_next_row(p, &r)) {
+        const float *q = r.q;
+        double *out = o + (r.tq * hq + r.h) * dv;
+        float m = -INFINITY, l = 0.0f;
+        int any = 0;
+        for (j = 0; j < r.sk; ++j) {
+            const float *k = p->k + ((p->start_k[r.b] + j) * hk + r.kh) * d;
+            float dot = 0.0f;
+            vis[j] = (unsigned char)ref_visible(p, r.i, j, r.sq, r.sk);
+            if (!vis[j]) continue;
+            for (c = 0; c < d; ++c) dot += q[c] * k[c];
+            dot = (float)test_round(dt, (double)(dot * scale));
+            if (cap > 0.0f) dot = (float)test_round(dt, (double)(cap * tanhf(dot / cap)));
+            s[j] = dot;
+            if (dot > m) m = dot;
+            any = 1;
+        }
+        for (c = 0; c < dv; ++c) acc[c] = 0.0f;
+        if (any) {
+            for (j = 0; j < r.sk; ++j) {
+                if (!vis[j]) continue;
+                s[j] = expf(s[j] - m);
+                l += s[j];
+            }
+            for (j = 0; j < r.sk; ++j) {
+                const float *v = p->v + ((p->start_k[r.b] + j) * hk + r.kh) * dv;
+                float pr;
+                if (!vis[j]) continue;
+                pr = (float)test_round(dt, (double)(s[j] / l));
+                for (c = 0; c < dv; ++c) acc[c] += pr * v[c];
             }
         }
+        for (c = 0; c < dv; ++c) out[c] = test_round(dt, (double)acc[c]);
     }
     free(acc);
     free(vis);

@@ -1,6 +1,8 @@
-/* Shared test support (owned by tests/common): an independent double-precision reference, the
- * same naive algorithm run in the input dtype (for FlashAttention's tolerance rule), random
- * inputs, dtype conversion, poisoning, host/device buffers and the full check of one case. */
+/* Shared test support (owned by tests/common): the full check of one forward case against an
+ * independent double-precision reference and the same naive algorithm run in the input dtype (for
+ * FlashAttention's tolerance rule); what the forward and backward suites share to build a case
+ * (its sizes and sequences, random inputs, plan keys and strides) and to compare a result with its
+ * reference; random numbers and dtype conversion. Buffers and layouts: test_buffers.h. */
 #ifndef FLASHATTN_TEST_SUPPORT_H
 #define FLASHATTN_TEST_SUPPORT_H
 
@@ -8,6 +10,7 @@
 #include <stdint.h>
 
 #include "flashattn/flashattn.h"
+#include "test_buffers.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -64,6 +67,75 @@ double test_round(flashattn_dtype_t dtype, double x);
 /* Store / load one element of `dtype` at dst/src (x is rounded first when storing). */
 void test_store(flashattn_dtype_t dtype, void *dst, double x);
 double test_load(flashattn_dtype_t dtype, const void *src);
+
+/* ---- One case's shape, inputs and plan keys (test_shape.c) --------------------------------- */
+
+/* The sizes of one case with the defaults resolved, and its sequences: fixed length, or (varlen)
+ * random lengths packed one after another. */
+typedef struct case_shape {
+    int64_t batch, sq, sk, hq, hk, d, dv;
+    flashattn_dtype_t dtype; /* the dtype the case runs in */
+    double scale;
+    int varlen;
+    int64_t *len_q, *len_k, *start_q, *start_k; /* [batch] */
+    int64_t total_q, total_k;
+} case_shape;
+
+/* The sizes of `c` run in `dtype`, defaults resolved; no sequences yet (total = batch * seqlen). */
+void shape_resolve(case_shape *s, const attn_case *c, flashattn_dtype_t dtype);
+/* Allocates the sequences: every one at full length, or (varlen) sequences b > 0 of random length
+ * in [seqlen/3, seqlen] drawn from `rng`. The caller may then set lengths to 0 and must call
+ * shape_pack(). 0 on success, -1 out of memory. */
+int shape_sequences(case_shape *s, test_rng *rng);
+/* Starts and totals from the lengths. */
+void shape_pack(case_shape *s);
+/* cu_seqlens [batch + 1] from the starts and totals. */
+void shape_cu_seqlens(const case_shape *s, int32_t *cu_q, int32_t *cu_k);
+/* Frees the sequences (NULL ones too). */
+void shape_free(case_shape *s);
+/* Fills the logical array `dst` ([tokens][heads][dim]) and the tensor in `m` (layout l) with
+ * U(-1, 1) rounded to the dtype, token by token; everything else of `m` holds the poison. Rows are
+ * queries (q_side) or keys. */
+void fill_random_tensor(const case_shape *s, test_rng *rng, const test_mem *m, const tensor_layout *l, float *dst,
+                        int q_side, int64_t heads, int64_t dim);
+/* "[backend b=.. sq=.. ... varlen=.. strided=.." (no closing bracket): the common head of a case's
+ * description. Returns the characters written. */
+int shape_describe(char *buf, size_t size, flashattn_backend_t backend, const attn_case *c, const case_shape *s);
+/* Sets the problem's keys on `plan`: sizes, dtype, mask, `backend` forced, device 0, varlen and its
+ * totals, the softmax scale when `c` gives one (else the library's default), the softcap. Returns
+ * the first failing setter's status. */
+flashattn_status_t set_problem_keys(flashattn_plan_t *plan, const case_shape *s, const attn_case *c,
+                                    flashattn_backend_t backend);
+/* Sets the strides of n tensors: keys[t] are tensor t's batch (fixed length only), row and head
+ * stride keys, layouts[t] its layout. */
+flashattn_status_t set_strides_of(flashattn_plan_t *plan, const flashattn_i64_param_t (*keys)[3],
+                                  const tensor_layout *const *layouts, int n, int varlen);
+/* The strides of Q, K, V and O from their layouts. */
+flashattn_status_t set_forward_strides(flashattn_plan_t *plan, const tensor_layout *lq, const tensor_layout *lk,
+                                       const tensor_layout *lv, const tensor_layout *lo, int varlen);
+
+/* ---- Comparing with a reference (test_compare.c) ------------------------------------------------------------ */
+
+/* max|ref| over n elements, and max|low - ref| (0 when low is NULL): the scale and the naive
+ * baseline of a tolerance. */
+void reference_scale(const double *ref, const double *low, size_t n, double *max_ref, double *base_err);
+
+/* The largest error of a tensor and its first bad element: out of tolerance, or not exactly 0 where
+ * it must be (a row that sees no key, a key no query sees). b < 0 while none is bad. */
+typedef struct element_errors {
+    double max_err; /* INFINITY once an error is NaN */
+    long long b, i, h, col;
+    double out, ref;
+    int must_be_zero; /* the first bad element had to be exactly 0 */
+} element_errors;
+element_errors element_errors_none(void);
+/* Records element (sequence b, row or key i, head h, column col). */
+void element_errors_add(element_errors *e, int64_t b, int64_t i, int64_t h, int64_t col, double out, double ref,
+                        double tol, int must_be_zero);
+
+/* The first of `elems` elements at host that `inside` does not mark (a stride gap) and that no
+ * longer holds the poison; -1 when there is none. */
+long long first_written_gap(flashattn_dtype_t dtype, const void *host, const unsigned char *inside, size_t elems);
 
 /* "1" in the environment variable FLASHATTN_TEST_VERBOSE. */
 int test_verbose(void);

@@ -16,26 +16,12 @@
  * cases. GPU backends have no fp32: the grid's fp32 cases run there in bf16 instead, so that
  * every feature combination is still covered. GPU-only cases add long sequences (2048, 4096, 8192)
  * and decode shapes (seqlen_q 1, seqlen_k 8192..32768, 32 query / 8 key-value heads). */
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "test_support.h"
-
-#ifndef TEST_BACKEND
-#define TEST_BACKEND FLASHATTN_BACKEND_CPU
-#endif
-
-#define F16 FLASHATTN_DTYPE_FP16
-#define B16 FLASHATTN_DTYPE_BF16
-#define F32 FLASHATTN_DTYPE_FP32
+#include "test_runner.h"
 
 typedef struct grid_case {
     attn_case c;
@@ -188,14 +174,10 @@ static const grid_case grid[] = {
 
 #define NUM_CASES (sizeof grid / sizeof grid[0])
 
-static int g_cc_major = 0, g_cc_minor = 0;
+static int32_t g_cc_major = 0, g_cc_minor = 0;
 static uint64_t g_seed = 0x5eed0f1a5a77e57ull;
 
-/* The dtype a case runs in on this backend. */
-static flashattn_dtype_t effective_dtype(flashattn_dtype_t dtype) {
-    if (TEST_BACKEND != FLASHATTN_BACKEND_CPU && dtype == FLASHATTN_DTYPE_FP32) return FLASHATTN_DTYPE_BF16;
-    return dtype;
-}
+static flashattn_dtype_t effective_dtype(flashattn_dtype_t dtype) { return test_effective_dtype(TEST_BACKEND, dtype); }
 
 /* NULL when the backend documents that it runs `c`; otherwise why not. */
 static const char *outside_range(const grid_case *g) {
@@ -228,16 +210,10 @@ static const char *outside_range(const grid_case *g) {
 
 static void run_case(void **state) {
     const grid_case *g = (const grid_case *)*state;
-    const size_t index = (size_t)(g - grid);
-    const char *why = outside_range(g);
     attn_case c = g->c;
-    if (why != NULL) {
-        print_message("not run on this backend: %s\n", why);
-        skip();
-        return;
-    }
+    test_skip_if_outside(outside_range(g));
     c.dtype = effective_dtype(c.dtype);
-    assert_int_equal(check_attention_case(TEST_BACKEND, &c, g_seed + 0x9e3779b97f4a7c15ull * (index + 1)), 0);
+    assert_int_equal(check_attention_case(TEST_BACKEND, &c, test_case_seed(g_seed, (size_t)(g - grid))), 0);
 }
 
 /* The CPU backend checks cu_seqlens on the host before writing anything (GPU backends cannot read
@@ -254,6 +230,13 @@ static void varlen_validation(void **state) {
         {{0, 5, 10, 14}, {0, 5, 10, 20}, "cu_seqlens_q[3]"},
         {{0, 5, 10, 15}, {0, 5, 8, 21}, "cu_seqlens_k[3]"},
     };
+    static const test_key_value keys[] = {
+        {FLASHATTN_I64_BATCH, B},        {FLASHATTN_I64_SEQLEN_Q, SQ},
+        {FLASHATTN_I64_SEQLEN_K, SK},    {FLASHATTN_I64_HEADS_Q, H},
+        {FLASHATTN_I64_HEAD_DIM, D},     {FLASHATTN_I64_DTYPE, FLASHATTN_DTYPE_FP32},
+        {FLASHATTN_I64_VARLEN, 1},       {FLASHATTN_I64_TOTAL_Q, TQ},
+        {FLASHATTN_I64_TOTAL_K, TK},     {FLASHATTN_I64_BACKEND, FLASHATTN_BACKEND_CPU},
+    };
     flashattn_plan_t *plan = NULL;
     float q[TQ * H * D], k[TK * H * D], v[TK * H * D], o[TQ * H * D], lse[H * TQ];
     size_t ws_bytes = 0, i, j;
@@ -262,16 +245,7 @@ static void varlen_validation(void **state) {
     for (i = 0; i < sizeof q / sizeof q[0]; ++i) q[i] = 0.25f;
     for (i = 0; i < sizeof k / sizeof k[0]; ++i) k[i] = v[i] = 0.5f;
     assert_int_equal(flashattn_plan_create(&plan), FLASHATTN_SUCCESS);
-    assert_int_equal(flashattn_plan_set_i64(plan, FLASHATTN_I64_BATCH, B), FLASHATTN_SUCCESS);
-    assert_int_equal(flashattn_plan_set_i64(plan, FLASHATTN_I64_SEQLEN_Q, SQ), FLASHATTN_SUCCESS);
-    assert_int_equal(flashattn_plan_set_i64(plan, FLASHATTN_I64_SEQLEN_K, SK), FLASHATTN_SUCCESS);
-    assert_int_equal(flashattn_plan_set_i64(plan, FLASHATTN_I64_HEADS_Q, H), FLASHATTN_SUCCESS);
-    assert_int_equal(flashattn_plan_set_i64(plan, FLASHATTN_I64_HEAD_DIM, D), FLASHATTN_SUCCESS);
-    assert_int_equal(flashattn_plan_set_i64(plan, FLASHATTN_I64_DTYPE, FLASHATTN_DTYPE_FP32), FLASHATTN_SUCCESS);
-    assert_int_equal(flashattn_plan_set_i64(plan, FLASHATTN_I64_VARLEN, 1), FLASHATTN_SUCCESS);
-    assert_int_equal(flashattn_plan_set_i64(plan, FLASHATTN_I64_TOTAL_Q, TQ), FLASHATTN_SUCCESS);
-    assert_int_equal(flashattn_plan_set_i64(plan, FLASHATTN_I64_TOTAL_K, TK), FLASHATTN_SUCCESS);
-    assert_int_equal(flashattn_plan_set_i64(plan, FLASHATTN_I64_BACKEND, FLASHATTN_BACKEND_CPU), FLASHATTN_SUCCESS);
+    set_keys_or_fail(plan, keys, sizeof keys / sizeof keys[0]);
     assert_int_equal(flashattn_plan_finalize(plan), FLASHATTN_SUCCESS);
     assert_int_equal(flashattn_plan_get_workspace_size(plan, &ws_bytes), FLASHATTN_SUCCESS);
     ws = ws_bytes ? test_malloc(ws_bytes + 256) : NULL;
@@ -304,86 +278,28 @@ static struct CMUnitTest tests[NUM_CASES + 1];
 
 static void name_case(char *buf, size_t size, const grid_case *g) {
     const attn_case *c = &g->c;
-    int n = snprintf(buf, size, "b%lld_q%lld_k%lld_h%lld-%lld_d%lld", (long long)c->batch,
-                     (long long)c->seqlen_q, (long long)c->seqlen_k, (long long)c->heads_q,
-                     (long long)c->heads_kv, (long long)c->head_dim);
-    if (c->head_dim_v && c->head_dim_v != c->head_dim)
-        n += snprintf(buf + n, size - (size_t)n, "-%lld", (long long)c->head_dim_v);
-    n += snprintf(buf + n, size - (size_t)n, "_%s", test_dtype_name(effective_dtype(c->dtype)));
-    if (c->causal) n += snprintf(buf + n, size - (size_t)n, "_causal");
-    if (c->window_left >= 0 || c->window_right >= 0)
-        n += snprintf(buf + n, size - (size_t)n, "_win%lld,%lld", (long long)c->window_left,
-                      (long long)c->window_right);
-    if (c->softcap > 0) n += snprintf(buf + n, size - (size_t)n, "_cap%g", c->softcap);
-    if (c->scale > 0) n += snprintf(buf + n, size - (size_t)n, "_scale%g", c->scale);
-    if (c->varlen) n += snprintf(buf + n, size - (size_t)n, "_varlen");
+    int n = test_case_name(buf, size, "", c, effective_dtype(c->dtype));
     if (c->strided) n += snprintf(buf + n, size - (size_t)n, "_strided");
     if (!c->with_lse) n += snprintf(buf + n, size - (size_t)n, "_nolse");
     (void)n;
 }
 
-/* Exit 77 unless the library holds `name` and the device can run it. */
-static void require_gpu_backend(const char *name) {
-    const char *info = flashattn_build_info();
-    const char *list = strstr(info, "backends=");
-    int32_t major = 0, minor = 0;
-    int ok;
-    test_skip_without_gpu();
-    if (list == NULL || strstr(list, name) == NULL) {
-        printf("this build has no %s backend (%s): skipping\n", name, info);
-        exit(77);
-    }
-    if (flashattn_device_compute_capability(0, &major, &minor) != FLASHATTN_SUCCESS) {
-        printf("no compute capability for device 0 (%s): skipping\n", flashattn_last_error());
-        exit(77);
-    }
-    g_cc_major = major;
-    g_cc_minor = minor;
-    if (strcmp(name, "fa1") == 0) ok = major * 10 + minor >= 75;
-    else if (strcmp(name, "fa2") == 0) ok = major >= 8;
-    else ok = major == 9 && minor == 0;
-    if (!ok) {
-        printf("device 0 is sm_%d%d, which %s does not run: skipping\n", major, minor, name);
-        exit(77);
-    }
-}
-
 int main(void) {
-    size_t i;
-    const char *seed_env = getenv("FLASHATTN_TEST_SEED");
-    if (seed_env != NULL && seed_env[0] != '\0') g_seed = strtoull(seed_env, NULL, 0);
-
-    switch (TEST_BACKEND) {
-    case FLASHATTN_BACKEND_FA1: require_gpu_backend("fa1"); break;
-    case FLASHATTN_BACKEND_FA2: require_gpu_backend("fa2"); break;
-    case FLASHATTN_BACKEND_FA3: require_gpu_backend("fa3"); break;
-    default: break;
-    }
+    const int reduced = test_reduced_grid();
+    size_t i, n = 0, small = 0;
+    g_seed = test_seed_from_env(g_seed);
+    if (TEST_BACKEND != FLASHATTN_BACKEND_CPU) test_require_gpu_backend(TEST_BACKEND, &g_cc_major, &g_cc_minor);
     printf("numerics on backend %s, seed %llu (set FLASHATTN_TEST_SEED to change)\n",
            test_backend_name(TEST_BACKEND), (unsigned long long)g_seed);
 
     /* FLASHATTN_TEST_REDUCED=1 keeps every third case of at most 128 x 256 scores per head: the
      * grid compute-sanitizer runs (its tools slow kernels down 10-100x). */
-    const char *reduced_env = getenv("FLASHATTN_TEST_REDUCED");
-    const int reduced = reduced_env != NULL && reduced_env[0] != '\0' && strcmp(reduced_env, "0") != 0;
-    size_t n = 0, small = 0;
     for (i = 0; i < NUM_CASES; ++i) {
-        if (reduced && (grid[i].c.seqlen_q * grid[i].c.seqlen_k > 128 * 256 || small++ % 3 != 0)) continue;
+        if (!test_keeps_case(reduced, &grid[i].c, &small)) continue;
         name_case(names[n], sizeof names[n], &grid[i]);
-        tests[n].name = names[n];
-        tests[n].test_func = run_case;
-        tests[n].setup_func = NULL;
-        tests[n].teardown_func = NULL;
-        tests[n].initial_state = (void *)&grid[i];
+        tests[n] = test_unit(names[n], run_case, &grid[i]);
         ++n;
     }
-    if (TEST_BACKEND == FLASHATTN_BACKEND_CPU) {
-        tests[n].name = "varlen_cu_seqlens_validation";
-        tests[n].test_func = varlen_validation;
-        tests[n].setup_func = NULL;
-        tests[n].teardown_func = NULL;
-        tests[n].initial_state = NULL;
-        ++n;
-    }
+    if (TEST_BACKEND == FLASHATTN_BACKEND_CPU) tests[n++] = test_unit("varlen_cu_seqlens_validation", varlen_validation, NULL);
     return _cmocka_run_group_tests(test_backend_name(TEST_BACKEND), tests, n, NULL, NULL);
 }
