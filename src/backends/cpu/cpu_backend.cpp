@@ -13,12 +13,12 @@
 #include <cinttypes>
 #include <exception>
 #include <memory>
-#include <new>
 #include <string>
 #include <thread>
 
 #include "backends/cpu/cpu_backward.h"
 #include "backends/cpu/cpu_kernel.h"
+#include "backends/cpu/cpu_threads.h"
 #include "backends/backend.h"
 #include "base/checked_math.h"
 #include "base/status.h"
@@ -78,20 +78,7 @@ int64_t choose_pack(const Problem &p, int block_m, int64_t threads) {
 }
 
 std::string cpu_unsupported_reason(const Problem &p, const DeviceInfo &) {
-    switch (p.dtype) {
-    case FLASHATTN_DTYPE_FP32:
-    case FLASHATTN_DTYPE_FP16:
-    case FLASHATTN_DTYPE_BF16:
-        break;
-    case FLASHATTN_DTYPE_FP8_E4M3:
-        return "the CPU backend does not support FP8 (E4M3) tensors; use fp16, bf16 or fp32";
-    default:
-        return "the CPU backend supports only fp16, bf16 and fp32 tensors";
-    }
-    if (p.head_dim < 1 || p.head_dim_v < 1) {
-        return "the CPU backend needs head_dim and head_dim_v of at least 1";
-    }
-    return std::string();
+    return cpu::unsupported_reason(p);
 }
 
 int64_t choose_threads(const Problem &p, const cpu::TileShape &shape) {
@@ -275,25 +262,7 @@ flashattn_status_t execute_impl(const Problem &p, const CpuPlan &plan, const Ten
     if (job.items <= 0) return FLASHATTN_SUCCESS;
     const int64_t threads = std::min<int64_t>(plan.threads, job.items);
 
-    // Workers 1..n-1 on new threads, slot 0 on the calling thread. A thread that cannot be
-    // created simply leaves its share to the others.
-    std::unique_ptr<std::thread[]> pool;
-    int64_t started = 0;
-    if (threads > 1) {
-        pool.reset(new (std::nothrow) std::thread[static_cast<size_t>(threads - 1)]);
-        if (pool) {
-            for (int64_t i = 1; i < threads; ++i) {
-                try {
-                    pool[static_cast<size_t>(started)] = std::thread(worker, &job, static_cast<size_t>(i));
-                    ++started;
-                } catch (...) {
-                    break;
-                }
-            }
-        }
-    }
-    worker(&job, 0);
-    for (int64_t i = 0; i < started; ++i) pool[static_cast<size_t>(i)].join();
+    cpu::run_on_threads(threads, [&job](size_t slot) { worker(&job, slot); });
     return FLASHATTN_SUCCESS;
 }
 
@@ -308,8 +277,7 @@ flashattn_status_t cpu_execute(const Problem &p, const BackendPlan &plan, const 
 }
 
 std::string cpu_backward_unsupported_reason(const Problem &p, const DeviceInfo &) {
-    const std::string forward = cpu_unsupported_reason(p, DeviceInfo{});
-    return forward.empty() ? cpu::backward_unsupported_reason(p) : forward;
+    return cpu::backward_unsupported_reason(p);
 }
 
 flashattn_status_t cpu_execute_backward(const Problem &p, const BackendPlan &base_plan, const Tensors &t) {

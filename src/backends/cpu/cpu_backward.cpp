@@ -9,45 +9,30 @@
 // narrowed with cpu_convert.h's scalar conversions (round to nearest even). Memory is O(tile) per
 // thread plus one fp32 per query row and head (D); no seqlen_q x seqlen_k buffer exists.
 //
-// The products use one register-blocked micro-kernel written with GCC/Clang vector extensions (8
-// floats) on operands padded to whole vectors; on x86-64 the pass bodies are compiled for the
-// baseline ISA and for AVX2+FMA and the variant is chosen once at run time, as the forward does
-// (FLASHATTN_CPU_SIMD=generic forces the baseline). The variant fixes the rounding, so results are
-// bitwise reproducible on one machine; the two variants may differ in the last bits.
+// The products use the forward's register-blocked micro-kernel (cpu_simd.h) on operands padded to
+// whole vectors; on x86-64 the pass bodies are compiled for the baseline ISA and for AVX2+FMA and
+// the variant is chosen once at run time, as the forward's (FLASHATTN_CPU_SIMD=generic forces the
+// baseline). The variant fixes the rounding, so results are bitwise reproducible on one machine;
+// the two variants may differ in the last bits.
 #include "backends/cpu/cpu_backward.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <limits>
-#include <memory>
-#include <new>
-#include <thread>
 
 #include "backends/cpu/cpu_convert.h"
+#include "backends/cpu/cpu_kernel.h"
+#include "backends/cpu/cpu_simd.h"
+#include "backends/cpu/cpu_threads.h"
 #include "base/checked_math.h"
 #include "base/status.h"
-
-#if !defined(__GNUC__) && !defined(__clang__)
-#error "the CPU backend needs the GCC/Clang vector extensions"
-#endif
-
-#if defined(__x86_64__) || defined(__i386__)
-#define FLASHATTN_CPU_BWD_X86 1
-#else
-#define FLASHATTN_CPU_BWD_X86 0
-#endif
-
-#define FA_BWD_INLINE inline __attribute__((always_inline))
 
 namespace flashattn {
 namespace cpu {
 namespace {
 
-constexpr int kLanes = 8;  // floats per vector
 // Keys per tile, and query rows per tile: 128 while head_dim + head_dim_v <= 256 (at most 450 KiB
 // of scratch per thread), else 64 (at most 480 KiB at 256/256), as the forward halves its tile.
 // 128 rows halve the K/V blocks the dQ pass widens: 10-30% less time than 64 at 128/128, bf16,
@@ -55,180 +40,33 @@ constexpr int kLanes = 8;  // floats per vector
 constexpr int kBlockN = 64;
 int choose_block_m(const Problem &p) { return p.head_dim + p.head_dim_v <= 256 ? 128 : 64; }
 
-typedef float vf __attribute__((vector_size(32)));
-static_assert(sizeof(vf) == kLanes * sizeof(float), "vector width");
-static_assert(kBlockN % kLanes == 0, "key tiles are whole vectors");
-
-// Vectors by reference: a 32-byte vector by value changes the ABI between the two ISA variants.
-FA_BWD_INLINE void vload(vf &r, const float *p) { std::memcpy(&r, p, sizeof r); }
-FA_BWD_INLINE void vstore(float *p, const vf &r) { std::memcpy(p, &r, sizeof r); }
-
-constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-// Scalar element access of the three storage types.
-template <flashattn_dtype_t DT>
-struct Elem;
-
-template <>
-struct Elem<FLASHATTN_DTYPE_FP32> {
-    static constexpr int64_t size = 4;
-    static FA_BWD_INLINE float load(const unsigned char *p, int64_t i) {
-        float f;
-        std::memcpy(&f, p + i * 4, 4);
-        return f;
-    }
-    static FA_BWD_INLINE void store(unsigned char *p, int64_t i, float f) { std::memcpy(p + i * 4, &f, 4); }
-};
-
-template <>
-struct Elem<FLASHATTN_DTYPE_FP16> {
-    static constexpr int64_t size = 2;
-    static FA_BWD_INLINE float load(const unsigned char *p, int64_t i) {
-        uint16_t h;
-        std::memcpy(&h, p + i * 2, 2);
-        return half_to_float(h);
-    }
-    static FA_BWD_INLINE void store(unsigned char *p, int64_t i, float f) {
-        const uint16_t h = float_to_half(f);
-        std::memcpy(p + i * 2, &h, 2);
-    }
-};
-
-template <>
-struct Elem<FLASHATTN_DTYPE_BF16> {
-    static constexpr int64_t size = 2;
-    static FA_BWD_INLINE float load(const unsigned char *p, int64_t i) {
-        uint16_t h;
-        std::memcpy(&h, p + i * 2, 2);
-        return bf16_to_float(h);
-    }
-    static FA_BWD_INLINE void store(unsigned char *p, int64_t i, float f) {
-        const uint16_t h = float_to_bf16(f);
-        std::memcpy(p + i * 2, &h, 2);
-    }
-};
+static_assert(kBlockN % kVector == 0, "key tiles are whole vectors");
 
 // dst[c] = src[c] for c < n, zero up to padded (a row of a row-major tile).
 template <flashattn_dtype_t DT>
-FA_BWD_INLINE void widen_row(const unsigned char *src, int n, int padded, float *dst) {
+FLASHATTN_CPU_INLINE void widen_row(const unsigned char *src, int n, int padded, float *dst) {
     for (int c = 0; c < n; ++c) dst[c] = Elem<DT>::load(src, c);
     for (int c = n; c < padded; ++c) dst[c] = 0.0f;
 }
 
 // dst[c * ld] = src[c] for c < n (a column of a transposed tile).
 template <flashattn_dtype_t DT>
-FA_BWD_INLINE void widen_column(const unsigned char *src, int n, float *dst, int ld) {
+FLASHATTN_CPU_INLINE void widen_column(const unsigned char *src, int n, float *dst, int ld) {
     for (int c = 0; c < n; ++c) dst[static_cast<int64_t>(c) * ld] = Elem<DT>::load(src, c);
 }
 
 template <flashattn_dtype_t DT>
-FA_BWD_INLINE void narrow_row(const float *src, int n, unsigned char *dst) {
+FLASHATTN_CPU_INLINE void narrow_row(const float *src, int n, unsigned char *dst) {
     for (int c = 0; c < n; ++c) Elem<DT>::store(dst, c, src[c]);
 }
-
-// C[MR x n] = (accumulate ? C : 0) + A[MR x kdim] B[kdim x n], with A(i, k) = a[i * ars + k * acs]
-// (so A may be a transposed tile), B and C row-major, n a multiple of kLanes. MR rows x 16 columns
-// (WIDE) or x 8 columns of C live in registers. Each element of C is summed over k in ascending
-// order whatever the path: the reduction order is fixed.
-template <int MR, bool WIDE>
-FA_BWD_INLINE void gemm_rows(int n, int kdim, const float *a, int64_t ars, int64_t acs,
-                             const float *b, int ldb, float *c, int ldc, bool accumulate) {
-    int j = 0;
-    for (; WIDE && j + 2 * kLanes <= n; j += 2 * kLanes) {
-        vf acc0[MR], acc1[MR];
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) {
-            if (accumulate) {
-                vload(acc0[r], c + r * ldc + j);
-                vload(acc1[r], c + r * ldc + j + kLanes);
-            } else {
-                acc0[r] = vf{};
-                acc1[r] = vf{};
-            }
-        }
-        const float *bp = b + j;
-        for (int k = 0; k < kdim; ++k, bp += ldb) {
-            vf b0, b1;
-            vload(b0, bp);
-            vload(b1, bp + kLanes);
-#pragma GCC unroll 8
-            for (int r = 0; r < MR; ++r) {
-                const float av = a[r * ars + k * acs];
-                acc0[r] += av * b0;
-                acc1[r] += av * b1;
-            }
-        }
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) {
-            vstore(c + r * ldc + j, acc0[r]);
-            vstore(c + r * ldc + j + kLanes, acc1[r]);
-        }
-    }
-    for (; j < n; j += kLanes) {
-        vf acc[MR];
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) {
-            if (accumulate) {
-                vload(acc[r], c + r * ldc + j);
-            } else {
-                acc[r] = vf{};
-            }
-        }
-        const float *bp = b + j;
-        for (int k = 0; k < kdim; ++k, bp += ldb) {
-            vf b0;
-            vload(b0, bp);
-#pragma GCC unroll 8
-            for (int r = 0; r < MR; ++r) acc[r] += a[r * ars + k * acs] * b0;
-        }
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) vstore(c + r * ldc + j, acc[r]);
-    }
-}
-
-// The register blocking of one instruction set, as the forward's: AVX2 has 16 registers of 8
-// floats, 6 x 16 accumulators use 12; the baseline holds a vector of 8 in two of its 16 SSE
-// registers, 4 x 8 accumulators use 8.
-struct BlockingAvx2 {
-    static constexpr int kRows = 6;
-    static constexpr bool kWide = true;
-};
-struct BlockingGeneric {
-    static constexpr int kRows = 4;
-    static constexpr bool kWide = false;
-};
-
-template <class BL>
-FA_BWD_INLINE void gemm(int m, int n, int kdim, const float *a, int64_t ars, int64_t acs,
-                        const float *b, int ldb, float *c, int ldc, bool accumulate) {
-    constexpr int MR = BL::kRows;
-    constexpr bool W = BL::kWide;
-    int r = 0;
-    for (; r + MR <= m; r += MR) {
-        gemm_rows<MR, W>(n, kdim, a + r * ars, ars, acs, b, ldb, c + r * ldc, ldc, accumulate);
-    }
-    const float *ar = a + r * ars;
-    float *cr = c + r * ldc;
-    switch (m - r) {
-    case 5: gemm_rows<5, W>(n, kdim, ar, ars, acs, b, ldb, cr, ldc, accumulate); break;
-    case 4: gemm_rows<4, W>(n, kdim, ar, ars, acs, b, ldb, cr, ldc, accumulate); break;
-    case 3: gemm_rows<3, W>(n, kdim, ar, ars, acs, b, ldb, cr, ldc, accumulate); break;
-    case 2: gemm_rows<2, W>(n, kdim, ar, ars, acs, b, ldb, cr, ldc, accumulate); break;
-    case 1: gemm_rows<1, W>(n, kdim, ar, ars, acs, b, ldb, cr, ldc, accumulate); break;
-    default: break;
-    }
-}
-
-constexpr size_t kScratchAlign = 16;  // floats (64 bytes)
-constexpr size_t align_floats(size_t n) { return (n + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
 
 // Offsets (in floats) of one thread's scratch arrays; dp, dvp: the head dims rounded up to vectors.
 struct Layout {
     int64_t dp, dvp;
     size_t q, dout, kt, vt, krow, s, ds, acc_k, acc_v, lse, dsum, total;
     Layout(const Problem &p, int block_m) {
-        dp = round_up(p.head_dim, kLanes);
-        dvp = round_up(p.head_dim_v, kLanes);
+        dp = round_up(p.head_dim, kVector);
+        dvp = round_up(p.head_dim_v, kVector);
         const size_t bm = static_cast<size_t>(block_m), bn = kBlockN;
         const size_t d = static_cast<size_t>(p.head_dim), dv = static_cast<size_t>(p.head_dim_v);
         const size_t udp = static_cast<size_t>(dp), udvp = static_cast<size_t>(dvp);
@@ -245,6 +83,15 @@ struct Layout {
         dsum = lse + align_floats(bm);                  // [block_m] the rows' D
         total = dsum + align_floats(bm);
     }
+};
+
+// One thread's scratch arrays, where Layout puts them in its slot.
+struct Scratch {
+    float *q, *dout, *kt, *vt, *krow, *s, *ds, *acc_k, *acc_v, *lse, *dsum;
+    Scratch(const Layout &lay, float *base)
+        : q(base + lay.q), dout(base + lay.dout), kt(base + lay.kt), vt(base + lay.vt),
+          krow(base + lay.krow), s(base + lay.s), ds(base + lay.ds), acc_k(base + lay.acc_k),
+          acc_v(base + lay.acc_v), lse(base + lay.lse), dsum(base + lay.dsum) {}
 };
 
 // One sequence of the batch: where its rows start and how many there are.
@@ -293,9 +140,9 @@ struct Job {
 // S -> P and dP -> dRaw, in place, for rows i0 .. i0 + m - 1 (of the sequence) against keys
 // j0 .. j0 + nk - 1; masked entries and padding columns up to nkp become 0. A row whose LSE is
 // -inf saw no key in the forward and takes no part.
-FA_BWD_INLINE void scores_to_grads(const Problem &p, const Sequence &seq, int64_t i0, int m,
-                                   int64_t j0, int nk, int nkp, const float *lse, const float *dsum,
-                                   float *s, float *ds, int ld) {
+FLASHATTN_CPU_INLINE void scores_to_grads(const Problem &p, const Sequence &seq, int64_t i0, int m,
+                                          int64_t j0, int nk, int nkp, const float *lse,
+                                          const float *dsum, float *s, float *ds, int ld) {
     const bool capped = p.softcap > 0.0;
     const float cap = static_cast<float>(p.softcap);
     const float scale = static_cast<float>(p.scale);
@@ -333,9 +180,9 @@ FA_BWD_INLINE void scores_to_grads(const Problem &p, const Sequence &seq, int64_
 // Widen keys j0 .. j0 + nk - 1 of K and V transposed (kt[c][j], vt[c][j], columns nk..nkp zero)
 // and, when krow is set, K row-major too (krow[j][c], padded to dp).
 template <flashattn_dtype_t DT>
-FA_BWD_INLINE void widen_kv_block(const Problem &p, const Tensors &t, const Sequence &seq,
-                                  int64_t kvh, int64_t j0, int nk, int nkp, const Layout &lay,
-                                  float *kt, float *vt, float *krow) {
+FLASHATTN_CPU_INLINE void widen_kv_block(const Problem &p, const Tensors &t, const Sequence &seq,
+                                         int64_t kvh, int64_t j0, int nk, int nkp, const Layout &lay,
+                                         float *kt, float *vt, float *krow) {
     typedef Elem<DT> E;
     const int d = static_cast<int>(p.head_dim), dv = static_cast<int>(p.head_dim_v);
     const unsigned char *kb = static_cast<const unsigned char *>(t.k);
@@ -356,7 +203,7 @@ FA_BWD_INLINE void widen_kv_block(const Problem &p, const Tensors &t, const Sequ
 // The dQ pass's item: query rows [i0, i0 + block_m) of one (sequence, query head). Writes D of
 // its rows to the workspace and dQ of its rows to the output.
 template <flashattn_dtype_t DT, class BL>
-FA_BWD_INLINE void dq_item_body(const Job &job, int64_t item, float *base) {
+FLASHATTN_CPU_INLINE void dq_item_body(const Job &job, int64_t item, float *base) {
     typedef Elem<DT> E;
     const Problem &p = *job.p;
     const Tensors &t = *job.t;
@@ -371,42 +218,40 @@ FA_BWD_INLINE void dq_item_body(const Job &job, int64_t item, float *base) {
     const int d = static_cast<int>(p.head_dim), dv = static_cast<int>(p.head_dim_v);
     const Layout lay(p, job.block_m);
     const int dp = static_cast<int>(lay.dp), dvp = static_cast<int>(lay.dvp);
-    float *q = base + lay.q, *dout = base + lay.dout, *kt = base + lay.kt, *vt = base + lay.vt;
-    float *krow = base + lay.krow, *s = base + lay.s, *ds = base + lay.ds, *acc = base + lay.acc_k;
-    float *lse = base + lay.lse, *dsum = base + lay.dsum;
+    const Scratch sc(lay, base);
 
     const unsigned char *qb = static_cast<const unsigned char *>(t.q);
     const unsigned char *ob = static_cast<const unsigned char *>(t.o);
     const unsigned char *dob = static_cast<const unsigned char *>(t.dout);
     const int64_t li = lse_index(p, seq, h) + i0;
     for (int r = 0; r < m; ++r) {
-        widen_row<DT>(qb + offset(p, p.q, seq, true, i0 + r, h) * E::size, d, dp, q + r * dp);
-        float *dorow = dout + r * dvp;
+        widen_row<DT>(qb + offset(p, p.q, seq, true, i0 + r, h) * E::size, d, dp, sc.q + r * dp);
+        float *dorow = sc.dout + r * dvp;
         widen_row<DT>(dob + offset(p, p.dout, seq, true, i0 + r, h) * E::size, dv, dvp, dorow);
         const unsigned char *orow = ob + offset(p, p.o, seq, true, i0 + r, h) * E::size;
         float sum = 0.0f;
         for (int c = 0; c < dv; ++c) sum += dorow[c] * E::load(orow, c);
-        dsum[r] = sum;
+        sc.dsum[r] = sum;
         job.row_sums[li + r] = sum;
-        lse[r] = t.lse[li + r];
+        sc.lse[r] = t.lse[li + r];
     }
-    std::fill(acc, acc + static_cast<int64_t>(m) * dp, 0.0f);
+    std::fill(sc.acc_k, sc.acc_k + static_cast<int64_t>(m) * dp, 0.0f);
 
     const int64_t key_begin = visible_keys(p, i0, seq.sq, seq.sk).first;
     const int64_t key_end = visible_keys(p, i0 + m - 1, seq.sq, seq.sk).last + 1;
     for (int64_t j0 = key_begin; j0 < key_end; j0 += kBlockN) {
         const int nk = static_cast<int>(std::min<int64_t>(kBlockN, key_end - j0));
-        const int nkp = static_cast<int>(round_up(nk, kLanes));
-        widen_kv_block<DT>(p, t, seq, kvh, j0, nk, nkp, lay, kt, vt, krow);
-        gemm<BL>(m, nkp, d, q, dp, 1, kt, kBlockN, s, kBlockN, false);       // S (raw)
-        gemm<BL>(m, nkp, dv, dout, dvp, 1, vt, kBlockN, ds, kBlockN, false); // dP
-        scores_to_grads(p, seq, i0, m, j0, nk, nkp, lse, dsum, s, ds, kBlockN);
-        gemm<BL>(m, dp, nk, ds, kBlockN, 1, krow, dp, acc, dp, true);        // dQ += dRaw K
+        const int nkp = static_cast<int>(round_up(nk, kVector));
+        widen_kv_block<DT>(p, t, seq, kvh, j0, nk, nkp, lay, sc.kt, sc.vt, sc.krow);
+        gemm<BL>(m, nkp, d, sc.q, dp, 1, sc.kt, kBlockN, sc.s, kBlockN, false);        // S (raw)
+        gemm<BL>(m, nkp, dv, sc.dout, dvp, 1, sc.vt, kBlockN, sc.ds, kBlockN, false);  // dP
+        scores_to_grads(p, seq, i0, m, j0, nk, nkp, sc.lse, sc.dsum, sc.s, sc.ds, kBlockN);
+        gemm<BL>(m, dp, nk, sc.ds, kBlockN, 1, sc.krow, dp, sc.acc_k, dp, true);       // dQ += dRaw K
     }
 
     unsigned char *dqb = static_cast<unsigned char *>(t.dq);
     for (int r = 0; r < m; ++r) {
-        narrow_row<DT>(acc + r * dp, d, dqb + offset(p, p.dq, seq, true, i0 + r, h) * E::size);
+        narrow_row<DT>(sc.acc_k + r * dp, d, dqb + offset(p, p.dq, seq, true, i0 + r, h) * E::size);
     }
 }
 
@@ -428,7 +273,7 @@ int64_t first_true(int64_t n, Pred pred) {
 // The dK/dV pass's item: keys [j0, j0 + block_n) of one (sequence, key/value head), against every
 // query head of its group (in order) and every query block that sees them (in order).
 template <flashattn_dtype_t DT, class BL>
-FA_BWD_INLINE void dkv_item_body(const Job &job, int64_t item, float *base) {
+FLASHATTN_CPU_INLINE void dkv_item_body(const Job &job, int64_t item, float *base) {
     typedef Elem<DT> E;
     const Problem &p = *job.p;
     const Tensors &t = *job.t;
@@ -439,17 +284,15 @@ FA_BWD_INLINE void dkv_item_body(const Job &job, int64_t item, float *base) {
     const int64_t j0 = tile * kBlockN;
     if (j0 >= seq.sk) return;
     const int nk = static_cast<int>(std::min<int64_t>(kBlockN, seq.sk - j0));
-    const int nkp = static_cast<int>(round_up(nk, kLanes));
+    const int nkp = static_cast<int>(round_up(nk, kVector));
     const int d = static_cast<int>(p.head_dim), dv = static_cast<int>(p.head_dim_v);
     const Layout lay(p, job.block_m);
     const int dp = static_cast<int>(lay.dp), dvp = static_cast<int>(lay.dvp);
-    float *q = base + lay.q, *dout = base + lay.dout, *kt = base + lay.kt, *vt = base + lay.vt;
-    float *s = base + lay.s, *ds = base + lay.ds, *dk = base + lay.acc_k, *dva = base + lay.acc_v;
-    float *lse = base + lay.lse, *dsum = base + lay.dsum;
+    const Scratch sc(lay, base);
 
-    widen_kv_block<DT>(p, t, seq, kvh, j0, nk, nkp, lay, kt, vt, nullptr);
-    std::fill(dk, dk + static_cast<int64_t>(nk) * dp, 0.0f);
-    std::fill(dva, dva + static_cast<int64_t>(nk) * dvp, 0.0f);
+    widen_kv_block<DT>(p, t, seq, kvh, j0, nk, nkp, lay, sc.kt, sc.vt, nullptr);
+    std::fill(sc.acc_k, sc.acc_k + static_cast<int64_t>(nk) * dp, 0.0f);
+    std::fill(sc.acc_v, sc.acc_v + static_cast<int64_t>(nk) * dvp, 0.0f);
 
     // Both ends of a row's visible keys never decrease along the rows: the rows that may see a key
     // of this block form one interval [q_begin, q_end).
@@ -467,25 +310,25 @@ FA_BWD_INLINE void dkv_item_body(const Job &job, int64_t item, float *base) {
         for (int64_t i0 = q_begin; i0 < q_end; i0 += job.block_m) {
             const int m = static_cast<int>(std::min<int64_t>(job.block_m, q_end - i0));
             for (int r = 0; r < m; ++r) {
-                widen_row<DT>(qb + offset(p, p.q, seq, true, i0 + r, h) * E::size, d, dp, q + r * dp);
+                widen_row<DT>(qb + offset(p, p.q, seq, true, i0 + r, h) * E::size, d, dp, sc.q + r * dp);
                 widen_row<DT>(dob + offset(p, p.dout, seq, true, i0 + r, h) * E::size, dv, dvp,
-                              dout + r * dvp);
-                lse[r] = t.lse[lbase + i0 + r];
-                dsum[r] = job.row_sums[lbase + i0 + r];
+                              sc.dout + r * dvp);
+                sc.lse[r] = t.lse[lbase + i0 + r];
+                sc.dsum[r] = job.row_sums[lbase + i0 + r];
             }
-            gemm<BL>(m, nkp, d, q, dp, 1, kt, kBlockN, s, kBlockN, false);        // S (raw)
-            gemm<BL>(m, nkp, dv, dout, dvp, 1, vt, kBlockN, ds, kBlockN, false);  // dP
-            scores_to_grads(p, seq, i0, m, j0, nk, nkp, lse, dsum, s, ds, kBlockN);
-            gemm<BL>(nk, dvp, m, s, 1, kBlockN, dout, dvp, dva, dvp, true);  // dV += P^T dO
-            gemm<BL>(nk, dp, m, ds, 1, kBlockN, q, dp, dk, dp, true);        // dK += dRaw^T Q
+            gemm<BL>(m, nkp, d, sc.q, dp, 1, sc.kt, kBlockN, sc.s, kBlockN, false);        // S (raw)
+            gemm<BL>(m, nkp, dv, sc.dout, dvp, 1, sc.vt, kBlockN, sc.ds, kBlockN, false);  // dP
+            scores_to_grads(p, seq, i0, m, j0, nk, nkp, sc.lse, sc.dsum, sc.s, sc.ds, kBlockN);
+            gemm<BL>(nk, dvp, m, sc.s, 1, kBlockN, sc.dout, dvp, sc.acc_v, dvp, true);     // dV += P^T dO
+            gemm<BL>(nk, dp, m, sc.ds, 1, kBlockN, sc.q, dp, sc.acc_k, dp, true);          // dK += dRaw^T Q
         }
     }
 
     unsigned char *dkb = static_cast<unsigned char *>(t.dk);
     unsigned char *dvb = static_cast<unsigned char *>(t.dv);
     for (int jj = 0; jj < nk; ++jj) {
-        narrow_row<DT>(dk + jj * dp, d, dkb + offset(p, p.dk, seq, false, j0 + jj, kvh) * E::size);
-        narrow_row<DT>(dva + jj * dvp, dv, dvb + offset(p, p.dv, seq, false, j0 + jj, kvh) * E::size);
+        narrow_row<DT>(sc.acc_k + jj * dp, d, dkb + offset(p, p.dk, seq, false, j0 + jj, kvh) * E::size);
+        narrow_row<DT>(sc.acc_v + jj * dvp, dv, dvb + offset(p, p.dv, seq, false, j0 + jj, kvh) * E::size);
     }
 }
 
@@ -500,7 +343,7 @@ void dkv_generic(const Job &job, int64_t item, float *scratch) {
     dkv_item_body<DT, BlockingGeneric>(job, item, scratch);
 }
 
-#if FLASHATTN_CPU_BWD_X86
+#if FLASHATTN_CPU_X86
 template <flashattn_dtype_t DT>
 __attribute__((target("avx2,fma"))) void dq_avx2(const Job &job, int64_t item, float *scratch) {
     dq_item_body<DT, BlockingAvx2>(job, item, scratch);
@@ -508,11 +351,6 @@ __attribute__((target("avx2,fma"))) void dq_avx2(const Job &job, int64_t item, f
 template <flashattn_dtype_t DT>
 __attribute__((target("avx2,fma"))) void dkv_avx2(const Job &job, int64_t item, float *scratch) {
     dkv_item_body<DT, BlockingAvx2>(job, item, scratch);
-}
-
-bool cpu_has_avx2_fma() {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 #endif
 
@@ -523,26 +361,12 @@ struct PassFns {
 
 template <flashattn_dtype_t DT>
 PassFns pass_fns(bool avx2) {
-#if FLASHATTN_CPU_BWD_X86
+#if FLASHATTN_CPU_X86
     if (avx2) return {dq_avx2<DT>, dkv_avx2<DT>};
 #else
     (void)avx2;
 #endif
     return {dq_generic<DT>, dkv_generic<DT>};
-}
-
-// FLASHATTN_CPU_SIMD=generic forces the baseline variant, as for the forward.
-bool use_avx2() {
-    static const bool avx2 = [] {
-        const char *force = std::getenv("FLASHATTN_CPU_SIMD");
-        if (force != nullptr && std::strcmp(force, "generic") == 0) return false;
-#if FLASHATTN_CPU_BWD_X86
-        return cpu_has_avx2_fma();
-#else
-        return false;
-#endif
-    }();
-    return avx2;
 }
 
 void worker(Job *job, ItemFn fn, size_t slot) noexcept {
@@ -555,27 +379,10 @@ void worker(Job *job, ItemFn fn, size_t slot) noexcept {
 }
 
 // Run every item of one pass on up to `threads` threads (the calling one included) and join them.
-// A thread that cannot be created leaves its share to the others.
 void run_pass(Job *job, ItemFn fn, int64_t threads) {
     if (job->items <= 0) return;
     threads = std::min<int64_t>(threads, job->items);
-    std::unique_ptr<std::thread[]> pool;
-    int64_t started = 0;
-    if (threads > 1) {
-        pool.reset(new (std::nothrow) std::thread[static_cast<size_t>(threads - 1)]);
-        if (pool) {
-            for (int64_t i = 1; i < threads; ++i) {
-                try {
-                    pool[static_cast<size_t>(started)] = std::thread(worker, job, fn, static_cast<size_t>(i));
-                    ++started;
-                } catch (...) {
-                    break;
-                }
-            }
-        }
-    }
-    worker(job, fn, 0);
-    for (int64_t i = 0; i < started; ++i) pool[static_cast<size_t>(i)].join();
+    run_on_threads(threads, [job, fn](size_t slot) { worker(job, fn, slot); });
 }
 
 int64_t dq_items(const Problem &p, int block_m) { return ceil_div(p.seqlen_q, block_m) * p.batch * p.heads_q; }
@@ -587,9 +394,9 @@ flashattn_status_t run_impl(const Problem &p, const BackwardPlan &plan, const Wo
     if (n_dq <= 0 && n_dkv <= 0) return FLASHATTN_SUCCESS;
     PassFns fns;
     switch (p.dtype) {
-    case FLASHATTN_DTYPE_FP32: fns = pass_fns<FLASHATTN_DTYPE_FP32>(use_avx2()); break;
-    case FLASHATTN_DTYPE_FP16: fns = pass_fns<FLASHATTN_DTYPE_FP16>(use_avx2()); break;
-    case FLASHATTN_DTYPE_BF16: fns = pass_fns<FLASHATTN_DTYPE_BF16>(use_avx2()); break;
+    case FLASHATTN_DTYPE_FP32: fns = pass_fns<FLASHATTN_DTYPE_FP32>(use_avx2_fma()); break;
+    case FLASHATTN_DTYPE_FP16: fns = pass_fns<FLASHATTN_DTYPE_FP16>(use_avx2_fma()); break;
+    case FLASHATTN_DTYPE_BF16: fns = pass_fns<FLASHATTN_DTYPE_BF16>(use_avx2_fma()); break;
     default:
         return fail(FLASHATTN_ERROR_INTERNAL, "CPU backend: backward planned for an unsupported dtype");
     }
@@ -622,22 +429,8 @@ flashattn_status_t run_impl(const Problem &p, const BackwardPlan &plan, const Wo
 
 }  // namespace
 
-std::string backward_unsupported_reason(const Problem &p) {
-    switch (p.dtype) {
-    case FLASHATTN_DTYPE_FP32:
-    case FLASHATTN_DTYPE_FP16:
-    case FLASHATTN_DTYPE_BF16:
-        break;
-    case FLASHATTN_DTYPE_FP8_E4M3:
-        return "the CPU backend has no backward pass for FP8 (E4M3) tensors; use fp16, bf16 or fp32";
-    default:
-        return "the CPU backend's backward pass supports only fp16, bf16 and fp32 tensors";
-    }
-    if (p.head_dim < 1 || p.head_dim_v < 1) {
-        return "the CPU backend needs head_dim and head_dim_v of at least 1";
-    }
-    return std::string();
-}
+// The backward runs every problem the forward runs: the same element types and products.
+std::string backward_unsupported_reason(const Problem &p) { return unsupported_reason(p); }
 
 BackwardPlan plan_backward(const Problem &p, int64_t threads, WorkspaceLayout *ws) {
     BackwardPlan plan;

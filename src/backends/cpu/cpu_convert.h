@@ -1,10 +1,15 @@
-// Scalar conversions between fp32 and the 16-bit storage types (IEEE binary16 and bfloat16), used by
-// the CPU backend to widen inputs and narrow outputs. Narrowing rounds to nearest, ties to even;
-// subnormals, infinities and NaNs are handled in both directions (a NaN stays a quiet NaN).
+// Conversions between fp32 and the 16-bit storage types (IEEE binary16 and bfloat16), used by the
+// CPU backend to widen inputs and narrow outputs, and Elem<DT>, the element access of each storage
+// type both passes use. Narrowing rounds to nearest, ties to even; subnormals, infinities and NaNs
+// are handled in both directions (a NaN stays a quiet NaN).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+
+#include "backends/cpu/cpu_simd.h"
+#include "flashattn/flashattn.h"
 
 namespace flashattn {
 namespace cpu {
@@ -75,6 +80,85 @@ inline uint16_t float_to_bf16(float f) {
     const uint32_t rounded = x + 0x7fffu + ((x >> 16) & 1u);
     return static_cast<uint16_t>(rounded >> 16);
 }
+
+typedef uint16_t vh __attribute__((vector_size(16)));
+typedef uint32_t vu __attribute__((vector_size(32)));
+
+// Element i of an array of 16-bit values, read or written through memcpy (no alignment assumed).
+FLASHATTN_CPU_INLINE uint16_t load_bits16(const unsigned char *p, int64_t i) {
+    uint16_t h;
+    std::memcpy(&h, p + i * 2, 2);
+    return h;
+}
+FLASHATTN_CPU_INLINE void store_bits16(unsigned char *p, int64_t i, uint16_t h) {
+    std::memcpy(p + i * 2, &h, 2);
+}
+
+// x = 8 consecutive 16-bit values, zero-extended to 32-bit lanes.
+FLASHATTN_CPU_INLINE void load8_bits16(vu &x, const unsigned char *p) {
+    vh h;
+    std::memcpy(&h, p, sizeof h);
+    x = __builtin_convertvector(h, vu);
+}
+
+// Element access for the three storage types: scalar load/store, and widen8() which converts 8
+// consecutive elements to fp32 with integer vector operations (no lookup table, no branches).
+// A dtype without an Elem is one the CPU backend does not run (unsupported_reason, cpu_kernel.h).
+template <flashattn_dtype_t DT>
+struct Elem;
+
+template <>
+struct Elem<FLASHATTN_DTYPE_FP32> {
+    static constexpr int64_t size = 4;
+    static FLASHATTN_CPU_INLINE float load(const unsigned char *p, int64_t i) {
+        float f;
+        std::memcpy(&f, p + i * 4, 4);
+        return f;
+    }
+    static FLASHATTN_CPU_INLINE void store(unsigned char *p, int64_t i, float f) {
+        std::memcpy(p + i * 4, &f, 4);
+    }
+    static FLASHATTN_CPU_INLINE void widen8(vf &out, const unsigned char *p) {
+        std::memcpy(&out, p, sizeof out);
+    }
+};
+
+// The scalar access of a 16-bit storage type, given its two conversions.
+template <float (*kToFloat)(uint16_t), uint16_t (*kFromFloat)(float)>
+struct Elem16 {
+    static constexpr int64_t size = 2;
+    static FLASHATTN_CPU_INLINE float load(const unsigned char *p, int64_t i) {
+        return kToFloat(load_bits16(p, i));
+    }
+    static FLASHATTN_CPU_INLINE void store(unsigned char *p, int64_t i, float f) {
+        store_bits16(p, i, kFromFloat(f));
+    }
+};
+
+template <>
+struct Elem<FLASHATTN_DTYPE_FP16> : Elem16<half_to_float, float_to_half> {
+    // The same mapping as half_to_float(), lane-wise.
+    static FLASHATTN_CPU_INLINE void widen8(vf &out, const unsigned char *p) {
+        vu x;
+        load8_bits16(x, p);
+        const vu sign = (x & 0x8000u) << 16;
+        const vu mag = x & 0x7fffu;
+        const vu special = (vu)(mag >= 0x7c00u);  // inf/NaN: exponent 31 -> 255
+        const vu subnormal = (vu)(mag < 0x0400u); // zero/subnormal: exact mag * 2^-24
+        const vu normal = (mag << 13) + (112u << 23) + (special & (112u << 23));
+        const vf small = __builtin_convertvector((vi)mag, vf) * 5.9604644775390625e-8f;
+        out = (vf)(sign | (subnormal & (vu)small) | (~subnormal & normal));
+    }
+};
+
+template <>
+struct Elem<FLASHATTN_DTYPE_BF16> : Elem16<bf16_to_float, float_to_bf16> {
+    static FLASHATTN_CPU_INLINE void widen8(vf &out, const unsigned char *p) {
+        vu x;
+        load8_bits16(x, p);
+        out = (vf)(x << 16);
+    }
+};
 
 }  // namespace cpu
 }  // namespace flashattn

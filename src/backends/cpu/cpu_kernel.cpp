@@ -11,59 +11,35 @@
 // the maximum grows, and divides by l once at the end. Memory is O(block) per thread; no
 // seqlen_q x seqlen_k buffer ever exists.
 //
-// Both matrix products use one register-blocked micro-kernel written with GCC/Clang vector
-// extensions (8 floats), so the hot loops are SIMD at -O2 without relying on the auto-vectoriser;
-// fp16/bf16 are widened 8 at a time with integer vector operations. On x86-64 the kernel is
+// Both matrix products use cpu_simd.h's register-blocked micro-kernel (GCC/Clang vector extensions,
+// 8 floats), so the hot loops are SIMD at -O2 without relying on the auto-vectoriser; fp16/bf16 are
+// widened 8 at a time with integer vector operations (cpu_convert.h's Elem). On x86-64 the kernel is
 // compiled twice, for the baseline ISA (4 x 8 register blocks) and for AVX2+FMA (6 x 16), and the
 // variant is chosen once at run time (FLASHATTN_CPU_SIMD=generic forces the baseline, for tests).
 #include "backends/cpu/cpu_kernel.h"
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 
 #include "backends/cpu/cpu_convert.h"
-
-#if !defined(__GNUC__) && !defined(__clang__)
-#error "the CPU backend needs the GCC/Clang vector extensions"
-#endif
-
-#if defined(__x86_64__) || defined(__i386__)
-#define FLASHATTN_CPU_X86 1
-#else
-#define FLASHATTN_CPU_X86 0
-#endif
-
-#define FA_ALWAYS_INLINE inline __attribute__((always_inline))
+#include "backends/cpu/cpu_simd.h"
 
 namespace flashattn {
 namespace cpu {
 namespace {
 
-typedef float vf __attribute__((vector_size(32)));
-typedef int32_t vi __attribute__((vector_size(32)));
-
-static_assert(sizeof(vf) == kVector * sizeof(float), "vector width");
-
-// Vectors are passed by reference throughout: a 32-byte vector passed by value changes the ABI
-// between the two ISA variants, and every helper is inlined anyway.
-FA_ALWAYS_INLINE void vload(vf &r, const float *p) { std::memcpy(&r, p, sizeof r); }
-FA_ALWAYS_INLINE void vstore(float *p, const vf &r) { std::memcpy(p, &r, sizeof r); }
-FA_ALWAYS_INLINE void vsplat(vf &r, float x) { r = vf{x, x, x, x, x, x, x, x}; }
-
-FA_ALWAYS_INLINE float vmax_lanes(const vf &v) {
+FLASHATTN_CPU_INLINE float vmax_lanes(const vf &v) {
     float m = v[0];
     for (int i = 1; i < kVector; ++i) m = v[i] > m ? v[i] : m;
     return m;
 }
 
-FA_ALWAYS_INLINE float vsum_lanes(const vf &v) {
+FLASHATTN_CPU_INLINE float vsum_lanes(const vf &v) {
     return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
 // r = a > b ? a : b, lane-wise (NaN-free inputs).
-FA_ALWAYS_INLINE void vmax_into(vf &r, const vf &a) {
+FLASHATTN_CPU_INLINE void vmax_into(vf &r, const vf &a) {
     const vi take = a > r;
     r = (vf)(((vi)a & take) | ((vi)r & ~take));
 }
@@ -72,7 +48,7 @@ FA_ALWAYS_INLINE void vmax_into(vf &r, const vf &a) {
 // Taylor polynomial for e^r (truncation error < 6e-9 relative, below fp32 rounding) and the
 // exponent added in the integer domain. Lanes below -86 (including -inf) give exactly 0; e^-86 is
 // 4e-38, far below anything a softmax row (whose largest term is 1) can resolve.
-FA_ALWAYS_INLINE void vexp_nonpositive(vf &x) {
+FLASHATTN_CPU_INLINE void vexp_nonpositive(vf &x) {
     vf lo;
     vsplat(lo, -86.0f);
     const vi keep = x >= lo;
@@ -94,85 +70,16 @@ FA_ALWAYS_INLINE void vexp_nonpositive(vf &x) {
     x = (vf)(((vi)p + e) & keep);
 }
 
-typedef uint16_t vh __attribute__((vector_size(16)));
-typedef uint32_t vu __attribute__((vector_size(32)));
-
-// Element access for the three storage types: scalar load/store, and widen8() which converts 8
-// consecutive elements to fp32 with integer vector operations (no lookup table, no branches).
-template <flashattn_dtype_t DT>
-struct Elem;
-
-template <>
-struct Elem<FLASHATTN_DTYPE_FP32> {
-    static constexpr size_t size = 4;
-    static FA_ALWAYS_INLINE float load(const unsigned char *p, int64_t i) {
-        float f;
-        std::memcpy(&f, p + i * 4, 4);
-        return f;
-    }
-    static FA_ALWAYS_INLINE void store(unsigned char *p, int64_t i, float f) {
-        std::memcpy(p + i * 4, &f, 4);
-    }
-    static FA_ALWAYS_INLINE void widen8(vf &out, const unsigned char *p) {
-        std::memcpy(&out, p, sizeof out);
-    }
-};
-
-template <>
-struct Elem<FLASHATTN_DTYPE_FP16> {
-    static constexpr size_t size = 2;
-    static FA_ALWAYS_INLINE float load(const unsigned char *p, int64_t i) {
-        uint16_t h;
-        std::memcpy(&h, p + i * 2, 2);
-        return half_to_float(h);
-    }
-    static FA_ALWAYS_INLINE void store(unsigned char *p, int64_t i, float f) {
-        const uint16_t h = float_to_half(f);
-        std::memcpy(p + i * 2, &h, 2);
-    }
-    // The same mapping as half_to_float(), lane-wise.
-    static FA_ALWAYS_INLINE void widen8(vf &out, const unsigned char *p) {
-        vh h;
-        std::memcpy(&h, p, sizeof h);
-        const vu x = __builtin_convertvector(h, vu);
-        const vu sign = (x & 0x8000u) << 16;
-        const vu mag = x & 0x7fffu;
-        const vu special = (vu)(mag >= 0x7c00u);  // inf/NaN: exponent 31 -> 255
-        const vu subnormal = (vu)(mag < 0x0400u); // zero/subnormal: exact mag * 2^-24
-        const vu normal = (mag << 13) + (112u << 23) + (special & (112u << 23));
-        const vf small = __builtin_convertvector((vi)mag, vf) * 5.9604644775390625e-8f;
-        out = (vf)(sign | (subnormal & (vu)small) | (~subnormal & normal));
-    }
-};
-
-template <>
-struct Elem<FLASHATTN_DTYPE_BF16> {
-    static constexpr size_t size = 2;
-    static FA_ALWAYS_INLINE float load(const unsigned char *p, int64_t i) {
-        uint16_t h;
-        std::memcpy(&h, p + i * 2, 2);
-        return bf16_to_float(h);
-    }
-    static FA_ALWAYS_INLINE void store(unsigned char *p, int64_t i, float f) {
-        const uint16_t h = float_to_bf16(f);
-        std::memcpy(p + i * 2, &h, 2);
-    }
-    static FA_ALWAYS_INLINE void widen8(vf &out, const unsigned char *p) {
-        vh h;
-        std::memcpy(&h, p, sizeof h);
-        out = (vf)(__builtin_convertvector(h, vu) << 16);
-    }
-};
-
 constexpr int kPrefetchRows = 8;
 
-FA_ALWAYS_INLINE void prefetch_row(const unsigned char *p, size_t bytes) {
+FLASHATTN_CPU_INLINE void prefetch_row(const unsigned char *p, size_t bytes) {
     for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
 }
 
 // dst[c * stride] = src[c] * mul for c < n (widened to fp32); stride 1 is a plain row copy.
 template <flashattn_dtype_t DT>
-FA_ALWAYS_INLINE void widen_row(const unsigned char *src, int n, float mul, float *dst, size_t stride) {
+FLASHATTN_CPU_INLINE void widen_row(const unsigned char *src, int n, float mul, float *dst,
+                                    size_t stride) {
     typedef Elem<DT> E;
     int c = 0;
     for (; c + kVector <= n; c += kVector) {
@@ -188,103 +95,6 @@ FA_ALWAYS_INLINE void widen_row(const unsigned char *src, int n, float mul, floa
     for (; c < n; ++c) dst[static_cast<size_t>(c) * stride] = E::load(src, c) * mul;
 }
 
-// C[MR x n] = (accumulate ? C : 0) + A[MR x kdim] * B[kdim x n]; n a multiple of kVector; all
-// row-major with the given leading dimensions. MR rows x 16 columns (WIDE) or x 8 columns of C
-// live in registers.
-template <int MR, bool WIDE>
-FA_ALWAYS_INLINE void gemm_rows(int n, int kdim, const float *a, int lda, const float *b, int ldb,
-                                float *c, int ldc, bool accumulate) {
-    int j = 0;
-    for (; WIDE && j + 2 * kVector <= n; j += 2 * kVector) {
-        vf acc0[MR], acc1[MR];
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) {
-            if (accumulate) {
-                vload(acc0[r], c + r * ldc + j);
-                vload(acc1[r], c + r * ldc + j + kVector);
-            } else {
-                acc0[r] = vf{};
-                acc1[r] = vf{};
-            }
-        }
-        const float *bp = b + j;
-        for (int k = 0; k < kdim; ++k, bp += ldb) {
-            vf b0, b1;
-            vload(b0, bp);
-            vload(b1, bp + kVector);
-#pragma GCC unroll 8
-            for (int r = 0; r < MR; ++r) {
-                const float av = a[r * lda + k];
-                acc0[r] += av * b0;
-                acc1[r] += av * b1;
-            }
-        }
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) {
-            vstore(c + r * ldc + j, acc0[r]);
-            vstore(c + r * ldc + j + kVector, acc1[r]);
-        }
-    }
-    for (; j < n; j += kVector) {  // one vector of columns at a time
-        vf acc[MR];
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) {
-            if (accumulate) {
-                vload(acc[r], c + r * ldc + j);
-            } else {
-                acc[r] = vf{};
-            }
-        }
-        const float *bp = b + j;
-        for (int k = 0; k < kdim; ++k, bp += ldb) {
-            vf b0;
-            vload(b0, bp);
-#pragma GCC unroll 8
-            for (int r = 0; r < MR; ++r) acc[r] += a[r * lda + k] * b0;
-        }
-#pragma GCC unroll 8
-        for (int r = 0; r < MR; ++r) vstore(c + r * ldc + j, acc[r]);
-    }
-}
-
-// The register blocking of one instruction set: MR rows x (WIDE ? 16 : 8) columns of C. AVX2 has
-// 16 registers of 8 floats: 6 x 16 accumulators use 12 and give enough independent multiply-add
-// chains to cover the FMA latency. The baseline (SSE2) holds a vector of 8 in two of its 16
-// registers: 4 x 8 accumulators use 8.
-struct BlockingAvx2 {
-    static constexpr int kRows = 6;
-    static constexpr bool kWide = true;
-};
-struct BlockingGeneric {
-    static constexpr int kRows = 4;
-    static constexpr bool kWide = false;
-};
-
-template <class BL>
-FA_ALWAYS_INLINE void gemm(int m, int n, int kdim, const float *a, int lda, const float *b, int ldb,
-                           float *c, int ldc, bool accumulate) {
-    constexpr int MR = BL::kRows;
-    constexpr bool W = BL::kWide;
-    int r = 0;
-    for (; r + MR <= m; r += MR) {
-        gemm_rows<MR, W>(n, kdim, a + r * lda, lda, b, ldb, c + r * ldc, ldc, accumulate);
-    }
-    const float *ar = a + r * lda;
-    float *cr = c + r * ldc;
-    switch (m - r) {
-    case 5: gemm_rows<5, W>(n, kdim, ar, lda, b, ldb, cr, ldc, accumulate); break;
-    case 4: gemm_rows<4, W>(n, kdim, ar, lda, b, ldb, cr, ldc, accumulate); break;
-    case 3: gemm_rows<3, W>(n, kdim, ar, lda, b, ldb, cr, ldc, accumulate); break;
-    case 2: gemm_rows<2, W>(n, kdim, ar, lda, b, ldb, cr, ldc, accumulate); break;
-    case 1: gemm_rows<1, W>(n, kdim, ar, lda, b, ldb, cr, ldc, accumulate); break;
-    default: break;
-    }
-}
-
-constexpr int round_up(int x, int m) { return (x + m - 1) / m * m; }
-constexpr size_t kScratchAlign = 16;  // floats (64 bytes)
-constexpr size_t align_floats(size_t n) { return (n + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
-
 // Offsets (in floats) of the scratch arrays of one thread.
 struct Layout {
     size_t q, kt, v, s, o, m, l, total;
@@ -292,7 +102,7 @@ struct Layout {
         const size_t bm = static_cast<size_t>(shape.block_m);
         const size_t bn = static_cast<size_t>(shape.block_n);
         const size_t d = static_cast<size_t>(p.head_dim);
-        const size_t dvp = static_cast<size_t>(round_up(static_cast<int>(p.head_dim_v), kVector));
+        const size_t dvp = static_cast<size_t>(round_up(p.head_dim_v, kVector));
         q = 0;                                // [block_m][d]      query rows, scaled
         kt = q + align_floats(bm * d);        // [d][block_n]      K block, transposed
         v = kt + align_floats(d * bn);        // [block_n][dvp]    V block
@@ -305,12 +115,12 @@ struct Layout {
 };
 
 template <flashattn_dtype_t DT, class BL>
-FA_ALWAYS_INLINE void tile_body(const Problem &p, const TileShape &shape, const Slice &sl,
-                                int64_t row0, int64_t rows64, void *scratch) {
+FLASHATTN_CPU_INLINE void tile_body(const Problem &p, const TileShape &shape, const Slice &sl,
+                                    int64_t row0, int64_t rows64, void *scratch) {
     typedef Elem<DT> E;
     const int d = static_cast<int>(p.head_dim);
     const int dv = static_cast<int>(p.head_dim_v);
-    const int dvp = round_up(dv, kVector);
+    const int dvp = static_cast<int>(round_up(dv, kVector));
     const int bn = shape.block_n;
     const int rows = static_cast<int>(rows64 < kMaxBlockM ? rows64 : kMaxBlockM);
     const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -360,7 +170,7 @@ FA_ALWAYS_INLINE void tile_body(const Problem &p, const TileShape &shape, const 
 
     for (int64_t j0 = key_begin; j0 < key_end; j0 += bn) {
         const int nk = static_cast<int>(key_end - j0 < bn ? key_end - j0 : bn);
-        const int nkp = round_up(nk, kVector);
+        const int nkp = static_cast<int>(round_up(nk, kVector));
 
         // Widen the K block (transposed: kt[c][j]) and the V block (vs[j][c], zero-padded to dvp).
         // Rows of K/V are usually a page or more apart, out of the hardware prefetchers' reach:
@@ -386,7 +196,7 @@ FA_ALWAYS_INLINE void tile_body(const Problem &p, const TileShape &shape, const 
         }
 
         // Scores for the whole block of rows.
-        gemm<BL>(rows, nkp, d, qs, d, kt, bn, ss, bn, false);
+        gemm<BL>(rows, nkp, d, qs, d, 1, kt, bn, ss, bn, false);
 
         for (int r = 0; r < rows; ++r) {
             float *srow = ss + static_cast<size_t>(r) * bn;
@@ -446,7 +256,7 @@ FA_ALWAYS_INLINE void tile_body(const Problem &p, const TileShape &shape, const 
         }
 
         // O += P V.
-        gemm<BL>(rows, dvp, nk, ss, bn, vs, dvp, oa, dvp, true);
+        gemm<BL>(rows, dvp, nk, ss, bn, 1, vs, dvp, oa, dvp, true);
     }
 
     // Normalise once and narrow to the output type; rows that saw no key get O = 0, LSE = -inf.
@@ -481,11 +291,6 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const Problem &p, const TileS
                                                    void *scratch) {
     tile_body<DT, BlockingAvx2>(p, shape, sl, row0, rows, scratch);
 }
-
-bool cpu_has_avx2_fma() {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
 #endif
 
 struct TileTable {
@@ -493,17 +298,12 @@ struct TileTable {
     const char *name;
 };
 
-// FLASHATTN_CPU_SIMD=generic forces the baseline variant (for testing it on AVX2 machines).
 TileTable pick_table() {
-    const char *force = std::getenv("FLASHATTN_CPU_SIMD");
-    const bool generic_only = force != nullptr && std::strcmp(force, "generic") == 0;
 #if FLASHATTN_CPU_X86
-    if (!generic_only && cpu_has_avx2_fma()) {
+    if (use_avx2_fma()) {
         return {tile_avx2<FLASHATTN_DTYPE_FP32>, tile_avx2<FLASHATTN_DTYPE_FP16>,
                 tile_avx2<FLASHATTN_DTYPE_BF16>, "avx2+fma"};
     }
-#else
-    (void)generic_only;
 #endif
     return {tile_generic<FLASHATTN_DTYPE_FP32>, tile_generic<FLASHATTN_DTYPE_FP16>,
             tile_generic<FLASHATTN_DTYPE_BF16>, "generic"};
@@ -515,6 +315,23 @@ const TileTable &table() {
 }
 
 }  // namespace
+
+std::string unsupported_reason(const Problem &p) {
+    switch (p.dtype) {
+    case FLASHATTN_DTYPE_FP32:
+    case FLASHATTN_DTYPE_FP16:
+    case FLASHATTN_DTYPE_BF16:
+        break;
+    case FLASHATTN_DTYPE_FP8_E4M3:
+        return "the CPU backend does not support FP8 (E4M3) tensors; use fp16, bf16 or fp32";
+    default:
+        return "the CPU backend supports only fp16, bf16 and fp32 tensors";
+    }
+    if (p.head_dim < 1 || p.head_dim_v < 1) {
+        return "the CPU backend needs head_dim and head_dim_v of at least 1";
+    }
+    return std::string();
+}
 
 size_t scratch_bytes(const Problem &p, const TileShape &shape) {
     return Layout(p, shape).total * sizeof(float);

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "problem/problem.h"
 
@@ -11,12 +12,15 @@ namespace flashattn {
 namespace cpu {
 
 constexpr int kMaxBlockM = 128;  // query rows per tile (upper bound; stack arrays use it)
-constexpr int kVector = 8;      // floats per SIMD vector of the kernel
+
+// Empty when the CPU kernels can run `p`: a dtype with an Elem (cpu_convert.h) and head dims of at
+// least 1; otherwise why not. The one rule of the backend's forward and backward passes.
+std::string unsupported_reason(const Problem &p);
 
 // Sizes the kernel is built around, fixed at make_schedule.
 struct TileShape {
     int block_m = 0;  // query rows per tile, <= kMaxBlockM
-    int block_n = 0;  // keys per K/V tile, a multiple of kVector
+    int block_n = 0;  // keys per K/V tile, a multiple of kVector (cpu_simd.h)
 };
 
 // Per-thread scratch (in bytes) for a problem and tile shape; every sub-array starts 64-byte aligned.
