@@ -476,8 +476,18 @@ FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward(
 /**
  * @brief Run the backward pass of a finalized variable-length plan (#FLASHATTN_I64_VARLEN = 1).
  *
- * Tensors are packed as for flashattn_plan_execute_varlen(); @p lse is fp32 [heads_q, total_q].
  * Sequences with no keys contribute nothing (their dQ rows are 0).
+ *
+ * @param plan A finalized plan with #FLASHATTN_I64_VARLEN = 1.
+ * @param q, k, v The forward's packed inputs, as for flashattn_plan_execute_varlen().
+ * @param o The forward's packed output.
+ * @param dout dO, packed like O (strides DO_*).
+ * @param lse The forward's LSE (required): fp32 [heads_q, total_q].
+ * @param dq, dk, dv Packed outputs (layouts of Q, K, V, strides DQ_*, DK_*, DV_*); must not
+ * overlap each other or any input.
+ * @param cu_seqlens_q, cu_seqlens_k As for flashattn_plan_execute_varlen().
+ * @param workspace, workspace_bytes As for flashattn_plan_execute_backward().
+ * @param stream As for flashattn_plan_execute().
  * @return As flashattn_plan_execute_backward(), with #FLASHATTN_ERROR_INVALID_STATE also when the
  * plan is not variable-length, and #FLASHATTN_ERROR_INVALID_ARGUMENT for bad cu_seqlens (CPU backend).
  */
