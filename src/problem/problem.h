@@ -16,6 +16,12 @@ struct Strides {
     int64_t head = 0;
 };
 
+// Bytes spanned by each tensor, from its first element to one past its last (0 when empty).
+struct TensorExtents {
+    size_t q = 0, k = 0, v = 0, o = 0, lse = 0;
+    size_t dout = 0, dq = 0, dk = 0, dv = 0;  // the backward's tensors
+};
+
 struct Problem {
     int64_t batch = 0;
     int64_t seqlen_q = 0;  // maximum over the batch when varlen
@@ -36,6 +42,7 @@ struct Problem {
     Strides q, k, v, o;
     Strides dout, dq, dk, dv;  // backward: the layouts of O, Q, K, V with their own strides
     bool deterministic = false;  // backward: reduce in a fixed order (bitwise-reproducible)
+    TensorExtents extents;  // resolved once: what every execute's overlap checks read
     int32_t device = 0;
 
     int64_t group_size() const { return heads_q / heads_kv; }  // query heads per key/value head

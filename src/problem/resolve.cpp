@@ -94,6 +94,9 @@ flashattn_status_t check_extents(const Problem &p) {
 
 }  // namespace
 
+// Bytes spanned by each tensor of a resolved problem (defined below; stored in Problem::extents).
+TensorExtents tensor_extents(const Problem &p);
+
 flashattn_status_t resolve_problem(const PlanParams &params, Problem *out) {
     for (flashattn_i64_param_t key : {FLASHATTN_I64_BATCH, FLASHATTN_I64_SEQLEN_Q, FLASHATTN_I64_SEQLEN_K,
                                       FLASHATTN_I64_HEADS_Q, FLASHATTN_I64_HEAD_DIM})
@@ -158,6 +161,7 @@ flashattn_status_t resolve_problem(const PlanParams &params, Problem *out) {
     FLASHATTN_TRY(check_output_layout(p.dq, p.q_rows(), p.heads_q, p.batch_extent(), p.head_dim, "dQ"));
     FLASHATTN_TRY(check_output_layout(p.dk, p.k_rows(), p.heads_kv, p.batch_extent(), p.head_dim, "dK"));
     FLASHATTN_TRY(check_output_layout(p.dv, p.k_rows(), p.heads_kv, p.batch_extent(), p.head_dim_v, "dV"));
+    p.extents = tensor_extents(p);
     *out = p;
     return FLASHATTN_SUCCESS;
 }
@@ -240,7 +244,7 @@ size_t cu_seqlens_bytes(const Problem &p) { return p.varlen ? static_cast<size_t
 }  // namespace
 
 flashattn_status_t check_execute_args(const Problem &p, const Tensors &t, size_t workspace_needed) {
-    const TensorExtents e = tensor_extents(p);
+    const TensorExtents &e = p.extents;
     const Span inputs[] = {{t.q, e.q, "q", true}, {t.k, e.k, "k", true}, {t.v, e.v, "v", true},
                            {t.cu_seqlens_q, cu_seqlens_bytes(p), "cu_seqlens_q", p.varlen},
                            {t.cu_seqlens_k, cu_seqlens_bytes(p), "cu_seqlens_k", p.varlen}};
@@ -249,7 +253,7 @@ flashattn_status_t check_execute_args(const Problem &p, const Tensors &t, size_t
 }
 
 flashattn_status_t check_backward_args(const Problem &p, const Tensors &t, size_t workspace_needed) {
-    const TensorExtents e = tensor_extents(p);
+    const TensorExtents &e = p.extents;
     const Span inputs[] = {{t.q, e.q, "q", true}, {t.k, e.k, "k", true}, {t.v, e.v, "v", true},
                            {t.o, e.o, "o", true}, {t.dout, e.dout, "dout", true}, {t.lse, e.lse, "lse", true},
                            {t.cu_seqlens_q, cu_seqlens_bytes(p), "cu_seqlens_q", p.varlen},

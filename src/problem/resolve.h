@@ -13,13 +13,6 @@ namespace flashattn {
 // parameters. Writes `out` only on success.
 flashattn_status_t resolve_problem(const PlanParams &params, Problem *out);
 
-// Bytes spanned by each tensor, from its first element to one past its last.
-struct TensorExtents {
-    size_t q, k, v, o, lse;
-    size_t dout, dq, dk, dv;  // the backward's tensors (resolved strides; spans even when unused)
-};
-TensorExtents tensor_extents(const Problem &p);
-
 // Null pointers, overlap of an output with any other tensor, workspace size and alignment.
 flashattn_status_t check_execute_args(const Problem &p, const Tensors &t, size_t workspace_needed);
 
