@@ -220,6 +220,17 @@ __device__ __forceinline__ uint4 ld_global_cg_v4(const void *p) {
     return v;
 }
 
+// fp32 reduction of two adjacent values into global memory (8-byte aligned): one vector red on
+// sm_90+ (red.global.add.v2.f32), two scalar reds below. Nothing is returned, so nothing waits.
+__device__ __forceinline__ void red_add_f32x2(float *p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1,%2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+#else
+    atomicAdd(p, a);
+    atomicAdd(p + 1, b);
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
 // Any architecture: fast math. ex2.approx(-inf) = +0, which the online softmax relies on.
 __device__ __forceinline__ float fast_exp2(float x) {

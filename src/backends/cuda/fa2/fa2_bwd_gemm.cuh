@@ -2,19 +2,19 @@
 // query-block step, on mma.sync m16n8k16 fed by ldmatrix from the swizzled tiles of
 // device/swizzle.cuh.
 //
-// Geometry: a CTA of kNW warps owns kB = 16*kNW keys and walks query blocks of kB rows. Two warp
-// layouts meet in one step:
-//   rows:  warp w holds query rows 16w..16w+15 of S = Q K^T and dP = dO V^T (gemm_qk of
-//          fa2_gemm.cuh, contraction over the compiled head dim kD), and of dQ += dS K, whose A
-//          operand is dS straight from those accumulators (two n8 C tiles = one k16 A fragment).
-//   keys:  warp w holds keys 16w..16w+15 of dV += P^T dO and dK += dS^T Q (the contraction runs
-//          over the query rows, which other warps computed: P and dS go through shared memory and
-//          are read transposed with ldmatrix.trans).
-// dK, dV, dQ are computed for one 64-column slice of the head dim (kBwdSliceCols = one column
-// page of the tiles): the tiles are padded to whole pages (kDP) and zero-filled past the head dim,
-// so a slice is a runtime page offset and every ldmatrix address is a lane base, one XOR and a
-// constant (SwizzledTile::xor_term / const_term with the page index 0). Column groups of 16 past
-// the runtime head dim are skipped (warp-uniform branch; registers stay statically indexed).
+// Geometry: a CTA of kNW warps owns kBN keys over the whole (padded) head dim kDP and walks query
+// blocks of kBM rows. Three warp layouts meet in one step, each a grid of 16-row m16 tiles:
+//   scores  S = Q K^T and dP = dO V^T (gemm_qk of fa2_gemm.cuh, contraction over the compiled head
+//           dim kD): warp (row group, key group) holds 16 query rows x kSKeys keys;
+//   keys    dV += P^T dO and dK += dS^T Q: warp (key group, column group) holds 16 keys x kKVCols
+//           columns in registers for the whole key block; P and dS come from shared memory,
+//           read transposed with ldmatrix.trans (the contraction runs over query rows);
+//   dQ      dQ += dS K: warp (row group, column group) holds 16 query rows x kQCols columns, 16
+//           at a time, flushed to the fp32 accumulator (dS read from shared memory).
+// Tiles are padded to whole 64-column pages and zero-filled past the head dim; column groups of 16
+// past the runtime head dim are skipped (warp-uniform branch; registers stay statically indexed).
+// A warp's column span is folded into its lane base (whole pages, or half a page by an XOR of
+// chunk bit 2), so every ldmatrix address is a lane base, one XOR and a constant.
 #pragma once
 
 #include <cstdint>
@@ -28,40 +28,75 @@
 namespace flashattn {
 namespace fa2 {
 
-template <int kD_, int kNW_>
+template <int kD_, int kBM_, int kBN_, int kNW_, int kStages_>
 struct BwdTraits {
     static constexpr int kD = kD_;  // compiled head dim: the contraction length of S and dP
+    static constexpr int kBM = kBM_;  // query rows per step
+    static constexpr int kBN = kBN_;  // keys per CTA
     static constexpr int kNW = kNW_;
+    static constexpr int kStages = kStages_;  // Q/dO buffers
     static constexpr int kThreads = 32 * kNW;
-    static constexpr int kB = bwd_block(kNW);  // keys per CTA = query rows per step
     static constexpr int kDP = bwd_padded_dim(kD);
-    static constexpr int kSliceGroups = kBwdSliceCols / 16;  // 16-column groups of a slice
-    // The names gemm_qk (fa2_gemm.cuh) reads: one m16 tile per warp, kB keys.
+    // scores layout
+    static constexpr int kSRowGroups = kBM / 16;
+    static constexpr int kSKeyGroups = kNW / kSRowGroups;
+    static constexpr int kSKeys = kBN / kSKeyGroups;
+    // keys layout (dK, dV)
+    static constexpr int kKVKeyGroups = kBN / 16;
+    static constexpr int kKVColGroups = kNW / kKVKeyGroups;
+    static constexpr int kKVCols = kDP / kKVColGroups;
+    static constexpr int kKVGroups = kKVCols / 16;
+    // dQ layout
+    static constexpr int kQRowGroups = kBM / 16;
+    static constexpr int kQColGroups = kNW / kQRowGroups;
+    static constexpr int kQCols = kDP / kQColGroups;
+    static constexpr int kQGroups = kQCols / 16;
+    // The names gemm_qk (fa2_gemm.cuh) reads: one m16 tile per warp, kSKeys keys.
     static constexpr int kMT = 1;
-    static constexpr int kNT = kB / 8;
+    static constexpr int kNT = kSKeys / 8;
     static constexpr int kKS = kD / 16;
-    static constexpr int kKF = kB / 16;  // k16 fragments along the keys (dQ) or query rows (dK, dV)
-    using QTile = cuda::SwizzledTile<kB, kDP>;  // Q, dO, K, V tiles
-    using KVTile = QTile;
-    using PTile = cuda::SwizzledTile<kB, kB>;  // P and dS, [query row][key]
-    static constexpr int kTileBytes = QTile::kBytes;
+    using QTile = cuda::SwizzledTile<kBM, kDP>;   // Q, dO
+    using KVTile = cuda::SwizzledTile<kBN, kDP>;  // K, V
+    using PTile = cuda::SwizzledTile<kBM, kBN>;   // P and dS, [query row][key]
+    static constexpr int kPRowBytes = PTile::kFullPages > 0 ? 128 : 64;  // row pitch inside a page
+    static constexpr int kKVBytes = KVTile::kBytes;
+    static constexpr int kQBytes = QTile::kBytes;
     static constexpr int kPBytes = PTile::kBytes;
-    static constexpr int kPRowBytes = kB * 2;  // PTile is one full (kB = 64) or half (kB = 32) page
-    static constexpr int kSmemBytes = 4 * kTileBytes + 2 * kPBytes;
-    static_assert(kB == 32 || kB == 64, "P/dS tiles are one page");
-    static_assert(kSmemBytes == bwd_smem_bytes(kD, kNW), "fa2_bwd_params.h agrees");
-    static_assert(kDP % kBwdSliceCols == 0 && QTile::kFullPages * 64 == kDP, "whole pages");
-    static_assert(kTileBytes % 1024 == 0 && kPBytes % 128 == 0, "tile alignment");
+    // Shared memory: K, V, then kStages x (Q, dO), then P, dS.
+    static constexpr int kSmemBytes = 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kPBytes;
+    static_assert(kSmemBytes == bwd_smem_bytes(BwdTile{kBM, kBN, kNW, kStages}, kD), "fa2_bwd_params.h agrees");
+    static_assert(kNW % kSRowGroups == 0 && kSKeys % 16 == 0, "scores layout");
+    static_assert(kNW % kKVKeyGroups == 0 && kKVCols % 32 == 0, "keys layout");
+    static_assert(kNW % kQRowGroups == 0 && kQCols % 32 == 0, "dQ layout");
+    static_assert(kBN == 32 || kBN % 64 == 0, "P/dS rows are half a page or whole pages");
+    static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kPBytes % 128 == 0, "tile alignment");
+    static_assert(kStages == 1 || kStages == 2, "one or two Q/dO buffers");
 };
 
-// cp.async rows [0, kB) of a [rows x head_dim] tensor (row r at g + r*rs) into a [kB x kDP] tile;
-// rows >= rows_valid and columns >= d are zero-filled (the GEMMs rely on the zeros).
-template <class Tr>
+// ldmatrix address of chunk pair kc (16 columns from 16*kc) at rows row0.. of tile T from a lane's
+// full-page / half-page bases (row0 and kc compile-time after unrolling).
+template <class T>
+__device__ __forceinline__ uint32_t frag_addr(uint32_t lane_full, uint32_t lane_half, int row0, int kc) {
+    return T::in_full_page(kc) ? (lane_full ^ T::xor_term(kc)) + T::const_term(row0, kc)
+                               : (lane_half ^ T::xor_term(kc)) + T::const_term(row0, kc);
+}
+
+// A full-page lane base moved to logical column col0 (a multiple of 32): whole pages are added,
+// half a page is chunk bit 2, which the lane's chunk bits (< 4 within a 32-column span) never carry
+// into, so an XOR places it.
+template <class T>
+__device__ __forceinline__ uint32_t at_column(uint32_t lane_full, int col0) {
+    return (lane_full + static_cast<uint32_t>(col0 >> 6) * T::kPageBytes) ^ (static_cast<uint32_t>(col0 & 32) << 1);
+}
+
+// cp.async rows [0, kRows) of a [rows x head_dim] tensor (row r at g + r*rs) into a [kRows x kDP]
+// tile; rows >= rows_valid and columns >= d are zero-filled (the GEMMs rely on the zeros).
+template <class Tr, int kRows>
 __device__ __forceinline__ void bwd_load_tile(uint32_t sbase, const uint16_t *g, int64_t rs, int rows_valid,
                                               int d) {
-    using T = typename Tr::QTile;
+    using T = cuda::SwizzledTile<kRows, Tr::kDP>;
     constexpr int kCPR = Tr::kDP / 8;
-    constexpr int kTotal = Tr::kB * kCPR;
+    constexpr int kTotal = kRows * kCPR;
     static_assert(kTotal % Tr::kThreads == 0, "whole passes");
     // opaque: the per-chunk offsets are recomputed per call, not hoisted out of the step loop
     // into registers the GEMMs need.
@@ -77,47 +112,54 @@ __device__ __forceinline__ void bwd_load_tile(uint32_t sbase, const uint16_t *g,
     }
 }
 
-// acc[j] (16 columns each of this slice) += A^T B for this warp's 16 keys: A is a [kB x kB] 16-bit
-// tile [query row][key] in shared memory (P or dS), B a [kB x kDP] tile [query row][column] (dO or
-// Q). a_lane: this lane's ldmatrix address of A^T (PTile row lr_k, chunk 2*warp + lb_k, see the
-// kernel); b_lane: QTile::lane_base_full(B tile, lr_a, lb_a) + slice page offset. ncols: head-dim
-// columns from the slice start (groups at or past it are skipped).
+// acc[j] (16 columns each) += A^T B for this warp's 16 keys: A is the [kBM x kBN] tile [query
+// row][key] (P or dS), B a [kBM x kDP] tile [query row][column] (dO or Q).
+// a_lane: PTile::offset(lr_k, 2 * key group + lb_k) from the tile base (ldmatrix.trans of
+// B-style lanes gives A^T's m16k16 fragment); b_lane: at_column(QTile::lane_base_full(B tile,
+// lr_a, lb_a), warp's first column). ncols: head-dim columns from the warp's first column.
 template <class Tr, class E>
-__device__ __forceinline__ void gemm_at_b(float (&acc)[Tr::kSliceGroups][2][4], uint32_t a_lane, uint32_t b_lane,
+__device__ __forceinline__ void gemm_at_b(float (&acc)[Tr::kKVGroups][2][4], uint32_t a_lane, uint32_t b_lane,
                                           int ncols) {
     using BT = typename Tr::QTile;
 #pragma unroll
-    for (int ks = 0; ks < Tr::kKF; ++ks) {
+    for (int ks = 0; ks < Tr::kBM / 16; ++ks) {
         uint32_t a[4];
-        // .trans of the stored [row][key] 8x8 blocks: registers (key g, rows 2t..2t+1) = A^T's
-        // m16k16 fragment (matrices: rows 0-7 / keys 0-7, rows 0-7 / keys 8-15, rows 8-15 / ...).
         cuda::ldmatrix_x4_trans(a, a_lane + ks * 16 * Tr::kPRowBytes);
 #pragma unroll
-        for (int j = 0; j < Tr::kSliceGroups; ++j) {
+        for (int j = 0; j < Tr::kKVGroups; ++j) {
             if (j * 16 >= ncols) continue;
             uint32_t b[4];
-            cuda::ldmatrix_x4_trans(b, (b_lane ^ BT::xor_term(j)) + BT::const_term(ks * 16, j));
+            cuda::ldmatrix_x4_trans(b, frag_addr<BT>(b_lane, 0u, ks * 16, j));
             cuda::mma_16816<E>(acc[j][0], a, b[0], b[1]);
             cuda::mma_16816<E>(acc[j][1], a, b[2], b[3]);
         }
     }
 }
 
-// acc = dS K for this warp's 16 query rows and columns 16j..16j+15 of the slice: dS holds the
-// warp's rows as m16k16 A fragments over the kB keys; k_lane = QTile::lane_base_full(K tile, lr_a,
-// lb_a) + slice page offset (K read transposed: B[k = key][n = column], as V in gemm_pv).
+// This warp's dS rows (16 query rows x kBN keys) as m16k16 A fragments, from the dS tile.
+// ds_full / ds_half: PTile lane bases (lr_a, lb_a) of the warp's first row.
+template <class Tr>
+__device__ __forceinline__ void load_ds_rows(uint32_t (&a)[Tr::kBN / 16][4], uint32_t ds_full, uint32_t ds_half) {
+    using PT = typename Tr::PTile;
+#pragma unroll
+    for (int ks = 0; ks < Tr::kBN / 16; ++ks) cuda::ldmatrix_x4(a[ks], frag_addr<PT>(ds_full, ds_half, 0, ks));
+}
+
+// acc = dS K for this warp's 16 query rows and its 16-column group j: k_lane =
+// at_column(KVTile::lane_base_full(K tile, lr_a, lb_a), warp's first column) (K read transposed:
+// B[k = key][n = column], as V in gemm_pv).
 template <class Tr, class E>
-__device__ __forceinline__ void gemm_ds_k(float (&acc)[2][4], const uint32_t (&dS)[Tr::kKF][4], uint32_t k_lane,
+__device__ __forceinline__ void gemm_ds_k(float (&acc)[2][4], const uint32_t (&dS)[Tr::kBN / 16][4], uint32_t k_lane,
                                           int j) {
-    using KT = typename Tr::QTile;
+    using KT = typename Tr::KVTile;
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
 #pragma unroll
-    for (int ks = 0; ks < Tr::kKF; ++ks) {
+    for (int ks = 0; ks < Tr::kBN / 16; ++ks) {
         uint32_t b[4];
-        cuda::ldmatrix_x4_trans(b, (k_lane ^ KT::xor_term(j)) + KT::const_term(ks * 16, j));
+        cuda::ldmatrix_x4_trans(b, frag_addr<KT>(k_lane, 0u, ks * 16, j));
         cuda::mma_16816<E>(acc[0], dS[ks], b[0], b[1]);
         cuda::mma_16816<E>(acc[1], dS[ks], b[2], b[3]);
     }

@@ -1,5 +1,5 @@
 // The FA2 backward pass, host side: what it supports, its plan (compiled head dim and tile,
-// column slices, the deterministic dQ accumulator copies, the workspace slices) and the enqueue of
+// the deterministic dQ accumulator copies, the workspace slices) and the enqueue of
 // its three kernels (preprocess, main, dQ convert; see fa2_bwd_params.h for what each does).
 //
 // Workspace (O(N), never N x N):
@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include <cuda_runtime_api.h>
@@ -53,19 +54,22 @@ const BwdHeadDim &bwd_compiled_for(int64_t d) {
     return kBwdHeadDims[sizeof kBwdHeadDims / sizeof kBwdHeadDims[0] - 1];
 }
 
-// Main (4-warp) tile unless it exceeds the device's per-block opt-in and a small one is compiled.
-bool use_small(int kd, size_t smem_optin) {
-    const size_t main = static_cast<size_t>(bwd_smem_bytes(kd, kBwdMainWarps));
-    return smem_optin != 0 && main > smem_optin && bwd_has_small(kd);
+// The main tile unless it exceeds the device's per-block opt-in and a fallback is compiled.
+// FLASHATTN_FA2_BWD_TILE=fallback forces the fallback where one is compiled: a developer's knob to
+// test that tile on a bigger GPU.
+bool use_fallback(int kd, size_t smem_optin) {
+    if (!bwd_has_fallback(kd)) return false;
+    const char *env = std::getenv("FLASHATTN_FA2_BWD_TILE");
+    if (env != nullptr && std::string(env) == "fallback") return true;
+    const size_t main = static_cast<size_t>(bwd_smem_bytes(bwd_tile_main(kd), kd));
+    return smem_optin != 0 && main > smem_optin;
 }
 
-int warps_of(bool small) { return small ? kBwdSmallWarps : kBwdMainWarps; }
-
-int64_t slices_of(const Problem &p) { return ceil_div(p.head_dim, kBwdSliceCols); }
+BwdTile tile_of(int kd, bool fallback) { return fallback ? bwd_tile_fallback(kd) : bwd_tile_main(kd); }
 
 int choose_dq_splits(const Problem &p, int block, int sm_count) {
     if (!p.deterministic) return 1;
-    const int64_t base = std::max<int64_t>(1, p.batch * p.heads_kv * slices_of(p));
+    const int64_t base = std::max<int64_t>(1, p.batch * p.heads_kv);
     const int64_t key_blocks = std::max<int64_t>(1, ceil_div(p.seqlen_k, block));
     const int64_t want = sm_count > 0 ? ceil_div(2 * static_cast<int64_t>(sm_count), base) : 1;
     const int64_t copy_bytes = std::max<int64_t>(1, p.heads_q * p.total_query_rows() * p.head_dim * 4);
@@ -86,11 +90,8 @@ std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev)
         return "the fa2 backward pass supports sequence lengths below 2^28";
     if (p.heads_q > kMaxGridYZ || p.batch > kMaxGridYZ)
         return "the fa2 backward pass supports at most 65535 heads and 65535 sequences";
-    if (p.heads_kv * slices_of(p) > kMaxGridYZ)
-        return "the fa2 backward pass supports at most 65535 key/value heads x " + std::to_string(slices_of(p)) +
-               " column slices of head dim " + std::to_string(p.head_dim);
     const int kd = bwd_compiled_for(p.head_dim).head_dim;
-    const size_t smem = static_cast<size_t>(bwd_smem_bytes(kd, warps_of(use_small(kd, dev.smem_per_block_optin))));
+    const size_t smem = static_cast<size_t>(bwd_smem_bytes(tile_of(kd, use_fallback(kd, dev.smem_per_block_optin)), kd));
     if (dev.smem_per_block_optin != 0 && smem > dev.smem_per_block_optin)
         return "the fa2 backward pass needs " + std::to_string(smem / 1024) + " KB of shared memory per block for head dim " +
                std::to_string(p.head_dim) + " and the device allows " + std::to_string(dev.smem_per_block_optin / 1024) +
@@ -101,9 +102,8 @@ std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev)
 BwdPlan plan_backward(const Problem &p, const DeviceInfo &dev, WorkspaceLayout *ws) {
     BwdPlan plan;
     plan.head_dim = bwd_compiled_for(p.head_dim).head_dim;
-    plan.small = use_small(plan.head_dim, dev.smem_per_block_optin);
-    plan.slices = static_cast<int>(slices_of(p));
-    plan.dq_splits = choose_dq_splits(p, bwd_block(warps_of(plan.small)), dev.sm_count);
+    plan.fallback = use_fallback(plan.head_dim, dev.smem_per_block_optin);
+    plan.dq_splits = choose_dq_splits(p, tile_of(plan.head_dim, plan.fallback).bn, dev.sm_count);
     const size_t rows = static_cast<size_t>(p.heads_q) * static_cast<size_t>(p.total_query_rows());
     plan.row_dot = ws->add("fa2 backward dO.O row sums", rows * sizeof(float));
     plan.dq_accum = ws->add("fa2 backward dQ accumulator",
@@ -130,7 +130,6 @@ flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const Wor
     k.row_dot = ws.at<float>(t.workspace, plan.row_dot);
     k.dq_accum = ws.at<float>(t.workspace, plan.dq_accum);
     k.scale = static_cast<float>(p.scale);
-    k.slices = plan.slices;
     k.dq_splits = plan.dq_splits;
     k.deterministic = p.deterministic ? 1 : 0;
 
@@ -145,7 +144,7 @@ flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const Wor
         FLASHATTN_TRY(check_launch("fa2 backward preprocess kernel"));
     }
     if (have_k) {  // also with no queries: dK = dV = 0
-        err = bwd_compiled_for(plan.head_dim).launch(k, bf16, plan.small, stream);
+        err = bwd_compiled_for(plan.head_dim).launch(k, bf16, plan.fallback, stream);
         if (err != cudaSuccess) return cuda_fail(err, "fa2 backward kernel setup");
         FLASHATTN_TRY(check_launch("fa2 backward kernel"));
     }

@@ -18,8 +18,7 @@ struct BwdPlan {
     int dq_accum = -1;  // workspace slices: [dq_splits][heads_q][rows][head_dim] fp32 dQ accumulator
     int row_dot = -1;   // [heads_q][rows] fp32 dO.O row sums (rows: batch*seqlen_q, or total_q)
     int head_dim = 0;   // the compiled head dim that runs the problem (fa2_head_dims.h)
-    bool small = false; // the 2-warp 32 x 32 tile (head dims >= 160 on devices with 99 KB per block)
-    int slices = 1;     // 64-column slices of the head dim, one CTA each
+    bool fallback = false;  // the fallback tile (fa2_bwd_params.h): the main one exceeds the device's opt-in
     int dq_splits = 1;  // deterministic: copies of the dQ accumulator (grid x), summed in order; else 1
 };
 

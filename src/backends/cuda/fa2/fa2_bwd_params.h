@@ -3,7 +3,7 @@
 //
 // The backward runs three kernels on one stream (FlashAttention-2's Algorithm 2):
 //   preprocess  row_dot[hq][row] = sum_c dO*O (fp32) and zero the fp32 dQ accumulator
-//   main        one CTA per (key block, kv head x column slice, batch): recompute S and P from
+//   main        one CTA per (key block, kv head, batch): recompute S and P from
 //               the LSE, dP = dO V^T, dS = P (dP - row_dot); dK, dV accumulate in registers over
 //               every query block of every query head of the kv head's GQA group; dQ += dS K goes
 //               into the fp32 accumulator
@@ -33,34 +33,38 @@ struct BwdParams : TensorArgs {
     float *row_dot = nullptr;   // workspace: [heads_q][total_rows] fp32, D_i = dO_i . O_i
     float *dq_accum = nullptr;  // workspace: [dq_splits][heads_q][total_rows][head_dim] fp32
     float scale = 0.f;          // softmax scale (dK and dQ are multiplied by it at the end)
-    int32_t slices = 1;         // 64-column slices of the head dim, one CTA each (grid y = heads_kv * slices)
     int32_t dq_splits = 1;      // deterministic: accumulator copies, one per grid x (else 1)
     int32_t deterministic = 0;  // 1: each CTA owns accumulator copy blockIdx.x (plain adds, no atomics)
 };
 
-// Output columns per CTA of the main kernel: dK, dV and dQ are computed in slices of this many
-// head-dim columns (one 64-column page of the swizzled tiles), each slice by its own CTA, which
-// recomputes S and dP over the full head dim. It bounds the register accumulators (dK and dV:
-// 64 fp32 per thread) for every head dim.
-constexpr int kBwdSliceCols = 64;
-
-// Main-kernel tile: kBwdBlock(warps) keys per CTA and query rows per step (16 per warp).
-// 4 warps (64 x 64) is the main configuration; 2 warps (32 x 32) is the small one, compiled for
-// head dims >= 160 where the main one needs more than the 99 KB per block of sm_86 / sm_89.
-constexpr int bwd_block(int warps) { return 16 * warps; }
+// Main-kernel tiles. A CTA of `warps` warps owns `bn` keys over the whole head dim (S and dP are
+// computed once per query step) and walks query blocks of `bm` rows; Q and dO go through `stages`
+// shared-memory buffers (2: the next step's tiles load while this step computes).
+//   main      the fastest tile that fits the 227 KB per block of sm_90 (also sm_80's 163 KB up to
+//             head dim 192): 64 x 128 with 8 warps at head dims <= 64, 64 x 64 with 8 warps above
+//   fallback  compiled where the main tile needs more than the 99 KB per block of sm_86 / sm_89
+//             (or than sm_80's 163 KB at head dim 256): single-buffered 64 x 64 / 8 warps up to
+//             head dim 128, 32 x 32 / 4 warps above
+// finalize picks the main tile when the device's opt-in holds it, else the fallback.
+struct BwdTile {
+    int bm, bn, warps, stages;
+};
 constexpr int bwd_padded_dim(int kd) { return (kd + 63) / 64 * 64; }
-// Q, dO, K, V tiles [block x padded dim] and the P, dS tiles [block x block], all 16-bit.
-constexpr int bwd_smem_bytes(int kd, int warps) {
-    return 4 * bwd_block(warps) * bwd_padded_dim(kd) * 2 + 2 * bwd_block(warps) * bwd_block(warps) * 2;
+constexpr BwdTile bwd_tile_main(int kd) { return kd <= 64 ? BwdTile{64, 128, 8, 2} : BwdTile{64, 64, 8, 2}; }
+constexpr BwdTile bwd_tile_fallback(int kd) {
+    return kd <= 128 ? BwdTile{64, 64, 8, 1} : BwdTile{32, 32, 4, 1};
 }
-constexpr bool bwd_has_small(int kd) { return kd >= 160; }
-constexpr int kBwdMainWarps = 4;
-constexpr int kBwdSmallWarps = 2;
+// K, V [bn x padded dim], stages x (Q, dO) [bm x padded dim], P and dS [bm x bn], all 16-bit.
+constexpr int bwd_smem_bytes(BwdTile t, int kd) {
+    return (2 * t.bn + 2 * t.stages * t.bm) * bwd_padded_dim(kd) * 2 + 2 * t.bm * t.bn * 2;
+}
+constexpr int kBwdSmallestOptin = 99 * 1024;  // sm_86 / sm_89 per-block opt-in
+constexpr bool bwd_has_fallback(int kd) { return bwd_smem_bytes(bwd_tile_main(kd), kd) > kBwdSmallestOptin; }
 
 // Launchers, one per row of fa2_head_dims.h (generated fa2_bwd_hdimD.cu): the main kernel.
-using LaunchBwd = cudaError_t (*)(const BwdParams &p, bool bf16, bool small, cudaStream_t s);
+using LaunchBwd = cudaError_t (*)(const BwdParams &p, bool bf16, bool fallback, cudaStream_t s);
 #define FLASHATTN_FA2_DECLARE_BWD_LAUNCH(D) \
-    cudaError_t launch_bwd_hdim##D(const BwdParams &p, bool bf16, bool small, cudaStream_t s);
+    cudaError_t launch_bwd_hdim##D(const BwdParams &p, bool bf16, bool fallback, cudaStream_t s);
 FLASHATTN_FA2_HEAD_DIMS(FLASHATTN_FA2_DECLARE_BWD_LAUNCH)
 #undef FLASHATTN_FA2_DECLARE_BWD_LAUNCH
 
