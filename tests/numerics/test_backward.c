@@ -133,6 +133,10 @@ static const bwd_case grid[] = {
     CASE(5, 53, 100, 6, 2, 128, 0, B16, 1, -1, -1, 0, 0, 1, 0, 1),
     CASE(2, 129, 129, 4, 2, 64, 0, F16, 0, 20, 20, 0, 0, 0, 1, 1),
     CASE(1, 37, 53, 2, 2, 256, 0, F32, 0, -1, -1, 5.0, 1.0, 0, 0, 1),
+    /* GPU key blocks take turns per query block, from the first that sees it: windows and
+     * seqlen_q > seqlen_k move that first block off 0. */
+    CASE(1, 100, 200, 4, 2, 128, 0, F16, 0, 30, 10, 0, 0, 0, 0, 1),
+    CASE(3, 129, 100, 2, 1, 64, 0, B16, 1, 40, -1, 0, 0, 1, 0, 1),
 
     /* ---- A few longer rows (several tiles per row and column on every backend) --------------- */
     CASE(1, 300, 257, 4, 2, 64, 0, F16, 1, -1, -1, 0, 0, 0, 0, 0),
@@ -149,6 +153,10 @@ static const bwd_case grid[] = {
     GPU_CASE(2, 1, 4096, 32, 8, 128, 0, F16, 0, -1, -1, 0, 0, 0, 0, 0),
     GPU_CASE(4, 8, 2048, 16, 2, 128, 0, B16, 1, -1, -1, 0, 0, 0, 0, 1),
     GPU_CASE(8, 256, 256, 8, 2, 64, 0, F16, 1, -1, -1, 0, 0, 0, 0, 0),
+    /* Deterministic with many key blocks per query block in flight at once. */
+    GPU_CASE(2, 1500, 1300, 4, 2, 128, 0, B16, 1, 300, -1, 0, 0, 0, 0, 1),
+    GPU_CASE(4, 700, 900, 6, 2, 64, 0, F16, 0, 200, 50, 0, 0, 1, 0, 1),
+    GPU_CASE(1, 1024, 1024, 2, 2, 256, 0, B16, 1, -1, -1, 0, 0, 0, 1, 1),
 };
 
 #define NUM_CASES (sizeof grid / sizeof grid[0])

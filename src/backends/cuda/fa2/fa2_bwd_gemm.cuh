@@ -36,6 +36,9 @@ struct BwdTraits {
     static constexpr int kNW = kNW_;
     static constexpr int kStages = kStages_;  // Q/dO buffers
     static constexpr int kThreads = 32 * kNW;
+    // CTAs per SM the registers are budgeted for (__launch_bounds__): two where the shared
+    // memory of two fits the 228 KB of an sm_90 SM, so one CTA's barriers hide under the other's math.
+    static constexpr int kMinBlocks = bwd_min_blocks(BwdTile{kBM_, kBN_, kNW_, kStages_}, kD_);
     static constexpr int kDP = bwd_padded_dim(kD);
     // scores layout
     static constexpr int kSRowGroups = kBM / 16;
@@ -62,8 +65,12 @@ struct BwdTraits {
     static constexpr int kKVBytes = KVTile::kBytes;
     static constexpr int kQBytes = QTile::kBytes;
     static constexpr int kPBytes = PTile::kBytes;
-    // Shared memory: K, V, then kStages x (Q, dO), then P, dS.
-    static constexpr int kSmemBytes = 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kPBytes;
+    static constexpr int kRowsBytes = 2 * kBM * 4;  // one step's LSE and row_dot
+    // Shared memory: K, V, then kStages x (Q, dO), then P, dS, then kStages x (LSE, row_dot).
+    static constexpr int kQOffset = 2 * kKVBytes;
+    static constexpr int kPOffset = kQOffset + 2 * kStages * kQBytes;
+    static constexpr int kRowsOffset = kPOffset + 2 * kPBytes;
+    static constexpr int kSmemBytes = kRowsOffset + kStages * kRowsBytes;
     static_assert(kSmemBytes == bwd_smem_bytes(BwdTile{kBM, kBN, kNW, kStages}, kD), "fa2_bwd_params.h agrees");
     static_assert(kNW % kSRowGroups == 0 && kSKeys % 16 == 0, "scores layout");
     static_assert(kNW % kKVKeyGroups == 0 && kKVCols % 32 == 0, "keys layout");

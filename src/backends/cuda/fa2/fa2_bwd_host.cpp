@@ -1,17 +1,17 @@
-// The FA2 backward pass, host side: what it supports, its plan (compiled head dim and tile,
-// the deterministic dQ accumulator copies, the workspace slices) and the enqueue of
-// its three kernels (preprocess, main, dQ convert; see fa2_bwd_params.h for what each does).
+// The FA2 backward pass, host side: what it supports, its plan (compiled head dim and tile, the
+// deterministic mode's order counters, the workspace slices) and the enqueue of its kernels
+// (preprocess, main, dQ convert; see fa2_bwd_params.h for what each does).
 //
 // Workspace (O(N), never N x N):
 //   row_dot   heads_q x rows x 4 bytes
-//   dq_accum  dq_splits x heads_q x rows x head_dim x 4 bytes (rows = batch * seqlen_q, or
-//             total_q); dq_splits = 1 unless deterministic, then 1..16, chosen for about two waves
-//             of CTAs and, when above 1, at most 1 GiB in all.
+//   dq_accum  heads_q x rows x head_dim x 4 bytes (rows = batch * seqlen_q, or total_q)
+//   dq_sem    deterministic only: batch x heads_q x query blocks x 4 bytes
 // Determinism: dK and dV are written once by the one CTA that owns the key block (it walks the
-// whole GQA group in a fixed order); dQ goes through fp32 atomics, except in deterministic mode,
-// where grid x is the fixed number of accumulator copies, CTA x walks key blocks x, x + copies, ...
-// adding into copy x alone (single writer, program order), and the convert kernel sums the copies
-// in index order.
+// whole GQA group in a fixed order); dQ goes through fp32 reductions. In deterministic mode the
+// key blocks that add to one query block's dQ take turns in ascending order: a counter per (query
+// head, query block) says how many have added (fa2_bwd_kernel.cuh), so every dQ element sums its
+// terms in one fixed order. The grid puts heads and sequences before key blocks, so the turns
+// cost little: the CTAs running at one time belong to many heads and rarely wait on each other.
 #include "backends/cuda/fa2/fa2_bwd_host.h"
 
 #include <algorithm>
@@ -41,12 +41,7 @@ constexpr BwdHeadDim kBwdHeadDims[] = {FLASHATTN_FA2_HEAD_DIMS(FLASHATTN_FA2_BWD
 
 constexpr int64_t kMaxSeqlen = int64_t(1) << 28;  // keeps the int32 mask arithmetic exact
 constexpr int64_t kMaxGridYZ = 65535;
-// Deterministic mode: at most this many fp32 copies of the dQ accumulator (each as large as dQ in
-// fp32), enough for two waves of CTAs on problems with few heads (more heads need fewer), and
-// beyond one copy no more than kDeterministicCopyBytes of them in all.
-constexpr int kMaxDeterministicCopies = 16;
-constexpr int64_t kDeterministicCopyBytes = int64_t(1) << 30;
-
+constexpr int64_t kMaxGridX = (int64_t(1) << 31) - 1;
 // The compiled head dim that runs `d` (callers have checked 8 <= d <= 256).
 const BwdHeadDim &bwd_compiled_for(int64_t d) {
     for (const BwdHeadDim &row : kBwdHeadDims)
@@ -67,15 +62,8 @@ bool use_fallback(int kd, size_t smem_optin) {
 
 BwdTile tile_of(int kd, bool fallback) { return fallback ? bwd_tile_fallback(kd) : bwd_tile_main(kd); }
 
-int choose_dq_splits(const Problem &p, int block, int sm_count) {
-    if (!p.deterministic) return 1;
-    const int64_t base = std::max<int64_t>(1, p.batch * p.heads_kv);
-    const int64_t key_blocks = std::max<int64_t>(1, ceil_div(p.seqlen_k, block));
-    const int64_t want = sm_count > 0 ? ceil_div(2 * static_cast<int64_t>(sm_count), base) : 1;
-    const int64_t copy_bytes = std::max<int64_t>(1, p.heads_q * p.total_query_rows() * p.head_dim * 4);
-    const int64_t by_memory = std::max<int64_t>(1, kDeterministicCopyBytes / copy_bytes);
-    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, key_blocks, by_memory, kMaxDeterministicCopies})));
-}
+int64_t key_blocks(const Problem &p, const BwdTile &t) { return ceil_div(p.seqlen_k, t.bn); }
+int64_t query_blocks(const Problem &p, const BwdTile &t) { return ceil_div(p.seqlen_q, t.bm); }
 
 }  // namespace
 
@@ -91,7 +79,11 @@ std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev)
     if (p.heads_q > kMaxGridYZ || p.batch > kMaxGridYZ)
         return "the fa2 backward pass supports at most 65535 heads and 65535 sequences";
     const int kd = bwd_compiled_for(p.head_dim).head_dim;
-    const size_t smem = static_cast<size_t>(bwd_smem_bytes(tile_of(kd, use_fallback(kd, dev.smem_per_block_optin)), kd));
+    const BwdTile tile = tile_of(kd, use_fallback(kd, dev.smem_per_block_optin));
+    if (p.heads_kv * p.batch * key_blocks(p, tile) > kMaxGridX)
+        return "the fa2 backward pass supports at most 2^31 - 1 key blocks of " + std::to_string(tile.bn) +
+               " keys over all key/value heads and sequences";
+    const size_t smem = static_cast<size_t>(bwd_smem_bytes(tile, kd));
     if (dev.smem_per_block_optin != 0 && smem > dev.smem_per_block_optin)
         return "the fa2 backward pass needs " + std::to_string(smem / 1024) + " KB of shared memory per block for head dim " +
                std::to_string(p.head_dim) + " and the device allows " + std::to_string(dev.smem_per_block_optin / 1024) +
@@ -103,11 +95,17 @@ BwdPlan plan_backward(const Problem &p, const DeviceInfo &dev, WorkspaceLayout *
     BwdPlan plan;
     plan.head_dim = bwd_compiled_for(p.head_dim).head_dim;
     plan.fallback = use_fallback(plan.head_dim, dev.smem_per_block_optin);
-    plan.dq_splits = choose_dq_splits(p, tile_of(plan.head_dim, plan.fallback).bn, dev.sm_count);
+    const BwdTile tile = tile_of(plan.head_dim, plan.fallback);
     const size_t rows = static_cast<size_t>(p.heads_q) * static_cast<size_t>(p.total_query_rows());
+    if (p.deterministic) {
+        plan.sem_blocks = static_cast<int>(query_blocks(p, tile));
+        plan.dq_sem = ws->add("fa2 backward dQ order counters", static_cast<size_t>(p.batch) *
+                                                                    static_cast<size_t>(p.heads_q) *
+                                                                    static_cast<size_t>(plan.sem_blocks) * sizeof(int32_t));
+    }
     plan.row_dot = ws->add("fa2 backward dO.O row sums", rows * sizeof(float));
     plan.dq_accum = ws->add("fa2 backward dQ accumulator",
-                            static_cast<size_t>(plan.dq_splits) * rows * static_cast<size_t>(p.head_dim) * sizeof(float));
+                            rows * static_cast<size_t>(p.head_dim) * sizeof(float));
     return plan;
 }
 
@@ -130,8 +128,12 @@ flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const Wor
     k.row_dot = ws.at<float>(t.workspace, plan.row_dot);
     k.dq_accum = ws.at<float>(t.workspace, plan.dq_accum);
     k.scale = static_cast<float>(p.scale);
-    k.dq_splits = plan.dq_splits;
+    k.dq_splits = 1;
     k.deterministic = p.deterministic ? 1 : 0;
+    if (p.deterministic) {
+        k.dq_sem = ws.at<int32_t>(t.workspace, plan.dq_sem);
+        k.sem_blocks = plan.sem_blocks;
+    }
 
     DeviceGuard guard(p.device);
     if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "fa2 backward: cudaSetDevice");
@@ -142,6 +144,10 @@ flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const Wor
         err = launch_bwd_preprocess(k, bf16, stream);
         if (err != cudaSuccess) return cuda_fail(err, "fa2 backward preprocess");
         FLASHATTN_TRY(check_launch("fa2 backward preprocess kernel"));
+    }
+    if (have_k && p.deterministic) {
+        err = cudaMemsetAsync(k.dq_sem, 0, ws.bytes(plan.dq_sem), stream);
+        if (err != cudaSuccess) return cuda_fail(err, "fa2 backward: zeroing the dQ order counters");
     }
     if (have_k) {  // also with no queries: dK = dV = 0
         err = bwd_compiled_for(plan.head_dim).launch(k, bf16, plan.fallback, stream);

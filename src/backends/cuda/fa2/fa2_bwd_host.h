@@ -15,11 +15,12 @@ namespace fa2 {
 
 // What the backward decided at finalize.
 struct BwdPlan {
-    int dq_accum = -1;  // workspace slices: [dq_splits][heads_q][rows][head_dim] fp32 dQ accumulator
+    int dq_accum = -1;  // workspace slices: [heads_q][rows][head_dim] fp32 dQ accumulator
     int row_dot = -1;   // [heads_q][rows] fp32 dO.O row sums (rows: batch*seqlen_q, or total_q)
     int head_dim = 0;   // the compiled head dim that runs the problem (fa2_head_dims.h)
     bool fallback = false;  // the fallback tile (fa2_bwd_params.h): the main one exceeds the device's opt-in
-    int dq_splits = 1;  // deterministic: copies of the dQ accumulator (grid x), summed in order; else 1
+    int dq_sem = -1;    // deterministic: [batch][heads_q][sem_blocks] int32 dQ order counters
+    int sem_blocks = 0; // query blocks of the longest sequence (deterministic)
 };
 
 // Empty when FA2 can run the backward pass of `p` on `dev`; otherwise one sentence saying why not.

@@ -44,13 +44,16 @@ struct BwdBlockArgs {
 };
 
 // LSE (as log2) and row_dot of this thread's two rows, and their visible key range relative to
-// the thread's first score column (col0 = key of its column 0).
+// the thread's first score column (col0 = key of its column 0). s_rows: the step's LSE and
+// row_dot in shared memory (load_q_do), indexed by row - m0.
 struct BwdRows {
     float lse2[2], rd[2];
     int lo[2], hi[2];
 };
 
-__device__ __forceinline__ BwdRows load_rows(const BwdParams &p, const BwdBlockArgs &a, int hq, int qrow0, int col0) {
+template <class Tr>
+__device__ __forceinline__ BwdRows load_rows(const BwdParams &p, const BwdBlockArgs &a, uint32_t s_rows, int m0,
+                                             int qrow0, int col0) {
     BwdRows r;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -58,8 +61,8 @@ __device__ __forceinline__ BwdRows load_rows(const BwdParams &p, const BwdBlockA
         int lo = 0, hi = -1;  // visible keys of this row; none past the sequence's end
         float lse2 = 0.f, rd = 0.f;
         if (qpos < a.sq) {
-            const float lse = p.lse[cuda::lse_offset(p, a.b, hq, a.q_row0, qpos)];
-            rd = p.row_dot[static_cast<int64_t>(hq) * p.total_rows + a.q_row0 + qpos];
+            const float lse = cuda::ld_shared_f32(s_rows + (qpos - m0) * 4);
+            rd = cuda::ld_shared_f32(s_rows + (Tr::kBM + qpos - m0) * 4);
             if (lse != -INFINITY) {  // -inf: the row sees no key and contributes nothing
                 lse2 = lse * 1.4426950408889634f;
                 const int rdiag = qpos + a.off;
@@ -149,15 +152,7 @@ __device__ __forceinline__ void accumulate_dq(const BwdParams &p, const BwdBlock
             for (int n = 0; n < 2; ++n) {
                 const int c = j * 16 + n * 8;  // + 2t: d is a multiple of 8, so the pair is in or out
                 if (c >= ncols) continue;
-                float *dst = rows[h] + c;
-                if (p.deterministic) {  // this CTA is the copy's only writer: a plain, ordered add
-                    float2 v = *reinterpret_cast<float2 *>(dst);
-                    v.x += acc[n][2 * h];
-                    v.y += acc[n][2 * h + 1];
-                    *reinterpret_cast<float2 *>(dst) = v;
-                } else {
-                    cuda::red_add_f32x2(dst, acc[n][2 * h], acc[n][2 * h + 1]);
-                }
+                cuda::red_add_f32x2(rows[h] + c, acc[n][2 * h], acc[n][2 * h + 1]);
             }
         }
     }
@@ -167,20 +162,47 @@ __device__ __forceinline__ void accumulate_dq(const BwdParams &p, const BwdBlock
 struct BwdStep {
     int hq, m0;
 };
+
+// Deterministic mode: the counter of a step's (query head, query block) and the count of key blocks
+// that add to its dQ before this one. The key blocks that see query block [m0, m0 + kBM) are
+// contiguous (every key block's visible rows form an interval that moves forward with the block),
+// from the one holding key m0 + off - left (mask.cuh's rule for the block's first row).
+struct BwdTurn {
+    int *sem;
+    int before;
+};
+template <class Tr>
+__device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlockArgs &a, BwdStep st, int nb) {
+    const int64_t first_key = st.m0 + a.off - p.left;
+    const int nb_first = first_key > 0 ? static_cast<int>(first_key / Tr::kBN) : 0;
+    int *sem = p.dq_sem + (static_cast<int64_t>(a.b) * p.heads_q + st.hq) * p.sem_blocks + st.m0 / Tr::kBM;
+    return BwdTurn{sem, nb - nb_first};
+}
 template <class Tr>
 __device__ __forceinline__ BwdStep step_of(int s, int kvh, int group, int mb_first, int nmb) {
     const int gi = s / nmb;
     return BwdStep{kvh * group + gi, (mb_first + s - gi * nmb) * Tr::kBM};
 }
 
-// cp.async Q and dO of step st into Q/dO buffer `buf`.
+// cp.async Q, dO, LSE and row_dot of step st into buffer `buf` (rows past the sequence: zeros).
 template <class Tr>
 __device__ __forceinline__ void load_q_do(const BwdParams &p, const BwdBlockArgs &a, BwdStep st, int buf) {
-    const uint32_t s_q = a.smem + 2 * Tr::kKVBytes + buf * 2 * Tr::kQBytes;
+    const uint32_t s_q = a.smem + Tr::kQOffset + buf * 2 * Tr::kQBytes;
     bwd_load_tile<Tr, Tr::kBM>(s_q, a.qg + st.hq * p.q_hs + static_cast<int64_t>(st.m0) * p.q_rs, p.q_rs,
                                a.sq - st.m0, a.d);
     bwd_load_tile<Tr, Tr::kBM>(s_q + Tr::kQBytes, a.dog + st.hq * p.do_hs + static_cast<int64_t>(st.m0) * p.do_rs,
                                p.do_rs, a.sq - st.m0, a.d);
+    static_assert(2 * Tr::kBM <= Tr::kThreads, "one word per thread");
+    const int tid = threadIdx.x;
+    if (tid < 2 * Tr::kBM) {
+        const int r = tid < Tr::kBM ? tid : tid - Tr::kBM;
+        const int qpos = st.m0 + r;
+        const bool ok = qpos < a.sq;
+        const int q = ok ? qpos : 0;
+        const float *src = tid < Tr::kBM ? p.lse + cuda::lse_offset(p, a.b, st.hq, a.q_row0, q)
+                                         : p.row_dot + static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + q;
+        cuda::cp_async_4(a.smem + Tr::kRowsOffset + buf * Tr::kRowsBytes + tid * 4, src, ok ? 4u : 0u);
+    }
 }
 
 // One query block (rows m0..m0+kBM-1 of query head hq, in Q/dO buffer buf) against the CTA's
@@ -201,13 +223,19 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
     const int lr_k = (lane & 7) | ((lane >> 4) << 3), lb_k = (lane >> 3) & 1;
     const uint32_t s_k = opaque(a.smem);
     const uint32_t s_v = s_k + Tr::kKVBytes;
-    const uint32_t s_q = s_k + 2 * Tr::kKVBytes + buf * 2 * Tr::kQBytes, s_do = s_q + Tr::kQBytes;
-    const uint32_t s_p = s_k + 2 * Tr::kKVBytes + Tr::kStages * 2 * Tr::kQBytes, s_ds = s_p + Tr::kPBytes;
+    const uint32_t s_q = s_k + Tr::kQOffset + buf * 2 * Tr::kQBytes, s_do = s_q + Tr::kQBytes;
+    const uint32_t s_p = s_k + Tr::kPOffset, s_ds = s_p + Tr::kPBytes;
+    const uint32_t s_rows = s_k + Tr::kRowsOffset + buf * Tr::kRowsBytes;
 
+    // Deterministic: thread 0 reads the step's counter now (in order, it is the earlier key
+    // blocks' turn only while they lag behind) and waits for this block's turn before the barrier
+    // that releases the dQ adds.
+    const bool ordered = p.deterministic && threadIdx.x == 0;
+    int seen = ordered ? cuda::ld_relaxed_gpu(turn_of<Tr>(p, a, st, a.n0 / Tr::kBN).sem) : 0;
     {  // scores layout: S, dP, P, dS of 16 rows x kSKeys keys
         const int rg = warp % Tr::kSRowGroups, kg = warp / Tr::kSRowGroups;
         const int key0 = kg * Tr::kSKeys;
-        const BwdRows rows = load_rows(p, a, st.hq, st.m0 + rg * 16 + g, a.n0 + key0 + 2 * t);
+        const BwdRows rows = load_rows<Tr>(p, a, s_rows, st.m0, st.m0 + rg * 16 + g, a.n0 + key0 + 2 * t);
         float S[1][Tr::kNT][4], dP[1][Tr::kNT][4];
         gemm_qk<Tr, E>(S, QT::lane_base_full(s_q + rg * 16 * 128, lr_a, lb_a), 0u,
                        KT::lane_base_full(s_k + key0 * 128, lr_k, lb_k), 0u);
@@ -217,7 +245,11 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
         probs_and_grads<Tr, E>(p, rows, S[0], dP[0], P, dS);
         store_p_ds<Tr>(s_p, s_ds, rg * 16, key0, P, dS);
     }
-    __syncthreads();  // P and dS tiles complete
+    if (ordered) {
+        const BwdTurn turn = turn_of<Tr>(p, a, st, a.n0 / Tr::kBN);
+        while (seen != turn.before) seen = cuda::ld_acquire_gpu(turn.sem);
+    }
+    __syncthreads();  // P and dS tiles complete (and, deterministic, this key block's turn)
 
     {  // dQ layout
         const int rg = warp % Tr::kQRowGroups, cg = warp / Tr::kQRowGroups;
@@ -308,11 +340,18 @@ __device__ __forceinline__ void bwd_key_block(const BwdParams &p, BwdBlockArgs &
             }
             cuda::cp_async_wait<0>();  // this step's Q, dO (and K, V at the first step)
             __syncthreads();  // ... from every thread; every warp is done with the previous step
+            if (p.deterministic && s > 0 && threadIdx.x == 0)  // the previous step's dQ adds are fenced
+                atomicAdd(turn_of<Tr>(p, a, step_of<Tr>(s - 1, kvh, p.group, mb_first, nmb), nb).sem, 1);
             if (Tr::kStages == 2 && s + 1 < nsteps) {  // the other buffer was the previous step's
                 load_q_do<Tr>(p, a, step_of<Tr>(s + 1, kvh, p.group, mb_first, nmb), buf ^ 1);
                 cuda::cp_async_commit();
             }
             bwd_query_block<Tr, E>(p, a, st, buf, dK, dV);
+            if (p.deterministic) __threadfence();  // this thread's dQ adds land before the counter moves
+        }
+        if (p.deterministic) {
+            __syncthreads();
+            if (threadIdx.x == 0) atomicAdd(turn_of<Tr>(p, a, step_of<Tr>(nsteps - 1, kvh, p.group, mb_first, nmb), nb).sem, 1);
         }
     }
     // Read again (not kept from the prologue): the loop holds no registers for these offsets.
@@ -324,11 +363,16 @@ __device__ __forceinline__ void bwd_key_block(const BwdParams &p, BwdBlockArgs &
 }
 
 template <class Tr, class E>
-__global__ void __launch_bounds__(Tr::kThreads) bwd_kernel(const __grid_constant__ BwdParams p) {
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) bwd_kernel(const __grid_constant__ BwdParams p) {
     extern __shared__ __align__(1024) unsigned char smem[];
-    const int kvh = static_cast<int>(blockIdx.y);
+    // blockIdx.x = (kv head, sequence) fastest, then key block: the first wave holds the first
+    // key blocks of every head (the heaviest under a causal mask), and in deterministic mode a
+    // key block's predecessor in the dQ order is always an earlier CTA.
+    const int hb = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.heads_kv * p.batch));
+    const int nb = static_cast<int>(blockIdx.x / static_cast<unsigned>(p.heads_kv * p.batch));
+    const int kvh = hb % p.heads_kv;
     BwdBlockArgs a;
-    a.b = blockIdx.z;
+    a.b = hb / p.heads_kv;
     const cuda::SeqInfo si = cuda::seq_info(p, a.b);
     a.sq = si.sq;
     a.sk = si.sk;
@@ -338,20 +382,17 @@ __global__ void __launch_bounds__(Tr::kThreads) bwd_kernel(const __grid_constant
     const bool varlen = p.cu_q != nullptr;
     a.qg = static_cast<const uint16_t *>(p.q) + (varlen ? si.q_row0 * p.q_rs : a.b * p.q_bs);
     a.dog = static_cast<const uint16_t *>(p.dout) + (varlen ? si.q_row0 * p.do_rs : a.b * p.do_bs);
-    const int copy = p.deterministic ? static_cast<int>(blockIdx.x) : 0;
-    a.dqa = p.dq_accum + static_cast<int64_t>(copy) * p.heads_q * p.total_rows * a.d;
+    a.dqa = p.dq_accum;
     a.smem = cuda::smem_addr(smem);
-    const int nkb = (si.sk + Tr::kBN - 1) / Tr::kBN;
-    for (int nb = blockIdx.x; nb < nkb; nb += gridDim.x) bwd_key_block<Tr, E>(p, a, kvh, nb);
+    if (nb * Tr::kBN < si.sk) bwd_key_block<Tr, E>(p, a, kvh, nb);
 }
 
-// Grid: x = key blocks of the longest sequence (deterministic: the accumulator copies), y = kv
-// heads, z = batch.
+// Grid: kv heads x batch x key blocks of the longest sequence, in one dimension (the host checks
+// that it fits).
 template <class Tr>
 dim3 bwd_grid(const BwdParams &p) {
-    const unsigned x = p.deterministic ? static_cast<unsigned>(p.dq_splits)
-                                       : static_cast<unsigned>((p.seqlen_k + Tr::kBN - 1) / Tr::kBN);
-    return dim3(x, static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
+    const int64_t nkb = (p.seqlen_k + Tr::kBN - 1) / Tr::kBN;
+    return dim3(static_cast<unsigned>(static_cast<int64_t>(p.heads_kv) * p.batch * nkb));
 }
 
 template <int kD, class E, int kBM, int kBN, int kNW, int kStages>

@@ -32,9 +32,12 @@ struct BwdParams : TensorArgs {
 
     float *row_dot = nullptr;   // workspace: [heads_q][total_rows] fp32, D_i = dO_i . O_i
     float *dq_accum = nullptr;  // workspace: [dq_splits][heads_q][total_rows][head_dim] fp32
+    int32_t *dq_sem = nullptr;  // deterministic: [batch][heads_q][sem_blocks] zeroed counters that
+                                // order the dQ adds of one query block (key blocks ascending)
+    int32_t sem_blocks = 0;     // query blocks of the longest sequence
     float scale = 0.f;          // softmax scale (dK and dQ are multiplied by it at the end)
-    int32_t dq_splits = 1;      // deterministic: accumulator copies, one per grid x (else 1)
-    int32_t deterministic = 0;  // 1: each CTA owns accumulator copy blockIdx.x (plain adds, no atomics)
+    int32_t dq_splits = 1;      // copies of the accumulator the preprocess zeroes and the convert sums
+    int32_t deterministic = 0;  // 1: dQ adds ordered by dq_sem
 };
 
 // Main-kernel tiles. A CTA of `warps` warps owns `bn` keys over the whole head dim (S and dP are
@@ -50,13 +53,20 @@ struct BwdTile {
     int bm, bn, warps, stages;
 };
 constexpr int bwd_padded_dim(int kd) { return (kd + 63) / 64 * 64; }
-constexpr BwdTile bwd_tile_main(int kd) { return kd <= 64 ? BwdTile{64, 128, 8, 2} : BwdTile{64, 64, 8, 2}; }
+constexpr BwdTile bwd_tile_main(int kd) { return BwdTile{64, 64, 8, 2}; }
 constexpr BwdTile bwd_tile_fallback(int kd) {
     return kd <= 128 ? BwdTile{64, 64, 8, 1} : BwdTile{32, 32, 4, 1};
 }
-// K, V [bn x padded dim], stages x (Q, dO) [bm x padded dim], P and dS [bm x bn], all 16-bit.
+// K, V [bn x padded dim], stages x (Q, dO) [bm x padded dim], P and dS [bm x bn], all 16-bit,
+// then stages x (LSE, row_dot) [bm] fp32.
 constexpr int bwd_smem_bytes(BwdTile t, int kd) {
-    return (2 * t.bn + 2 * t.stages * t.bm) * bwd_padded_dim(kd) * 2 + 2 * t.bm * t.bn * 2;
+    return (2 * t.bn + 2 * t.stages * t.bm) * bwd_padded_dim(kd) * 2 + 2 * t.bm * t.bn * 2 + t.stages * 2 * t.bm * 4;
+}
+constexpr int bwd_min_blocks(BwdTile t, int kd) {
+#ifndef FLASHATTN_FA2_BWD_TWO_CTAS  // EXPERIMENT
+#define FLASHATTN_FA2_BWD_TWO_CTAS 1
+#endif
+    return FLASHATTN_FA2_BWD_TWO_CTAS && t.stages == 2 && t.warps == 8 && 2 * (bwd_smem_bytes(t, kd) + 1024) <= 228 * 1024 && kd <= 128 ? 2 : 1;
 }
 constexpr int kBwdSmallestOptin = 99 * 1024;  // sm_86 / sm_89 per-block opt-in
 constexpr bool bwd_has_fallback(int kd) { return bwd_smem_bytes(bwd_tile_main(kd), kd) > kBwdSmallestOptin; }
