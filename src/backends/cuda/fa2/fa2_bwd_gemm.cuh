@@ -36,9 +36,7 @@ struct BwdTraits {
     static constexpr int kNW = kNW_;
     static constexpr int kStages = kStages_;  // Q/dO buffers
     static constexpr int kThreads = 32 * kNW;
-    // CTAs per SM the registers are budgeted for (__launch_bounds__): two where the shared
-    // memory of two fits the 228 KB of an sm_90 SM, so one CTA's barriers hide under the other's math.
-    static constexpr int kMinBlocks = bwd_min_blocks(BwdTile{kBM_, kBN_, kNW_, kStages_}, kD_);
+    static constexpr int kMinBlocks = bwd_min_blocks(BwdTile{kBM_, kBN_, kNW_, kStages_}, kD_);  // per SM
     static constexpr int kDP = bwd_padded_dim(kD);
     // scores layout
     static constexpr int kSRowGroups = kBM / 16;

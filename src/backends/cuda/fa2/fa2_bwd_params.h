@@ -43,17 +43,19 @@ struct BwdParams : TensorArgs {
 // Main-kernel tiles. A CTA of `warps` warps owns `bn` keys over the whole head dim (S and dP are
 // computed once per query step) and walks query blocks of `bm` rows; Q and dO go through `stages`
 // shared-memory buffers (2: the next step's tiles load while this step computes).
-//   main      the fastest tile that fits the 227 KB per block of sm_90 (also sm_80's 163 KB up to
-//             head dim 192): 64 x 128 with 8 warps at head dims <= 64, 64 x 64 with 8 warps above
-//   fallback  compiled where the main tile needs more than the 99 KB per block of sm_86 / sm_89
-//             (or than sm_80's 163 KB at head dim 256): single-buffered 64 x 64 / 8 warps up to
-//             head dim 128, 32 x 32 / 4 warps above
-// finalize picks the main tile when the device's opt-in holds it, else the fallback.
+//   main      64 x 64 with 8 warps, double-buffered: 112 KB at head dim 128 (two CTAs per SM on
+//             sm_90), 208 KB at 256; fits sm_80's 163 KB up to head dim 192
+//   fallback  compiled where the main tile needs more than the 99 KB per block of sm_86 / sm_89:
+//             single-buffered 64 x 64 / 8 warps up to head dim 128, 32 x 32 / 4 warps above (also
+//             sm_80's tile at head dim 224 / 256)
+// finalize picks the main tile when the device's opt-in holds it, else the fallback. (e44c4a7 ran
+// 64 x 128 at head dim 64, one CTA per SM, 228 registers: 120-151 TFLOP/s on the H200 where
+// 64 x 64 with two CTAs per SM now runs 146-173 on the same cells.)
 struct BwdTile {
     int bm, bn, warps, stages;
 };
 constexpr int bwd_padded_dim(int kd) { return (kd + 63) / 64 * 64; }
-constexpr BwdTile bwd_tile_main(int kd) { return BwdTile{64, 64, 8, 2}; }
+constexpr BwdTile bwd_tile_main(int /*kd*/) { return BwdTile{64, 64, 8, 2}; }
 constexpr BwdTile bwd_tile_fallback(int kd) {
     return kd <= 128 ? BwdTile{64, 64, 8, 1} : BwdTile{32, 32, 4, 1};
 }
@@ -62,11 +64,13 @@ constexpr BwdTile bwd_tile_fallback(int kd) {
 constexpr int bwd_smem_bytes(BwdTile t, int kd) {
     return (2 * t.bn + 2 * t.stages * t.bm) * bwd_padded_dim(kd) * 2 + 2 * t.bm * t.bn * 2 + t.stages * 2 * t.bm * 4;
 }
+// CTAs per SM the main kernel's registers are budgeted for (__launch_bounds__, 128 registers at
+// 8 warps): two where two fit the 228 KB of shared memory of an sm_90 SM and the accumulators
+// (dK, dV: 2 x 16 keys x half the head dim per warp) leave room. Measured on the H200 at 16k
+// tokens: hdim 64 169 vs 115 TFLOP/s, hdim 128 186 vs 145 with one CTA per SM (no register cap):
+// the kernel is latency-bound, and one CTA's barriers hide under the other's math.
 constexpr int bwd_min_blocks(BwdTile t, int kd) {
-#ifndef FLASHATTN_FA2_BWD_TWO_CTAS  // EXPERIMENT
-#define FLASHATTN_FA2_BWD_TWO_CTAS 1
-#endif
-    return FLASHATTN_FA2_BWD_TWO_CTAS && t.stages == 2 && t.warps == 8 && 2 * (bwd_smem_bytes(t, kd) + 1024) <= 228 * 1024 && kd <= 128 ? 2 : 1;
+    return t.stages == 2 && t.warps == 8 && kd <= 128 && 2 * (bwd_smem_bytes(t, kd) + 1024) <= 228 * 1024 ? 2 : 1;
 }
 constexpr int kBwdSmallestOptin = 99 * 1024;  // sm_86 / sm_89 per-block opt-in
 constexpr bool bwd_has_fallback(int kd) { return bwd_smem_bytes(bwd_tile_main(kd), kd) > kBwdSmallestOptin; }
