@@ -1,18 +1,18 @@
 // FlashAttention-2 backward main kernel for sm_80+ (mma.sync m16n8k16, ldmatrix, cp.async), and
 // its launcher. Algorithm 2 of the FlashAttention-2 paper, key-block outer loop:
 //
-// One CTA per (key block of kBN keys, kv head, batch) owns the whole head dim (grid.x walks key
-// blocks, the heaviest - the first, under a causal mask - first; in deterministic mode grid.x is
-// the fixed number of dQ accumulator copies and each CTA walks key blocks x, x + gridDim.x, ...).
-// It loads K_j and V_j once, then steps through every query block of every query head of the kv
-// head's GQA group that sees any of its keys (in a fixed order), with Q_i and dO_i double-buffered
-// (the next step's cp.async runs under this step's math; fa2_bwd_gemm.cuh has the warp layouts):
+// One CTA per (key block of kBN keys, kv head, sequence) owns the whole head dim (one grid
+// dimension, heads and sequences fastest: the first wave holds every head's first key blocks,
+// the heaviest under a causal mask). It loads K_j and V_j once, then steps through every query
+// block of every query head of the kv head's GQA group that sees any of its keys (in a fixed
+// order), with Q_i, dO_i, LSE_i and row_dot_i double-buffered (the next step's cp.async runs
+// under this step's math; fa2_bwd_gemm.cuh has the warp layouts):
 //   S = Q K^T and dP = dO V^T over the whole head dim;
 //   P = exp2(S' * score_log2 - LSE * log2 e) with S' the soft-capped score (tanh) when a cap is
 //   set, 0 for masked keys (device/mask.cuh's rule) and for rows past the sequence;
 //   dS = P (dP - row_dot) (x (1 - tanh^2) with a soft cap); P and dS (16-bit) to shared memory;
-//   dQ += dS K into the fp32 accumulator (vector reds; plain adds into the CTA's own copy in
-//   deterministic mode);
+//   dQ += dS K into the fp32 accumulator (vector reductions; in deterministic mode the key
+//   blocks of one query block take turns in ascending order, see turn_of);
 //   dV += P^T dO, dK += dS^T Q in registers.
 // At the end dK * scale and dV are written (zeros for keys no query sees). The softmax scale of dQ
 // is applied by the convert kernel (fa2_bwd_prep.cu). GQA needs no dK/dV reduction across CTAs:

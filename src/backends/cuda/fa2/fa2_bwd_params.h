@@ -3,11 +3,11 @@
 //
 // The backward runs three kernels on one stream (FlashAttention-2's Algorithm 2):
 //   preprocess  row_dot[hq][row] = sum_c dO*O (fp32) and zero the fp32 dQ accumulator
-//   main        one CTA per (key block, kv head, batch): recompute S and P from
+//   main        one CTA per (key block, kv head, sequence): recompute S and P from
 //               the LSE, dP = dO V^T, dS = P (dP - row_dot); dK, dV accumulate in registers over
 //               every query block of every query head of the kv head's GQA group; dQ += dS K goes
 //               into the fp32 accumulator
-//   convert     dQ = scale * sum over the accumulator's splits, in the input dtype
+//   convert     dQ = scale * the accumulator, in the input dtype
 #pragma once
 
 #include <cstdint>
@@ -31,12 +31,13 @@ struct BwdParams : TensorArgs {
     int64_t dv_bs = 0, dv_rs = 0, dv_hs = 0;
 
     float *row_dot = nullptr;   // workspace: [heads_q][total_rows] fp32, D_i = dO_i . O_i
-    float *dq_accum = nullptr;  // workspace: [dq_splits][heads_q][total_rows][head_dim] fp32
+    float *dq_accum = nullptr;  // workspace: [heads_q][total_rows][head_dim] fp32
     int32_t *dq_sem = nullptr;  // deterministic: [batch][heads_q][sem_blocks] zeroed counters that
                                 // order the dQ adds of one query block (key blocks ascending)
     int32_t sem_blocks = 0;     // query blocks of the longest sequence
     float scale = 0.f;          // softmax scale (dK and dQ are multiplied by it at the end)
-    int32_t dq_splits = 1;      // copies of the accumulator the preprocess zeroes and the convert sums
+    int32_t dq_splits = 1;      // accumulator copies the preprocess zeroes and the convert sums (1 since
+                                // the deterministic mode orders its adds instead of copying)
     int32_t deterministic = 0;  // 1: dQ adds ordered by dq_sem
 };
 
