@@ -151,6 +151,7 @@ typedef struct flashattn_plan flashattn_plan_t;
  * @brief The tensors of a flashattn_plan_execute_args() call, named (pinned values). Since 0.3.
  *
  * Shapes use the plan's sizes; b = batch, n = #FLASHATTN_I64_NEW_KV_ROWS, r = #FLASHATTN_I64_ROTARY_DIM.
+ * A new tensor gets a new value; values not listed here are rejected by flashattn_args_set().
  */
 typedef enum flashattn_arg {
     FLASHATTN_ARG_Q = 1,            /**< Q, as for flashattn_plan_execute() (packed when varlen). Required. */

@@ -9,14 +9,27 @@
 
 using namespace flashattn;
 
+// A table of pointers indexed by flashattn_arg_t value: a new tensor is a new enum value, a case
+// in known_arg and a line in tensors_of; which ones a plan needs is checked in one place
+// (check_execute_args, problem/resolve.cpp).
 struct flashattn_args {
-    static constexpr int kCount = FLASHATTN_ARG_ROTARY_SIN + 1;  // one past the largest flashattn_arg_t
+    static constexpr int kCount = 64;  // above every flashattn_arg_t value (1-19 forward inputs, 20-39 reserved)
     const void *ptr[kCount] = {};
 };
 
 namespace {
 
-bool known_arg(int which) { return which >= FLASHATTN_ARG_Q && which < flashattn_args::kCount; }
+bool known_arg(int which) {
+    switch (which) {
+        case FLASHATTN_ARG_Q: case FLASHATTN_ARG_K: case FLASHATTN_ARG_V: case FLASHATTN_ARG_O:
+        case FLASHATTN_ARG_LSE: case FLASHATTN_ARG_CU_SEQLENS_Q: case FLASHATTN_ARG_CU_SEQLENS_K:
+        case FLASHATTN_ARG_PAGE_TABLE: case FLASHATTN_ARG_SEQUSED_K: case FLASHATTN_ARG_K_NEW:
+        case FLASHATTN_ARG_V_NEW: case FLASHATTN_ARG_ROTARY_COS: case FLASHATTN_ARG_ROTARY_SIN:
+            return true;
+        default:
+            return false;
+    }
+}
 
 flashattn_status_t unknown_arg(int which) {
     return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "which: %d is not a flashattn_arg_t value", which);
