@@ -26,13 +26,15 @@ flashattn_status_t requested_backend(const PlanParams &params, flashattn_backend
 // Which backend runs which serving feature (paged K/V, seqused_k, append with rotary), in one
 // place while the GPU support grows: the CPU all of them; FA1 and FA2 seqused_k (their loads stop
 // at each sequence's key count, cuda::seq_info); FA2 also the append with rotary (a pre-kernel,
-// fa2_append.h). Empty when `b` runs everything `problem` uses; otherwise why not, naming the key.
+// fa2_append.h) and paged caches (its own unsupported_reason adds the page-size rule). Empty when
+// `b` runs everything `problem` uses; otherwise why not, naming the key.
 std::string serving_unsupported(const Backend &b, const Problem &problem) {
     const Serving &sv = problem.serving;
     if (!sv.any() || b.id == FLASHATTN_BACKEND_CPU) return std::string();
     const std::string name = b.name;
-    if (sv.paged)
-        return name + " does not implement a paged K/V cache (FLASHATTN_I64_PAGED_KV) yet; the cpu backend does";
+    if (sv.paged && b.id != FLASHATTN_BACKEND_FA2)
+        return name + " does not implement a paged K/V cache (FLASHATTN_I64_PAGED_KV) yet; fa2 (pages of whole key "
+                      "tiles) and the cpu backend do";
     if (b.id == FLASHATTN_BACKEND_FA3)
         return "fa3 does not implement per-sequence key counts (FLASHATTN_I64_SEQUSED_K) yet: its TMA loads read "
                "whole key tiles, past a sequence's used keys; fa2 does";

@@ -61,11 +61,19 @@ template <class E>
 __global__ void __launch_bounds__(kThreads) append_kernel(const __grid_constant__ AppendParams a) {
     const int j = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int pos = a.seqused_k[b] + j;
-    const int64_t first = a.cu_k != nullptr ? static_cast<int64_t>(a.cu_k[b]) : 0;  // varlen: the packed row
     const uint16_t *ks = static_cast<const uint16_t *>(a.k_new) + b * a.kn_bs + j * a.kn_rs + h * a.kn_hs;
     const uint16_t *vs = static_cast<const uint16_t *>(a.v_new) + b * a.vn_bs + j * a.vn_rs + h * a.vn_hs;
-    uint16_t *kd = static_cast<uint16_t *>(a.k) + (a.cu_k ? 0 : b * a.k_bs) + (first + pos) * a.k_rs + h * a.k_hs;
-    uint16_t *vd = static_cast<uint16_t *>(a.v) + (a.cu_k ? 0 : b * a.v_bs) + (first + pos) * a.v_rs + h * a.v_hs;
+    // The cache row of key `pos`: through the page table, the packed row (varlen), or the batch's.
+    int64_t outer, row;  // outer: the page or the batch (its stride k_bs / v_bs), row: within it
+    if (a.page_table != nullptr) {
+        outer = a.page_table[b * a.page_table_stride + pos / a.page_size];
+        row = pos % a.page_size;
+    } else {
+        outer = a.cu_k != nullptr ? 0 : b;
+        row = (a.cu_k != nullptr ? static_cast<int64_t>(a.cu_k[b]) : 0) + pos;
+    }
+    uint16_t *kd = static_cast<uint16_t *>(a.k) + outer * a.k_bs + row * a.k_rs + h * a.k_hs;
+    uint16_t *vd = static_cast<uint16_t *>(a.v) + outer * a.v_bs + row * a.v_rs + h * a.v_hs;
     rotate_row<E>(a, ks, kd, pos);  // rotary_dim 0: a plain copy
     for (int c = threadIdx.x; c < a.head_dim; c += blockDim.x) vd[c] = vs[c];
 }

@@ -1,5 +1,5 @@
 // The serving pre-kernels of the FA2 backend (issue 18): before the attention kernel, write each
-// sequence's new K/V rows into its (contiguous) cache at seqused_k[b] - K rotated when the plan
+// sequence's new K/V rows into its cache (contiguous or paged) at seqused_k[b] - K rotated when the plan
 // has a rotary dim - and rotate Q into a contiguous copy in the workspace. Then the attention
 // kernel runs unchanged over seqused_k[b] + new_rows keys (TensorArgs::seqused_add) with Q read
 // from that copy. Plain C++ shared by fa2_backend.cpp and fa2_append.cu.
@@ -25,6 +25,9 @@ struct AppendParams {
     int64_t q_bs = 0, q_rs = 0, q_hs = 0;
     int32_t batch = 0, new_rows = 0, heads_q = 0, heads_kv = 0, seqlen_q = 0;
     int32_t head_dim = 0, rotary_dim = 0, interleaved = 0;
+    const int32_t *page_table = nullptr;  // paged caches: k_bs / v_bs step between pages
+    int64_t page_table_stride = 0;
+    int32_t page_size = 0;
 };
 
 // Enqueue the append (and with q_rot the rotation of Q) on `s`; `bf16` picks the element type.

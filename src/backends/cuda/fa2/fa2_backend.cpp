@@ -118,6 +118,12 @@ std::string fa2_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
     if (p.heads_q > 65535 || p.batch > 65535)
         return "the fa2 backend supports at most 65535 heads and 65535 sequences";
     const Variant pl = variant_for(p, dev.smem_per_block_optin);
+    if (p.serving.paged && p.varlen)
+        return "the fa2 backend runs a paged K/V cache (FLASHATTN_I64_PAGED_KV) with fixed-length queries only";
+    if (p.serving.paged && p.serving.page_size % pl.cfg.block_n != 0)
+        return "the fa2 backend loads a paged K/V cache (FLASHATTN_I64_PAGED_KV) a whole key tile per page: at head dim " +
+               std::to_string(p.head_dim) + " FLASHATTN_I64_PAGE_SIZE must be a multiple of " +
+               std::to_string(pl.cfg.block_n) + " (got " + std::to_string(p.serving.page_size) + "); the cpu backend takes any";
     const size_t smem = static_cast<size_t>(fa2::smem_bytes(pl.cfg));
     if (dev.smem_per_block_optin != 0 && smem > dev.smem_per_block_optin)
         return "the fa2 backend needs " + std::to_string(smem / 1024) +
@@ -178,6 +184,11 @@ flashattn_status_t enqueue_append(const Problem &p, const Fa2Plan &plan, const T
     a.rotary_dim = static_cast<int32_t>(sv.rotary_dim);
     a.interleaved = sv.rotary_interleaved ? 1 : 0;
     if (plan.rotated_q >= 0) a.q_rot = plan.workspace.at<void>(t.workspace, plan.rotated_q);
+    if (sv.paged) {
+        a.page_table = t.page_table;
+        a.page_table_stride = sv.page_table_stride;
+        a.page_size = static_cast<int32_t>(sv.page_size);
+    }
     const cudaError_t err = fa2::launch_append(a, p.dtype == FLASHATTN_DTYPE_BF16, stream);
     if (err != cudaSuccess) return cuda_fail(err, "fa2 serving append");
     FLASHATTN_TRY(check_launch("fa2 serving append kernels"));
@@ -201,6 +212,11 @@ flashattn_status_t fa2_execute(const Problem &p, const BackendPlan &base_plan, c
     k.pack = plan.variant.pack;
     k.num_splits = plan.splits;
     k.reverse_m = p.causal ? 1 : 0;
+    if (p.serving.paged) {
+        k.page_table = t.page_table;
+        k.page_table_stride = p.serving.page_table_stride;
+        k.page_size = static_cast<int32_t>(p.serving.page_size);
+    }
     if (plan.splits > 1) {
         k.o_part = plan.workspace.at<float>(t.workspace, plan.o_part);
         k.lse_part = plan.workspace.at<float>(t.workspace, plan.lse_part);
