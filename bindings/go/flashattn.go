@@ -16,6 +16,25 @@ package flashattn
 #cgo pkg-config: flashattn
 #include <stdlib.h>
 #include <flashattn/flashattn.h>
+
+// flashattn_plan_execute_args in one C call: cgo forbids storing Go pointers in C memory beyond a
+// call, so the flashattn_args_t object is made, filled, run and destroyed here, with every
+// pointer passed as an argument (Go 1.19 has no runtime.Pinner to pin them instead).
+static flashattn_status_t goflashattn_execute_args(const flashattn_plan_t *plan, const void *q, const void *k,
+        const void *v, const void *o, const void *lse, const void *cu_seqlens_q, const void *cu_seqlens_k,
+        const void *page_table, const void *seqused_k, const void *k_new, const void *v_new, const void *rotary_cos,
+        const void *rotary_sin, void *workspace, size_t workspace_bytes, flashattn_stream_t stream) {
+    const void *ptrs[] = {q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, k_new, v_new,
+                          rotary_cos, rotary_sin};
+    flashattn_args_t *args = NULL;
+    flashattn_status_t status = flashattn_args_create(&args);
+    for (int i = 0; status == FLASHATTN_SUCCESS && i < (int)(sizeof ptrs / sizeof ptrs[0]); ++i)
+        status = flashattn_args_set(args, (flashattn_arg_t)(FLASHATTN_ARG_Q + i), ptrs[i]);
+    if (status == FLASHATTN_SUCCESS)
+        status = flashattn_plan_execute_args(plan, args, workspace, workspace_bytes, stream);
+    flashattn_args_destroy(args);
+    return status;
+}
 */
 import "C"
 
@@ -159,7 +178,35 @@ const (
 	DVBatchStride I64Param = C.FLASHATTN_I64_DV_BATCH_STRIDE
 	DVRowStride   I64Param = C.FLASHATTN_I64_DV_ROW_STRIDE
 	DVHeadStride  I64Param = C.FLASHATTN_I64_DV_HEAD_STRIDE
+	// Serving (since 0.3): paged K/V caches, seqused_k, appending rows with a rotary embedding.
+	PagedKV             I64Param = C.FLASHATTN_I64_PAGED_KV
+	PageSize            I64Param = C.FLASHATTN_I64_PAGE_SIZE
+	NumPages            I64Param = C.FLASHATTN_I64_NUM_PAGES
+	MaxPagesPerSequence I64Param = C.FLASHATTN_I64_MAX_PAGES_PER_SEQUENCE
+	PageTableStride     I64Param = C.FLASHATTN_I64_PAGE_TABLE_STRIDE
+	SequsedK            I64Param = C.FLASHATTN_I64_SEQUSED_K
+	NewKVRows           I64Param = C.FLASHATTN_I64_NEW_KV_ROWS
+	KNewBatchStride     I64Param = C.FLASHATTN_I64_K_NEW_BATCH_STRIDE
+	KNewRowStride       I64Param = C.FLASHATTN_I64_K_NEW_ROW_STRIDE
+	KNewHeadStride      I64Param = C.FLASHATTN_I64_K_NEW_HEAD_STRIDE
+	VNewBatchStride     I64Param = C.FLASHATTN_I64_V_NEW_BATCH_STRIDE
+	VNewRowStride       I64Param = C.FLASHATTN_I64_V_NEW_ROW_STRIDE
+	VNewHeadStride      I64Param = C.FLASHATTN_I64_V_NEW_HEAD_STRIDE
+	RotaryDim           I64Param = C.FLASHATTN_I64_ROTARY_DIM
+	RotaryInterleaved   I64Param = C.FLASHATTN_I64_ROTARY_INTERLEAVED
 )
+
+// Tensors are the pointers of ExecuteArgs, one per flashattn_arg_t; nil ones are not passed.
+// Host memory for the CPU backend, CUDA device memory for GPU backends. With NewKVRows > 0, K
+// and V are the caches and are written at each sequence's SequsedK; SequsedK is never written
+// (advance it by NewKVRows after the call).
+type Tensors struct {
+	Q, K, V, O, LSE        unsafe.Pointer
+	CuSeqlensQ, CuSeqlensK unsafe.Pointer // int32 [batch+1]
+	PageTable, SequsedK    unsafe.Pointer // int32 [batch, max pages per sequence], int32 [batch]
+	KNew, VNew             unsafe.Pointer // [batch, new_kv_rows, heads_kv, dim]
+	RotaryCos, RotarySin   unsafe.Pointer // float32 [seqlen_k, rotary_dim/2]
+}
 
 // F64Param is a flashattn_f64_param_t.
 type F64Param int
@@ -632,6 +679,23 @@ func (p *Plan) ExecuteVarlenRaw(q, k, v, o, lse, cuSeqlensQ, cuSeqlensK, workspa
 	return call("flashattn_plan_execute_varlen", func() C.flashattn_status_t {
 		return C.flashattn_plan_execute_varlen(h, q, k, v, o, (*C.float)(lse), (*C.int32_t)(cuSeqlensQ),
 			(*C.int32_t)(cuSeqlensK), workspace, C.size_t(workspaceBytes), C.flashattn_stream_t(stream))
+	})
+}
+
+// ExecuteArgs is flashattn_plan_execute_args: the call for paged K/V caches, seqused_k and
+// appending K/V rows with a rotary embedding (any finalized plan may use it). Nothing is checked on
+// the Go side (see ExecuteRaw for the pointer rules); the library checks which pointers the plan
+// needs, overlaps, and on the CPU backend the page table, seqused_k and rotary positions.
+func (p *Plan) ExecuteArgs(t *Tensors, workspace unsafe.Pointer, workspaceBytes uintptr, stream unsafe.Pointer) error {
+	h, err := p.handle("ExecuteArgs")
+	if err != nil {
+		return err
+	}
+	defer runtime.KeepAlive(p)
+	return call("flashattn_plan_execute_args", func() C.flashattn_status_t {
+		return C.goflashattn_execute_args(h, t.Q, t.K, t.V, t.O, t.LSE, t.CuSeqlensQ, t.CuSeqlensK, t.PageTable,
+			t.SequsedK, t.KNew, t.VNew, t.RotaryCos, t.RotarySin, workspace, C.size_t(workspaceBytes),
+			C.flashattn_stream_t(stream))
 	})
 }
 

@@ -23,6 +23,26 @@ flashattn_status_t requested_backend(const PlanParams &params, flashattn_backend
     return FLASHATTN_SUCCESS;
 }
 
+// Which backend runs which serving feature (paged K/V, seqused_k, append with rotary), in one
+// place while the GPU support grows: the CPU all of them; FA1 and FA2 seqused_k (their loads stop
+// at each sequence's key count, cuda::seq_info); FA2 also the append with rotary (a pre-kernel,
+// fa2_append.h) and paged caches (its own unsupported_reason adds the page-size rule). Empty when
+// `b` runs everything `problem` uses; otherwise why not, naming the key.
+std::string serving_unsupported(const Backend &b, const Problem &problem) {
+    const Serving &sv = problem.serving;
+    if (!sv.any() || b.id == FLASHATTN_BACKEND_CPU) return std::string();
+    const std::string name = b.name;
+    if (sv.paged && b.id != FLASHATTN_BACKEND_FA2)
+        return name + " does not implement a paged K/V cache (FLASHATTN_I64_PAGED_KV) yet; fa2 (pages of whole key "
+                      "tiles) and the cpu backend do";
+    if (b.id == FLASHATTN_BACKEND_FA3)
+        return "fa3 does not implement per-sequence key counts (FLASHATTN_I64_SEQUSED_K) yet: its TMA loads read "
+               "whole key tiles, past a sequence's used keys; fa2 does";
+    if (sv.appends() && b.id != FLASHATTN_BACKEND_FA2)
+        return name + " does not implement appending to the K/V cache (FLASHATTN_I64_NEW_KV_ROWS) yet; fa2 does";
+    return std::string();
+}
+
 // Each compiled backend's backward support for the problem (unsupported: why not).
 void backward_candidates(const Problem &problem, const DeviceInfo &dev, Candidate candidates[5]) {
     for (flashattn_backend_t id : {FLASHATTN_BACKEND_CPU, FLASHATTN_BACKEND_FA1, FLASHATTN_BACKEND_FA2, FLASHATTN_BACKEND_FA3}) {
@@ -34,6 +54,8 @@ void backward_candidates(const Problem &problem, const DeviceInfo &dev, Candidat
             candidates[id].unsupported = std::string(b->name) + " has no backward pass";
         else if (id != FLASHATTN_BACKEND_CPU && !dev.present)
             candidates[id].unsupported = "no usable CUDA device (" + dev.absent_reason + ")";
+        else if (const char *feature = serving_feature(problem))
+            candidates[id].unsupported = std::string("the backward pass does not support ") + feature;
         else
             candidates[id].unsupported = b->backward_unsupported_reason(problem, dev);
     }
@@ -76,6 +98,7 @@ flashattn_status_t finalize_plan(flashattn_plan *plan) {
             candidates[id].unsupported = "no usable CUDA device (" + dev.absent_reason + ")";
         else
             candidates[id].unsupported = b->unsupported_reason(problem, dev);
+        if (candidates[id].unsupported.empty()) candidates[id].unsupported = serving_unsupported(*b, problem);
         if (candidates[id].unsupported.empty() && b->auto_pass_reason != nullptr)
             candidates[id].auto_pass = b->auto_pass_reason(problem, dev);
     }

@@ -23,7 +23,7 @@ using Libdl
 export Plan, FlashAttnError, attention, attention_varlen, execute!, execute_varlen!, finalize!,
        set_i64!, set_f64!, get_i64, get_f64, backend, workspace_size,
        attention_backward, attention_varlen_backward, backward!, backward_varlen!, backward_backend,
-       backward_workspace_size
+       backward_workspace_size, execute_args!
 
 # ---------------------------------------------------------------------------------------------
 # Types and constants (values pinned by the ABI)
@@ -93,10 +93,44 @@ const FLASHATTN_I64_DK_HEAD_STRIDE = flashattn_i64_param_t(41)
 const FLASHATTN_I64_DV_BATCH_STRIDE = flashattn_i64_param_t(42)
 const FLASHATTN_I64_DV_ROW_STRIDE = flashattn_i64_param_t(43)
 const FLASHATTN_I64_DV_HEAD_STRIDE = flashattn_i64_param_t(44)
+const FLASHATTN_I64_PAGED_KV = flashattn_i64_param_t(45)
+const FLASHATTN_I64_PAGE_SIZE = flashattn_i64_param_t(46)
+const FLASHATTN_I64_NUM_PAGES = flashattn_i64_param_t(47)
+const FLASHATTN_I64_MAX_PAGES_PER_SEQUENCE = flashattn_i64_param_t(48)
+const FLASHATTN_I64_PAGE_TABLE_STRIDE = flashattn_i64_param_t(49)
+const FLASHATTN_I64_SEQUSED_K = flashattn_i64_param_t(50)
+const FLASHATTN_I64_NEW_KV_ROWS = flashattn_i64_param_t(51)
+const FLASHATTN_I64_K_NEW_BATCH_STRIDE = flashattn_i64_param_t(52)
+const FLASHATTN_I64_K_NEW_ROW_STRIDE = flashattn_i64_param_t(53)
+const FLASHATTN_I64_K_NEW_HEAD_STRIDE = flashattn_i64_param_t(54)
+const FLASHATTN_I64_V_NEW_BATCH_STRIDE = flashattn_i64_param_t(55)
+const FLASHATTN_I64_V_NEW_ROW_STRIDE = flashattn_i64_param_t(56)
+const FLASHATTN_I64_V_NEW_HEAD_STRIDE = flashattn_i64_param_t(57)
+const FLASHATTN_I64_ROTARY_DIM = flashattn_i64_param_t(58)
+const FLASHATTN_I64_ROTARY_INTERLEAVED = flashattn_i64_param_t(59)
 
 const flashattn_f64_param_t = Cint
 const FLASHATTN_F64_SOFTMAX_SCALE = flashattn_f64_param_t(1)
 const FLASHATTN_F64_SOFTCAP = flashattn_f64_param_t(2)
+
+"`flashattn_arg_t`: the tensors of [`execute_args!`](@ref) (since 0.3)."
+const flashattn_arg_t = Cint
+const FLASHATTN_ARG_Q = flashattn_arg_t(1)
+const FLASHATTN_ARG_K = flashattn_arg_t(2)
+const FLASHATTN_ARG_V = flashattn_arg_t(3)
+const FLASHATTN_ARG_O = flashattn_arg_t(4)
+const FLASHATTN_ARG_LSE = flashattn_arg_t(5)
+const FLASHATTN_ARG_CU_SEQLENS_Q = flashattn_arg_t(6)
+const FLASHATTN_ARG_CU_SEQLENS_K = flashattn_arg_t(7)
+const FLASHATTN_ARG_PAGE_TABLE = flashattn_arg_t(8)
+const FLASHATTN_ARG_SEQUSED_K = flashattn_arg_t(9)
+const FLASHATTN_ARG_K_NEW = flashattn_arg_t(10)
+const FLASHATTN_ARG_V_NEW = flashattn_arg_t(11)
+const FLASHATTN_ARG_ROTARY_COS = flashattn_arg_t(12)
+const FLASHATTN_ARG_ROTARY_SIN = flashattn_arg_t(13)
+
+"Opaque `flashattn_args_t` (since 0.3): only used behind `Ptr{flashattn_args_t}`."
+const flashattn_args_t = Cvoid
 
 "Opaque `flashattn_plan_t`: only used behind `Ptr{flashattn_plan_t}`."
 const flashattn_plan_t = Cvoid
@@ -115,10 +149,14 @@ const FUNCTIONS = (:flashattn_status_string, :flashattn_last_error, :flashattn_l
                    :flashattn_plan_get_workspace_size, :flashattn_plan_execute,
                    :flashattn_plan_execute_varlen, :flashattn_plan_get_backward_backend,
                    :flashattn_plan_get_backward_workspace_size, :flashattn_plan_execute_backward,
-                   :flashattn_plan_execute_backward_varlen)
+                   :flashattn_plan_execute_backward_varlen, :flashattn_args_create, :flashattn_args_destroy,
+                   :flashattn_args_set, :flashattn_args_get, :flashattn_plan_execute_args)
 # Added after 0.1: an older library still loads, and calling one of these throws.
 const SINCE_0_2 = (:flashattn_plan_get_backward_backend, :flashattn_plan_get_backward_workspace_size,
-                   :flashattn_plan_execute_backward, :flashattn_plan_execute_backward_varlen)
+                   :flashattn_plan_execute_backward, :flashattn_plan_execute_backward_varlen,
+                   # since 0.3
+                   :flashattn_args_create, :flashattn_args_destroy, :flashattn_args_set, :flashattn_args_get,
+                   :flashattn_plan_execute_args)
 
 const _handle = Ref{Ptr{Cvoid}}(C_NULL)
 const _path = Ref{String}("")
@@ -225,6 +263,11 @@ flashattn_plan_get_backward_backend(plan, backend, reason) = ccall(fptr(:flashat
 flashattn_plan_get_backward_workspace_size(plan, bytes) = ccall(fptr(:flashattn_plan_get_backward_workspace_size), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Csize_t}), plan, bytes)
 flashattn_plan_execute_backward(plan, q, k, v, o, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_backward), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cfloat}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, q, k, v, o, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream)
 flashattn_plan_execute_backward_varlen(plan, q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_backward_varlen), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cfloat}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Int32}, Ptr{Int32}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, workspace, workspace_bytes, stream)
+flashattn_args_create(args) = ccall(fptr(:flashattn_args_create), flashattn_status_t, (Ptr{Ptr{flashattn_args_t}},), args)
+flashattn_args_destroy(args) = ccall(fptr(:flashattn_args_destroy), Cvoid, (Ptr{flashattn_args_t},), args)
+flashattn_args_set(args, which, ptr) = ccall(fptr(:flashattn_args_set), flashattn_status_t, (Ptr{flashattn_args_t}, flashattn_arg_t, Ptr{Cvoid}), args, which, ptr)
+flashattn_args_get(args, which, ptr) = ccall(fptr(:flashattn_args_get), flashattn_status_t, (Ptr{flashattn_args_t}, flashattn_arg_t, Ptr{Ptr{Cvoid}}), args, which, ptr)
+flashattn_plan_execute_args(plan, args, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_args), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{flashattn_args_t}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, args, workspace, workspace_bytes, stream)
 
 # ---------------------------------------------------------------------------------------------
 # Errors and information
@@ -512,6 +555,55 @@ function execute!(plan::Plan, q::Ptr, k::Ptr, v::Ptr, o::Ptr; lse::Ptr=C_NULL, w
                   workspace_bytes::Integer=0, stream::Ptr=C_NULL)
     check(flashattn_plan_execute(_ptr(plan), q, k, v, o, convert(Ptr{Cfloat}, lse), workspace, workspace_bytes, stream),
           "flashattn_plan_execute")
+    return nothing
+end
+
+# The tensors execute_args! takes by keyword, in flashattn_arg_t order after q, k, v, o.
+const _SERVING_ARGS = (:lse => FLASHATTN_ARG_LSE, :cu_seqlens_q => FLASHATTN_ARG_CU_SEQLENS_Q,
+                       :cu_seqlens_k => FLASHATTN_ARG_CU_SEQLENS_K, :page_table => FLASHATTN_ARG_PAGE_TABLE,
+                       :seqused_k => FLASHATTN_ARG_SEQUSED_K, :k_new => FLASHATTN_ARG_K_NEW,
+                       :v_new => FLASHATTN_ARG_V_NEW, :rotary_cos => FLASHATTN_ARG_ROTARY_COS,
+                       :rotary_sin => FLASHATTN_ARG_ROTARY_SIN)
+
+_address(x::Nothing) = C_NULL
+_address(x::Ptr) = convert(Ptr{Cvoid}, x)
+_address(x::DenseArray) = convert(Ptr{Cvoid}, pointer(x))
+
+"""
+    execute_args!(plan, q, k, v, o; lse, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, k_new,
+                  v_new, rotary_cos, rotary_sin, workspace=C_NULL, workspace_bytes=0, stream=C_NULL)
+
+`flashattn_plan_execute_args` (since 0.3): the call for paged K/V caches (`page_table`, Int32
+[max_pages, batch] in Julia's column order), `seqused_k` (Int32 per sequence) and appending
+`k_new`/`v_new` rows with a rotary embedding (`rotary_cos`/`rotary_sin`, Float32). Tensors are
+arrays (kept alive for the call) or raw pointers; `nothing` leaves one unset. `workspace`: an
+array, a raw pointer with `workspace_bytes`, or `nothing` (a host workspace allocated for the call). With new_kv_rows > 0
+the caches `k`, `v` are written at each sequence's `seqused_k`, which the library never writes:
+advance it by new_kv_rows after the call. Nothing is checked here beyond what the library checks.
+"""
+function execute_args!(plan::Plan, q, k, v, o; workspace=nothing, workspace_bytes::Integer=0, stream::Ptr=C_NULL,
+                       tensors...)
+    known = Dict(_SERVING_ARGS)
+    for name in keys(tensors)
+        haskey(known, name) || throw(ArgumentError("execute_args!: unknown tensor $name"))
+    end
+    # a raw workspace pointer as given; an array, or nothing (a host workspace made here), as execute! takes them
+    owner, ws, bytes = workspace isa Ptr ? (nothing, workspace, workspace_bytes) : _workspace(plan, workspace, workspace_size)
+    handle = Ref{Ptr{flashattn_args_t}}(C_NULL)
+    check(flashattn_args_create(handle), "flashattn_args_create")
+    try
+        GC.@preserve q k v o tensors owner begin
+            for (which, x) in ((FLASHATTN_ARG_Q, q), (FLASHATTN_ARG_K, k), (FLASHATTN_ARG_V, v), (FLASHATTN_ARG_O, o))
+                check(flashattn_args_set(handle[], which, _address(x)), "flashattn_args_set")
+            end
+            for (name, x) in pairs(tensors)
+                check(flashattn_args_set(handle[], known[name], _address(x)), "flashattn_args_set")
+            end
+            check(flashattn_plan_execute_args(_ptr(plan), handle[], ws, bytes, stream), "flashattn_plan_execute_args")
+        end
+    finally
+        flashattn_args_destroy(handle[])
+    end
     return nothing
 end
 

@@ -80,6 +80,38 @@ class I64(enum.IntEnum):
     DV_BATCH_STRIDE = 42
     DV_ROW_STRIDE = 43
     DV_HEAD_STRIDE = 44
+    PAGED_KV = 45
+    PAGE_SIZE = 46
+    NUM_PAGES = 47
+    MAX_PAGES_PER_SEQUENCE = 48
+    PAGE_TABLE_STRIDE = 49
+    SEQUSED_K = 50
+    NEW_KV_ROWS = 51
+    K_NEW_BATCH_STRIDE = 52
+    K_NEW_ROW_STRIDE = 53
+    K_NEW_HEAD_STRIDE = 54
+    V_NEW_BATCH_STRIDE = 55
+    V_NEW_ROW_STRIDE = 56
+    V_NEW_HEAD_STRIDE = 57
+    ROTARY_DIM = 58
+    ROTARY_INTERLEAVED = 59
+
+
+class Arg(enum.IntEnum):
+    """The tensors of Plan.execute_args (flashattn_arg_t). Since 0.3."""
+    Q = 1
+    K = 2
+    V = 3
+    O = 4
+    LSE = 5
+    CU_SEQLENS_Q = 6
+    CU_SEQLENS_K = 7
+    PAGE_TABLE = 8
+    SEQUSED_K = 9
+    K_NEW = 10
+    V_NEW = 11
+    ROTARY_COS = 12
+    ROTARY_SIN = 13
 
 
 class F64(enum.IntEnum):
@@ -94,6 +126,7 @@ ENUMS = {
     "flashattn_backend_t": (Backend, "FLASHATTN_BACKEND_"),
     "flashattn_i64_param_t": (I64, "FLASHATTN_I64_"),
     "flashattn_f64_param_t": (F64, "FLASHATTN_F64_"),
+    "flashattn_arg_t": (Arg, "FLASHATTN_ARG_"),
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -224,6 +257,7 @@ c_status = ctypes.c_int  # C enums are passed as int
 c_enum = ctypes.c_int
 c_plan_p = ctypes.c_void_p  # flashattn_plan_t *
 c_stream = ctypes.c_void_p  # flashattn_stream_t
+c_args_p = ctypes.c_void_p  # flashattn_args_t *
 P = ctypes.POINTER
 
 PROTOTYPES = {
@@ -262,11 +296,21 @@ PROTOTYPES = {
                                                           P(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p,
                                                           ctypes.c_void_p, P(ctypes.c_int32), P(ctypes.c_int32),
                                                           ctypes.c_void_p, ctypes.c_size_t, c_stream]),
+    "flashattn_args_create": (c_status, [P(c_args_p)]),
+    "flashattn_args_destroy": (None, [c_args_p]),
+    "flashattn_args_set": (c_status, [c_args_p, c_enum, ctypes.c_void_p]),
+    "flashattn_args_get": (c_status, [c_args_p, c_enum, P(ctypes.c_void_p)]),
+    "flashattn_plan_execute_args": (c_status, [c_plan_p, c_args_p, ctypes.c_void_p, ctypes.c_size_t, c_stream]),
 }
 
 
 # Functions added after 0.1: a library without them still loads, and calling one raises.
 SINCE = {
+    "flashattn_args_create": "0.3",
+    "flashattn_args_destroy": "0.3",
+    "flashattn_args_set": "0.3",
+    "flashattn_args_get": "0.3",
+    "flashattn_plan_execute_args": "0.3",
     "flashattn_plan_get_backward_backend": "0.2",
     "flashattn_plan_get_backward_workspace_size": "0.2",
     "flashattn_plan_execute_backward": "0.2",

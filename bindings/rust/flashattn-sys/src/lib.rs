@@ -83,11 +83,42 @@ pub const FLASHATTN_I64_DK_HEAD_STRIDE: flashattn_i64_param_t = 41;
 pub const FLASHATTN_I64_DV_BATCH_STRIDE: flashattn_i64_param_t = 42;
 pub const FLASHATTN_I64_DV_ROW_STRIDE: flashattn_i64_param_t = 43;
 pub const FLASHATTN_I64_DV_HEAD_STRIDE: flashattn_i64_param_t = 44;
+pub const FLASHATTN_I64_PAGED_KV: flashattn_i64_param_t = 45;
+pub const FLASHATTN_I64_PAGE_SIZE: flashattn_i64_param_t = 46;
+pub const FLASHATTN_I64_NUM_PAGES: flashattn_i64_param_t = 47;
+pub const FLASHATTN_I64_MAX_PAGES_PER_SEQUENCE: flashattn_i64_param_t = 48;
+pub const FLASHATTN_I64_PAGE_TABLE_STRIDE: flashattn_i64_param_t = 49;
+pub const FLASHATTN_I64_SEQUSED_K: flashattn_i64_param_t = 50;
+pub const FLASHATTN_I64_NEW_KV_ROWS: flashattn_i64_param_t = 51;
+pub const FLASHATTN_I64_K_NEW_BATCH_STRIDE: flashattn_i64_param_t = 52;
+pub const FLASHATTN_I64_K_NEW_ROW_STRIDE: flashattn_i64_param_t = 53;
+pub const FLASHATTN_I64_K_NEW_HEAD_STRIDE: flashattn_i64_param_t = 54;
+pub const FLASHATTN_I64_V_NEW_BATCH_STRIDE: flashattn_i64_param_t = 55;
+pub const FLASHATTN_I64_V_NEW_ROW_STRIDE: flashattn_i64_param_t = 56;
+pub const FLASHATTN_I64_V_NEW_HEAD_STRIDE: flashattn_i64_param_t = 57;
+pub const FLASHATTN_I64_ROTARY_DIM: flashattn_i64_param_t = 58;
+pub const FLASHATTN_I64_ROTARY_INTERLEAVED: flashattn_i64_param_t = 59;
 
 /// `flashattn_f64_param_t`
 pub type flashattn_f64_param_t = c_int;
 pub const FLASHATTN_F64_SOFTMAX_SCALE: flashattn_f64_param_t = 1;
 pub const FLASHATTN_F64_SOFTCAP: flashattn_f64_param_t = 2;
+
+/// `flashattn_arg_t`: the tensors of `flashattn_plan_execute_args` (since 0.3).
+pub type flashattn_arg_t = c_int;
+pub const FLASHATTN_ARG_Q: flashattn_arg_t = 1;
+pub const FLASHATTN_ARG_K: flashattn_arg_t = 2;
+pub const FLASHATTN_ARG_V: flashattn_arg_t = 3;
+pub const FLASHATTN_ARG_O: flashattn_arg_t = 4;
+pub const FLASHATTN_ARG_LSE: flashattn_arg_t = 5;
+pub const FLASHATTN_ARG_CU_SEQLENS_Q: flashattn_arg_t = 6;
+pub const FLASHATTN_ARG_CU_SEQLENS_K: flashattn_arg_t = 7;
+pub const FLASHATTN_ARG_PAGE_TABLE: flashattn_arg_t = 8;
+pub const FLASHATTN_ARG_SEQUSED_K: flashattn_arg_t = 9;
+pub const FLASHATTN_ARG_K_NEW: flashattn_arg_t = 10;
+pub const FLASHATTN_ARG_V_NEW: flashattn_arg_t = 11;
+pub const FLASHATTN_ARG_ROTARY_COS: flashattn_arg_t = 12;
+pub const FLASHATTN_ARG_ROTARY_SIN: flashattn_arg_t = 13;
 
 /// `struct CUstream_st`: only ever behind a pointer.
 #[repr(C)]
@@ -102,6 +133,13 @@ pub type flashattn_stream_t = *mut CUstream_st;
 /// `flashattn_plan_t`: opaque.
 #[repr(C)]
 pub struct flashattn_plan_t {
+    _private: [u8; 0],
+    _marker: PhantomData<(*mut u8, PhantomPinned)>,
+}
+
+/// `flashattn_args_t`: opaque (since 0.3).
+#[repr(C)]
+pub struct flashattn_args_t {
     _private: [u8; 0],
     _marker: PhantomData<(*mut u8, PhantomPinned)>,
 }
@@ -193,6 +231,19 @@ extern "C" {
         dv: *mut c_void,
         cu_seqlens_q: *const i32,
         cu_seqlens_k: *const i32,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+        stream: flashattn_stream_t,
+    ) -> flashattn_status_t;
+
+    // Serving: paged K/V, seqused_k, append with rotary (since 0.3)
+    pub fn flashattn_args_create(args: *mut *mut flashattn_args_t) -> flashattn_status_t;
+    pub fn flashattn_args_destroy(args: *mut flashattn_args_t);
+    pub fn flashattn_args_set(args: *mut flashattn_args_t, which: flashattn_arg_t, ptr: *const c_void) -> flashattn_status_t;
+    pub fn flashattn_args_get(args: *const flashattn_args_t, which: flashattn_arg_t, ptr: *mut *const c_void) -> flashattn_status_t;
+    pub fn flashattn_plan_execute_args(
+        plan: *const flashattn_plan_t,
+        args: *const flashattn_args_t,
         workspace: *mut c_void,
         workspace_bytes: usize,
         stream: flashattn_stream_t,

@@ -177,7 +177,7 @@ fn every_header_function_is_declared_with_the_same_signature() {
     let enum_names: Vec<&str> = enums.keys().map(String::as_str).collect();
     let c = parse_header_functions(&header);
     let rust = parse_rust_functions(LIB_RS, &enum_names);
-    assert_eq!(c.len(), 23, "the header declares {} functions; update this test and src/lib.rs", c.len());
+    assert_eq!(c.len(), 28, "the header declares {} functions; update this test and src/lib.rs", c.len());
     let c_names: Vec<_> = c.keys().collect();
     let rust_names: Vec<_> = rust.keys().collect();
     assert_eq!(c_names, rust_names, "function sets differ");
@@ -221,7 +221,7 @@ fn compiled_constants_match_the_parsed_text() {
 #[test]
 fn every_function_links() {
     use flashattn_sys::*;
-    let addresses: [usize; 23] = [
+    let addresses: [usize; 28] = [
         flashattn_status_string as *const () as usize,
         flashattn_last_error as *const () as usize,
         flashattn_last_error_copy as *const () as usize,
@@ -245,6 +245,11 @@ fn every_function_links() {
         flashattn_plan_get_backward_workspace_size as *const () as usize,
         flashattn_plan_execute_backward as *const () as usize,
         flashattn_plan_execute_backward_varlen as *const () as usize,
+        flashattn_args_create as *const () as usize,
+        flashattn_args_destroy as *const () as usize,
+        flashattn_args_set as *const () as usize,
+        flashattn_args_get as *const () as usize,
+        flashattn_plan_execute_args as *const () as usize,
     ];
     assert!(addresses.iter().all(|&a| a != 0));
     assert_eq!(unsafe { flashattn_version() } / 10000, 0, "this crate is for libflashattn 0.x");

@@ -230,6 +230,80 @@ pub enum I64Param {
     DvBatchStride = sys::FLASHATTN_I64_DV_BATCH_STRIDE,
     DvRowStride = sys::FLASHATTN_I64_DV_ROW_STRIDE,
     DvHeadStride = sys::FLASHATTN_I64_DV_HEAD_STRIDE,
+    /// Serving (since 0.3): K and V are caches of pages addressed through a page table.
+    PagedKv = sys::FLASHATTN_I64_PAGED_KV,
+    PageSize = sys::FLASHATTN_I64_PAGE_SIZE,
+    NumPages = sys::FLASHATTN_I64_NUM_PAGES,
+    MaxPagesPerSequence = sys::FLASHATTN_I64_MAX_PAGES_PER_SEQUENCE,
+    PageTableStride = sys::FLASHATTN_I64_PAGE_TABLE_STRIDE,
+    SequsedK = sys::FLASHATTN_I64_SEQUSED_K,
+    NewKvRows = sys::FLASHATTN_I64_NEW_KV_ROWS,
+    KNewBatchStride = sys::FLASHATTN_I64_K_NEW_BATCH_STRIDE,
+    KNewRowStride = sys::FLASHATTN_I64_K_NEW_ROW_STRIDE,
+    KNewHeadStride = sys::FLASHATTN_I64_K_NEW_HEAD_STRIDE,
+    VNewBatchStride = sys::FLASHATTN_I64_V_NEW_BATCH_STRIDE,
+    VNewRowStride = sys::FLASHATTN_I64_V_NEW_ROW_STRIDE,
+    VNewHeadStride = sys::FLASHATTN_I64_V_NEW_HEAD_STRIDE,
+    RotaryDim = sys::FLASHATTN_I64_ROTARY_DIM,
+    RotaryInterleaved = sys::FLASHATTN_I64_ROTARY_INTERLEAVED,
+}
+
+/// The tensors of [`Plan::execute_args`] (`flashattn_arg_t`, since 0.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(i32)]
+pub enum Arg {
+    Q = sys::FLASHATTN_ARG_Q,
+    K = sys::FLASHATTN_ARG_K,
+    V = sys::FLASHATTN_ARG_V,
+    O = sys::FLASHATTN_ARG_O,
+    Lse = sys::FLASHATTN_ARG_LSE,
+    CuSeqlensQ = sys::FLASHATTN_ARG_CU_SEQLENS_Q,
+    CuSeqlensK = sys::FLASHATTN_ARG_CU_SEQLENS_K,
+    PageTable = sys::FLASHATTN_ARG_PAGE_TABLE,
+    SequsedK = sys::FLASHATTN_ARG_SEQUSED_K,
+    KNew = sys::FLASHATTN_ARG_K_NEW,
+    VNew = sys::FLASHATTN_ARG_V_NEW,
+    RotaryCos = sys::FLASHATTN_ARG_ROTARY_COS,
+    RotarySin = sys::FLASHATTN_ARG_ROTARY_SIN,
+}
+
+/// A set of tensor pointers for [`Plan::execute_args`] (`flashattn_args_t`): every one null when
+/// made, replaced between calls; destroyed on drop. Setting a pointer reads nothing through it;
+/// the `unsafe` execute does.
+pub struct Args {
+    raw: NonNull<sys::flashattn_args_t>,
+}
+
+unsafe impl Send for Args {}
+
+impl Drop for Args {
+    fn drop(&mut self) {
+        unsafe { sys::flashattn_args_destroy(self.raw.as_ptr()) }
+    }
+}
+
+impl Args {
+    pub fn new() -> Result<Args> {
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::flashattn_args_create(&mut raw) })?;
+        Ok(Args { raw: NonNull::new(raw).expect("flashattn_args_create returned success and NULL") })
+    }
+
+    /// Set (or with null, clear) one pointer: host memory for the CPU backend, device memory for GPUs.
+    pub fn set(&mut self, which: Arg, ptr: *const c_void) -> Result<&mut Args> {
+        check(unsafe { sys::flashattn_args_set(self.raw.as_ptr(), which as sys::flashattn_arg_t, ptr) })?;
+        Ok(self)
+    }
+
+    pub fn get(&self, which: Arg) -> Result<*const c_void> {
+        let mut out = ptr::null();
+        check(unsafe { sys::flashattn_args_get(self.raw.as_ptr(), which as sys::flashattn_arg_t, &mut out) })?;
+        Ok(out)
+    }
+
+    pub fn as_ptr(&self) -> *const sys::flashattn_args_t {
+        self.raw.as_ptr()
+    }
 }
 
 /// Floating-point plan parameters (`flashattn_f64_param_t`).
@@ -378,6 +452,10 @@ impl Workspace {
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+    /// The address to pass to the `unsafe` raw calls (null when empty).
+    pub fn as_mut_ptr(&mut self) -> *mut c_void {
+        self.raw().0
     }
     fn raw(&mut self) -> (*mut c_void, usize) {
         if self.layout.is_none() {
@@ -681,6 +759,20 @@ impl Plan {
                                      stream: *mut c_void) -> Result<()> {
         check(sys::flashattn_plan_execute_varlen(self.raw.as_ptr(), q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k,
                                                  workspace, workspace_bytes, stream as sys::flashattn_stream_t))
+    }
+
+    /// `flashattn_plan_execute_args`: the call for paged K/V caches, seqused_k and appending K/V
+    /// rows with a rotary embedding (any finalized plan may use it). With new_kv_rows > 0 the K and
+    /// V caches are written at each sequence's seqused_k; seqused_k is never written (the caller
+    /// advances it by new_kv_rows).
+    ///
+    /// # Safety
+    /// As [`Plan::execute_raw`] for every pointer `args` holds (shapes of the plan's keys, memory
+    /// kind of its backend); the outputs (O, LSE, the caches when appending) must be writable.
+    pub unsafe fn execute_args(&self, args: &Args, workspace: *mut c_void, workspace_bytes: usize,
+                               stream: *mut c_void) -> Result<()> {
+        check(sys::flashattn_plan_execute_args(self.raw.as_ptr(), args.as_ptr(), workspace, workspace_bytes,
+                                               stream as sys::flashattn_stream_t))
     }
 
     // -- backward pass -------------------------------------------------------------------------

@@ -46,6 +46,11 @@ struct TensorArgs {
     int64_t left = kUnboundedWindow;
     int32_t right_i = 1 << 29;  // the same clamped to 2^29 for per-element masks (seqlens < 2^28)
     int32_t left_i = 1 << 29;
+
+    // seqused_k (device, batch entries; null when the plan has none): sequence b attends over
+    // seqused_k[b] + seqused_add keys (seqused_add: the rows an append wrote before the kernel).
+    const int32_t *seqused_k = nullptr;
+    int32_t seqused_add = 0;
 };
 
 // Pointers, strides, sizes and the score scaling of one execute call.
