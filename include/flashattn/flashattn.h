@@ -113,8 +113,40 @@ typedef enum flashattn_i64_param {
     FLASHATTN_I64_DK_HEAD_STRIDE = 41,  /**< Backward: elements between heads of dK. Default: head_dim. Since 0.2. */
     FLASHATTN_I64_DV_BATCH_STRIDE = 42, /**< Backward: elements between batches of dV. Default: contiguous. Since 0.2. */
     FLASHATTN_I64_DV_ROW_STRIDE = 43,   /**< Backward: elements between sequence positions of dV. Default: heads_kv*head_dim_v. Since 0.2. */
-    FLASHATTN_I64_DV_HEAD_STRIDE = 44   /**< Backward: elements between heads of dV. Default: head_dim_v. Since 0.2. */
+    FLASHATTN_I64_DV_HEAD_STRIDE = 44,  /**< Backward: elements between heads of dV. Default: head_dim_v. Since 0.2. */
+    /** A #flashattn_mask_align_t: where the diagonal of the causal mask, the windows and ALiBi
+     * lies when seqlen_q != seqlen_k. Default #FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT. Since 0.3. */
+    FLASHATTN_I64_MASK_ALIGN = 60,
+    /** Sink tokens (StreamingLLM): the first n keys of every sequence stay visible to every query
+     * whatever #FLASHATTN_I64_WINDOW_LEFT says (the causal mask and the right window still apply to
+     * them). n >= 0; default 0. Since 0.3. */
+    FLASHATTN_I64_SINK_TOKENS = 61,
+    /** 0 or 1: a learned sink logit per query head (gpt-oss) joins every row's softmax denominator
+     * and contributes no value: O = sum_j e^(s_j) v_j / (e^sink + sum_j e^(s_j)), and the LSE
+     * includes it. The logits (fp32, [heads_q], in the units of the scaled and capped scores) are
+     * passed to each call in #flashattn_extras_t::sink_logits; the backward writes their
+     * gradient to #flashattn_extras_t::dsink_logits. Default 0. Since 0.3. */
+    FLASHATTN_I64_SINK_LOGITS = 62,
+    /** 0 or 1: ALiBi. Each score of query head h gets -slope[h]·|i' - j| added after the softcap,
+     * where i' is the key on query i's diagonal (i + seqlen_k - seqlen_q bottom-right, as
+     * FlashAttention-2 defines it; i with #FLASHATTN_MASK_ALIGN_TOP_LEFT). The slopes (fp32,
+     * [heads_q]) are passed to each call in #flashattn_extras_t::alibi_slopes; they get no
+     * gradient. Default 0. Since 0.3. */
+    FLASHATTN_I64_ALIBI = 63
 } flashattn_i64_param_t;
+
+/**
+ * @brief Values of #FLASHATTN_I64_MASK_ALIGN. Since 0.3.
+ *
+ * Query i of a sequence with sq queries and sk keys lies on the diagonal key i + sk - sq
+ * (bottom-right, the library's default and FlashAttention's: the last query sees the last key) or
+ * on key i (top-left, PyTorch's is_causal: the first query sees the first key). The causal mask
+ * hides the keys after that key, the windows count from it, ALiBi measures distances from it.
+ */
+typedef enum flashattn_mask_align {
+    FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT = 0, /**< Diagonal key i + seqlen_k - seqlen_q (default). */
+    FLASHATTN_MASK_ALIGN_TOP_LEFT = 1      /**< Diagonal key i, as PyTorch's is_causal. */
+} flashattn_mask_align_t;
 
 /** @brief Keys of the plan's floating-point parameters, set with flashattn_plan_set_f64(). */
 typedef enum flashattn_f64_param {
@@ -130,6 +162,35 @@ typedef struct CUstream_st *flashattn_stream_t;
 
 /** @brief Opaque plan: one attention problem, its options and the kernel chosen for it. */
 typedef struct flashattn_plan flashattn_plan_t;
+
+/**
+ * @brief Per-call arguments of the attention variants, passed to flashattn_plan_execute_extras()
+ * and flashattn_plan_execute_backward_extras(). Since 0.3.
+ *
+ * A versioned struct: set @c struct_size to sizeof(flashattn_extras_t) as your header defines it
+ * (#FLASHATTN_EXTRAS_INIT does) and leave the fields you do not use NULL. Later releases only
+ * append fields; the library reads no field past @c struct_size, so a caller compiled against an
+ * older header keeps working. Arrays live in the memory of the plan's backend (device memory on
+ * the plan's device for GPU backends, host memory for the CPU backend) and are read (or written)
+ * in stream order, like the tensors.
+ */
+typedef struct flashattn_extras {
+    /** sizeof(flashattn_extras_t) as the caller compiled it; at least the size of the 0.3 struct. */
+    uint64_t struct_size;
+    /** fp32 [heads_q]: the sink logit of each query head. Required when #FLASHATTN_I64_SINK_LOGITS
+     * is 1, else must be NULL. */
+    const float *sink_logits;
+    /** fp32 [heads_q]: the ALiBi slope of each query head. Required when #FLASHATTN_I64_ALIBI is
+     * 1, else must be NULL. */
+    const float *alibi_slopes;
+    /** Backward only, fp32 [heads_q]: receives dLoss/dsink_logits (overwritten), the sum over
+     * every query row of -exp(sink - LSE)·(dO·O). Required by the backward when
+     * #FLASHATTN_I64_SINK_LOGITS is 1; must be NULL in forward calls. */
+    float *dsink_logits;
+} flashattn_extras_t;
+
+/** @brief Initializer of a #flashattn_extras_t with its size set and every array NULL. */
+#define FLASHATTN_EXTRAS_INIT {sizeof(flashattn_extras_t), NULL, NULL, NULL}
 
 /** @} */
 
@@ -495,6 +556,117 @@ FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward_varlen(
     const flashattn_plan_t *plan, const void *q, const void *k, const void *v, const void *o,
     const void *dout, const float *lse, void *dq, void *dk, void *dv, const int32_t *cu_seqlens_q,
     const int32_t *cu_seqlens_k, void *workspace, size_t workspace_bytes, flashattn_stream_t stream);
+
+/** @} */
+
+/**
+ * @defgroup flashattn_variants Attention variants and merging partial states
+ * @brief Sink logits and ALiBi slopes passed per call, and the merge of partial attention states
+ * (cascade and context-parallel attention). Since 0.3.
+ *
+ * The plan keys #FLASHATTN_I64_MASK_ALIGN and #FLASHATTN_I64_SINK_TOKENS need no per-call data and
+ * work with every execute function. #FLASHATTN_I64_SINK_LOGITS and #FLASHATTN_I64_ALIBI need
+ * per-head arrays: run such plans with the functions below (flashattn_plan_execute() and the other
+ * 0.2 functions refuse them with #FLASHATTN_ERROR_INVALID_ARGUMENT). Backends that cannot run a
+ * variant say so at finalize (#FLASHATTN_BACKEND_AUTO falls back to one that can).
+ * @{
+ */
+
+/**
+ * @brief Run the forward pass of a finalized plan with per-call variant arguments. Since 0.3.
+ *
+ * @param plan A finalized plan, fixed-length or variable-length.
+ * @param q, k, v, o, lse As for flashattn_plan_execute().
+ * @param cu_seqlens_q, cu_seqlens_k For a variable-length plan, as for
+ * flashattn_plan_execute_varlen(); NULL for a fixed-length plan.
+ * @param extras The variant arrays (see #flashattn_extras_t); may be NULL when the plan uses none.
+ * @param workspace, workspace_bytes As for flashattn_plan_execute().
+ * @param stream As for flashattn_plan_execute().
+ *
+ * With sink logits, a row that sees no key gets O = 0 and LSE = its head's sink logit.
+ *
+ * @retval FLASHATTN_SUCCESS
+ * @retval FLASHATTN_ERROR_INVALID_ARGUMENT as flashattn_plan_execute(); also a @p extras whose
+ * struct_size is too small, a missing array the plan needs, an array given that it does not use,
+ * cu_seqlens passed to a fixed-length plan or missing for a variable-length one.
+ * @retval FLASHATTN_ERROR_INVALID_STATE the plan is not finalized.
+ * @retval FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE @p workspace_bytes is below the plan's need.
+ * @retval FLASHATTN_ERROR_DEVICE a kernel launch failed.
+ */
+FLASHATTN_API flashattn_status_t flashattn_plan_execute_extras(
+    const flashattn_plan_t *plan, const void *q, const void *k, const void *v, void *o, float *lse,
+    const int32_t *cu_seqlens_q, const int32_t *cu_seqlens_k, const flashattn_extras_t *extras,
+    void *workspace, size_t workspace_bytes, flashattn_stream_t stream);
+
+/**
+ * @brief Run the backward pass of a finalized plan with per-call variant arguments. Since 0.3.
+ *
+ * @param plan A finalized plan, fixed-length or variable-length.
+ * @param q, k, v, o, dout, lse, dq, dk, dv As for flashattn_plan_execute_backward().
+ * @param cu_seqlens_q, cu_seqlens_k For a variable-length plan, as for
+ * flashattn_plan_execute_varlen(); NULL for a fixed-length plan.
+ * @param extras The variant arrays, the same the forward had; with sink logits also
+ * @c dsink_logits. May be NULL when the plan uses none.
+ * @param workspace, workspace_bytes As for flashattn_plan_execute_backward().
+ * @param stream As for flashattn_plan_execute().
+ *
+ * @return As flashattn_plan_execute_backward(), with the @p extras and cu_seqlens rules of
+ * flashattn_plan_execute_extras(); #FLASHATTN_ERROR_NOT_SUPPORTED when the plan's backward
+ * backend does not run a variant the plan uses (flashattn_plan_get_backward_backend() says why).
+ */
+FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward_extras(
+    const flashattn_plan_t *plan, const void *q, const void *k, const void *v, const void *o,
+    const void *dout, const float *lse, void *dq, void *dk, void *dv, const int32_t *cu_seqlens_q,
+    const int32_t *cu_seqlens_k, const flashattn_extras_t *extras, void *workspace,
+    size_t workspace_bytes, flashattn_stream_t stream);
+
+/** @brief The most partial states one flashattn_plan_merge_states() call merges. Since 0.3. */
+#define FLASHATTN_MAX_MERGE_PARTIALS 128
+
+/**
+ * @brief Merge partial attention states into one: O = sum_s e^(LSE_s - LSE) O_s and
+ * LSE = log sum_s e^(LSE_s). Since 0.3.
+ *
+ * Partial s is the output O_s and LSE_s of attention over a subset of the keys (the subsets
+ * disjoint, their union the keys wanted), as this library's forward writes them: merging the
+ * states of one plan run over key blocks gives, to rounding, one run over all the keys. A row with
+ * LSE_s = -inf (it saw no key of that subset) contributes nothing; a row -inf in every partial gets
+ * O = 0 and LSE = -inf. Sink logits belong to exactly one of the partials.
+ *
+ * The plan supplies the layout and the place: a finalized plan whose output the partials share
+ * (batch, seqlen_q or total_q, heads_q, head_dim_v, the O strides and the LSE layout). The merge
+ * runs where the plan runs: on the host for the CPU backend, on the plan's device (stream-ordered,
+ * no allocation, no workspace) for the GPU backends.
+ *
+ * @param plan A finalized plan (its seqlen_k, head_dim and mask do not matter here).
+ * @param num_partials Number of partial states, 1 to #FLASHATTN_MAX_MERGE_PARTIALS.
+ * @param partial_o Host array of @p num_partials pointers: partial s's O, laid out as the plan's O
+ * (its strides, in elements of @p partial_dtype).
+ * @param partial_lse Host array of @p num_partials pointers: partial s's fp32 LSE, laid out as the
+ * plan's LSE.
+ * @param partial_dtype Element type of the partial outputs: #FLASHATTN_DTYPE_FP32 or the plan's
+ * dtype.
+ * @param o Output, laid out as the plan's O in the plan's dtype; must not overlap any partial.
+ * @param lse Optional output (NULL to skip): fp32, the plan's LSE layout; must not overlap any
+ * other tensor.
+ * @param stream CUDA stream for GPU backends; ignored on the CPU.
+ *
+ * Pointers of a GPU plan must be device memory on its device, 16-byte aligned (4-byte for the
+ * LSEs). The array of pointers is read during the call and not kept.
+ *
+ * @retval FLASHATTN_SUCCESS
+ * @retval FLASHATTN_ERROR_INVALID_ARGUMENT NULL plan, arrays, pointers or @p o; @p num_partials out of
+ * range; a @p partial_dtype other than fp32 or the plan's; overlapping outputs; wrong memory kind
+ * or device; misaligned pointers.
+ * @retval FLASHATTN_ERROR_INVALID_STATE the plan is not finalized.
+ * @retval FLASHATTN_ERROR_NOT_SUPPORTED the plan's device has no merge kernel in this build.
+ * @retval FLASHATTN_ERROR_DEVICE a kernel launch failed.
+ */
+FLASHATTN_API flashattn_status_t flashattn_plan_merge_states(const flashattn_plan_t *plan, int32_t num_partials,
+                                                             const void *const *partial_o,
+                                                             const float *const *partial_lse,
+                                                             flashattn_dtype_t partial_dtype, void *o, float *lse,
+                                                             flashattn_stream_t stream);
 
 /** @} */
 

@@ -7,6 +7,7 @@
 #include "base/checked_math.h"
 #include "base/status.h"
 #include "base/workspace.h"
+#include "problem/variants.h"
 
 namespace flashattn {
 
@@ -156,6 +157,7 @@ flashattn_status_t resolve_problem(const PlanParams &params, Problem *out) {
     };
     for (const auto &t : tensors) FLASHATTN_TRY(resolve_strides(params, t.keys, t.rows, t.heads, t.dim, t.out));
     p.deterministic = params.get(FLASHATTN_I64_DETERMINISTIC, 0) != 0;
+    resolve_variants(params, &p);
     FLASHATTN_TRY(check_extents(p));
     FLASHATTN_TRY(check_output_layout(p.o, p.q_rows(), p.heads_q, p.batch_extent(), p.head_dim_v, "O"));
     FLASHATTN_TRY(check_output_layout(p.dq, p.q_rows(), p.heads_q, p.batch_extent(), p.head_dim, "dQ"));

@@ -41,6 +41,10 @@ struct Slice {
     int64_t heads = 1;
     int64_t seqlen_q = 0;  // query rows (per head) of this sequence
     int64_t seqlen_k = 0;
+    // Variants: the sink logit and ALiBi slope of the first packed head (the next packed heads'
+    // follow); nullptr when the plan uses none.
+    const float *sink = nullptr;
+    const float *alibi = nullptr;
 };
 
 // Compute packed rows [row0, row0 + rows) of `slice` (rows <= shape.block_m) into O (and LSE).
