@@ -159,7 +159,26 @@ const (
 	DVBatchStride I64Param = C.FLASHATTN_I64_DV_BATCH_STRIDE
 	DVRowStride   I64Param = C.FLASHATTN_I64_DV_ROW_STRIDE
 	DVHeadStride  I64Param = C.FLASHATTN_I64_DV_HEAD_STRIDE
+	// Attention variants (since 0.3): a MaskAlign value, sink tokens, and 0/1 switches for the
+	// per-head sink logits and ALiBi slopes passed to ExecuteExtras / BackwardExtras.
+	MaskAlignParam I64Param = C.FLASHATTN_I64_MASK_ALIGN
+	SinkTokens     I64Param = C.FLASHATTN_I64_SINK_TOKENS
+	SinkLogits     I64Param = C.FLASHATTN_I64_SINK_LOGITS
+	Alibi          I64Param = C.FLASHATTN_I64_ALIBI
 )
+
+// MaskAlign is a flashattn_mask_align_t (since 0.3): where query i's diagonal key lies.
+type MaskAlign int
+
+const (
+	// MaskAlignBottomRight: key i + seqlen_k - seqlen_q (the default, FlashAttention's).
+	MaskAlignBottomRight MaskAlign = C.FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT
+	// MaskAlignTopLeft: key i (PyTorch's is_causal).
+	MaskAlignTopLeft MaskAlign = C.FLASHATTN_MASK_ALIGN_TOP_LEFT
+)
+
+// MaxMergePartials is FLASHATTN_MAX_MERGE_PARTIALS: the most partial states one merge takes.
+const MaxMergePartials = C.FLASHATTN_MAX_MERGE_PARTIALS
 
 // F64Param is a flashattn_f64_param_t.
 type F64Param int
@@ -702,6 +721,209 @@ func (p *Plan) BackwardVarlenRaw(q, k, v, o, dout, lse, dq, dk, dv, cuSeqlensQ, 
 	return call("flashattn_plan_execute_backward_varlen", func() C.flashattn_status_t {
 		return C.flashattn_plan_execute_backward_varlen(h, q, k, v, o, dout, (*C.float)(lse), dq, dk, dv,
 			(*C.int32_t)(cuSeqlensQ), (*C.int32_t)(cuSeqlensK), workspace, C.size_t(workspaceBytes),
+			C.flashattn_stream_t(stream))
+	})
+}
+
+// Extras are the per-call variant arrays of host calls (since 0.3): float32 [heads_q] each, nil
+// when the plan does not use them. DSinkLogits (backward only) receives the sink logits' gradient.
+type Extras struct {
+	SinkLogits, AlibiSlopes, DSinkLogits []float32
+}
+
+// ExtrasRaw are the per-call variant arrays as raw pointers (device memory for GPU backends).
+type ExtrasRaw struct {
+	SinkLogits, AlibiSlopes, DSinkLogits unsafe.Pointer
+}
+
+// cExtras has flashattn_extras_t's layout with the pointers as integers: the arrays may be Go
+// memory (kept alive by the caller for the call), and a Go value holding Go pointers may not be
+// passed to C.
+type cExtras struct {
+	structSize                           uint64
+	sinkLogits, alibiSlopes, dsinkLogits uintptr
+}
+
+func (x ExtrasRaw) c() *C.flashattn_extras_t {
+	e := &cExtras{uint64(unsafe.Sizeof(C.flashattn_extras_t{})), uintptr(x.SinkLogits), uintptr(x.AlibiSlopes),
+		uintptr(x.DSinkLogits)}
+	return (*C.flashattn_extras_t)(unsafe.Pointer(e))
+}
+
+// raw checks the arrays' lengths against the plan's query heads and returns their pointers.
+func (x Extras) raw(p *Plan, op string) (ExtrasRaw, error) {
+	var r ExtrasRaw
+	heads, err := p.GetI64(HeadsQ)
+	if err != nil {
+		return r, err
+	}
+	for _, a := range []struct {
+		name string
+		s    []float32
+		dst  *unsafe.Pointer
+	}{{"SinkLogits", x.SinkLogits, &r.SinkLogits}, {"AlibiSlopes", x.AlibiSlopes, &r.AlibiSlopes},
+		{"DSinkLogits", x.DSinkLogits, &r.DSinkLogits}} {
+		if a.s == nil {
+			continue
+		}
+		if int64(len(a.s)) < heads {
+			return r, &Error{Status: StatusInvalidArgument, Op: op,
+				Message: fmt.Sprintf("%s: the slice holds %d values, the plan has %d query heads", a.name, len(a.s), heads)}
+		}
+		*a.dst = unsafe.Pointer(&a.s[0])
+	}
+	return r, nil
+}
+
+// ExecuteExtras runs a finalized plan on host slices (CPU backend) with the variant arrays the
+// plan's SinkLogits / Alibi keys ask for; cuSeqlensQ/K are nil for a fixed-length plan.
+func (p *Plan) ExecuteExtras(q, k, v, o interface{}, lse []float32, cuSeqlensQ, cuSeqlensK []int32, ex Extras,
+	ws *Workspace) error {
+	xr, err := ex.raw(p, "ExecuteExtras")
+	if err != nil {
+		return err
+	}
+	varlen := cuSeqlensQ != nil || cuSeqlensK != nil
+	err = p.runHost("ExecuteExtras", false, []interface{}{q, k, v, o}, lse, cuSeqlensQ, cuSeqlensK, varlen, ws,
+		func(a hostArgs, ws *Workspace) error {
+			return p.ExecuteExtrasRaw(a.q, a.k, a.v, a.o, a.lse, a.cuQ, a.cuK, xr, ws.ptr(), uintptr(ws.Len()), nil)
+		})
+	runtime.KeepAlive(ex)
+	return err
+}
+
+// ExecuteExtrasRaw is flashattn_plan_execute_extras with raw pointers (see ExecuteRaw); cuSeqlensQ/K
+// nil for a fixed-length plan.
+func (p *Plan) ExecuteExtrasRaw(q, k, v, o, lse, cuSeqlensQ, cuSeqlensK unsafe.Pointer, ex ExtrasRaw,
+	workspace unsafe.Pointer, workspaceBytes uintptr, stream unsafe.Pointer) error {
+	h, err := p.handle("ExecuteExtrasRaw")
+	if err != nil {
+		return err
+	}
+	defer runtime.KeepAlive(p)
+	e := ex.c()
+	return call("flashattn_plan_execute_extras", func() C.flashattn_status_t {
+		return C.flashattn_plan_execute_extras(h, q, k, v, o, (*C.float)(lse), (*C.int32_t)(cuSeqlensQ),
+			(*C.int32_t)(cuSeqlensK), e, workspace, C.size_t(workspaceBytes), C.flashattn_stream_t(stream))
+	})
+}
+
+// BackwardExtras runs the backward pass on host slices (CPU backend) with the variant arrays;
+// with sink logits, ex.DSinkLogits receives their gradient.
+func (p *Plan) BackwardExtras(q, k, v, o, dout interface{}, lse []float32, dq, dk, dv interface{},
+	cuSeqlensQ, cuSeqlensK []int32, ex Extras, ws *Workspace) error {
+	xr, err := ex.raw(p, "BackwardExtras")
+	if err != nil {
+		return err
+	}
+	varlen := cuSeqlensQ != nil || cuSeqlensK != nil
+	err = p.runHost("BackwardExtras", true, []interface{}{q, k, v, o, dout, dq, dk, dv}, lse, cuSeqlensQ, cuSeqlensK,
+		varlen, ws, func(a hostArgs, ws *Workspace) error {
+			return p.BackwardExtrasRaw(a.q, a.k, a.v, a.o, a.dout, a.lse, a.dq, a.dk, a.dv, a.cuQ, a.cuK, xr, ws.ptr(),
+				uintptr(ws.Len()), nil)
+		})
+	runtime.KeepAlive(ex)
+	return err
+}
+
+// BackwardExtrasRaw is flashattn_plan_execute_backward_extras with raw pointers (see ExecuteRaw).
+func (p *Plan) BackwardExtrasRaw(q, k, v, o, dout, lse, dq, dk, dv, cuSeqlensQ, cuSeqlensK unsafe.Pointer,
+	ex ExtrasRaw, workspace unsafe.Pointer, workspaceBytes uintptr, stream unsafe.Pointer) error {
+	h, err := p.handle("BackwardExtrasRaw")
+	if err != nil {
+		return err
+	}
+	defer runtime.KeepAlive(p)
+	e := ex.c()
+	return call("flashattn_plan_execute_backward_extras", func() C.flashattn_status_t {
+		return C.flashattn_plan_execute_backward_extras(h, q, k, v, o, dout, (*C.float)(lse), dq, dk, dv,
+			(*C.int32_t)(cuSeqlensQ), (*C.int32_t)(cuSeqlensK), e, workspace, C.size_t(workspaceBytes),
+			C.flashattn_stream_t(stream))
+	})
+}
+
+// MergeStates merges partial attention states on host slices (CPU backend): partialO[s] is a
+// []float32 (or a slice of the plan's dtype) laid out as the plan's O, partialLSE[s] its LSE laid
+// out as the plan's; o (the plan's dtype) and lse (nil to skip) receive the merged state.
+func (p *Plan) MergeStates(partialO []interface{}, partialLSE [][]float32, o interface{}, lse []float32) error {
+	const op = "MergeStates"
+	if len(partialO) != len(partialLSE) || len(partialO) == 0 {
+		return &Error{Status: StatusInvalidArgument, Op: op,
+			Message: fmt.Sprintf("partialO and partialLSE: %d and %d entries (at least 1, equal)", len(partialO), len(partialLSE))}
+	}
+	e, err := p.Extents()
+	if err != nil {
+		return err
+	}
+	if b, _, err := p.Backend(); err != nil || b != BackendCPU {
+		if err != nil {
+			return err
+		}
+		return &Error{Status: StatusInvalidArgument, Op: op,
+			Message: fmt.Sprintf("host slices need the CPU backend; this plan runs %s (use MergeStatesRaw)", b)}
+	}
+	oPtr, oLen, oType, err := hostSlice(op, "o", o)
+	if err != nil {
+		return err
+	}
+	if oType != e.DType || oLen < e.O || (lse != nil && len(lse) < e.LSE) {
+		return &Error{Status: StatusInvalidArgument, Op: op,
+			Message: fmt.Sprintf("o (%d elements of %T) or lse (%d): the plan needs %d of its dtype and %d",
+				oLen, o, len(lse), e.O, e.LSE)}
+	}
+	var lsePtr unsafe.Pointer
+	if len(lse) > 0 {
+		lsePtr = unsafe.Pointer(&lse[0])
+	}
+	po := make([]unsafe.Pointer, len(partialO))
+	pl := make([]unsafe.Pointer, len(partialLSE))
+	var dtype DType
+	for s := range partialO {
+		ptr, n, dt, err := hostSlice(op, "partialO", partialO[s])
+		if err != nil {
+			return err
+		}
+		if s == 0 {
+			dtype = dt
+		}
+		if dt != dtype || n < e.O || len(partialLSE[s]) < e.LSE {
+			return &Error{Status: StatusInvalidArgument, Op: op,
+				Message: fmt.Sprintf("partial %d: %d O and %d LSE elements of type %T, the plan needs %d and %d of one type",
+					s, n, len(partialLSE[s]), partialO[s], e.O, e.LSE)}
+		}
+		po[s], pl[s] = ptr, unsafe.Pointer(&partialLSE[s][0])
+	}
+	err = p.MergeStatesRaw(po, pl, dtype, oPtr, lsePtr, nil)
+	runtime.KeepAlive(partialO)
+	runtime.KeepAlive(partialLSE)
+	runtime.KeepAlive(o)
+	runtime.KeepAlive(lse)
+	return err
+}
+
+// MergeStatesRaw is flashattn_plan_merge_states with raw pointers (device memory and a stream for
+// GPU plans). The pointer arrays are passed as integers (they point at memory the caller keeps
+// alive for the call, and a Go array of Go pointers may not be handed to C).
+func (p *Plan) MergeStatesRaw(partialO, partialLSE []unsafe.Pointer, partialDtype DType, o, lse unsafe.Pointer,
+	stream unsafe.Pointer) error {
+	h, err := p.handle("MergeStatesRaw")
+	if err != nil {
+		return err
+	}
+	defer runtime.KeepAlive(p)
+	n := len(partialO)
+	if n != len(partialLSE) || n == 0 {
+		return &Error{Status: StatusInvalidArgument, Op: "MergeStatesRaw",
+			Message: fmt.Sprintf("partialO and partialLSE: %d and %d entries (at least 1, equal)", n, len(partialLSE))}
+	}
+	addrO := make([]uintptr, n)
+	addrL := make([]uintptr, n)
+	for s := 0; s < n; s++ {
+		addrO[s], addrL[s] = uintptr(partialO[s]), uintptr(partialLSE[s])
+	}
+	return call("flashattn_plan_merge_states", func() C.flashattn_status_t {
+		return C.flashattn_plan_merge_states(h, C.int32_t(n), (*unsafe.Pointer)(unsafe.Pointer(&addrO[0])),
+			(**C.float)(unsafe.Pointer(&addrL[0])), C.flashattn_dtype_t(partialDtype), o, (*C.float)(lse),
 			C.flashattn_stream_t(stream))
 	})
 }

@@ -23,7 +23,7 @@ using Libdl
 export Plan, FlashAttnError, attention, attention_varlen, execute!, execute_varlen!, finalize!,
        set_i64!, set_f64!, get_i64, get_f64, backend, workspace_size,
        attention_backward, attention_varlen_backward, backward!, backward_varlen!, backward_backend,
-       backward_workspace_size
+       backward_workspace_size, execute_extras!, backward_extras!, merge_states!, extras
 
 # ---------------------------------------------------------------------------------------------
 # Types and constants (values pinned by the ABI)
@@ -93,6 +93,14 @@ const FLASHATTN_I64_DK_HEAD_STRIDE = flashattn_i64_param_t(41)
 const FLASHATTN_I64_DV_BATCH_STRIDE = flashattn_i64_param_t(42)
 const FLASHATTN_I64_DV_ROW_STRIDE = flashattn_i64_param_t(43)
 const FLASHATTN_I64_DV_HEAD_STRIDE = flashattn_i64_param_t(44)
+const FLASHATTN_I64_MASK_ALIGN = flashattn_i64_param_t(60)
+const FLASHATTN_I64_SINK_TOKENS = flashattn_i64_param_t(61)
+const FLASHATTN_I64_SINK_LOGITS = flashattn_i64_param_t(62)
+const FLASHATTN_I64_ALIBI = flashattn_i64_param_t(63)
+
+const flashattn_mask_align_t = Cint
+const FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT = flashattn_mask_align_t(0)
+const FLASHATTN_MASK_ALIGN_TOP_LEFT = flashattn_mask_align_t(1)
 
 const flashattn_f64_param_t = Cint
 const FLASHATTN_F64_SOFTMAX_SCALE = flashattn_f64_param_t(1)
@@ -102,6 +110,25 @@ const FLASHATTN_F64_SOFTCAP = flashattn_f64_param_t(2)
 const flashattn_plan_t = Cvoid
 "`flashattn_stream_t`: a `cudaStream_t` (`C_NULL`: the legacy default stream)."
 const flashattn_stream_t = Ptr{Cvoid}
+
+"""
+`flashattn_extras_t` (since 0.3): per-call variant arrays (Float32, `heads_q` each; `C_NULL` when
+the plan does not use them). Build it with [`extras`](@ref), which sets `struct_size`.
+"""
+struct flashattn_extras_t
+    struct_size::UInt64
+    sink_logits::Ptr{Cfloat}
+    alibi_slopes::Ptr{Cfloat}
+    dsink_logits::Ptr{Cfloat}
+end
+
+"A `flashattn_extras_t` with its size set (the C macro FLASHATTN_EXTRAS_INIT, then the given arrays)."
+extras(; sink_logits::Ptr=C_NULL, alibi_slopes::Ptr=C_NULL, dsink_logits::Ptr=C_NULL) =
+    flashattn_extras_t(sizeof(flashattn_extras_t), convert(Ptr{Cfloat}, sink_logits),
+                       convert(Ptr{Cfloat}, alibi_slopes), convert(Ptr{Cfloat}, dsink_logits))
+
+"FLASHATTN_MAX_MERGE_PARTIALS: the most partial states one merge takes."
+const MAX_MERGE_PARTIALS = 128
 
 # ---------------------------------------------------------------------------------------------
 # Loading the library (once, on first use)
@@ -115,10 +142,14 @@ const FUNCTIONS = (:flashattn_status_string, :flashattn_last_error, :flashattn_l
                    :flashattn_plan_get_workspace_size, :flashattn_plan_execute,
                    :flashattn_plan_execute_varlen, :flashattn_plan_get_backward_backend,
                    :flashattn_plan_get_backward_workspace_size, :flashattn_plan_execute_backward,
-                   :flashattn_plan_execute_backward_varlen)
+                   :flashattn_plan_execute_backward_varlen,
+                   :flashattn_plan_execute_extras, :flashattn_plan_execute_backward_extras,
+                   :flashattn_plan_merge_states)
 # Added after 0.1: an older library still loads, and calling one of these throws.
 const SINCE_0_2 = (:flashattn_plan_get_backward_backend, :flashattn_plan_get_backward_workspace_size,
-                   :flashattn_plan_execute_backward, :flashattn_plan_execute_backward_varlen)
+                   :flashattn_plan_execute_backward, :flashattn_plan_execute_backward_varlen,
+                   :flashattn_plan_execute_extras, :flashattn_plan_execute_backward_extras,
+                   :flashattn_plan_merge_states)  # the last three since 0.3
 
 const _handle = Ref{Ptr{Cvoid}}(C_NULL)
 const _path = Ref{String}("")
@@ -193,7 +224,7 @@ end
 @inline function fptr(name::Symbol)
     _loaded[] || _load!()
     p = _symbols[name]
-    p == C_NULL && error("FlashAttn: the loaded library ($(_path[])) lacks $name (libflashattn >= 0.2)")
+    p == C_NULL && error("FlashAttn: the loaded library ($(_path[])) lacks $name (libflashattn >= 0.2, or 0.3 for the variants)")
     return p
 end
 
@@ -225,6 +256,9 @@ flashattn_plan_get_backward_backend(plan, backend, reason) = ccall(fptr(:flashat
 flashattn_plan_get_backward_workspace_size(plan, bytes) = ccall(fptr(:flashattn_plan_get_backward_workspace_size), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Csize_t}), plan, bytes)
 flashattn_plan_execute_backward(plan, q, k, v, o, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_backward), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cfloat}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, q, k, v, o, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream)
 flashattn_plan_execute_backward_varlen(plan, q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_backward_varlen), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cfloat}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Int32}, Ptr{Int32}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, workspace, workspace_bytes, stream)
+flashattn_plan_execute_extras(plan, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, extras, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_extras), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cfloat}, Ptr{Int32}, Ptr{Int32}, Ptr{flashattn_extras_t}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, extras, workspace, workspace_bytes, stream)
+flashattn_plan_execute_backward_extras(plan, q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, extras, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_backward_extras), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cfloat}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Int32}, Ptr{Int32}, Ptr{flashattn_extras_t}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, extras, workspace, workspace_bytes, stream)
+flashattn_plan_merge_states(plan, num_partials, partial_o, partial_lse, partial_dtype, o, lse, stream) = ccall(fptr(:flashattn_plan_merge_states), flashattn_status_t, (Ptr{flashattn_plan_t}, Int32, Ptr{Ptr{Cvoid}}, Ptr{Ptr{Cfloat}}, flashattn_dtype_t, Ptr{Cvoid}, Ptr{Cfloat}, flashattn_stream_t), plan, num_partials, partial_o, partial_lse, partial_dtype, o, lse, stream)
 
 # ---------------------------------------------------------------------------------------------
 # Errors and information
@@ -297,7 +331,9 @@ const I64_KEYS = Dict{Symbol,flashattn_i64_param_t}(
     :dq_row_stride => FLASHATTN_I64_DQ_ROW_STRIDE, :dq_head_stride => FLASHATTN_I64_DQ_HEAD_STRIDE,
     :dk_batch_stride => FLASHATTN_I64_DK_BATCH_STRIDE, :dk_row_stride => FLASHATTN_I64_DK_ROW_STRIDE,
     :dk_head_stride => FLASHATTN_I64_DK_HEAD_STRIDE, :dv_batch_stride => FLASHATTN_I64_DV_BATCH_STRIDE,
-    :dv_row_stride => FLASHATTN_I64_DV_ROW_STRIDE, :dv_head_stride => FLASHATTN_I64_DV_HEAD_STRIDE)
+    :dv_row_stride => FLASHATTN_I64_DV_ROW_STRIDE, :dv_head_stride => FLASHATTN_I64_DV_HEAD_STRIDE,
+    :mask_align => FLASHATTN_I64_MASK_ALIGN, :sink_tokens => FLASHATTN_I64_SINK_TOKENS,
+    :sink_logits => FLASHATTN_I64_SINK_LOGITS, :alibi => FLASHATTN_I64_ALIBI)
 const F64_KEYS = Dict{Symbol,flashattn_f64_param_t}(
     :softmax_scale => FLASHATTN_F64_SOFTMAX_SCALE, :scale => FLASHATTN_F64_SOFTMAX_SCALE,
     :softcap => FLASHATTN_F64_SOFTCAP)
@@ -616,6 +652,91 @@ function backward_varlen!(plan::Plan, q::Ptr, k::Ptr, v::Ptr, o::Ptr, dout::Ptr,
                                                  workspace, workspace_bytes, stream),
           "flashattn_plan_execute_backward_varlen")
     return nothing
+end
+
+# ---------------------------------------------------------------------------------------------
+# Attention variants and merging partial states (since 0.3)
+
+_head_ptr(plan, x::Nothing, name) = convert(Ptr{Cfloat}, C_NULL)
+function _head_ptr(plan, x::DenseArray{Float32}, name)
+    length(x) >= get_i64(plan, FLASHATTN_I64_HEADS_Q) || throw(DimensionMismatch("$name holds $(length(x)) values, fewer than heads_q"))
+    return pointer(x)
+end
+
+"""
+    execute_extras!(plan, q, k, v, o; lse=nothing, cu_seqlens=nothing, sink_logits=nothing,
+                    alibi_slopes=nothing, workspace=nothing)
+
+[`execute!`](@ref) (or, with `cu_seqlens = (cu_q, cu_k)`, [`execute_varlen!`](@ref)) on host
+arrays with the per-head Float32 arrays the plan's `sink_logits` / `alibi` keys ask for.
+"""
+function execute_extras!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::DenseArray{T}, o::DenseArray{T};
+                         lse::Union{Nothing,DenseArray{Float32}}=nothing, cu_seqlens=nothing,
+                         sink_logits=nothing, alibi_slopes=nothing, workspace=nothing) where {T}
+    _check_host(plan, q, k, v, o, lse, cu_seqlens)
+    owner, ws, nbytes = _workspace(plan, workspace, workspace_size)
+    cq, ck = cu_seqlens === nothing ? (Int32[], Int32[]) : cu_seqlens
+    GC.@preserve q k v o lse owner cq ck sink_logits alibi_slopes begin
+        ex = Ref(extras(; sink_logits=_head_ptr(plan, sink_logits, "sink_logits"),
+                        alibi_slopes=_head_ptr(plan, alibi_slopes, "alibi_slopes")))
+        lp = lse === nothing ? convert(Ptr{Cfloat}, C_NULL) : pointer(lse)
+        cqp = cu_seqlens === nothing ? convert(Ptr{Int32}, C_NULL) : pointer(cq)
+        ckp = cu_seqlens === nothing ? convert(Ptr{Int32}, C_NULL) : pointer(ck)
+        check(flashattn_plan_execute_extras(plan.ptr, pointer(q), pointer(k), pointer(v), pointer(o), lp, cqp, ckp, ex,
+                                            ws, nbytes, C_NULL), "flashattn_plan_execute_extras")
+    end
+    return o
+end
+
+"""
+    backward_extras!(plan, q, k, v, o, dout, lse, dq, dk, dv; cu_seqlens=nothing, sink_logits=nothing,
+                     alibi_slopes=nothing, dsink_logits=nothing, workspace=nothing)
+
+[`backward!`](@ref) with the variant arrays; with sink logits, `dsink_logits` (Float32,
+`heads_q`) receives their gradient.
+"""
+function backward_extras!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::DenseArray{T}, o::DenseArray{T},
+                          dout::DenseArray{T}, lse::DenseArray{Float32}, dq::DenseArray{T}, dk::DenseArray{T},
+                          dv::DenseArray{T}; cu_seqlens=nothing, sink_logits=nothing, alibi_slopes=nothing,
+                          dsink_logits=nothing, workspace=nothing) where {T}
+    _check_backward_host(plan, q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens)
+    owner, ws, nbytes = _workspace(plan, workspace, backward_workspace_size)
+    cq, ck = cu_seqlens === nothing ? (Int32[], Int32[]) : cu_seqlens
+    GC.@preserve q k v o dout lse dq dk dv owner cq ck sink_logits alibi_slopes dsink_logits begin
+        ex = Ref(extras(; sink_logits=_head_ptr(plan, sink_logits, "sink_logits"),
+                        alibi_slopes=_head_ptr(plan, alibi_slopes, "alibi_slopes"),
+                        dsink_logits=_head_ptr(plan, dsink_logits, "dsink_logits")))
+        cqp = cu_seqlens === nothing ? convert(Ptr{Int32}, C_NULL) : pointer(cq)
+        ckp = cu_seqlens === nothing ? convert(Ptr{Int32}, C_NULL) : pointer(ck)
+        check(flashattn_plan_execute_backward_extras(plan.ptr, pointer(q), pointer(k), pointer(v), pointer(o),
+                                                     pointer(dout), pointer(lse), pointer(dq), pointer(dk), pointer(dv),
+                                                     cqp, ckp, ex, ws, nbytes, C_NULL),
+              "flashattn_plan_execute_backward_extras")
+    end
+    return dq, dk, dv
+end
+
+"""
+    merge_states!(plan, partial_o, partial_lse, o; lse=nothing)
+
+Merge partial attention states on host arrays (CPU backend): `partial_o[s]` laid out as the plan's
+O (Float32 or the plan's element type, the same for all), `partial_lse[s]` (Float32) as its LSE;
+writes `o` (and `lse`). Returns `o`.
+"""
+function merge_states!(plan::Plan, partial_o::AbstractVector{<:DenseArray{P}},
+                       partial_lse::AbstractVector{<:DenseArray{Float32}}, o::DenseArray{T};
+                       lse::Union{Nothing,DenseArray{Float32}}=nothing) where {P,T}
+    length(partial_o) == length(partial_lse) ||
+        throw(ArgumentError("partial_o and partial_lse: $(length(partial_o)) and $(length(partial_lse)) entries"))
+    dtype = P === Float32 ? FLASHATTN_DTYPE_FP32 : flashattn_dtype_t(get_i64(plan, FLASHATTN_I64_DTYPE))
+    GC.@preserve partial_o partial_lse o lse begin
+        po = Ptr{Cvoid}[pointer(x) for x in partial_o]
+        pl = Ptr{Cfloat}[pointer(x) for x in partial_lse]
+        lp = lse === nothing ? convert(Ptr{Cfloat}, C_NULL) : pointer(lse)
+        check(flashattn_plan_merge_states(plan.ptr, Int32(length(po)), po, pl, dtype, pointer(o), lp, C_NULL),
+              "flashattn_plan_merge_states")
+    end
+    return o
 end
 
 # ---------------------------------------------------------------------------------------------

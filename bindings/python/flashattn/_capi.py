@@ -80,6 +80,16 @@ class I64(enum.IntEnum):
     DV_BATCH_STRIDE = 42
     DV_ROW_STRIDE = 43
     DV_HEAD_STRIDE = 44
+    MASK_ALIGN = 60  # since 0.3
+    SINK_TOKENS = 61
+    SINK_LOGITS = 62
+    ALIBI = 63
+
+
+class MaskAlign(enum.IntEnum):
+    """Values of I64.MASK_ALIGN (since 0.3): where query i's diagonal key lies."""
+    BOTTOM_RIGHT = 0
+    TOP_LEFT = 1
 
 
 class F64(enum.IntEnum):
@@ -93,6 +103,7 @@ ENUMS = {
     "flashattn_dtype_t": (DType, "FLASHATTN_DTYPE_"),
     "flashattn_backend_t": (Backend, "FLASHATTN_BACKEND_"),
     "flashattn_i64_param_t": (I64, "FLASHATTN_I64_"),
+    "flashattn_mask_align_t": (MaskAlign, "FLASHATTN_MASK_ALIGN_"),
     "flashattn_f64_param_t": (F64, "FLASHATTN_F64_"),
 }
 
@@ -226,6 +237,22 @@ c_plan_p = ctypes.c_void_p  # flashattn_plan_t *
 c_stream = ctypes.c_void_p  # flashattn_stream_t
 P = ctypes.POINTER
 
+class Extras(ctypes.Structure):
+    """flashattn_extras_t (since 0.3): per-call variant arrays; struct_size set by extras()."""
+    _fields_ = [("struct_size", ctypes.c_uint64), ("sink_logits", P(ctypes.c_float)),
+                ("alibi_slopes", P(ctypes.c_float)), ("dsink_logits", P(ctypes.c_float))]
+
+
+def extras(sink_logits=0, alibi_slopes=0, dsink_logits=0):
+    """An Extras with its size set; arguments are int addresses (0: none)."""
+    def fp(address):
+        return ctypes.cast(ctypes.c_void_p(address), P(ctypes.c_float)) if address else None
+    return Extras(ctypes.sizeof(Extras), fp(sink_logits), fp(alibi_slopes), fp(dsink_logits))
+
+
+MAX_MERGE_PARTIALS = 128  # FLASHATTN_MAX_MERGE_PARTIALS
+
+
 PROTOTYPES = {
     "flashattn_status_string": (ctypes.c_char_p, [c_status]),
     "flashattn_last_error": (ctypes.c_char_p, []),
@@ -262,6 +289,18 @@ PROTOTYPES = {
                                                           P(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p,
                                                           ctypes.c_void_p, P(ctypes.c_int32), P(ctypes.c_int32),
                                                           ctypes.c_void_p, ctypes.c_size_t, c_stream]),
+    "flashattn_plan_execute_extras": (c_status, [c_plan_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                                 ctypes.c_void_p, P(ctypes.c_float), P(ctypes.c_int32),
+                                                 P(ctypes.c_int32), P(Extras), ctypes.c_void_p, ctypes.c_size_t,
+                                                 c_stream]),
+    "flashattn_plan_execute_backward_extras": (c_status, [c_plan_p, ctypes.c_void_p, ctypes.c_void_p,
+                                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                                          P(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p,
+                                                          ctypes.c_void_p, P(ctypes.c_int32), P(ctypes.c_int32),
+                                                          P(Extras), ctypes.c_void_p, ctypes.c_size_t, c_stream]),
+    "flashattn_plan_merge_states": (c_status, [c_plan_p, ctypes.c_int32, P(ctypes.c_void_p),
+                                               P(P(ctypes.c_float)), c_enum, ctypes.c_void_p, P(ctypes.c_float),
+                                               c_stream]),
 }
 
 
@@ -271,6 +310,9 @@ SINCE = {
     "flashattn_plan_get_backward_workspace_size": "0.2",
     "flashattn_plan_execute_backward": "0.2",
     "flashattn_plan_execute_backward_varlen": "0.2",
+    "flashattn_plan_execute_extras": "0.3",
+    "flashattn_plan_execute_backward_extras": "0.3",
+    "flashattn_plan_merge_states": "0.3",
 }
 
 

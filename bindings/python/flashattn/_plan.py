@@ -353,5 +353,85 @@ class Plan:
                    varlen, workspace, stream)
         del refs, ws_owner  # kept referenced for the whole call
 
+    # -- variants (since 0.3) ----------------------------------------------------------------
+    def _extras(self, sink_logits, alibi_slopes, dsink_logits):
+        """(Extras, refs) from float32 arrays or int addresses (None: not passed)."""
+        ptrs, refs = _pointers((("sink_logits", sink_logits, True), ("alibi_slopes", alibi_slopes, True),
+                                ("dsink_logits", dsink_logits, True)))
+        for name, ref in refs.items():
+            if ref is not None and ref.dtype_name != "float32":
+                raise TypeError("%s: %s; it must be float32 [heads_q]" % (name, ref.describe()))
+        return _capi.extras(ptrs["sink_logits"] or 0, ptrs["alibi_slopes"] or 0, ptrs["dsink_logits"] or 0), refs
+
+    def execute_extras(self, q, k, v, o, lse=None, cu_seqlens_q=None, cu_seqlens_k=None, sink_logits=None,
+                       alibi_slopes=None, workspace=None, stream=None):
+        """flashattn_plan_execute_extras: execute() (or execute_varlen() with cu_seqlens) with the
+        per-head float32 arrays the plan's SINK_LOGITS / ALIBI keys ask for."""
+        handle = self.handle
+        ptrs, refs = _pointers((("q", q, False), ("k", k, False), ("v", v, False), ("o", o, False),
+                                ("lse", lse, True), ("cu_seqlens_q", cu_seqlens_q, True),
+                                ("cu_seqlens_k", cu_seqlens_k, True)))
+        ex, ex_refs = self._extras(sink_logits, alibi_slopes, None)
+        self._check_refs(refs)
+        ws_ptr, ws_bytes = self._workspace(workspace)
+        call("flashattn_plan_execute_extras", handle, ptrs["q"], ptrs["k"], ptrs["v"], ptrs["o"],
+             _c_ptr(ptrs["lse"], ctypes.c_float), _c_ptr(ptrs["cu_seqlens_q"], ctypes.c_int32),
+             _c_ptr(ptrs["cu_seqlens_k"], ctypes.c_int32), ctypes.byref(ex), ws_ptr, ws_bytes,
+             stream_handle(stream) or None)
+        del refs, ex_refs
+
+    def backward_extras(self, q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens_q=None, cu_seqlens_k=None,
+                        sink_logits=None, alibi_slopes=None, dsink_logits=None, workspace=None, stream=None):
+        """flashattn_plan_execute_backward_extras: backward() with the variant arrays; with sink
+        logits, dsink_logits (float32 [heads_q]) receives their gradient. workspace None on the CPU
+        backend allocates one for this call."""
+        handle = self.handle
+        ptrs, refs = _pointers((("q", q, False), ("k", k, False), ("v", v, False), ("o", o, False),
+                                ("dout", dout, False), ("lse", lse, False), ("dq", dq, False), ("dk", dk, False),
+                                ("dv", dv, False), ("cu_seqlens_q", cu_seqlens_q, True),
+                                ("cu_seqlens_k", cu_seqlens_k, True)))
+        ex, ex_refs = self._extras(sink_logits, alibi_slopes, dsink_logits)
+        ws_owner = None
+        if workspace is None and self.backward_backend == Backend.CPU:
+            need = self.backward_workspace_size
+            if need > 0:
+                import numpy as np
+                ws_owner = np.empty(need + 256, dtype=np.uint8)
+                workspace = ((ws_owner.ctypes.data + 255) // 256 * 256, need)
+        ws_ptr, ws_bytes = self._workspace(workspace)
+        call("flashattn_plan_execute_backward_extras", handle, ptrs["q"], ptrs["k"], ptrs["v"], ptrs["o"],
+             ptrs["dout"], _c_ptr(ptrs["lse"], ctypes.c_float), ptrs["dq"], ptrs["dk"], ptrs["dv"],
+             _c_ptr(ptrs["cu_seqlens_q"], ctypes.c_int32), _c_ptr(ptrs["cu_seqlens_k"], ctypes.c_int32),
+             ctypes.byref(ex), ws_ptr, ws_bytes, stream_handle(stream) or None)
+        del refs, ex_refs, ws_owner
+
+    def merge_states(self, partial_o, partial_lse, o, lse=None, partial_dtype=None, stream=None):
+        """flashattn_plan_merge_states: merge the partial states (lists of O tensors laid out as
+        the plan's O, in partial_dtype (default: the plan's dtype, or float32 when the arrays are
+        float32), and their float32 LSEs) into o (and lse). Runs where the plan runs."""
+        if len(partial_o) != len(partial_lse):
+            raise ValueError("partial_o and partial_lse: %d and %d entries" % (len(partial_o), len(partial_lse)))
+        n = len(partial_o)
+        handle = self.handle
+        refs = []
+        po = (ctypes.c_void_p * max(n, 1))()
+        pl = (ctypes.POINTER(ctypes.c_float) * max(n, 1))()
+        for i in range(n):
+            ptr, ref = _pointer(partial_o[i], "partial_o[%d]" % i)
+            po[i] = ptr
+            refs.append(ref)
+            ptr, ref = _pointer(partial_lse[i], "partial_lse[%d]" % i)
+            pl[i] = _c_ptr(ptr, ctypes.c_float)
+            refs.append(ref)
+        if partial_dtype is None:
+            first = refs[0] if refs else None
+            partial_dtype = DType.FP32 if first is not None and first.dtype_name == "float32" \
+                else DType(self.get_i64(I64.DTYPE))
+        o_ptr, o_ref = _pointer(o, "o")
+        lse_ptr, lse_ref = _pointer(lse, "lse", allow_none=True)
+        call("flashattn_plan_merge_states", handle, n, po, pl, int(parse_dtype(partial_dtype)), o_ptr,
+             _c_ptr(lse_ptr, ctypes.c_float), stream_handle(stream) or None)
+        del refs, o_ref, lse_ref
+
 
 __all__ = ["Plan", "parse_backend", "parse_dtype", "Status"]

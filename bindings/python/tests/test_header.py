@@ -32,7 +32,10 @@ def expected_ctype(c_type):
              "size_t*": ctypes.POINTER(ctypes.c_size_t), "const char**": ctypes.POINTER(ctypes.c_char_p),
              "void*": ctypes.c_void_p, "const void*": ctypes.c_void_p,
              "flashattn_plan_t*": ctypes.c_void_p, "const flashattn_plan_t*": ctypes.c_void_p,
-             "flashattn_plan_t**": ctypes.POINTER(ctypes.c_void_p), "flashattn_stream_t": ctypes.c_void_p}
+             "flashattn_plan_t**": ctypes.POINTER(ctypes.c_void_p), "flashattn_stream_t": ctypes.c_void_p,
+             "const flashattn_extras_t*": ctypes.POINTER(_capi.Extras),
+             "const void*const*": ctypes.POINTER(ctypes.c_void_p),
+             "const float*const*": ctypes.POINTER(ctypes.POINTER(ctypes.c_float))}
     if c_type in plain:
         return plain[c_type]
     base = c_type.rstrip("*")

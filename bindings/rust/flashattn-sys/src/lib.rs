@@ -83,6 +83,14 @@ pub const FLASHATTN_I64_DK_HEAD_STRIDE: flashattn_i64_param_t = 41;
 pub const FLASHATTN_I64_DV_BATCH_STRIDE: flashattn_i64_param_t = 42;
 pub const FLASHATTN_I64_DV_ROW_STRIDE: flashattn_i64_param_t = 43;
 pub const FLASHATTN_I64_DV_HEAD_STRIDE: flashattn_i64_param_t = 44;
+pub const FLASHATTN_I64_MASK_ALIGN: flashattn_i64_param_t = 60;
+pub const FLASHATTN_I64_SINK_TOKENS: flashattn_i64_param_t = 61;
+pub const FLASHATTN_I64_SINK_LOGITS: flashattn_i64_param_t = 62;
+pub const FLASHATTN_I64_ALIBI: flashattn_i64_param_t = 63;
+
+pub type flashattn_mask_align_t = c_int;
+pub const FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT: flashattn_mask_align_t = 0;
+pub const FLASHATTN_MASK_ALIGN_TOP_LEFT: flashattn_mask_align_t = 1;
 
 /// `flashattn_f64_param_t`
 pub type flashattn_f64_param_t = c_int;
@@ -104,6 +112,28 @@ pub type flashattn_stream_t = *mut CUstream_st;
 pub struct flashattn_plan_t {
     _private: [u8; 0],
     _marker: PhantomData<(*mut u8, PhantomPinned)>,
+}
+
+/// Per-call variant arrays (since 0.3); `struct_size` = `size_of::<flashattn_extras_t>()`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct flashattn_extras_t {
+    pub struct_size: u64,
+    pub sink_logits: *const f32,
+    pub alibi_slopes: *const f32,
+    pub dsink_logits: *mut f32,
+}
+
+impl Default for flashattn_extras_t {
+    /// FLASHATTN_EXTRAS_INIT: the size set, every array null.
+    fn default() -> Self {
+        flashattn_extras_t {
+            struct_size: core::mem::size_of::<flashattn_extras_t>() as u64,
+            sink_logits: core::ptr::null(),
+            alibi_slopes: core::ptr::null(),
+            dsink_logits: core::ptr::null_mut(),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -195,6 +225,50 @@ extern "C" {
         cu_seqlens_k: *const i32,
         workspace: *mut c_void,
         workspace_bytes: usize,
+        stream: flashattn_stream_t,
+    ) -> flashattn_status_t;
+
+    // Attention variants and merging partial states (since 0.3)
+    pub fn flashattn_plan_execute_extras(
+        plan: *const flashattn_plan_t,
+        q: *const c_void,
+        k: *const c_void,
+        v: *const c_void,
+        o: *mut c_void,
+        lse: *mut f32,
+        cu_seqlens_q: *const i32,
+        cu_seqlens_k: *const i32,
+        extras: *const flashattn_extras_t,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+        stream: flashattn_stream_t,
+    ) -> flashattn_status_t;
+    pub fn flashattn_plan_execute_backward_extras(
+        plan: *const flashattn_plan_t,
+        q: *const c_void,
+        k: *const c_void,
+        v: *const c_void,
+        o: *const c_void,
+        dout: *const c_void,
+        lse: *const f32,
+        dq: *mut c_void,
+        dk: *mut c_void,
+        dv: *mut c_void,
+        cu_seqlens_q: *const i32,
+        cu_seqlens_k: *const i32,
+        extras: *const flashattn_extras_t,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+        stream: flashattn_stream_t,
+    ) -> flashattn_status_t;
+    pub fn flashattn_plan_merge_states(
+        plan: *const flashattn_plan_t,
+        num_partials: i32,
+        partial_o: *const *const c_void,
+        partial_lse: *const *const f32,
+        partial_dtype: flashattn_dtype_t,
+        o: *mut c_void,
+        lse: *mut f32,
         stream: flashattn_stream_t,
     ) -> flashattn_status_t;
 }

@@ -26,6 +26,7 @@
 #include "backends/cuda/device/mask.cuh"
 #include "backends/cuda/device/online_softmax.cuh"
 #include "backends/cuda/device/ptx.cuh"
+#include "backends/cuda/device/sink.cuh"
 #include "backends/cuda/fa2/fa2_epilogue.cuh"
 #include "backends/cuda/fa2/fa2_mainloop.cuh"
 #include "backends/cuda/fa2/fa2_params.h"
@@ -34,6 +35,34 @@
 
 namespace flashattn {
 namespace fa2 {
+
+// Sink logits: each of this thread's rows takes its head's sink (cuda::join_sink); with split-KV
+// only split 0 does, so the merged LSE counts it once.
+template <class Tr>
+__device__ __forceinline__ void join_sinks(const Params &p, float (&O)[Tr::kMT][Tr::kDT][4],
+                                           float (&row_max)[Tr::kMT][2], float (&row_sum)[Tr::kMT][2], int m0,
+                                           int prows, int G, int hbase) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMT; ++mt) {
+        float alpha[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int prow = m0 + warp * Tr::kWarpRows + mt * 16 + h * 8 + g;
+            int qpos, head;
+            unpack_row(prow < prows ? prow : m0, G, hbase, qpos, head);
+            alpha[h] = cuda::join_sink(p.sink_logits[head], p.score_log2, row_max[mt][h], row_sum[mt][h], t);
+        }
+#pragma unroll
+        for (int dt = 0; dt < Tr::kDT; ++dt) {
+            O[mt][dt][0] *= alpha[0];
+            O[mt][dt][1] *= alpha[0];
+            O[mt][dt][2] *= alpha[1];
+            O[mt][dt][3] *= alpha[1];
+        }
+    }
+}
 
 template <class Tr, class E>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
@@ -72,7 +101,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const uint16_t *vg = static_cast<const uint16_t *>(p.v) + voff + kvh * p.v_hs;
 
     // ---- visible key tiles of this CTA (and of this split) -------------------------------------
-    const int off = sk - sq;
+    const int off = cuda::diagonal_offset(p, sq, sk);
     const int qlo = m0 / G;
     const int qhi = (min(m0 + kBM, prows) - 1) / G;
     const cuda::KeyTiles kt = cuda::key_tiles(p, qlo, qhi, sk, off, kBN);
@@ -147,6 +176,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const cuda::SeqInfo se = cuda::seq_info(p, b);
     const int64_t grow0 = se.q_row0;
     const int64_t ooff = varlen ? se.q_row0 * p.o_rs : b * p.o_bs;
+    if (p.sink_logits != nullptr && split == 0) join_sinks<Tr>(p, O, row_max, row_sum, m0, prows, G, hbase);
     float inv[kMT][2], lse[kMT][2];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) cuda::finish_rows(row_max[mt], row_sum[mt], sl2, inv[mt], lse[mt]);

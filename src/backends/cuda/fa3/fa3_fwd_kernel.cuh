@@ -25,6 +25,7 @@
 #include <cuda.h>
 
 #include "backends/cuda/device/ptx_sm90.cuh"
+#include "backends/cuda/device/sink.cuh"
 #include "backends/cuda/fa3/fa3_config.h"
 #include "backends/cuda/fa3/fa3_epilogue.cuh"
 #include "backends/cuda/fa3/fa3_mainloop.cuh"
@@ -50,7 +51,7 @@ __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, un
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         qpos[h] = c.m0 + 64 * w + 16 * warp + g + 8 * h;
-        rdiag[h] = qpos[h] + (sk - sq);
+        rdiag[h] = qpos[h] + cuda::diagonal_offset(p, sq, sk);
     }
 
     float O[kD / 2];
@@ -61,6 +62,18 @@ __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, un
 
     // No visible key: O and row_sum stay 0, which the epilogue writes as O = 0, LSE = -inf.
     if (c.has_keys()) consumer_mainloop<Tr, E>(p, c, smem, bars, w, lane, t, rdiag, sl2, O, row_max, row_sum, pipe);
+    if (p.sink_logits != nullptr) {  // the head's sink joins both row halves (cuda::join_sink)
+        const float sink = p.sink_logits[c.head];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float alpha = cuda::join_sink(sink, sl2, row_max[h], row_sum[h], t);
+#pragma unroll
+            for (int j = 0; j < kD / 8; ++j) {
+                O[4 * j + 2 * h] *= alpha;
+                O[4 * j + 2 * h + 1] *= alpha;
+            }
+        }
+    }
     store_output<Tr, E>(p, c, O, row_max, row_sum, sl2, qpos, t);
 }
 
