@@ -159,8 +159,24 @@ const (
 	DVBatchStride I64Param = C.FLASHATTN_I64_DV_BATCH_STRIDE
 	DVRowStride   I64Param = C.FLASHATTN_I64_DV_ROW_STRIDE
 	DVHeadStride  I64Param = C.FLASHATTN_I64_DV_HEAD_STRIDE
+	// Serving (since 0.3): paged K/V, seqused_k, append with rotary (see the header).
+	PagedKV             I64Param = C.FLASHATTN_I64_PAGED_KV
+	PageSize            I64Param = C.FLASHATTN_I64_PAGE_SIZE
+	NumPages            I64Param = C.FLASHATTN_I64_NUM_PAGES
+	MaxPagesPerSequence I64Param = C.FLASHATTN_I64_MAX_PAGES_PER_SEQUENCE
+	PageTableStride     I64Param = C.FLASHATTN_I64_PAGE_TABLE_STRIDE
+	SequsedK            I64Param = C.FLASHATTN_I64_SEQUSED_K
+	NewKVRows           I64Param = C.FLASHATTN_I64_NEW_KV_ROWS
+	KNewBatchStride     I64Param = C.FLASHATTN_I64_K_NEW_BATCH_STRIDE
+	KNewRowStride       I64Param = C.FLASHATTN_I64_K_NEW_ROW_STRIDE
+	KNewHeadStride      I64Param = C.FLASHATTN_I64_K_NEW_HEAD_STRIDE
+	VNewBatchStride     I64Param = C.FLASHATTN_I64_V_NEW_BATCH_STRIDE
+	VNewRowStride       I64Param = C.FLASHATTN_I64_V_NEW_ROW_STRIDE
+	VNewHeadStride      I64Param = C.FLASHATTN_I64_V_NEW_HEAD_STRIDE
+	RotaryDim           I64Param = C.FLASHATTN_I64_ROTARY_DIM
+	RotaryInterleaved   I64Param = C.FLASHATTN_I64_ROTARY_INTERLEAVED
 	// Attention variants (since 0.3): a MaskAlign value, sink tokens, and 0/1 switches for the
-	// per-head sink logits and ALiBi slopes passed to ExecuteExtras / BackwardExtras.
+	// per-head sink logits and ALiBi slopes passed in an Args (ArgSinkLogits, ArgAlibiSlopes).
 	MaskAlignParam I64Param = C.FLASHATTN_I64_MASK_ALIGN
 	SinkTokens     I64Param = C.FLASHATTN_I64_SINK_TOKENS
 	SinkLogits     I64Param = C.FLASHATTN_I64_SINK_LOGITS
@@ -725,44 +741,128 @@ func (p *Plan) BackwardVarlenRaw(q, k, v, o, dout, lse, dq, dk, dv, cuSeqlensQ, 
 	})
 }
 
-// Extras are the per-call variant arrays of host calls (since 0.3): float32 [heads_q] each, nil
-// when the plan does not use them. DSinkLogits (backward only) receives the sink logits' gradient.
-type Extras struct {
+// Arg is a flashattn_arg_t (since 0.3): which tensor of an argument set.
+type Arg int
+
+const (
+	ArgQ           Arg = C.FLASHATTN_ARG_Q
+	ArgK           Arg = C.FLASHATTN_ARG_K
+	ArgV           Arg = C.FLASHATTN_ARG_V
+	ArgO           Arg = C.FLASHATTN_ARG_O
+	ArgLSE         Arg = C.FLASHATTN_ARG_LSE
+	ArgCuSeqlensQ  Arg = C.FLASHATTN_ARG_CU_SEQLENS_Q
+	ArgCuSeqlensK  Arg = C.FLASHATTN_ARG_CU_SEQLENS_K
+	ArgPageTable   Arg = C.FLASHATTN_ARG_PAGE_TABLE
+	ArgSequsedK    Arg = C.FLASHATTN_ARG_SEQUSED_K
+	ArgKNew        Arg = C.FLASHATTN_ARG_K_NEW
+	ArgVNew        Arg = C.FLASHATTN_ARG_V_NEW
+	ArgRotaryCos   Arg = C.FLASHATTN_ARG_ROTARY_COS
+	ArgRotarySin   Arg = C.FLASHATTN_ARG_ROTARY_SIN
+	ArgSinkLogits  Arg = C.FLASHATTN_ARG_SINK_LOGITS
+	ArgAlibiSlopes Arg = C.FLASHATTN_ARG_ALIBI_SLOPES
+	ArgDSinkLogits Arg = C.FLASHATTN_ARG_DSINK_LOGITS
+	ArgDOut        Arg = C.FLASHATTN_ARG_DOUT
+	ArgDQ          Arg = C.FLASHATTN_ARG_DQ
+	ArgDK          Arg = C.FLASHATTN_ARG_DK
+	ArgDV          Arg = C.FLASHATTN_ARG_DV
+)
+
+// Args is a flashattn_args_t (since 0.3): one raw pointer per Arg, all nil when created. Close it
+// when done (a finalizer does otherwise).
+type Args struct {
+	raw *C.flashattn_args_t
+}
+
+// NewArgs is flashattn_args_create.
+func NewArgs() (*Args, error) {
+	var raw *C.flashattn_args_t
+	if err := call("flashattn_args_create", func() C.flashattn_status_t { return C.flashattn_args_create(&raw) }); err != nil {
+		return nil, err
+	}
+	a := &Args{raw: raw}
+	runtime.SetFinalizer(a, (*Args).Close)
+	return a, nil
+}
+
+// Close destroys the set (the tensors are not touched); closing twice is harmless.
+func (a *Args) Close() {
+	if a.raw != nil {
+		C.flashattn_args_destroy(a.raw)
+		a.raw = nil
+	}
+}
+
+// Set is flashattn_args_set. The library keeps the address until the set is executed: memory
+// behind it (device memory, or a Go slice the caller keeps alive and does not move) must stay
+// valid until then.
+func (a *Args) Set(which Arg, ptr unsafe.Pointer) error {
+	if a.raw == nil {
+		return &Error{Status: StatusInvalidState, Op: "Args.Set", Message: "the argument set is closed"}
+	}
+	defer runtime.KeepAlive(a)
+	addr := uintptr(ptr) // kept as an address: C holds it past this call
+	return call("flashattn_args_set", func() C.flashattn_status_t {
+		return C.flashattn_args_set(a.raw, C.flashattn_arg_t(which), *(*unsafe.Pointer)(unsafe.Pointer(&addr)))
+	})
+}
+
+// Get is flashattn_args_get.
+func (a *Args) Get(which Arg) (unsafe.Pointer, error) {
+	if a.raw == nil {
+		return nil, &Error{Status: StatusInvalidState, Op: "Args.Get", Message: "the argument set is closed"}
+	}
+	defer runtime.KeepAlive(a)
+	var out unsafe.Pointer
+	err := call("flashattn_args_get", func() C.flashattn_status_t {
+		return C.flashattn_args_get(a.raw, C.flashattn_arg_t(which), &out)
+	})
+	return out, err
+}
+
+// ExecuteArgs is flashattn_plan_execute_args (see ExecuteRaw for the pointer rules).
+func (p *Plan) ExecuteArgs(a *Args, workspace unsafe.Pointer, workspaceBytes uintptr, stream unsafe.Pointer) error {
+	h, err := p.handle("ExecuteArgs")
+	if err != nil {
+		return err
+	}
+	defer runtime.KeepAlive(p)
+	defer runtime.KeepAlive(a)
+	return call("flashattn_plan_execute_args", func() C.flashattn_status_t {
+		return C.flashattn_plan_execute_args(h, a.raw, workspace, C.size_t(workspaceBytes), C.flashattn_stream_t(stream))
+	})
+}
+
+// BackwardArgs is flashattn_plan_execute_backward_args (see ExecuteRaw for the pointer rules).
+func (p *Plan) BackwardArgs(a *Args, workspace unsafe.Pointer, workspaceBytes uintptr, stream unsafe.Pointer) error {
+	h, err := p.handle("BackwardArgs")
+	if err != nil {
+		return err
+	}
+	defer runtime.KeepAlive(p)
+	defer runtime.KeepAlive(a)
+	return call("flashattn_plan_execute_backward_args", func() C.flashattn_status_t {
+		return C.flashattn_plan_execute_backward_args(h, a.raw, workspace, C.size_t(workspaceBytes),
+			C.flashattn_stream_t(stream))
+	})
+}
+
+// Variants are the per-head float32 arrays of the attention variants for the host calls below
+// (nil when the plan does not use them); DSinkLogits (backward) receives the sinks' gradient.
+type Variants struct {
 	SinkLogits, AlibiSlopes, DSinkLogits []float32
 }
 
-// ExtrasRaw are the per-call variant arrays as raw pointers (device memory for GPU backends).
-type ExtrasRaw struct {
-	SinkLogits, AlibiSlopes, DSinkLogits unsafe.Pointer
-}
-
-// cExtras has flashattn_extras_t's layout with the pointers as integers: the arrays may be Go
-// memory (kept alive by the caller for the call), and a Go value holding Go pointers may not be
-// passed to C.
-type cExtras struct {
-	structSize                           uint64
-	sinkLogits, alibiSlopes, dsinkLogits uintptr
-}
-
-func (x ExtrasRaw) c() *C.flashattn_extras_t {
-	e := &cExtras{uint64(unsafe.Sizeof(C.flashattn_extras_t{})), uintptr(x.SinkLogits), uintptr(x.AlibiSlopes),
-		uintptr(x.DSinkLogits)}
-	return (*C.flashattn_extras_t)(unsafe.Pointer(e))
-}
-
-// raw checks the arrays' lengths against the plan's query heads and returns their pointers.
-func (x Extras) raw(p *Plan, op string) (ExtrasRaw, error) {
-	var r ExtrasRaw
+// pointers checks the arrays' lengths against the plan's query heads and returns their addresses.
+func (x Variants) pointers(p *Plan, op string) ([3]unsafe.Pointer, error) {
+	var r [3]unsafe.Pointer
 	heads, err := p.GetI64(HeadsQ)
 	if err != nil {
 		return r, err
 	}
-	for _, a := range []struct {
+	for i, a := range []struct {
 		name string
 		s    []float32
-		dst  *unsafe.Pointer
-	}{{"SinkLogits", x.SinkLogits, &r.SinkLogits}, {"AlibiSlopes", x.AlibiSlopes, &r.AlibiSlopes},
-		{"DSinkLogits", x.DSinkLogits, &r.DSinkLogits}} {
+	}{{"SinkLogits", x.SinkLogits}, {"AlibiSlopes", x.AlibiSlopes}, {"DSinkLogits", x.DSinkLogits}} {
 		if a.s == nil {
 			continue
 		}
@@ -770,76 +870,67 @@ func (x Extras) raw(p *Plan, op string) (ExtrasRaw, error) {
 			return r, &Error{Status: StatusInvalidArgument, Op: op,
 				Message: fmt.Sprintf("%s: the slice holds %d values, the plan has %d query heads", a.name, len(a.s), heads)}
 		}
-		*a.dst = unsafe.Pointer(&a.s[0])
+		r[i] = unsafe.Pointer(&a.s[0])
 	}
 	return r, nil
 }
 
-// ExecuteExtras runs a finalized plan on host slices (CPU backend) with the variant arrays the
-// plan's SinkLogits / Alibi keys ask for; cuSeqlensQ/K are nil for a fixed-length plan.
-func (p *Plan) ExecuteExtras(q, k, v, o interface{}, lse []float32, cuSeqlensQ, cuSeqlensK []int32, ex Extras,
+// runArgs fills an argument set with the pointers (nil ones left unset) and runs it.
+func (p *Plan) runArgs(backward bool, set map[Arg]unsafe.Pointer, ws *Workspace) error {
+	a, err := NewArgs()
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	for which, ptr := range set {
+		if ptr != nil {
+			if err := a.Set(which, ptr); err != nil {
+				return err
+			}
+		}
+	}
+	if backward {
+		return p.BackwardArgs(a, ws.ptr(), uintptr(ws.Len()), nil)
+	}
+	return p.ExecuteArgs(a, ws.ptr(), uintptr(ws.Len()), nil)
+}
+
+// ExecuteVariants runs a finalized plan on host slices (CPU backend) through an argument set with
+// the per-head arrays the plan's SinkLogits / Alibi keys ask for; cuSeqlensQ/K nil for a
+// fixed-length plan.
+func (p *Plan) ExecuteVariants(q, k, v, o interface{}, lse []float32, cuSeqlensQ, cuSeqlensK []int32, x Variants,
 	ws *Workspace) error {
-	xr, err := ex.raw(p, "ExecuteExtras")
+	xp, err := x.pointers(p, "ExecuteVariants")
 	if err != nil {
 		return err
 	}
 	varlen := cuSeqlensQ != nil || cuSeqlensK != nil
-	err = p.runHost("ExecuteExtras", false, []interface{}{q, k, v, o}, lse, cuSeqlensQ, cuSeqlensK, varlen, ws,
-		func(a hostArgs, ws *Workspace) error {
-			return p.ExecuteExtrasRaw(a.q, a.k, a.v, a.o, a.lse, a.cuQ, a.cuK, xr, ws.ptr(), uintptr(ws.Len()), nil)
+	err = p.runHost("ExecuteVariants", false, []interface{}{q, k, v, o}, lse, cuSeqlensQ, cuSeqlensK, varlen, ws,
+		func(h hostArgs, ws *Workspace) error {
+			return p.runArgs(false, map[Arg]unsafe.Pointer{ArgQ: h.q, ArgK: h.k, ArgV: h.v, ArgO: h.o, ArgLSE: h.lse,
+				ArgCuSeqlensQ: h.cuQ, ArgCuSeqlensK: h.cuK, ArgSinkLogits: xp[0], ArgAlibiSlopes: xp[1]}, ws)
 		})
-	runtime.KeepAlive(ex)
+	runtime.KeepAlive(x)
 	return err
 }
 
-// ExecuteExtrasRaw is flashattn_plan_execute_extras with raw pointers (see ExecuteRaw); cuSeqlensQ/K
-// nil for a fixed-length plan.
-func (p *Plan) ExecuteExtrasRaw(q, k, v, o, lse, cuSeqlensQ, cuSeqlensK unsafe.Pointer, ex ExtrasRaw,
-	workspace unsafe.Pointer, workspaceBytes uintptr, stream unsafe.Pointer) error {
-	h, err := p.handle("ExecuteExtrasRaw")
-	if err != nil {
-		return err
-	}
-	defer runtime.KeepAlive(p)
-	e := ex.c()
-	return call("flashattn_plan_execute_extras", func() C.flashattn_status_t {
-		return C.flashattn_plan_execute_extras(h, q, k, v, o, (*C.float)(lse), (*C.int32_t)(cuSeqlensQ),
-			(*C.int32_t)(cuSeqlensK), e, workspace, C.size_t(workspaceBytes), C.flashattn_stream_t(stream))
-	})
-}
-
-// BackwardExtras runs the backward pass on host slices (CPU backend) with the variant arrays;
-// with sink logits, ex.DSinkLogits receives their gradient.
-func (p *Plan) BackwardExtras(q, k, v, o, dout interface{}, lse []float32, dq, dk, dv interface{},
-	cuSeqlensQ, cuSeqlensK []int32, ex Extras, ws *Workspace) error {
-	xr, err := ex.raw(p, "BackwardExtras")
+// BackwardVariants runs the backward pass on host slices (CPU backend) through an argument set
+// with the variant arrays; with sink logits, x.DSinkLogits receives their gradient.
+func (p *Plan) BackwardVariants(q, k, v, o, dout interface{}, lse []float32, dq, dk, dv interface{},
+	cuSeqlensQ, cuSeqlensK []int32, x Variants, ws *Workspace) error {
+	xp, err := x.pointers(p, "BackwardVariants")
 	if err != nil {
 		return err
 	}
 	varlen := cuSeqlensQ != nil || cuSeqlensK != nil
-	err = p.runHost("BackwardExtras", true, []interface{}{q, k, v, o, dout, dq, dk, dv}, lse, cuSeqlensQ, cuSeqlensK,
-		varlen, ws, func(a hostArgs, ws *Workspace) error {
-			return p.BackwardExtrasRaw(a.q, a.k, a.v, a.o, a.dout, a.lse, a.dq, a.dk, a.dv, a.cuQ, a.cuK, xr, ws.ptr(),
-				uintptr(ws.Len()), nil)
+	err = p.runHost("BackwardVariants", true, []interface{}{q, k, v, o, dout, dq, dk, dv}, lse, cuSeqlensQ, cuSeqlensK,
+		varlen, ws, func(h hostArgs, ws *Workspace) error {
+			return p.runArgs(true, map[Arg]unsafe.Pointer{ArgQ: h.q, ArgK: h.k, ArgV: h.v, ArgO: h.o, ArgDOut: h.dout,
+				ArgLSE: h.lse, ArgDQ: h.dq, ArgDK: h.dk, ArgDV: h.dv, ArgCuSeqlensQ: h.cuQ, ArgCuSeqlensK: h.cuK,
+				ArgSinkLogits: xp[0], ArgAlibiSlopes: xp[1], ArgDSinkLogits: xp[2]}, ws)
 		})
-	runtime.KeepAlive(ex)
+	runtime.KeepAlive(x)
 	return err
-}
-
-// BackwardExtrasRaw is flashattn_plan_execute_backward_extras with raw pointers (see ExecuteRaw).
-func (p *Plan) BackwardExtrasRaw(q, k, v, o, dout, lse, dq, dk, dv, cuSeqlensQ, cuSeqlensK unsafe.Pointer,
-	ex ExtrasRaw, workspace unsafe.Pointer, workspaceBytes uintptr, stream unsafe.Pointer) error {
-	h, err := p.handle("BackwardExtrasRaw")
-	if err != nil {
-		return err
-	}
-	defer runtime.KeepAlive(p)
-	e := ex.c()
-	return call("flashattn_plan_execute_backward_extras", func() C.flashattn_status_t {
-		return C.flashattn_plan_execute_backward_extras(h, q, k, v, o, dout, (*C.float)(lse), dq, dk, dv,
-			(*C.int32_t)(cuSeqlensQ), (*C.int32_t)(cuSeqlensK), e, workspace, C.size_t(workspaceBytes),
-			C.flashattn_stream_t(stream))
-	})
 }
 
 // MergeStates merges partial attention states on host slices (CPU backend): partialO[s] is a

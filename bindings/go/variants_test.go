@@ -100,7 +100,7 @@ func TestSinksAndAlibi(t *testing.T) {
 	p := variantPlan(t, b, sq, sk, h, d, MaskAlignTopLeft, 1, 1)
 	defer p.Close()
 	o, lse := make([]float32, len(q)), make([]float32, b*h*sq)
-	if err := p.ExecuteExtras(q, k, v, o, lse, nil, nil, Extras{SinkLogits: sinks, AlibiSlopes: slopes}, nil); err != nil {
+	if err := p.ExecuteVariants(q, k, v, o, lse, nil, nil, Variants{SinkLogits: sinks, AlibiSlopes: slopes}, nil); err != nil {
 		t.Fatal(err)
 	}
 	ro, rl := refCausal(q, k, v, b, sq, sk, h, d, 0, sinks, slopes)
@@ -108,6 +108,30 @@ func TestSinksAndAlibi(t *testing.T) {
 	closeTo(t, "LSE", lse, rl, 1e-5)
 	if err := p.Execute(q, k, v, o, nil, nil); err == nil {
 		t.Fatal("Execute ran a plan that needs sink logits")
+	}
+	// The backward's sink gradient, against central differences through the reference.
+	g := randSlice(r, len(q))
+	dq, dk, dv, dsink := make([]float32, len(q)), make([]float32, len(k)), make([]float32, len(v)), make([]float32, h)
+	x := Variants{SinkLogits: sinks, AlibiSlopes: slopes, DSinkLogits: dsink}
+	if err := p.BackwardVariants(q, k, v, o, g, lse, dq, dk, dv, nil, nil, x, nil); err != nil {
+		t.Fatal(err)
+	}
+	for hi := 0; hi < h; hi++ {
+		loss := func(delta float32) float64 {
+			s := append([]float32(nil), sinks...)
+			s[hi] += delta
+			ro, _ := refCausal(q, k, v, b, sq, sk, h, d, 0, s, slopes)
+			sum := 0.0
+			for i := range ro {
+				sum += ro[i] * float64(g[i])
+			}
+			return sum
+		}
+		const eps = 1.0 / 64 // exact in float32
+		fd := (loss(eps) - loss(-eps)) / (2 * eps)
+		if math.Abs(float64(dsink[hi])-fd) > 2e-3*(1+math.Abs(fd)) {
+			t.Fatalf("dsink[%d] = %g, finite differences %g", hi, dsink[hi], fd)
+		}
 	}
 }
 

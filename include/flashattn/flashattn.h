@@ -114,6 +114,22 @@ typedef enum flashattn_i64_param {
     FLASHATTN_I64_DV_BATCH_STRIDE = 42, /**< Backward: elements between batches of dV. Default: contiguous. Since 0.2. */
     FLASHATTN_I64_DV_ROW_STRIDE = 43,   /**< Backward: elements between sequence positions of dV. Default: heads_kv*head_dim_v. Since 0.2. */
     FLASHATTN_I64_DV_HEAD_STRIDE = 44,  /**< Backward: elements between heads of dV. Default: head_dim_v. Since 0.2. */
+    /* Serving (paged K/V cache, seqused_k, append with rotary): see @ref flashattn_serving. Since 0.3. */
+    FLASHATTN_I64_PAGED_KV = 45,        /**< 0 or 1: K and V are caches of pages [num_pages, page_size, heads_kv, dim] addressed through a page table (#FLASHATTN_ARG_PAGE_TABLE); then the K/V BATCH_STRIDE keys are the strides between pages. Run with flashattn_plan_execute_args(). Default 0. Since 0.3. */
+    FLASHATTN_I64_PAGE_SIZE = 46,       /**< Paged: keys per page, 1 or more (any size). Required when paged. Since 0.3. */
+    FLASHATTN_I64_NUM_PAGES = 47,       /**< Paged: pages in the K and V caches. Required when paged. Since 0.3. */
+    FLASHATTN_I64_MAX_PAGES_PER_SEQUENCE = 48, /**< Paged: columns of the page table; page_size times this must be at least seqlen_k. Default: ceil(seqlen_k / page_size). Since 0.3. */
+    FLASHATTN_I64_PAGE_TABLE_STRIDE = 49, /**< Paged: int32 entries between rows (sequences) of the page table; at least max_pages_per_sequence. Default: max_pages_per_sequence. Since 0.3. */
+    FLASHATTN_I64_SEQUSED_K = 50,       /**< 0 or 1: #FLASHATTN_ARG_SEQUSED_K gives each sequence's number of valid keys (with #FLASHATTN_I64_NEW_KV_ROWS: its cache length before the append). Default 0. Since 0.3. */
+    FLASHATTN_I64_NEW_KV_ROWS = 51,     /**< Rows appended to each sequence's cache before attention (#FLASHATTN_ARG_K_NEW, #FLASHATTN_ARG_V_NEW); needs #FLASHATTN_I64_SEQUSED_K = 1. 0 = no append (default). Since 0.3. */
+    FLASHATTN_I64_K_NEW_BATCH_STRIDE = 52, /**< Append: elements between batches of K_new [batch, new_kv_rows, heads_kv, head_dim]. Default: contiguous. Since 0.3. */
+    FLASHATTN_I64_K_NEW_ROW_STRIDE = 53,   /**< Append: elements between rows of K_new. Default: heads_kv*head_dim. Since 0.3. */
+    FLASHATTN_I64_K_NEW_HEAD_STRIDE = 54,  /**< Append: elements between heads of K_new. Default: head_dim. Since 0.3. */
+    FLASHATTN_I64_V_NEW_BATCH_STRIDE = 55, /**< Append: elements between batches of V_new [batch, new_kv_rows, heads_kv, head_dim_v]. Default: contiguous. Since 0.3. */
+    FLASHATTN_I64_V_NEW_ROW_STRIDE = 56,   /**< Append: elements between rows of V_new. Default: heads_kv*head_dim_v. Since 0.3. */
+    FLASHATTN_I64_V_NEW_HEAD_STRIDE = 57,  /**< Append: elements between heads of V_new. Default: head_dim_v. Since 0.3. */
+    FLASHATTN_I64_ROTARY_DIM = 58,      /**< Append: rotary embedding over the first rotary_dim columns of Q and K_new; even, at most head_dim; needs #FLASHATTN_I64_NEW_KV_ROWS > 0. 0 = off (default). Since 0.3. */
+    FLASHATTN_I64_ROTARY_INTERLEAVED = 59, /**< Rotary pairs: 1 = columns (2i, 2i+1) (GPT-J), 0 = columns (i, i + rotary_dim/2) (GPT-NeoX, default). Since 0.3. */
     /** A #flashattn_mask_align_t: where the diagonal of the causal mask, the windows and ALiBi
      * lies when seqlen_q != seqlen_k. Default #FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT. Since 0.3. */
     FLASHATTN_I64_MASK_ALIGN = 60,
@@ -124,14 +140,13 @@ typedef enum flashattn_i64_param {
     /** 0 or 1: a learned sink logit per query head (gpt-oss) joins every row's softmax denominator
      * and contributes no value: O = sum_j e^(s_j) v_j / (e^sink + sum_j e^(s_j)), and the LSE
      * includes it. The logits (fp32, [heads_q], in the units of the scaled and capped scores) are
-     * passed to each call in #flashattn_extras_t::sink_logits; the backward writes their
-     * gradient to #flashattn_extras_t::dsink_logits. Default 0. Since 0.3. */
+     * passed to each call as #FLASHATTN_ARG_SINK_LOGITS; the backward writes their gradient to
+     * #FLASHATTN_ARG_DSINK_LOGITS. Default 0. Since 0.3. */
     FLASHATTN_I64_SINK_LOGITS = 62,
     /** 0 or 1: ALiBi. Each score of query head h gets -slope[h]·|i' - j| added after the softcap,
      * where i' is the key on query i's diagonal (i + seqlen_k - seqlen_q bottom-right, as
      * FlashAttention-2 defines it; i with #FLASHATTN_MASK_ALIGN_TOP_LEFT). The slopes (fp32,
-     * [heads_q]) are passed to each call in #flashattn_extras_t::alibi_slopes; they get no
-     * gradient. Default 0. Since 0.3. */
+     * [heads_q]) are passed to each call as #FLASHATTN_ARG_ALIBI_SLOPES; they get no gradient. Default 0. Since 0.3. */
     FLASHATTN_I64_ALIBI = 63
 } flashattn_i64_param_t;
 
@@ -164,33 +179,43 @@ typedef struct CUstream_st *flashattn_stream_t;
 typedef struct flashattn_plan flashattn_plan_t;
 
 /**
- * @brief Per-call arguments of the attention variants, passed to flashattn_plan_execute_extras()
- * and flashattn_plan_execute_backward_extras(). Since 0.3.
+ * @brief The tensors of a flashattn_plan_execute_args() or flashattn_plan_execute_backward_args()
+ * call, named (pinned values). Since 0.3.
  *
- * A versioned struct: set @c struct_size to sizeof(flashattn_extras_t) as your header defines it
- * (#FLASHATTN_EXTRAS_INIT does) and leave the fields you do not use NULL. Later releases only
- * append fields; the library reads no field past @c struct_size, so a caller compiled against an
- * older header keeps working. Arrays live in the memory of the plan's backend (device memory on
- * the plan's device for GPU backends, host memory for the CPU backend) and are read (or written)
- * in stream order, like the tensors.
+ * Shapes use the plan's sizes; b = batch, n = #FLASHATTN_I64_NEW_KV_ROWS, r = #FLASHATTN_I64_ROTARY_DIM.
  */
-typedef struct flashattn_extras {
-    /** sizeof(flashattn_extras_t) as the caller compiled it; at least the size of the 0.3 struct. */
-    uint64_t struct_size;
-    /** fp32 [heads_q]: the sink logit of each query head. Required when #FLASHATTN_I64_SINK_LOGITS
-     * is 1, else must be NULL. */
-    const float *sink_logits;
-    /** fp32 [heads_q]: the ALiBi slope of each query head. Required when #FLASHATTN_I64_ALIBI is
-     * 1, else must be NULL. */
-    const float *alibi_slopes;
-    /** Backward only, fp32 [heads_q]: receives dLoss/dsink_logits (overwritten), the sum over
-     * every query row of -exp(sink - LSE)·(dO·O). Required by the backward when
-     * #FLASHATTN_I64_SINK_LOGITS is 1; must be NULL in forward calls. */
-    float *dsink_logits;
-} flashattn_extras_t;
+typedef enum flashattn_arg {
+    FLASHATTN_ARG_Q = 1,            /**< Q, as for flashattn_plan_execute() (packed when varlen). Required. */
+    FLASHATTN_ARG_K = 2,            /**< K, or the K cache when paged or appending (written when appending). Required. */
+    FLASHATTN_ARG_V = 3,            /**< V, or the V cache (written when appending). Required. */
+    FLASHATTN_ARG_O = 4,            /**< Output O. Required. */
+    FLASHATTN_ARG_LSE = 5,          /**< Optional output: fp32 LSE, laid out as for flashattn_plan_execute() / _varlen(). */
+    FLASHATTN_ARG_CU_SEQLENS_Q = 6, /**< Varlen: int32 [b + 1] query prefix sums. */
+    FLASHATTN_ARG_CU_SEQLENS_K = 7, /**< Varlen, not paged: int32 [b + 1] key prefix sums (a paged varlen plan takes key lengths from seqused_k or seqlen_k). */
+    FLASHATTN_ARG_PAGE_TABLE = 8,   /**< Paged: int32 [b, max_pages_per_sequence] page indices (row stride #FLASHATTN_I64_PAGE_TABLE_STRIDE). */
+    FLASHATTN_ARG_SEQUSED_K = 9,    /**< #FLASHATTN_I64_SEQUSED_K: int32 [b] keys used per sequence (cache lengths before the append). Read, never written. */
+    FLASHATTN_ARG_K_NEW = 10,       /**< Append: [b, n, heads_kv, head_dim] rows to append to the K cache. */
+    FLASHATTN_ARG_V_NEW = 11,       /**< Append: [b, n, heads_kv, head_dim_v] rows to append to the V cache. */
+    FLASHATTN_ARG_ROTARY_COS = 12,  /**< Rotary: fp32 [seqlen_k, r/2] contiguous, cos of position p and frequency i at [p][i]. */
+    FLASHATTN_ARG_ROTARY_SIN = 13,  /**< Rotary: fp32 [seqlen_k, r/2] contiguous, the sines. */
+    FLASHATTN_ARG_SINK_LOGITS = 20, /**< #FLASHATTN_I64_SINK_LOGITS: fp32 [heads_q] sink logit of each query head. Read only. */
+    FLASHATTN_ARG_ALIBI_SLOPES = 21, /**< #FLASHATTN_I64_ALIBI: fp32 [heads_q] ALiBi slope of each query head. Read only. */
+    FLASHATTN_ARG_DSINK_LOGITS = 22, /**< Backward with #FLASHATTN_I64_SINK_LOGITS: fp32 [heads_q] output, dLoss/dsink (overwritten): the sum over the head's query rows of -exp(sink - LSE)·(dO·O). Required there. */
+    FLASHATTN_ARG_DOUT = 30,        /**< Backward: dO, laid out as O with the DO_* strides. Required there. */
+    FLASHATTN_ARG_DQ = 31,          /**< Backward output: dQ (layout of Q, DQ_* strides). Required there. */
+    FLASHATTN_ARG_DK = 32,          /**< Backward output: dK (layout of K, DK_* strides). Required there. */
+    FLASHATTN_ARG_DV = 33           /**< Backward output: dV (layout of V, DV_* strides). Required there. */
+} flashattn_arg_t;
 
-/** @brief Initializer of a #flashattn_extras_t with its size set and every array NULL. */
-#define FLASHATTN_EXTRAS_INIT {sizeof(flashattn_extras_t), NULL, NULL, NULL}
+/**
+ * @brief Opaque set of tensor pointers for flashattn_plan_execute_args(): one pointer per
+ * #flashattn_arg_t, all NULL when created. Since 0.3.
+ *
+ * It holds only pointers (it owns no tensor and allocates nothing after creation), so one object
+ * can be reused for every call, its pointers replaced between calls. One thread at a time may set
+ * it; a call that executes it only reads it.
+ */
+typedef struct flashattn_args flashattn_args_t;
 
 /** @} */
 
@@ -560,65 +585,158 @@ FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward_varlen(
 /** @} */
 
 /**
- * @defgroup flashattn_variants Attention variants and merging partial states
- * @brief Sink logits and ALiBi slopes passed per call, and the merge of partial attention states
- * (cascade and context-parallel attention). Since 0.3.
+ * @defgroup flashattn_serving Serving: paged K/V cache, seqused_k, append with rotary
+ * @brief One call per decode or prefill step over a K/V cache. Since 0.3.
  *
- * The plan keys #FLASHATTN_I64_MASK_ALIGN and #FLASHATTN_I64_SINK_TOKENS need no per-call data and
- * work with every execute function. #FLASHATTN_I64_SINK_LOGITS and #FLASHATTN_I64_ALIBI need
- * per-head arrays: run such plans with the functions below (flashattn_plan_execute() and the other
- * 0.2 functions refuse them with #FLASHATTN_ERROR_INVALID_ARGUMENT). Backends that cannot run a
- * variant say so at finalize (#FLASHATTN_BACKEND_AUTO falls back to one that can).
+ * Plans that use #FLASHATTN_I64_PAGED_KV, #FLASHATTN_I64_SEQUSED_K or #FLASHATTN_I64_NEW_KV_ROWS
+ * run with flashattn_plan_execute_args() only (the other execute calls answer
+ * #FLASHATTN_ERROR_INVALID_STATE); any plan may use it. They have no backward pass.
+ *
+ * **Keys.** Sequence b attends over L_b keys: seqused_k[b] (+ n when appending) with
+ * #FLASHATTN_I64_SEQUSED_K, otherwise its cu_seqlens_k length (varlen) or seqlen_k. Causal and
+ * window masks are aligned to L_b (query i of a sequence of s_q queries sees key j <= i + L_b - s_q).
+ * Paged: key t of sequence b is row t % page_size of page page_table[b][t / page_size] of the caches;
+ * only the pages that hold keys below L_b are read.
+ *
+ * **Append.** With n = #FLASHATTN_I64_NEW_KV_ROWS > 0, before attention the call writes row j of
+ * K_new and V_new (for every key/value head) into sequence b's cache at key position
+ * seqused_k[b] + j, then attends over the seqused_k[b] + n keys. The library never writes
+ * seqused_k: after the call the caller advances it by n (the usual contract of FlashAttention's
+ * kvcache call). Two sequences whose page tables share a page slot that both write give undefined
+ * results. The K and V caches may interleave (one pool [pages, 2, page_size, heads, dim]) but must
+ * not overlap any other tensor.
+ *
+ * **Rotary.** With r = #FLASHATTN_I64_ROTARY_DIM > 0, the first r columns of Q and of K_new are
+ * rotated before use: query row i of sequence b at position p = seqused_k[b] + i, new key row j at
+ * p = seqused_k[b] + j. Pairs are (2i, 2i+1) when #FLASHATTN_I64_ROTARY_INTERLEAVED = 1, else
+ * (i, i + r/2); a pair (x, y) becomes (x·cos - y·sin, x·sin + y·cos) with cos, sin =
+ * table[p][i]. V is never rotated. The rotation is computed in at least fp32 and rounded once to
+ * the dtype; the cache receives the rotated K. The result equals, element for element, rotating,
+ * writing the cache, then attending with the rotated Q.
+ *
+ * **Bad input.** The CPU backend reads the int32 arrays and checks them before writing anything:
+ * page indices outside [0, num_pages), seqused_k negative or above the cache (seqlen_k; for a
+ * varlen contiguous cache, its cu_seqlens_k length) counting the append, rotary positions beyond
+ * the table, are #FLASHATTN_ERROR_INVALID_ARGUMENT with a message naming the entry. GPU backends
+ * cannot read device memory without synchronising: there the same rules are the caller's
+ * contract, and breaking them is undefined behaviour.
+ *
+ * **Backends.** The CPU backend runs every feature. GPU backends that lack one answer
+ * #FLASHATTN_ERROR_NOT_SUPPORTED at finalize, naming it.
  * @{
  */
 
 /**
- * @brief Run the forward pass of a finalized plan with per-call variant arguments. Since 0.3.
+ * @brief Create an argument set with every pointer NULL. Since 0.3.
+ * @param[out] args Receives the new object; set to NULL on error.
+ * @retval FLASHATTN_SUCCESS
+ * @retval FLASHATTN_ERROR_INVALID_ARGUMENT @p args is NULL.
+ * @retval FLASHATTN_ERROR_ALLOCATION out of host memory.
+ */
+FLASHATTN_API flashattn_status_t flashattn_args_create(flashattn_args_t **args);
+
+/**
+ * @brief Destroy an argument set (the tensors it points to are not touched). Never fails. Since 0.3.
+ * @param args The object, or NULL (then nothing happens).
+ */
+FLASHATTN_API void flashattn_args_destroy(flashattn_args_t *args);
+
+/**
+ * @brief Set (or, with NULL, clear) one tensor pointer of an argument set. Since 0.3.
  *
- * @param plan A finalized plan, fixed-length or variable-length.
- * @param q, k, v, o, lse As for flashattn_plan_execute().
- * @param cu_seqlens_q, cu_seqlens_k For a variable-length plan, as for
- * flashattn_plan_execute_varlen(); NULL for a fixed-length plan.
- * @param extras The variant arrays (see #flashattn_extras_t); may be NULL when the plan uses none.
+ * Nothing is read through the pointer here; flashattn_plan_execute_args() checks it against the
+ * plan. The pointer is const for convenience: the call writes through those of its outputs
+ * (O, LSE, and the K and V caches when appending).
+ * @param args The argument set.
+ * @param which Which tensor.
+ * @param ptr Its address (host or device memory, as the plan's backend needs), or NULL.
+ * @retval FLASHATTN_SUCCESS
+ * @retval FLASHATTN_ERROR_INVALID_ARGUMENT NULL @p args, or @p which is not a #flashattn_arg_t value.
+ */
+FLASHATTN_API flashattn_status_t flashattn_args_set(flashattn_args_t *args, flashattn_arg_t which,
+                                                    const void *ptr);
+
+/**
+ * @brief Read one tensor pointer of an argument set. Since 0.3.
+ * @param args The argument set.
+ * @param which Which tensor.
+ * @param[out] ptr Receives the pointer (NULL when not set).
+ * @retval FLASHATTN_SUCCESS
+ * @retval FLASHATTN_ERROR_INVALID_ARGUMENT NULL @p args or @p ptr, or @p which is not a #flashattn_arg_t value.
+ */
+FLASHATTN_API flashattn_status_t flashattn_args_get(const flashattn_args_t *args, flashattn_arg_t which,
+                                                    const void **ptr);
+
+/**
+ * @brief Run the forward pass of a finalized plan with the tensors of an argument set: the one
+ * call for paged K/V, seqused_k and append with rotary, and usable for any plan. Since 0.3.
+ *
+ * Every pointer the plan needs must be set (Q, K, V, O always; the cu_seqlens for varlen plans,
+ * cu_seqlens_k only without pages; the page table when paged; seqused_k with
+ * #FLASHATTN_I64_SEQUSED_K; K_new and V_new when appending; cos and sin with rotary) and no other
+ * (LSE is optional): a pointer the plan does not use is an error, not silently ignored. Outputs
+ * must not overlap any input; see @ref flashattn_serving for the K/V caches.
+ *
+ * @param plan A finalized plan.
+ * @param args Its tensors.
  * @param workspace, workspace_bytes As for flashattn_plan_execute().
  * @param stream As for flashattn_plan_execute().
- *
- * With sink logits, a row that sees no key gets O = 0 and LSE = its head's sink logit.
- *
  * @retval FLASHATTN_SUCCESS
- * @retval FLASHATTN_ERROR_INVALID_ARGUMENT as flashattn_plan_execute(); also a @p extras whose
- * struct_size is too small, a missing array the plan needs, an array given that it does not use,
- * cu_seqlens passed to a fixed-length plan or missing for a variable-length one.
+ * @retval FLASHATTN_ERROR_INVALID_ARGUMENT NULL plan or args, a required pointer NULL, a pointer
+ * the plan does not use, overlapping tensors, wrong memory kind; on the CPU backend also bad
+ * cu_seqlens, page indices, seqused_k or rotary positions (nothing is written).
  * @retval FLASHATTN_ERROR_INVALID_STATE the plan is not finalized.
  * @retval FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE @p workspace_bytes is below the plan's need.
  * @retval FLASHATTN_ERROR_DEVICE a kernel launch failed.
  */
-FLASHATTN_API flashattn_status_t flashattn_plan_execute_extras(
-    const flashattn_plan_t *plan, const void *q, const void *k, const void *v, void *o, float *lse,
-    const int32_t *cu_seqlens_q, const int32_t *cu_seqlens_k, const flashattn_extras_t *extras,
-    void *workspace, size_t workspace_bytes, flashattn_stream_t stream);
+FLASHATTN_API flashattn_status_t flashattn_plan_execute_args(const flashattn_plan_t *plan,
+                                                             const flashattn_args_t *args,
+                                                             void *workspace, size_t workspace_bytes,
+                                                             flashattn_stream_t stream);
+
+/** @} */
 
 /**
- * @brief Run the backward pass of a finalized plan with per-call variant arguments. Since 0.3.
+ * @defgroup flashattn_variants Attention variants and merging partial states
+ * @brief Top-left alignment, sink tokens, sink logits, ALiBi, the backward through an argument
+ * set, and the merge of partial attention states (cascade and context-parallel attention). Since 0.3.
  *
- * @param plan A finalized plan, fixed-length or variable-length.
- * @param q, k, v, o, dout, lse, dq, dk, dv As for flashattn_plan_execute_backward().
- * @param cu_seqlens_q, cu_seqlens_k For a variable-length plan, as for
- * flashattn_plan_execute_varlen(); NULL for a fixed-length plan.
- * @param extras The variant arrays, the same the forward had; with sink logits also
- * @c dsink_logits. May be NULL when the plan uses none.
+ * The plan keys #FLASHATTN_I64_MASK_ALIGN and #FLASHATTN_I64_SINK_TOKENS need no per-call data and
+ * work with every execute function. #FLASHATTN_I64_SINK_LOGITS and #FLASHATTN_I64_ALIBI need
+ * per-head fp32 arrays (#FLASHATTN_ARG_SINK_LOGITS, #FLASHATTN_ARG_ALIBI_SLOPES): run such plans
+ * with flashattn_plan_execute_args() and flashattn_plan_execute_backward_args() (the 0.2 execute
+ * functions refuse them with #FLASHATTN_ERROR_INVALID_ARGUMENT). With sink logits, a row that sees
+ * no key gets O = 0 and LSE = its head's sink logit. Backends that cannot run a variant say so at
+ * finalize, naming it (#FLASHATTN_BACKEND_AUTO falls back to one that can).
+ * @{
+ */
+
+/**
+ * @brief Run the backward pass of a finalized plan with the tensors of an argument set. Since 0.3.
+ *
+ * Set Q, K, V, O, LSE (the forward's, required), #FLASHATTN_ARG_DOUT, #FLASHATTN_ARG_DQ,
+ * #FLASHATTN_ARG_DK, #FLASHATTN_ARG_DV, the cu_seqlens for a variable-length plan, and the
+ * variant arrays the plan uses (#FLASHATTN_ARG_SINK_LOGITS with #FLASHATTN_ARG_DSINK_LOGITS,
+ * #FLASHATTN_ARG_ALIBI_SLOPES); no other pointer (the serving features have no backward pass).
+ * Layouts and rules are those of flashattn_plan_execute_backward() / _varlen().
+ *
+ * @param plan A finalized plan.
+ * @param args Its tensors.
  * @param workspace, workspace_bytes As for flashattn_plan_execute_backward().
  * @param stream As for flashattn_plan_execute().
- *
- * @return As flashattn_plan_execute_backward(), with the @p extras and cu_seqlens rules of
- * flashattn_plan_execute_extras(); #FLASHATTN_ERROR_NOT_SUPPORTED when the plan's backward
- * backend does not run a variant the plan uses (flashattn_plan_get_backward_backend() says why).
+ * @retval FLASHATTN_SUCCESS
+ * @retval FLASHATTN_ERROR_INVALID_ARGUMENT NULL plan or args, a required pointer NULL, a pointer
+ * the backward does not use, overlapping tensors, wrong memory kind; bad cu_seqlens (CPU backend).
+ * @retval FLASHATTN_ERROR_INVALID_STATE the plan is not finalized.
+ * @retval FLASHATTN_ERROR_NOT_SUPPORTED no backend can run this plan's backward pass (with the
+ * variants it uses: flashattn_plan_get_backward_backend() says why).
+ * @retval FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE @p workspace_bytes is below the plan's need.
+ * @retval FLASHATTN_ERROR_DEVICE a kernel launch failed.
  */
-FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward_extras(
-    const flashattn_plan_t *plan, const void *q, const void *k, const void *v, const void *o,
-    const void *dout, const float *lse, void *dq, void *dk, void *dv, const int32_t *cu_seqlens_q,
-    const int32_t *cu_seqlens_k, const flashattn_extras_t *extras, void *workspace,
-    size_t workspace_bytes, flashattn_stream_t stream);
+FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward_args(const flashattn_plan_t *plan,
+                                                                      const flashattn_args_t *args,
+                                                                      void *workspace, size_t workspace_bytes,
+                                                                      flashattn_stream_t stream);
 
 /** @brief The most partial states one flashattn_plan_merge_states() call merges. Since 0.3. */
 #define FLASHATTN_MAX_MERGE_PARTIALS 128

@@ -28,6 +28,9 @@ flashattn_status_t check_call_state(const flashattn_plan_t *plan, bool varlen_ca
 
 flashattn_status_t run(const flashattn_plan_t *plan, bool varlen_call, const Tensors &t) {
     FLASHATTN_TRY(check_call_state(plan, varlen_call, "flashattn_plan_execute", "flashattn_plan_execute_varlen"));
+    if (const char *feature = serving_feature(plan->problem))
+        return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: uses %s, whose tensors only flashattn_plan_execute_args takes",
+                    feature);
     return execute_plan(plan, t);
 }
 
@@ -150,6 +153,21 @@ FLASHATTN_API flashattn_status_t flashattn_plan_get_i64(const flashattn_plan_t *
             case FLASHATTN_I64_SINK_TOKENS: *value = p.sink_tokens; break;
             case FLASHATTN_I64_SINK_LOGITS: *value = p.sink_logits; break;
             case FLASHATTN_I64_ALIBI: *value = p.alibi; break;
+            case FLASHATTN_I64_PAGED_KV: *value = p.serving.paged; break;
+            case FLASHATTN_I64_PAGE_SIZE: *value = p.serving.page_size; break;
+            case FLASHATTN_I64_NUM_PAGES: *value = p.serving.num_pages; break;
+            case FLASHATTN_I64_MAX_PAGES_PER_SEQUENCE: *value = p.serving.max_pages; break;
+            case FLASHATTN_I64_PAGE_TABLE_STRIDE: *value = p.serving.page_table_stride; break;
+            case FLASHATTN_I64_SEQUSED_K: *value = p.serving.seqused_k; break;
+            case FLASHATTN_I64_NEW_KV_ROWS: *value = p.serving.new_rows; break;
+            case FLASHATTN_I64_K_NEW_BATCH_STRIDE: *value = p.serving.k_new.batch; break;
+            case FLASHATTN_I64_K_NEW_ROW_STRIDE: *value = p.serving.k_new.row; break;
+            case FLASHATTN_I64_K_NEW_HEAD_STRIDE: *value = p.serving.k_new.head; break;
+            case FLASHATTN_I64_V_NEW_BATCH_STRIDE: *value = p.serving.v_new.batch; break;
+            case FLASHATTN_I64_V_NEW_ROW_STRIDE: *value = p.serving.v_new.row; break;
+            case FLASHATTN_I64_V_NEW_HEAD_STRIDE: *value = p.serving.v_new.head; break;
+            case FLASHATTN_I64_ROTARY_DIM: *value = p.serving.rotary_dim; break;
+            case FLASHATTN_I64_ROTARY_INTERLEAVED: *value = p.serving.rotary_interleaved; break;
         }
         return FLASHATTN_SUCCESS;
     });

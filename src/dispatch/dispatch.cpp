@@ -31,6 +31,14 @@ std::string variant_reason(const Problem &p, const Backend &b, unsigned runs, co
     return std::string("the ") + b.name + " " + pass + " does not run " + variant_names(missing, names, sizeof names);
 }
 
+// The serving features (paged K/V, seqused_k, append with rotary) run on the CPU backend only so
+// far; a GPU backend that gains one answers for it in its own unsupported_reason.
+std::string serving_unsupported(const Backend &b, const Problem &problem) {
+    const char *feature = serving_feature(problem);
+    if (feature == nullptr || b.id == FLASHATTN_BACKEND_CPU) return std::string();
+    return std::string(b.name) + " does not implement " + feature + " yet; the cpu backend does";
+}
+
 // Each compiled backend's backward support for the problem (unsupported: why not).
 void backward_candidates(const Problem &problem, const DeviceInfo &dev, Candidate candidates[5]) {
     for (flashattn_backend_t id : {FLASHATTN_BACKEND_CPU, FLASHATTN_BACKEND_FA1, FLASHATTN_BACKEND_FA2, FLASHATTN_BACKEND_FA3}) {
@@ -42,6 +50,8 @@ void backward_candidates(const Problem &problem, const DeviceInfo &dev, Candidat
             candidates[id].unsupported = std::string(b->name) + " has no backward pass";
         else if (id != FLASHATTN_BACKEND_CPU && !dev.present)
             candidates[id].unsupported = "no usable CUDA device (" + dev.absent_reason + ")";
+        else if (const char *feature = serving_feature(problem))
+            candidates[id].unsupported = std::string("the backward pass does not support ") + feature;
         else
             candidates[id].unsupported = b->backward_unsupported_reason(problem, dev);
         if (candidates[id].unsupported.empty())
@@ -88,6 +98,7 @@ flashattn_status_t finalize_plan(flashattn_plan *plan) {
             candidates[id].unsupported = b->unsupported_reason(problem, dev);
         if (candidates[id].unsupported.empty())
             candidates[id].unsupported = variant_reason(problem, *b, b->forward_variants, "backend");
+        if (candidates[id].unsupported.empty()) candidates[id].unsupported = serving_unsupported(*b, problem);
         if (candidates[id].unsupported.empty() && b->auto_pass_reason != nullptr)
             candidates[id].auto_pass = b->auto_pass_reason(problem, dev);
     }

@@ -79,6 +79,21 @@ const KeyInfo *key_info(int key) {
         {"FLASHATTN_I64_DV_BATCH_STRIDE", 1, kNoMax, -1},
         {"FLASHATTN_I64_DV_ROW_STRIDE", 1, kNoMax, -1},
         {"FLASHATTN_I64_DV_HEAD_STRIDE", 1, kNoMax, -1},
+        /* PAGED_KV */ {"FLASHATTN_I64_PAGED_KV", 0, 1, 0},
+        /* PAGE_SIZE */ {"FLASHATTN_I64_PAGE_SIZE", 1, INT32_MAX, 0},
+        /* NUM_PAGES */ {"FLASHATTN_I64_NUM_PAGES", 1, INT32_MAX, 0},
+        /* MAX_PAGES_PER_SEQUENCE */ {"FLASHATTN_I64_MAX_PAGES_PER_SEQUENCE", 1, INT32_MAX, -1},
+        /* PAGE_TABLE_STRIDE */ {"FLASHATTN_I64_PAGE_TABLE_STRIDE", 1, kNoMax, -1},
+        /* SEQUSED_K */ {"FLASHATTN_I64_SEQUSED_K", 0, 1, 0},
+        /* NEW_KV_ROWS */ {"FLASHATTN_I64_NEW_KV_ROWS", 0, INT32_MAX, 0},
+        {"FLASHATTN_I64_K_NEW_BATCH_STRIDE", 1, kNoMax, -1},
+        {"FLASHATTN_I64_K_NEW_ROW_STRIDE", 1, kNoMax, -1},
+        {"FLASHATTN_I64_K_NEW_HEAD_STRIDE", 1, kNoMax, -1},
+        {"FLASHATTN_I64_V_NEW_BATCH_STRIDE", 1, kNoMax, -1},
+        {"FLASHATTN_I64_V_NEW_ROW_STRIDE", 1, kNoMax, -1},
+        {"FLASHATTN_I64_V_NEW_HEAD_STRIDE", 1, kNoMax, -1},
+        /* ROTARY_DIM */ {"FLASHATTN_I64_ROTARY_DIM", 0, 256, 0},
+        /* ROTARY_INTERLEAVED */ {"FLASHATTN_I64_ROTARY_INTERLEAVED", 0, 1, 0},
     };
     if (key >= kFirstVariantKey) return variant_key_info(key);
     if (key < 0 || table[key].name == nullptr) return nullptr;
@@ -87,7 +102,9 @@ const KeyInfo *key_info(int key) {
 
 bool is_stride_key(int key) {
     return (key >= FLASHATTN_I64_Q_BATCH_STRIDE && key <= FLASHATTN_I64_O_HEAD_STRIDE) ||
-           (key >= FLASHATTN_I64_DO_BATCH_STRIDE && key <= FLASHATTN_I64_DV_HEAD_STRIDE);
+           (key >= FLASHATTN_I64_DO_BATCH_STRIDE && key <= FLASHATTN_I64_DV_HEAD_STRIDE) ||
+           (key >= FLASHATTN_I64_K_NEW_BATCH_STRIDE && key <= FLASHATTN_I64_V_NEW_HEAD_STRIDE) ||
+           key == FLASHATTN_I64_PAGE_TABLE_STRIDE;
 }
 
 }  // namespace
@@ -124,6 +141,9 @@ flashattn_status_t check_i64_value(int key, int64_t value) {
         return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: %s must be in [%lld, %lld] (got %lld)", info->name,
                     (long long)info->min, (long long)info->max, (long long)value);
     }
+    if (key == FLASHATTN_I64_ROTARY_DIM && value % 2 != 0)
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: %s must be even, it rotates pairs of columns (got %lld)",
+                    info->name, (long long)value);
     if ((key == FLASHATTN_I64_HEAD_DIM || key == FLASHATTN_I64_HEAD_DIM_V) && value % 8 != 0)
         return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: %s must be a multiple of 8 (got %lld)", info->name, (long long)value);
     return FLASHATTN_SUCCESS;

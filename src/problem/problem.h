@@ -20,6 +20,25 @@ struct Strides {
 struct TensorExtents {
     size_t q = 0, k = 0, v = 0, o = 0, lse = 0;
     size_t dout = 0, dq = 0, dk = 0, dv = 0;  // the backward's tensors
+    size_t page_table = 0, seqused_k = 0, k_new = 0, v_new = 0, rotary = 0;  // serving (0 when unused)
+};
+
+// The serving features (issue 18): a paged K/V cache, per-sequence key counts, rows appended to
+// the cache before attention with an optional rotary embedding. All off by default.
+struct Serving {
+    bool paged = false;
+    int64_t page_size = 0;          // keys per page
+    int64_t num_pages = 0;          // pages in each cache (K's and V's outer dimension)
+    int64_t max_pages = 0;          // page-table columns
+    int64_t page_table_stride = 0;  // int32 entries between page-table rows
+    bool seqused_k = false;         // per-sequence key counts (cache lengths before the append)
+    int64_t new_rows = 0;           // rows appended per sequence (0: no append)
+    Strides k_new, v_new;           // [batch, new_rows, heads_kv, dim]
+    int64_t rotary_dim = 0;         // 0: no rotary
+    bool rotary_interleaved = false;
+
+    bool appends() const { return new_rows > 0; }
+    bool any() const { return paged || seqused_k || appends(); }
 };
 
 struct Problem {
@@ -42,6 +61,7 @@ struct Problem {
     Strides q, k, v, o;
     Strides dout, dq, dk, dv;  // backward: the layouts of O, Q, K, V with their own strides
     bool deterministic = false;  // backward: reduce in a fixed order (bitwise-reproducible)
+    Serving serving;
     TensorExtents extents;  // resolved once: what every execute's overlap checks read
     int32_t device = 0;
     // Attention variants (problem/variants.cpp resolves them; since 0.3).
@@ -60,9 +80,20 @@ struct Problem {
     int64_t total_query_rows() const { return varlen ? total_q : batch * seqlen_q; }
     size_t element_size() const;
     bool has_mask() const { return causal || window_left >= 0 || window_right >= 0; }
-    // Any variant that the GPU kernels written before 0.3 do not know.
-    bool has_variant() const { return top_left || sink_tokens > 0 || sink_logits || alibi; }
+    // K and V's outer dimension and rows: pages of page_size keys when paged; otherwise those of
+    // the batch (one packed "batch" when varlen).
+    int64_t kv_outer() const { return serving.paged ? serving.num_pages : batch_extent(); }
+    int64_t kv_rows() const { return serving.paged ? serving.page_size : k_rows(); }
 };
+
+// The first serving feature `p` uses, in the user's words with its key; nullptr when none. What a
+// backend without that feature names in its NOT_SUPPORTED reason.
+inline const char *serving_feature(const Problem &p) {
+    if (p.serving.paged) return "a paged K/V cache (FLASHATTN_I64_PAGED_KV)";
+    if (p.serving.appends()) return "appending to the K/V cache (FLASHATTN_I64_NEW_KV_ROWS)";
+    if (p.serving.seqused_k) return "per-sequence key counts (FLASHATTN_I64_SEQUSED_K)";
+    return nullptr;
+}
 
 // Pointers of one execute call (forward or backward). cu_seqlens are set for varlen plans only.
 struct Tensors {
@@ -82,10 +113,18 @@ struct Tensors {
     void *dq = nullptr;
     void *dk = nullptr;
     void *dv = nullptr;
-    // Variant arrays (flashattn_extras_t), fp32 [heads_q]; null when the plan uses none.
+    // Variant arrays (FLASHATTN_ARG_SINK_LOGITS ...), fp32 [heads_q]; null when the plan uses none.
     const float *sink_logits = nullptr;
     const float *alibi_slopes = nullptr;
     float *dsink_logits = nullptr;  // backward output
+    // Serving (flashattn_plan_execute_args only; null otherwise). With an append, k and v are the
+    // caches and are written.
+    const int32_t *page_table = nullptr;
+    const int32_t *seqused_k = nullptr;
+    const void *k_new = nullptr;
+    const void *v_new = nullptr;
+    const float *rotary_cos = nullptr;
+    const float *rotary_sin = nullptr;
 };
 
 // The keys query `row` (0-based within its sequence of length sq, against sk keys) may see form

@@ -83,14 +83,81 @@ flashattn_status_t check_extents(const Problem &p) {
         {rows_k, p.heads_kv, p.head_dim, p.dk, "dK"}, {rows_k, p.heads_kv, p.head_dim_v, p.dv, "dV"}};
     for (const auto &t : tensors) {
         int64_t end, bytes;
-        if (!tensor_end(p.batch, t.rows, t.heads, t.dim, t.s, p.varlen, &end) || !mul_add(end, es, 0, &bytes))
+        const bool cache = t.name[0] == 'K' || t.name[0] == 'V';  // paged: pages, not batches
+        const int64_t outer = cache ? p.kv_outer() : p.batch;
+        const int64_t rows = cache ? p.kv_rows() : t.rows;
+        const bool packed = p.varlen && !(cache && p.serving.paged);
+        if (!tensor_end(outer, rows, t.heads, t.dim, t.s, packed, &end) || !mul_add(end, es, 0, &bytes))
             return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: its size in bytes overflows 64 bits", t.name);
     }
+    const Serving &sv = p.serving;
+    if (sv.appends()) {
+        int64_t end, bytes;
+        if (!tensor_end(p.batch, sv.new_rows, p.heads_kv, p.head_dim, sv.k_new, false, &end) || !mul_add(end, es, 0, &bytes))
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "K_new: its size in bytes overflows 64 bits");
+        if (!tensor_end(p.batch, sv.new_rows, p.heads_kv, p.head_dim_v, sv.v_new, false, &end) || !mul_add(end, es, 0, &bytes))
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "V_new: its size in bytes overflows 64 bits");
+    }
+    int64_t table;
+    if (sv.paged && (!mul_add(p.batch - 1, sv.page_table_stride, sv.max_pages, &table) || !mul_add(table, 4, 0, &table)))
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "FLASHATTN_I64_PAGE_TABLE_STRIDE: the page table's size in bytes overflows 64 bits");
     int64_t lse;
     if (!mul_add(p.batch_extent(), p.heads_q, 0, &lse) || !mul_add(lse, rows_q, 0, &lse) ||
         !mul_add(lse, 4, 0, &lse))
         return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "LSE: its size in bytes overflows 64 bits");
     return FLASHATTN_SUCCESS;
+}
+
+// The paged-cache sizes (before the strides, whose defaults depend on the page size).
+flashattn_status_t resolve_paging(const PlanParams &params, Problem *p) {
+    Serving &sv = p->serving;
+    sv.paged = params.get(FLASHATTN_I64_PAGED_KV, 0) != 0;
+    if (!sv.paged) return FLASHATTN_SUCCESS;
+    FLASHATTN_TRY(require(params, FLASHATTN_I64_PAGE_SIZE));
+    FLASHATTN_TRY(require(params, FLASHATTN_I64_NUM_PAGES));
+    sv.page_size = params.get(FLASHATTN_I64_PAGE_SIZE, 0);
+    sv.num_pages = params.get(FLASHATTN_I64_NUM_PAGES, 0);
+    sv.max_pages = params.get(FLASHATTN_I64_MAX_PAGES_PER_SEQUENCE, (p->seqlen_k + sv.page_size - 1) / sv.page_size);
+    int64_t capacity;
+    if (mul_add(sv.max_pages, sv.page_size, 0, &capacity) && capacity < p->seqlen_k)
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                    "FLASHATTN_I64_MAX_PAGES_PER_SEQUENCE: %lld pages of %lld keys hold fewer than FLASHATTN_I64_SEQLEN_K = %lld keys",
+                    (long long)sv.max_pages, (long long)sv.page_size, (long long)p->seqlen_k);
+    sv.page_table_stride = params.get(FLASHATTN_I64_PAGE_TABLE_STRIDE, sv.max_pages);
+    if (sv.page_table_stride < sv.max_pages)
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                    "FLASHATTN_I64_PAGE_TABLE_STRIDE: %lld entries is less than FLASHATTN_I64_MAX_PAGES_PER_SEQUENCE = %lld; "
+                    "rows of the page table would overlap",
+                    (long long)sv.page_table_stride, (long long)sv.max_pages);
+    return FLASHATTN_SUCCESS;
+}
+
+// seqused_k, the append and the rotary embedding: their rules between keys.
+flashattn_status_t resolve_append(const PlanParams &params, Problem *p) {
+    Serving &sv = p->serving;
+    sv.seqused_k = params.get(FLASHATTN_I64_SEQUSED_K, 0) != 0;
+    sv.new_rows = params.get(FLASHATTN_I64_NEW_KV_ROWS, 0);
+    sv.rotary_dim = params.get(FLASHATTN_I64_ROTARY_DIM, 0);
+    sv.rotary_interleaved = params.get(FLASHATTN_I64_ROTARY_INTERLEAVED, 0) != 0;
+    if (sv.appends() && !sv.seqused_k)
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                    "FLASHATTN_I64_NEW_KV_ROWS: appending needs the cache lengths; set FLASHATTN_I64_SEQUSED_K = 1");
+    if (sv.new_rows > p->seqlen_k)
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                    "FLASHATTN_I64_NEW_KV_ROWS: %lld rows do not fit a cache of FLASHATTN_I64_SEQLEN_K = %lld keys",
+                    (long long)sv.new_rows, (long long)p->seqlen_k);
+    if (sv.rotary_dim > 0 && !sv.appends())
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                    "FLASHATTN_I64_ROTARY_DIM: the rotary embedding is applied to Q and the appended rows; "
+                    "set FLASHATTN_I64_NEW_KV_ROWS > 0");
+    if (sv.rotary_dim > p->head_dim)
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "FLASHATTN_I64_ROTARY_DIM: %lld is above FLASHATTN_I64_HEAD_DIM = %lld",
+                    (long long)sv.rotary_dim, (long long)p->head_dim);
+    if (!sv.appends()) return FLASHATTN_SUCCESS;
+    FLASHATTN_TRY(resolve_strides(params, {FLASHATTN_I64_K_NEW_BATCH_STRIDE, FLASHATTN_I64_K_NEW_ROW_STRIDE, FLASHATTN_I64_K_NEW_HEAD_STRIDE},
+                                  sv.new_rows, p->heads_kv, p->head_dim, &sv.k_new));
+    return resolve_strides(params, {FLASHATTN_I64_V_NEW_BATCH_STRIDE, FLASHATTN_I64_V_NEW_ROW_STRIDE, FLASHATTN_I64_V_NEW_HEAD_STRIDE},
+                           sv.new_rows, p->heads_kv, p->head_dim_v, &sv.v_new);
 }
 
 }  // namespace
@@ -123,9 +190,10 @@ flashattn_status_t resolve_problem(const PlanParams &params, Problem *out) {
         return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
                     "FLASHATTN_I64_HEADS_Q: %lld query heads is not a multiple of FLASHATTN_I64_HEADS_KV = %lld",
                     (long long)p.heads_q, (long long)p.heads_kv);
+    FLASHATTN_TRY(resolve_paging(params, &p));
     if (p.varlen) {
         FLASHATTN_TRY(require(params, FLASHATTN_I64_TOTAL_Q));
-        FLASHATTN_TRY(require(params, FLASHATTN_I64_TOTAL_K));
+        if (!p.serving.paged) FLASHATTN_TRY(require(params, FLASHATTN_I64_TOTAL_K));  // paged: keys are not packed
         p.total_q = params.get(FLASHATTN_I64_TOTAL_Q, 0);
         p.total_k = params.get(FLASHATTN_I64_TOTAL_K, 0);
         int64_t cap;
@@ -147,8 +215,8 @@ flashattn_status_t resolve_problem(const PlanParams &params, Problem *out) {
         Strides *out;
     } tensors[] = {
         {{FLASHATTN_I64_Q_BATCH_STRIDE, FLASHATTN_I64_Q_ROW_STRIDE, FLASHATTN_I64_Q_HEAD_STRIDE}, rows_q, p.heads_q, p.head_dim, &p.q},
-        {{FLASHATTN_I64_K_BATCH_STRIDE, FLASHATTN_I64_K_ROW_STRIDE, FLASHATTN_I64_K_HEAD_STRIDE}, rows_k, p.heads_kv, p.head_dim, &p.k},
-        {{FLASHATTN_I64_V_BATCH_STRIDE, FLASHATTN_I64_V_ROW_STRIDE, FLASHATTN_I64_V_HEAD_STRIDE}, rows_k, p.heads_kv, p.head_dim_v, &p.v},
+        {{FLASHATTN_I64_K_BATCH_STRIDE, FLASHATTN_I64_K_ROW_STRIDE, FLASHATTN_I64_K_HEAD_STRIDE}, p.kv_rows(), p.heads_kv, p.head_dim, &p.k},
+        {{FLASHATTN_I64_V_BATCH_STRIDE, FLASHATTN_I64_V_ROW_STRIDE, FLASHATTN_I64_V_HEAD_STRIDE}, p.kv_rows(), p.heads_kv, p.head_dim_v, &p.v},
         {{FLASHATTN_I64_O_BATCH_STRIDE, FLASHATTN_I64_O_ROW_STRIDE, FLASHATTN_I64_O_HEAD_STRIDE}, rows_q, p.heads_q, p.head_dim_v, &p.o},
         {{FLASHATTN_I64_DO_BATCH_STRIDE, FLASHATTN_I64_DO_ROW_STRIDE, FLASHATTN_I64_DO_HEAD_STRIDE}, rows_q, p.heads_q, p.head_dim_v, &p.dout},
         {{FLASHATTN_I64_DQ_BATCH_STRIDE, FLASHATTN_I64_DQ_ROW_STRIDE, FLASHATTN_I64_DQ_HEAD_STRIDE}, rows_q, p.heads_q, p.head_dim, &p.dq},
@@ -158,7 +226,12 @@ flashattn_status_t resolve_problem(const PlanParams &params, Problem *out) {
     for (const auto &t : tensors) FLASHATTN_TRY(resolve_strides(params, t.keys, t.rows, t.heads, t.dim, t.out));
     p.deterministic = params.get(FLASHATTN_I64_DETERMINISTIC, 0) != 0;
     resolve_variants(params, &p);
+    FLASHATTN_TRY(resolve_append(params, &p));
     FLASHATTN_TRY(check_extents(p));
+    if (p.serving.appends()) {  // the caches are written: no element may be reached twice
+        FLASHATTN_TRY(check_output_layout(p.k, p.kv_rows(), p.heads_kv, p.kv_outer(), p.head_dim, "K"));
+        FLASHATTN_TRY(check_output_layout(p.v, p.kv_rows(), p.heads_kv, p.kv_outer(), p.head_dim_v, "V"));
+    }
     FLASHATTN_TRY(check_output_layout(p.o, p.q_rows(), p.heads_q, p.batch_extent(), p.head_dim_v, "O"));
     FLASHATTN_TRY(check_output_layout(p.dq, p.q_rows(), p.heads_q, p.batch_extent(), p.head_dim, "dQ"));
     FLASHATTN_TRY(check_output_layout(p.dk, p.k_rows(), p.heads_kv, p.batch_extent(), p.head_dim, "dK"));
@@ -178,10 +251,28 @@ TensorExtents tensor_extents(const Problem &p) {
         tensor_end(p.batch, n1, n2, dim, s, p.varlen, &end);  // cannot overflow: resolve checked it
         return static_cast<size_t>(end) * es;
     };
+    const Serving &sv = p.serving;
+    auto cache_bytes = [&](int64_t dim, const Strides &s) -> size_t {
+        if (!sv.paged) return bytes(rows_k, p.heads_kv, dim, s);
+        int64_t end = 0;
+        tensor_end(sv.num_pages, sv.page_size, p.heads_kv, dim, s, false, &end);
+        return static_cast<size_t>(end) * es;
+    };
+    auto new_rows_bytes = [&](int64_t dim, const Strides &s) -> size_t {
+        if (!sv.appends()) return 0;
+        int64_t end = 0;
+        tensor_end(p.batch, sv.new_rows, p.heads_kv, dim, s, false, &end);
+        return static_cast<size_t>(end) * es;
+    };
     TensorExtents e;
     e.q = bytes(rows_q, p.heads_q, p.head_dim, p.q);
-    e.k = bytes(rows_k, p.heads_kv, p.head_dim, p.k);
-    e.v = bytes(rows_k, p.heads_kv, p.head_dim_v, p.v);
+    e.k = cache_bytes(p.head_dim, p.k);
+    e.v = cache_bytes(p.head_dim_v, p.v);
+    e.page_table = sv.paged ? static_cast<size_t>((p.batch - 1) * sv.page_table_stride + sv.max_pages) * 4 : 0;
+    e.seqused_k = sv.seqused_k ? static_cast<size_t>(p.batch) * 4 : 0;
+    e.k_new = new_rows_bytes(p.head_dim, sv.k_new);
+    e.v_new = new_rows_bytes(p.head_dim_v, sv.v_new);
+    e.rotary = static_cast<size_t>(p.seqlen_k * (sv.rotary_dim / 2)) * sizeof(float);
     e.o = bytes(rows_q, p.heads_q, p.head_dim_v, p.o);
     e.lse = static_cast<size_t>(p.batch_extent() * p.heads_q * rows_q) * sizeof(float);
     e.dout = bytes(rows_q, p.heads_q, p.head_dim_v, p.dout);
@@ -245,13 +336,53 @@ size_t cu_seqlens_bytes(const Problem &p) { return p.varlen ? static_cast<size_t
 
 }  // namespace
 
+namespace {
+
+// A pointer the plan has no use for is a mistake (a feature the caller believes is on), not noise.
+flashattn_status_t check_unused(const Problem &p, const Tensors &t) {
+    const Serving &sv = p.serving;
+    const struct { const void *ptr; bool used; const char *name, *why; } all[] = {
+        {t.cu_seqlens_q, p.varlen, "cu_seqlens_q", "FLASHATTN_I64_VARLEN is 0"},
+        {t.cu_seqlens_k, p.varlen && !sv.paged, "cu_seqlens_k",
+         sv.paged ? "a paged plan takes key lengths from seqused_k or seqlen_k" : "FLASHATTN_I64_VARLEN is 0"},
+        {t.page_table, sv.paged, "page_table", "FLASHATTN_I64_PAGED_KV is 0"},
+        {t.seqused_k, sv.seqused_k, "seqused_k", "FLASHATTN_I64_SEQUSED_K is 0"},
+        {t.k_new, sv.appends(), "k_new", "FLASHATTN_I64_NEW_KV_ROWS is 0"},
+        {t.v_new, sv.appends(), "v_new", "FLASHATTN_I64_NEW_KV_ROWS is 0"},
+        {t.rotary_cos, sv.rotary_dim > 0, "rotary_cos", "FLASHATTN_I64_ROTARY_DIM is 0"},
+        {t.rotary_sin, sv.rotary_dim > 0, "rotary_sin", "FLASHATTN_I64_ROTARY_DIM is 0"}};
+    for (const auto &a : all)
+        if (a.ptr != nullptr && !a.used)
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: set, but this plan does not use it (%s)", a.name, a.why);
+    return FLASHATTN_SUCCESS;
+}
+
+}  // namespace
+
 flashattn_status_t check_execute_args(const Problem &p, const Tensors &t, size_t workspace_needed) {
     const TensorExtents &e = p.extents;
-    const Span inputs[] = {{t.q, e.q, "q", true}, {t.k, e.k, "k", true}, {t.v, e.v, "v", true},
+    const Serving &sv = p.serving;
+    FLASHATTN_TRY(check_unused(p, t));
+    const bool append = sv.appends();
+    // With an append the caches are outputs. K and V are checked against everything but each
+    // other: one pool may interleave them ([pages, 2, page_size, heads, dim]).
+    const Span inputs[] = {{t.q, e.q, "q", true},
+                           {t.k, append ? 0 : e.k, "k", true},
+                           {t.v, append ? 0 : e.v, "v", true},
                            {t.cu_seqlens_q, cu_seqlens_bytes(p), "cu_seqlens_q", p.varlen},
-                           {t.cu_seqlens_k, cu_seqlens_bytes(p), "cu_seqlens_k", p.varlen}};
-    const Span outputs[] = {{t.o, e.o, "o", true}, {t.lse, e.lse, "lse", false}};
-    return check_call(inputs, 5, outputs, 2, t, workspace_needed);
+                           {t.cu_seqlens_k, sv.paged ? 0 : cu_seqlens_bytes(p), "cu_seqlens_k", p.varlen && !sv.paged},
+                           {t.page_table, e.page_table, "page_table", sv.paged},
+                           {t.seqused_k, e.seqused_k, "seqused_k", sv.seqused_k},
+                           {t.k_new, e.k_new, "k_new", append},
+                           {t.v_new, e.v_new, "v_new", append},
+                           {t.rotary_cos, e.rotary, "rotary_cos", sv.rotary_dim > 0},
+                           {t.rotary_sin, e.rotary, "rotary_sin", sv.rotary_dim > 0}};
+    const int n_in = sizeof inputs / sizeof inputs[0];
+    const Span outputs[] = {{t.o, e.o, "o", true}, {t.lse, e.lse, "lse", false}, {t.k, e.k, "k", true}};
+    FLASHATTN_TRY(check_call(inputs, n_in, outputs, append ? 3 : 2, t, workspace_needed));
+    if (!append) return FLASHATTN_SUCCESS;
+    const Span with_v[] = {{t.o, e.o, "o", true}, {t.lse, e.lse, "lse", false}, {t.v, e.v, "v", true}};
+    return check_call(inputs, n_in, with_v, 3, t, workspace_needed);
 }
 
 flashattn_status_t check_backward_args(const Problem &p, const Tensors &t, size_t workspace_needed) {

@@ -17,9 +17,28 @@ bool overlaps(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
 // One per-head array: required when the plan's key is 1, forbidden otherwise.
 flashattn_status_t check_head_array(const void *ptr, bool used, const char *name, const char *key) {
     if (used && ptr == nullptr)
-        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "extras->%s: NULL, but the plan sets %s = 1", name, key);
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                    "%s: NULL, but the plan sets %s = 1 (pass it with flashattn_plan_execute_args)", name, key);
     if (!used && ptr != nullptr)
-        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "extras->%s: given, but the plan does not set %s = 1", name, key);
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: set, but the plan does not set %s = 1", name, key);
+    return FLASHATTN_SUCCESS;
+}
+
+// Pointers one pass never uses: the backward's in a forward call, the forward-only ones (the
+// serving features', cu_seqlens of a fixed-length plan) in a backward call.
+flashattn_status_t check_pass_pointers(const Problem &p, const Tensors &t, bool backward) {
+    const struct { const void *ptr; bool forward_only; const char *name; } all[] = {
+        {t.dout, false, "dout"}, {t.dq, false, "dq"}, {t.dk, false, "dk"}, {t.dv, false, "dv"},
+        {t.dsink_logits, false, "dsink_logits"},
+        {t.page_table, true, "page_table"}, {t.seqused_k, true, "seqused_k"}, {t.k_new, true, "k_new"},
+        {t.v_new, true, "v_new"}, {t.rotary_cos, true, "rotary_cos"}, {t.rotary_sin, true, "rotary_sin"}};
+    for (const auto &a : all)
+        if (a.ptr != nullptr && a.forward_only == backward)
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: set, but the %s pass does not use it", a.name,
+                        backward ? "backward" : "forward");
+    if (backward && !p.varlen && (t.cu_seqlens_q != nullptr || t.cu_seqlens_k != nullptr))
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: set, but this plan does not use it (FLASHATTN_I64_VARLEN is 0)",
+                    t.cu_seqlens_q != nullptr ? "cu_seqlens_q" : "cu_seqlens_k");
     return FLASHATTN_SUCCESS;
 }
 
@@ -33,27 +52,32 @@ void resolve_variants(const PlanParams &params, Problem *p) {
 }
 
 flashattn_status_t check_variant_args(const Problem &p, const Tensors &t, bool backward) {
+    FLASHATTN_TRY(check_pass_pointers(p, t, backward));
     FLASHATTN_TRY(check_head_array(t.sink_logits, p.sink_logits, "sink_logits", "FLASHATTN_I64_SINK_LOGITS"));
     FLASHATTN_TRY(check_head_array(t.alibi_slopes, p.alibi, "alibi_slopes", "FLASHATTN_I64_ALIBI"));
+    const size_t head_bytes = static_cast<size_t>(p.heads_q) * sizeof(float);
     if (!backward) {
-        if (t.dsink_logits != nullptr)
-            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "extras->dsink_logits: must be NULL in a forward call");
-        if (p.sink_logits && overlaps(t.o, p.extents.o, t.sink_logits, p.heads_q * sizeof(float)))
-            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "o: overlaps extras->sink_logits");
+        const struct { const void *ptr; const char *name; } arrays[] = {{t.sink_logits, "sink_logits"},
+                                                                         {t.alibi_slopes, "alibi_slopes"}};
+        for (const auto &a : arrays) {
+            if (overlaps(t.o, p.extents.o, a.ptr, head_bytes))
+                return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "o: overlaps %s", a.name);
+            if (overlaps(t.lse, p.extents.lse, a.ptr, head_bytes))
+                return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "lse: overlaps %s", a.name);
+        }
         return FLASHATTN_SUCCESS;
     }
     FLASHATTN_TRY(check_head_array(t.dsink_logits, p.sink_logits, "dsink_logits", "FLASHATTN_I64_SINK_LOGITS"));
     if (t.dsink_logits == nullptr) return FLASHATTN_SUCCESS;
-    const size_t head_bytes = static_cast<size_t>(p.heads_q) * sizeof(float);
     const TensorExtents &e = p.extents;
     const struct { const void *ptr; size_t bytes; const char *name; } others[] = {
         {t.q, e.q, "q"}, {t.k, e.k, "k"}, {t.v, e.v, "v"}, {t.o, e.o, "o"}, {t.dout, e.dout, "dout"},
         {t.lse, e.lse, "lse"}, {t.dq, e.dq, "dq"}, {t.dk, e.dk, "dk"}, {t.dv, e.dv, "dv"},
-        {t.sink_logits, head_bytes, "extras->sink_logits"}, {t.alibi_slopes, head_bytes, "extras->alibi_slopes"},
+        {t.sink_logits, head_bytes, "sink_logits"}, {t.alibi_slopes, head_bytes, "alibi_slopes"},
         {t.workspace, t.workspace_bytes, "workspace"}};
     for (const auto &o : others)
         if (overlaps(t.dsink_logits, head_bytes, o.ptr, o.bytes))
-            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "extras->dsink_logits: overlaps %s", o.name);
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "dsink_logits: overlaps %s", o.name);
     return FLASHATTN_SUCCESS;
 }
 

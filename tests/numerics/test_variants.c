@@ -357,13 +357,20 @@ static flashattn_status_t execute(flashattn_plan_t *plan, run_data *r) {
         test_mem_free(&r->mws);
         alloc_mem(&r->mws, ws);
     }
-    flashattn_extras_t extras = FLASHATTN_EXTRAS_INIT;
-    extras.sink_logits = r->c.sinks ? test_mem_ptr(&r->msink) : NULL;
-    extras.alibi_slopes = r->c.alibi ? test_mem_ptr(&r->mslope) : NULL;
-    const int32_t *cq = r->c.varlen ? test_mem_ptr(&r->mcu_q) : NULL, *ck = r->c.varlen ? test_mem_ptr(&r->mcu_k) : NULL;
-    return flashattn_plan_execute_extras(plan, test_mem_ptr(&r->mq), test_mem_ptr(&r->mk), test_mem_ptr(&r->mv),
-                                         test_mem_ptr(&r->mo), test_mem_ptr(&r->mlse), cq, ck, &extras,
-                                         ws ? test_mem_ptr(&r->mws) : NULL, ws, NULL);
+    flashattn_args_t *args = NULL;
+    if (flashattn_args_create(&args) != FLASHATTN_SUCCESS) return FLASHATTN_ERROR_ALLOCATION;
+    const struct { flashattn_arg_t which; const void *ptr; } set[] = {
+        {FLASHATTN_ARG_Q, test_mem_ptr(&r->mq)}, {FLASHATTN_ARG_K, test_mem_ptr(&r->mk)},
+        {FLASHATTN_ARG_V, test_mem_ptr(&r->mv)}, {FLASHATTN_ARG_O, test_mem_ptr(&r->mo)},
+        {FLASHATTN_ARG_LSE, test_mem_ptr(&r->mlse)},
+        {FLASHATTN_ARG_CU_SEQLENS_Q, r->c.varlen ? test_mem_ptr(&r->mcu_q) : NULL},
+        {FLASHATTN_ARG_CU_SEQLENS_K, r->c.varlen ? test_mem_ptr(&r->mcu_k) : NULL},
+        {FLASHATTN_ARG_SINK_LOGITS, r->c.sinks ? test_mem_ptr(&r->msink) : NULL},
+        {FLASHATTN_ARG_ALIBI_SLOPES, r->c.alibi ? test_mem_ptr(&r->mslope) : NULL}};
+    for (size_t i = 0; i < sizeof set / sizeof set[0]; ++i) flashattn_args_set(args, set[i].which, set[i].ptr);
+    const flashattn_status_t s = flashattn_plan_execute_args(plan, args, ws ? test_mem_ptr(&r->mws) : NULL, ws, NULL);
+    flashattn_args_destroy(args);
+    return s;
 }
 
 static void run_forward_case(const vcase *c, uint64_t seed) {
@@ -515,17 +522,27 @@ static void merge_argument_checks(void) {
                "wrong partial dtype accepted");
         EXPECT(flashattn_plan_merge_states(plan, 1, po, pl, c.dtype, test_mem_ptr(&r.mlse), NULL, NULL) ==
                    FLASHATTN_ERROR_INVALID_ARGUMENT, "o overlapping a partial's LSE accepted");
-        /* Extras rules. */
-        flashattn_extras_t ex = FLASHATTN_EXTRAS_INIT;
-        ex.sink_logits = test_mem_ptr(&r.msink);
-        EXPECT(flashattn_plan_execute_extras(plan, test_mem_ptr(&r.mq), test_mem_ptr(&r.mk), test_mem_ptr(&r.mv),
-                                             test_mem_ptr(&r.mo), NULL, NULL, NULL, &ex, NULL, 0, NULL) ==
-                   FLASHATTN_ERROR_INVALID_ARGUMENT, "sink logits accepted by a plan without them");
-        ex.sink_logits = NULL;
-        ex.struct_size = 8;
-        EXPECT(flashattn_plan_execute_extras(plan, test_mem_ptr(&r.mq), test_mem_ptr(&r.mk), test_mem_ptr(&r.mv),
-                                             test_mem_ptr(&r.mo), NULL, NULL, NULL, &ex, NULL, 0, NULL) ==
-                   FLASHATTN_ERROR_INVALID_ARGUMENT, "struct_size 8 accepted");
+        /* Argument-set rules: arrays the plan does not use, backward pointers in a forward call,
+         * values outside the variants' ranges. */
+        flashattn_args_t *args = NULL;
+        flashattn_args_create(&args);
+        flashattn_args_set(args, FLASHATTN_ARG_Q, test_mem_ptr(&r.mq));
+        flashattn_args_set(args, FLASHATTN_ARG_K, test_mem_ptr(&r.mk));
+        flashattn_args_set(args, FLASHATTN_ARG_V, test_mem_ptr(&r.mv));
+        flashattn_args_set(args, FLASHATTN_ARG_O, test_mem_ptr(&r.mo));
+        flashattn_args_set(args, FLASHATTN_ARG_SINK_LOGITS, test_mem_ptr(&r.msink));
+        EXPECT(flashattn_plan_execute_args(plan, args, NULL, 0, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT,
+               "sink logits accepted by a plan without them");
+        EXPECT(strstr(flashattn_last_error(), "sink_logits") != NULL, "message: %s", flashattn_last_error());
+        flashattn_args_set(args, FLASHATTN_ARG_SINK_LOGITS, NULL);
+        flashattn_args_set(args, FLASHATTN_ARG_DQ, test_mem_ptr(&r.msink));
+        EXPECT(flashattn_plan_execute_args(plan, args, NULL, 0, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT,
+               "dq accepted by a forward call");
+        EXPECT(flashattn_plan_execute_backward_args(plan, args, NULL, 0, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT,
+               "backward without dout accepted");
+        EXPECT(flashattn_args_set(args, (flashattn_arg_t)25, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT, "arg 25 accepted");
+        EXPECT(flashattn_args_set(args, (flashattn_arg_t)34, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT, "arg 34 accepted");
+        flashattn_args_destroy(args);
         flashattn_plan_destroy(plan);
     }
     /* A plan with sink logits refuses the 0.2 entry point and a missing array. */
@@ -609,13 +626,19 @@ static void run_gradient_case(const vcase *c, uint64_t seed) {
     alloc_mem(&mws, ws);
     test_poison(FLASHATTN_DTYPE_FP32, mdq.host, mdq.bytes);
     test_poison(FLASHATTN_DTYPE_FP32, mds.host, mds.bytes);
-    flashattn_extras_t ex = FLASHATTN_EXTRAS_INIT;
-    ex.sink_logits = c->sinks ? r.sink : NULL;
-    ex.alibi_slopes = c->alibi ? r.slope : NULL;
-    ex.dsink_logits = c->sinks ? mds.host : NULL;
-    const flashattn_status_t s = flashattn_plan_execute_backward_extras(
-        plan, r.mq.host, r.mk.host, r.mv.host, r.mo.host, mdo.host, r.mlse.host, mdq.host, mdk.host, mdv.host,
-        c->varlen ? r.mcu_q.host : NULL, c->varlen ? r.mcu_k.host : NULL, &ex, ws ? mws.host : NULL, ws, NULL);
+    flashattn_args_t *args = NULL;
+    flashattn_args_create(&args);
+    const struct { flashattn_arg_t which; const void *ptr; } set[] = {
+        {FLASHATTN_ARG_Q, r.mq.host}, {FLASHATTN_ARG_K, r.mk.host}, {FLASHATTN_ARG_V, r.mv.host},
+        {FLASHATTN_ARG_O, r.mo.host}, {FLASHATTN_ARG_LSE, r.mlse.host}, {FLASHATTN_ARG_DOUT, mdo.host},
+        {FLASHATTN_ARG_DQ, mdq.host}, {FLASHATTN_ARG_DK, mdk.host}, {FLASHATTN_ARG_DV, mdv.host},
+        {FLASHATTN_ARG_CU_SEQLENS_Q, c->varlen ? r.mcu_q.host : NULL},
+        {FLASHATTN_ARG_CU_SEQLENS_K, c->varlen ? r.mcu_k.host : NULL},
+        {FLASHATTN_ARG_SINK_LOGITS, c->sinks ? r.sink : NULL}, {FLASHATTN_ARG_ALIBI_SLOPES, c->alibi ? r.slope : NULL},
+        {FLASHATTN_ARG_DSINK_LOGITS, c->sinks ? mds.host : NULL}};
+    for (size_t i = 0; i < sizeof set / sizeof set[0]; ++i) flashattn_args_set(args, set[i].which, set[i].ptr);
+    const flashattn_status_t s = flashattn_plan_execute_backward_args(plan, args, ws ? mws.host : NULL, ws, NULL);
+    flashattn_args_destroy(args);
     EXPECT(s == FLASHATTN_SUCCESS, "%s backward: %s", what, flashattn_last_error());
     if (s == FLASHATTN_SUCCESS) {
         struct { double *x; const float *grad; size_t n; const char *name; } sets[] = {

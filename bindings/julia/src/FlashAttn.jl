@@ -23,7 +23,7 @@ using Libdl
 export Plan, FlashAttnError, attention, attention_varlen, execute!, execute_varlen!, finalize!,
        set_i64!, set_f64!, get_i64, get_f64, backend, workspace_size,
        attention_backward, attention_varlen_backward, backward!, backward_varlen!, backward_backend,
-       backward_workspace_size, execute_extras!, backward_extras!, merge_states!, extras
+       backward_workspace_size, execute_args!, backward_args!, execute_variants!, backward_variants!, merge_states!
 
 # ---------------------------------------------------------------------------------------------
 # Types and constants (values pinned by the ABI)
@@ -93,6 +93,21 @@ const FLASHATTN_I64_DK_HEAD_STRIDE = flashattn_i64_param_t(41)
 const FLASHATTN_I64_DV_BATCH_STRIDE = flashattn_i64_param_t(42)
 const FLASHATTN_I64_DV_ROW_STRIDE = flashattn_i64_param_t(43)
 const FLASHATTN_I64_DV_HEAD_STRIDE = flashattn_i64_param_t(44)
+const FLASHATTN_I64_PAGED_KV = flashattn_i64_param_t(45)
+const FLASHATTN_I64_PAGE_SIZE = flashattn_i64_param_t(46)
+const FLASHATTN_I64_NUM_PAGES = flashattn_i64_param_t(47)
+const FLASHATTN_I64_MAX_PAGES_PER_SEQUENCE = flashattn_i64_param_t(48)
+const FLASHATTN_I64_PAGE_TABLE_STRIDE = flashattn_i64_param_t(49)
+const FLASHATTN_I64_SEQUSED_K = flashattn_i64_param_t(50)
+const FLASHATTN_I64_NEW_KV_ROWS = flashattn_i64_param_t(51)
+const FLASHATTN_I64_K_NEW_BATCH_STRIDE = flashattn_i64_param_t(52)
+const FLASHATTN_I64_K_NEW_ROW_STRIDE = flashattn_i64_param_t(53)
+const FLASHATTN_I64_K_NEW_HEAD_STRIDE = flashattn_i64_param_t(54)
+const FLASHATTN_I64_V_NEW_BATCH_STRIDE = flashattn_i64_param_t(55)
+const FLASHATTN_I64_V_NEW_ROW_STRIDE = flashattn_i64_param_t(56)
+const FLASHATTN_I64_V_NEW_HEAD_STRIDE = flashattn_i64_param_t(57)
+const FLASHATTN_I64_ROTARY_DIM = flashattn_i64_param_t(58)
+const FLASHATTN_I64_ROTARY_INTERLEAVED = flashattn_i64_param_t(59)
 const FLASHATTN_I64_MASK_ALIGN = flashattn_i64_param_t(60)
 const FLASHATTN_I64_SINK_TOKENS = flashattn_i64_param_t(61)
 const FLASHATTN_I64_SINK_LOGITS = flashattn_i64_param_t(62)
@@ -101,6 +116,28 @@ const FLASHATTN_I64_ALIBI = flashattn_i64_param_t(63)
 const flashattn_mask_align_t = Cint
 const FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT = flashattn_mask_align_t(0)
 const FLASHATTN_MASK_ALIGN_TOP_LEFT = flashattn_mask_align_t(1)
+
+const flashattn_arg_t = Cint
+const FLASHATTN_ARG_Q = flashattn_arg_t(1)
+const FLASHATTN_ARG_K = flashattn_arg_t(2)
+const FLASHATTN_ARG_V = flashattn_arg_t(3)
+const FLASHATTN_ARG_O = flashattn_arg_t(4)
+const FLASHATTN_ARG_LSE = flashattn_arg_t(5)
+const FLASHATTN_ARG_CU_SEQLENS_Q = flashattn_arg_t(6)
+const FLASHATTN_ARG_CU_SEQLENS_K = flashattn_arg_t(7)
+const FLASHATTN_ARG_PAGE_TABLE = flashattn_arg_t(8)
+const FLASHATTN_ARG_SEQUSED_K = flashattn_arg_t(9)
+const FLASHATTN_ARG_K_NEW = flashattn_arg_t(10)
+const FLASHATTN_ARG_V_NEW = flashattn_arg_t(11)
+const FLASHATTN_ARG_ROTARY_COS = flashattn_arg_t(12)
+const FLASHATTN_ARG_ROTARY_SIN = flashattn_arg_t(13)
+const FLASHATTN_ARG_SINK_LOGITS = flashattn_arg_t(20)
+const FLASHATTN_ARG_ALIBI_SLOPES = flashattn_arg_t(21)
+const FLASHATTN_ARG_DSINK_LOGITS = flashattn_arg_t(22)
+const FLASHATTN_ARG_DOUT = flashattn_arg_t(30)
+const FLASHATTN_ARG_DQ = flashattn_arg_t(31)
+const FLASHATTN_ARG_DK = flashattn_arg_t(32)
+const FLASHATTN_ARG_DV = flashattn_arg_t(33)
 
 const flashattn_f64_param_t = Cint
 const FLASHATTN_F64_SOFTMAX_SCALE = flashattn_f64_param_t(1)
@@ -111,21 +148,8 @@ const flashattn_plan_t = Cvoid
 "`flashattn_stream_t`: a `cudaStream_t` (`C_NULL`: the legacy default stream)."
 const flashattn_stream_t = Ptr{Cvoid}
 
-"""
-`flashattn_extras_t` (since 0.3): per-call variant arrays (Float32, `heads_q` each; `C_NULL` when
-the plan does not use them). Build it with [`extras`](@ref), which sets `struct_size`.
-"""
-struct flashattn_extras_t
-    struct_size::UInt64
-    sink_logits::Ptr{Cfloat}
-    alibi_slopes::Ptr{Cfloat}
-    dsink_logits::Ptr{Cfloat}
-end
-
-"A `flashattn_extras_t` with its size set (the C macro FLASHATTN_EXTRAS_INIT, then the given arrays)."
-extras(; sink_logits::Ptr=C_NULL, alibi_slopes::Ptr=C_NULL, dsink_logits::Ptr=C_NULL) =
-    flashattn_extras_t(sizeof(flashattn_extras_t), convert(Ptr{Cfloat}, sink_logits),
-                       convert(Ptr{Cfloat}, alibi_slopes), convert(Ptr{Cfloat}, dsink_logits))
+"Opaque `flashattn_args_t` (since 0.3): only used behind `Ptr{flashattn_args_t}`."
+const flashattn_args_t = Cvoid
 
 "FLASHATTN_MAX_MERGE_PARTIALS: the most partial states one merge takes."
 const MAX_MERGE_PARTIALS = 128
@@ -143,13 +167,15 @@ const FUNCTIONS = (:flashattn_status_string, :flashattn_last_error, :flashattn_l
                    :flashattn_plan_execute_varlen, :flashattn_plan_get_backward_backend,
                    :flashattn_plan_get_backward_workspace_size, :flashattn_plan_execute_backward,
                    :flashattn_plan_execute_backward_varlen,
-                   :flashattn_plan_execute_extras, :flashattn_plan_execute_backward_extras,
+                   :flashattn_args_create, :flashattn_args_destroy, :flashattn_args_set,
+                   :flashattn_args_get, :flashattn_plan_execute_args, :flashattn_plan_execute_backward_args,
                    :flashattn_plan_merge_states)
 # Added after 0.1: an older library still loads, and calling one of these throws.
 const SINCE_0_2 = (:flashattn_plan_get_backward_backend, :flashattn_plan_get_backward_workspace_size,
                    :flashattn_plan_execute_backward, :flashattn_plan_execute_backward_varlen,
-                   :flashattn_plan_execute_extras, :flashattn_plan_execute_backward_extras,
-                   :flashattn_plan_merge_states)  # the last three since 0.3
+                   :flashattn_args_create, :flashattn_args_destroy, :flashattn_args_set,
+                   :flashattn_args_get, :flashattn_plan_execute_args, :flashattn_plan_execute_backward_args,
+                   :flashattn_plan_merge_states)  # the last seven since 0.3
 
 const _handle = Ref{Ptr{Cvoid}}(C_NULL)
 const _path = Ref{String}("")
@@ -256,8 +282,12 @@ flashattn_plan_get_backward_backend(plan, backend, reason) = ccall(fptr(:flashat
 flashattn_plan_get_backward_workspace_size(plan, bytes) = ccall(fptr(:flashattn_plan_get_backward_workspace_size), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Csize_t}), plan, bytes)
 flashattn_plan_execute_backward(plan, q, k, v, o, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_backward), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cfloat}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, q, k, v, o, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream)
 flashattn_plan_execute_backward_varlen(plan, q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_backward_varlen), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cfloat}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Int32}, Ptr{Int32}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, workspace, workspace_bytes, stream)
-flashattn_plan_execute_extras(plan, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, extras, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_extras), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cfloat}, Ptr{Int32}, Ptr{Int32}, Ptr{flashattn_extras_t}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, extras, workspace, workspace_bytes, stream)
-flashattn_plan_execute_backward_extras(plan, q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, extras, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_backward_extras), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cfloat}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Int32}, Ptr{Int32}, Ptr{flashattn_extras_t}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, extras, workspace, workspace_bytes, stream)
+flashattn_args_create(args) = ccall(fptr(:flashattn_args_create), flashattn_status_t, (Ptr{Ptr{flashattn_args_t}},), args)
+flashattn_args_destroy(args) = ccall(fptr(:flashattn_args_destroy), Cvoid, (Ptr{flashattn_args_t},), args)
+flashattn_args_set(args, which, ptr) = ccall(fptr(:flashattn_args_set), flashattn_status_t, (Ptr{flashattn_args_t}, flashattn_arg_t, Ptr{Cvoid}), args, which, ptr)
+flashattn_args_get(args, which, ptr) = ccall(fptr(:flashattn_args_get), flashattn_status_t, (Ptr{flashattn_args_t}, flashattn_arg_t, Ptr{Ptr{Cvoid}}), args, which, ptr)
+flashattn_plan_execute_args(plan, args, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_args), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{flashattn_args_t}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, args, workspace, workspace_bytes, stream)
+flashattn_plan_execute_backward_args(plan, args, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_backward_args), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{flashattn_args_t}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, args, workspace, workspace_bytes, stream)
 flashattn_plan_merge_states(plan, num_partials, partial_o, partial_lse, partial_dtype, o, lse, stream) = ccall(fptr(:flashattn_plan_merge_states), flashattn_status_t, (Ptr{flashattn_plan_t}, Int32, Ptr{Ptr{Cvoid}}, Ptr{Ptr{Cfloat}}, flashattn_dtype_t, Ptr{Cvoid}, Ptr{Cfloat}, flashattn_stream_t), plan, num_partials, partial_o, partial_lse, partial_dtype, o, lse, stream)
 
 # ---------------------------------------------------------------------------------------------
@@ -332,6 +362,14 @@ const I64_KEYS = Dict{Symbol,flashattn_i64_param_t}(
     :dk_batch_stride => FLASHATTN_I64_DK_BATCH_STRIDE, :dk_row_stride => FLASHATTN_I64_DK_ROW_STRIDE,
     :dk_head_stride => FLASHATTN_I64_DK_HEAD_STRIDE, :dv_batch_stride => FLASHATTN_I64_DV_BATCH_STRIDE,
     :dv_row_stride => FLASHATTN_I64_DV_ROW_STRIDE, :dv_head_stride => FLASHATTN_I64_DV_HEAD_STRIDE,
+    :paged_kv => FLASHATTN_I64_PAGED_KV, :page_size => FLASHATTN_I64_PAGE_SIZE,
+    :num_pages => FLASHATTN_I64_NUM_PAGES, :max_pages_per_sequence => FLASHATTN_I64_MAX_PAGES_PER_SEQUENCE,
+    :page_table_stride => FLASHATTN_I64_PAGE_TABLE_STRIDE, :seqused_k => FLASHATTN_I64_SEQUSED_K,
+    :new_kv_rows => FLASHATTN_I64_NEW_KV_ROWS, :k_new_batch_stride => FLASHATTN_I64_K_NEW_BATCH_STRIDE,
+    :k_new_row_stride => FLASHATTN_I64_K_NEW_ROW_STRIDE, :k_new_head_stride => FLASHATTN_I64_K_NEW_HEAD_STRIDE,
+    :v_new_batch_stride => FLASHATTN_I64_V_NEW_BATCH_STRIDE, :v_new_row_stride => FLASHATTN_I64_V_NEW_ROW_STRIDE,
+    :v_new_head_stride => FLASHATTN_I64_V_NEW_HEAD_STRIDE, :rotary_dim => FLASHATTN_I64_ROTARY_DIM,
+    :rotary_interleaved => FLASHATTN_I64_ROTARY_INTERLEAVED,
     :mask_align => FLASHATTN_I64_MASK_ALIGN, :sink_tokens => FLASHATTN_I64_SINK_TOKENS,
     :sink_logits => FLASHATTN_I64_SINK_LOGITS, :alibi => FLASHATTN_I64_ALIBI)
 const F64_KEYS = Dict{Symbol,flashattn_f64_param_t}(
@@ -664,54 +702,81 @@ function _head_ptr(plan, x::DenseArray{Float32}, name)
 end
 
 """
-    execute_extras!(plan, q, k, v, o; lse=nothing, cu_seqlens=nothing, sink_logits=nothing,
-                    alibi_slopes=nothing, workspace=nothing)
+    execute_args!(plan, pairs; workspace=C_NULL, workspace_bytes=0, stream=C_NULL)
+    backward_args!(plan, pairs; workspace=C_NULL, workspace_bytes=0, stream=C_NULL)
+
+`flashattn_plan_execute_args` / `flashattn_plan_execute_backward_args` on a temporary
+`flashattn_args_t` holding `pairs` (`FLASHATTN_ARG_* => pointer`, raw pointers: device memory for
+GPU plans; keep host arrays alive with `GC.@preserve`).
+"""
+execute_args!(plan::Plan, pairs; kw...) = _run_args(plan, flashattn_plan_execute_args, "flashattn_plan_execute_args", pairs; kw...)
+backward_args!(plan::Plan, pairs; kw...) =
+    _run_args(plan, flashattn_plan_execute_backward_args, "flashattn_plan_execute_backward_args", pairs; kw...)
+
+function _run_args(plan::Plan, f, name, pairs; workspace::Ptr=C_NULL, workspace_bytes::Integer=0, stream::Ptr=C_NULL)
+    ref = Ref{Ptr{flashattn_args_t}}(C_NULL)
+    check(flashattn_args_create(ref), "flashattn_args_create")
+    try
+        for (which, ptr) in pairs
+            check(flashattn_args_set(ref[], which, convert(Ptr{Cvoid}, ptr)), "flashattn_args_set")
+        end
+        check(f(_ptr(plan), ref[], workspace, workspace_bytes, stream), name)
+    finally
+        flashattn_args_destroy(ref[])
+    end
+    return nothing
+end
+
+"""
+    execute_variants!(plan, q, k, v, o; lse=nothing, cu_seqlens=nothing, sink_logits=nothing,
+                      alibi_slopes=nothing, workspace=nothing)
 
 [`execute!`](@ref) (or, with `cu_seqlens = (cu_q, cu_k)`, [`execute_varlen!`](@ref)) on host
-arrays with the per-head Float32 arrays the plan's `sink_logits` / `alibi` keys ask for.
+arrays through an argument set, with the per-head Float32 arrays the plan's `sink_logits` /
+`alibi` keys ask for.
 """
-function execute_extras!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::DenseArray{T}, o::DenseArray{T};
-                         lse::Union{Nothing,DenseArray{Float32}}=nothing, cu_seqlens=nothing,
-                         sink_logits=nothing, alibi_slopes=nothing, workspace=nothing) where {T}
+function execute_variants!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::DenseArray{T}, o::DenseArray{T};
+                           lse::Union{Nothing,DenseArray{Float32}}=nothing, cu_seqlens=nothing,
+                           sink_logits=nothing, alibi_slopes=nothing, workspace=nothing) where {T}
     _check_host(plan, q, k, v, o, lse, cu_seqlens)
     owner, ws, nbytes = _workspace(plan, workspace, workspace_size)
     cq, ck = cu_seqlens === nothing ? (Int32[], Int32[]) : cu_seqlens
     GC.@preserve q k v o lse owner cq ck sink_logits alibi_slopes begin
-        ex = Ref(extras(; sink_logits=_head_ptr(plan, sink_logits, "sink_logits"),
-                        alibi_slopes=_head_ptr(plan, alibi_slopes, "alibi_slopes")))
-        lp = lse === nothing ? convert(Ptr{Cfloat}, C_NULL) : pointer(lse)
-        cqp = cu_seqlens === nothing ? convert(Ptr{Int32}, C_NULL) : pointer(cq)
-        ckp = cu_seqlens === nothing ? convert(Ptr{Int32}, C_NULL) : pointer(ck)
-        check(flashattn_plan_execute_extras(plan.ptr, pointer(q), pointer(k), pointer(v), pointer(o), lp, cqp, ckp, ex,
-                                            ws, nbytes, C_NULL), "flashattn_plan_execute_extras")
+        pairs = Pair{flashattn_arg_t,Ptr}[FLASHATTN_ARG_Q => pointer(q), FLASHATTN_ARG_K => pointer(k),
+                 FLASHATTN_ARG_V => pointer(v), FLASHATTN_ARG_O => pointer(o),
+                 FLASHATTN_ARG_SINK_LOGITS => _head_ptr(plan, sink_logits, "sink_logits"),
+                 FLASHATTN_ARG_ALIBI_SLOPES => _head_ptr(plan, alibi_slopes, "alibi_slopes")]
+        lse === nothing || push!(pairs, FLASHATTN_ARG_LSE => pointer(lse))
+        cu_seqlens === nothing || append!(pairs, [FLASHATTN_ARG_CU_SEQLENS_Q => pointer(cq), FLASHATTN_ARG_CU_SEQLENS_K => pointer(ck)])
+        execute_args!(plan, pairs; workspace=ws, workspace_bytes=nbytes)
     end
     return o
 end
 
 """
-    backward_extras!(plan, q, k, v, o, dout, lse, dq, dk, dv; cu_seqlens=nothing, sink_logits=nothing,
-                     alibi_slopes=nothing, dsink_logits=nothing, workspace=nothing)
+    backward_variants!(plan, q, k, v, o, dout, lse, dq, dk, dv; cu_seqlens=nothing, sink_logits=nothing,
+                       alibi_slopes=nothing, dsink_logits=nothing, workspace=nothing)
 
-[`backward!`](@ref) with the variant arrays; with sink logits, `dsink_logits` (Float32,
-`heads_q`) receives their gradient.
+[`backward!`](@ref) through an argument set with the variant arrays; with sink logits,
+`dsink_logits` (Float32, `heads_q`) receives their gradient.
 """
-function backward_extras!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::DenseArray{T}, o::DenseArray{T},
-                          dout::DenseArray{T}, lse::DenseArray{Float32}, dq::DenseArray{T}, dk::DenseArray{T},
-                          dv::DenseArray{T}; cu_seqlens=nothing, sink_logits=nothing, alibi_slopes=nothing,
-                          dsink_logits=nothing, workspace=nothing) where {T}
+function backward_variants!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::DenseArray{T}, o::DenseArray{T},
+                            dout::DenseArray{T}, lse::DenseArray{Float32}, dq::DenseArray{T}, dk::DenseArray{T},
+                            dv::DenseArray{T}; cu_seqlens=nothing, sink_logits=nothing, alibi_slopes=nothing,
+                            dsink_logits=nothing, workspace=nothing) where {T}
     _check_backward_host(plan, q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens)
     owner, ws, nbytes = _workspace(plan, workspace, backward_workspace_size)
     cq, ck = cu_seqlens === nothing ? (Int32[], Int32[]) : cu_seqlens
     GC.@preserve q k v o dout lse dq dk dv owner cq ck sink_logits alibi_slopes dsink_logits begin
-        ex = Ref(extras(; sink_logits=_head_ptr(plan, sink_logits, "sink_logits"),
-                        alibi_slopes=_head_ptr(plan, alibi_slopes, "alibi_slopes"),
-                        dsink_logits=_head_ptr(plan, dsink_logits, "dsink_logits")))
-        cqp = cu_seqlens === nothing ? convert(Ptr{Int32}, C_NULL) : pointer(cq)
-        ckp = cu_seqlens === nothing ? convert(Ptr{Int32}, C_NULL) : pointer(ck)
-        check(flashattn_plan_execute_backward_extras(plan.ptr, pointer(q), pointer(k), pointer(v), pointer(o),
-                                                     pointer(dout), pointer(lse), pointer(dq), pointer(dk), pointer(dv),
-                                                     cqp, ckp, ex, ws, nbytes, C_NULL),
-              "flashattn_plan_execute_backward_extras")
+        pairs = Pair{flashattn_arg_t,Ptr}[FLASHATTN_ARG_Q => pointer(q), FLASHATTN_ARG_K => pointer(k),
+                 FLASHATTN_ARG_V => pointer(v), FLASHATTN_ARG_O => pointer(o), FLASHATTN_ARG_DOUT => pointer(dout),
+                 FLASHATTN_ARG_LSE => pointer(lse), FLASHATTN_ARG_DQ => pointer(dq), FLASHATTN_ARG_DK => pointer(dk),
+                 FLASHATTN_ARG_DV => pointer(dv),
+                 FLASHATTN_ARG_SINK_LOGITS => _head_ptr(plan, sink_logits, "sink_logits"),
+                 FLASHATTN_ARG_ALIBI_SLOPES => _head_ptr(plan, alibi_slopes, "alibi_slopes"),
+                 FLASHATTN_ARG_DSINK_LOGITS => _head_ptr(plan, dsink_logits, "dsink_logits")]
+        cu_seqlens === nothing || append!(pairs, [FLASHATTN_ARG_CU_SEQLENS_Q => pointer(cq), FLASHATTN_ARG_CU_SEQLENS_K => pointer(ck)])
+        backward_args!(plan, pairs; workspace=ws, workspace_bytes=nbytes)
     end
     return dq, dk, dv
 end

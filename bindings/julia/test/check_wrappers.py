@@ -31,7 +31,7 @@ SCALARS = {
     "char": {"Cchar"},
     "flashattn_plan_t": {"flashattn_plan_t"},
     "flashattn_stream_t": {"flashattn_stream_t"},
-    "flashattn_extras_t": {"flashattn_extras_t"},
+    "flashattn_args_t": {"flashattn_args_t"},
 }
 
 

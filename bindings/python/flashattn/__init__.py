@@ -11,7 +11,7 @@ With PyTorch, ``flashattn.flash_attn_func`` / ``flash_attn_varlen_func`` are dif
 (``flashattn.torch_autograd``; torch is imported only when they are called).
 """
 
-from ._capi import (AllocationError, Backend, DeviceError, DType, F64, FlashAttnError, I64, InsufficientWorkspaceError,
+from ._capi import (AllocationError, Arg, Backend, DeviceError, DType, F64, FlashAttnError, I64, InsufficientWorkspaceError,
                     InternalError, InvalidArgumentError, InvalidStateError, LibraryNotFoundError, MaskAlign,
                     NotSupportedError,
                     Status, build_info, build_info_string, device_compute_capability, device_count, library_path,
@@ -36,7 +36,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 __all__ = [
     "attention", "flash_attn_func", "flash_attn_varlen_func", "Plan", "Status", "DType", "Backend", "I64", "F64",
-    "MaskAlign",
+    "MaskAlign", "Arg",
     "FlashAttnError", "InvalidArgumentError", "NotSupportedError", "InvalidStateError", "AllocationError",
     "DeviceError", "InsufficientWorkspaceError", "InternalError", "LibraryNotFoundError",
     "version", "version_string", "build_info", "build_info_string", "device_count",

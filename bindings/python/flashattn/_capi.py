@@ -80,7 +80,22 @@ class I64(enum.IntEnum):
     DV_BATCH_STRIDE = 42
     DV_ROW_STRIDE = 43
     DV_HEAD_STRIDE = 44
-    MASK_ALIGN = 60  # since 0.3
+    PAGED_KV = 45  # since 0.3: serving (paged K/V, seqused_k, append with rotary)
+    PAGE_SIZE = 46
+    NUM_PAGES = 47
+    MAX_PAGES_PER_SEQUENCE = 48
+    PAGE_TABLE_STRIDE = 49
+    SEQUSED_K = 50
+    NEW_KV_ROWS = 51
+    K_NEW_BATCH_STRIDE = 52
+    K_NEW_ROW_STRIDE = 53
+    K_NEW_HEAD_STRIDE = 54
+    V_NEW_BATCH_STRIDE = 55
+    V_NEW_ROW_STRIDE = 56
+    V_NEW_HEAD_STRIDE = 57
+    ROTARY_DIM = 58
+    ROTARY_INTERLEAVED = 59
+    MASK_ALIGN = 60  # since 0.3: attention variants
     SINK_TOKENS = 61
     SINK_LOGITS = 62
     ALIBI = 63
@@ -90,6 +105,30 @@ class MaskAlign(enum.IntEnum):
     """Values of I64.MASK_ALIGN (since 0.3): where query i's diagonal key lies."""
     BOTTOM_RIGHT = 0
     TOP_LEFT = 1
+
+
+class Arg(enum.IntEnum):
+    """flashattn_arg_t (since 0.3): the tensors of an argument set (flashattn_args_t)."""
+    Q = 1
+    K = 2
+    V = 3
+    O = 4
+    LSE = 5
+    CU_SEQLENS_Q = 6
+    CU_SEQLENS_K = 7
+    PAGE_TABLE = 8
+    SEQUSED_K = 9
+    K_NEW = 10
+    V_NEW = 11
+    ROTARY_COS = 12
+    ROTARY_SIN = 13
+    SINK_LOGITS = 20
+    ALIBI_SLOPES = 21
+    DSINK_LOGITS = 22
+    DOUT = 30
+    DQ = 31
+    DK = 32
+    DV = 33
 
 
 class F64(enum.IntEnum):
@@ -104,6 +143,7 @@ ENUMS = {
     "flashattn_backend_t": (Backend, "FLASHATTN_BACKEND_"),
     "flashattn_i64_param_t": (I64, "FLASHATTN_I64_"),
     "flashattn_mask_align_t": (MaskAlign, "FLASHATTN_MASK_ALIGN_"),
+    "flashattn_arg_t": (Arg, "FLASHATTN_ARG_"),
     "flashattn_f64_param_t": (F64, "FLASHATTN_F64_"),
 }
 
@@ -237,19 +277,7 @@ c_plan_p = ctypes.c_void_p  # flashattn_plan_t *
 c_stream = ctypes.c_void_p  # flashattn_stream_t
 P = ctypes.POINTER
 
-class Extras(ctypes.Structure):
-    """flashattn_extras_t (since 0.3): per-call variant arrays; struct_size set by extras()."""
-    _fields_ = [("struct_size", ctypes.c_uint64), ("sink_logits", P(ctypes.c_float)),
-                ("alibi_slopes", P(ctypes.c_float)), ("dsink_logits", P(ctypes.c_float))]
-
-
-def extras(sink_logits=0, alibi_slopes=0, dsink_logits=0):
-    """An Extras with its size set; arguments are int addresses (0: none)."""
-    def fp(address):
-        return ctypes.cast(ctypes.c_void_p(address), P(ctypes.c_float)) if address else None
-    return Extras(ctypes.sizeof(Extras), fp(sink_logits), fp(alibi_slopes), fp(dsink_logits))
-
-
+c_args_p = ctypes.c_void_p  # flashattn_args_t *
 MAX_MERGE_PARTIALS = 128  # FLASHATTN_MAX_MERGE_PARTIALS
 
 
@@ -289,15 +317,13 @@ PROTOTYPES = {
                                                           P(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p,
                                                           ctypes.c_void_p, P(ctypes.c_int32), P(ctypes.c_int32),
                                                           ctypes.c_void_p, ctypes.c_size_t, c_stream]),
-    "flashattn_plan_execute_extras": (c_status, [c_plan_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                                 ctypes.c_void_p, P(ctypes.c_float), P(ctypes.c_int32),
-                                                 P(ctypes.c_int32), P(Extras), ctypes.c_void_p, ctypes.c_size_t,
-                                                 c_stream]),
-    "flashattn_plan_execute_backward_extras": (c_status, [c_plan_p, ctypes.c_void_p, ctypes.c_void_p,
-                                                          ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                                          P(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p,
-                                                          ctypes.c_void_p, P(ctypes.c_int32), P(ctypes.c_int32),
-                                                          P(Extras), ctypes.c_void_p, ctypes.c_size_t, c_stream]),
+    "flashattn_args_create": (c_status, [P(c_args_p)]),
+    "flashattn_args_destroy": (None, [c_args_p]),
+    "flashattn_args_set": (c_status, [c_args_p, c_enum, ctypes.c_void_p]),
+    "flashattn_args_get": (c_status, [c_args_p, c_enum, P(ctypes.c_void_p)]),
+    "flashattn_plan_execute_args": (c_status, [c_plan_p, c_args_p, ctypes.c_void_p, ctypes.c_size_t, c_stream]),
+    "flashattn_plan_execute_backward_args": (c_status, [c_plan_p, c_args_p, ctypes.c_void_p, ctypes.c_size_t,
+                                                        c_stream]),
     "flashattn_plan_merge_states": (c_status, [c_plan_p, ctypes.c_int32, P(ctypes.c_void_p),
                                                P(P(ctypes.c_float)), c_enum, ctypes.c_void_p, P(ctypes.c_float),
                                                c_stream]),
@@ -310,8 +336,12 @@ SINCE = {
     "flashattn_plan_get_backward_workspace_size": "0.2",
     "flashattn_plan_execute_backward": "0.2",
     "flashattn_plan_execute_backward_varlen": "0.2",
-    "flashattn_plan_execute_extras": "0.3",
-    "flashattn_plan_execute_backward_extras": "0.3",
+    "flashattn_args_create": "0.3",
+    "flashattn_args_destroy": "0.3",
+    "flashattn_args_set": "0.3",
+    "flashattn_args_get": "0.3",
+    "flashattn_plan_execute_args": "0.3",
+    "flashattn_plan_execute_backward_args": "0.3",
     "flashattn_plan_merge_states": "0.3",
 }
 

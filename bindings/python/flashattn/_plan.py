@@ -353,44 +353,40 @@ class Plan:
                    varlen, workspace, stream)
         del refs, ws_owner  # kept referenced for the whole call
 
-    # -- variants (since 0.3) ----------------------------------------------------------------
-    def _extras(self, sink_logits, alibi_slopes, dsink_logits):
-        """(Extras, refs) from float32 arrays or int addresses (None: not passed)."""
-        ptrs, refs = _pointers((("sink_logits", sink_logits, True), ("alibi_slopes", alibi_slopes, True),
-                                ("dsink_logits", dsink_logits, True)))
-        for name, ref in refs.items():
+    # -- argument sets (since 0.3) -----------------------------------------------------------
+    def _run_args(self, function, workspace, stream, tensors):
+        """function (flashattn_plan_execute_args or _backward_args) on a temporary flashattn_args_t
+        holding tensors: {lower-case flashattn.Arg name: array, int address or None}."""
+        names = {a.name.lower(): a for a in _capi.Arg}
+        ptrs, refs = {}, {}
+        for name, value in tensors.items():
+            if name not in names:
+                raise TypeError("%s: not a flashattn.Arg name (%s)" % (name, ", ".join(sorted(names))))
+            ptrs[name], refs[name] = _pointer(value, name, allow_none=True)
+        for name in ("sink_logits", "alibi_slopes", "dsink_logits", "lse"):
+            ref = refs.get(name)
             if ref is not None and ref.dtype_name != "float32":
-                raise TypeError("%s: %s; it must be float32 [heads_q]" % (name, ref.describe()))
-        return _capi.extras(ptrs["sink_logits"] or 0, ptrs["alibi_slopes"] or 0, ptrs["dsink_logits"] or 0), refs
+                raise TypeError("%s: %s; it must be float32" % (name, ref.describe()))
+        handle = ctypes.c_void_p()
+        call("flashattn_args_create", ctypes.byref(handle))
+        try:
+            for name, ptr in ptrs.items():
+                call("flashattn_args_set", handle, int(names[name]), ptr)
+            ws_ptr, ws_bytes = self._workspace(workspace)
+            call(function, self.handle, handle, ws_ptr, ws_bytes, stream_handle(stream) or None)
+        finally:
+            lib().flashattn_args_destroy(handle)
+        del refs  # the arrays stayed referenced for the whole call
 
-    def execute_extras(self, q, k, v, o, lse=None, cu_seqlens_q=None, cu_seqlens_k=None, sink_logits=None,
-                       alibi_slopes=None, workspace=None, stream=None):
-        """flashattn_plan_execute_extras: execute() (or execute_varlen() with cu_seqlens) with the
-        per-head float32 arrays the plan's SINK_LOGITS / ALIBI keys ask for."""
-        handle = self.handle
-        ptrs, refs = _pointers((("q", q, False), ("k", k, False), ("v", v, False), ("o", o, False),
-                                ("lse", lse, True), ("cu_seqlens_q", cu_seqlens_q, True),
-                                ("cu_seqlens_k", cu_seqlens_k, True)))
-        ex, ex_refs = self._extras(sink_logits, alibi_slopes, None)
-        self._check_refs(refs)
-        ws_ptr, ws_bytes = self._workspace(workspace)
-        call("flashattn_plan_execute_extras", handle, ptrs["q"], ptrs["k"], ptrs["v"], ptrs["o"],
-             _c_ptr(ptrs["lse"], ctypes.c_float), _c_ptr(ptrs["cu_seqlens_q"], ctypes.c_int32),
-             _c_ptr(ptrs["cu_seqlens_k"], ctypes.c_int32), ctypes.byref(ex), ws_ptr, ws_bytes,
-             stream_handle(stream) or None)
-        del refs, ex_refs
+    def execute_args(self, workspace=None, stream=None, **tensors):
+        """flashattn_plan_execute_args with the named tensors (flashattn.Arg names in lower case:
+        q, k, v, o, lse, cu_seqlens_q, sink_logits, alibi_slopes, page_table, ...)."""
+        self._run_args("flashattn_plan_execute_args", workspace, stream, tensors)
 
-    def backward_extras(self, q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens_q=None, cu_seqlens_k=None,
-                        sink_logits=None, alibi_slopes=None, dsink_logits=None, workspace=None, stream=None):
-        """flashattn_plan_execute_backward_extras: backward() with the variant arrays; with sink
-        logits, dsink_logits (float32 [heads_q]) receives their gradient. workspace None on the CPU
-        backend allocates one for this call."""
-        handle = self.handle
-        ptrs, refs = _pointers((("q", q, False), ("k", k, False), ("v", v, False), ("o", o, False),
-                                ("dout", dout, False), ("lse", lse, False), ("dq", dq, False), ("dk", dk, False),
-                                ("dv", dv, False), ("cu_seqlens_q", cu_seqlens_q, True),
-                                ("cu_seqlens_k", cu_seqlens_k, True)))
-        ex, ex_refs = self._extras(sink_logits, alibi_slopes, dsink_logits)
+    def backward_args(self, workspace=None, stream=None, **tensors):
+        """flashattn_plan_execute_backward_args with the named tensors (q, k, v, o, lse, dout, dq,
+        dk, dv, cu_seqlens_*, sink_logits with dsink_logits, alibi_slopes). workspace None on the
+        CPU backend allocates one for this call."""
         ws_owner = None
         if workspace is None and self.backward_backend == Backend.CPU:
             need = self.backward_workspace_size
@@ -398,12 +394,8 @@ class Plan:
                 import numpy as np
                 ws_owner = np.empty(need + 256, dtype=np.uint8)
                 workspace = ((ws_owner.ctypes.data + 255) // 256 * 256, need)
-        ws_ptr, ws_bytes = self._workspace(workspace)
-        call("flashattn_plan_execute_backward_extras", handle, ptrs["q"], ptrs["k"], ptrs["v"], ptrs["o"],
-             ptrs["dout"], _c_ptr(ptrs["lse"], ctypes.c_float), ptrs["dq"], ptrs["dk"], ptrs["dv"],
-             _c_ptr(ptrs["cu_seqlens_q"], ctypes.c_int32), _c_ptr(ptrs["cu_seqlens_k"], ctypes.c_int32),
-             ctypes.byref(ex), ws_ptr, ws_bytes, stream_handle(stream) or None)
-        del refs, ex_refs, ws_owner
+        self._run_args("flashattn_plan_execute_backward_args", workspace, stream, tensors)
+        del ws_owner
 
     def merge_states(self, partial_o, partial_lse, o, lse=None, partial_dtype=None, stream=None):
         """flashattn_plan_merge_states: merge the partial states (lists of O tensors laid out as

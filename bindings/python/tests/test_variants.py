@@ -58,7 +58,7 @@ def run(q, k, v, **kw):
         plan.finalize()
         ws = np.empty(plan.workspace_size + 256, np.uint8)
         wsp = ((ws.ctypes.data + 255) // 256 * 256, plan.workspace_size)
-        plan.execute_extras(q, k, v, o, lse, sink_logits=sinks, alibi_slopes=slopes, workspace=wsp)
+        plan.execute_args(q=q, k=k, v=v, o=o, lse=lse, sink_logits=sinks, alibi_slopes=slopes, workspace=wsp)
     return o, lse
 
 
@@ -122,7 +122,8 @@ def test_backward_dsink(rng):
     dsink = np.full(h, np.nan, np.float32)
     with flashattn.Plan(**params) as plan:
         plan.finalize()
-        plan.backward_extras(q, k, v, o, g, lse, dq, dk, dv, sink_logits=sinks, dsink_logits=dsink)
+        plan.backward_args(q=q, k=k, v=v, o=o, dout=g, lse=lse, dq=dq, dk=dk, dv=dv, sink_logits=sinks,
+                           dsink_logits=dsink)
     eps = 1e-5
     for i in range(h):
         up, dn = sinks.astype(np.float64), sinks.astype(np.float64)
@@ -138,4 +139,4 @@ def test_plan_without_arrays_refused(rng):
                         alibi=1) as plan:
         plan.finalize()
         with pytest.raises(flashattn.InvalidArgumentError, match="alibi_slopes"):
-            plan.execute_extras(q, q, q, np.empty_like(q))
+            plan.execute_args(q=q, k=q, v=q, o=np.empty_like(q))

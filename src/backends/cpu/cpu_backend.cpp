@@ -19,6 +19,7 @@
 #include "backends/cpu/cpu_backward.h"
 #include "backends/cpu/cpu_kernel.h"
 #include "backends/cpu/cpu_merge.h"
+#include "backends/cpu/cpu_serving.h"
 #include "backends/cpu/cpu_threads.h"
 #include "backends/backend.h"
 #include "base/checked_math.h"
@@ -40,6 +41,7 @@ struct CpuPlan : BackendPlan {
     int64_t pack = 1;      // query heads per work item (GQA packing)
     size_t slot_bytes = 0; // one thread's scratch, a multiple of kWorkspaceAlignment
     int scratch = 0;       // the workspace slice holding `threads` slots
+    int rotated_q = -1;    // the slice holding Q rotated, when the plan has a rotary embedding
     bool gpu_present = false;  // then every pointer must be checked to be host memory
     cpu::BackwardPlan backward;  // laid out in backward_workspace when the backward can run
 };
@@ -101,6 +103,7 @@ flashattn_status_t cpu_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     plan->pack = choose_pack(p, plan->shape.block_m, plan->threads);
     plan->slot_bytes = align_up(cpu::scratch_bytes(p, plan->shape), kWorkspaceAlignment);
     plan->scratch = plan->workspace.add("cpu per-thread scratch", static_cast<size_t>(plan->threads) * plan->slot_bytes);
+    if (p.serving.rotary_dim > 0) plan->rotated_q = plan->workspace.add("cpu rotated queries", cpu::rotated_q_bytes(p));
     plan->gpu_present = dev.present;
     if (cpu::backward_unsupported_reason(p).empty())
         plan->backward = cpu::plan_backward(p, plan->threads, &plan->backward_workspace);
@@ -114,8 +117,9 @@ flashattn_status_t check_host_memory(const Tensors &t) {
         {t.q, "q"}, {t.k, "k"}, {t.v, "v"}, {t.o, "o"}, {t.lse, "lse"},
         {t.cu_seqlens_q, "cu_seqlens_q"}, {t.cu_seqlens_k, "cu_seqlens_k"}, {t.workspace, "workspace"},
         {t.dout, "dout"}, {t.dq, "dq"}, {t.dk, "dk"}, {t.dv, "dv"},
-        {t.sink_logits, "extras->sink_logits"}, {t.alibi_slopes, "extras->alibi_slopes"},
-        {t.dsink_logits, "extras->dsink_logits"}};
+        {t.sink_logits, "sink_logits"}, {t.alibi_slopes, "alibi_slopes"}, {t.dsink_logits, "dsink_logits"},
+        {t.page_table, "page_table"}, {t.seqused_k, "seqused_k"}, {t.k_new, "k_new"}, {t.v_new, "v_new"},
+        {t.rotary_cos, "rotary_cos"}, {t.rotary_sin, "rotary_sin"}};
     for (const auto &a : all) {
         int32_t owner = -1;
         if (a.ptr != nullptr && memory_kind(a.ptr, &owner) == MemoryKind::device)
@@ -160,6 +164,26 @@ flashattn_status_t check_cu_seqlens(const char *name, const int32_t *cu, int64_t
     return FLASHATTN_SUCCESS;
 }
 
+// Sequence b's keys for key/value head kvh: where row 0 is, the strides, through the page table
+// when paged, and how many keys the sequence has.
+void set_keys(const Problem &p, const Tensors &t, int64_t b, int64_t kvh, cpu::Slice *sl) {
+    const int64_t es = static_cast<int64_t>(p.element_size());
+    const bool paged = p.serving.paged;
+    const int64_t k_off = paged ? kvh * p.k.head : cpu::cache_offset(p, t, p.k, b, 0, kvh);
+    const int64_t v_off = paged ? kvh * p.v.head : cpu::cache_offset(p, t, p.v, b, 0, kvh);
+    sl->k = static_cast<const unsigned char *>(t.k) + k_off * es;
+    sl->v = static_cast<const unsigned char *>(t.v) + v_off * es;
+    sl->k_row = p.k.row;
+    sl->v_row = p.v.row;
+    sl->seqlen_k = cpu::keys_of_sequence(p, t, b);
+    if (paged) {
+        sl->pages = t.page_table + b * p.serving.page_table_stride;
+        sl->page_size = p.serving.page_size;
+        sl->k_page = p.k.batch;
+        sl->v_page = p.v.batch;
+    }
+}
+
 struct Job {
     const Problem *p;
     const Tensors *t;
@@ -171,6 +195,7 @@ struct Job {
     size_t elem;
     unsigned char *workspace;
     size_t slot_bytes;
+    const unsigned char *rotated_q = nullptr;  // with a rotary embedding: Q rotated (cpu_serving.h)
     std::atomic<int64_t> next{0};
 };
 
@@ -187,42 +212,39 @@ void run_item(const Job &job, int64_t item, void *scratch) {
     const int64_t es = static_cast<int64_t>(job.elem);
 
     cpu::Slice sl;
-    int64_t q_off, k_off, v_off, o_off;  // in elements, of row 0 of this (sequence, head)
+    int64_t q_off, o_off;  // in elements, of row 0 of this (sequence, head)
+    int64_t q_start;       // the sequence's first row in Q (all sequences' rows counted)
     if (p.varlen) {
-        const int64_t q_start = t.cu_seqlens_q[b];
-        const int64_t k_start = t.cu_seqlens_k[b];
+        q_start = t.cu_seqlens_q[b];
         sl.seqlen_q = t.cu_seqlens_q[b + 1] - q_start;
-        sl.seqlen_k = t.cu_seqlens_k[b + 1] - k_start;
         q_off = q_start * p.q.row + h * p.q.head;
-        k_off = k_start * p.k.row + kvh * p.k.head;
-        v_off = k_start * p.v.row + kvh * p.v.head;
         o_off = q_start * p.o.row + h * p.o.head;
         if (t.lse) sl.lse = t.lse + h * p.total_q + q_start;
         sl.lse_head = p.total_q;
     } else {
+        q_start = b * p.seqlen_q;
         sl.seqlen_q = p.seqlen_q;
-        sl.seqlen_k = p.seqlen_k;
         q_off = b * p.q.batch + h * p.q.head;
-        k_off = b * p.k.batch + kvh * p.k.head;
-        v_off = b * p.v.batch + kvh * p.v.head;
         o_off = b * p.o.batch + h * p.o.head;
         if (t.lse) sl.lse = t.lse + (b * heads + h) * p.seqlen_q;
         sl.lse_head = p.seqlen_q;
     }
+    set_keys(p, t, b, kvh, &sl);
     const int64_t packed_rows = sl.seqlen_q * job.pack;
     const int64_t row0 = tile * job.shape.block_m;
     if (row0 >= packed_rows) return;
     const int64_t rows = std::min<int64_t>(job.shape.block_m, packed_rows - row0);
 
     sl.q = static_cast<const unsigned char *>(t.q) + q_off * es;
-    sl.k = static_cast<const unsigned char *>(t.k) + k_off * es;
-    sl.v = static_cast<const unsigned char *>(t.v) + v_off * es;
-    sl.o = static_cast<unsigned char *>(t.o) + o_off * es;
     sl.q_row = p.q.row;
-    sl.k_row = p.k.row;
-    sl.v_row = p.v.row;
-    sl.o_row = p.o.row;
     sl.q_head = p.q.head;
+    if (job.rotated_q != nullptr) {  // the rotated copy: [rows][heads_q][head_dim]
+        sl.q_head = p.head_dim;
+        sl.q_row = p.heads_q * p.head_dim;
+        sl.q = job.rotated_q + (q_start * sl.q_row + h * sl.q_head) * es;
+    }
+    sl.o = static_cast<unsigned char *>(t.o) + o_off * es;
+    sl.o_row = p.o.row;
     sl.o_head = p.o.head;
     sl.heads = job.pack;
     if (t.sink_logits != nullptr) sl.sink = t.sink_logits + h;
@@ -245,10 +267,11 @@ flashattn_status_t check_host_call(const Problem &p, const CpuPlan &plan, const 
     if (p.varlen) {
         FLASHATTN_TRY(check_cu_seqlens("cu_seqlens_q", t.cu_seqlens_q, p.batch, p.total_q,
                                        "total_q", p.seqlen_q, "seqlen_q"));
-        FLASHATTN_TRY(check_cu_seqlens("cu_seqlens_k", t.cu_seqlens_k, p.batch, p.total_k,
-                                       "total_k", p.seqlen_k, "seqlen_k"));
+        if (!p.serving.paged)  // a paged plan's keys are not packed
+            FLASHATTN_TRY(check_cu_seqlens("cu_seqlens_k", t.cu_seqlens_k, p.batch, p.total_k,
+                                           "total_k", p.seqlen_k, "seqlen_k"));
     }
-    return FLASHATTN_SUCCESS;
+    return cpu::check_serving_call(p, t);
 }
 
 flashattn_status_t execute_impl(const Problem &p, const CpuPlan &plan, const Tensors &t) {
@@ -264,6 +287,13 @@ flashattn_status_t execute_impl(const Problem &p, const CpuPlan &plan, const Ten
     job.elem = p.element_size();
     job.slot_bytes = plan.slot_bytes;
     job.workspace = plan.workspace.at<unsigned char>(t.workspace, plan.scratch);
+    // Serving: the new rows go into the caches first, then Q is rotated, then attention reads both.
+    if (p.serving.appends()) cpu::append_rows(p, t);
+    if (plan.rotated_q >= 0) {
+        unsigned char *rotated = plan.workspace.at<unsigned char>(t.workspace, plan.rotated_q);
+        cpu::rotate_queries(p, t, rotated);
+        job.rotated_q = rotated;
+    }
     if (job.items <= 0) return FLASHATTN_SUCCESS;
     const int64_t threads = std::min<int64_t>(plan.threads, job.items);
 

@@ -171,8 +171,9 @@ FLASHATTN_CPU_INLINE void tile_body(const Problem &p, const TileShape &shape, co
         first[r] = kr.first;
         last[r] = kr.last;
     }
-    const int64_t k_row_bytes = sl.k_row * static_cast<int64_t>(E::size);
-    const int64_t v_row_bytes = sl.v_row * static_cast<int64_t>(E::size);
+    // Key j's rows of K and V (contiguous, or through the page table).
+    auto k_at = [&](int64_t j) { return sl.k + key_offset(sl, j, sl.k_row, sl.k_page) * static_cast<int64_t>(E::size); };
+    auto v_at = [&](int64_t j) { return sl.v + key_offset(sl, j, sl.v_row, sl.v_page) * static_cast<int64_t>(E::size); };
     const size_t k_bytes = static_cast<size_t>(d) * E::size;
     const size_t v_bytes = static_cast<size_t>(dv) * E::size;
     const int64_t window_begin = visible_keys(p, row0 / heads, sl.seqlen_q, sl.seqlen_k).first;
@@ -204,9 +205,9 @@ FLASHATTN_CPU_INLINE void tile_body(const Problem &p, const TileShape &shape, co
         // Rows of K/V are usually a page or more apart, out of the hardware prefetchers' reach:
         // prefetch K a few rows ahead and V one block ahead, and the next K block while widening V.
         for (int jj = 0; jj < nk; ++jj) {
-            const unsigned char *src = sl.k + (j0 + jj) * sl.k_row * static_cast<int64_t>(E::size);
-            if (j0 + jj + kPrefetchRows < key_end) prefetch_row(src + kPrefetchRows * k_row_bytes, k_bytes);
-            prefetch_row(sl.v + (j0 + jj) * v_row_bytes, v_bytes);
+            const unsigned char *src = k_at(j0 + jj);
+            if (j0 + jj + kPrefetchRows < key_end) prefetch_row(k_at(j0 + jj + kPrefetchRows), k_bytes);
+            prefetch_row(v_at(j0 + jj), v_bytes);
             widen_row<DT>(src, d, 1.0f, kt + jj, static_cast<size_t>(bn));
         }
         if (nk < nkp) {
@@ -216,8 +217,8 @@ FLASHATTN_CPU_INLINE void tile_body(const Problem &p, const TileShape &shape, co
             }
         }
         for (int jj = 0; jj < nk; ++jj) {
-            const unsigned char *src = sl.v + (j0 + jj) * sl.v_row * static_cast<int64_t>(E::size);
-            if (j0 + bn + jj < key_end) prefetch_row(sl.k + (j0 + bn + jj) * k_row_bytes, k_bytes);
+            const unsigned char *src = v_at(j0 + jj);
+            if (j0 + bn + jj < key_end) prefetch_row(k_at(j0 + bn + jj), k_bytes);
             float *dst = vs + static_cast<size_t>(jj) * dvp;
             widen_row<DT>(src, dv, 1.0f, dst, 1);
             for (int c = dv; c < dvp; ++c) dst[c] = 0.0f;

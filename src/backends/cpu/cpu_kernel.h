@@ -45,7 +45,17 @@ struct Slice {
     // follow); nullptr when the plan uses none.
     const float *sink = nullptr;
     const float *alibi = nullptr;
+    // Paged K/V (pages != nullptr): key j is row j % page_size of page pages[j / page_size]; k and
+    // v then address row 0 of page 0 (at this head) and k_page / v_page step between pages.
+    const int32_t *pages = nullptr;
+    int64_t page_size = 0, k_page = 0, v_page = 0;
 };
+
+// Element offset of key j from a slice's k (row_stride k_row, page_stride k_page) or v.
+inline int64_t key_offset(const Slice &sl, int64_t j, int64_t row_stride, int64_t page_stride) {
+    if (sl.pages == nullptr) return j * row_stride;
+    return sl.pages[j / sl.page_size] * page_stride + (j % sl.page_size) * row_stride;
+}
 
 // Compute packed rows [row0, row0 + rows) of `slice` (rows <= shape.block_m) into O (and LSE).
 // `scratch` holds scratch_bytes() bytes, 64-byte aligned, private to the calling thread.

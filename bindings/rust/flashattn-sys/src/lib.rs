@@ -83,6 +83,21 @@ pub const FLASHATTN_I64_DK_HEAD_STRIDE: flashattn_i64_param_t = 41;
 pub const FLASHATTN_I64_DV_BATCH_STRIDE: flashattn_i64_param_t = 42;
 pub const FLASHATTN_I64_DV_ROW_STRIDE: flashattn_i64_param_t = 43;
 pub const FLASHATTN_I64_DV_HEAD_STRIDE: flashattn_i64_param_t = 44;
+pub const FLASHATTN_I64_PAGED_KV: flashattn_i64_param_t = 45;
+pub const FLASHATTN_I64_PAGE_SIZE: flashattn_i64_param_t = 46;
+pub const FLASHATTN_I64_NUM_PAGES: flashattn_i64_param_t = 47;
+pub const FLASHATTN_I64_MAX_PAGES_PER_SEQUENCE: flashattn_i64_param_t = 48;
+pub const FLASHATTN_I64_PAGE_TABLE_STRIDE: flashattn_i64_param_t = 49;
+pub const FLASHATTN_I64_SEQUSED_K: flashattn_i64_param_t = 50;
+pub const FLASHATTN_I64_NEW_KV_ROWS: flashattn_i64_param_t = 51;
+pub const FLASHATTN_I64_K_NEW_BATCH_STRIDE: flashattn_i64_param_t = 52;
+pub const FLASHATTN_I64_K_NEW_ROW_STRIDE: flashattn_i64_param_t = 53;
+pub const FLASHATTN_I64_K_NEW_HEAD_STRIDE: flashattn_i64_param_t = 54;
+pub const FLASHATTN_I64_V_NEW_BATCH_STRIDE: flashattn_i64_param_t = 55;
+pub const FLASHATTN_I64_V_NEW_ROW_STRIDE: flashattn_i64_param_t = 56;
+pub const FLASHATTN_I64_V_NEW_HEAD_STRIDE: flashattn_i64_param_t = 57;
+pub const FLASHATTN_I64_ROTARY_DIM: flashattn_i64_param_t = 58;
+pub const FLASHATTN_I64_ROTARY_INTERLEAVED: flashattn_i64_param_t = 59;
 pub const FLASHATTN_I64_MASK_ALIGN: flashattn_i64_param_t = 60;
 pub const FLASHATTN_I64_SINK_TOKENS: flashattn_i64_param_t = 61;
 pub const FLASHATTN_I64_SINK_LOGITS: flashattn_i64_param_t = 62;
@@ -114,26 +129,33 @@ pub struct flashattn_plan_t {
     _marker: PhantomData<(*mut u8, PhantomPinned)>,
 }
 
-/// Per-call variant arrays (since 0.3); `struct_size` = `size_of::<flashattn_extras_t>()`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct flashattn_extras_t {
-    pub struct_size: u64,
-    pub sink_logits: *const f32,
-    pub alibi_slopes: *const f32,
-    pub dsink_logits: *mut f32,
-}
+pub type flashattn_arg_t = c_int;
+pub const FLASHATTN_ARG_Q: flashattn_arg_t = 1;
+pub const FLASHATTN_ARG_K: flashattn_arg_t = 2;
+pub const FLASHATTN_ARG_V: flashattn_arg_t = 3;
+pub const FLASHATTN_ARG_O: flashattn_arg_t = 4;
+pub const FLASHATTN_ARG_LSE: flashattn_arg_t = 5;
+pub const FLASHATTN_ARG_CU_SEQLENS_Q: flashattn_arg_t = 6;
+pub const FLASHATTN_ARG_CU_SEQLENS_K: flashattn_arg_t = 7;
+pub const FLASHATTN_ARG_PAGE_TABLE: flashattn_arg_t = 8;
+pub const FLASHATTN_ARG_SEQUSED_K: flashattn_arg_t = 9;
+pub const FLASHATTN_ARG_K_NEW: flashattn_arg_t = 10;
+pub const FLASHATTN_ARG_V_NEW: flashattn_arg_t = 11;
+pub const FLASHATTN_ARG_ROTARY_COS: flashattn_arg_t = 12;
+pub const FLASHATTN_ARG_ROTARY_SIN: flashattn_arg_t = 13;
+pub const FLASHATTN_ARG_SINK_LOGITS: flashattn_arg_t = 20;
+pub const FLASHATTN_ARG_ALIBI_SLOPES: flashattn_arg_t = 21;
+pub const FLASHATTN_ARG_DSINK_LOGITS: flashattn_arg_t = 22;
+pub const FLASHATTN_ARG_DOUT: flashattn_arg_t = 30;
+pub const FLASHATTN_ARG_DQ: flashattn_arg_t = 31;
+pub const FLASHATTN_ARG_DK: flashattn_arg_t = 32;
+pub const FLASHATTN_ARG_DV: flashattn_arg_t = 33;
 
-impl Default for flashattn_extras_t {
-    /// FLASHATTN_EXTRAS_INIT: the size set, every array null.
-    fn default() -> Self {
-        flashattn_extras_t {
-            struct_size: core::mem::size_of::<flashattn_extras_t>() as u64,
-            sink_logits: core::ptr::null(),
-            alibi_slopes: core::ptr::null(),
-            dsink_logits: core::ptr::null_mut(),
-        }
-    }
+/// Opaque `flashattn_args_t` (since 0.3): a named set of tensor pointers.
+#[repr(C)]
+pub struct flashattn_args_t {
+    _private: [u8; 0],
+    _marker: PhantomData<(*mut u8, PhantomPinned)>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -228,35 +250,21 @@ extern "C" {
         stream: flashattn_stream_t,
     ) -> flashattn_status_t;
 
-    // Attention variants and merging partial states (since 0.3)
-    pub fn flashattn_plan_execute_extras(
+    // Argument sets (serving, attention variants) and merging partial states (since 0.3)
+    pub fn flashattn_args_create(args: *mut *mut flashattn_args_t) -> flashattn_status_t;
+    pub fn flashattn_args_destroy(args: *mut flashattn_args_t);
+    pub fn flashattn_args_set(args: *mut flashattn_args_t, which: flashattn_arg_t, ptr: *const c_void) -> flashattn_status_t;
+    pub fn flashattn_args_get(args: *const flashattn_args_t, which: flashattn_arg_t, ptr: *mut *const c_void) -> flashattn_status_t;
+    pub fn flashattn_plan_execute_args(
         plan: *const flashattn_plan_t,
-        q: *const c_void,
-        k: *const c_void,
-        v: *const c_void,
-        o: *mut c_void,
-        lse: *mut f32,
-        cu_seqlens_q: *const i32,
-        cu_seqlens_k: *const i32,
-        extras: *const flashattn_extras_t,
+        args: *const flashattn_args_t,
         workspace: *mut c_void,
         workspace_bytes: usize,
         stream: flashattn_stream_t,
     ) -> flashattn_status_t;
-    pub fn flashattn_plan_execute_backward_extras(
+    pub fn flashattn_plan_execute_backward_args(
         plan: *const flashattn_plan_t,
-        q: *const c_void,
-        k: *const c_void,
-        v: *const c_void,
-        o: *const c_void,
-        dout: *const c_void,
-        lse: *const f32,
-        dq: *mut c_void,
-        dk: *mut c_void,
-        dv: *mut c_void,
-        cu_seqlens_q: *const i32,
-        cu_seqlens_k: *const i32,
-        extras: *const flashattn_extras_t,
+        args: *const flashattn_args_t,
         workspace: *mut c_void,
         workspace_bytes: usize,
         stream: flashattn_stream_t,

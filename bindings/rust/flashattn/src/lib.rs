@@ -230,14 +230,92 @@ pub enum I64Param {
     DvBatchStride = sys::FLASHATTN_I64_DV_BATCH_STRIDE,
     DvRowStride = sys::FLASHATTN_I64_DV_ROW_STRIDE,
     DvHeadStride = sys::FLASHATTN_I64_DV_HEAD_STRIDE,
+    /// Serving (since 0.3): paged K/V, seqused_k, append with rotary; see the header.
+    PagedKv = sys::FLASHATTN_I64_PAGED_KV,
+    PageSize = sys::FLASHATTN_I64_PAGE_SIZE,
+    NumPages = sys::FLASHATTN_I64_NUM_PAGES,
+    MaxPagesPerSequence = sys::FLASHATTN_I64_MAX_PAGES_PER_SEQUENCE,
+    PageTableStride = sys::FLASHATTN_I64_PAGE_TABLE_STRIDE,
+    SequsedK = sys::FLASHATTN_I64_SEQUSED_K,
+    NewKvRows = sys::FLASHATTN_I64_NEW_KV_ROWS,
+    KNewBatchStride = sys::FLASHATTN_I64_K_NEW_BATCH_STRIDE,
+    KNewRowStride = sys::FLASHATTN_I64_K_NEW_ROW_STRIDE,
+    KNewHeadStride = sys::FLASHATTN_I64_K_NEW_HEAD_STRIDE,
+    VNewBatchStride = sys::FLASHATTN_I64_V_NEW_BATCH_STRIDE,
+    VNewRowStride = sys::FLASHATTN_I64_V_NEW_ROW_STRIDE,
+    VNewHeadStride = sys::FLASHATTN_I64_V_NEW_HEAD_STRIDE,
+    RotaryDim = sys::FLASHATTN_I64_ROTARY_DIM,
+    RotaryInterleaved = sys::FLASHATTN_I64_ROTARY_INTERLEAVED,
     /// A [`MaskAlign`] value: where query i's diagonal key lies (since 0.3).
     MaskAlign = sys::FLASHATTN_I64_MASK_ALIGN,
     /// Sink tokens: the first n keys escape the left window (since 0.3).
     SinkTokens = sys::FLASHATTN_I64_SINK_TOKENS,
-    /// 1: per-head sink logits, passed to the `*_extras` calls (since 0.3).
+    /// 1: per-head sink logits, passed in an [`Args`] as [`Arg::SinkLogits`] (since 0.3).
     SinkLogits = sys::FLASHATTN_I64_SINK_LOGITS,
-    /// 1: per-head ALiBi slopes, passed to the `*_extras` calls (since 0.3).
+    /// 1: per-head ALiBi slopes, passed in an [`Args`] as [`Arg::AlibiSlopes`] (since 0.3).
     Alibi = sys::FLASHATTN_I64_ALIBI,
+}
+
+/// The tensors of an argument set (`flashattn_arg_t`, since 0.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(i32)]
+pub enum Arg {
+    Q = sys::FLASHATTN_ARG_Q,
+    K = sys::FLASHATTN_ARG_K,
+    V = sys::FLASHATTN_ARG_V,
+    O = sys::FLASHATTN_ARG_O,
+    Lse = sys::FLASHATTN_ARG_LSE,
+    CuSeqlensQ = sys::FLASHATTN_ARG_CU_SEQLENS_Q,
+    CuSeqlensK = sys::FLASHATTN_ARG_CU_SEQLENS_K,
+    PageTable = sys::FLASHATTN_ARG_PAGE_TABLE,
+    SequsedK = sys::FLASHATTN_ARG_SEQUSED_K,
+    KNew = sys::FLASHATTN_ARG_K_NEW,
+    VNew = sys::FLASHATTN_ARG_V_NEW,
+    RotaryCos = sys::FLASHATTN_ARG_ROTARY_COS,
+    RotarySin = sys::FLASHATTN_ARG_ROTARY_SIN,
+    SinkLogits = sys::FLASHATTN_ARG_SINK_LOGITS,
+    AlibiSlopes = sys::FLASHATTN_ARG_ALIBI_SLOPES,
+    DsinkLogits = sys::FLASHATTN_ARG_DSINK_LOGITS,
+    Dout = sys::FLASHATTN_ARG_DOUT,
+    Dq = sys::FLASHATTN_ARG_DQ,
+    Dk = sys::FLASHATTN_ARG_DK,
+    Dv = sys::FLASHATTN_ARG_DV,
+}
+
+/// An owned `flashattn_args_t` (since 0.3): one raw pointer per [`Arg`], all null when created.
+pub struct Args {
+    raw: NonNull<sys::flashattn_args_t>,
+}
+
+impl Args {
+    /// `flashattn_args_create`.
+    pub fn new() -> Result<Args> {
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::flashattn_args_create(&mut raw) })?;
+        NonNull::new(raw)
+            .map(|raw| Args { raw })
+            .ok_or_else(|| Error::new(Status::Internal, "flashattn_args_create returned NULL"))
+    }
+
+    /// `flashattn_args_set`: the pointer (null clears it). Nothing is read through it here; the
+    /// execute call that takes this set uses it, so it must be valid then.
+    pub fn set(&mut self, which: Arg, ptr: *const c_void) -> Result<&mut Args> {
+        check(unsafe { sys::flashattn_args_set(self.raw.as_ptr(), which as sys::flashattn_arg_t, ptr) })?;
+        Ok(self)
+    }
+
+    /// `flashattn_args_get`.
+    pub fn get(&self, which: Arg) -> Result<*const c_void> {
+        let mut out = ptr::null();
+        check(unsafe { sys::flashattn_args_get(self.raw.as_ptr(), which as sys::flashattn_arg_t, &mut out) })?;
+        Ok(out)
+    }
+}
+
+impl Drop for Args {
+    fn drop(&mut self) {
+        unsafe { sys::flashattn_args_destroy(self.raw.as_ptr()) }
+    }
 }
 
 /// The most partial states one [`Plan::merge_states`] call merges (FLASHATTN_MAX_MERGE_PARTIALS).
@@ -812,68 +890,82 @@ impl Plan {
         Ok(())
     }
 
-    /// [`Plan::execute`] (or, with `cu_seqlens`, [`Plan::execute_varlen`]) with the per-head
-    /// arrays the plan's [`I64Param::SinkLogits`] / [`I64Param::Alibi`] ask for, on host slices.
+    /// [`Plan::execute`] (or, with `cu_seqlens`, [`Plan::execute_varlen`]) on host slices (CPU
+    /// backend) through an argument set, with the per-head arrays the plan's
+    /// [`I64Param::SinkLogits`] / [`I64Param::Alibi`] ask for.
     #[allow(clippy::too_many_arguments)]
-    pub fn execute_extras<T: Element>(&self, q: &[T], k: &[T], v: &[T], o: &mut [T], lse: Option<&mut [f32]>,
-                                      cu_seqlens: Option<(&[i32], &[i32])>, sink_logits: Option<&[f32]>,
-                                      alibi_slopes: Option<&[f32]>, workspace: Option<&mut Workspace>) -> Result<()> {
+    pub fn execute_variants<T: Element>(&self, q: &[T], k: &[T], v: &[T], o: &mut [T], lse: Option<&mut [f32]>,
+                                        cu_seqlens: Option<(&[i32], &[i32])>, sink_logits: Option<&[f32]>,
+                                        alibi_slopes: Option<&[f32]>, workspace: Option<&mut Workspace>) -> Result<()> {
         self.check_host(q, k, v, o, lse.as_deref(), cu_seqlens)?;
         self.check_heads(&[("sink_logits", sink_logits.map(<[f32]>::len)), ("alibi_slopes", alibi_slopes.map(<[f32]>::len))])?;
-        let extras = sys::flashattn_extras_t {
-            sink_logits: sink_logits.map_or(ptr::null(), <[f32]>::as_ptr),
-            alibi_slopes: alibi_slopes.map_or(ptr::null(), <[f32]>::as_ptr),
-            ..Default::default()
-        };
-        let (cq, ck) = cu_seqlens.map_or((ptr::null(), ptr::null()), |(a, b)| (a.as_ptr(), b.as_ptr()));
-        let lse_ptr = lse.map_or(ptr::null_mut(), |l| l.as_mut_ptr());
+        let mut args = Args::new()?;
+        args.set(Arg::Q, q.as_ptr() as *const c_void)?
+            .set(Arg::K, k.as_ptr() as *const c_void)?
+            .set(Arg::V, v.as_ptr() as *const c_void)?
+            .set(Arg::O, o.as_mut_ptr() as *const c_void)?
+            .set(Arg::Lse, lse.map_or(ptr::null(), |l| l.as_mut_ptr() as *const c_void))?
+            .set(Arg::SinkLogits, sink_logits.map_or(ptr::null(), |s| s.as_ptr() as *const c_void))?
+            .set(Arg::AlibiSlopes, alibi_slopes.map_or(ptr::null(), |s| s.as_ptr() as *const c_void))?;
+        if let Some((cq, ck)) = cu_seqlens {
+            args.set(Arg::CuSeqlensQ, cq.as_ptr() as *const c_void)?.set(Arg::CuSeqlensK, ck.as_ptr() as *const c_void)?;
+        }
         self.with_workspace(workspace, Plan::workspace, |ws_ptr, ws_bytes| unsafe {
-            self.execute_extras_raw(q.as_ptr() as *const c_void, k.as_ptr() as *const c_void,
-                                    v.as_ptr() as *const c_void, o.as_mut_ptr() as *mut c_void, lse_ptr, cq, ck,
-                                    &extras, ws_ptr, ws_bytes, ptr::null_mut())
+            self.execute_args(&args, ws_ptr, ws_bytes, ptr::null_mut())
         })
     }
 
-    /// `flashattn_plan_execute_extras` with raw pointers.
+    /// `flashattn_plan_execute_args`.
     ///
     /// # Safety
-    /// As [`Plan::execute_varlen_raw`] (cu_seqlens null for a fixed-length plan); the arrays in
-    /// `extras` hold heads_q fp32 values in the plan's memory kind.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn execute_extras_raw(&self, q: *const c_void, k: *const c_void, v: *const c_void, o: *mut c_void,
-                                     lse: *mut f32, cu_seqlens_q: *const i32, cu_seqlens_k: *const i32,
-                                     extras: &sys::flashattn_extras_t, workspace: *mut c_void,
-                                     workspace_bytes: usize, stream: *mut c_void) -> Result<()> {
-        check(sys::flashattn_plan_execute_extras(self.raw.as_ptr(), q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k,
-                                                 extras, workspace, workspace_bytes,
-                                                 stream as sys::flashattn_stream_t))
+    /// Every pointer set in `args` must be valid for the plan's shapes, strides and dtype in the
+    /// memory kind its backend expects, as for [`Plan::execute_raw`].
+    pub unsafe fn execute_args(&self, args: &Args, workspace: *mut c_void, workspace_bytes: usize,
+                               stream: *mut c_void) -> Result<()> {
+        check(sys::flashattn_plan_execute_args(self.raw.as_ptr(), args.raw.as_ptr(), workspace, workspace_bytes,
+                                               stream as sys::flashattn_stream_t))
     }
 
-    /// [`Plan::backward`] (or [`Plan::backward_varlen`] with `cu_seqlens`) with the variant
-    /// arrays; with sink logits, `dsink_logits` receives their gradient.
+    /// `flashattn_plan_execute_backward_args`.
+    ///
+    /// # Safety
+    /// As [`Plan::execute_args`], for the backward's tensors (see [`Plan::backward_raw`]).
+    pub unsafe fn backward_args(&self, args: &Args, workspace: *mut c_void, workspace_bytes: usize,
+                                stream: *mut c_void) -> Result<()> {
+        check(sys::flashattn_plan_execute_backward_args(self.raw.as_ptr(), args.raw.as_ptr(), workspace,
+                                                        workspace_bytes, stream as sys::flashattn_stream_t))
+    }
+
+    /// [`Plan::backward`] (or [`Plan::backward_varlen`] with `cu_seqlens`) through an argument set
+    /// with the variant arrays; with sink logits, `dsink_logits` receives their gradient.
     #[allow(clippy::too_many_arguments)]
-    pub fn backward_extras<T: Element>(&self, q: &[T], k: &[T], v: &[T], o: &[T], dout: &[T], lse: &[f32],
-                                       dq: &mut [T], dk: &mut [T], dv: &mut [T],
-                                       cu_seqlens: Option<(&[i32], &[i32])>, sink_logits: Option<&[f32]>,
-                                       alibi_slopes: Option<&[f32]>, dsink_logits: Option<&mut [f32]>,
-                                       workspace: Option<&mut Workspace>) -> Result<()> {
+    pub fn backward_variants<T: Element>(&self, q: &[T], k: &[T], v: &[T], o: &[T], dout: &[T], lse: &[f32],
+                                         dq: &mut [T], dk: &mut [T], dv: &mut [T],
+                                         cu_seqlens: Option<(&[i32], &[i32])>, sink_logits: Option<&[f32]>,
+                                         alibi_slopes: Option<&[f32]>, dsink_logits: Option<&mut [f32]>,
+                                         workspace: Option<&mut Workspace>) -> Result<()> {
         self.check_backward_host(q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens)?;
         self.check_heads(&[("sink_logits", sink_logits.map(<[f32]>::len)),
                            ("alibi_slopes", alibi_slopes.map(<[f32]>::len)),
                            ("dsink_logits", dsink_logits.as_deref().map(<[f32]>::len))])?;
-        let extras = sys::flashattn_extras_t {
-            sink_logits: sink_logits.map_or(ptr::null(), <[f32]>::as_ptr),
-            alibi_slopes: alibi_slopes.map_or(ptr::null(), <[f32]>::as_ptr),
-            dsink_logits: dsink_logits.map_or(ptr::null_mut(), |d| d.as_mut_ptr()),
-            ..Default::default()
-        };
-        let (cq, ck) = cu_seqlens.map_or((ptr::null(), ptr::null()), |(a, b)| (a.as_ptr(), b.as_ptr()));
+        let mut args = Args::new()?;
+        args.set(Arg::Q, q.as_ptr() as *const c_void)?
+            .set(Arg::K, k.as_ptr() as *const c_void)?
+            .set(Arg::V, v.as_ptr() as *const c_void)?
+            .set(Arg::O, o.as_ptr() as *const c_void)?
+            .set(Arg::Dout, dout.as_ptr() as *const c_void)?
+            .set(Arg::Lse, lse.as_ptr() as *const c_void)?
+            .set(Arg::Dq, dq.as_mut_ptr() as *const c_void)?
+            .set(Arg::Dk, dk.as_mut_ptr() as *const c_void)?
+            .set(Arg::Dv, dv.as_mut_ptr() as *const c_void)?
+            .set(Arg::SinkLogits, sink_logits.map_or(ptr::null(), |s| s.as_ptr() as *const c_void))?
+            .set(Arg::AlibiSlopes, alibi_slopes.map_or(ptr::null(), |s| s.as_ptr() as *const c_void))?
+            .set(Arg::DsinkLogits, dsink_logits.map_or(ptr::null(), |d| d.as_mut_ptr() as *const c_void))?;
+        if let Some((cq, ck)) = cu_seqlens {
+            args.set(Arg::CuSeqlensQ, cq.as_ptr() as *const c_void)?.set(Arg::CuSeqlensK, ck.as_ptr() as *const c_void)?;
+        }
         self.with_workspace(workspace, Plan::backward_workspace, |ws_ptr, ws_bytes| unsafe {
-            check(sys::flashattn_plan_execute_backward_extras(
-                self.raw.as_ptr(), q.as_ptr() as *const c_void, k.as_ptr() as *const c_void,
-                v.as_ptr() as *const c_void, o.as_ptr() as *const c_void, dout.as_ptr() as *const c_void,
-                lse.as_ptr(), dq.as_mut_ptr() as *mut c_void, dk.as_mut_ptr() as *mut c_void,
-                dv.as_mut_ptr() as *mut c_void, cq, ck, &extras, ws_ptr, ws_bytes, ptr::null_mut()))
+            self.backward_args(&args, ws_ptr, ws_bytes, ptr::null_mut())
         })
     }
 

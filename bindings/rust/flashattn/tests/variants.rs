@@ -93,13 +93,33 @@ fn sinks_and_alibi_match_the_reference() {
     let slopes = vec![0.5f32, 0.25, 0.125];
     let p = plan(&c, MaskAlign::TopLeft, true, true);
     let (mut o, mut lse) = (vec![f32::NAN; q.len()], vec![f32::NAN; c.b * c.h * c.sq]);
-    p.execute_extras(&q, &k, &v, &mut o, Some(&mut lse), None, Some(&sinks), Some(&slopes), None).unwrap();
+    p.execute_variants(&q, &k, &v, &mut o, Some(&mut lse), None, Some(&sinks), Some(&slopes), None).unwrap();
     let (ro, rl) = reference(&c, &q, &k, &v, 0, Some(&sinks), Some(&slopes));
     close(&o, &ro, 2e-5, "O");
     close(&lse, &rl, 1e-5, "LSE");
     // The plan needs its arrays: the 0.2 entry point refuses it.
     let err = p.execute(&q, &k, &v, &mut o, None, None).unwrap_err();
     assert_eq!(err.status, Status::InvalidArgument);
+    // An argument set refuses values outside flashattn_arg_t's ranges and reads back what was set.
+    let mut args = Args::new().unwrap();
+    args.set(Arg::SinkLogits, sinks.as_ptr() as *const std::ffi::c_void).unwrap();
+    assert_eq!(args.get(Arg::SinkLogits).unwrap(), sinks.as_ptr() as *const std::ffi::c_void);
+    // dsink through the backward, against central differences of sum(O * g) through the reference.
+    let g = rand(q.len(), &mut seed);
+    let (mut dq, mut dk, mut dv, mut dsink) = (vec![0f32; q.len()], vec![0f32; k.len()], vec![0f32; v.len()], vec![f32::NAN; 3]);
+    p.backward_variants(&q, &k, &v, &o, &g, &lse, &mut dq, &mut dk, &mut dv, None, Some(&sinks), Some(&slopes),
+                        Some(&mut dsink), None).unwrap();
+    for h in 0..3 {
+        let loss = |delta: f32| -> f64 {
+            let mut s = sinks.clone();
+            s[h] += delta;
+            let (ro, _) = reference(&c, &q, &k, &v, 0, Some(&s), Some(&slopes));
+            ro.iter().zip(&g).map(|(a, b)| a * *b as f64).sum()
+        };
+        let eps = 1.0 / 64.0;  // exact in f32, so the perturbed sinks are what the reference sees
+        let fd = (loss(eps) - loss(-eps)) / (2.0 * eps as f64);
+        assert!((dsink[h] as f64 - fd).abs() <= 2e-3 * (1.0 + fd.abs()), "dsink[{h}] = {}, fd {fd}", dsink[h]);
+    }
 }
 
 #[test]
