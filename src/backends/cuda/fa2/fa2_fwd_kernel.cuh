@@ -36,32 +36,22 @@
 namespace flashattn {
 namespace fa2 {
 
-// Sink logits: each of this thread's rows takes its head's sink (cuda::join_sink); with split-KV
-// only split 0 does, so the merged LSE counts it once.
+// Sink logits: each of this thread's rows starts from its head's sink (cuda::start_with_sink);
+// with split-KV only split 0 does, so the merged LSE counts it once.
 template <class Tr>
-__device__ __forceinline__ void join_sinks(const Params &p, float (&O)[Tr::kMT][Tr::kDT][4],
-                                           float (&row_max)[Tr::kMT][2], float (&row_sum)[Tr::kMT][2], int m0,
-                                           int prows, int G, int hbase) {
+__device__ __forceinline__ void start_with_sinks(const Params &p, float (&row_max)[Tr::kMT][2],
+                                                 float (&row_sum)[Tr::kMT][2], int m0, int prows, int G, int hbase) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int mt = 0; mt < Tr::kMT; ++mt) {
-        float alpha[2];
+    for (int mt = 0; mt < Tr::kMT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int prow = m0 + warp * Tr::kWarpRows + mt * 16 + h * 8 + g;
             int qpos, head;
             unpack_row(prow < prows ? prow : m0, G, hbase, qpos, head);
-            alpha[h] = cuda::join_sink(p.sink_logits[head], p.score_log2, row_max[mt][h], row_sum[mt][h], t);
+            cuda::start_with_sink(p.sink_logits[head], p.score_log2, row_max[mt][h], row_sum[mt][h], t);
         }
-#pragma unroll
-        for (int dt = 0; dt < Tr::kDT; ++dt) {
-            O[mt][dt][0] *= alpha[0];
-            O[mt][dt][1] *= alpha[0];
-            O[mt][dt][2] *= alpha[1];
-            O[mt][dt][3] *= alpha[1];
-        }
-    }
 }
 
 template <class Tr, class E>
@@ -136,6 +126,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
         row_sum[mt][0] = row_sum[mt][1] = 0.f;
     }
     const float sl2 = p.score_log2;
+    if (p.sink_logits != nullptr && split == 0) start_with_sinks<Tr>(p, row_max, row_sum, m0, prows, G, hbase);
 
     // ---- main loop: key tiles nb_last down to nb_first ----------------------------------------
     if (nb_first <= nb_last) {
@@ -176,7 +167,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const cuda::SeqInfo se = cuda::seq_info(p, b);
     const int64_t grow0 = se.q_row0;
     const int64_t ooff = varlen ? se.q_row0 * p.o_rs : b * p.o_bs;
-    if (p.sink_logits != nullptr && split == 0) join_sinks<Tr>(p, O, row_max, row_sum, m0, prows, G, hbase);
     float inv[kMT][2], lse[kMT][2];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) cuda::finish_rows(row_max[mt], row_sum[mt], sl2, inv[mt], lse[mt]);

@@ -60,20 +60,14 @@ __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, un
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
     const float sl2 = p.score_log2;
 
-    // No visible key: O and row_sum stay 0, which the epilogue writes as O = 0, LSE = -inf.
-    if (c.has_keys()) consumer_mainloop<Tr, E>(p, c, smem, bars, w, lane, t, rdiag, sl2, O, row_max, row_sum, pipe);
-    if (p.sink_logits != nullptr) {  // the head's sink joins both row halves (cuda::join_sink)
+    // No visible key: O and row_sum stay 0, which the epilogue writes as O = 0, LSE = -inf (with a
+    // sink: row_sum 1, so O = 0 and LSE = the sink).
+    if (p.sink_logits != nullptr) {  // the head's sink starts both row halves (cuda::start_with_sink)
         const float sink = p.sink_logits[c.head];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float alpha = cuda::join_sink(sink, sl2, row_max[h], row_sum[h], t);
-#pragma unroll
-            for (int j = 0; j < kD / 8; ++j) {
-                O[4 * j + 2 * h] *= alpha;
-                O[4 * j + 2 * h + 1] *= alpha;
-            }
-        }
+        cuda::start_with_sink(sink, sl2, row_max[0], row_sum[0], t);
+        cuda::start_with_sink(sink, sl2, row_max[1], row_sum[1], t);
     }
+    if (c.has_keys()) consumer_mainloop<Tr, E>(p, c, smem, bars, w, lane, t, rdiag, sl2, O, row_max, row_sum, pipe);
     store_output<Tr, E>(p, c, O, row_max, row_sum, sl2, qpos, t);
 }
 
