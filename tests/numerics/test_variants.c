@@ -538,8 +538,14 @@ static void merge_argument_checks(void) {
         flashattn_args_set(args, FLASHATTN_ARG_DQ, test_mem_ptr(&r.msink));
         EXPECT(flashattn_plan_execute_args(plan, args, NULL, 0, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT,
                "dq accepted by a forward call");
-        EXPECT(flashattn_plan_execute_backward_args(plan, args, NULL, 0, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT,
-               "backward without dout accepted");
+        {   /* A plan whose backward cannot run (fa3 forced: no backward) says so first. */
+            flashattn_backend_t bb;
+            const flashattn_status_t want = flashattn_plan_get_backward_backend(plan, &bb, NULL) == FLASHATTN_SUCCESS
+                                                ? FLASHATTN_ERROR_INVALID_ARGUMENT
+                                                : FLASHATTN_ERROR_NOT_SUPPORTED;
+            EXPECT(flashattn_plan_execute_backward_args(plan, args, NULL, 0, NULL) == want,
+                   "backward without dout: not %s", flashattn_status_string(want));
+        }
         EXPECT(flashattn_args_set(args, (flashattn_arg_t)25, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT, "arg 25 accepted");
         EXPECT(flashattn_args_set(args, (flashattn_arg_t)34, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT, "arg 34 accepted");
         flashattn_args_destroy(args);
