@@ -297,10 +297,13 @@ impl Args {
             .ok_or_else(|| Error::new(Status::Internal, "flashattn_args_create returned NULL"))
     }
 
-    /// `flashattn_args_set`: the pointer (null clears it). Nothing is read through it here; the
-    /// execute call that takes this set uses it, so it must be valid then.
-    pub fn set(&mut self, which: Arg, ptr: *const c_void) -> Result<&mut Args> {
-        check(unsafe { sys::flashattn_args_set(self.raw.as_ptr(), which as sys::flashattn_arg_t, ptr) })?;
+    /// `flashattn_args_set`: the pointer (null clears it).
+    ///
+    /// # Safety
+    /// Nothing is read through the pointer here, but the execute call that takes this set reads
+    /// (or writes) through it: it must then be valid for the plan, as for [`Plan::execute_raw`].
+    pub unsafe fn set(&mut self, which: Arg, ptr: *const c_void) -> Result<&mut Args> {
+        check(sys::flashattn_args_set(self.raw.as_ptr(), which as sys::flashattn_arg_t, ptr))?;
         Ok(self)
     }
 
@@ -900,15 +903,18 @@ impl Plan {
         self.check_host(q, k, v, o, lse.as_deref(), cu_seqlens)?;
         self.check_heads(&[("sink_logits", sink_logits.map(<[f32]>::len)), ("alibi_slopes", alibi_slopes.map(<[f32]>::len))])?;
         let mut args = Args::new()?;
-        args.set(Arg::Q, q.as_ptr() as *const c_void)?
-            .set(Arg::K, k.as_ptr() as *const c_void)?
-            .set(Arg::V, v.as_ptr() as *const c_void)?
-            .set(Arg::O, o.as_mut_ptr() as *const c_void)?
-            .set(Arg::Lse, lse.map_or(ptr::null(), |l| l.as_mut_ptr() as *const c_void))?
-            .set(Arg::SinkLogits, sink_logits.map_or(ptr::null(), |s| s.as_ptr() as *const c_void))?
-            .set(Arg::AlibiSlopes, alibi_slopes.map_or(ptr::null(), |s| s.as_ptr() as *const c_void))?;
-        if let Some((cq, ck)) = cu_seqlens {
-            args.set(Arg::CuSeqlensQ, cq.as_ptr() as *const c_void)?.set(Arg::CuSeqlensK, ck.as_ptr() as *const c_void)?;
+        // The slices were checked against the plan above and outlive the call below.
+        unsafe {
+            args.set(Arg::Q, q.as_ptr() as *const c_void)?
+                .set(Arg::K, k.as_ptr() as *const c_void)?
+                .set(Arg::V, v.as_ptr() as *const c_void)?
+                .set(Arg::O, o.as_mut_ptr() as *const c_void)?
+                .set(Arg::Lse, lse.map_or(ptr::null(), |l| l.as_mut_ptr() as *const c_void))?
+                .set(Arg::SinkLogits, sink_logits.map_or(ptr::null(), |s| s.as_ptr() as *const c_void))?
+                .set(Arg::AlibiSlopes, alibi_slopes.map_or(ptr::null(), |s| s.as_ptr() as *const c_void))?;
+            if let Some((cq, ck)) = cu_seqlens {
+                args.set(Arg::CuSeqlensQ, cq.as_ptr() as *const c_void)?.set(Arg::CuSeqlensK, ck.as_ptr() as *const c_void)?;
+            }
         }
         self.with_workspace(workspace, Plan::workspace, |ws_ptr, ws_bytes| unsafe {
             self.execute_args(&args, ws_ptr, ws_bytes, ptr::null_mut())
@@ -949,20 +955,23 @@ impl Plan {
                            ("alibi_slopes", alibi_slopes.map(<[f32]>::len)),
                            ("dsink_logits", dsink_logits.as_deref().map(<[f32]>::len))])?;
         let mut args = Args::new()?;
-        args.set(Arg::Q, q.as_ptr() as *const c_void)?
-            .set(Arg::K, k.as_ptr() as *const c_void)?
-            .set(Arg::V, v.as_ptr() as *const c_void)?
-            .set(Arg::O, o.as_ptr() as *const c_void)?
-            .set(Arg::Dout, dout.as_ptr() as *const c_void)?
-            .set(Arg::Lse, lse.as_ptr() as *const c_void)?
-            .set(Arg::Dq, dq.as_mut_ptr() as *const c_void)?
-            .set(Arg::Dk, dk.as_mut_ptr() as *const c_void)?
-            .set(Arg::Dv, dv.as_mut_ptr() as *const c_void)?
-            .set(Arg::SinkLogits, sink_logits.map_or(ptr::null(), |s| s.as_ptr() as *const c_void))?
-            .set(Arg::AlibiSlopes, alibi_slopes.map_or(ptr::null(), |s| s.as_ptr() as *const c_void))?
-            .set(Arg::DsinkLogits, dsink_logits.map_or(ptr::null(), |d| d.as_mut_ptr() as *const c_void))?;
-        if let Some((cq, ck)) = cu_seqlens {
-            args.set(Arg::CuSeqlensQ, cq.as_ptr() as *const c_void)?.set(Arg::CuSeqlensK, ck.as_ptr() as *const c_void)?;
+        // The slices were checked against the plan above and outlive the call below.
+        unsafe {
+            args.set(Arg::Q, q.as_ptr() as *const c_void)?
+                .set(Arg::K, k.as_ptr() as *const c_void)?
+                .set(Arg::V, v.as_ptr() as *const c_void)?
+                .set(Arg::O, o.as_ptr() as *const c_void)?
+                .set(Arg::Dout, dout.as_ptr() as *const c_void)?
+                .set(Arg::Lse, lse.as_ptr() as *const c_void)?
+                .set(Arg::Dq, dq.as_mut_ptr() as *const c_void)?
+                .set(Arg::Dk, dk.as_mut_ptr() as *const c_void)?
+                .set(Arg::Dv, dv.as_mut_ptr() as *const c_void)?
+                .set(Arg::SinkLogits, sink_logits.map_or(ptr::null(), |s| s.as_ptr() as *const c_void))?
+                .set(Arg::AlibiSlopes, alibi_slopes.map_or(ptr::null(), |s| s.as_ptr() as *const c_void))?
+                .set(Arg::DsinkLogits, dsink_logits.map_or(ptr::null(), |d| d.as_mut_ptr() as *const c_void))?;
+            if let Some((cq, ck)) = cu_seqlens {
+                args.set(Arg::CuSeqlensQ, cq.as_ptr() as *const c_void)?.set(Arg::CuSeqlensK, ck.as_ptr() as *const c_void)?;
+            }
         }
         self.with_workspace(workspace, Plan::backward_workspace, |ws_ptr, ws_bytes| unsafe {
             self.backward_args(&args, ws_ptr, ws_bytes, ptr::null_mut())
