@@ -16,6 +16,34 @@ package flashattn
 #cgo pkg-config: flashattn
 #include <stdlib.h>
 #include <flashattn/flashattn.h>
+
+// flashattn_plan_execute_args (backward = 0) or _backward_args in one C call: cgo forbids storing
+// Go pointers in C memory beyond a call, so the flashattn_args_t object is made, filled, run and
+// destroyed here, with every pointer passed as an argument (Go 1.19 has no runtime.Pinner to pin
+// them instead). The pointers come in flashattn_arg_t order: 1-13, then 20-22, then 30-33.
+static flashattn_status_t goflashattn_run_args(int backward, const flashattn_plan_t *plan, const void *q,
+        const void *k, const void *v, const void *o, const void *lse, const void *cu_seqlens_q,
+        const void *cu_seqlens_k, const void *page_table, const void *seqused_k, const void *k_new,
+        const void *v_new, const void *rotary_cos, const void *rotary_sin, const void *sink_logits,
+        const void *alibi_slopes, const void *dsink_logits, const void *dout, const void *dq, const void *dk,
+        const void *dv, void *workspace, size_t workspace_bytes, flashattn_stream_t stream) {
+    const void *ptrs[] = {q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, k_new, v_new,
+                          rotary_cos, rotary_sin, sink_logits, alibi_slopes, dsink_logits, dout, dq, dk, dv};
+    const flashattn_arg_t which[] = {FLASHATTN_ARG_Q, FLASHATTN_ARG_K, FLASHATTN_ARG_V, FLASHATTN_ARG_O,
+        FLASHATTN_ARG_LSE, FLASHATTN_ARG_CU_SEQLENS_Q, FLASHATTN_ARG_CU_SEQLENS_K, FLASHATTN_ARG_PAGE_TABLE,
+        FLASHATTN_ARG_SEQUSED_K, FLASHATTN_ARG_K_NEW, FLASHATTN_ARG_V_NEW, FLASHATTN_ARG_ROTARY_COS,
+        FLASHATTN_ARG_ROTARY_SIN, FLASHATTN_ARG_SINK_LOGITS, FLASHATTN_ARG_ALIBI_SLOPES,
+        FLASHATTN_ARG_DSINK_LOGITS, FLASHATTN_ARG_DOUT, FLASHATTN_ARG_DQ, FLASHATTN_ARG_DK, FLASHATTN_ARG_DV};
+    flashattn_args_t *args = NULL;
+    flashattn_status_t status = flashattn_args_create(&args);
+    for (int i = 0; status == FLASHATTN_SUCCESS && i < (int)(sizeof ptrs / sizeof ptrs[0]); ++i)
+        status = flashattn_args_set(args, which[i], ptrs[i]);
+    if (status == FLASHATTN_SUCCESS)
+        status = backward ? flashattn_plan_execute_backward_args(plan, args, workspace, workspace_bytes, stream)
+                          : flashattn_plan_execute_args(plan, args, workspace, workspace_bytes, stream);
+    flashattn_args_destroy(args);
+    return status;
+}
 */
 import "C"
 
@@ -159,7 +187,7 @@ const (
 	DVBatchStride I64Param = C.FLASHATTN_I64_DV_BATCH_STRIDE
 	DVRowStride   I64Param = C.FLASHATTN_I64_DV_ROW_STRIDE
 	DVHeadStride  I64Param = C.FLASHATTN_I64_DV_HEAD_STRIDE
-	// Serving (since 0.3): paged K/V, seqused_k, append with rotary (see the header).
+	// Serving (since 0.3): paged K/V caches, seqused_k, appending rows with a rotary embedding.
 	PagedKV             I64Param = C.FLASHATTN_I64_PAGED_KV
 	PageSize            I64Param = C.FLASHATTN_I64_PAGE_SIZE
 	NumPages            I64Param = C.FLASHATTN_I64_NUM_PAGES
@@ -176,7 +204,7 @@ const (
 	RotaryDim           I64Param = C.FLASHATTN_I64_ROTARY_DIM
 	RotaryInterleaved   I64Param = C.FLASHATTN_I64_ROTARY_INTERLEAVED
 	// Attention variants (since 0.3): a MaskAlign value, sink tokens, and 0/1 switches for the
-	// per-head sink logits and ALiBi slopes passed in an Args (ArgSinkLogits, ArgAlibiSlopes).
+	// per-head sink logits and ALiBi slopes passed in Tensors (SinkLogits, AlibiSlopes).
 	MaskAlignParam I64Param = C.FLASHATTN_I64_MASK_ALIGN
 	SinkTokens     I64Param = C.FLASHATTN_I64_SINK_TOKENS
 	SinkLogits     I64Param = C.FLASHATTN_I64_SINK_LOGITS
@@ -195,6 +223,23 @@ const (
 
 // MaxMergePartials is FLASHATTN_MAX_MERGE_PARTIALS: the most partial states one merge takes.
 const MaxMergePartials = C.FLASHATTN_MAX_MERGE_PARTIALS
+
+// Tensors are the pointers of ExecuteArgs and BackwardArgs, one per flashattn_arg_t; nil ones are
+// not passed.
+// Host memory for the CPU backend, CUDA device memory for GPU backends. With NewKVRows > 0, K
+// and V are the caches and are written at each sequence's SequsedK; SequsedK is never written
+// (advance it by NewKVRows after the call).
+type Tensors struct {
+	Q, K, V, O, LSE        unsafe.Pointer
+	CuSeqlensQ, CuSeqlensK unsafe.Pointer // int32 [batch+1]
+	PageTable, SequsedK    unsafe.Pointer // int32 [batch, max pages per sequence], int32 [batch]
+	KNew, VNew             unsafe.Pointer // [batch, new_kv_rows, heads_kv, dim]
+	RotaryCos, RotarySin   unsafe.Pointer // float32 [seqlen_k, rotary_dim/2]
+	// Attention variants (since 0.3): float32 [heads_q] each; DSinkLogits is a backward output.
+	SinkLogits, AlibiSlopes, DSinkLogits unsafe.Pointer
+	// BackwardArgs only: dO (layout of O) in, dQ, dK, dV out.
+	DOut, DQ, DK, DV unsafe.Pointer
+}
 
 // F64Param is a flashattn_f64_param_t.
 type F64Param int
@@ -670,6 +715,36 @@ func (p *Plan) ExecuteVarlenRaw(q, k, v, o, lse, cuSeqlensQ, cuSeqlensK, workspa
 	})
 }
 
+// ExecuteArgs is flashattn_plan_execute_args: the call for paged K/V caches, seqused_k and
+// appending K/V rows with a rotary embedding, and for the sink logits and ALiBi slopes of the
+// attention variants (any finalized plan may use it). Nothing is checked on the Go side (see
+// ExecuteRaw for the pointer rules); the library checks which pointers the plan needs, overlaps,
+// and on the CPU backend the page table, seqused_k and rotary positions.
+func (p *Plan) ExecuteArgs(t *Tensors, workspace unsafe.Pointer, workspaceBytes uintptr, stream unsafe.Pointer) error {
+	return p.runArgs("ExecuteArgs", "flashattn_plan_execute_args", 0, t, workspace, workspaceBytes, stream)
+}
+
+// BackwardArgs is flashattn_plan_execute_backward_args (since 0.3): the backward pass with the
+// tensors of t (Q, K, V, O, LSE, DOut, DQ, DK, DV, the cu_seqlens of a varlen plan, and the
+// variant arrays the plan uses with DSinkLogits). See ExecuteRaw for the pointer rules.
+func (p *Plan) BackwardArgs(t *Tensors, workspace unsafe.Pointer, workspaceBytes uintptr, stream unsafe.Pointer) error {
+	return p.runArgs("BackwardArgs", "flashattn_plan_execute_backward_args", 1, t, workspace, workspaceBytes, stream)
+}
+
+func (p *Plan) runArgs(op, cname string, backward C.int, t *Tensors, workspace unsafe.Pointer, workspaceBytes uintptr,
+	stream unsafe.Pointer) error {
+	h, err := p.handle(op)
+	if err != nil {
+		return err
+	}
+	defer runtime.KeepAlive(p)
+	return call(cname, func() C.flashattn_status_t {
+		return C.goflashattn_run_args(backward, h, t.Q, t.K, t.V, t.O, t.LSE, t.CuSeqlensQ, t.CuSeqlensK, t.PageTable,
+			t.SequsedK, t.KNew, t.VNew, t.RotaryCos, t.RotarySin, t.SinkLogits, t.AlibiSlopes, t.DSinkLogits,
+			t.DOut, t.DQ, t.DK, t.DV, workspace, C.size_t(workspaceBytes), C.flashattn_stream_t(stream))
+	})
+}
+
 // BackwardBackend is the backend that runs a finalized plan's backward pass (it may differ from
 // the forward's) and why; StatusNotSupported with the reason when none can.
 func (p *Plan) BackwardBackend() (Backend, string, error) {
@@ -741,111 +816,6 @@ func (p *Plan) BackwardVarlenRaw(q, k, v, o, dout, lse, dq, dk, dv, cuSeqlensQ, 
 	})
 }
 
-// Arg is a flashattn_arg_t (since 0.3): which tensor of an argument set.
-type Arg int
-
-const (
-	ArgQ           Arg = C.FLASHATTN_ARG_Q
-	ArgK           Arg = C.FLASHATTN_ARG_K
-	ArgV           Arg = C.FLASHATTN_ARG_V
-	ArgO           Arg = C.FLASHATTN_ARG_O
-	ArgLSE         Arg = C.FLASHATTN_ARG_LSE
-	ArgCuSeqlensQ  Arg = C.FLASHATTN_ARG_CU_SEQLENS_Q
-	ArgCuSeqlensK  Arg = C.FLASHATTN_ARG_CU_SEQLENS_K
-	ArgPageTable   Arg = C.FLASHATTN_ARG_PAGE_TABLE
-	ArgSequsedK    Arg = C.FLASHATTN_ARG_SEQUSED_K
-	ArgKNew        Arg = C.FLASHATTN_ARG_K_NEW
-	ArgVNew        Arg = C.FLASHATTN_ARG_V_NEW
-	ArgRotaryCos   Arg = C.FLASHATTN_ARG_ROTARY_COS
-	ArgRotarySin   Arg = C.FLASHATTN_ARG_ROTARY_SIN
-	ArgSinkLogits  Arg = C.FLASHATTN_ARG_SINK_LOGITS
-	ArgAlibiSlopes Arg = C.FLASHATTN_ARG_ALIBI_SLOPES
-	ArgDSinkLogits Arg = C.FLASHATTN_ARG_DSINK_LOGITS
-	ArgDOut        Arg = C.FLASHATTN_ARG_DOUT
-	ArgDQ          Arg = C.FLASHATTN_ARG_DQ
-	ArgDK          Arg = C.FLASHATTN_ARG_DK
-	ArgDV          Arg = C.FLASHATTN_ARG_DV
-)
-
-// Args is a flashattn_args_t (since 0.3): one raw pointer per Arg, all nil when created. Close it
-// when done (a finalizer does otherwise).
-type Args struct {
-	raw *C.flashattn_args_t
-}
-
-// NewArgs is flashattn_args_create.
-func NewArgs() (*Args, error) {
-	var raw *C.flashattn_args_t
-	if err := call("flashattn_args_create", func() C.flashattn_status_t { return C.flashattn_args_create(&raw) }); err != nil {
-		return nil, err
-	}
-	a := &Args{raw: raw}
-	runtime.SetFinalizer(a, (*Args).Close)
-	return a, nil
-}
-
-// Close destroys the set (the tensors are not touched); closing twice is harmless.
-func (a *Args) Close() {
-	if a.raw != nil {
-		C.flashattn_args_destroy(a.raw)
-		a.raw = nil
-	}
-}
-
-// Set is flashattn_args_set. The library keeps the address until the set is executed: memory
-// behind it (device memory, or a Go slice the caller keeps alive and does not move) must stay
-// valid until then.
-func (a *Args) Set(which Arg, ptr unsafe.Pointer) error {
-	if a.raw == nil {
-		return &Error{Status: StatusInvalidState, Op: "Args.Set", Message: "the argument set is closed"}
-	}
-	defer runtime.KeepAlive(a)
-	addr := uintptr(ptr) // kept as an address: C holds it past this call
-	return call("flashattn_args_set", func() C.flashattn_status_t {
-		return C.flashattn_args_set(a.raw, C.flashattn_arg_t(which), *(*unsafe.Pointer)(unsafe.Pointer(&addr)))
-	})
-}
-
-// Get is flashattn_args_get.
-func (a *Args) Get(which Arg) (unsafe.Pointer, error) {
-	if a.raw == nil {
-		return nil, &Error{Status: StatusInvalidState, Op: "Args.Get", Message: "the argument set is closed"}
-	}
-	defer runtime.KeepAlive(a)
-	var out unsafe.Pointer
-	err := call("flashattn_args_get", func() C.flashattn_status_t {
-		return C.flashattn_args_get(a.raw, C.flashattn_arg_t(which), &out)
-	})
-	return out, err
-}
-
-// ExecuteArgs is flashattn_plan_execute_args (see ExecuteRaw for the pointer rules).
-func (p *Plan) ExecuteArgs(a *Args, workspace unsafe.Pointer, workspaceBytes uintptr, stream unsafe.Pointer) error {
-	h, err := p.handle("ExecuteArgs")
-	if err != nil {
-		return err
-	}
-	defer runtime.KeepAlive(p)
-	defer runtime.KeepAlive(a)
-	return call("flashattn_plan_execute_args", func() C.flashattn_status_t {
-		return C.flashattn_plan_execute_args(h, a.raw, workspace, C.size_t(workspaceBytes), C.flashattn_stream_t(stream))
-	})
-}
-
-// BackwardArgs is flashattn_plan_execute_backward_args (see ExecuteRaw for the pointer rules).
-func (p *Plan) BackwardArgs(a *Args, workspace unsafe.Pointer, workspaceBytes uintptr, stream unsafe.Pointer) error {
-	h, err := p.handle("BackwardArgs")
-	if err != nil {
-		return err
-	}
-	defer runtime.KeepAlive(p)
-	defer runtime.KeepAlive(a)
-	return call("flashattn_plan_execute_backward_args", func() C.flashattn_status_t {
-		return C.flashattn_plan_execute_backward_args(h, a.raw, workspace, C.size_t(workspaceBytes),
-			C.flashattn_stream_t(stream))
-	})
-}
-
 // Variants are the per-head float32 arrays of the attention variants for the host calls below
 // (nil when the plan does not use them); DSinkLogits (backward) receives the sinks' gradient.
 type Variants struct {
@@ -875,26 +845,6 @@ func (x Variants) pointers(p *Plan, op string) ([3]unsafe.Pointer, error) {
 	return r, nil
 }
 
-// runArgs fills an argument set with the pointers (nil ones left unset) and runs it.
-func (p *Plan) runArgs(backward bool, set map[Arg]unsafe.Pointer, ws *Workspace) error {
-	a, err := NewArgs()
-	if err != nil {
-		return err
-	}
-	defer a.Close()
-	for which, ptr := range set {
-		if ptr != nil {
-			if err := a.Set(which, ptr); err != nil {
-				return err
-			}
-		}
-	}
-	if backward {
-		return p.BackwardArgs(a, ws.ptr(), uintptr(ws.Len()), nil)
-	}
-	return p.ExecuteArgs(a, ws.ptr(), uintptr(ws.Len()), nil)
-}
-
 // ExecuteVariants runs a finalized plan on host slices (CPU backend) through an argument set with
 // the per-head arrays the plan's SinkLogits / Alibi keys ask for; cuSeqlensQ/K nil for a
 // fixed-length plan.
@@ -907,8 +857,9 @@ func (p *Plan) ExecuteVariants(q, k, v, o interface{}, lse []float32, cuSeqlensQ
 	varlen := cuSeqlensQ != nil || cuSeqlensK != nil
 	err = p.runHost("ExecuteVariants", false, []interface{}{q, k, v, o}, lse, cuSeqlensQ, cuSeqlensK, varlen, ws,
 		func(h hostArgs, ws *Workspace) error {
-			return p.runArgs(false, map[Arg]unsafe.Pointer{ArgQ: h.q, ArgK: h.k, ArgV: h.v, ArgO: h.o, ArgLSE: h.lse,
-				ArgCuSeqlensQ: h.cuQ, ArgCuSeqlensK: h.cuK, ArgSinkLogits: xp[0], ArgAlibiSlopes: xp[1]}, ws)
+			t := Tensors{Q: h.q, K: h.k, V: h.v, O: h.o, LSE: h.lse, CuSeqlensQ: h.cuQ, CuSeqlensK: h.cuK,
+				SinkLogits: xp[0], AlibiSlopes: xp[1]}
+			return p.ExecuteArgs(&t, ws.ptr(), uintptr(ws.Len()), nil)
 		})
 	runtime.KeepAlive(x)
 	return err
@@ -925,9 +876,9 @@ func (p *Plan) BackwardVariants(q, k, v, o, dout interface{}, lse []float32, dq,
 	varlen := cuSeqlensQ != nil || cuSeqlensK != nil
 	err = p.runHost("BackwardVariants", true, []interface{}{q, k, v, o, dout, dq, dk, dv}, lse, cuSeqlensQ, cuSeqlensK,
 		varlen, ws, func(h hostArgs, ws *Workspace) error {
-			return p.runArgs(true, map[Arg]unsafe.Pointer{ArgQ: h.q, ArgK: h.k, ArgV: h.v, ArgO: h.o, ArgDOut: h.dout,
-				ArgLSE: h.lse, ArgDQ: h.dq, ArgDK: h.dk, ArgDV: h.dv, ArgCuSeqlensQ: h.cuQ, ArgCuSeqlensK: h.cuK,
-				ArgSinkLogits: xp[0], ArgAlibiSlopes: xp[1], ArgDSinkLogits: xp[2]}, ws)
+			t := Tensors{Q: h.q, K: h.k, V: h.v, O: h.o, LSE: h.lse, CuSeqlensQ: h.cuQ, CuSeqlensK: h.cuK,
+				SinkLogits: xp[0], AlibiSlopes: xp[1], DSinkLogits: xp[2], DOut: h.dout, DQ: h.dq, DK: h.dk, DV: h.dv}
+			return p.BackwardArgs(&t, ws.ptr(), uintptr(ws.Len()), nil)
 		})
 	runtime.KeepAlive(x)
 	return err

@@ -183,6 +183,7 @@ typedef struct flashattn_plan flashattn_plan_t;
  * call, named (pinned values). Since 0.3.
  *
  * Shapes use the plan's sizes; b = batch, n = #FLASHATTN_I64_NEW_KV_ROWS, r = #FLASHATTN_I64_ROTARY_DIM.
+ * A new tensor gets a new value; values not listed here are rejected by flashattn_args_set().
  */
 typedef enum flashattn_arg {
     FLASHATTN_ARG_Q = 1,            /**< Q, as for flashattn_plan_execute() (packed when varlen). Required. */
@@ -621,8 +622,11 @@ FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward_varlen(
  * cannot read device memory without synchronising: there the same rules are the caller's
  * contract, and breaking them is undefined behaviour.
  *
- * **Backends.** The CPU backend runs every feature. GPU backends that lack one answer
- * #FLASHATTN_ERROR_NOT_SUPPORTED at finalize, naming it.
+ * **Backends.** The CPU backend runs every feature, any page size. FA2 runs seqused_k, the append
+ * with rotary, and paged caches whose page size is a multiple of its key tile (64 or 128 keys by
+ * head dim) with fixed-length queries; FA1 runs seqused_k; FA3 none yet. A GPU backend that lacks
+ * a feature answers #FLASHATTN_ERROR_NOT_SUPPORTED at finalize, naming it (under auto, Hopper then
+ * runs the plan on FA2).
  * @{
  */
 

@@ -9,19 +9,28 @@
 
 using namespace flashattn;
 
+// A table of pointers indexed by flashattn_arg_t value: a new tensor is a new enum value, a case
+// in known_arg and a line in tensors_of; which ones a plan needs is checked in one place
+// (check_execute_args, problem/resolve.cpp).
 struct flashattn_args {
-    static constexpr int kCount = FLASHATTN_ARG_DV + 1;  // one past the largest flashattn_arg_t
+    static constexpr int kCount = 64;  // above every flashattn_arg_t value (1-19 forward inputs, 20-39 reserved)
     const void *ptr[kCount] = {};
 };
 
 namespace {
 
-// The values are in ranges per feature (serving 1-19, variants 20-29, backward 30-39): not every
-// number below kCount is one.
 bool known_arg(int which) {
-    return (which >= FLASHATTN_ARG_Q && which <= FLASHATTN_ARG_ROTARY_SIN) ||
-           (which >= FLASHATTN_ARG_SINK_LOGITS && which <= FLASHATTN_ARG_DSINK_LOGITS) ||
-           (which >= FLASHATTN_ARG_DOUT && which <= FLASHATTN_ARG_DV);
+    switch (which) {
+        case FLASHATTN_ARG_Q: case FLASHATTN_ARG_K: case FLASHATTN_ARG_V: case FLASHATTN_ARG_O:
+        case FLASHATTN_ARG_LSE: case FLASHATTN_ARG_CU_SEQLENS_Q: case FLASHATTN_ARG_CU_SEQLENS_K:
+        case FLASHATTN_ARG_PAGE_TABLE: case FLASHATTN_ARG_SEQUSED_K: case FLASHATTN_ARG_K_NEW:
+        case FLASHATTN_ARG_V_NEW: case FLASHATTN_ARG_ROTARY_COS: case FLASHATTN_ARG_ROTARY_SIN:
+        case FLASHATTN_ARG_SINK_LOGITS: case FLASHATTN_ARG_ALIBI_SLOPES: case FLASHATTN_ARG_DSINK_LOGITS:
+        case FLASHATTN_ARG_DOUT: case FLASHATTN_ARG_DQ: case FLASHATTN_ARG_DK: case FLASHATTN_ARG_DV:
+            return true;
+        default:
+            return false;
+    }
 }
 
 flashattn_status_t unknown_arg(int which) {

@@ -31,12 +31,24 @@ std::string variant_reason(const Problem &p, const Backend &b, unsigned runs, co
     return std::string("the ") + b.name + " " + pass + " does not run " + variant_names(missing, names, sizeof names);
 }
 
-// The serving features (paged K/V, seqused_k, append with rotary) run on the CPU backend only so
-// far; a GPU backend that gains one answers for it in its own unsupported_reason.
+// Which backend runs which serving feature (paged K/V, seqused_k, append with rotary), in one
+// place while the GPU support grows: the CPU all of them; FA1 and FA2 seqused_k (their loads stop
+// at each sequence's key count, cuda::seq_info); FA2 also the append with rotary (a pre-kernel,
+// fa2_append.h) and paged caches (its own unsupported_reason adds the page-size rule). Empty when
+// `b` runs everything `problem` uses; otherwise why not, naming the key.
 std::string serving_unsupported(const Backend &b, const Problem &problem) {
-    const char *feature = serving_feature(problem);
-    if (feature == nullptr || b.id == FLASHATTN_BACKEND_CPU) return std::string();
-    return std::string(b.name) + " does not implement " + feature + " yet; the cpu backend does";
+    const Serving &sv = problem.serving;
+    if (!sv.any() || b.id == FLASHATTN_BACKEND_CPU) return std::string();
+    const std::string name = b.name;
+    if (sv.paged && b.id != FLASHATTN_BACKEND_FA2)
+        return name + " does not implement a paged K/V cache (FLASHATTN_I64_PAGED_KV) yet; fa2 (pages of whole key "
+                      "tiles) and the cpu backend do";
+    if (b.id == FLASHATTN_BACKEND_FA3)
+        return "fa3 does not implement per-sequence key counts (FLASHATTN_I64_SEQUSED_K) yet: its TMA loads read "
+               "whole key tiles, past a sequence's used keys; fa2 does";
+    if (sv.appends() && b.id != FLASHATTN_BACKEND_FA2)
+        return name + " does not implement appending to the K/V cache (FLASHATTN_I64_NEW_KV_ROWS) yet; fa2 does";
+    return std::string();
 }
 
 // Each compiled backend's backward support for the problem (unsupported: why not).

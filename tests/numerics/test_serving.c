@@ -32,7 +32,8 @@ typedef struct serving_case {
     int64_t new_rows;
     int64_t rotary_dim;
     int interleaved;
-    int varlen_q; /* packed queries of random lengths (one sequence without queries) */
+    int varlen_q; /* packed queries of random lengths (one sequence without queries); without pages the
+                     keys are packed too (sequence b at rows b * seqlen_k, so not padded) */
     int padded;   /* padded strides of the caches, K_new/V_new and the page table */
 } serving_case;
 
@@ -63,6 +64,11 @@ static const serving_case grid[] = {
     SCASE(2, 7, 90, 6, 3, 96, B16, 1, 20, 2, 16, 1, 7, 32, 1, 0, 1),
     SCASE(2, 4, 40, 4, 2, 32, F32, 0, -1, -1, 1, 1, 4, 32, 0, 0, 0),
     SCASE(2, 3, 60, 4, 2, 32, F16, 1, -1, -1, 16, 1, 6, 0, 0, 0, 1),
+    /* contiguous caches: decode long enough for GPU split-KV, varlen queries over packed caches */
+    SCASE(2, 1, 4096, 32, 8, 128, B16, 1, -1, -1, 0, 1, 1, 128, 0, 0, 0),
+    SCASE(4, 1, 2000, 16, 2, 64, F16, 0, -1, -1, 0, 1, 0, 0, 0, 0, 0),
+    SCASE(3, 5, 60, 4, 2, 64, F16, 1, -1, -1, 0, 1, 2, 32, 0, 1, 0),
+    SCASE(2, 1, 3000, 16, 4, 64, F16, 1, -1, -1, 128, 1, 1, 64, 1, 0, 0), /* paged split-KV decode */
     /* varlen queries over paged keys */
     SCASE(4, 9, 70, 4, 2, 32, F32, 1, -1, -1, 16, 1, 0, 0, 0, 1, 0),
     SCASE(3, 6, 50, 4, 2, 64, B16, 1, -1, -1, 3, 1, 2, 32, 1, 1, 1),

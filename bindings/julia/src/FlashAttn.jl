@@ -117,6 +117,11 @@ const flashattn_mask_align_t = Cint
 const FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT = flashattn_mask_align_t(0)
 const FLASHATTN_MASK_ALIGN_TOP_LEFT = flashattn_mask_align_t(1)
 
+const flashattn_f64_param_t = Cint
+const FLASHATTN_F64_SOFTMAX_SCALE = flashattn_f64_param_t(1)
+const FLASHATTN_F64_SOFTCAP = flashattn_f64_param_t(2)
+
+"`flashattn_arg_t`: the tensors of [`execute_args!`](@ref) (since 0.3)."
 const flashattn_arg_t = Cint
 const FLASHATTN_ARG_Q = flashattn_arg_t(1)
 const FLASHATTN_ARG_K = flashattn_arg_t(2)
@@ -139,17 +144,13 @@ const FLASHATTN_ARG_DQ = flashattn_arg_t(31)
 const FLASHATTN_ARG_DK = flashattn_arg_t(32)
 const FLASHATTN_ARG_DV = flashattn_arg_t(33)
 
-const flashattn_f64_param_t = Cint
-const FLASHATTN_F64_SOFTMAX_SCALE = flashattn_f64_param_t(1)
-const FLASHATTN_F64_SOFTCAP = flashattn_f64_param_t(2)
+"Opaque `flashattn_args_t` (since 0.3): only used behind `Ptr{flashattn_args_t}`."
+const flashattn_args_t = Cvoid
 
 "Opaque `flashattn_plan_t`: only used behind `Ptr{flashattn_plan_t}`."
 const flashattn_plan_t = Cvoid
 "`flashattn_stream_t`: a `cudaStream_t` (`C_NULL`: the legacy default stream)."
 const flashattn_stream_t = Ptr{Cvoid}
-
-"Opaque `flashattn_args_t` (since 0.3): only used behind `Ptr{flashattn_args_t}`."
-const flashattn_args_t = Cvoid
 
 "FLASHATTN_MAX_MERGE_PARTIALS: the most partial states one merge takes."
 const MAX_MERGE_PARTIALS = 128
@@ -589,6 +590,57 @@ function execute!(plan::Plan, q::Ptr, k::Ptr, v::Ptr, o::Ptr; lse::Ptr=C_NULL, w
     return nothing
 end
 
+# The tensors execute_args! takes by keyword, in flashattn_arg_t order after q, k, v, o.
+const _SERVING_ARGS = (:lse => FLASHATTN_ARG_LSE, :cu_seqlens_q => FLASHATTN_ARG_CU_SEQLENS_Q,
+                       :cu_seqlens_k => FLASHATTN_ARG_CU_SEQLENS_K, :page_table => FLASHATTN_ARG_PAGE_TABLE,
+                       :seqused_k => FLASHATTN_ARG_SEQUSED_K, :k_new => FLASHATTN_ARG_K_NEW,
+                       :v_new => FLASHATTN_ARG_V_NEW, :rotary_cos => FLASHATTN_ARG_ROTARY_COS,
+                       :rotary_sin => FLASHATTN_ARG_ROTARY_SIN)
+
+_address(x::Nothing) = C_NULL
+# The attention variants' per-head Float32 arrays (since 0.3), for execute_args! and backward_args!.
+const _VARIANT_ARGS = (:sink_logits => FLASHATTN_ARG_SINK_LOGITS, :alibi_slopes => FLASHATTN_ARG_ALIBI_SLOPES)
+_address(x::Ptr) = convert(Ptr{Cvoid}, x)
+_address(x::DenseArray) = convert(Ptr{Cvoid}, pointer(x))
+
+"""
+    execute_args!(plan, q, k, v, o; lse, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, k_new,
+                  v_new, rotary_cos, rotary_sin, workspace=C_NULL, workspace_bytes=0, stream=C_NULL)
+
+`flashattn_plan_execute_args` (since 0.3): the call for paged K/V caches (`page_table`, Int32
+[max_pages, batch] in Julia's column order), `seqused_k` (Int32 per sequence) and appending
+`k_new`/`v_new` rows with a rotary embedding (`rotary_cos`/`rotary_sin`, Float32). Tensors are
+arrays (kept alive for the call) or raw pointers; `nothing` leaves one unset. `workspace`: an
+array, a raw pointer with `workspace_bytes`, or `nothing` (a host workspace allocated for the call). With new_kv_rows > 0
+the caches `k`, `v` are written at each sequence's `seqused_k`, which the library never writes:
+advance it by new_kv_rows after the call. Nothing is checked here beyond what the library checks.
+"""
+function execute_args!(plan::Plan, q, k, v, o; workspace=nothing, workspace_bytes::Integer=0, stream::Ptr=C_NULL,
+                       tensors...)
+    known = Dict((_SERVING_ARGS..., _VARIANT_ARGS...))
+    for name in keys(tensors)
+        haskey(known, name) || throw(ArgumentError("execute_args!: unknown tensor $name"))
+    end
+    # a raw workspace pointer as given; an array, or nothing (a host workspace made here), as execute! takes them
+    owner, ws, bytes = workspace isa Ptr ? (nothing, workspace, workspace_bytes) : _workspace(plan, workspace, workspace_size)
+    handle = Ref{Ptr{flashattn_args_t}}(C_NULL)
+    check(flashattn_args_create(handle), "flashattn_args_create")
+    try
+        GC.@preserve q k v o tensors owner begin
+            for (which, x) in ((FLASHATTN_ARG_Q, q), (FLASHATTN_ARG_K, k), (FLASHATTN_ARG_V, v), (FLASHATTN_ARG_O, o))
+                check(flashattn_args_set(handle[], which, _address(x)), "flashattn_args_set")
+            end
+            for (name, x) in pairs(tensors)
+                check(flashattn_args_set(handle[], known[name], _address(x)), "flashattn_args_set")
+            end
+            check(flashattn_plan_execute_args(_ptr(plan), handle[], ws, bytes, stream), "flashattn_plan_execute_args")
+        end
+    finally
+        flashattn_args_destroy(handle[])
+    end
+    return nothing
+end
+
 "Variable-length counterpart of [`execute!`](@ref) on host arrays; `cu_seqlens_*` are Int32 prefix sums."
 function execute_varlen!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::DenseArray{T}, o::DenseArray{T},
                          cu_seqlens_q::Vector{Int32}, cu_seqlens_k::Vector{Int32};
@@ -702,27 +754,40 @@ function _head_ptr(plan, x::DenseArray{Float32}, name)
 end
 
 """
-    execute_args!(plan, pairs; workspace=C_NULL, workspace_bytes=0, stream=C_NULL)
-    backward_args!(plan, pairs; workspace=C_NULL, workspace_bytes=0, stream=C_NULL)
+    backward_args!(plan, q, k, v, o, dout, lse, dq, dk, dv; cu_seqlens_q, cu_seqlens_k, sink_logits,
+                   alibi_slopes, dsink_logits, workspace=C_NULL, workspace_bytes=0, stream=C_NULL)
 
-`flashattn_plan_execute_args` / `flashattn_plan_execute_backward_args` on a temporary
-`flashattn_args_t` holding `pairs` (`FLASHATTN_ARG_* => pointer`, raw pointers: device memory for
-GPU plans; keep host arrays alive with `GC.@preserve`).
+`flashattn_plan_execute_backward_args` (since 0.3): the backward pass through an argument set, with
+the variant arrays the plan uses (`dsink_logits` receives the sink logits' gradient). Tensors are
+arrays (kept alive for the call) or raw pointers; `nothing` leaves one unset; `workspace` as for
+[`execute_args!`](@ref), sized by [`backward_workspace_size`](@ref).
 """
-execute_args!(plan::Plan, pairs; kw...) = _run_args(plan, flashattn_plan_execute_args, "flashattn_plan_execute_args", pairs; kw...)
-backward_args!(plan::Plan, pairs; kw...) =
-    _run_args(plan, flashattn_plan_execute_backward_args, "flashattn_plan_execute_backward_args", pairs; kw...)
-
-function _run_args(plan::Plan, f, name, pairs; workspace::Ptr=C_NULL, workspace_bytes::Integer=0, stream::Ptr=C_NULL)
-    ref = Ref{Ptr{flashattn_args_t}}(C_NULL)
-    check(flashattn_args_create(ref), "flashattn_args_create")
+function backward_args!(plan::Plan, q, k, v, o, dout, lse, dq, dk, dv; workspace=nothing,
+                        workspace_bytes::Integer=0, stream::Ptr=C_NULL, tensors...)
+    known = Dict((:cu_seqlens_q => FLASHATTN_ARG_CU_SEQLENS_Q, :cu_seqlens_k => FLASHATTN_ARG_CU_SEQLENS_K,
+                  :dsink_logits => FLASHATTN_ARG_DSINK_LOGITS, _VARIANT_ARGS...))
+    for name in keys(tensors)
+        haskey(known, name) || throw(ArgumentError("backward_args!: unknown tensor $name"))
+    end
+    owner, ws, bytes = workspace isa Ptr ? (nothing, workspace, workspace_bytes) :
+                       _workspace(plan, workspace, backward_workspace_size)
+    handle = Ref{Ptr{flashattn_args_t}}(C_NULL)
+    check(flashattn_args_create(handle), "flashattn_args_create")
     try
-        for (which, ptr) in pairs
-            check(flashattn_args_set(ref[], which, convert(Ptr{Cvoid}, ptr)), "flashattn_args_set")
+        GC.@preserve q k v o dout lse dq dk dv tensors owner begin
+            for (which, x) in ((FLASHATTN_ARG_Q, q), (FLASHATTN_ARG_K, k), (FLASHATTN_ARG_V, v), (FLASHATTN_ARG_O, o),
+                               (FLASHATTN_ARG_DOUT, dout), (FLASHATTN_ARG_LSE, lse), (FLASHATTN_ARG_DQ, dq),
+                               (FLASHATTN_ARG_DK, dk), (FLASHATTN_ARG_DV, dv))
+                check(flashattn_args_set(handle[], which, _address(x)), "flashattn_args_set")
+            end
+            for (name, x) in pairs(tensors)
+                x === nothing || check(flashattn_args_set(handle[], known[name], _address(x)), "flashattn_args_set")
+            end
+            check(flashattn_plan_execute_backward_args(_ptr(plan), handle[], ws, bytes, stream),
+                  "flashattn_plan_execute_backward_args")
         end
-        check(f(_ptr(plan), ref[], workspace, workspace_bytes, stream), name)
     finally
-        flashattn_args_destroy(ref[])
+        flashattn_args_destroy(handle[])
     end
     return nothing
 end
@@ -739,17 +804,10 @@ function execute_variants!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::De
                            lse::Union{Nothing,DenseArray{Float32}}=nothing, cu_seqlens=nothing,
                            sink_logits=nothing, alibi_slopes=nothing, workspace=nothing) where {T}
     _check_host(plan, q, k, v, o, lse, cu_seqlens)
-    owner, ws, nbytes = _workspace(plan, workspace, workspace_size)
-    cq, ck = cu_seqlens === nothing ? (Int32[], Int32[]) : cu_seqlens
-    GC.@preserve q k v o lse owner cq ck sink_logits alibi_slopes begin
-        pairs = Pair{flashattn_arg_t,Ptr}[FLASHATTN_ARG_Q => pointer(q), FLASHATTN_ARG_K => pointer(k),
-                 FLASHATTN_ARG_V => pointer(v), FLASHATTN_ARG_O => pointer(o),
-                 FLASHATTN_ARG_SINK_LOGITS => _head_ptr(plan, sink_logits, "sink_logits"),
-                 FLASHATTN_ARG_ALIBI_SLOPES => _head_ptr(plan, alibi_slopes, "alibi_slopes")]
-        lse === nothing || push!(pairs, FLASHATTN_ARG_LSE => pointer(lse))
-        cu_seqlens === nothing || append!(pairs, [FLASHATTN_ARG_CU_SEQLENS_Q => pointer(cq), FLASHATTN_ARG_CU_SEQLENS_K => pointer(ck)])
-        execute_args!(plan, pairs; workspace=ws, workspace_bytes=nbytes)
-    end
+    _head_ptr(plan, sink_logits, "sink_logits"), _head_ptr(plan, alibi_slopes, "alibi_slopes")  # lengths
+    cq, ck = cu_seqlens === nothing ? (nothing, nothing) : cu_seqlens
+    execute_args!(plan, q, k, v, o; lse=lse, cu_seqlens_q=cq, cu_seqlens_k=ck, sink_logits=sink_logits,
+                  alibi_slopes=alibi_slopes, workspace=workspace)
     return o
 end
 
@@ -765,19 +823,12 @@ function backward_variants!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::D
                             dv::DenseArray{T}; cu_seqlens=nothing, sink_logits=nothing, alibi_slopes=nothing,
                             dsink_logits=nothing, workspace=nothing) where {T}
     _check_backward_host(plan, q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens)
-    owner, ws, nbytes = _workspace(plan, workspace, backward_workspace_size)
-    cq, ck = cu_seqlens === nothing ? (Int32[], Int32[]) : cu_seqlens
-    GC.@preserve q k v o dout lse dq dk dv owner cq ck sink_logits alibi_slopes dsink_logits begin
-        pairs = Pair{flashattn_arg_t,Ptr}[FLASHATTN_ARG_Q => pointer(q), FLASHATTN_ARG_K => pointer(k),
-                 FLASHATTN_ARG_V => pointer(v), FLASHATTN_ARG_O => pointer(o), FLASHATTN_ARG_DOUT => pointer(dout),
-                 FLASHATTN_ARG_LSE => pointer(lse), FLASHATTN_ARG_DQ => pointer(dq), FLASHATTN_ARG_DK => pointer(dk),
-                 FLASHATTN_ARG_DV => pointer(dv),
-                 FLASHATTN_ARG_SINK_LOGITS => _head_ptr(plan, sink_logits, "sink_logits"),
-                 FLASHATTN_ARG_ALIBI_SLOPES => _head_ptr(plan, alibi_slopes, "alibi_slopes"),
-                 FLASHATTN_ARG_DSINK_LOGITS => _head_ptr(plan, dsink_logits, "dsink_logits")]
-        cu_seqlens === nothing || append!(pairs, [FLASHATTN_ARG_CU_SEQLENS_Q => pointer(cq), FLASHATTN_ARG_CU_SEQLENS_K => pointer(ck)])
-        backward_args!(plan, pairs; workspace=ws, workspace_bytes=nbytes)
+    for (x, name) in ((sink_logits, "sink_logits"), (alibi_slopes, "alibi_slopes"), (dsink_logits, "dsink_logits"))
+        _head_ptr(plan, x, name)  # lengths
     end
+    cq, ck = cu_seqlens === nothing ? (nothing, nothing) : cu_seqlens
+    backward_args!(plan, q, k, v, o, dout, lse, dq, dk, dv; cu_seqlens_q=cq, cu_seqlens_k=ck, sink_logits=sink_logits,
+                   alibi_slopes=alibi_slopes, dsink_logits=dsink_logits, workspace=workspace)
     return dq, dk, dv
 end
 

@@ -30,6 +30,7 @@ SCALARS = {
     "float": {"Cfloat", "Float32"},
     "char": {"Cchar"},
     "flashattn_plan_t": {"flashattn_plan_t"},
+    "flashattn_args_t": {"flashattn_args_t"},
     "flashattn_stream_t": {"flashattn_stream_t"},
     "flashattn_args_t": {"flashattn_args_t"},
 }

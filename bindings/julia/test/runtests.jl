@@ -287,6 +287,72 @@ end
         close(plan)
     end
 
+    @testset "serving: paged cache, append and rotary (execute_args!)" begin
+        # C layouts in Julia's column order: caches (D, HKV, PAGE, NPAGES), page table (MAXP, B).
+        B, SK, HQ, D, PAGE, MAXP, NPAGES, ROT = 2, 10, 2, 8, 3, 4, 9, 4
+        plan = Plan(batch=B, seqlen_q=1, seqlen_k=SK, heads_q=HQ, heads_kv=1, head_dim=D, dtype=:fp32, backend=:cpu)
+        for (key, value) in ((FA.FLASHATTN_I64_PAGED_KV, 1), (FA.FLASHATTN_I64_PAGE_SIZE, PAGE),
+                             (FA.FLASHATTN_I64_NUM_PAGES, NPAGES), (FA.FLASHATTN_I64_SEQUSED_K, 1),
+                             (FA.FLASHATTN_I64_NEW_KV_ROWS, 1), (FA.FLASHATTN_I64_ROTARY_DIM, ROT))
+            set_i64!(plan, key, value)
+        end
+        finalize!(plan)
+        q = rand(Float32, D, HQ, 1, B) .- 0.5f0
+        kc = rand(Float32, D, 1, PAGE, NPAGES) .- 0.5f0
+        vc = rand(Float32, D, 1, PAGE, NPAGES) .- 0.5f0
+        k_new = rand(Float32, D, 1, 1, B) .- 0.5f0
+        v_new = rand(Float32, D, 1, 1, B) .- 0.5f0
+        table = Int32[4 2; 0 8; 7 1; 6 3]  # column b: sequence b's pages
+        seqused = Int32[5, 0]
+        cosines = Float32[cos(p * 10000.0^(-2i / ROT)) for i in 0:ROT÷2-1, p in 0:SK-1]
+        sines = Float32[sin(p * 10000.0^(-2i / ROT)) for i in 0:ROT÷2-1, p in 0:SK-1]
+        kc0 = copy(kc)
+        o = fill(NaN32, D, HQ, 1, B)
+        execute_args!(plan, q, kc, vc, o; page_table=table, seqused_k=seqused, k_new=k_new, v_new=v_new,
+                      rotary_cos=cosines, rotary_sin=sines)
+        @test seqused == Int32[5, 0]  # the caller advances it
+        function rotated(x, pos)  # half-split pairs (i, i + ROT/2), Float64
+            y = Float64.(x)
+            for i in 1:ROT÷2
+                c, s = cosines[i, pos+1], sines[i, pos+1]
+                a, b = Float64(x[i]), Float64(x[i+ROT÷2])
+                y[i], y[i+ROT÷2] = a * c - b * s, a * s + b * c
+            end
+            return y
+        end
+        slot(b, t) = (Int(table[t ÷ PAGE + 1, b]) + 1, t % PAGE + 1)  # (page, row), 1-based
+        for b in 1:B
+            used = Int(seqused[b])
+            knew = rotated(k_new[:, 1, 1, b], used)
+            page, row = slot(b, used)
+            @test maximum(abs.(kc[:, 1, row, page] .- knew)) < 1e-6
+            @test vc[:, 1, row, page] == v_new[:, 1, 1, b]
+            keys = [[Float64.(kc0[:, 1, slot(b, t)[2], slot(b, t)[1]]) for t in 0:used-1]; [knew]]
+            vals = [[Float64.(vc[:, 1, slot(b, t)[2], slot(b, t)[1]]) for t in 0:used-1]; [Float64.(v_new[:, 1, 1, b])]]
+            for h in 1:HQ
+                qr = rotated(q[:, h, 1, b], used)
+                s = [sum(qr .* key) / sqrt(D) for key in keys]
+                p = exp.(s .- maximum(s))
+                ref = sum(p[j] / sum(p) .* vals[j] for j in eachindex(p))
+                @test maximum(abs.(o[:, h, 1, b] .- ref)) < 2e-5
+            end
+        end
+        bad = copy(table)
+        bad[2, 1] = NPAGES  # sequence 1 (0-based 0) reads pages 0 and 1
+        o .= 7f0
+        err = try
+            execute_args!(plan, q, kc, vc, o; page_table=bad, seqused_k=seqused, k_new=k_new, v_new=v_new,
+                          rotary_cos=cosines, rotary_sin=sines)
+            nothing
+        catch e
+            e
+        end
+        @test err isa FlashAttnError && err.status == FA.FLASHATTN_ERROR_INVALID_ARGUMENT
+        @test occursin("page_table[0][1]", err.message)
+        @test all(o .== 7f0)
+        close(plan)
+    end
+
     @testset "plan lifecycle, execute! and GC in any order" begin
         plan = Plan(batch=1, seqlen_q=8, seqlen_k=8, heads_q=2, head_dim=8, dtype=:fp32, backend=:cpu)
         finalize!(plan)

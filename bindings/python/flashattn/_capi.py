@@ -145,6 +145,7 @@ ENUMS = {
     "flashattn_mask_align_t": (MaskAlign, "FLASHATTN_MASK_ALIGN_"),
     "flashattn_arg_t": (Arg, "FLASHATTN_ARG_"),
     "flashattn_f64_param_t": (F64, "FLASHATTN_F64_"),
+    "flashattn_arg_t": (Arg, "FLASHATTN_ARG_"),
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -275,9 +276,9 @@ c_status = ctypes.c_int  # C enums are passed as int
 c_enum = ctypes.c_int
 c_plan_p = ctypes.c_void_p  # flashattn_plan_t *
 c_stream = ctypes.c_void_p  # flashattn_stream_t
+c_args_p = ctypes.c_void_p  # flashattn_args_t *
 P = ctypes.POINTER
 
-c_args_p = ctypes.c_void_p  # flashattn_args_t *
 MAX_MERGE_PARTIALS = 128  # FLASHATTN_MAX_MERGE_PARTIALS
 
 

@@ -4,7 +4,7 @@ import ctypes
 import weakref
 
 from . import _capi
-from ._capi import I64, F64, Backend, DType, Status, call, lib
+from ._capi import I64, F64, Arg, Backend, DType, Status, call, lib
 from ._tensors import TensorRef, as_tensor, stream_handle
 
 _I64_NAMES = {k.name.lower(): k for k in I64}
@@ -56,6 +56,13 @@ def _key(key):
             return False, _F64_NAMES[k]
         raise KeyError("unknown plan parameter %r (I64: %s; F64: %s)" % (key, ", ".join(_I64_NAMES), ", ".join(_F64_NAMES)))
     raise TypeError("plan parameter key: expected flashattn.I64, flashattn.F64 or a name, got %r" % (key,))
+
+
+# Plan.execute_args's keyword tensors (flashattn_arg_t beyond q, k, v, o, lse), and the tensors
+# that must be contiguous.
+_SERVING_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "page_table", "seqused_k", "k_new", "v_new", "rotary_cos", "rotary_sin")
+_VARIANT_ARGS = ("sink_logits", "alibi_slopes")  # float32 [heads_q] (since 0.3)
+_CONTIGUOUS_ARGS = ("lse", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "rotary_cos", "rotary_sin")
 
 
 def _destroy(library, handle):
@@ -236,12 +243,30 @@ class Plan:
                 end += (batch - 1) * g(I64[prefix + "_BATCH_STRIDE"])
             return end * es
 
+        def new_rows_span(prefix, dim):  # K_new / V_new: [batch, new_kv_rows, heads_kv, dim]
+            n = g(I64.NEW_KV_ROWS)
+            if n == 0:
+                return 0
+            return (dim + (batch - 1) * g(I64[prefix + "_NEW_BATCH_STRIDE"]) + (n - 1) * g(I64[prefix + "_NEW_ROW_STRIDE"])
+                    + (hkv - 1) * g(I64[prefix + "_NEW_HEAD_STRIDE"])) * es
+
         hq, hkv, d, dv = g(I64.HEADS_Q), g(I64.HEADS_KV), g(I64.HEAD_DIM), g(I64.HEAD_DIM_V)
-        return {"q": span("Q", rows_q, hq, d), "k": span("K", rows_k, hkv, d), "v": span("V", rows_k, hkv, dv),
-                "o": span("O", rows_q, hq, dv), "lse": (1 if varlen else batch) * hq * rows_q * 4,
-                "cu": (batch + 1) * 4 if varlen else 0, "dtype": DType(g(I64.DTYPE)),
-                "dout": span("DO", rows_q, hq, dv), "dq": span("DQ", rows_q, hq, d),
-                "dk": span("DK", rows_k, hkv, d), "dv": span("DV", rows_k, hkv, dv)}
+        ext = {"q": span("Q", rows_q, hq, d), "k": span("K", rows_k, hkv, d), "v": span("V", rows_k, hkv, dv),
+               "o": span("O", rows_q, hq, dv), "lse": (1 if varlen else batch) * hq * rows_q * 4,
+               "cu": (batch + 1) * 4 if varlen else 0, "dtype": DType(g(I64.DTYPE)),
+               "dout": span("DO", rows_q, hq, dv), "dq": span("DQ", rows_q, hq, d),
+               "dk": span("DK", rows_k, hkv, d), "dv": span("DV", rows_k, hkv, dv),
+               "page_table": 0, "seqused_k": batch * 4 if g(I64.SEQUSED_K) else 0,
+               "k_new": new_rows_span("K", d), "v_new": new_rows_span("V", dv),
+               "rotary_cos": g(I64.SEQLEN_K) * (g(I64.ROTARY_DIM) // 2) * 4}
+        ext["rotary_sin"] = ext["rotary_cos"]
+        if g(I64.PAGED_KV):  # the caches are [num_pages, page_size, heads_kv, dim]; the batch stride steps pages
+            pages, page = g(I64.NUM_PAGES), g(I64.PAGE_SIZE)
+            for name, prefix, dim in (("k", "K", d), ("v", "V", dv)):
+                ext[name] = (dim + (pages - 1) * g(I64[prefix + "_BATCH_STRIDE"]) + (page - 1) * g(I64[prefix + "_ROW_STRIDE"])
+                             + (hkv - 1) * g(I64[prefix + "_HEAD_STRIDE"])) * es
+            ext["page_table"] = ((batch - 1) * g(I64.PAGE_TABLE_STRIDE) + g(I64.MAX_PAGES_PER_SEQUENCE)) * 4
+        return ext
 
     # -- execute -----------------------------------------------------------------------------
     def _check_refs(self, refs, outputs=("o", "lse"), backend=None):
@@ -255,20 +280,22 @@ class Plan:
                 raise ValueError("%s: %s, but the plan runs on backend '%s'"
                                  % (name, ref.describe(), chosen.name.lower()))
             key = "cu" if name.startswith("cu_seqlens") else name
-            if name in ("q", "k", "v", "o", "dout", "dq", "dk", "dv"):
+            if name in ("q", "k", "v", "o", "dout", "dq", "dk", "dv", "k_new", "v_new"):
                 if ref.flash_dtype != ext["dtype"]:
                     raise TypeError("%s: %s, but the plan's dtype is %s" % (name, ref.describe(), ext["dtype"].name.lower()))
-            elif name == "lse" and ref.dtype_name != "float32":
-                raise TypeError("lse: %s; it must be float32" % ref.describe())
-            elif key == "cu" and ref.dtype_name != "int32":
+            elif name in ("lse", "rotary_cos", "rotary_sin") + _VARIANT_ARGS + ("dsink_logits",) and \
+                    ref.dtype_name != "float32":
+                raise TypeError("%s: %s; it must be float32" % (name, ref.describe()))
+            elif name in ("cu_seqlens_q", "cu_seqlens_k", "page_table", "seqused_k") and ref.dtype_name != "int32":
                 raise TypeError("%s: %s; it must be int32" % (name, ref.describe()))
-            if name in ("lse", "cu_seqlens_q", "cu_seqlens_k") and not ref.is_contiguous:
+            if name in _CONTIGUOUS_ARGS and not ref.is_contiguous:
                 raise ValueError("%s: must be contiguous" % name)
             if name in outputs and not ref.writeable:
                 raise ValueError("%s: the array is read-only" % name)
-            if ref.span_bytes < ext[key]:
+            need = ext[key] if key in ext else 4 * self.get_i64(I64.HEADS_Q)  # the [heads_q] arrays
+            if ref.span_bytes < need:
                 raise ValueError("%s: %s spans %d bytes, the plan needs %d (check its shape and strides)"
-                                 % (name, ref.describe(), ref.span_bytes, ext[key]))
+                                 % (name, ref.describe(), ref.span_bytes, need))
 
     def _workspace(self, workspace):
         if workspace is None:
@@ -314,6 +341,48 @@ class Plan:
             args += [_c_ptr(ptrs["cu_seqlens_q"], ctypes.c_int32), _c_ptr(ptrs["cu_seqlens_k"], ctypes.c_int32)]
         call(function, *args, ws_ptr, ws_bytes, s)
 
+    def execute_args(self, q, k, v, o, lse=None, workspace=None, stream=None, **tensors):
+        """flashattn_plan_execute_args: the one call for paged K/V caches, seqused_k and the append
+        of new K/V rows with a rotary embedding, and for the sink logits and ALiBi slopes of the
+        attention variants (any plan may use it). Keyword tensors (as in execute()): sink_logits
+        and alibi_slopes (float32 [heads_q]), cu_seqlens_q, cu_seqlens_k, page_table [batch, max_pages_per_sequence] and
+        seqused_k [batch] (int32), k_new and v_new [batch, new_kv_rows, heads_kv, dim] (the plan's
+        dtype), rotary_cos and rotary_sin [seqlen_k, rotary_dim / 2] (float32). With
+        new_kv_rows > 0, k and v are the caches and are written at each sequence's seqused_k;
+        seqused_k is never written: advance it by new_kv_rows after the call. workspace None on
+        the CPU backend allocates one for this call."""
+        known = _SERVING_ARGS + _VARIANT_ARGS
+        unknown = set(tensors) - set(known)
+        if unknown:
+            raise TypeError("execute_args: unknown tensors %s (known: %s)" % (sorted(unknown), ", ".join(known)))
+        specs = [("q", q, False), ("k", k, False), ("v", v, False), ("o", o, False), ("lse", lse, True)]
+        specs += [(name, tensors.get(name), True) for name in known]
+        ptrs, refs = _pointers(specs)
+        backend = None
+        try:
+            backend = self.backend
+        except _capi.InvalidStateError:
+            pass  # not finalized: let the C call report it
+        if backend is not None:
+            outputs = ("o", "lse", "k", "v") if self.get_i64(I64.NEW_KV_ROWS) > 0 else ("o", "lse")
+            self._check_refs(refs, outputs=outputs, backend=backend)
+        ws_owner = None
+        if workspace is None and backend == Backend.CPU and self.workspace_size > 0:
+            import numpy as np
+            ws_owner = np.empty(self.workspace_size + 256, dtype=np.uint8)
+            workspace = ((ws_owner.ctypes.data + 255) // 256 * 256, self.workspace_size)
+        ws_ptr, ws_bytes = self._workspace(workspace)
+        handle = ctypes.c_void_p()
+        call("flashattn_args_create", ctypes.byref(handle))
+        try:
+            for name, ptr in ptrs.items():
+                if ptr is not None:
+                    call("flashattn_args_set", handle, int(Arg[name.upper()]), ptr)
+            call("flashattn_plan_execute_args", self.handle, handle, ws_ptr, ws_bytes, stream_handle(stream) or None)
+        finally:
+            lib().flashattn_args_destroy(handle)
+        del refs, ws_owner  # kept referenced for the whole call
+
     # -- backward ----------------------------------------------------------------------------
     def backward(self, q, k, v, o, dout, lse, dq, dk, dv, workspace=None, stream=None):
         """flashattn_plan_execute_backward: writes dq, dk, dv (layouts of q, k, v with the plan's
@@ -355,8 +424,8 @@ class Plan:
 
     # -- argument sets (since 0.3) -----------------------------------------------------------
     def _run_args(self, function, workspace, stream, tensors):
-        """function (flashattn_plan_execute_args or _backward_args) on a temporary flashattn_args_t
-        holding tensors: {lower-case flashattn.Arg name: array, int address or None}."""
+        """function (flashattn_plan_execute_backward_args) on a temporary flashattn_args_t holding
+        tensors: {lower-case flashattn.Arg name: array, int address or None}."""
         names = {a.name.lower(): a for a in _capi.Arg}
         ptrs, refs = {}, {}
         for name, value in tensors.items():
@@ -377,11 +446,6 @@ class Plan:
         finally:
             lib().flashattn_args_destroy(handle)
         del refs  # the arrays stayed referenced for the whole call
-
-    def execute_args(self, workspace=None, stream=None, **tensors):
-        """flashattn_plan_execute_args with the named tensors (flashattn.Arg names in lower case:
-        q, k, v, o, lse, cu_seqlens_q, sink_logits, alibi_slopes, page_table, ...)."""
-        self._run_args("flashattn_plan_execute_args", workspace, stream, tensors)
 
     def backward_args(self, workspace=None, stream=None, **tensors):
         """flashattn_plan_execute_backward_args with the named tensors (q, k, v, o, lse, dout, dq,

@@ -112,6 +112,22 @@ pub type flashattn_f64_param_t = c_int;
 pub const FLASHATTN_F64_SOFTMAX_SCALE: flashattn_f64_param_t = 1;
 pub const FLASHATTN_F64_SOFTCAP: flashattn_f64_param_t = 2;
 
+/// `flashattn_arg_t`: the tensors of `flashattn_plan_execute_args` (since 0.3).
+pub type flashattn_arg_t = c_int;
+pub const FLASHATTN_ARG_Q: flashattn_arg_t = 1;
+pub const FLASHATTN_ARG_K: flashattn_arg_t = 2;
+pub const FLASHATTN_ARG_V: flashattn_arg_t = 3;
+pub const FLASHATTN_ARG_O: flashattn_arg_t = 4;
+pub const FLASHATTN_ARG_LSE: flashattn_arg_t = 5;
+pub const FLASHATTN_ARG_CU_SEQLENS_Q: flashattn_arg_t = 6;
+pub const FLASHATTN_ARG_CU_SEQLENS_K: flashattn_arg_t = 7;
+pub const FLASHATTN_ARG_PAGE_TABLE: flashattn_arg_t = 8;
+pub const FLASHATTN_ARG_SEQUSED_K: flashattn_arg_t = 9;
+pub const FLASHATTN_ARG_K_NEW: flashattn_arg_t = 10;
+pub const FLASHATTN_ARG_V_NEW: flashattn_arg_t = 11;
+pub const FLASHATTN_ARG_ROTARY_COS: flashattn_arg_t = 12;
+pub const FLASHATTN_ARG_ROTARY_SIN: flashattn_arg_t = 13;
+
 /// `struct CUstream_st`: only ever behind a pointer.
 #[repr(C)]
 pub struct CUstream_st {
@@ -129,20 +145,6 @@ pub struct flashattn_plan_t {
     _marker: PhantomData<(*mut u8, PhantomPinned)>,
 }
 
-pub type flashattn_arg_t = c_int;
-pub const FLASHATTN_ARG_Q: flashattn_arg_t = 1;
-pub const FLASHATTN_ARG_K: flashattn_arg_t = 2;
-pub const FLASHATTN_ARG_V: flashattn_arg_t = 3;
-pub const FLASHATTN_ARG_O: flashattn_arg_t = 4;
-pub const FLASHATTN_ARG_LSE: flashattn_arg_t = 5;
-pub const FLASHATTN_ARG_CU_SEQLENS_Q: flashattn_arg_t = 6;
-pub const FLASHATTN_ARG_CU_SEQLENS_K: flashattn_arg_t = 7;
-pub const FLASHATTN_ARG_PAGE_TABLE: flashattn_arg_t = 8;
-pub const FLASHATTN_ARG_SEQUSED_K: flashattn_arg_t = 9;
-pub const FLASHATTN_ARG_K_NEW: flashattn_arg_t = 10;
-pub const FLASHATTN_ARG_V_NEW: flashattn_arg_t = 11;
-pub const FLASHATTN_ARG_ROTARY_COS: flashattn_arg_t = 12;
-pub const FLASHATTN_ARG_ROTARY_SIN: flashattn_arg_t = 13;
 pub const FLASHATTN_ARG_SINK_LOGITS: flashattn_arg_t = 20;
 pub const FLASHATTN_ARG_ALIBI_SLOPES: flashattn_arg_t = 21;
 pub const FLASHATTN_ARG_DSINK_LOGITS: flashattn_arg_t = 22;
@@ -151,7 +153,7 @@ pub const FLASHATTN_ARG_DQ: flashattn_arg_t = 31;
 pub const FLASHATTN_ARG_DK: flashattn_arg_t = 32;
 pub const FLASHATTN_ARG_DV: flashattn_arg_t = 33;
 
-/// Opaque `flashattn_args_t` (since 0.3): a named set of tensor pointers.
+/// `flashattn_args_t`: opaque (since 0.3).
 #[repr(C)]
 pub struct flashattn_args_t {
     _private: [u8; 0],

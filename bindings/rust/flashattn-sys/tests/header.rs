@@ -221,7 +221,7 @@ fn compiled_constants_match_the_parsed_text() {
 #[test]
 fn every_function_links() {
     use flashattn_sys::*;
-    let addresses: [usize; 23] = [
+    let addresses: [usize; 28] = [
         flashattn_status_string as *const () as usize,
         flashattn_last_error as *const () as usize,
         flashattn_last_error_copy as *const () as usize,
@@ -245,6 +245,11 @@ fn every_function_links() {
         flashattn_plan_get_backward_workspace_size as *const () as usize,
         flashattn_plan_execute_backward as *const () as usize,
         flashattn_plan_execute_backward_varlen as *const () as usize,
+        flashattn_args_create as *const () as usize,
+        flashattn_args_destroy as *const () as usize,
+        flashattn_args_set as *const () as usize,
+        flashattn_args_get as *const () as usize,
+        flashattn_plan_execute_args as *const () as usize,
     ];
     assert!(addresses.iter().all(|&a| a != 0));
     assert_eq!(unsafe { flashattn_version() } / 10000, 0, "this crate is for libflashattn 0.x");

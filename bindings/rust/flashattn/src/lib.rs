@@ -230,7 +230,7 @@ pub enum I64Param {
     DvBatchStride = sys::FLASHATTN_I64_DV_BATCH_STRIDE,
     DvRowStride = sys::FLASHATTN_I64_DV_ROW_STRIDE,
     DvHeadStride = sys::FLASHATTN_I64_DV_HEAD_STRIDE,
-    /// Serving (since 0.3): paged K/V, seqused_k, append with rotary; see the header.
+    /// Serving (since 0.3): K and V are caches of pages addressed through a page table.
     PagedKv = sys::FLASHATTN_I64_PAGED_KV,
     PageSize = sys::FLASHATTN_I64_PAGE_SIZE,
     NumPages = sys::FLASHATTN_I64_NUM_PAGES,
@@ -256,7 +256,7 @@ pub enum I64Param {
     Alibi = sys::FLASHATTN_I64_ALIBI,
 }
 
-/// The tensors of an argument set (`flashattn_arg_t`, since 0.3).
+/// The tensors of [`Plan::execute_args`] (`flashattn_arg_t`, since 0.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(i32)]
 pub enum Arg {
@@ -282,38 +282,14 @@ pub enum Arg {
     Dv = sys::FLASHATTN_ARG_DV,
 }
 
-/// An owned `flashattn_args_t` (since 0.3): one raw pointer per [`Arg`], all null when created.
+/// A set of tensor pointers for [`Plan::execute_args`] (`flashattn_args_t`): every one null when
+/// made, replaced between calls; destroyed on drop. Setting a pointer reads nothing through it;
+/// the `unsafe` execute does.
 pub struct Args {
     raw: NonNull<sys::flashattn_args_t>,
 }
 
-impl Args {
-    /// `flashattn_args_create`.
-    pub fn new() -> Result<Args> {
-        let mut raw = ptr::null_mut();
-        check(unsafe { sys::flashattn_args_create(&mut raw) })?;
-        NonNull::new(raw)
-            .map(|raw| Args { raw })
-            .ok_or_else(|| Error::new(Status::Internal, "flashattn_args_create returned NULL"))
-    }
-
-    /// `flashattn_args_set`: the pointer (null clears it).
-    ///
-    /// # Safety
-    /// Nothing is read through the pointer here, but the execute call that takes this set reads
-    /// (or writes) through it: it must then be valid for the plan, as for [`Plan::execute_raw`].
-    pub unsafe fn set(&mut self, which: Arg, ptr: *const c_void) -> Result<&mut Args> {
-        check(sys::flashattn_args_set(self.raw.as_ptr(), which as sys::flashattn_arg_t, ptr))?;
-        Ok(self)
-    }
-
-    /// `flashattn_args_get`.
-    pub fn get(&self, which: Arg) -> Result<*const c_void> {
-        let mut out = ptr::null();
-        check(unsafe { sys::flashattn_args_get(self.raw.as_ptr(), which as sys::flashattn_arg_t, &mut out) })?;
-        Ok(out)
-    }
-}
+unsafe impl Send for Args {}
 
 impl Drop for Args {
     fn drop(&mut self) {
@@ -332,6 +308,31 @@ pub enum MaskAlign {
     BottomRight = sys::FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT,
     /// Query i's diagonal key is i (PyTorch's is_causal).
     TopLeft = sys::FLASHATTN_MASK_ALIGN_TOP_LEFT,
+}
+
+impl Args {
+    pub fn new() -> Result<Args> {
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::flashattn_args_create(&mut raw) })?;
+        Ok(Args { raw: NonNull::new(raw).expect("flashattn_args_create returned success and NULL") })
+    }
+
+    /// Set (or with null, clear) one pointer: host memory for the CPU backend, device memory for GPUs.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)] // stored only; the unsafe execute dereferences it
+    pub fn set(&mut self, which: Arg, ptr: *const c_void) -> Result<&mut Args> {
+        check(unsafe { sys::flashattn_args_set(self.raw.as_ptr(), which as sys::flashattn_arg_t, ptr) })?;
+        Ok(self)
+    }
+
+    pub fn get(&self, which: Arg) -> Result<*const c_void> {
+        let mut out = ptr::null();
+        check(unsafe { sys::flashattn_args_get(self.raw.as_ptr(), which as sys::flashattn_arg_t, &mut out) })?;
+        Ok(out)
+    }
+
+    pub fn as_ptr(&self) -> *const sys::flashattn_args_t {
+        self.raw.as_ptr()
+    }
 }
 
 /// Floating-point plan parameters (`flashattn_f64_param_t`).
@@ -480,6 +481,10 @@ impl Workspace {
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+    /// The address to pass to the `unsafe` raw calls (null when empty).
+    pub fn as_mut_ptr(&mut self) -> *mut c_void {
+        self.raw().0
     }
     fn raw(&mut self) -> (*mut c_void, usize) {
         if self.layout.is_none() {
@@ -785,6 +790,20 @@ impl Plan {
                                                  workspace, workspace_bytes, stream as sys::flashattn_stream_t))
     }
 
+    /// `flashattn_plan_execute_args`: the call for paged K/V caches, seqused_k and appending K/V
+    /// rows with a rotary embedding (any finalized plan may use it). With new_kv_rows > 0 the K and
+    /// V caches are written at each sequence's seqused_k; seqused_k is never written (the caller
+    /// advances it by new_kv_rows).
+    ///
+    /// # Safety
+    /// As [`Plan::execute_raw`] for every pointer `args` holds (shapes of the plan's keys, memory
+    /// kind of its backend); the outputs (O, LSE, the caches when appending) must be writable.
+    pub unsafe fn execute_args(&self, args: &Args, workspace: *mut c_void, workspace_bytes: usize,
+                               stream: *mut c_void) -> Result<()> {
+        check(sys::flashattn_plan_execute_args(self.raw.as_ptr(), args.as_ptr(), workspace, workspace_bytes,
+                                               stream as sys::flashattn_stream_t))
+    }
+
     // -- backward pass -------------------------------------------------------------------------
 
     /// The backend that runs a finalized plan's backward pass and why (it may differ from the
@@ -904,7 +923,7 @@ impl Plan {
         self.check_heads(&[("sink_logits", sink_logits.map(<[f32]>::len)), ("alibi_slopes", alibi_slopes.map(<[f32]>::len))])?;
         let mut args = Args::new()?;
         // The slices were checked against the plan above and outlive the call below.
-        unsafe {
+        {
             args.set(Arg::Q, q.as_ptr() as *const c_void)?
                 .set(Arg::K, k.as_ptr() as *const c_void)?
                 .set(Arg::V, v.as_ptr() as *const c_void)?
@@ -919,17 +938,6 @@ impl Plan {
         self.with_workspace(workspace, Plan::workspace, |ws_ptr, ws_bytes| unsafe {
             self.execute_args(&args, ws_ptr, ws_bytes, ptr::null_mut())
         })
-    }
-
-    /// `flashattn_plan_execute_args`.
-    ///
-    /// # Safety
-    /// Every pointer set in `args` must be valid for the plan's shapes, strides and dtype in the
-    /// memory kind its backend expects, as for [`Plan::execute_raw`].
-    pub unsafe fn execute_args(&self, args: &Args, workspace: *mut c_void, workspace_bytes: usize,
-                               stream: *mut c_void) -> Result<()> {
-        check(sys::flashattn_plan_execute_args(self.raw.as_ptr(), args.raw.as_ptr(), workspace, workspace_bytes,
-                                               stream as sys::flashattn_stream_t))
     }
 
     /// `flashattn_plan_execute_backward_args`.
@@ -956,7 +964,7 @@ impl Plan {
                            ("dsink_logits", dsink_logits.as_deref().map(<[f32]>::len))])?;
         let mut args = Args::new()?;
         // The slices were checked against the plan above and outlive the call below.
-        unsafe {
+        {
             args.set(Arg::Q, q.as_ptr() as *const c_void)?
                 .set(Arg::K, k.as_ptr() as *const c_void)?
                 .set(Arg::V, v.as_ptr() as *const c_void)?

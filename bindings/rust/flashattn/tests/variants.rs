@@ -102,7 +102,7 @@ fn sinks_and_alibi_match_the_reference() {
     assert_eq!(err.status, Status::InvalidArgument);
     // An argument set refuses values outside flashattn_arg_t's ranges and reads back what was set.
     let mut args = Args::new().unwrap();
-    unsafe { args.set(Arg::SinkLogits, sinks.as_ptr() as *const std::ffi::c_void).unwrap() };
+    args.set(Arg::SinkLogits, sinks.as_ptr() as *const std::ffi::c_void).unwrap();
     assert_eq!(args.get(Arg::SinkLogits).unwrap(), sinks.as_ptr() as *const std::ffi::c_void);
     // dsink through the backward, against central differences of sum(O * g) through the reference.
     let g = rand(q.len(), &mut seed);

@@ -16,7 +16,8 @@ namespace flashattn {
 namespace cuda {
 
 // Sequence b: its lengths and first rows. Non-varlen: q_row0 = b*seqlen_q (a row index into the
-// [batch*seqlen_q] LSE layout), k_row0 = 0 (K/V are addressed through the batch stride).
+// [batch*seqlen_q] LSE layout), k_row0 = 0 (K/V are addressed through the batch stride). With
+// seqused_k, sk is the sequence's used keys (its cache length) instead of its K extent.
 struct SeqInfo {
     int sq, sk;
     int64_t q_row0;
@@ -37,6 +38,8 @@ __device__ __forceinline__ SeqInfo seq_info(const TensorArgs &p, int b) {
         s.q_row0 = static_cast<int64_t>(b) * p.seqlen_q;
         s.k_row0 = 0;
     }
+    // seqused_k: the keys the sequence uses (rows past them are never loaded: loads and masks stop at sk)
+    if (p.seqused_k != nullptr) s.sk = p.seqused_k[b] + p.seqused_add;
     return s;
 }
 

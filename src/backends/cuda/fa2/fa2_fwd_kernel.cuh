@@ -76,8 +76,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const int sq = si.sq, sk = si.sk;
     const bool varlen = p.cu_q != nullptr;
     const int64_t qoff = varlen ? si.q_row0 * p.q_rs : b * p.q_bs;
-    const int64_t koff = varlen ? si.k_row0 * p.k_rs : b * p.k_bs;
-    const int64_t voff = varlen ? si.k_row0 * p.v_rs : b * p.v_bs;
+    // Paged K/V: pages are found per tile (kv_tile_rows); kg and vg address page 0 at this head.
+    const bool paged = p.page_table != nullptr;
+    const int64_t koff = paged ? 0 : varlen ? si.k_row0 * p.k_rs : b * p.k_bs;
+    const int64_t voff = paged ? 0 : varlen ? si.k_row0 * p.v_rs : b * p.v_bs;
     const int G = p.pack;
     const int prows = sq * G;
     const int m0 = mblk * kBM;
@@ -153,6 +155,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
         a.k_h0 = k_h0;
         a.v_f0 = v_f0;
         a.v_h0 = v_h0;
+        a.pages = paged ? p.page_table + b * p.page_table_stride : nullptr;
         // Edge-tile mask input: query position + (sk - sq) of row half h of m16 tile mt.
         auto row_diag = [&](int mt, int h) {
             int qpos, head;

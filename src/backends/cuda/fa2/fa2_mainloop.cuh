@@ -39,19 +39,28 @@ struct FwdLoopArgs {
     uint32_t s_q, s_kv;               // shared memory: Q tile; K/V stage s at s_kv + 2*s*kKVBytes
     uint32_t q_f, q_h;                // ldmatrix lane bases of this warp's Q rows (full / half page)
     uint32_t k_f0, k_h0, v_f0, v_h0;  // ... and of the first K and V buffer
+    const int32_t *pages;             // paged K/V: this sequence's page-table row (kg, vg: page 0), else null
 };
+
+// Rows of K (or V) from key n0 on, n0 the first key of a tile: contiguous rows of the sequence, or
+// through the page table the page holding the tile (a page holds whole tiles: Params::page_size).
+__device__ __forceinline__ const uint16_t *kv_tile_rows(const Params &p, const uint16_t *g, const int32_t *pages,
+                                                        int n0, int64_t rs, int64_t page_stride) {
+    if (pages == nullptr) return g + n0 * rs;
+    return g + pages[n0 / p.page_size] * page_stride + (n0 % p.page_size) * rs;
+}
 
 // Single K/V buffer, at the point where every warp is done with K[nb]: wait for V[nb] (the only
 // copy in flight), then refill the buffer with K[nb-1]. Traits::kEarlyK places this before the
 // softmax (as FlashAttention-2 does), otherwise it comes after it.
 template <class Tr>
-__device__ __forceinline__ void wait_v_load_next_k(uint32_t s_k, const uint16_t *kg, int nb, int nb_first,
-                                                   int64_t k_rs, int sk, int d, int tid) {
+__device__ __forceinline__ void wait_v_load_next_k(const Params &p, const FwdLoopArgs &a, uint32_t s_k, int nb) {
     cuda::cp_async_wait<0>();  // V[nb] landed
     __syncthreads();           // every warp is done with K[nb]
-    if (nb > nb_first) {
+    if (nb > a.nb_first) {
         const int n0 = (nb - 1) * Tr::kBN;
-        load_tile<Tr, Tr::kBN, true>(s_k, kg, n0, k_rs, sk - n0, d, tid);
+        load_tile<Tr, Tr::kBN, true>(s_k, kv_tile_rows(p, a.kg, a.pages, n0, p.k_rs, p.k_bs), 0, p.k_rs, a.sk - n0,
+                                     a.d, a.tid);
         cuda::cp_async_commit();
     }
 }
@@ -66,10 +75,11 @@ __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopA
         load_tile<Tr, kBM>(a.s_q, a.qg + a.hbase * p.q_hs, a.m0, p.q_rs, a.prows - a.m0, a.d, a.tid);
     else
         load_q<Tr>(a.s_q, a.qg, p.q_rs, p.q_hs, a.m0, a.prows, a.G, a.hbase, a.d, a.tid);
-    load_tile<Tr, kBN>(a.s_kv, a.kg, nb_last * kBN, p.k_rs, a.sk - nb_last * kBN, a.d, a.tid);
+    const int n0 = nb_last * kBN;
+    load_tile<Tr, kBN>(a.s_kv, kv_tile_rows(p, a.kg, a.pages, n0, p.k_rs, p.k_bs), 0, p.k_rs, a.sk - n0, a.d, a.tid);
     cuda::cp_async_commit();
-    load_tile<Tr, kBN>(a.s_kv + Tr::kKVBytes, a.vg, nb_last * kBN, p.v_rs, a.sk - nb_last * kBN, a.d,
-                       a.tid);
+    load_tile<Tr, kBN>(a.s_kv + Tr::kKVBytes, kv_tile_rows(p, a.vg, a.pages, n0, p.v_rs, p.v_bs), 0, p.v_rs, a.sk - n0,
+                       a.d, a.tid);
     cuda::cp_async_commit();
 }
 
@@ -95,9 +105,11 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
         const uint32_t nxt = a.s_kv + (((it + 1) & 1) * 2 * Tr::kKVBytes);
         if (nb > a.nb_first) {
             const int n0 = (nb - 1) * kBN;
-            load_tile<Tr, kBN, true>(nxt, a.kg, n0, p.k_rs, a.sk - n0, a.d, a.tid);
+            load_tile<Tr, kBN, true>(nxt, kv_tile_rows(p, a.kg, a.pages, n0, p.k_rs, p.k_bs), 0, p.k_rs, a.sk - n0, a.d,
+                                     a.tid);
             cuda::cp_async_commit();
-            load_tile<Tr, kBN, true>(nxt + Tr::kKVBytes, a.vg, n0, p.v_rs, a.sk - n0, a.d, a.tid);
+            load_tile<Tr, kBN, true>(nxt + Tr::kKVBytes, kv_tile_rows(p, a.vg, a.pages, n0, p.v_rs, p.v_bs), 0, p.v_rs,
+                                     a.sk - n0, a.d, a.tid);
             cuda::cp_async_commit();
         } else {
             cuda::cp_async_commit();
@@ -109,8 +121,8 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
     } else {
         cuda::cp_async_wait<0>();  // K[nb] landed
         __syncthreads();           // every warp is done with V[nb+1]
-        load_tile<Tr, kBN, true>(a.s_kv + Tr::kKVBytes, a.vg, nb * kBN, p.v_rs, a.sk - nb * kBN, a.d,
-                                 a.tid);
+        load_tile<Tr, kBN, true>(a.s_kv + Tr::kKVBytes, kv_tile_rows(p, a.vg, a.pages, nb * kBN, p.v_rs, p.v_bs), 0,
+                                 p.v_rs, a.sk - nb * kBN, a.d, a.tid);
         cuda::cp_async_commit();
     }
 
@@ -122,7 +134,7 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
         float S[kMT][kNT][4];
         if (a.warp_active) gemm_qk<Tr, E>(S, a.q_f, a.q_h, a.k_f0 + st_off, a.k_h0 + st_off);
         if constexpr (Tr::kEarlyK) {
-            wait_v_load_next_k<Tr>(a.s_kv, a.kg, nb, a.nb_first, p.k_rs, a.sk, a.d, a.tid);
+            wait_v_load_next_k<Tr>(p, a, a.s_kv, nb);
             if (!a.warp_active) return;
         }
         if (p.softcap_scale != 0.f)
@@ -154,7 +166,7 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
         cuda::cp_async_wait<2>();  // V[nb] landed
         __syncthreads();
     } else if constexpr (!Tr::kEarlyK) {
-        wait_v_load_next_k<Tr>(a.s_kv, a.kg, nb, a.nb_first, p.k_rs, a.sk, a.d, a.tid);
+        wait_v_load_next_k<Tr>(p, a, a.s_kv, nb);
     }
     if (a.warp_active) gemm_pv<Tr, E>(O, P, a.v_f0 + st_off, a.v_h0 + st_off);
 }

@@ -20,6 +20,13 @@ struct Params : TensorArgs {
     int32_t pack = 1;       // pack-GQA: query heads of one kv head share the M dimension (group), else 1
     int32_t num_splits = 1;
     int32_t reverse_m = 0;  // launch the heaviest (last, causal) query tiles first
+
+    // Paged K/V (page_table null otherwise): key t of sequence b is row t % page_size of page
+    // page_table[b * page_table_stride + t / page_size]; k_bs / v_bs step between pages. A page
+    // holds whole key tiles (page_size is a multiple of the tile's kBN, checked at finalize).
+    const int32_t *page_table = nullptr;
+    int64_t page_table_stride = 0;
+    int32_t page_size = 0;
 };
 
 // Launchers, one per row of fa2_head_dims.h (generated fa2_fwd_hdimD.cu). `bf16` picks the

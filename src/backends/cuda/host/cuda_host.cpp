@@ -53,6 +53,13 @@ flashattn_status_t check_device_tensors(const Problem &p, const Tensors &t) {
     FLASHATTN_TRY(check_device_pointer(t.cu_seqlens_q, "cu_seqlens_q", dev, 4));
     FLASHATTN_TRY(check_device_pointer(t.cu_seqlens_k, "cu_seqlens_k", dev, 4));
     FLASHATTN_TRY(check_device_pointer(t.workspace, "workspace", dev, 1));  // aligned: checked at the C boundary
+    // serving (null unless the plan uses them)
+    FLASHATTN_TRY(check_device_pointer(t.page_table, "page_table", dev, 4));
+    FLASHATTN_TRY(check_device_pointer(t.seqused_k, "seqused_k", dev, 4));
+    FLASHATTN_TRY(check_device_pointer(t.k_new, "k_new", dev, 2));
+    FLASHATTN_TRY(check_device_pointer(t.v_new, "v_new", dev, 2));
+    FLASHATTN_TRY(check_device_pointer(t.rotary_cos, "rotary_cos", dev, 4));
+    FLASHATTN_TRY(check_device_pointer(t.rotary_sin, "rotary_sin", dev, 4));
     const size_t es = p.element_size();
     FLASHATTN_TRY(check_row_alignment(p.q, p.varlen, es, "Q"));
     FLASHATTN_TRY(check_row_alignment(p.k, p.varlen, es, "K"));

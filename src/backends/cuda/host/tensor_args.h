@@ -50,6 +50,11 @@ struct TensorArgs {
     int32_t top_left = 0;
     // FLASHATTN_I64_SINK_LOGITS: fp32 [heads_q] on the device (cuda::start_with_sink), else null. Since 0.3.
     const float *sink_logits = nullptr;
+
+    // seqused_k (device, batch entries; null when the plan has none): sequence b attends over
+    // seqused_k[b] + seqused_add keys (seqused_add: the rows an append wrote before the kernel).
+    const int32_t *seqused_k = nullptr;
+    int32_t seqused_add = 0;
 };
 
 // Pointers, strides, sizes and the score scaling of one execute call.
