@@ -13,7 +13,8 @@
  * Merge: (a) a causal problem (sq = sk, bottom-right) split at key c into a prefix run with
  * top-left causal alignment (rows see j <= i) and a suffix run bottom-right (rows i < c see none
  * of it: LSE = -inf), merged, against the reference of the whole problem; (b) a full problem split
- * in three key chunks, partials converted to fp32 and merged. Both also on variable-length plans.
+ * in three key chunks, merged as fp16/bf16 and as fp32 partials; (b) also on variable-length plans
+ * (random query lengths, the LSE and O in their packed layouts).
  *
  * Backward (cpu only): the library's dQ, dK, dV and dsink against central finite differences of
  * L = sum(O_ref * G) through the double reference, on tiny fp32 shapes with every variant. */
@@ -50,7 +51,7 @@ typedef struct vcase {
     int64_t wl, wr, sink_tokens;
     int sinks, alibi;
     double softcap;
-    int varlen;
+    int varlen; /* 1: random query and key lengths; 2: random query lengths, every key length sk */
 } vcase;
 
 /* The reference of one (sequence, head): rows sq, keys sk, inputs in double. */
@@ -152,9 +153,13 @@ static void data_init(run_data *r, const vcase *c, uint64_t seed) {
     r->len_k = calloc((size_t)B, sizeof(int64_t));
     r->start_q = calloc((size_t)B, sizeof(int64_t));
     r->start_k = calloc((size_t)B, sizeof(int64_t));
+    /* Lengths from their own generator, seeded by the shape: a merge's chunks (other seeds, other
+     * seqlen_k) get the whole problem's query lengths. */
+    test_rng lengths;
+    test_rng_seed(&lengths, (uint64_t)(c->sq * 1000003 + c->batch * 101 + c->varlen));
     for (int64_t b = 0; b < B; ++b) {
-        r->len_q[b] = c->varlen && b > 0 ? test_rng_range(&rng, c->sq / 3, c->sq) : c->sq;
-        r->len_k[b] = c->varlen && b > 0 ? test_rng_range(&rng, c->sk / 3, c->sk) : c->sk;
+        r->len_q[b] = c->varlen && b > 0 ? test_rng_range(&lengths, c->sq / 3, c->sq) : c->sq;
+        r->len_k[b] = c->varlen == 1 && b > 0 ? test_rng_range(&lengths, c->sk / 3, c->sk) : c->sk;
         r->start_q[b] = r->total_q;
         r->start_k[b] = r->total_k;
         r->total_q += r->len_q[b];
@@ -215,7 +220,7 @@ static flashattn_status_t set_keys(flashattn_plan_t *plan, const vcase *c, const
         {FLASHATTN_I64_HEADS_Q, c->hq}, {FLASHATTN_I64_HEADS_KV, c->hk}, {FLASHATTN_I64_HEAD_DIM, c->d},
         {FLASHATTN_I64_HEAD_DIM_V, c->dv}, {FLASHATTN_I64_DTYPE, c->dtype}, {FLASHATTN_I64_CAUSAL, c->causal},
         {FLASHATTN_I64_WINDOW_LEFT, c->wl}, {FLASHATTN_I64_WINDOW_RIGHT, c->wr},
-        {FLASHATTN_I64_BACKEND, TEST_BACKEND}, {FLASHATTN_I64_VARLEN, c->varlen},
+        {FLASHATTN_I64_BACKEND, TEST_BACKEND}, {FLASHATTN_I64_VARLEN, c->varlen != 0},
         {FLASHATTN_I64_MASK_ALIGN, c->top_left ? FLASHATTN_MASK_ALIGN_TOP_LEFT : FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT},
         {FLASHATTN_I64_SINK_TOKENS, c->sink_tokens}, {FLASHATTN_I64_SINK_LOGITS, c->sinks},
         {FLASHATTN_I64_ALIBI, c->alibi}};
@@ -757,6 +762,10 @@ int main(void) {
         vcase masks3[3] = {full, full, full};
         run_merge_case(&full, cuts3, masks3, 3, 1, seed + 60);
         run_merge_case(&full, cuts3, masks3, 3, 0, seed + 70);
+        full.varlen = 2;
+        full.batch = 3;
+        run_merge_case(&full, cuts3, masks3, 3, 0, seed + 80);
+        run_merge_case(&full, cuts3, masks3, 3, 1, seed + 90);
     }
     merge_argument_checks();
 
