@@ -17,21 +17,30 @@ package flashattn
 #include <stdlib.h>
 #include <flashattn/flashattn.h>
 
-// flashattn_plan_execute_args in one C call: cgo forbids storing Go pointers in C memory beyond a
-// call, so the flashattn_args_t object is made, filled, run and destroyed here, with every
-// pointer passed as an argument (Go 1.19 has no runtime.Pinner to pin them instead).
-static flashattn_status_t goflashattn_execute_args(const flashattn_plan_t *plan, const void *q, const void *k,
-        const void *v, const void *o, const void *lse, const void *cu_seqlens_q, const void *cu_seqlens_k,
-        const void *page_table, const void *seqused_k, const void *k_new, const void *v_new, const void *rotary_cos,
-        const void *rotary_sin, void *workspace, size_t workspace_bytes, flashattn_stream_t stream) {
+// flashattn_plan_execute_args (backward = 0) or _backward_args in one C call: cgo forbids storing
+// Go pointers in C memory beyond a call, so the flashattn_args_t object is made, filled, run and
+// destroyed here, with every pointer passed as an argument (Go 1.19 has no runtime.Pinner to pin
+// them instead). The pointers come in flashattn_arg_t order: 1-13, then 20-22, then 30-33.
+static flashattn_status_t goflashattn_run_args(int backward, const flashattn_plan_t *plan, const void *q,
+        const void *k, const void *v, const void *o, const void *lse, const void *cu_seqlens_q,
+        const void *cu_seqlens_k, const void *page_table, const void *seqused_k, const void *k_new,
+        const void *v_new, const void *rotary_cos, const void *rotary_sin, const void *sink_logits,
+        const void *alibi_slopes, const void *dsink_logits, const void *dout, const void *dq, const void *dk,
+        const void *dv, void *workspace, size_t workspace_bytes, flashattn_stream_t stream) {
     const void *ptrs[] = {q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, k_new, v_new,
-                          rotary_cos, rotary_sin};
+                          rotary_cos, rotary_sin, sink_logits, alibi_slopes, dsink_logits, dout, dq, dk, dv};
+    const flashattn_arg_t which[] = {FLASHATTN_ARG_Q, FLASHATTN_ARG_K, FLASHATTN_ARG_V, FLASHATTN_ARG_O,
+        FLASHATTN_ARG_LSE, FLASHATTN_ARG_CU_SEQLENS_Q, FLASHATTN_ARG_CU_SEQLENS_K, FLASHATTN_ARG_PAGE_TABLE,
+        FLASHATTN_ARG_SEQUSED_K, FLASHATTN_ARG_K_NEW, FLASHATTN_ARG_V_NEW, FLASHATTN_ARG_ROTARY_COS,
+        FLASHATTN_ARG_ROTARY_SIN, FLASHATTN_ARG_SINK_LOGITS, FLASHATTN_ARG_ALIBI_SLOPES,
+        FLASHATTN_ARG_DSINK_LOGITS, FLASHATTN_ARG_DOUT, FLASHATTN_ARG_DQ, FLASHATTN_ARG_DK, FLASHATTN_ARG_DV};
     flashattn_args_t *args = NULL;
     flashattn_status_t status = flashattn_args_create(&args);
     for (int i = 0; status == FLASHATTN_SUCCESS && i < (int)(sizeof ptrs / sizeof ptrs[0]); ++i)
-        status = flashattn_args_set(args, (flashattn_arg_t)(FLASHATTN_ARG_Q + i), ptrs[i]);
+        status = flashattn_args_set(args, which[i], ptrs[i]);
     if (status == FLASHATTN_SUCCESS)
-        status = flashattn_plan_execute_args(plan, args, workspace, workspace_bytes, stream);
+        status = backward ? flashattn_plan_execute_backward_args(plan, args, workspace, workspace_bytes, stream)
+                          : flashattn_plan_execute_args(plan, args, workspace, workspace_bytes, stream);
     flashattn_args_destroy(args);
     return status;
 }
@@ -194,9 +203,29 @@ const (
 	VNewHeadStride      I64Param = C.FLASHATTN_I64_V_NEW_HEAD_STRIDE
 	RotaryDim           I64Param = C.FLASHATTN_I64_ROTARY_DIM
 	RotaryInterleaved   I64Param = C.FLASHATTN_I64_ROTARY_INTERLEAVED
+	// Attention variants (since 0.3): a MaskAlign value, sink tokens, and 0/1 switches for the
+	// per-head sink logits and ALiBi slopes passed in Tensors (SinkLogits, AlibiSlopes).
+	MaskAlignParam I64Param = C.FLASHATTN_I64_MASK_ALIGN
+	SinkTokens     I64Param = C.FLASHATTN_I64_SINK_TOKENS
+	SinkLogits     I64Param = C.FLASHATTN_I64_SINK_LOGITS
+	Alibi          I64Param = C.FLASHATTN_I64_ALIBI
 )
 
-// Tensors are the pointers of ExecuteArgs, one per flashattn_arg_t; nil ones are not passed.
+// MaskAlign is a flashattn_mask_align_t (since 0.3): where query i's diagonal key lies.
+type MaskAlign int
+
+const (
+	// MaskAlignBottomRight: key i + seqlen_k - seqlen_q (the default, FlashAttention's).
+	MaskAlignBottomRight MaskAlign = C.FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT
+	// MaskAlignTopLeft: key i (PyTorch's is_causal).
+	MaskAlignTopLeft MaskAlign = C.FLASHATTN_MASK_ALIGN_TOP_LEFT
+)
+
+// MaxMergePartials is FLASHATTN_MAX_MERGE_PARTIALS: the most partial states one merge takes.
+const MaxMergePartials = C.FLASHATTN_MAX_MERGE_PARTIALS
+
+// Tensors are the pointers of ExecuteArgs and BackwardArgs, one per flashattn_arg_t; nil ones are
+// not passed.
 // Host memory for the CPU backend, CUDA device memory for GPU backends. With NewKVRows > 0, K
 // and V are the caches and are written at each sequence's SequsedK; SequsedK is never written
 // (advance it by NewKVRows after the call).
@@ -206,6 +235,10 @@ type Tensors struct {
 	PageTable, SequsedK    unsafe.Pointer // int32 [batch, max pages per sequence], int32 [batch]
 	KNew, VNew             unsafe.Pointer // [batch, new_kv_rows, heads_kv, dim]
 	RotaryCos, RotarySin   unsafe.Pointer // float32 [seqlen_k, rotary_dim/2]
+	// Attention variants (since 0.3): float32 [heads_q] each; DSinkLogits is a backward output.
+	SinkLogits, AlibiSlopes, DSinkLogits unsafe.Pointer
+	// BackwardArgs only: dO (layout of O) in, dQ, dK, dV out.
+	DOut, DQ, DK, DV unsafe.Pointer
 }
 
 // F64Param is a flashattn_f64_param_t.
@@ -683,19 +716,32 @@ func (p *Plan) ExecuteVarlenRaw(q, k, v, o, lse, cuSeqlensQ, cuSeqlensK, workspa
 }
 
 // ExecuteArgs is flashattn_plan_execute_args: the call for paged K/V caches, seqused_k and
-// appending K/V rows with a rotary embedding (any finalized plan may use it). Nothing is checked on
-// the Go side (see ExecuteRaw for the pointer rules); the library checks which pointers the plan
-// needs, overlaps, and on the CPU backend the page table, seqused_k and rotary positions.
+// appending K/V rows with a rotary embedding, and for the sink logits and ALiBi slopes of the
+// attention variants (any finalized plan may use it). Nothing is checked on the Go side (see
+// ExecuteRaw for the pointer rules); the library checks which pointers the plan needs, overlaps,
+// and on the CPU backend the page table, seqused_k and rotary positions.
 func (p *Plan) ExecuteArgs(t *Tensors, workspace unsafe.Pointer, workspaceBytes uintptr, stream unsafe.Pointer) error {
-	h, err := p.handle("ExecuteArgs")
+	return p.runArgs("ExecuteArgs", "flashattn_plan_execute_args", 0, t, workspace, workspaceBytes, stream)
+}
+
+// BackwardArgs is flashattn_plan_execute_backward_args (since 0.3): the backward pass with the
+// tensors of t (Q, K, V, O, LSE, DOut, DQ, DK, DV, the cu_seqlens of a varlen plan, and the
+// variant arrays the plan uses with DSinkLogits). See ExecuteRaw for the pointer rules.
+func (p *Plan) BackwardArgs(t *Tensors, workspace unsafe.Pointer, workspaceBytes uintptr, stream unsafe.Pointer) error {
+	return p.runArgs("BackwardArgs", "flashattn_plan_execute_backward_args", 1, t, workspace, workspaceBytes, stream)
+}
+
+func (p *Plan) runArgs(op, cname string, backward C.int, t *Tensors, workspace unsafe.Pointer, workspaceBytes uintptr,
+	stream unsafe.Pointer) error {
+	h, err := p.handle(op)
 	if err != nil {
 		return err
 	}
 	defer runtime.KeepAlive(p)
-	return call("flashattn_plan_execute_args", func() C.flashattn_status_t {
-		return C.goflashattn_execute_args(h, t.Q, t.K, t.V, t.O, t.LSE, t.CuSeqlensQ, t.CuSeqlensK, t.PageTable,
-			t.SequsedK, t.KNew, t.VNew, t.RotaryCos, t.RotarySin, workspace, C.size_t(workspaceBytes),
-			C.flashattn_stream_t(stream))
+	return call(cname, func() C.flashattn_status_t {
+		return C.goflashattn_run_args(backward, h, t.Q, t.K, t.V, t.O, t.LSE, t.CuSeqlensQ, t.CuSeqlensK, t.PageTable,
+			t.SequsedK, t.KNew, t.VNew, t.RotaryCos, t.RotarySin, t.SinkLogits, t.AlibiSlopes, t.DSinkLogits,
+			t.DOut, t.DQ, t.DK, t.DV, workspace, C.size_t(workspaceBytes), C.flashattn_stream_t(stream))
 	})
 }
 
@@ -766,6 +812,160 @@ func (p *Plan) BackwardVarlenRaw(q, k, v, o, dout, lse, dq, dk, dv, cuSeqlensQ, 
 	return call("flashattn_plan_execute_backward_varlen", func() C.flashattn_status_t {
 		return C.flashattn_plan_execute_backward_varlen(h, q, k, v, o, dout, (*C.float)(lse), dq, dk, dv,
 			(*C.int32_t)(cuSeqlensQ), (*C.int32_t)(cuSeqlensK), workspace, C.size_t(workspaceBytes),
+			C.flashattn_stream_t(stream))
+	})
+}
+
+// Variants are the per-head float32 arrays of the attention variants for the host calls below
+// (nil when the plan does not use them); DSinkLogits (backward) receives the sinks' gradient.
+type Variants struct {
+	SinkLogits, AlibiSlopes, DSinkLogits []float32
+}
+
+// pointers checks the arrays' lengths against the plan's query heads and returns their addresses.
+func (x Variants) pointers(p *Plan, op string) ([3]unsafe.Pointer, error) {
+	var r [3]unsafe.Pointer
+	heads, err := p.GetI64(HeadsQ)
+	if err != nil {
+		return r, err
+	}
+	for i, a := range []struct {
+		name string
+		s    []float32
+	}{{"SinkLogits", x.SinkLogits}, {"AlibiSlopes", x.AlibiSlopes}, {"DSinkLogits", x.DSinkLogits}} {
+		if a.s == nil {
+			continue
+		}
+		if int64(len(a.s)) < heads {
+			return r, &Error{Status: StatusInvalidArgument, Op: op,
+				Message: fmt.Sprintf("%s: the slice holds %d values, the plan has %d query heads", a.name, len(a.s), heads)}
+		}
+		r[i] = unsafe.Pointer(&a.s[0])
+	}
+	return r, nil
+}
+
+// ExecuteVariants runs a finalized plan on host slices (CPU backend) through an argument set with
+// the per-head arrays the plan's SinkLogits / Alibi keys ask for; cuSeqlensQ/K nil for a
+// fixed-length plan.
+func (p *Plan) ExecuteVariants(q, k, v, o interface{}, lse []float32, cuSeqlensQ, cuSeqlensK []int32, x Variants,
+	ws *Workspace) error {
+	xp, err := x.pointers(p, "ExecuteVariants")
+	if err != nil {
+		return err
+	}
+	varlen := cuSeqlensQ != nil || cuSeqlensK != nil
+	err = p.runHost("ExecuteVariants", false, []interface{}{q, k, v, o}, lse, cuSeqlensQ, cuSeqlensK, varlen, ws,
+		func(h hostArgs, ws *Workspace) error {
+			t := Tensors{Q: h.q, K: h.k, V: h.v, O: h.o, LSE: h.lse, CuSeqlensQ: h.cuQ, CuSeqlensK: h.cuK,
+				SinkLogits: xp[0], AlibiSlopes: xp[1]}
+			return p.ExecuteArgs(&t, ws.ptr(), uintptr(ws.Len()), nil)
+		})
+	runtime.KeepAlive(x)
+	return err
+}
+
+// BackwardVariants runs the backward pass on host slices (CPU backend) through an argument set
+// with the variant arrays; with sink logits, x.DSinkLogits receives their gradient.
+func (p *Plan) BackwardVariants(q, k, v, o, dout interface{}, lse []float32, dq, dk, dv interface{},
+	cuSeqlensQ, cuSeqlensK []int32, x Variants, ws *Workspace) error {
+	xp, err := x.pointers(p, "BackwardVariants")
+	if err != nil {
+		return err
+	}
+	varlen := cuSeqlensQ != nil || cuSeqlensK != nil
+	err = p.runHost("BackwardVariants", true, []interface{}{q, k, v, o, dout, dq, dk, dv}, lse, cuSeqlensQ, cuSeqlensK,
+		varlen, ws, func(h hostArgs, ws *Workspace) error {
+			t := Tensors{Q: h.q, K: h.k, V: h.v, O: h.o, LSE: h.lse, CuSeqlensQ: h.cuQ, CuSeqlensK: h.cuK,
+				SinkLogits: xp[0], AlibiSlopes: xp[1], DSinkLogits: xp[2], DOut: h.dout, DQ: h.dq, DK: h.dk, DV: h.dv}
+			return p.BackwardArgs(&t, ws.ptr(), uintptr(ws.Len()), nil)
+		})
+	runtime.KeepAlive(x)
+	return err
+}
+
+// MergeStates merges partial attention states on host slices (CPU backend): partialO[s] is a
+// []float32 (or a slice of the plan's dtype) laid out as the plan's O, partialLSE[s] its LSE laid
+// out as the plan's; o (the plan's dtype) and lse (nil to skip) receive the merged state.
+func (p *Plan) MergeStates(partialO []interface{}, partialLSE [][]float32, o interface{}, lse []float32) error {
+	const op = "MergeStates"
+	if len(partialO) != len(partialLSE) || len(partialO) == 0 {
+		return &Error{Status: StatusInvalidArgument, Op: op,
+			Message: fmt.Sprintf("partialO and partialLSE: %d and %d entries (at least 1, equal)", len(partialO), len(partialLSE))}
+	}
+	e, err := p.Extents()
+	if err != nil {
+		return err
+	}
+	if b, _, err := p.Backend(); err != nil || b != BackendCPU {
+		if err != nil {
+			return err
+		}
+		return &Error{Status: StatusInvalidArgument, Op: op,
+			Message: fmt.Sprintf("host slices need the CPU backend; this plan runs %s (use MergeStatesRaw)", b)}
+	}
+	oPtr, oLen, oType, err := hostSlice(op, "o", o)
+	if err != nil {
+		return err
+	}
+	if oType != e.DType || oLen < e.O || (lse != nil && len(lse) < e.LSE) {
+		return &Error{Status: StatusInvalidArgument, Op: op,
+			Message: fmt.Sprintf("o (%d elements of %T) or lse (%d): the plan needs %d of its dtype and %d",
+				oLen, o, len(lse), e.O, e.LSE)}
+	}
+	var lsePtr unsafe.Pointer
+	if len(lse) > 0 {
+		lsePtr = unsafe.Pointer(&lse[0])
+	}
+	po := make([]unsafe.Pointer, len(partialO))
+	pl := make([]unsafe.Pointer, len(partialLSE))
+	var dtype DType
+	for s := range partialO {
+		ptr, n, dt, err := hostSlice(op, "partialO", partialO[s])
+		if err != nil {
+			return err
+		}
+		if s == 0 {
+			dtype = dt
+		}
+		if dt != dtype || n < e.O || len(partialLSE[s]) < e.LSE {
+			return &Error{Status: StatusInvalidArgument, Op: op,
+				Message: fmt.Sprintf("partial %d: %d O and %d LSE elements of type %T, the plan needs %d and %d of one type",
+					s, n, len(partialLSE[s]), partialO[s], e.O, e.LSE)}
+		}
+		po[s], pl[s] = ptr, unsafe.Pointer(&partialLSE[s][0])
+	}
+	err = p.MergeStatesRaw(po, pl, dtype, oPtr, lsePtr, nil)
+	runtime.KeepAlive(partialO)
+	runtime.KeepAlive(partialLSE)
+	runtime.KeepAlive(o)
+	runtime.KeepAlive(lse)
+	return err
+}
+
+// MergeStatesRaw is flashattn_plan_merge_states with raw pointers (device memory and a stream for
+// GPU plans). The pointer arrays are passed as integers (they point at memory the caller keeps
+// alive for the call, and a Go array of Go pointers may not be handed to C).
+func (p *Plan) MergeStatesRaw(partialO, partialLSE []unsafe.Pointer, partialDtype DType, o, lse unsafe.Pointer,
+	stream unsafe.Pointer) error {
+	h, err := p.handle("MergeStatesRaw")
+	if err != nil {
+		return err
+	}
+	defer runtime.KeepAlive(p)
+	n := len(partialO)
+	if n != len(partialLSE) || n == 0 {
+		return &Error{Status: StatusInvalidArgument, Op: "MergeStatesRaw",
+			Message: fmt.Sprintf("partialO and partialLSE: %d and %d entries (at least 1, equal)", n, len(partialLSE))}
+	}
+	addrO := make([]uintptr, n)
+	addrL := make([]uintptr, n)
+	for s := 0; s < n; s++ {
+		addrO[s], addrL[s] = uintptr(partialO[s]), uintptr(partialLSE[s])
+	}
+	return call("flashattn_plan_merge_states", func() C.flashattn_status_t {
+		return C.flashattn_plan_merge_states(h, C.int32_t(n), (*unsafe.Pointer)(unsafe.Pointer(&addrO[0])),
+			(**C.float)(unsafe.Pointer(&addrL[0])), C.flashattn_dtype_t(partialDtype), o, (*C.float)(lse),
 			C.flashattn_stream_t(stream))
 	})
 }

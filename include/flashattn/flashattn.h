@@ -129,8 +129,39 @@ typedef enum flashattn_i64_param {
     FLASHATTN_I64_V_NEW_ROW_STRIDE = 56,   /**< Append: elements between rows of V_new. Default: heads_kv*head_dim_v. Since 0.3. */
     FLASHATTN_I64_V_NEW_HEAD_STRIDE = 57,  /**< Append: elements between heads of V_new. Default: head_dim_v. Since 0.3. */
     FLASHATTN_I64_ROTARY_DIM = 58,      /**< Append: rotary embedding over the first rotary_dim columns of Q and K_new; even, at most head_dim; needs #FLASHATTN_I64_NEW_KV_ROWS > 0. 0 = off (default). Since 0.3. */
-    FLASHATTN_I64_ROTARY_INTERLEAVED = 59 /**< Rotary pairs: 1 = columns (2i, 2i+1) (GPT-J), 0 = columns (i, i + rotary_dim/2) (GPT-NeoX, default). Since 0.3. */
+    FLASHATTN_I64_ROTARY_INTERLEAVED = 59, /**< Rotary pairs: 1 = columns (2i, 2i+1) (GPT-J), 0 = columns (i, i + rotary_dim/2) (GPT-NeoX, default). Since 0.3. */
+    /** A #flashattn_mask_align_t: where the diagonal of the causal mask, the windows and ALiBi
+     * lies when seqlen_q != seqlen_k. Default #FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT. Since 0.3. */
+    FLASHATTN_I64_MASK_ALIGN = 60,
+    /** Sink tokens (StreamingLLM): the first n keys of every sequence stay visible to every query
+     * whatever #FLASHATTN_I64_WINDOW_LEFT says (the causal mask and the right window still apply to
+     * them). n >= 0; default 0. Since 0.3. */
+    FLASHATTN_I64_SINK_TOKENS = 61,
+    /** 0 or 1: a learned sink logit per query head (gpt-oss) joins every row's softmax denominator
+     * and contributes no value: O = sum_j e^(s_j) v_j / (e^sink + sum_j e^(s_j)), and the LSE
+     * includes it. The logits (fp32, [heads_q], in the units of the scaled and capped scores) are
+     * passed to each call as #FLASHATTN_ARG_SINK_LOGITS; the backward writes their gradient to
+     * #FLASHATTN_ARG_DSINK_LOGITS. Default 0. Since 0.3. */
+    FLASHATTN_I64_SINK_LOGITS = 62,
+    /** 0 or 1: ALiBi. Each score of query head h gets -slope[h]·|i' - j| added after the softcap,
+     * where i' is the key on query i's diagonal (i + seqlen_k - seqlen_q bottom-right, as
+     * FlashAttention-2 defines it; i with #FLASHATTN_MASK_ALIGN_TOP_LEFT). The slopes (fp32,
+     * [heads_q]) are passed to each call as #FLASHATTN_ARG_ALIBI_SLOPES; they get no gradient. Default 0. Since 0.3. */
+    FLASHATTN_I64_ALIBI = 63
 } flashattn_i64_param_t;
+
+/**
+ * @brief Values of #FLASHATTN_I64_MASK_ALIGN. Since 0.3.
+ *
+ * Query i of a sequence with sq queries and sk keys lies on the diagonal key i + sk - sq
+ * (bottom-right, the library's default and FlashAttention's: the last query sees the last key) or
+ * on key i (top-left, PyTorch's is_causal: the first query sees the first key). The causal mask
+ * hides the keys after that key, the windows count from it, ALiBi measures distances from it.
+ */
+typedef enum flashattn_mask_align {
+    FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT = 0, /**< Diagonal key i + seqlen_k - seqlen_q (default). */
+    FLASHATTN_MASK_ALIGN_TOP_LEFT = 1      /**< Diagonal key i, as PyTorch's is_causal. */
+} flashattn_mask_align_t;
 
 /** @brief Keys of the plan's floating-point parameters, set with flashattn_plan_set_f64(). */
 typedef enum flashattn_f64_param {
@@ -148,7 +179,8 @@ typedef struct CUstream_st *flashattn_stream_t;
 typedef struct flashattn_plan flashattn_plan_t;
 
 /**
- * @brief The tensors of a flashattn_plan_execute_args() call, named (pinned values). Since 0.3.
+ * @brief The tensors of a flashattn_plan_execute_args() or flashattn_plan_execute_backward_args()
+ * call, named (pinned values). Since 0.3.
  *
  * Shapes use the plan's sizes; b = batch, n = #FLASHATTN_I64_NEW_KV_ROWS, r = #FLASHATTN_I64_ROTARY_DIM.
  * A new tensor gets a new value; values not listed here are rejected by flashattn_args_set().
@@ -166,7 +198,14 @@ typedef enum flashattn_arg {
     FLASHATTN_ARG_K_NEW = 10,       /**< Append: [b, n, heads_kv, head_dim] rows to append to the K cache. */
     FLASHATTN_ARG_V_NEW = 11,       /**< Append: [b, n, heads_kv, head_dim_v] rows to append to the V cache. */
     FLASHATTN_ARG_ROTARY_COS = 12,  /**< Rotary: fp32 [seqlen_k, r/2] contiguous, cos of position p and frequency i at [p][i]. */
-    FLASHATTN_ARG_ROTARY_SIN = 13   /**< Rotary: fp32 [seqlen_k, r/2] contiguous, the sines. */
+    FLASHATTN_ARG_ROTARY_SIN = 13,  /**< Rotary: fp32 [seqlen_k, r/2] contiguous, the sines. */
+    FLASHATTN_ARG_SINK_LOGITS = 20, /**< #FLASHATTN_I64_SINK_LOGITS: fp32 [heads_q] sink logit of each query head. Read only. */
+    FLASHATTN_ARG_ALIBI_SLOPES = 21, /**< #FLASHATTN_I64_ALIBI: fp32 [heads_q] ALiBi slope of each query head. Read only. */
+    FLASHATTN_ARG_DSINK_LOGITS = 22, /**< Backward with #FLASHATTN_I64_SINK_LOGITS: fp32 [heads_q] output, dLoss/dsink (overwritten): the sum over the head's query rows of -exp(sink - LSE)·(dO·O). Required there. */
+    FLASHATTN_ARG_DOUT = 30,        /**< Backward: dO, laid out as O with the DO_* strides. Required there. */
+    FLASHATTN_ARG_DQ = 31,          /**< Backward output: dQ (layout of Q, DQ_* strides). Required there. */
+    FLASHATTN_ARG_DK = 32,          /**< Backward output: dK (layout of K, DK_* strides). Required there. */
+    FLASHATTN_ARG_DV = 33           /**< Backward output: dV (layout of V, DV_* strides). Required there. */
 } flashattn_arg_t;
 
 /**
@@ -657,6 +696,98 @@ FLASHATTN_API flashattn_status_t flashattn_args_get(const flashattn_args_t *args
 FLASHATTN_API flashattn_status_t flashattn_plan_execute_args(const flashattn_plan_t *plan,
                                                              const flashattn_args_t *args,
                                                              void *workspace, size_t workspace_bytes,
+                                                             flashattn_stream_t stream);
+
+/** @} */
+
+/**
+ * @defgroup flashattn_variants Attention variants and merging partial states
+ * @brief Top-left alignment, sink tokens, sink logits, ALiBi, the backward through an argument
+ * set, and the merge of partial attention states (cascade and context-parallel attention). Since 0.3.
+ *
+ * The plan keys #FLASHATTN_I64_MASK_ALIGN and #FLASHATTN_I64_SINK_TOKENS need no per-call data and
+ * work with every execute function. #FLASHATTN_I64_SINK_LOGITS and #FLASHATTN_I64_ALIBI need
+ * per-head fp32 arrays (#FLASHATTN_ARG_SINK_LOGITS, #FLASHATTN_ARG_ALIBI_SLOPES): run such plans
+ * with flashattn_plan_execute_args() and flashattn_plan_execute_backward_args() (the 0.2 execute
+ * functions refuse them with #FLASHATTN_ERROR_INVALID_ARGUMENT). With sink logits, a row that sees
+ * no key gets O = 0 and LSE = its head's sink logit. Backends that cannot run a variant say so at
+ * finalize, naming it (#FLASHATTN_BACKEND_AUTO falls back to one that can).
+ * @{
+ */
+
+/**
+ * @brief Run the backward pass of a finalized plan with the tensors of an argument set. Since 0.3.
+ *
+ * Set Q, K, V, O, LSE (the forward's, required), #FLASHATTN_ARG_DOUT, #FLASHATTN_ARG_DQ,
+ * #FLASHATTN_ARG_DK, #FLASHATTN_ARG_DV, the cu_seqlens for a variable-length plan, and the
+ * variant arrays the plan uses (#FLASHATTN_ARG_SINK_LOGITS with #FLASHATTN_ARG_DSINK_LOGITS,
+ * #FLASHATTN_ARG_ALIBI_SLOPES); no other pointer (the serving features have no backward pass).
+ * Layouts and rules are those of flashattn_plan_execute_backward() / _varlen().
+ *
+ * @param plan A finalized plan.
+ * @param args Its tensors.
+ * @param workspace, workspace_bytes As for flashattn_plan_execute_backward().
+ * @param stream As for flashattn_plan_execute().
+ * @retval FLASHATTN_SUCCESS
+ * @retval FLASHATTN_ERROR_INVALID_ARGUMENT NULL plan or args, a required pointer NULL, a pointer
+ * the backward does not use, overlapping tensors, wrong memory kind; bad cu_seqlens (CPU backend).
+ * @retval FLASHATTN_ERROR_INVALID_STATE the plan is not finalized.
+ * @retval FLASHATTN_ERROR_NOT_SUPPORTED no backend can run this plan's backward pass (with the
+ * variants it uses: flashattn_plan_get_backward_backend() says why).
+ * @retval FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE @p workspace_bytes is below the plan's need.
+ * @retval FLASHATTN_ERROR_DEVICE a kernel launch failed.
+ */
+FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward_args(const flashattn_plan_t *plan,
+                                                                      const flashattn_args_t *args,
+                                                                      void *workspace, size_t workspace_bytes,
+                                                                      flashattn_stream_t stream);
+
+/** @brief The most partial states one flashattn_plan_merge_states() call merges. Since 0.3. */
+#define FLASHATTN_MAX_MERGE_PARTIALS 128
+
+/**
+ * @brief Merge partial attention states into one: O = sum_s e^(LSE_s - LSE) O_s and
+ * LSE = log sum_s e^(LSE_s). Since 0.3.
+ *
+ * Partial s is the output O_s and LSE_s of attention over a subset of the keys (the subsets
+ * disjoint, their union the keys wanted), as this library's forward writes them: merging the
+ * states of one plan run over key blocks gives, to rounding, one run over all the keys. A row with
+ * LSE_s = -inf (it saw no key of that subset) contributes nothing; a row -inf in every partial gets
+ * O = 0 and LSE = -inf. Sink logits belong to exactly one of the partials.
+ *
+ * The plan supplies the layout and the place: a finalized plan whose output the partials share
+ * (batch, seqlen_q or total_q, heads_q, head_dim_v, the O strides and the LSE layout). The merge
+ * runs where the plan runs: on the host for the CPU backend, on the plan's device (stream-ordered,
+ * no allocation, no workspace) for the GPU backends.
+ *
+ * @param plan A finalized plan (its seqlen_k, head_dim and mask do not matter here).
+ * @param num_partials Number of partial states, 1 to #FLASHATTN_MAX_MERGE_PARTIALS.
+ * @param partial_o Host array of @p num_partials pointers: partial s's O, laid out as the plan's O
+ * (its strides, in elements of @p partial_dtype).
+ * @param partial_lse Host array of @p num_partials pointers: partial s's fp32 LSE, laid out as the
+ * plan's LSE.
+ * @param partial_dtype Element type of the partial outputs: #FLASHATTN_DTYPE_FP32 or the plan's
+ * dtype.
+ * @param o Output, laid out as the plan's O in the plan's dtype; must not overlap any partial.
+ * @param lse Optional output (NULL to skip): fp32, the plan's LSE layout; must not overlap any
+ * other tensor.
+ * @param stream CUDA stream for GPU backends; ignored on the CPU.
+ *
+ * Pointers of a GPU plan must be device memory on its device, 16-byte aligned (4-byte for the
+ * LSEs). The array of pointers is read during the call and not kept.
+ *
+ * @retval FLASHATTN_SUCCESS
+ * @retval FLASHATTN_ERROR_INVALID_ARGUMENT NULL plan, arrays, pointers or @p o; @p num_partials out of
+ * range; a @p partial_dtype other than fp32 or the plan's; overlapping outputs; wrong memory kind
+ * or device; misaligned pointers.
+ * @retval FLASHATTN_ERROR_INVALID_STATE the plan is not finalized.
+ * @retval FLASHATTN_ERROR_NOT_SUPPORTED the plan's device has no merge kernel in this build.
+ * @retval FLASHATTN_ERROR_DEVICE a kernel launch failed.
+ */
+FLASHATTN_API flashattn_status_t flashattn_plan_merge_states(const flashattn_plan_t *plan, int32_t num_partials,
+                                                             const void *const *partial_o,
+                                                             const float *const *partial_lse,
+                                                             flashattn_dtype_t partial_dtype, void *o, float *lse,
                                                              flashattn_stream_t stream);
 
 /** @} */

@@ -13,6 +13,7 @@
 #include "base/workspace.h"
 #include "device/device.h"
 #include "problem/problem.h"
+#include "problem/variants.h"
 
 namespace flashattn {
 
@@ -40,6 +41,14 @@ struct Backend {
     // whenever backward_unsupported_reason(p, dev) is empty.
     std::string (*backward_unsupported_reason)(const Problem &p, const DeviceInfo &dev);
     flashattn_status_t (*execute_backward)(const Problem &p, const BackendPlan &plan, const Tensors &t);
+    // Since 0.3 (left null / 0 by backends that predate them):
+    // Merge partial states laid out as `p`'s output (flashattn_plan_merge_states); null: none here.
+    // The GPU one serves the plans of every generation (dispatch picks it by the device).
+    flashattn_status_t (*merge_states)(const Problem &p, const DeviceInfo &dev, const MergeCall &m);
+    // The VariantBit set (problem/variants.h) the forward and the backward run; dispatch refuses
+    // a variant outside it with NOT_SUPPORTED naming the variant.
+    unsigned forward_variants;
+    unsigned backward_variants;
 };
 
 // Backends compiled into this build; nullptr for those that are not (backend_registry.cpp).

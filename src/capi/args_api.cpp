@@ -25,6 +25,8 @@ bool known_arg(int which) {
         case FLASHATTN_ARG_LSE: case FLASHATTN_ARG_CU_SEQLENS_Q: case FLASHATTN_ARG_CU_SEQLENS_K:
         case FLASHATTN_ARG_PAGE_TABLE: case FLASHATTN_ARG_SEQUSED_K: case FLASHATTN_ARG_K_NEW:
         case FLASHATTN_ARG_V_NEW: case FLASHATTN_ARG_ROTARY_COS: case FLASHATTN_ARG_ROTARY_SIN:
+        case FLASHATTN_ARG_SINK_LOGITS: case FLASHATTN_ARG_ALIBI_SLOPES: case FLASHATTN_ARG_DSINK_LOGITS:
+        case FLASHATTN_ARG_DOUT: case FLASHATTN_ARG_DQ: case FLASHATTN_ARG_DK: case FLASHATTN_ARG_DV:
             return true;
         default:
             return false;
@@ -51,6 +53,13 @@ Tensors tensors_of(const flashattn_args &a, void *workspace, size_t workspace_by
     t.v_new = a.ptr[FLASHATTN_ARG_V_NEW];
     t.rotary_cos = static_cast<const float *>(a.ptr[FLASHATTN_ARG_ROTARY_COS]);
     t.rotary_sin = static_cast<const float *>(a.ptr[FLASHATTN_ARG_ROTARY_SIN]);
+    t.sink_logits = static_cast<const float *>(a.ptr[FLASHATTN_ARG_SINK_LOGITS]);
+    t.alibi_slopes = static_cast<const float *>(a.ptr[FLASHATTN_ARG_ALIBI_SLOPES]);
+    t.dsink_logits = static_cast<float *>(const_cast<void *>(a.ptr[FLASHATTN_ARG_DSINK_LOGITS]));
+    t.dout = a.ptr[FLASHATTN_ARG_DOUT];
+    t.dq = const_cast<void *>(a.ptr[FLASHATTN_ARG_DQ]);
+    t.dk = const_cast<void *>(a.ptr[FLASHATTN_ARG_DK]);
+    t.dv = const_cast<void *>(a.ptr[FLASHATTN_ARG_DV]);
     t.workspace = workspace;
     t.workspace_bytes = workspace_bytes;
     t.stream = stream;
@@ -105,6 +114,18 @@ FLASHATTN_API flashattn_status_t flashattn_plan_execute_args(const flashattn_pla
         if (!plan->finalized)
             return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: not finalized; call flashattn_plan_finalize after the last setter");
         return execute_plan(plan, tensors_of(*args, workspace, workspace_bytes, stream));
+    });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward_args(const flashattn_plan_t *plan,
+                                                                      const flashattn_args_t *args, void *workspace,
+                                                                      size_t workspace_bytes, flashattn_stream_t stream) {
+    return guarded(__func__, [&] {
+        if (plan == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: NULL passed to %s", __func__);
+        if (args == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "args: NULL passed to %s", __func__);
+        if (!plan->finalized)
+            return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: not finalized; call flashattn_plan_finalize after the last setter");
+        return execute_backward_plan(plan, tensors_of(*args, workspace, workspace_bytes, stream));
     });
 }
 

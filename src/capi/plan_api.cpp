@@ -149,6 +149,10 @@ FLASHATTN_API flashattn_status_t flashattn_plan_get_i64(const flashattn_plan_t *
             case FLASHATTN_I64_DV_BATCH_STRIDE: *value = p.dv.batch; break;
             case FLASHATTN_I64_DV_ROW_STRIDE: *value = p.dv.row; break;
             case FLASHATTN_I64_DV_HEAD_STRIDE: *value = p.dv.head; break;
+            case FLASHATTN_I64_MASK_ALIGN: *value = p.top_left ? FLASHATTN_MASK_ALIGN_TOP_LEFT : FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT; break;
+            case FLASHATTN_I64_SINK_TOKENS: *value = p.sink_tokens; break;
+            case FLASHATTN_I64_SINK_LOGITS: *value = p.sink_logits; break;
+            case FLASHATTN_I64_ALIBI: *value = p.alibi; break;
             case FLASHATTN_I64_PAGED_KV: *value = p.serving.paged; break;
             case FLASHATTN_I64_PAGE_SIZE: *value = p.serving.page_size; break;
             case FLASHATTN_I64_NUM_PAGES: *value = p.serving.num_pages; break;

@@ -23,6 +23,14 @@ flashattn_status_t requested_backend(const PlanParams &params, flashattn_backend
     return FLASHATTN_SUCCESS;
 }
 
+// Empty when backend `b` runs every variant `p` uses in the pass whose VariantBits are `runs`.
+std::string variant_reason(const Problem &p, const Backend &b, unsigned runs, const char *pass) {
+    const unsigned missing = variants_used(p) & ~runs;
+    if (missing == 0) return std::string();
+    char names[256];
+    return std::string("the ") + b.name + " " + pass + " does not run " + variant_names(missing, names, sizeof names);
+}
+
 // Which backend runs which serving feature (paged K/V, seqused_k, append with rotary), in one
 // place while the GPU support grows: the CPU all of them; FA1 and FA2 seqused_k (their loads stop
 // at each sequence's key count, cuda::seq_info); FA2 also the append with rotary (a pre-kernel,
@@ -58,6 +66,8 @@ void backward_candidates(const Problem &problem, const DeviceInfo &dev, Candidat
             candidates[id].unsupported = std::string("the backward pass does not support ") + feature;
         else
             candidates[id].unsupported = b->backward_unsupported_reason(problem, dev);
+        if (candidates[id].unsupported.empty())
+            candidates[id].unsupported = variant_reason(problem, *b, b->backward_variants, "backward pass");
     }
 }
 
@@ -98,6 +108,8 @@ flashattn_status_t finalize_plan(flashattn_plan *plan) {
             candidates[id].unsupported = "no usable CUDA device (" + dev.absent_reason + ")";
         else
             candidates[id].unsupported = b->unsupported_reason(problem, dev);
+        if (candidates[id].unsupported.empty())
+            candidates[id].unsupported = variant_reason(problem, *b, b->forward_variants, "backend");
         if (candidates[id].unsupported.empty()) candidates[id].unsupported = serving_unsupported(*b, problem);
         if (candidates[id].unsupported.empty() && b->auto_pass_reason != nullptr)
             candidates[id].auto_pass = b->auto_pass_reason(problem, dev);
@@ -122,6 +134,7 @@ flashattn_status_t finalize_plan(flashattn_plan *plan) {
 }
 
 flashattn_status_t execute_plan(const flashattn_plan *plan, const Tensors &t) {
+    FLASHATTN_TRY(check_variant_args(plan->problem, t, false));
     FLASHATTN_TRY(check_execute_args(plan->problem, t, plan->workspace_bytes()));
     return plan->backend->execute(plan->problem, *plan->backend_plan, t);
 }
@@ -129,8 +142,23 @@ flashattn_status_t execute_plan(const flashattn_plan *plan, const Tensors &t) {
 flashattn_status_t execute_backward_plan(const flashattn_plan *plan, const Tensors &t) {
     if (plan->backward_backend == nullptr)
         return fail(FLASHATTN_ERROR_NOT_SUPPORTED, "plan: %s", plan->backward_reason.c_str());
+    FLASHATTN_TRY(check_variant_args(plan->problem, t, true));
     FLASHATTN_TRY(check_backward_args(plan->problem, t, plan->backward_workspace_bytes()));
     return plan->backward_backend->execute_backward(plan->problem, plan->backward_plan(), t);
+}
+
+// The merge runs where the plan runs: the CPU backend's on the host; on a GPU, FA2's kernel for
+// the plans of every generation (one kernel, compiled for sm_80 and newer, instead of one per
+// generation: the merge is bandwidth-bound and needs no generation's features).
+flashattn_status_t merge_plan_states(const flashattn_plan *plan, const MergeCall &m) {
+    FLASHATTN_TRY(check_merge_args(plan->problem, m));
+    const bool on_host = plan->backend->id == FLASHATTN_BACKEND_CPU;
+    const Backend *merger = on_host ? cpu_backend() : fa2_backend();
+    if (merger == nullptr || merger->merge_states == nullptr || (!on_host && plan->device.cc_major < 8))
+        return fail(FLASHATTN_ERROR_NOT_SUPPORTED,
+                    "plan: merging partial states on the %s backend's device needs the fa2 merge kernel "
+                    "(compute capability 8.0 or newer, fa2 in the build)", plan->backend->name);
+    return merger->merge_states(plan->problem, plan->device, m);
 }
 
 }  // namespace flashattn

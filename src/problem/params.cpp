@@ -16,9 +16,24 @@ struct KeyInfo {
 
 constexpr int64_t kNoMax = INT64_MAX;
 
+// The attention variants' keys (60..69, since 0.3), in a table of their own.
+constexpr int kFirstVariantKey = FLASHATTN_I64_MASK_ALIGN;
+const KeyInfo *variant_key_info(int key) {
+    static const KeyInfo table[] = {
+        /* MASK_ALIGN */ {"FLASHATTN_I64_MASK_ALIGN", FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT, FLASHATTN_MASK_ALIGN_TOP_LEFT,
+                          FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT},
+        /* SINK_TOKENS */ {"FLASHATTN_I64_SINK_TOKENS", 0, kNoMax, 0},
+        /* SINK_LOGITS */ {"FLASHATTN_I64_SINK_LOGITS", 0, 1, 0},
+        /* ALIBI */ {"FLASHATTN_I64_ALIBI", 0, 1, 0},
+    };
+    const int index = key - kFirstVariantKey;
+    if (index < 0 || index >= static_cast<int>(sizeof table / sizeof table[0]) || key >= kMaxI64Key) return nullptr;
+    return &table[index];
+}
+
 // Indexed by key value; entries with a null name are not keys.
 const KeyInfo *key_info(int key) {
-    static const KeyInfo table[kMaxI64Key] = {
+    static const KeyInfo table[kFirstVariantKey] = {
         /* 0 */ {nullptr, 0, 0, 0},
         /* BATCH */ {"FLASHATTN_I64_BATCH", 1, kNoMax, 0},
         /* SEQLEN_Q */ {"FLASHATTN_I64_SEQLEN_Q", 1, kNoMax, 0},
@@ -80,7 +95,8 @@ const KeyInfo *key_info(int key) {
         /* ROTARY_DIM */ {"FLASHATTN_I64_ROTARY_DIM", 0, 256, 0},
         /* ROTARY_INTERLEAVED */ {"FLASHATTN_I64_ROTARY_INTERLEAVED", 0, 1, 0},
     };
-    if (key < 0 || key >= kMaxI64Key || table[key].name == nullptr) return nullptr;
+    if (key >= kFirstVariantKey) return variant_key_info(key);
+    if (key < 0 || table[key].name == nullptr) return nullptr;
     return &table[key];
 }
 

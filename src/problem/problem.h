@@ -64,6 +64,11 @@ struct Problem {
     Serving serving;
     TensorExtents extents;  // resolved once: what every execute's overlap checks read
     int32_t device = 0;
+    // Attention variants (problem/variants.cpp resolves them; since 0.3).
+    bool top_left = false;        // FLASHATTN_MASK_ALIGN_TOP_LEFT: query i's diagonal key is i
+    int64_t sink_tokens = 0;      // the first n keys escape the left window
+    bool sink_logits = false;     // a per-head sink logit joins the softmax denominator
+    bool alibi = false;           // per-head ALiBi slopes
 
     int64_t group_size() const { return heads_q / heads_kv; }  // query heads per key/value head
     // Extents of the tensors' row and batch axes: varlen packs every sequence along the rows
@@ -108,6 +113,10 @@ struct Tensors {
     void *dq = nullptr;
     void *dk = nullptr;
     void *dv = nullptr;
+    // Variant arrays (FLASHATTN_ARG_SINK_LOGITS ...), fp32 [heads_q]; null when the plan uses none.
+    const float *sink_logits = nullptr;
+    const float *alibi_slopes = nullptr;
+    float *dsink_logits = nullptr;  // backward output
     // Serving (flashattn_plan_execute_args only; null otherwise). With an append, k and v are the
     // caches and are written.
     const int32_t *page_table = nullptr;
@@ -127,13 +136,27 @@ struct KeyRange {
 };
 
 inline KeyRange visible_keys(const Problem &p, int64_t row, int64_t sq, int64_t sk) {
-    const int64_t diag = row + sk - sq;  // the key aligned with this query
+    const int64_t diag = p.top_left ? row : row + sk - sq;  // the key aligned with this query
     int64_t first = 0;
     int64_t last = sk - 1;
     if (p.causal && diag < last) last = diag;
     if (p.window_right >= 0 && diag + p.window_right < last) last = diag + p.window_right;
     if (p.window_left >= 0 && diag - p.window_left > first) first = diag - p.window_left;
     return {first, last};
+}
+
+// Sink tokens: keys [0, sink_last] are visible to query `row` besides its interval (they escape
+// the left window, not the causal mask or the right window); -1 when there are none.
+inline int64_t visible_sink_last(const Problem &p, int64_t row, int64_t sq, int64_t sk) {
+    if (p.sink_tokens <= 0) return -1;
+    const int64_t last = visible_keys(p, row, sq, sk).last;
+    return p.sink_tokens - 1 < last ? p.sink_tokens - 1 : last;
+}
+
+// The distance ALiBi scales for query `row` and key `key`: |diagonal key - key|.
+inline int64_t alibi_distance(const Problem &p, int64_t row, int64_t key, int64_t sq, int64_t sk) {
+    const int64_t diag = p.top_left ? row : row + sk - sq;
+    return diag > key ? diag - key : key - diag;
 }
 
 }  // namespace flashattn

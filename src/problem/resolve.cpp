@@ -7,6 +7,7 @@
 #include "base/checked_math.h"
 #include "base/status.h"
 #include "base/workspace.h"
+#include "problem/variants.h"
 
 namespace flashattn {
 
@@ -224,6 +225,7 @@ flashattn_status_t resolve_problem(const PlanParams &params, Problem *out) {
     };
     for (const auto &t : tensors) FLASHATTN_TRY(resolve_strides(params, t.keys, t.rows, t.heads, t.dim, t.out));
     p.deterministic = params.get(FLASHATTN_I64_DETERMINISTIC, 0) != 0;
+    resolve_variants(params, &p);
     FLASHATTN_TRY(resolve_append(params, &p));
     FLASHATTN_TRY(check_extents(p));
     if (p.serving.appends()) {  // the caches are written: no element may be reached twice

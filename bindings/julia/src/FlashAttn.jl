@@ -23,7 +23,7 @@ using Libdl
 export Plan, FlashAttnError, attention, attention_varlen, execute!, execute_varlen!, finalize!,
        set_i64!, set_f64!, get_i64, get_f64, backend, workspace_size,
        attention_backward, attention_varlen_backward, backward!, backward_varlen!, backward_backend,
-       backward_workspace_size, execute_args!
+       backward_workspace_size, execute_args!, backward_args!, execute_variants!, backward_variants!, merge_states!
 
 # ---------------------------------------------------------------------------------------------
 # Types and constants (values pinned by the ABI)
@@ -108,6 +108,14 @@ const FLASHATTN_I64_V_NEW_ROW_STRIDE = flashattn_i64_param_t(56)
 const FLASHATTN_I64_V_NEW_HEAD_STRIDE = flashattn_i64_param_t(57)
 const FLASHATTN_I64_ROTARY_DIM = flashattn_i64_param_t(58)
 const FLASHATTN_I64_ROTARY_INTERLEAVED = flashattn_i64_param_t(59)
+const FLASHATTN_I64_MASK_ALIGN = flashattn_i64_param_t(60)
+const FLASHATTN_I64_SINK_TOKENS = flashattn_i64_param_t(61)
+const FLASHATTN_I64_SINK_LOGITS = flashattn_i64_param_t(62)
+const FLASHATTN_I64_ALIBI = flashattn_i64_param_t(63)
+
+const flashattn_mask_align_t = Cint
+const FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT = flashattn_mask_align_t(0)
+const FLASHATTN_MASK_ALIGN_TOP_LEFT = flashattn_mask_align_t(1)
 
 const flashattn_f64_param_t = Cint
 const FLASHATTN_F64_SOFTMAX_SCALE = flashattn_f64_param_t(1)
@@ -128,6 +136,13 @@ const FLASHATTN_ARG_K_NEW = flashattn_arg_t(10)
 const FLASHATTN_ARG_V_NEW = flashattn_arg_t(11)
 const FLASHATTN_ARG_ROTARY_COS = flashattn_arg_t(12)
 const FLASHATTN_ARG_ROTARY_SIN = flashattn_arg_t(13)
+const FLASHATTN_ARG_SINK_LOGITS = flashattn_arg_t(20)
+const FLASHATTN_ARG_ALIBI_SLOPES = flashattn_arg_t(21)
+const FLASHATTN_ARG_DSINK_LOGITS = flashattn_arg_t(22)
+const FLASHATTN_ARG_DOUT = flashattn_arg_t(30)
+const FLASHATTN_ARG_DQ = flashattn_arg_t(31)
+const FLASHATTN_ARG_DK = flashattn_arg_t(32)
+const FLASHATTN_ARG_DV = flashattn_arg_t(33)
 
 "Opaque `flashattn_args_t` (since 0.3): only used behind `Ptr{flashattn_args_t}`."
 const flashattn_args_t = Cvoid
@@ -136,6 +151,9 @@ const flashattn_args_t = Cvoid
 const flashattn_plan_t = Cvoid
 "`flashattn_stream_t`: a `cudaStream_t` (`C_NULL`: the legacy default stream)."
 const flashattn_stream_t = Ptr{Cvoid}
+
+"FLASHATTN_MAX_MERGE_PARTIALS: the most partial states one merge takes."
+const MAX_MERGE_PARTIALS = 128
 
 # ---------------------------------------------------------------------------------------------
 # Loading the library (once, on first use)
@@ -149,14 +167,16 @@ const FUNCTIONS = (:flashattn_status_string, :flashattn_last_error, :flashattn_l
                    :flashattn_plan_get_workspace_size, :flashattn_plan_execute,
                    :flashattn_plan_execute_varlen, :flashattn_plan_get_backward_backend,
                    :flashattn_plan_get_backward_workspace_size, :flashattn_plan_execute_backward,
-                   :flashattn_plan_execute_backward_varlen, :flashattn_args_create, :flashattn_args_destroy,
-                   :flashattn_args_set, :flashattn_args_get, :flashattn_plan_execute_args)
+                   :flashattn_plan_execute_backward_varlen,
+                   :flashattn_args_create, :flashattn_args_destroy, :flashattn_args_set,
+                   :flashattn_args_get, :flashattn_plan_execute_args, :flashattn_plan_execute_backward_args,
+                   :flashattn_plan_merge_states)
 # Added after 0.1: an older library still loads, and calling one of these throws.
 const SINCE_0_2 = (:flashattn_plan_get_backward_backend, :flashattn_plan_get_backward_workspace_size,
                    :flashattn_plan_execute_backward, :flashattn_plan_execute_backward_varlen,
-                   # since 0.3
-                   :flashattn_args_create, :flashattn_args_destroy, :flashattn_args_set, :flashattn_args_get,
-                   :flashattn_plan_execute_args)
+                   :flashattn_args_create, :flashattn_args_destroy, :flashattn_args_set,
+                   :flashattn_args_get, :flashattn_plan_execute_args, :flashattn_plan_execute_backward_args,
+                   :flashattn_plan_merge_states)  # the last seven since 0.3
 
 const _handle = Ref{Ptr{Cvoid}}(C_NULL)
 const _path = Ref{String}("")
@@ -231,7 +251,7 @@ end
 @inline function fptr(name::Symbol)
     _loaded[] || _load!()
     p = _symbols[name]
-    p == C_NULL && error("FlashAttn: the loaded library ($(_path[])) lacks $name (libflashattn >= 0.2)")
+    p == C_NULL && error("FlashAttn: the loaded library ($(_path[])) lacks $name (libflashattn >= 0.2, or 0.3 for the variants)")
     return p
 end
 
@@ -268,6 +288,8 @@ flashattn_args_destroy(args) = ccall(fptr(:flashattn_args_destroy), Cvoid, (Ptr{
 flashattn_args_set(args, which, ptr) = ccall(fptr(:flashattn_args_set), flashattn_status_t, (Ptr{flashattn_args_t}, flashattn_arg_t, Ptr{Cvoid}), args, which, ptr)
 flashattn_args_get(args, which, ptr) = ccall(fptr(:flashattn_args_get), flashattn_status_t, (Ptr{flashattn_args_t}, flashattn_arg_t, Ptr{Ptr{Cvoid}}), args, which, ptr)
 flashattn_plan_execute_args(plan, args, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_args), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{flashattn_args_t}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, args, workspace, workspace_bytes, stream)
+flashattn_plan_execute_backward_args(plan, args, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_backward_args), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{flashattn_args_t}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, args, workspace, workspace_bytes, stream)
+flashattn_plan_merge_states(plan, num_partials, partial_o, partial_lse, partial_dtype, o, lse, stream) = ccall(fptr(:flashattn_plan_merge_states), flashattn_status_t, (Ptr{flashattn_plan_t}, Int32, Ptr{Ptr{Cvoid}}, Ptr{Ptr{Cfloat}}, flashattn_dtype_t, Ptr{Cvoid}, Ptr{Cfloat}, flashattn_stream_t), plan, num_partials, partial_o, partial_lse, partial_dtype, o, lse, stream)
 
 # ---------------------------------------------------------------------------------------------
 # Errors and information
@@ -340,7 +362,17 @@ const I64_KEYS = Dict{Symbol,flashattn_i64_param_t}(
     :dq_row_stride => FLASHATTN_I64_DQ_ROW_STRIDE, :dq_head_stride => FLASHATTN_I64_DQ_HEAD_STRIDE,
     :dk_batch_stride => FLASHATTN_I64_DK_BATCH_STRIDE, :dk_row_stride => FLASHATTN_I64_DK_ROW_STRIDE,
     :dk_head_stride => FLASHATTN_I64_DK_HEAD_STRIDE, :dv_batch_stride => FLASHATTN_I64_DV_BATCH_STRIDE,
-    :dv_row_stride => FLASHATTN_I64_DV_ROW_STRIDE, :dv_head_stride => FLASHATTN_I64_DV_HEAD_STRIDE)
+    :dv_row_stride => FLASHATTN_I64_DV_ROW_STRIDE, :dv_head_stride => FLASHATTN_I64_DV_HEAD_STRIDE,
+    :paged_kv => FLASHATTN_I64_PAGED_KV, :page_size => FLASHATTN_I64_PAGE_SIZE,
+    :num_pages => FLASHATTN_I64_NUM_PAGES, :max_pages_per_sequence => FLASHATTN_I64_MAX_PAGES_PER_SEQUENCE,
+    :page_table_stride => FLASHATTN_I64_PAGE_TABLE_STRIDE, :seqused_k => FLASHATTN_I64_SEQUSED_K,
+    :new_kv_rows => FLASHATTN_I64_NEW_KV_ROWS, :k_new_batch_stride => FLASHATTN_I64_K_NEW_BATCH_STRIDE,
+    :k_new_row_stride => FLASHATTN_I64_K_NEW_ROW_STRIDE, :k_new_head_stride => FLASHATTN_I64_K_NEW_HEAD_STRIDE,
+    :v_new_batch_stride => FLASHATTN_I64_V_NEW_BATCH_STRIDE, :v_new_row_stride => FLASHATTN_I64_V_NEW_ROW_STRIDE,
+    :v_new_head_stride => FLASHATTN_I64_V_NEW_HEAD_STRIDE, :rotary_dim => FLASHATTN_I64_ROTARY_DIM,
+    :rotary_interleaved => FLASHATTN_I64_ROTARY_INTERLEAVED,
+    :mask_align => FLASHATTN_I64_MASK_ALIGN, :sink_tokens => FLASHATTN_I64_SINK_TOKENS,
+    :sink_logits => FLASHATTN_I64_SINK_LOGITS, :alibi => FLASHATTN_I64_ALIBI)
 const F64_KEYS = Dict{Symbol,flashattn_f64_param_t}(
     :softmax_scale => FLASHATTN_F64_SOFTMAX_SCALE, :scale => FLASHATTN_F64_SOFTMAX_SCALE,
     :softcap => FLASHATTN_F64_SOFTCAP)
@@ -566,6 +598,8 @@ const _SERVING_ARGS = (:lse => FLASHATTN_ARG_LSE, :cu_seqlens_q => FLASHATTN_ARG
                        :rotary_sin => FLASHATTN_ARG_ROTARY_SIN)
 
 _address(x::Nothing) = C_NULL
+# The attention variants' per-head Float32 arrays (since 0.3), for execute_args! and backward_args!.
+const _VARIANT_ARGS = (:sink_logits => FLASHATTN_ARG_SINK_LOGITS, :alibi_slopes => FLASHATTN_ARG_ALIBI_SLOPES)
 _address(x::Ptr) = convert(Ptr{Cvoid}, x)
 _address(x::DenseArray) = convert(Ptr{Cvoid}, pointer(x))
 
@@ -583,7 +617,7 @@ advance it by new_kv_rows after the call. Nothing is checked here beyond what th
 """
 function execute_args!(plan::Plan, q, k, v, o; workspace=nothing, workspace_bytes::Integer=0, stream::Ptr=C_NULL,
                        tensors...)
-    known = Dict(_SERVING_ARGS)
+    known = Dict((_SERVING_ARGS..., _VARIANT_ARGS...))
     for name in keys(tensors)
         haskey(known, name) || throw(ArgumentError("execute_args!: unknown tensor $name"))
     end
@@ -708,6 +742,117 @@ function backward_varlen!(plan::Plan, q::Ptr, k::Ptr, v::Ptr, o::Ptr, dout::Ptr,
                                                  workspace, workspace_bytes, stream),
           "flashattn_plan_execute_backward_varlen")
     return nothing
+end
+
+# ---------------------------------------------------------------------------------------------
+# Attention variants and merging partial states (since 0.3)
+
+_head_ptr(plan, x::Nothing, name) = convert(Ptr{Cfloat}, C_NULL)
+function _head_ptr(plan, x::DenseArray{Float32}, name)
+    length(x) >= get_i64(plan, FLASHATTN_I64_HEADS_Q) || throw(DimensionMismatch("$name holds $(length(x)) values, fewer than heads_q"))
+    return pointer(x)
+end
+
+"""
+    backward_args!(plan, q, k, v, o, dout, lse, dq, dk, dv; cu_seqlens_q, cu_seqlens_k, sink_logits,
+                   alibi_slopes, dsink_logits, workspace=C_NULL, workspace_bytes=0, stream=C_NULL)
+
+`flashattn_plan_execute_backward_args` (since 0.3): the backward pass through an argument set, with
+the variant arrays the plan uses (`dsink_logits` receives the sink logits' gradient). Tensors are
+arrays (kept alive for the call) or raw pointers; `nothing` leaves one unset; `workspace` as for
+[`execute_args!`](@ref), sized by [`backward_workspace_size`](@ref).
+"""
+function backward_args!(plan::Plan, q, k, v, o, dout, lse, dq, dk, dv; workspace=nothing,
+                        workspace_bytes::Integer=0, stream::Ptr=C_NULL, tensors...)
+    known = Dict((:cu_seqlens_q => FLASHATTN_ARG_CU_SEQLENS_Q, :cu_seqlens_k => FLASHATTN_ARG_CU_SEQLENS_K,
+                  :dsink_logits => FLASHATTN_ARG_DSINK_LOGITS, _VARIANT_ARGS...))
+    for name in keys(tensors)
+        haskey(known, name) || throw(ArgumentError("backward_args!: unknown tensor $name"))
+    end
+    owner, ws, bytes = workspace isa Ptr ? (nothing, workspace, workspace_bytes) :
+                       _workspace(plan, workspace, backward_workspace_size)
+    handle = Ref{Ptr{flashattn_args_t}}(C_NULL)
+    check(flashattn_args_create(handle), "flashattn_args_create")
+    try
+        GC.@preserve q k v o dout lse dq dk dv tensors owner begin
+            for (which, x) in ((FLASHATTN_ARG_Q, q), (FLASHATTN_ARG_K, k), (FLASHATTN_ARG_V, v), (FLASHATTN_ARG_O, o),
+                               (FLASHATTN_ARG_DOUT, dout), (FLASHATTN_ARG_LSE, lse), (FLASHATTN_ARG_DQ, dq),
+                               (FLASHATTN_ARG_DK, dk), (FLASHATTN_ARG_DV, dv))
+                check(flashattn_args_set(handle[], which, _address(x)), "flashattn_args_set")
+            end
+            for (name, x) in pairs(tensors)
+                x === nothing || check(flashattn_args_set(handle[], known[name], _address(x)), "flashattn_args_set")
+            end
+            check(flashattn_plan_execute_backward_args(_ptr(plan), handle[], ws, bytes, stream),
+                  "flashattn_plan_execute_backward_args")
+        end
+    finally
+        flashattn_args_destroy(handle[])
+    end
+    return nothing
+end
+
+"""
+    execute_variants!(plan, q, k, v, o; lse=nothing, cu_seqlens=nothing, sink_logits=nothing,
+                      alibi_slopes=nothing, workspace=nothing)
+
+[`execute!`](@ref) (or, with `cu_seqlens = (cu_q, cu_k)`, [`execute_varlen!`](@ref)) on host
+arrays through an argument set, with the per-head Float32 arrays the plan's `sink_logits` /
+`alibi` keys ask for.
+"""
+function execute_variants!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::DenseArray{T}, o::DenseArray{T};
+                           lse::Union{Nothing,DenseArray{Float32}}=nothing, cu_seqlens=nothing,
+                           sink_logits=nothing, alibi_slopes=nothing, workspace=nothing) where {T}
+    _check_host(plan, q, k, v, o, lse, cu_seqlens)
+    _head_ptr(plan, sink_logits, "sink_logits"), _head_ptr(plan, alibi_slopes, "alibi_slopes")  # lengths
+    cq, ck = cu_seqlens === nothing ? (nothing, nothing) : cu_seqlens
+    execute_args!(plan, q, k, v, o; lse=lse, cu_seqlens_q=cq, cu_seqlens_k=ck, sink_logits=sink_logits,
+                  alibi_slopes=alibi_slopes, workspace=workspace)
+    return o
+end
+
+"""
+    backward_variants!(plan, q, k, v, o, dout, lse, dq, dk, dv; cu_seqlens=nothing, sink_logits=nothing,
+                       alibi_slopes=nothing, dsink_logits=nothing, workspace=nothing)
+
+[`backward!`](@ref) through an argument set with the variant arrays; with sink logits,
+`dsink_logits` (Float32, `heads_q`) receives their gradient.
+"""
+function backward_variants!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::DenseArray{T}, o::DenseArray{T},
+                            dout::DenseArray{T}, lse::DenseArray{Float32}, dq::DenseArray{T}, dk::DenseArray{T},
+                            dv::DenseArray{T}; cu_seqlens=nothing, sink_logits=nothing, alibi_slopes=nothing,
+                            dsink_logits=nothing, workspace=nothing) where {T}
+    _check_backward_host(plan, q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens)
+    for (x, name) in ((sink_logits, "sink_logits"), (alibi_slopes, "alibi_slopes"), (dsink_logits, "dsink_logits"))
+        _head_ptr(plan, x, name)  # lengths
+    end
+    cq, ck = cu_seqlens === nothing ? (nothing, nothing) : cu_seqlens
+    backward_args!(plan, q, k, v, o, dout, lse, dq, dk, dv; cu_seqlens_q=cq, cu_seqlens_k=ck, sink_logits=sink_logits,
+                   alibi_slopes=alibi_slopes, dsink_logits=dsink_logits, workspace=workspace)
+    return dq, dk, dv
+end
+
+"""
+    merge_states!(plan, partial_o, partial_lse, o; lse=nothing)
+
+Merge partial attention states on host arrays (CPU backend): `partial_o[s]` laid out as the plan's
+O (Float32 or the plan's element type, the same for all), `partial_lse[s]` (Float32) as its LSE;
+writes `o` (and `lse`). Returns `o`.
+"""
+function merge_states!(plan::Plan, partial_o::AbstractVector{<:DenseArray{P}},
+                       partial_lse::AbstractVector{<:DenseArray{Float32}}, o::DenseArray{T};
+                       lse::Union{Nothing,DenseArray{Float32}}=nothing) where {P,T}
+    length(partial_o) == length(partial_lse) ||
+        throw(ArgumentError("partial_o and partial_lse: $(length(partial_o)) and $(length(partial_lse)) entries"))
+    dtype = P === Float32 ? FLASHATTN_DTYPE_FP32 : flashattn_dtype_t(get_i64(plan, FLASHATTN_I64_DTYPE))
+    GC.@preserve partial_o partial_lse o lse begin
+        po = Ptr{Cvoid}[pointer(x) for x in partial_o]
+        pl = Ptr{Cfloat}[pointer(x) for x in partial_lse]
+        lp = lse === nothing ? convert(Ptr{Cfloat}, C_NULL) : pointer(lse)
+        check(flashattn_plan_merge_states(plan.ptr, Int32(length(po)), po, pl, dtype, pointer(o), lp, C_NULL),
+              "flashattn_plan_merge_states")
+    end
+    return o
 end
 
 # ---------------------------------------------------------------------------------------------

@@ -32,11 +32,12 @@ SCALARS = {
     "flashattn_plan_t": {"flashattn_plan_t"},
     "flashattn_args_t": {"flashattn_args_t"},
     "flashattn_stream_t": {"flashattn_stream_t"},
+    "flashattn_args_t": {"flashattn_args_t"},
 }
 
 
 def julia_types(c_type, enums, returning=False):
-    c_type = c_type.replace("const ", "").strip()
+    c_type = re.sub(r"\bconst\b", "", c_type).replace(" ", "").strip()
     if c_type == "char*" and returning:
         return {"Cstring", "Ptr{Cchar}", "Ptr{UInt8}"}
     if c_type.endswith("*"):

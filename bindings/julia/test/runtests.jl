@@ -377,4 +377,28 @@ end
         GC.gc()
         @test true
     end
+
+    @testset "merge of partial states (since 0.3)" begin
+        # Causal attention = merge(top-left causal over the first keys, bottom-right causal over the
+        # rest); the suffix's first rows see nothing (LSE = -Inf) and contribute nothing.
+        d, h, s, cut = 8, 2, 12, 5
+        q, k, v = randn(Float32, d, h, s, 1), randn(Float32, d, h, s, 1), randn(Float32, d, h, s, 1)
+        function part(from, to, align)
+            p = Plan(batch=1, seqlen_q=s, seqlen_k=to - from + 1, heads_q=h, head_dim=d, dtype=:fp32,
+                     backend=:cpu, causal=1, mask_align=align)
+            finalize!(p)
+            o, l = similar(q), Vector{Float32}(undef, h * s)
+            execute!(p, q, copy(k[:, :, from:to, :]), copy(v[:, :, from:to, :]), o; lse=l)
+            return p, o, l
+        end
+        p1, o1, l1 = part(1, cut, FA.FLASHATTN_MASK_ALIGN_TOP_LEFT)
+        p2, o2, l2 = part(cut + 1, s, FA.FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT)
+        @test all(isinf, reshape(l2, s, h)[1:cut, :])
+        o, l = similar(q), Vector{Float32}(undef, h * s)
+        merge_states!(p1, [o1, o2], [l1, l2], o; lse=l)
+        ro, rl = reference(q, k, v; causal=true)
+        @test close_enough(o, ro; atol=2e-5, rtol=2e-5)
+        close(p1)
+        close(p2)
+    end
 end

@@ -12,7 +12,8 @@ With PyTorch, ``flashattn.flash_attn_func`` / ``flash_attn_varlen_func`` are dif
 """
 
 from ._capi import (AllocationError, Arg, Backend, DeviceError, DType, F64, FlashAttnError, I64, InsufficientWorkspaceError,
-                    InternalError, InvalidArgumentError, InvalidStateError, LibraryNotFoundError, NotSupportedError,
+                    InternalError, InvalidArgumentError, InvalidStateError, LibraryNotFoundError, MaskAlign,
+                    NotSupportedError,
                     Status, build_info, build_info_string, device_compute_capability, device_count, library_path,
                     status_string, version, version_string)
 from ._plan import Plan
@@ -34,7 +35,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 
 __all__ = [
-    "attention", "flash_attn_func", "flash_attn_varlen_func", "Plan", "Status", "DType", "Backend", "I64", "F64", "Arg",
+    "attention", "flash_attn_func", "flash_attn_varlen_func", "Plan", "Status", "DType", "Backend", "I64", "F64",
+    "MaskAlign", "Arg",
     "FlashAttnError", "InvalidArgumentError", "NotSupportedError", "InvalidStateError", "AllocationError",
     "DeviceError", "InsufficientWorkspaceError", "InternalError", "LibraryNotFoundError",
     "version", "version_string", "build_info", "build_info_string", "device_count",

@@ -80,7 +80,7 @@ class I64(enum.IntEnum):
     DV_BATCH_STRIDE = 42
     DV_ROW_STRIDE = 43
     DV_HEAD_STRIDE = 44
-    PAGED_KV = 45
+    PAGED_KV = 45  # since 0.3: serving (paged K/V, seqused_k, append with rotary)
     PAGE_SIZE = 46
     NUM_PAGES = 47
     MAX_PAGES_PER_SEQUENCE = 48
@@ -95,10 +95,20 @@ class I64(enum.IntEnum):
     V_NEW_HEAD_STRIDE = 57
     ROTARY_DIM = 58
     ROTARY_INTERLEAVED = 59
+    MASK_ALIGN = 60  # since 0.3: attention variants
+    SINK_TOKENS = 61
+    SINK_LOGITS = 62
+    ALIBI = 63
+
+
+class MaskAlign(enum.IntEnum):
+    """Values of I64.MASK_ALIGN (since 0.3): where query i's diagonal key lies."""
+    BOTTOM_RIGHT = 0
+    TOP_LEFT = 1
 
 
 class Arg(enum.IntEnum):
-    """The tensors of Plan.execute_args (flashattn_arg_t). Since 0.3."""
+    """flashattn_arg_t (since 0.3): the tensors of an argument set (flashattn_args_t)."""
     Q = 1
     K = 2
     V = 3
@@ -112,6 +122,13 @@ class Arg(enum.IntEnum):
     V_NEW = 11
     ROTARY_COS = 12
     ROTARY_SIN = 13
+    SINK_LOGITS = 20
+    ALIBI_SLOPES = 21
+    DSINK_LOGITS = 22
+    DOUT = 30
+    DQ = 31
+    DK = 32
+    DV = 33
 
 
 class F64(enum.IntEnum):
@@ -125,6 +142,8 @@ ENUMS = {
     "flashattn_dtype_t": (DType, "FLASHATTN_DTYPE_"),
     "flashattn_backend_t": (Backend, "FLASHATTN_BACKEND_"),
     "flashattn_i64_param_t": (I64, "FLASHATTN_I64_"),
+    "flashattn_mask_align_t": (MaskAlign, "FLASHATTN_MASK_ALIGN_"),
+    "flashattn_arg_t": (Arg, "FLASHATTN_ARG_"),
     "flashattn_f64_param_t": (F64, "FLASHATTN_F64_"),
     "flashattn_arg_t": (Arg, "FLASHATTN_ARG_"),
 }
@@ -260,6 +279,9 @@ c_stream = ctypes.c_void_p  # flashattn_stream_t
 c_args_p = ctypes.c_void_p  # flashattn_args_t *
 P = ctypes.POINTER
 
+MAX_MERGE_PARTIALS = 128  # FLASHATTN_MAX_MERGE_PARTIALS
+
+
 PROTOTYPES = {
     "flashattn_status_string": (ctypes.c_char_p, [c_status]),
     "flashattn_last_error": (ctypes.c_char_p, []),
@@ -301,20 +323,27 @@ PROTOTYPES = {
     "flashattn_args_set": (c_status, [c_args_p, c_enum, ctypes.c_void_p]),
     "flashattn_args_get": (c_status, [c_args_p, c_enum, P(ctypes.c_void_p)]),
     "flashattn_plan_execute_args": (c_status, [c_plan_p, c_args_p, ctypes.c_void_p, ctypes.c_size_t, c_stream]),
+    "flashattn_plan_execute_backward_args": (c_status, [c_plan_p, c_args_p, ctypes.c_void_p, ctypes.c_size_t,
+                                                        c_stream]),
+    "flashattn_plan_merge_states": (c_status, [c_plan_p, ctypes.c_int32, P(ctypes.c_void_p),
+                                               P(P(ctypes.c_float)), c_enum, ctypes.c_void_p, P(ctypes.c_float),
+                                               c_stream]),
 }
 
 
 # Functions added after 0.1: a library without them still loads, and calling one raises.
 SINCE = {
+    "flashattn_plan_get_backward_backend": "0.2",
+    "flashattn_plan_get_backward_workspace_size": "0.2",
+    "flashattn_plan_execute_backward": "0.2",
+    "flashattn_plan_execute_backward_varlen": "0.2",
     "flashattn_args_create": "0.3",
     "flashattn_args_destroy": "0.3",
     "flashattn_args_set": "0.3",
     "flashattn_args_get": "0.3",
     "flashattn_plan_execute_args": "0.3",
-    "flashattn_plan_get_backward_backend": "0.2",
-    "flashattn_plan_get_backward_workspace_size": "0.2",
-    "flashattn_plan_execute_backward": "0.2",
-    "flashattn_plan_execute_backward_varlen": "0.2",
+    "flashattn_plan_execute_backward_args": "0.3",
+    "flashattn_plan_merge_states": "0.3",
 }
 
 

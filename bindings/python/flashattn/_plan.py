@@ -61,6 +61,7 @@ def _key(key):
 # Plan.execute_args's keyword tensors (flashattn_arg_t beyond q, k, v, o, lse), and the tensors
 # that must be contiguous.
 _SERVING_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "page_table", "seqused_k", "k_new", "v_new", "rotary_cos", "rotary_sin")
+_VARIANT_ARGS = ("sink_logits", "alibi_slopes")  # float32 [heads_q] (since 0.3)
 _CONTIGUOUS_ARGS = ("lse", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "rotary_cos", "rotary_sin")
 
 
@@ -282,7 +283,8 @@ class Plan:
             if name in ("q", "k", "v", "o", "dout", "dq", "dk", "dv", "k_new", "v_new"):
                 if ref.flash_dtype != ext["dtype"]:
                     raise TypeError("%s: %s, but the plan's dtype is %s" % (name, ref.describe(), ext["dtype"].name.lower()))
-            elif name in ("lse", "rotary_cos", "rotary_sin") and ref.dtype_name != "float32":
+            elif name in ("lse", "rotary_cos", "rotary_sin") + _VARIANT_ARGS + ("dsink_logits",) and \
+                    ref.dtype_name != "float32":
                 raise TypeError("%s: %s; it must be float32" % (name, ref.describe()))
             elif name in ("cu_seqlens_q", "cu_seqlens_k", "page_table", "seqused_k") and ref.dtype_name != "int32":
                 raise TypeError("%s: %s; it must be int32" % (name, ref.describe()))
@@ -290,9 +292,10 @@ class Plan:
                 raise ValueError("%s: must be contiguous" % name)
             if name in outputs and not ref.writeable:
                 raise ValueError("%s: the array is read-only" % name)
-            if ref.span_bytes < ext[key]:
+            need = ext[key] if key in ext else 4 * self.get_i64(I64.HEADS_Q)  # the [heads_q] arrays
+            if ref.span_bytes < need:
                 raise ValueError("%s: %s spans %d bytes, the plan needs %d (check its shape and strides)"
-                                 % (name, ref.describe(), ref.span_bytes, ext[key]))
+                                 % (name, ref.describe(), ref.span_bytes, need))
 
     def _workspace(self, workspace):
         if workspace is None:
@@ -340,18 +343,20 @@ class Plan:
 
     def execute_args(self, q, k, v, o, lse=None, workspace=None, stream=None, **tensors):
         """flashattn_plan_execute_args: the one call for paged K/V caches, seqused_k and the append
-        of new K/V rows with a rotary embedding (any plan may use it). Keyword tensors (as in
-        execute()): cu_seqlens_q, cu_seqlens_k, page_table [batch, max_pages_per_sequence] and
+        of new K/V rows with a rotary embedding, and for the sink logits and ALiBi slopes of the
+        attention variants (any plan may use it). Keyword tensors (as in execute()): sink_logits
+        and alibi_slopes (float32 [heads_q]), cu_seqlens_q, cu_seqlens_k, page_table [batch, max_pages_per_sequence] and
         seqused_k [batch] (int32), k_new and v_new [batch, new_kv_rows, heads_kv, dim] (the plan's
         dtype), rotary_cos and rotary_sin [seqlen_k, rotary_dim / 2] (float32). With
         new_kv_rows > 0, k and v are the caches and are written at each sequence's seqused_k;
         seqused_k is never written: advance it by new_kv_rows after the call. workspace None on
         the CPU backend allocates one for this call."""
-        unknown = set(tensors) - set(_SERVING_ARGS)
+        known = _SERVING_ARGS + _VARIANT_ARGS
+        unknown = set(tensors) - set(known)
         if unknown:
-            raise TypeError("execute_args: unknown tensors %s (known: %s)" % (sorted(unknown), ", ".join(_SERVING_ARGS)))
+            raise TypeError("execute_args: unknown tensors %s (known: %s)" % (sorted(unknown), ", ".join(known)))
         specs = [("q", q, False), ("k", k, False), ("v", v, False), ("o", o, False), ("lse", lse, True)]
-        specs += [(name, tensors.get(name), True) for name in _SERVING_ARGS]
+        specs += [(name, tensors.get(name), True) for name in known]
         ptrs, refs = _pointers(specs)
         backend = None
         try:
@@ -416,6 +421,73 @@ class Plan:
         self._call("flashattn_plan_execute_backward", handle, ptrs, ("q", "k", "v", "o", "dout", "lse", "dq", "dk", "dv"),
                    varlen, workspace, stream)
         del refs, ws_owner  # kept referenced for the whole call
+
+    # -- argument sets (since 0.3) -----------------------------------------------------------
+    def _run_args(self, function, workspace, stream, tensors):
+        """function (flashattn_plan_execute_backward_args) on a temporary flashattn_args_t holding
+        tensors: {lower-case flashattn.Arg name: array, int address or None}."""
+        names = {a.name.lower(): a for a in _capi.Arg}
+        ptrs, refs = {}, {}
+        for name, value in tensors.items():
+            if name not in names:
+                raise TypeError("%s: not a flashattn.Arg name (%s)" % (name, ", ".join(sorted(names))))
+            ptrs[name], refs[name] = _pointer(value, name, allow_none=True)
+        for name in ("sink_logits", "alibi_slopes", "dsink_logits", "lse"):
+            ref = refs.get(name)
+            if ref is not None and ref.dtype_name != "float32":
+                raise TypeError("%s: %s; it must be float32" % (name, ref.describe()))
+        handle = ctypes.c_void_p()
+        call("flashattn_args_create", ctypes.byref(handle))
+        try:
+            for name, ptr in ptrs.items():
+                call("flashattn_args_set", handle, int(names[name]), ptr)
+            ws_ptr, ws_bytes = self._workspace(workspace)
+            call(function, self.handle, handle, ws_ptr, ws_bytes, stream_handle(stream) or None)
+        finally:
+            lib().flashattn_args_destroy(handle)
+        del refs  # the arrays stayed referenced for the whole call
+
+    def backward_args(self, workspace=None, stream=None, **tensors):
+        """flashattn_plan_execute_backward_args with the named tensors (q, k, v, o, lse, dout, dq,
+        dk, dv, cu_seqlens_*, sink_logits with dsink_logits, alibi_slopes). workspace None on the
+        CPU backend allocates one for this call."""
+        ws_owner = None
+        if workspace is None and self.backward_backend == Backend.CPU:
+            need = self.backward_workspace_size
+            if need > 0:
+                import numpy as np
+                ws_owner = np.empty(need + 256, dtype=np.uint8)
+                workspace = ((ws_owner.ctypes.data + 255) // 256 * 256, need)
+        self._run_args("flashattn_plan_execute_backward_args", workspace, stream, tensors)
+        del ws_owner
+
+    def merge_states(self, partial_o, partial_lse, o, lse=None, partial_dtype=None, stream=None):
+        """flashattn_plan_merge_states: merge the partial states (lists of O tensors laid out as
+        the plan's O, in partial_dtype (default: the plan's dtype, or float32 when the arrays are
+        float32), and their float32 LSEs) into o (and lse). Runs where the plan runs."""
+        if len(partial_o) != len(partial_lse):
+            raise ValueError("partial_o and partial_lse: %d and %d entries" % (len(partial_o), len(partial_lse)))
+        n = len(partial_o)
+        handle = self.handle
+        refs = []
+        po = (ctypes.c_void_p * max(n, 1))()
+        pl = (ctypes.POINTER(ctypes.c_float) * max(n, 1))()
+        for i in range(n):
+            ptr, ref = _pointer(partial_o[i], "partial_o[%d]" % i)
+            po[i] = ptr
+            refs.append(ref)
+            ptr, ref = _pointer(partial_lse[i], "partial_lse[%d]" % i)
+            pl[i] = _c_ptr(ptr, ctypes.c_float)
+            refs.append(ref)
+        if partial_dtype is None:
+            first = refs[0] if refs else None
+            partial_dtype = DType.FP32 if first is not None and first.dtype_name == "float32" \
+                else DType(self.get_i64(I64.DTYPE))
+        o_ptr, o_ref = _pointer(o, "o")
+        lse_ptr, lse_ref = _pointer(lse, "lse", allow_none=True)
+        call("flashattn_plan_merge_states", handle, n, po, pl, int(parse_dtype(partial_dtype)), o_ptr,
+             _c_ptr(lse_ptr, ctypes.c_float), stream_handle(stream) or None)
+        del refs, o_ref, lse_ref
 
 
 __all__ = ["Plan", "parse_backend", "parse_dtype", "Status"]

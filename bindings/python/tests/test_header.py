@@ -34,8 +34,9 @@ def expected_ctype(c_type):
              "flashattn_plan_t*": ctypes.c_void_p, "const flashattn_plan_t*": ctypes.c_void_p,
              "flashattn_plan_t**": ctypes.POINTER(ctypes.c_void_p), "flashattn_stream_t": ctypes.c_void_p,
              "flashattn_args_t*": ctypes.c_void_p, "const flashattn_args_t*": ctypes.c_void_p,
-             "flashattn_args_t**": ctypes.POINTER(ctypes.c_void_p),
-             "const void**": ctypes.POINTER(ctypes.c_void_p)}
+             "flashattn_args_t**": ctypes.POINTER(ctypes.c_void_p), "const void**": ctypes.POINTER(ctypes.c_void_p),
+             "const void*const*": ctypes.POINTER(ctypes.c_void_p),
+             "const float*const*": ctypes.POINTER(ctypes.POINTER(ctypes.c_float))}
     if c_type in plain:
         return plain[c_type]
     base = c_type.rstrip("*")

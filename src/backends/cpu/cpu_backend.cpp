@@ -18,6 +18,7 @@
 
 #include "backends/cpu/cpu_backward.h"
 #include "backends/cpu/cpu_kernel.h"
+#include "backends/cpu/cpu_merge.h"
 #include "backends/cpu/cpu_serving.h"
 #include "backends/cpu/cpu_threads.h"
 #include "backends/backend.h"
@@ -116,6 +117,7 @@ flashattn_status_t check_host_memory(const Tensors &t) {
         {t.q, "q"}, {t.k, "k"}, {t.v, "v"}, {t.o, "o"}, {t.lse, "lse"},
         {t.cu_seqlens_q, "cu_seqlens_q"}, {t.cu_seqlens_k, "cu_seqlens_k"}, {t.workspace, "workspace"},
         {t.dout, "dout"}, {t.dq, "dq"}, {t.dk, "dk"}, {t.dv, "dv"},
+        {t.sink_logits, "sink_logits"}, {t.alibi_slopes, "alibi_slopes"}, {t.dsink_logits, "dsink_logits"},
         {t.page_table, "page_table"}, {t.seqused_k, "seqused_k"}, {t.k_new, "k_new"}, {t.v_new, "v_new"},
         {t.rotary_cos, "rotary_cos"}, {t.rotary_sin, "rotary_sin"}};
     for (const auto &a : all) {
@@ -245,6 +247,8 @@ void run_item(const Job &job, int64_t item, void *scratch) {
     sl.o_row = p.o.row;
     sl.o_head = p.o.head;
     sl.heads = job.pack;
+    if (t.sink_logits != nullptr) sl.sink = t.sink_logits + h;
+    if (t.alibi_slopes != nullptr) sl.alibi = t.alibi_slopes + h;
     cpu::run_tile(p, job.shape, sl, row0, rows, scratch);
 }
 
@@ -323,12 +327,39 @@ flashattn_status_t cpu_execute_backward(const Problem &p, const BackendPlan &bas
     }
 }
 
+// flashattn_plan_merge_states on the host (cpu_merge.cpp does the arithmetic).
+flashattn_status_t cpu_merge_states(const Problem &p, const DeviceInfo &dev, const MergeCall &m) {
+    if (dev.present) {
+        Tensors t;  // every pointer of the call, checked to be host memory
+        t.o = m.o;
+        t.lse = m.lse;
+        FLASHATTN_TRY(check_host_memory(t));
+        for (int s = 0; s < m.num_partials; ++s) {
+            int32_t owner = -1;
+            if (memory_kind(m.partial_o[s], &owner) == MemoryKind::device ||
+                memory_kind(m.partial_lse[s], &owner) == MemoryKind::device)
+                return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                            "partial %d: device memory, but the plan runs on the CPU backend", s);
+        }
+    }
+    try {
+        cpu::merge_states(p, m);
+    } catch (const std::exception &e) {
+        return fail(FLASHATTN_ERROR_INTERNAL, "CPU backend (merge): unexpected exception: %s", e.what());
+    }
+    return FLASHATTN_SUCCESS;
+}
+
+constexpr unsigned kAllVariants =
+    kVariantTopLeft | kVariantSinkTokens | kVariantSinkLogits | kVariantAlibi | kVariantHeadDimV;
+
 }  // namespace
 
 const Backend *cpu_backend() {
     static const Backend backend = {FLASHATTN_BACKEND_CPU, "cpu", cpu_unsupported_reason,
                                     cpu_make_plan, cpu_execute, nullptr,
-                                    cpu_backward_unsupported_reason, cpu_execute_backward};
+                                    cpu_backward_unsupported_reason, cpu_execute_backward,
+                                    cpu_merge_states, kAllVariants, kAllVariants};
     return &backend;
 }
 

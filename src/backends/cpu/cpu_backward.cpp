@@ -139,10 +139,12 @@ struct Job {
 
 // S -> P and dP -> dRaw, in place, for rows i0 .. i0 + m - 1 (of the sequence) against keys
 // j0 .. j0 + nk - 1; masked entries and padding columns up to nkp become 0. A row whose LSE is
-// -inf saw no key in the forward and takes no part.
+// -inf saw no key in the forward and takes no part. `slope`: the head's ALiBi slope (0: none;
+// the bias shifts P but has no gradient of its own here). Sink keys [0, sink_last] are visible
+// besides each row's interval.
 FLASHATTN_CPU_INLINE void scores_to_grads(const Problem &p, const Sequence &seq, int64_t i0, int m,
                                           int64_t j0, int nk, int nkp, const float *lse,
-                                          const float *dsum, float *s, float *ds, int ld) {
+                                          const float *dsum, float *s, float *ds, int ld, float slope) {
     const bool capped = p.softcap > 0.0;
     const float cap = static_cast<float>(p.softcap);
     const float scale = static_cast<float>(p.scale);
@@ -155,25 +157,29 @@ FLASHATTN_CPU_INLINE void scores_to_grads(const Problem &p, const Sequence &seq,
         int64_t lo = kr.first - j0, hi = kr.last + 1 - j0;
         lo = lo < 0 ? 0 : (lo > nk ? nk : lo);
         hi = hi < lo ? lo : (hi > nk ? nk : hi);
+        int64_t shi = visible_sink_last(p, i0 + r, seq.sq, seq.sk) + 1 - j0;
+        shi = shi < 0 ? 0 : (shi > nk ? nk : shi);
         const float l = lse[r];
-        if (l == neg_inf) hi = lo;
+        if (l == neg_inf) hi = lo = shi = 0;
         const float d = dsum[r];
-        for (int64_t j = 0; j < lo; ++j) srow[j] = drow[j] = 0.0f;
-        if (capped) {
-            for (int64_t j = lo; j < hi; ++j) {
+        for (int64_t j = 0; j < nkp; ++j) {
+            if (!(j < shi || (j >= lo && j < hi))) {
+                srow[j] = drow[j] = 0.0f;
+                continue;
+            }
+            const float bias =
+                slope != 0.0f ? -slope * static_cast<float>(alibi_distance(p, i0 + r, j0 + j, seq.sq, seq.sk)) : 0.0f;
+            if (capped) {
                 const float th = std::tanh(srow[j] * mul);
-                const float pj = std::exp(cap * th - l);
+                const float pj = std::exp(cap * th + bias - l);
                 srow[j] = pj;
                 drow[j] = pj * (drow[j] - d) * (scale * (1.0f - th * th));
-            }
-        } else {
-            for (int64_t j = lo; j < hi; ++j) {
-                const float pj = std::exp(srow[j] * mul - l);
+            } else {
+                const float pj = std::exp(srow[j] * mul + bias - l);
                 srow[j] = pj;
                 drow[j] = pj * (drow[j] - d) * scale;
             }
         }
-        for (int64_t j = hi; j < nkp; ++j) srow[j] = drow[j] = 0.0f;
     }
 }
 
@@ -237,15 +243,19 @@ FLASHATTN_CPU_INLINE void dq_item_body(const Job &job, int64_t item, float *base
     }
     std::fill(sc.acc_k, sc.acc_k + static_cast<int64_t>(m) * dp, 0.0f);
 
-    const int64_t key_begin = visible_keys(p, i0, seq.sq, seq.sk).first;
+    const int64_t window_begin = visible_keys(p, i0, seq.sq, seq.sk).first;
     const int64_t key_end = visible_keys(p, i0 + m - 1, seq.sq, seq.sk).last + 1;
-    for (int64_t j0 = key_begin; j0 < key_end; j0 += kBlockN) {
+    // Sink tokens: keys [0, sink_end) too, skipping the blocks between them and the window.
+    const int64_t sink_end = visible_sink_last(p, i0 + m - 1, seq.sq, seq.sk) + 1;
+    auto next_block = [&](int64_t j) { return j >= sink_end && j < window_begin ? window_begin : j; };
+    const float slope = t.alibi_slopes != nullptr ? t.alibi_slopes[h] : 0.0f;
+    for (int64_t j0 = next_block(sink_end > 0 ? 0 : window_begin); j0 < key_end; j0 = next_block(j0 + kBlockN)) {
         const int nk = static_cast<int>(std::min<int64_t>(kBlockN, key_end - j0));
         const int nkp = static_cast<int>(round_up(nk, kVector));
         widen_kv_block<DT>(p, t, seq, kvh, j0, nk, nkp, lay, sc.kt, sc.vt, sc.krow);
         gemm<BL>(m, nkp, d, sc.q, dp, 1, sc.kt, kBlockN, sc.s, kBlockN, false);        // S (raw)
         gemm<BL>(m, nkp, dv, sc.dout, dvp, 1, sc.vt, kBlockN, sc.ds, kBlockN, false);  // dP
-        scores_to_grads(p, seq, i0, m, j0, nk, nkp, sc.lse, sc.dsum, sc.s, sc.ds, kBlockN);
+        scores_to_grads(p, seq, i0, m, j0, nk, nkp, sc.lse, sc.dsum, sc.s, sc.ds, kBlockN, slope);
         gemm<BL>(m, dp, nk, sc.ds, kBlockN, 1, sc.krow, dp, sc.acc_k, dp, true);       // dQ += dRaw K
     }
 
@@ -299,14 +309,17 @@ FLASHATTN_CPU_INLINE void dkv_item_body(const Job &job, int64_t item, float *bas
     const int64_t j_last = j0 + nk - 1;
     const int64_t q_begin =
         first_true(seq.sq, [&](int64_t i) { return visible_keys(p, i, seq.sq, seq.sk).last >= j0; });
-    const int64_t q_end =
-        first_true(seq.sq, [&](int64_t i) { return visible_keys(p, i, seq.sq, seq.sk).first > j_last; });
+    // A sink key stays visible to every row after the first that sees it.
+    const int64_t q_end = j0 < p.sink_tokens ? seq.sq : first_true(seq.sq, [&](int64_t i) {
+        return visible_keys(p, i, seq.sq, seq.sk).first > j_last;
+    });
 
     const unsigned char *qb = static_cast<const unsigned char *>(t.q);
     const unsigned char *dob = static_cast<const unsigned char *>(t.dout);
     const int64_t group = p.group_size();
     for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
         const int64_t lbase = lse_index(p, seq, h);
+        const float slope = t.alibi_slopes != nullptr ? t.alibi_slopes[h] : 0.0f;
         for (int64_t i0 = q_begin; i0 < q_end; i0 += job.block_m) {
             const int m = static_cast<int>(std::min<int64_t>(job.block_m, q_end - i0));
             for (int r = 0; r < m; ++r) {
@@ -318,7 +331,7 @@ FLASHATTN_CPU_INLINE void dkv_item_body(const Job &job, int64_t item, float *bas
             }
             gemm<BL>(m, nkp, d, sc.q, dp, 1, sc.kt, kBlockN, sc.s, kBlockN, false);        // S (raw)
             gemm<BL>(m, nkp, dv, sc.dout, dvp, 1, sc.vt, kBlockN, sc.ds, kBlockN, false);  // dP
-            scores_to_grads(p, seq, i0, m, j0, nk, nkp, sc.lse, sc.dsum, sc.s, sc.ds, kBlockN);
+            scores_to_grads(p, seq, i0, m, j0, nk, nkp, sc.lse, sc.dsum, sc.s, sc.ds, kBlockN, slope);
             gemm<BL>(nk, dvp, m, sc.s, 1, kBlockN, sc.dout, dvp, sc.acc_v, dvp, true);     // dV += P^T dO
             gemm<BL>(nk, dp, m, sc.ds, 1, kBlockN, sc.q, dp, sc.acc_k, dp, true);          // dK += dRaw^T Q
         }
@@ -388,6 +401,27 @@ void run_pass(Job *job, ItemFn fn, int64_t threads) {
 int64_t dq_items(const Problem &p, int block_m) { return ceil_div(p.seqlen_q, block_m) * p.batch * p.heads_q; }
 int64_t dkv_items(const Problem &p) { return ceil_div(p.seqlen_k, kBlockN) * p.batch * p.heads_kv; }
 
+// dLoss/dsink[h] = -sum over h's rows of P_sink * D, P_sink = exp(sink - LSE): the sink's
+// probability times the row's dO.O (its value is 0, so dS_sink = P_sink (0 - D)). Summed in double,
+// in row order, on the calling thread (deterministic; O(rows x heads)).
+void sink_gradients(const Problem &p, const Tensors &t, const float *row_sums) {
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    const int64_t rows = p.varlen ? p.total_q : p.seqlen_q;
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+        const double sink = t.sink_logits[h];
+        double sum = 0.0;
+        for (int64_t b = 0; b < p.batch_extent(); ++b) {
+            const int64_t base = p.varlen ? h * p.total_q : (b * p.heads_q + h) * p.seqlen_q;
+            for (int64_t i = 0; i < rows; ++i) {
+                const float l = t.lse[base + i];
+                if (l == neg_inf) continue;  // neither keys nor a sink: nothing flowed
+                sum -= std::exp(sink - static_cast<double>(l)) * row_sums[base + i];
+            }
+        }
+        t.dsink_logits[h] = static_cast<float>(sum);
+    }
+}
+
 flashattn_status_t run_impl(const Problem &p, const BackwardPlan &plan, const WorkspaceLayout &ws,
                             const Tensors &t) {
     const int64_t n_dq = dq_items(p, plan.block_m), n_dkv = dkv_items(p);
@@ -424,6 +458,7 @@ flashattn_status_t run_impl(const Problem &p, const BackwardPlan &plan, const Wo
     dkv.units = p.batch * p.heads_kv;
     dkv.items = n_dkv;
     run_pass(&dkv, fns.dkv, plan.threads);
+    if (t.dsink_logits != nullptr) sink_gradients(p, t, dq.row_sums);
     return FLASHATTN_SUCCESS;
 }
 

@@ -114,6 +114,28 @@ struct Layout {
     }
 };
 
+// ALiBi: srow[jj] -= slope * |diagonal key - key| for keys j0 .. j0 + nk - 1 of packed row
+// `packed` (its head picks the slope).
+FLASHATTN_CPU_INLINE void add_alibi(const Problem &p, const Slice &sl, int64_t packed, int64_t j0, int nk,
+                                    float *srow) {
+    const int64_t row = packed / sl.heads;
+    const float slope = sl.alibi[packed % sl.heads];
+    for (int jj = 0; jj < nk; ++jj)
+        srow[jj] -= slope * static_cast<float>(alibi_distance(p, row, j0 + jj, sl.seqlen_q, sl.seqlen_k));
+}
+
+// The sink logit joins a row's (m, l) as one more term that carries no value: returns the factor
+// exp(m_old - m_new) the row's accumulator takes (0 when the row saw no key).
+FLASHATTN_CPU_INLINE float join_sink(float sink, float *m, float *l) {
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    if (sink == neg_inf) return 1.0f;  // no sink: nothing changes
+    const float m_new = sink > *m ? sink : *m;
+    const float alpha = *m == neg_inf ? 0.0f : std::exp(*m - m_new);
+    *l = *l * alpha + std::exp(sink - m_new);
+    *m = m_new;
+    return alpha;
+}
+
 template <flashattn_dtype_t DT, class BL>
 FLASHATTN_CPU_INLINE void tile_body(const Problem &p, const TileShape &shape, const Slice &sl,
                                     int64_t row0, int64_t rows64, void *scratch) {
@@ -154,9 +176,15 @@ FLASHATTN_CPU_INLINE void tile_body(const Problem &p, const TileShape &shape, co
     auto v_at = [&](int64_t j) { return sl.v + key_offset(sl, j, sl.v_row, sl.v_page) * static_cast<int64_t>(E::size); };
     const size_t k_bytes = static_cast<size_t>(d) * E::size;
     const size_t v_bytes = static_cast<size_t>(dv) * E::size;
-    const int64_t key_begin = visible_keys(p, row0 / heads, sl.seqlen_q, sl.seqlen_k).first;
+    const int64_t window_begin = visible_keys(p, row0 / heads, sl.seqlen_q, sl.seqlen_k).first;
     const int64_t key_end =
         visible_keys(p, (row0 + rows - 1) / heads, sl.seqlen_q, sl.seqlen_k).last + 1;
+    // Sink tokens: keys [0, sink_end) are seen too (sink_end of the last row is the largest); the
+    // blocks between sink_end and window_begin no row sees are skipped (next_block).
+    const int64_t sink_end =
+        visible_sink_last(p, (row0 + rows - 1) / heads, sl.seqlen_q, sl.seqlen_k) + 1;
+    const int64_t key_begin = sink_end > 0 ? 0 : window_begin;
+    auto next_block = [&](int64_t j) { return j >= sink_end && j < window_begin ? window_begin : j; };
 
     for (int r = 0; r < rows; ++r) {
         const int64_t row = (row0 + r) / heads, head = (row0 + r) % heads;
@@ -169,7 +197,7 @@ FLASHATTN_CPU_INLINE void tile_body(const Problem &p, const TileShape &shape, co
         for (int c = 0; c < dvp; ++c) acc[c] = 0.0f;
     }
 
-    for (int64_t j0 = key_begin; j0 < key_end; j0 += bn) {
+    for (int64_t j0 = next_block(key_begin); j0 < key_end; j0 = next_block(j0 + bn)) {
         const int nk = static_cast<int>(key_end - j0 < bn ? key_end - j0 : bn);
         const int nkp = static_cast<int>(round_up(nk, kVector));
 
@@ -204,17 +232,20 @@ FLASHATTN_CPU_INLINE void tile_body(const Problem &p, const TileShape &shape, co
             if (capped) {
                 for (int jj = 0; jj < nk; ++jj) srow[jj] = cap * std::tanh(srow[jj]);
             }
-            // Visible keys of this row inside the block: [lo, hi).
+            if (sl.alibi != nullptr) add_alibi(p, sl, row0 + r, j0, nk, srow);
+            // Visible keys of this row inside the block: [lo, hi), and sink keys [0, shi).
             int64_t lo = first[r] - j0;
             int64_t hi = last[r] + 1 - j0;
             lo = lo < 0 ? 0 : (lo > nk ? nk : lo);
             hi = hi < lo ? lo : (hi > nk ? nk : hi);
-            if (lo == hi) {  // the row sees nothing here: it takes no part in this block
+            int64_t shi = sink_end > 0 ? visible_sink_last(p, (row0 + r) / heads, sl.seqlen_q, sl.seqlen_k) + 1 - j0 : 0;
+            shi = shi < 0 ? 0 : (shi > nk ? nk : shi);
+            if (lo == hi && shi == 0) {  // the row sees nothing here: it takes no part in this block
                 for (int jj = 0; jj < nkp; ++jj) srow[jj] = 0.0f;
                 continue;
             }
-            for (int jj = 0; jj < lo; ++jj) srow[jj] = neg_inf;
-            for (int jj = static_cast<int>(hi); jj < nkp; ++jj) srow[jj] = neg_inf;
+            for (int jj = static_cast<int>(shi); jj < lo; ++jj) srow[jj] = neg_inf;
+            for (int jj = static_cast<int>(hi > shi ? hi : shi); jj < nkp; ++jj) srow[jj] = neg_inf;
 
             vf vmax;
             vload(vmax, srow);
@@ -266,11 +297,13 @@ FLASHATTN_CPU_INLINE void tile_body(const Problem &p, const TileShape &shape, co
         unsigned char *dst = sl.o + (row * sl.o_row + head * sl.o_head) * static_cast<int64_t>(E::size);
         float *lse = sl.lse ? sl.lse + head * sl.lse_head + row : nullptr;
         const float *acc = oa + static_cast<size_t>(r) * dvp;
-        if (mrow[r] == neg_inf) {
+        float out_mul = 1.0f;  // what the sink's rescaling multiplies the accumulator by
+        if (sl.sink != nullptr) out_mul = join_sink(sl.sink[head], &mrow[r], &lrow[r]);
+        if (mrow[r] == neg_inf || out_mul == 0.0f) {  // no key (the sink alone may give a finite LSE)
             for (int c = 0; c < dv; ++c) E::store(dst, c, 0.0f);
-            if (lse) *lse = neg_inf;
+            if (lse) *lse = mrow[r] == neg_inf ? neg_inf : mrow[r] + std::log(lrow[r]);
         } else {
-            const float inv = 1.0f / lrow[r];
+            const float inv = out_mul / lrow[r];
             for (int c = 0; c < dv; ++c) E::store(dst, c, acc[c] * inv);
             if (lse) *lse = mrow[r] + std::log(lrow[r]);
         }

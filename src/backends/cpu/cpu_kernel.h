@@ -41,6 +41,10 @@ struct Slice {
     int64_t heads = 1;
     int64_t seqlen_q = 0;  // query rows (per head) of this sequence
     int64_t seqlen_k = 0;
+    // Variants: the sink logit and ALiBi slope of the first packed head (the next packed heads'
+    // follow); nullptr when the plan uses none.
+    const float *sink = nullptr;
+    const float *alibi = nullptr;
     // Paged K/V (pages != nullptr): key j is row j % page_size of page pages[j / page_size]; k and
     // v then address row 0 of page 0 (at this head) and k_page / v_page step between pages.
     const int32_t *pages = nullptr;

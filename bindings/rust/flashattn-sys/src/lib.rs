@@ -98,6 +98,14 @@ pub const FLASHATTN_I64_V_NEW_ROW_STRIDE: flashattn_i64_param_t = 56;
 pub const FLASHATTN_I64_V_NEW_HEAD_STRIDE: flashattn_i64_param_t = 57;
 pub const FLASHATTN_I64_ROTARY_DIM: flashattn_i64_param_t = 58;
 pub const FLASHATTN_I64_ROTARY_INTERLEAVED: flashattn_i64_param_t = 59;
+pub const FLASHATTN_I64_MASK_ALIGN: flashattn_i64_param_t = 60;
+pub const FLASHATTN_I64_SINK_TOKENS: flashattn_i64_param_t = 61;
+pub const FLASHATTN_I64_SINK_LOGITS: flashattn_i64_param_t = 62;
+pub const FLASHATTN_I64_ALIBI: flashattn_i64_param_t = 63;
+
+pub type flashattn_mask_align_t = c_int;
+pub const FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT: flashattn_mask_align_t = 0;
+pub const FLASHATTN_MASK_ALIGN_TOP_LEFT: flashattn_mask_align_t = 1;
 
 /// `flashattn_f64_param_t`
 pub type flashattn_f64_param_t = c_int;
@@ -136,6 +144,14 @@ pub struct flashattn_plan_t {
     _private: [u8; 0],
     _marker: PhantomData<(*mut u8, PhantomPinned)>,
 }
+
+pub const FLASHATTN_ARG_SINK_LOGITS: flashattn_arg_t = 20;
+pub const FLASHATTN_ARG_ALIBI_SLOPES: flashattn_arg_t = 21;
+pub const FLASHATTN_ARG_DSINK_LOGITS: flashattn_arg_t = 22;
+pub const FLASHATTN_ARG_DOUT: flashattn_arg_t = 30;
+pub const FLASHATTN_ARG_DQ: flashattn_arg_t = 31;
+pub const FLASHATTN_ARG_DK: flashattn_arg_t = 32;
+pub const FLASHATTN_ARG_DV: flashattn_arg_t = 33;
 
 /// `flashattn_args_t`: opaque (since 0.3).
 #[repr(C)]
@@ -236,7 +252,7 @@ extern "C" {
         stream: flashattn_stream_t,
     ) -> flashattn_status_t;
 
-    // Serving: paged K/V, seqused_k, append with rotary (since 0.3)
+    // Argument sets (serving, attention variants) and merging partial states (since 0.3)
     pub fn flashattn_args_create(args: *mut *mut flashattn_args_t) -> flashattn_status_t;
     pub fn flashattn_args_destroy(args: *mut flashattn_args_t);
     pub fn flashattn_args_set(args: *mut flashattn_args_t, which: flashattn_arg_t, ptr: *const c_void) -> flashattn_status_t;
@@ -246,6 +262,23 @@ extern "C" {
         args: *const flashattn_args_t,
         workspace: *mut c_void,
         workspace_bytes: usize,
+        stream: flashattn_stream_t,
+    ) -> flashattn_status_t;
+    pub fn flashattn_plan_execute_backward_args(
+        plan: *const flashattn_plan_t,
+        args: *const flashattn_args_t,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+        stream: flashattn_stream_t,
+    ) -> flashattn_status_t;
+    pub fn flashattn_plan_merge_states(
+        plan: *const flashattn_plan_t,
+        num_partials: i32,
+        partial_o: *const *const c_void,
+        partial_lse: *const *const f32,
+        partial_dtype: flashattn_dtype_t,
+        o: *mut c_void,
+        lse: *mut f32,
         stream: flashattn_stream_t,
     ) -> flashattn_status_t;
 }

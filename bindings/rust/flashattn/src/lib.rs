@@ -246,6 +246,14 @@ pub enum I64Param {
     VNewHeadStride = sys::FLASHATTN_I64_V_NEW_HEAD_STRIDE,
     RotaryDim = sys::FLASHATTN_I64_ROTARY_DIM,
     RotaryInterleaved = sys::FLASHATTN_I64_ROTARY_INTERLEAVED,
+    /// A [`MaskAlign`] value: where query i's diagonal key lies (since 0.3).
+    MaskAlign = sys::FLASHATTN_I64_MASK_ALIGN,
+    /// Sink tokens: the first n keys escape the left window (since 0.3).
+    SinkTokens = sys::FLASHATTN_I64_SINK_TOKENS,
+    /// 1: per-head sink logits, passed in an [`Args`] as [`Arg::SinkLogits`] (since 0.3).
+    SinkLogits = sys::FLASHATTN_I64_SINK_LOGITS,
+    /// 1: per-head ALiBi slopes, passed in an [`Args`] as [`Arg::AlibiSlopes`] (since 0.3).
+    Alibi = sys::FLASHATTN_I64_ALIBI,
 }
 
 /// The tensors of [`Plan::execute_args`] (`flashattn_arg_t`, since 0.3).
@@ -265,6 +273,13 @@ pub enum Arg {
     VNew = sys::FLASHATTN_ARG_V_NEW,
     RotaryCos = sys::FLASHATTN_ARG_ROTARY_COS,
     RotarySin = sys::FLASHATTN_ARG_ROTARY_SIN,
+    SinkLogits = sys::FLASHATTN_ARG_SINK_LOGITS,
+    AlibiSlopes = sys::FLASHATTN_ARG_ALIBI_SLOPES,
+    DsinkLogits = sys::FLASHATTN_ARG_DSINK_LOGITS,
+    Dout = sys::FLASHATTN_ARG_DOUT,
+    Dq = sys::FLASHATTN_ARG_DQ,
+    Dk = sys::FLASHATTN_ARG_DK,
+    Dv = sys::FLASHATTN_ARG_DV,
 }
 
 /// A set of tensor pointers for [`Plan::execute_args`] (`flashattn_args_t`): every one null when
@@ -282,6 +297,19 @@ impl Drop for Args {
     }
 }
 
+/// The most partial states one [`Plan::merge_states`] call merges (FLASHATTN_MAX_MERGE_PARTIALS).
+pub const MAX_MERGE_PARTIALS: usize = 128;
+
+/// Values of [`I64Param::MaskAlign`] (`flashattn_mask_align_t`, since 0.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(i32)]
+pub enum MaskAlign {
+    /// Query i's diagonal key is i + seqlen_k - seqlen_q (the default, FlashAttention's).
+    BottomRight = sys::FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT,
+    /// Query i's diagonal key is i (PyTorch's is_causal).
+    TopLeft = sys::FLASHATTN_MASK_ALIGN_TOP_LEFT,
+}
+
 impl Args {
     pub fn new() -> Result<Args> {
         let mut raw = ptr::null_mut();
@@ -290,6 +318,7 @@ impl Args {
     }
 
     /// Set (or with null, clear) one pointer: host memory for the CPU backend, device memory for GPUs.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)] // stored only; the unsafe execute dereferences it
     pub fn set(&mut self, which: Arg, ptr: *const c_void) -> Result<&mut Args> {
         check(unsafe { sys::flashattn_args_set(self.raw.as_ptr(), which as sys::flashattn_arg_t, ptr) })?;
         Ok(self)
@@ -866,6 +895,139 @@ impl Plan {
         check(sys::flashattn_plan_execute_backward_varlen(self.raw.as_ptr(), q, k, v, o, dout, lse, dq, dk, dv,
                                                           cu_seqlens_q, cu_seqlens_k, workspace, workspace_bytes,
                                                           stream as sys::flashattn_stream_t))
+    }
+
+    // -- attention variants and merging partial states (since 0.3) -------------------------------
+
+    fn check_heads(&self, arrays: &[(&'static str, Option<usize>)]) -> Result<()> {
+        let heads = self.get_i64(I64Param::HeadsQ)? as usize;
+        for &(name, len) in arrays {
+            if let Some(len) = len {
+                if len < heads {
+                    return Err(Error::new(Status::InvalidArgument,
+                        format!("{name}: the slice holds {len} values, the plan has {heads} query heads")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Plan::execute`] (or, with `cu_seqlens`, [`Plan::execute_varlen`]) on host slices (CPU
+    /// backend) through an argument set, with the per-head arrays the plan's
+    /// [`I64Param::SinkLogits`] / [`I64Param::Alibi`] ask for.
+    #[allow(clippy::too_many_arguments)]
+    pub fn execute_variants<T: Element>(&self, q: &[T], k: &[T], v: &[T], o: &mut [T], lse: Option<&mut [f32]>,
+                                        cu_seqlens: Option<(&[i32], &[i32])>, sink_logits: Option<&[f32]>,
+                                        alibi_slopes: Option<&[f32]>, workspace: Option<&mut Workspace>) -> Result<()> {
+        self.check_host(q, k, v, o, lse.as_deref(), cu_seqlens)?;
+        self.check_heads(&[("sink_logits", sink_logits.map(<[f32]>::len)), ("alibi_slopes", alibi_slopes.map(<[f32]>::len))])?;
+        let mut args = Args::new()?;
+        // The slices were checked against the plan above and outlive the call below.
+        {
+            args.set(Arg::Q, q.as_ptr() as *const c_void)?
+                .set(Arg::K, k.as_ptr() as *const c_void)?
+                .set(Arg::V, v.as_ptr() as *const c_void)?
+                .set(Arg::O, o.as_mut_ptr() as *const c_void)?
+                .set(Arg::Lse, lse.map_or(ptr::null(), |l| l.as_mut_ptr() as *const c_void))?
+                .set(Arg::SinkLogits, sink_logits.map_or(ptr::null(), |s| s.as_ptr() as *const c_void))?
+                .set(Arg::AlibiSlopes, alibi_slopes.map_or(ptr::null(), |s| s.as_ptr() as *const c_void))?;
+            if let Some((cq, ck)) = cu_seqlens {
+                args.set(Arg::CuSeqlensQ, cq.as_ptr() as *const c_void)?.set(Arg::CuSeqlensK, ck.as_ptr() as *const c_void)?;
+            }
+        }
+        self.with_workspace(workspace, Plan::workspace, |ws_ptr, ws_bytes| unsafe {
+            self.execute_args(&args, ws_ptr, ws_bytes, ptr::null_mut())
+        })
+    }
+
+    /// `flashattn_plan_execute_backward_args`.
+    ///
+    /// # Safety
+    /// As [`Plan::execute_args`], for the backward's tensors (see [`Plan::backward_raw`]).
+    pub unsafe fn backward_args(&self, args: &Args, workspace: *mut c_void, workspace_bytes: usize,
+                                stream: *mut c_void) -> Result<()> {
+        check(sys::flashattn_plan_execute_backward_args(self.raw.as_ptr(), args.raw.as_ptr(), workspace,
+                                                        workspace_bytes, stream as sys::flashattn_stream_t))
+    }
+
+    /// [`Plan::backward`] (or [`Plan::backward_varlen`] with `cu_seqlens`) through an argument set
+    /// with the variant arrays; with sink logits, `dsink_logits` receives their gradient.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_variants<T: Element>(&self, q: &[T], k: &[T], v: &[T], o: &[T], dout: &[T], lse: &[f32],
+                                         dq: &mut [T], dk: &mut [T], dv: &mut [T],
+                                         cu_seqlens: Option<(&[i32], &[i32])>, sink_logits: Option<&[f32]>,
+                                         alibi_slopes: Option<&[f32]>, dsink_logits: Option<&mut [f32]>,
+                                         workspace: Option<&mut Workspace>) -> Result<()> {
+        self.check_backward_host(q, k, v, o, dout, lse, dq, dk, dv, cu_seqlens)?;
+        self.check_heads(&[("sink_logits", sink_logits.map(<[f32]>::len)),
+                           ("alibi_slopes", alibi_slopes.map(<[f32]>::len)),
+                           ("dsink_logits", dsink_logits.as_deref().map(<[f32]>::len))])?;
+        let mut args = Args::new()?;
+        // The slices were checked against the plan above and outlive the call below.
+        {
+            args.set(Arg::Q, q.as_ptr() as *const c_void)?
+                .set(Arg::K, k.as_ptr() as *const c_void)?
+                .set(Arg::V, v.as_ptr() as *const c_void)?
+                .set(Arg::O, o.as_ptr() as *const c_void)?
+                .set(Arg::Dout, dout.as_ptr() as *const c_void)?
+                .set(Arg::Lse, lse.as_ptr() as *const c_void)?
+                .set(Arg::Dq, dq.as_mut_ptr() as *const c_void)?
+                .set(Arg::Dk, dk.as_mut_ptr() as *const c_void)?
+                .set(Arg::Dv, dv.as_mut_ptr() as *const c_void)?
+                .set(Arg::SinkLogits, sink_logits.map_or(ptr::null(), |s| s.as_ptr() as *const c_void))?
+                .set(Arg::AlibiSlopes, alibi_slopes.map_or(ptr::null(), |s| s.as_ptr() as *const c_void))?
+                .set(Arg::DsinkLogits, dsink_logits.map_or(ptr::null(), |d| d.as_mut_ptr() as *const c_void))?;
+            if let Some((cq, ck)) = cu_seqlens {
+                args.set(Arg::CuSeqlensQ, cq.as_ptr() as *const c_void)?.set(Arg::CuSeqlensK, ck.as_ptr() as *const c_void)?;
+            }
+        }
+        self.with_workspace(workspace, Plan::backward_workspace, |ws_ptr, ws_bytes| unsafe {
+            self.backward_args(&args, ws_ptr, ws_bytes, ptr::null_mut())
+        })
+    }
+
+    /// Merge partial attention states (`flashattn_plan_merge_states`) on host slices (CPU
+    /// backend): each partial O laid out as the plan's O in `P` (fp32 or the plan's dtype), each
+    /// partial LSE as the plan's LSE; writes `o` (and `lse`).
+    pub fn merge_states<T: Element, P: Element>(&self, partial_o: &[&[P]], partial_lse: &[&[f32]], o: &mut [T],
+                                                lse: Option<&mut [f32]>) -> Result<()> {
+        if partial_o.len() != partial_lse.len() {
+            return Err(Error::new(Status::InvalidArgument,
+                format!("partial_o and partial_lse: {} and {} entries", partial_o.len(), partial_lse.len())));
+        }
+        self.check_host_lengths::<T>(false, None, |e| {
+            let mut checks = vec![("o", o.len(), e.o)];
+            for (po, pl) in partial_o.iter().zip(partial_lse) {
+                checks.push(("partial_o", po.len(), e.o));
+                checks.push(("partial_lse", pl.len(), e.lse));
+            }
+            if let Some(l) = lse.as_deref() {
+                checks.push(("lse", l.len(), e.lse));
+            }
+            checks
+        })?;
+        let po: Vec<*const c_void> = partial_o.iter().map(|p| p.as_ptr() as *const c_void).collect();
+        let pl: Vec<*const f32> = partial_lse.iter().map(|p| p.as_ptr()).collect();
+        let lse_ptr = lse.map_or(ptr::null_mut(), |l| l.as_mut_ptr());
+        unsafe {
+            self.merge_states_raw(po.len() as i32, po.as_ptr(), pl.as_ptr(), P::DTYPE, o.as_mut_ptr() as *mut c_void,
+                                  lse_ptr, ptr::null_mut())
+        }
+    }
+
+    /// `flashattn_plan_merge_states` with raw pointers.
+    ///
+    /// # Safety
+    /// `partial_o` and `partial_lse` hold `num_partials` pointers to tensors laid out as the
+    /// plan's O (elements of `partial_dtype`) and LSE in the plan's memory kind; `o`/`lse` as for
+    /// [`Plan::execute_raw`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn merge_states_raw(&self, num_partials: i32, partial_o: *const *const c_void,
+                                   partial_lse: *const *const f32, partial_dtype: DType, o: *mut c_void,
+                                   lse: *mut f32, stream: *mut c_void) -> Result<()> {
+        check(sys::flashattn_plan_merge_states(self.raw.as_ptr(), num_partials, partial_o, partial_lse,
+                                               partial_dtype.raw(), o, lse,
+                                               stream as sys::flashattn_stream_t))
     }
 }
 

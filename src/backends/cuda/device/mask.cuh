@@ -59,6 +59,12 @@ __device__ __forceinline__ int64_t lse_offset(const TensorArgs &p, int b, int he
 // They take TensorArgs::left_i / right_i (clamped to 2^29, so every sum fits in int32: the
 // per-element masks). key_tiles below applies the same two bounds in int64 to a tile's first and
 // last rows.
+// The key on query 0's diagonal: sk - sq bottom-right (the default), 0 top-left (PyTorch's
+// is_causal). Read once per tile, outside the key loop, so a plan without it pays one select.
+__device__ __forceinline__ int diagonal_offset(const TensorArgs &p, int sq, int sk) {
+    return p.top_left ? 0 : sk - sq;
+}
+
 __device__ __forceinline__ int first_visible_key(int rdiag, int left) { return max(0, rdiag - left); }
 __device__ __forceinline__ int last_visible_key(int rdiag, int right, int sk) { return min(sk - 1, rdiag + right); }
 

@@ -244,12 +244,58 @@ flashattn_status_t fa2_execute_backward(const Problem &p, const BackendPlan &bas
     return fa2::run_backward(p, plan.backward, plan.backward_workspace, t);
 }
 
+// flashattn_plan_merge_states for a plan of any GPU generation (dispatch.cpp picks this one).
+flashattn_status_t fa2_merge_states(const Problem &p, const DeviceInfo &, const MergeCall &m) {
+    Tensors out;  // device residency and alignment of every pointer, with the plan's O strides
+    out.o = m.o;
+    out.lse = m.lse;
+    FLASHATTN_TRY(check_device_tensors(p, out));
+    for (int s = 0; s < m.num_partials; ++s) {
+        Tensors part;
+        part.o = const_cast<void *>(m.partial_o[s]);
+        part.lse = const_cast<float *>(m.partial_lse[s]);
+        FLASHATTN_TRY(check_device_tensors(p, part));
+    }
+    if (p.heads_q > 65535 || p.batch > 65535)
+        return fail(FLASHATTN_ERROR_NOT_SUPPORTED, "plan: the merge kernel supports at most 65535 heads and sequences");
+    fa2::MergeParams k;
+    k.num_partials = m.num_partials;
+    for (int s = 0; s < m.num_partials; ++s) {
+        k.o_part[s] = m.partial_o[s];
+        k.lse_part[s] = m.partial_lse[s];
+    }
+    k.batch = static_cast<int32_t>(p.batch_extent());
+    k.rows = static_cast<int32_t>(p.q_rows());
+    k.heads = static_cast<int32_t>(p.heads_q);
+    k.head_dim = static_cast<int32_t>(p.head_dim_v);
+    k.p_bs = p.varlen ? 0 : p.o.batch;
+    k.p_rs = p.o.row;
+    k.p_hs = p.o.head;
+    k.o_bs = k.p_bs, k.o_rs = k.p_rs, k.o_hs = k.p_hs;
+    k.l_bs = p.varlen ? 0 : p.heads_q * p.seqlen_q;
+    k.l_hs = p.q_rows();
+    k.lse_bs = k.l_bs, k.lse_hs = k.l_hs;
+    k.o = m.o;
+    k.lse = m.lse;
+    if (k.rows == 0) return FLASHATTN_SUCCESS;
+    const fa2::MergeInput in = m.partial_dtype == FLASHATTN_DTYPE_FP32   ? fa2::MergeInput::fp32
+                               : m.partial_dtype == FLASHATTN_DTYPE_BF16 ? fa2::MergeInput::bf16
+                                                                         : fa2::MergeInput::fp16;
+    DeviceGuard guard(p.device);
+    if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "merge: cudaSetDevice");
+    const cudaError_t err = fa2::launch_merge_states(k, in, p.dtype == FLASHATTN_DTYPE_BF16,
+                                                     reinterpret_cast<cudaStream_t>(m.stream));
+    if (err != cudaSuccess) return cuda_fail(err, "merge of partial states");
+    return check_launch("merge of partial states kernel");
+}
+
 }  // namespace
 
 const Backend *fa2_backend() {
     static const Backend backend{FLASHATTN_BACKEND_FA2, "fa2", fa2_unsupported_reason,
                                  fa2_make_plan, fa2_execute, nullptr,
-                                 fa2::backward_unsupported_reason, fa2_execute_backward};
+                                 fa2::backward_unsupported_reason, fa2_execute_backward,
+                                 fa2_merge_states, kVariantTopLeft | kVariantSinkLogits, 0u};
     return &backend;
 }
 

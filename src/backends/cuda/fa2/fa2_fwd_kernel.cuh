@@ -26,6 +26,7 @@
 #include "backends/cuda/device/mask.cuh"
 #include "backends/cuda/device/online_softmax.cuh"
 #include "backends/cuda/device/ptx.cuh"
+#include "backends/cuda/device/sink.cuh"
 #include "backends/cuda/fa2/fa2_epilogue.cuh"
 #include "backends/cuda/fa2/fa2_mainloop.cuh"
 #include "backends/cuda/fa2/fa2_params.h"
@@ -34,6 +35,24 @@
 
 namespace flashattn {
 namespace fa2 {
+
+// Sink logits: each of this thread's rows starts from its head's sink (cuda::start_with_sink);
+// with split-KV only split 0 does, so the merged LSE counts it once.
+template <class Tr>
+__device__ __forceinline__ void start_with_sinks(const Params &p, float (&row_max)[Tr::kMT][2],
+                                                 float (&row_sum)[Tr::kMT][2], int m0, int prows, int G, int hbase) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < Tr::kMT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int prow = m0 + warp * Tr::kWarpRows + mt * 16 + h * 8 + g;
+            int qpos, head;
+            unpack_row(prow < prows ? prow : m0, G, hbase, qpos, head);
+            cuda::start_with_sink(p.sink_logits[head], p.score_log2, row_max[mt][h], row_sum[mt][h], t);
+        }
+}
 
 template <class Tr, class E>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
@@ -74,7 +93,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const uint16_t *vg = static_cast<const uint16_t *>(p.v) + voff + kvh * p.v_hs;
 
     // ---- visible key tiles of this CTA (and of this split) -------------------------------------
-    const int off = sk - sq;
+    const int off = cuda::diagonal_offset(p, sq, sk);
     const int qlo = m0 / G;
     const int qhi = (min(m0 + kBM, prows) - 1) / G;
     const cuda::KeyTiles kt = cuda::key_tiles(p, qlo, qhi, sk, off, kBN);
@@ -109,6 +128,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
         row_sum[mt][0] = row_sum[mt][1] = 0.f;
     }
     const float sl2 = p.score_log2;
+    if (p.sink_logits != nullptr && split == 0) start_with_sinks<Tr>(p, row_max, row_sum, m0, prows, G, hbase);
 
     // ---- main loop: key tiles nb_last down to nb_first ----------------------------------------
     if (nb_first <= nb_last) {

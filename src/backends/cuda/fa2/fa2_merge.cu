@@ -1,11 +1,14 @@
-// Split-KV combine: O = sum_s exp(LSE_s - LSE) O_s, LSE = log sum_s exp(LSE_s), from the fp32
-// partials the forward kernel wrote into the workspace. One warp per (query row, head); each lane
-// owns 8 columns (head_dim <= 256).
+// Merge of partial attention states: O = sum_s exp(LSE_s - LSE) O_s, LSE = log sum_s exp(LSE_s).
+// One kernel serves FA2's split-KV combine (fp32 partials in the workspace) and the public
+// flashattn_plan_merge_states (fp32, fp16 or bf16 partials laid out as the plan's O, on the plans
+// of every GPU generation: dispatch.cpp). One warp per (query row, head); each lane owns 8 columns
+// (head_dim_v <= 256), so every partial row is read with 16-byte loads once and O written once:
+// the kernel is bandwidth-bound. Rows -inf in every partial get O = 0 and LSE = -inf.
 #include <cstdint>
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "backends/cuda/device/mask.cuh"
 #include "backends/cuda/device/ptx.cuh"
 #include "backends/cuda/fa2/fa2_params.h"
 
@@ -15,77 +18,136 @@ namespace {
 
 constexpr int kMergeWarps = 4;
 
-template <class E>
-__global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_constant__ Params p) {
+// Eight consecutive partial values as fp32 (16-byte aligned: strides are multiples of 8 elements).
+template <class In>
+__device__ __forceinline__ void load8(const void *base, int64_t offset, float (&x)[8]);
+
+template <>
+__device__ __forceinline__ void load8<float>(const void *base, int64_t offset, float (&x)[8]) {
+    const float4 *src = reinterpret_cast<const float4 *>(static_cast<const float *>(base) + offset);
+    const float4 a = src[0], b = src[1];
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+
+__device__ __forceinline__ void unpack8(uint4 u, bool bf16, float (&x)[8]) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if (bf16) {
+            x[2 * i] = __uint_as_float(w[i] << 16);
+            x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        } else {
+            const __half2 h = *reinterpret_cast<const __half2 *>(&w[i]);
+            const float2 f = __half22float2(h);
+            x[2 * i] = f.x;
+            x[2 * i + 1] = f.y;
+        }
+    }
+}
+
+template <>
+__device__ __forceinline__ void load8<cuda::Fp16>(const void *base, int64_t offset, float (&x)[8]) {
+    unpack8(*reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(base) + offset), false, x);
+}
+
+template <>
+__device__ __forceinline__ void load8<cuda::Bf16>(const void *base, int64_t offset, float (&x)[8]) {
+    unpack8(*reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(base) + offset), true, x);
+}
+
+template <class In, class Out>
+__global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_constant__ MergeParams p) {
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
-    const int qpos = blockIdx.x * kMergeWarps + warp;
+    const int row = blockIdx.x * kMergeWarps + warp;
     const int head = blockIdx.y;
     const int b = blockIdx.z;
-    const cuda::SeqInfo seq = cuda::seq_info(p, b);
-    if (qpos >= seq.sq) return;
-    const int64_t grow0 = seq.q_row0;
-    const int64_t ooff = p.cu_q != nullptr ? seq.q_row0 * p.o_rs : b * p.o_bs;
-
-    const int S = p.num_splits;
-    const int64_t split_stride = static_cast<int64_t>(p.heads_q) * p.total_rows;
-    const int64_t r = static_cast<int64_t>(head) * p.total_rows + grow0 + qpos;
+    if (row >= p.rows) return;
+    const int S = p.num_partials;
+    const int64_t li = b * p.l_bs + head * p.l_hs + row;
 
     float mx = -INFINITY;
-    for (int s = lane; s < S; s += 32) mx = fmaxf(mx, p.lse_part[s * split_stride + r]);
+    for (int s = lane; s < S; s += 32) mx = fmaxf(mx, p.lse_part[s][li]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float sum = 0.f;
     if (mx != -INFINITY)
-        for (int s = lane; s < S; s += 32) sum += expf(p.lse_part[s * split_stride + r] - mx);
+        for (int s = lane; s < S; s += 32) sum += expf(p.lse_part[s][li] - mx);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const float lse = sum == 0.f ? -INFINITY : mx + logf(sum);
 
-    const int d = p.head_dim;
     const int c = lane * 8;
-    if (c < d) {
+    if (c < p.head_dim) {
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         if (lse != -INFINITY) {
+            const int64_t po = b * p.p_bs + row * p.p_rs + head * p.p_hs + c;
             for (int s = 0; s < S; ++s) {
-                const float w = expf(p.lse_part[s * split_stride + r] - lse);
-                if (w == 0.f) continue;
-                const float4 *src =
-                    reinterpret_cast<const float4 *>(p.o_part + (s * split_stride + r) * d + c);
-                const float4 x0 = src[0], x1 = src[1];
-                acc[0] = fmaf(w, x0.x, acc[0]);
-                acc[1] = fmaf(w, x0.y, acc[1]);
-                acc[2] = fmaf(w, x0.z, acc[2]);
-                acc[3] = fmaf(w, x0.w, acc[3]);
-                acc[4] = fmaf(w, x1.x, acc[4]);
-                acc[5] = fmaf(w, x1.y, acc[5]);
-                acc[6] = fmaf(w, x1.z, acc[6]);
-                acc[7] = fmaf(w, x1.w, acc[7]);
+                const float w = expf(p.lse_part[s][li] - lse);
+                if (w == 0.f) continue;  // an empty partial's O is 0 (or, from a split, unwritten)
+                float x[8];
+                load8<In>(p.o_part[s], po, x);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[i] = fmaf(w, x[i], acc[i]);
             }
         }
         uint4 out;
-        out.x = cuda::pack2<E>(acc[0], acc[1]);
-        out.y = cuda::pack2<E>(acc[2], acc[3]);
-        out.z = cuda::pack2<E>(acc[4], acc[5]);
-        out.w = cuda::pack2<E>(acc[6], acc[7]);
-        uint16_t *og = static_cast<uint16_t *>(p.o) + ooff + qpos * p.o_rs + head * p.o_hs + c;
+        out.x = cuda::pack2<Out>(acc[0], acc[1]);
+        out.y = cuda::pack2<Out>(acc[2], acc[3]);
+        out.z = cuda::pack2<Out>(acc[4], acc[5]);
+        out.w = cuda::pack2<Out>(acc[6], acc[7]);
+        uint16_t *og = static_cast<uint16_t *>(p.o) + b * p.o_bs + row * p.o_rs + head * p.o_hs + c;
         cuda::st_global_v4(og, out);  // a uint4 assignment through og compiled to four 4-byte stores
     }
-    if (lane == 0 && p.lse != nullptr) {
-        p.lse[cuda::lse_offset(p, b, head, grow0, qpos)] = lse;
+    if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_bs + head * p.lse_hs + row] = lse;
+}
+
+template <class Out>
+cudaError_t launch_for_output(const MergeParams &p, MergeInput in, cudaStream_t stream) {
+    const dim3 grid(static_cast<unsigned>((p.rows + kMergeWarps - 1) / kMergeWarps), static_cast<unsigned>(p.heads),
+                    static_cast<unsigned>(p.batch));
+    switch (in) {
+        case MergeInput::fp32: merge_kernel<float, Out><<<grid, kMergeWarps * 32, 0, stream>>>(p); break;
+        case MergeInput::fp16: merge_kernel<cuda::Fp16, Out><<<grid, kMergeWarps * 32, 0, stream>>>(p); break;
+        case MergeInput::bf16: merge_kernel<cuda::Bf16, Out><<<grid, kMergeWarps * 32, 0, stream>>>(p); break;
     }
+    return cudaSuccess;
 }
 
 }  // namespace
 
+cudaError_t launch_merge_states(const MergeParams &p, MergeInput in, bool bf16_out, cudaStream_t stream) {
+    return bf16_out ? launch_for_output<cuda::Bf16>(p, in, stream) : launch_for_output<cuda::Fp16>(p, in, stream);
+}
+
+// The split-KV combine: partials [splits][heads_q][total_rows][head_dim] fp32 in the workspace,
+// rows of sequence b at b * seqlen_q (fixed length) or packed (varlen: one "batch" of total_q rows).
 cudaError_t launch_merge(const Params &p, bool bf16, cudaStream_t stream) {
-    const dim3 grid(static_cast<unsigned>((p.seqlen_q + kMergeWarps - 1) / kMergeWarps),
-                    static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
-    if (bf16)
-        merge_kernel<cuda::Bf16><<<grid, kMergeWarps * 32, 0, stream>>>(p);
-    else
-        merge_kernel<cuda::Fp16><<<grid, kMergeWarps * 32, 0, stream>>>(p);
-    return cudaSuccess;
+    MergeParams m;
+    const bool varlen = p.cu_q != nullptr;
+    const int64_t split_stride = static_cast<int64_t>(p.heads_q) * p.total_rows;
+    m.num_partials = p.num_splits;
+    for (int s = 0; s < p.num_splits; ++s) {
+        m.o_part[s] = p.o_part + s * split_stride * p.head_dim;
+        m.lse_part[s] = p.lse_part + s * split_stride;
+    }
+    m.batch = varlen ? 1 : p.batch;
+    m.rows = varlen ? static_cast<int32_t>(p.total_rows) : p.seqlen_q;
+    m.heads = p.heads_q;
+    m.head_dim = p.head_dim;
+    m.p_bs = static_cast<int64_t>(p.seqlen_q) * p.head_dim;
+    m.p_rs = p.head_dim;
+    m.p_hs = p.total_rows * p.head_dim;
+    m.l_bs = p.seqlen_q;
+    m.l_hs = p.total_rows;
+    m.o = p.o;
+    m.o_bs = varlen ? 0 : p.o_bs;
+    m.o_rs = p.o_rs;
+    m.o_hs = p.o_hs;
+    m.lse = p.lse;
+    m.lse_bs = varlen ? 0 : static_cast<int64_t>(p.heads_q) * p.seqlen_q;
+    m.lse_hs = varlen ? p.total_rows : p.seqlen_q;
+    return launch_merge_states(m, MergeInput::fp32, bf16, stream);
 }
 
 }  // namespace fa2

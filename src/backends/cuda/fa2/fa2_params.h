@@ -39,5 +39,24 @@ FLASHATTN_FA2_HEAD_DIMS(FLASHATTN_FA2_DECLARE_LAUNCH)
 // Split-KV combine (fa2_merge.cu).
 cudaError_t launch_merge(const Params &p, bool bf16, cudaStream_t s);
 
+// The merge of partial states (fa2_merge.cu): partial s's element (sequence b, row, head, col) at
+// o_part[s] + b*p_bs + row*p_rs + head*p_hs + col (elements of its type), its LSE at
+// lse_part[s][b*l_bs + head*l_hs + row]; the output likewise with o_* and lse_* strides. Every
+// stride a multiple of 8 elements and head_dim a multiple of 8 <= 256 (16-byte accesses).
+constexpr int kMaxMergePartials = 128;  // FLASHATTN_MAX_MERGE_PARTIALS and the split-KV bound
+struct MergeParams {
+    const void *o_part[kMaxMergePartials] = {};
+    const float *lse_part[kMaxMergePartials] = {};
+    int64_t p_bs = 0, p_rs = 0, p_hs = 0;
+    int64_t l_bs = 0, l_hs = 0;
+    void *o = nullptr;
+    float *lse = nullptr;  // optional
+    int64_t o_bs = 0, o_rs = 0, o_hs = 0;
+    int64_t lse_bs = 0, lse_hs = 0;
+    int32_t num_partials = 0, batch = 0, rows = 0, heads = 0, head_dim = 0;
+};
+enum class MergeInput { fp32, fp16, bf16 };
+cudaError_t launch_merge_states(const MergeParams &p, MergeInput in, bool bf16_out, cudaStream_t s);
+
 }  // namespace fa2
 }  // namespace flashattn

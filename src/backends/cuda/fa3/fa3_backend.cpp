@@ -187,7 +187,8 @@ flashattn_status_t fa3_execute(const Problem &p, const BackendPlan &base_plan, c
 const Backend *fa3_backend() {
     // No backward pass yet (issue 16): auto runs the backward of an fa3 plan on fa2.
     static const Backend backend{FLASHATTN_BACKEND_FA3, "fa3", fa3_unsupported_reason, fa3_make_plan,
-                                 fa3_execute, fa3_auto_pass_reason, nullptr, nullptr};
+                                 fa3_execute, fa3_auto_pass_reason, nullptr, nullptr,
+                                 nullptr, kVariantTopLeft | kVariantSinkLogits, 0u};  // merges run on fa2's kernel (dispatch)
     return &backend;
 }
 

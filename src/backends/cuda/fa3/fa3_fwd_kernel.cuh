@@ -25,6 +25,7 @@
 #include <cuda.h>
 
 #include "backends/cuda/device/ptx_sm90.cuh"
+#include "backends/cuda/device/sink.cuh"
 #include "backends/cuda/fa3/fa3_config.h"
 #include "backends/cuda/fa3/fa3_epilogue.cuh"
 #include "backends/cuda/fa3/fa3_mainloop.cuh"
@@ -50,7 +51,7 @@ __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, un
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         qpos[h] = c.m0 + 64 * w + 16 * warp + g + 8 * h;
-        rdiag[h] = qpos[h] + (sk - sq);
+        rdiag[h] = qpos[h] + cuda::diagonal_offset(p, sq, sk);
     }
 
     float O[kD / 2];
@@ -59,7 +60,13 @@ __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, un
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
     const float sl2 = p.score_log2;
 
-    // No visible key: O and row_sum stay 0, which the epilogue writes as O = 0, LSE = -inf.
+    // No visible key: O and row_sum stay 0, which the epilogue writes as O = 0, LSE = -inf (with a
+    // sink: row_sum 1, so O = 0 and LSE = the sink).
+    if (p.sink_logits != nullptr) {  // the head's sink starts both row halves (cuda::start_with_sink)
+        const float sink = p.sink_logits[c.head];
+        cuda::start_with_sink(sink, sl2, row_max[0], row_sum[0], t);
+        cuda::start_with_sink(sink, sl2, row_max[1], row_sum[1], t);
+    }
     if (c.has_keys()) consumer_mainloop<Tr, E>(p, c, smem, bars, w, lane, t, rdiag, sl2, O, row_max, row_sum, pipe);
     store_output<Tr, E>(p, c, O, row_max, row_sum, sl2, qpos, t);
 }

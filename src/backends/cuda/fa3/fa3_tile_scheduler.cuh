@@ -54,7 +54,7 @@ __device__ __forceinline__ TileCoords tile_coords(const Params &p, int tile, int
     c.seq = cuda::seq_info(p, c.b);
     if (c.has_rows()) {
         const int qhi = min(c.m0 + kBlockM, c.seq.sq) - 1;
-        c.kt = cuda::key_tiles(p, c.m0, qhi, c.seq.sk, c.seq.sk - c.seq.sq, kBN);
+        c.kt = cuda::key_tiles(p, c.m0, qhi, c.seq.sk, cuda::diagonal_offset(p, c.seq.sq, c.seq.sk), kBN);
     }
     return c;
 }

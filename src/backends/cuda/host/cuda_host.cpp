@@ -47,6 +47,9 @@ flashattn_status_t check_device_tensors(const Problem &p, const Tensors &t) {
     FLASHATTN_TRY(check_device_pointer(t.v, "v", dev, 16));
     FLASHATTN_TRY(check_device_pointer(t.o, "o", dev, 16));
     FLASHATTN_TRY(check_device_pointer(t.lse, "lse", dev, 4));
+    FLASHATTN_TRY(check_device_pointer(t.sink_logits, "sink_logits", dev, 4));
+    FLASHATTN_TRY(check_device_pointer(t.alibi_slopes, "alibi_slopes", dev, 4));
+    FLASHATTN_TRY(check_device_pointer(t.dsink_logits, "dsink_logits", dev, 4));
     FLASHATTN_TRY(check_device_pointer(t.cu_seqlens_q, "cu_seqlens_q", dev, 4));
     FLASHATTN_TRY(check_device_pointer(t.cu_seqlens_k, "cu_seqlens_k", dev, 4));
     FLASHATTN_TRY(check_device_pointer(t.workspace, "workspace", dev, 1));  // aligned: checked at the C boundary

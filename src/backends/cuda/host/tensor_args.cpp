@@ -39,6 +39,8 @@ void fill_tensor_args(const Problem &p, const Tensors &t, TensorArgs *out) {
     a.left = p.window_left >= 0 ? p.window_left : kUnboundedWindow;
     a.right_i = static_cast<int32_t>(std::min<int64_t>(a.right, int64_t(1) << 29));
     a.left_i = static_cast<int32_t>(std::min<int64_t>(a.left, int64_t(1) << 29));
+    a.top_left = p.top_left ? 1 : 0;
+    a.sink_logits = t.sink_logits;
     if (p.serving.seqused_k) {
         a.seqused_k = t.seqused_k;
         a.seqused_add = static_cast<int32_t>(p.serving.new_rows);

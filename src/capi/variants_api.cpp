@@ -1,0 +1,40 @@
+// The C boundary of the merge of partial states (the variants' per-call arrays travel in the
+// argument set: args_api.cpp).
+#include "capi/guard.h"
+#include "dispatch/dispatch.h"
+
+using namespace flashattn;
+
+namespace {
+
+flashattn_status_t check_plan(const flashattn_plan_t *plan, const char *function) {
+    if (plan == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: NULL passed to %s", function);
+    if (!plan->finalized)
+        return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: not finalized; call flashattn_plan_finalize after the last setter");
+    return FLASHATTN_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" {
+
+FLASHATTN_API flashattn_status_t flashattn_plan_merge_states(const flashattn_plan_t *plan, int32_t num_partials,
+                                                             const void *const *partial_o,
+                                                             const float *const *partial_lse,
+                                                             flashattn_dtype_t partial_dtype, void *o, float *lse,
+                                                             flashattn_stream_t stream) {
+    return guarded(__func__, [&] {
+        FLASHATTN_TRY(check_plan(plan, __func__));
+        MergeCall m;
+        m.num_partials = num_partials;
+        m.partial_o = partial_o;
+        m.partial_lse = partial_lse;
+        m.partial_dtype = static_cast<flashattn_dtype_t>(enum_value(&partial_dtype));
+        m.o = o;
+        m.lse = lse;
+        m.stream = stream;
+        return merge_plan_states(plan, m);
+    });
+}
+
+}  // extern "C"
