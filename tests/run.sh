@@ -21,6 +21,8 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 tests/packaging/test-debs.sh
 
 # --- Packaging for users (issue 22) -------------------------------------------------------------
+# The library's size (file, CUDA fatbin, host code) and its 60 MB budget.
+tests/packaging/library-size.sh build
 # The Python wheel with the library inside: pip install in a fresh venv (CPU-only), example run
 # with no environment variable set.
 tests/packaging/test-wheel.sh
