@@ -9,7 +9,9 @@ bindings/python`` built into this package, then ``pkg-config --variable=libdir f
 the system loader (``flashattn.library_path()`` says which). ``Plan`` mirrors the C plan for repeated calls and raw
 device pointers, including the backward pass (``Plan.backward``, ``Plan.backward_varlen``).
 With PyTorch, ``flashattn.flash_attn_func`` / ``flash_attn_varlen_func`` are differentiable
-(``flashattn.torch_autograd``; torch is imported only when they are called).
+(``flashattn.torch_autograd``; torch is imported only when they are called). ``flashattn.torch``
+has the same as ``torch.library`` operators that torch.compile traces and CUDA graphs capture,
+plus ``scaled_dot_product_attention`` on SDPA's [batch, heads, seqlen, dim] layout.
 """
 
 from ._capi import (AllocationError, Backend, DeviceError, DType, F64, FlashAttnError, I64, InsufficientWorkspaceError,
