@@ -19,4 +19,12 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan -L cpu --output-on-failure -j "$jobs"
 # Debian packages: CPU-only build, lintian, dpkg -i, pkg-config and CMake consumers, purge.
 tests/packaging/test-debs.sh
+
+# --- Packaging for users (issue 22) -------------------------------------------------------------
+# The library's size (file, CUDA fatbin, host code) and its 60 MB budget.
+tests/packaging/library-size.sh build
+# The Python wheel with the library inside: pip install in a fresh venv (CPU-only), example run
+# with no environment variable set.
+tests/packaging/test-wheel.sh
+# --- end of packaging for users ------------------------------------------------------------------
 echo "tests/run.sh: all tests passed"

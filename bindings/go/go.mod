@@ -1,3 +1,3 @@
-module flashattn
+module github.com/libflashattn/libflashattn/bindings/go
 
 go 1.18

@@ -13,15 +13,40 @@ flashattn_status_t cuda_fail(cudaError_t err, const char *what) {
                 cudaGetErrorString(err));
 }
 
+namespace {
+
+std::string cuda_version_text(int version) {
+    return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+}
+
+// Why cudaGetDeviceCount found no device, in the user's terms. The runtime says "CUDA driver version
+// is insufficient for CUDA runtime version" both when the driver is too old and when there is none
+// at all (no libcuda.so.1): the driver's version, 0 without a driver, tells the two apart.
+std::string absence_reason(cudaError_t err) {
+    if (err == cudaErrorInsufficientDriver) {
+        int driver = 0, runtime = 0;
+        if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+        if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) runtime = 0;
+        cudaGetLastError();
+        if (driver == 0) return "no NVIDIA driver found";
+        return "the NVIDIA driver supports CUDA " + cuda_version_text(driver) + ", this build's runtime needs " +
+               cuda_version_text(runtime) + ": update the driver";
+    }
+    if (err == cudaErrorNoDevice) return "no CUDA device found";
+    return std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+}
+
+}  // namespace
+
 flashattn_status_t query_device(int32_t device, DeviceInfo *out) {
     DeviceInfo info;
     info.device = device;
     int count = 0;
     const cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess) {
-        // No driver ("driver version is insufficient"), no GPU: the machine has no device.
+        // No driver, a driver too old, no GPU: the machine has no device (the reason says which).
         cudaGetLastError();
-        info.absent_reason = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(err);
+        info.absent_reason = absence_reason(err);
         *out = info;
         return FLASHATTN_SUCCESS;
     }

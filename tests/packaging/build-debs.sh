@@ -44,13 +44,16 @@ if [ -n "$missing" ]; then
 fi
 
 # 2. A clean copy of the source: the files git knows about (tracked, or untracked and not
-# ignored), so build directories and other local clutter never reach the package.
+# ignored), so build directories and other local clutter never reach the package. Build leftovers
+# of the language tools are dropped even where no .gitignore rule covers them (an older checkout's
+# .gitignore, a pip install that wrote *.egg-info): they would change the source package.
 work=$(mktemp -d "${TMPDIR:-/tmp}/flashattn-debs.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 pkgsrc="$work/libflashattn"
 mkdir -p "$pkgsrc"
 if git -C "$src" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   (cd "$src" && git ls-files -z --cached --others --exclude-standard |
+     grep -zvE '(^|/)([^/]*\.egg-info|__pycache__|\.pytest_cache|target|dist)/|\.(pyc|whl)$' |
      while IFS= read -r -d '' f; do [ -e "$f" ] || [ -L "$f" ] && printf '%s\0' "$f"; done |
      tar --null -T - -cf -) | tar -xf - -C "$pkgsrc"
 else

@@ -7,6 +7,7 @@
 #      through a CMake project using find_package(flashattn) + flashattn::flashattn, and run both on
 #      the CPU backend (FLASHATTN_BACKEND=cpu): plan, finalize, execute a small fp32 problem,
 #      check status, finiteness and a double-precision reference,
+#      then run flashattn-info and flashattn-bench (flashattn-tools) from the system path,
 #   4. purge the packages and check that every file they installed is gone.
 # Needs root (or sudo) for dpkg. Exits non-zero on any failure; leaves nothing installed.
 #
@@ -19,7 +20,7 @@ trap 'echo "test-debs: command failed (line $LINENO): $BASH_COMMAND" >&2' ERR
 here=$(cd "$(dirname "$0")" && pwd)
 start=$(date +%s)
 export FLASHATTN_DEB_PROFILES="${FLASHATTN_DEB_PROFILES-pkg.flashattn.nocuda nocheck}"
-packages="libflashattn0 libflashattn0-dbgsym libflashattn-dev libflashattn-doc"
+packages="libflashattn0 libflashattn0-dbgsym libflashattn-dev libflashattn-doc flashattn-tools flashattn-tools-dbgsym"
 ma=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
 libdir=/usr/lib/$ma
 libdir_re="(/usr)?/lib/$ma"   # ldconfig and ldd may name it through the merged-/usr /lib link
@@ -61,13 +62,16 @@ fi
 "$here/build-debs.sh" "$work/debs"
 debs="" dbgsym=""
 for f in "$work"/debs/libflashattn0_*.deb "$work"/debs/libflashattn-dev_*.deb \
-         "$work"/debs/libflashattn-doc_*.deb; do   # -doc is absent with the nodoc profile
+         "$work"/debs/libflashattn-doc_*.deb \
+         "$work"/debs/flashattn-tools_*.deb; do   # -doc is absent with the nodoc profile
   [ -e "$f" ] && debs="$debs ${f##*/}"
 done
-for f in "$work"/debs/libflashattn0-dbgsym_*.deb "$work"/debs/libflashattn0-dbgsym_*.ddeb; do
+for f in "$work"/debs/libflashattn0-dbgsym_*.deb "$work"/debs/libflashattn0-dbgsym_*.ddeb \
+         "$work"/debs/flashattn-tools-dbgsym_*.deb "$work"/debs/flashattn-tools-dbgsym_*.ddeb; do
   [ -e "$f" ] && dbgsym="$dbgsym ${f##*/}"
 done
 case "$debs" in *" libflashattn0_"*" libflashattn-dev_"*) ;; *) die "missing packages: got$debs" ;; esac
+case "$debs" in *" flashattn-tools_"*) ;; *) die "missing package flashattn-tools: got$debs" ;; esac
 [ -n "$dbgsym" ] || die "no libflashattn0-dbgsym package was built"
 
 # 2. Install and inspect.
@@ -135,6 +139,23 @@ grep -q "$libdir/libflashattn.so" "$work/cmake-consumer/build.ninja" ||
   die "the CMake consumer did not link $libdir/libflashattn.so"
 "$work/cmake-consumer/consumer" || die "the CMake consumer failed"
 
+# The tools, from the system path: flashattn-info reports the automatic choice for a shape with
+# its reason, flashattn-bench runs one small CPU measurement; both have manual pages.
+tools_files=$(dpkg -L flashattn-tools | grep '^/usr/bin/' | sort | tr '\n' ' ')
+[ "$tools_files" = "/usr/bin/flashattn-bench /usr/bin/flashattn-info " ] ||
+  die "flashattn-tools should hold /usr/bin/flashattn-bench and flashattn-info; it holds: $tools_files"
+for t in flashattn-info flashattn-bench; do
+  [ -f "/usr/share/man/man1/$t.1.gz" ] || die "no manual page for $t"
+  ! readelf -d "/usr/bin/$t" | grep -E 'RPATH|RUNPATH' >/dev/null || die "/usr/bin/$t carries an RPATH/RUNPATH"
+done
+say "flashattn-info --seqlen 128 --heads 2 --head-dim 64 --causal"
+(unset FLASHATTN_BACKEND; flashattn-info --seqlen 128 --heads 2 --head-dim 64 --causal) | tee "$work/info.out"
+grep -E '^auto: +forward on cpu, workspace [0-9]+ bytes: ' "$work/info.out" >/dev/null ||
+  die "flashattn-info did not report the automatic choice"
+grep -E '^build: +cuda=' "$work/info.out" >/dev/null || die "flashattn-info did not print the build"
+flashattn-bench --backend cpu --seqlen 128 --heads 2 --warmup 0 --reps 1 >"$work/bench.out" 2>&1 ||
+  { cat "$work/bench.out"; die "flashattn-bench failed"; }
+
 # 4. Remove and check that nothing is left.
 say "dpkg --purge"
 purge
@@ -143,7 +164,8 @@ left=$(installed_now)
 [ -z "$left" ] || die "still installed:$left"
 while read -r f; do
   if [ -d "$f" ] && [ ! -L "$f" ]; then
-    case "$f" in /usr/include/flashattn | "$libdir"/cmake/flashattn | /usr/share/doc/libflashattn*)
+    case "$f" in /usr/include/flashattn | "$libdir"/cmake/flashattn | /usr/share/doc/libflashattn* | \
+                 /usr/share/doc/flashattn-tools*)
       die "directory $f is left after purge" ;;
     esac
   elif [ -e "$f" ] || [ -L "$f" ]; then

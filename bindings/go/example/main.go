@@ -9,7 +9,7 @@ import (
 	"log"
 	"math/rand"
 
-	"flashattn"
+	flashattn "github.com/libflashattn/libflashattn/bindings/go"
 )
 
 func main() {

@@ -4,11 +4,14 @@
     q = np.random.randn(1, 128, 8, 64).astype(np.float32)
     o, lse = flashattn.attention(q, q, q, causal=True, return_lse=True)
 
-The library is found through FLASHATTN_LIBRARY (a path), then ``pkg-config --variable=libdir
-flashattn``, then the system loader. ``Plan`` mirrors the C plan for repeated calls and raw
+The library is found through FLASHATTN_LIBRARY (a path), then the copy that ``pip install
+bindings/python`` built into this package, then ``pkg-config --variable=libdir flashattn``, then
+the system loader (``flashattn.library_path()`` says which). ``Plan`` mirrors the C plan for repeated calls and raw
 device pointers, including the backward pass (``Plan.backward``, ``Plan.backward_varlen``).
 With PyTorch, ``flashattn.flash_attn_func`` / ``flash_attn_varlen_func`` are differentiable
-(``flashattn.torch_autograd``; torch is imported only when they are called).
+(``flashattn.torch_autograd``; torch is imported only when they are called). ``flashattn.torch``
+has the same as ``torch.library`` operators that torch.compile traces and CUDA graphs capture,
+plus ``scaled_dot_product_attention`` on SDPA's [batch, heads, seqlen, dim] layout.
 """
 
 from ._capi import (AllocationError, Arg, Backend, DeviceError, DType, F64, FlashAttnError, I64, InsufficientWorkspaceError,
@@ -42,4 +45,18 @@ __all__ = [
     "version", "version_string", "build_info", "build_info_string", "device_count",
     "device_compute_capability", "status_string", "library_path",
 ]
-__version__ = "0.1.0"
+
+
+def _package_version():
+    try:  # the installed distribution's version (the library's project version)
+        from importlib.metadata import PackageNotFoundError, version as dist_version
+        try:
+            return dist_version("libflashattn")
+        except PackageNotFoundError:
+            pass
+    except ImportError:  # pragma: no cover (Python < 3.8)
+        pass
+    return "0.1.0"  # a source checkout on PYTHONPATH: the binding's own API version
+
+
+__version__ = _package_version()

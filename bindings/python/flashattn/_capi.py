@@ -228,7 +228,20 @@ def _pkg_config_libdir():
     return out.stdout.strip(), None
 
 
+def _bundled():
+    """The library a wheel installed next to this file (pip install bindings/python), if any."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in _SONAMES:
+        path = os.path.join(here, name)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
 def _load():
+    """(CDLL, where) from, in order: FLASHATTN_LIBRARY, the copy bundled in the package, pkg-config's
+    libdir, the system loader. The explicit variable comes first so that one wheel can still be
+    pointed at another build (an A/B run, a debug build) without uninstalling it."""
     tried = []
     explicit = os.environ.get("FLASHATTN_LIBRARY")
     if explicit:
@@ -239,6 +252,18 @@ def _load():
             raise LibraryNotFoundError(
                 "libflashattn: FLASHATTN_LIBRARY=%s could not be loaded: %s" % (explicit, e)) from None
     tried.append("FLASHATTN_LIBRARY (not set)")
+
+    bundled = _bundled()
+    if bundled is None:
+        tried.append("the package directory %s: no bundled library (installed from source without a "
+                     "build, or a PYTHONPATH checkout)" % os.path.dirname(os.path.abspath(__file__)))
+    else:
+        # The wheel's own copy, built with it: a failure here is a broken install, not a reason to
+        # silently use some other libflashattn.
+        try:
+            return ctypes.CDLL(bundled), bundled
+        except OSError as e:
+            raise LibraryNotFoundError("libflashattn: the bundled %s could not be loaded: %s" % (bundled, e)) from None
 
     libdir, problem = _pkg_config_libdir()
     if libdir is None:
@@ -264,8 +289,8 @@ def _load():
         except OSError as e:
             tried.append("system loader %s: %s" % (name, e))
     raise LibraryNotFoundError(
-        "libflashattn could not be loaded. Set FLASHATTN_LIBRARY to the path of libflashattn.so, "
-        "or make `pkg-config --variable=libdir flashattn` or the system loader find it. Tried:\n  "
+        "libflashattn could not be loaded. Install the package with its library (pip install "
+        "bindings/python), set FLASHATTN_LIBRARY to the path of libflashattn.so, or make `pkg-config --variable=libdir flashattn` or the system loader find it. Tried:\n  "
         + "\n  ".join(tried))
 
 

@@ -58,56 +58,70 @@ def _workspace(nbytes, like):
     return buf, ((buf.data_ptr() + 255) // 256 * 256, nbytes)
 
 
+def run_forward(q, k, v, cu_q, cu_k, cfg):
+    """The library's forward on torch tensors: (q, k, v as used, o, lse); cu_q/cu_k None unless
+    cfg["varlen"]. O is new and contiguous, LSE float32 ([batch, heads_q, seqlen_q], varlen
+    [heads_q, total_q]); CUDA work goes to torch's current stream with a workspace from its
+    caching allocator. Shared by FlashAttnFunction and the torch.library ops of flashattn.torch."""
+    q, k, v = _last_contiguous(q), _last_contiguous(k), _last_contiguous(v)
+    varlen = cfg["varlen"]
+    hq, dv = q.shape[-2], v.shape[-1]
+    if varlen:
+        o = torch.empty((q.shape[0], hq, dv), dtype=q.dtype, device=q.device)
+        lse = torch.empty((hq, q.shape[0]), dtype=torch.float32, device=q.device)
+    else:
+        o = torch.empty((q.shape[0], q.shape[1], hq, dv), dtype=q.dtype, device=q.device)
+        lse = torch.empty((q.shape[0], hq, q.shape[1]), dtype=torch.float32, device=q.device)
+    with _plan(cfg, {"q": q, "k": k, "v": v, "o": o}) as plan:
+        if (plan.backend == Backend.CPU) != (not q.is_cuda):
+            raise ValueError("the plan runs on backend '%s', but the tensors are %s"
+                             % (plan.backend.name.lower(), q.device))
+        ws_owner, ws = _workspace(plan.workspace_size, q)
+        if varlen:
+            plan.execute_varlen(q, k, v, o, cu_q, cu_k, lse=lse, workspace=ws, stream=_stream(q))
+        else:
+            plan.execute(q, k, v, o, lse=lse, workspace=ws, stream=_stream(q))
+        del ws_owner  # freed in stream order by torch's caching allocator
+    return q, k, v, o, lse
+
+
+def run_backward(cfg, q, k, v, o, lse, cu, dout):
+    """The library's backward: new contiguous (dq, dk, dv) from the forward's tensors (run_forward's
+    q, k, v, o, lse; cu the (cu_q, cu_k) pair for varlen, else ()) and dout, on the current stream."""
+    dout = _last_contiguous(dout)
+    if dout.dtype != o.dtype:
+        dout = dout.to(o.dtype)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    tensors = {"q": q, "k": k, "v": v, "o": o, "dout": dout, "dq": dq, "dk": dk, "dv": dv}
+    with _plan(cfg, tensors) as plan:
+        ws_owner, ws = _workspace(plan.backward_workspace_size, q)
+        args = (q, k, v, o, dout, lse, dq, dk, dv)
+        if cfg["varlen"]:
+            plan.backward_varlen(*args, cu[0], cu[1], workspace=ws, stream=_stream(q))
+        else:
+            plan.backward(*args, workspace=ws, stream=_stream(q))
+        del ws_owner
+    return dq, dk, dv
+
+
 class FlashAttnFunction(torch.autograd.Function):
     """forward(q, k, v, cu_seqlens_q, cu_seqlens_k, cfg) -> (o, lse); cu_seqlens None for fixed length."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, cfg):
-        q, k, v = _last_contiguous(q), _last_contiguous(k), _last_contiguous(v)
-        varlen = cfg["varlen"]
-        hq, dv = q.shape[-2], v.shape[-1]
-        if varlen:
-            o = torch.empty((q.shape[0], hq, dv), dtype=q.dtype, device=q.device)
-            lse = torch.empty((hq, q.shape[0]), dtype=torch.float32, device=q.device)
-        else:
-            o = torch.empty((q.shape[0], q.shape[1], hq, dv), dtype=q.dtype, device=q.device)
-            lse = torch.empty((q.shape[0], hq, q.shape[1]), dtype=torch.float32, device=q.device)
-        with _plan(cfg, {"q": q, "k": k, "v": v, "o": o}) as plan:
-            if (plan.backend == Backend.CPU) != (not q.is_cuda):
-                raise ValueError("the plan runs on backend '%s', but the tensors are %s"
-                                 % (plan.backend.name.lower(), q.device))
-            ws_owner, ws = _workspace(plan.workspace_size, q)
-            if varlen:
-                plan.execute_varlen(q, k, v, o, cu_q, cu_k, lse=lse, workspace=ws, stream=_stream(q))
-            else:
-                plan.execute(q, k, v, o, lse=lse, workspace=ws, stream=_stream(q))
-            del ws_owner  # freed in stream order by torch's caching allocator
+        q, k, v, o, lse = run_forward(q, k, v, cu_q, cu_k, cfg)
         ctx.cfg = cfg
-        ctx.save_for_backward(q, k, v, o, lse, *((cu_q, cu_k) if varlen else ()))
+        ctx.save_for_backward(q, k, v, o, lse, *((cu_q, cu_k) if cfg["varlen"] else ()))
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dout, _dlse):
-        cfg = ctx.cfg
         q, k, v, o, lse = ctx.saved_tensors[:5]
-        cu = ctx.saved_tensors[5:]
-        dout = _last_contiguous(dout)
-        if dout.dtype != o.dtype:
-            dout = dout.to(o.dtype)
-        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-        tensors = {"q": q, "k": k, "v": v, "o": o, "dout": dout, "dq": dq, "dk": dk, "dv": dv}
-        with _plan(cfg, tensors) as plan:
-            ws_owner, ws = _workspace(plan.backward_workspace_size, q)
-            args = (q, k, v, o, dout, lse, dq, dk, dv)
-            if cfg["varlen"]:
-                plan.backward_varlen(*args, cu[0], cu[1], workspace=ws, stream=_stream(q))
-            else:
-                plan.backward(*args, workspace=ws, stream=_stream(q))
-            del ws_owner
+        dq, dk, dv = run_backward(ctx.cfg, q, k, v, o, lse, ctx.saved_tensors[5:], dout)
         return dq, dk, dv, None, None, None
 
 
@@ -167,4 +181,4 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return (o, lse) if return_lse else o
 
 
-__all__ = ["FlashAttnFunction", "flash_attn_func", "flash_attn_varlen_func"]
+__all__ = ["FlashAttnFunction", "flash_attn_func", "flash_attn_varlen_func", "run_forward", "run_backward"]
