@@ -388,6 +388,12 @@ void run_pass(Job *job, ItemFn fn, int64_t threads) {
 int64_t dq_items(const Problem &p, int block_m) { return ceil_div(p.seqlen_q, block_m) * p.batch * p.heads_q; }
 int64_t dkv_items(const Problem &p) { return ceil_div(p.seqlen_k, kBlockN) * p.batch * p.heads_kv; }
 
+// Whether a count overflows: -1 then.
+int64_t checked_items(int64_t tiles, int64_t batch, int64_t heads) {
+    int64_t items;
+    return mul_add(tiles, batch, 0, &items) && mul_add(items, heads, 0, &items) ? items : -1;
+}
+
 flashattn_status_t run_impl(const Problem &p, const BackwardPlan &plan, const WorkspaceLayout &ws,
                             const Tensors &t) {
     const int64_t n_dq = dq_items(p, plan.block_m), n_dkv = dkv_items(p);
@@ -428,6 +434,11 @@ flashattn_status_t run_impl(const Problem &p, const BackwardPlan &plan, const Wo
 }
 
 }  // namespace
+
+bool backward_work_fits(const Problem &p) {
+    return checked_items(ceil_div(p.seqlen_q, choose_block_m(p)), p.batch, p.heads_q) >= 0 &&
+           checked_items(ceil_div(p.seqlen_k, kBlockN), p.batch, p.heads_kv) >= 0;
+}
 
 // The backward runs every problem the forward runs: the same element types and products.
 std::string backward_unsupported_reason(const Problem &p) { return unsupported_reason(p); }
