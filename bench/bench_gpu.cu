@@ -1080,6 +1080,12 @@ void run_host_cost(Gpu &g, const Options &opt, const std::vector<flashattn_backe
     fill_normal(g, q.ptr, q_elems, p.dtype, 7);
     fill_normal(g, k.ptr, kv_elems, p.dtype, 8);
     fill_normal(g, v.ptr, kv_elems, p.dtype, 9);
+    // What the library's pointer checks cost: one cudaPointerGetAttributes per tensor (q, k, v, o, lse).
+    const auto attrs = time_calls([&] {
+        cudaPointerAttributes a;
+        for (void *ptr : {q.ptr, k.ptr, v.ptr, o.ptr, lse.ptr}) CK(cudaPointerGetAttributes(&a, ptr));
+    });
+    rep.line(format("| 5 x cudaPointerGetAttributes | %.1f | %.1f |", attrs.first, attrs.second));
     for (auto be : gens) {
         flashattn_plan_t *plan = nullptr;
         size_t ws_bytes = 0;
