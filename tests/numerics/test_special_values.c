@@ -9,8 +9,9 @@
  *     runs them, quickly, and correctly;
  *   - a tiny softcap (1e-30) gives uniform attention;
  *   - execute from a thread that never used CUDA (FA3 failed there) gives the main thread's bits;
- *   - CPU only: fp32/bf16 inputs of magnitude 1e20 give the finite exact result, and forward and
- *     backward results are bitwise identical for 1, 2, 7, 16 and 33 threads (FLASHATTN_CPU_THREADS).
+ *   - CPU only: fp32/bf16 inputs of magnitude 1e20 give the finite exact result; forward and
+ *     backward results are bitwise identical for 1, 2, 7, 16 and 33 threads (FLASHATTN_CPU_THREADS);
+ *     a NaN in Q, K or dO reaches exactly the gradients of the pairs it takes part in.
  * Built once per backend (TEST_BACKEND); the GPU builds exit 77 (skipped) without a device. */
 #include <float.h>
 #include <math.h>
@@ -477,6 +478,74 @@ static void thread_count_invariance(void **state) {
     data_free(&first);
 }
 
+/* Forward and backward on the CPU with fp32 host buffers; dq, dk, dv receive the gradients. */
+static void cpu_forward_backward(const flashattn_plan_t *plan, const sv_problem *p, const float *q, const float *k,
+                                 const float *v, const float *dout, float *dq, float *dk, float *dv) {
+    size_t ws = 0, bws = 0;
+    assert_int_equal(flashattn_plan_get_workspace_size(plan, &ws), FLASHATTN_SUCCESS);
+    assert_int_equal(flashattn_plan_get_backward_workspace_size(plan, &bws), FLASHATTN_SUCCESS);
+    const size_t wbytes = ((ws > bws ? ws : bws) + 256) / 256 * 256;
+    void *w = aligned_alloc(256, wbytes);
+    float *o = malloc(nq(p) * sizeof(float)), *lse = malloc(nl(p) * sizeof(float));
+    assert_true(w && o && lse);
+    assert_int_equal(flashattn_plan_execute(plan, q, k, v, o, lse, w, ws, NULL), FLASHATTN_SUCCESS);
+    assert_int_equal(flashattn_plan_execute_backward(plan, q, k, v, o, dout, lse, dq, dk, dv, w, bws, NULL),
+                     FLASHATTN_SUCCESS);
+    free(w), free(o), free(lse);
+}
+
+/* Row `row` of an [s][heads][d] gradient: all NaN when `nan`, else bitwise the clean run's. */
+static void check_gradient_row(const float *got, const float *clean, size_t off, int64_t d, int nan, const char *what,
+                               int64_t row, int64_t head) {
+    for (int64_t c = 0; c < d; ++c) {
+        const float x = got[off + (size_t)c];
+        if (nan ? !isnan(x) : memcmp(&x, &clean[off + (size_t)c], sizeof x) != 0)
+            fail_msg("%s row %lld head %lld col %lld: %g, expected %s", what, (long long)row, (long long)head,
+                     (long long)c, x, nan ? "NaN" : "the NaN-free run's bits");
+    }
+}
+
+/* The backward's NaN rule: a NaN in Q, K or dO reaches the gradients of exactly the pairs it takes
+ * part in. Causal with a left window of 5 (row r sees keys r-5..r), sq = sk = 40, one K/V head for
+ * two query heads: Q[20] of head 0, dO[10] of head 1 (column 0) and K[30] are NaN. Rows 30..35 see
+ * key 30 (so their LSE is NaN); the keys the NaN rows see, [5, 10], [15, 20], [25, 35], get NaN dK
+ * and dV (dV of keys 5..10 in column 0 only); every other gradient is bitwise the NaN-free run's. A whole-block product (0 * NaN) reached the rest. */
+static void nan_in_backward(void **state) {
+    (void)state;
+    const sv_problem p = {1, 40, 40, 2, 1, 64, FLASHATTN_DTYPE_FP32, 1, 5, -1, 0.0, 0, 0};
+    sv_data x;
+    data_alloc(&p, &x);
+    fill_random(&p, &x, 80, 1.0);
+    float *dout = malloc(nq(&p) * sizeof(float));
+    float *g0 = malloc((nq(&p) + 2 * nk(&p)) * sizeof(float)), *g1 = malloc((nq(&p) + 2 * nk(&p)) * sizeof(float));
+    assert_true(dout && g0 && g1);
+    for (size_t i = 0; i < nq(&p); ++i) dout[i] = x.q[(i * 7 + 3) % nq(&p)];
+    flashattn_plan_t *plan = make_plan(&p);
+    cpu_forward_backward(plan, &p, x.q, x.k, x.v, dout, g0, g0 + nq(&p), g0 + nq(&p) + nk(&p));
+    x.q[at(0, 20, 0, 3, p.sq, p.hq, p.d)] = NAN;
+    dout[at(0, 10, 1, 0, p.sq, p.hq, p.d)] = NAN;
+    x.k[at(0, 30, 0, 60, p.sk, p.hkv, p.d)] = NAN;
+    cpu_forward_backward(plan, &p, x.q, x.k, x.v, dout, g1, g1 + nq(&p), g1 + nq(&p) + nk(&p));
+    for (int64_t r = 0; r < p.sq; ++r)
+        for (int64_t h = 0; h < p.hq; ++h) {
+            const int nan = (r == 20 && h == 0) || (r == 10 && h == 1) || (r >= 30 && r <= 35);
+            check_gradient_row(g1, g0, at(0, r, h, 0, p.sq, p.hq, p.d), p.d, nan, "dQ", r, h);
+        }
+    for (int64_t j = 0; j < p.sk; ++j) {
+        const int nan = (j >= 5 && j <= 10) || (j >= 15 && j <= 20) || (j >= 25 && j <= 35);
+        const size_t off = at(0, j, 0, 0, p.sk, p.hkv, p.d);
+        check_gradient_row(g1 + nq(&p), g0 + nq(&p), off, p.d, nan, "dK", j, 0);
+        /* dV = P^T dO: dO[10]'s NaN sits in column 0, so keys 5..10 get it in that column only. */
+        const int only_col0 = j >= 5 && j <= 10;
+        const float *v1 = g1 + nq(&p) + nk(&p), *v0 = g0 + nq(&p) + nk(&p);
+        check_gradient_row(v1, v0, off, only_col0 ? 1 : p.d, nan, "dV", j, 0);
+        if (only_col0) check_gradient_row(v1, v0, off + 1, p.d - 1, 0, "dV (columns 1..)", j, 0);
+    }
+    flashattn_plan_destroy(plan);
+    free(dout), free(g0), free(g1);
+    data_free(&x);
+}
+
 int main(void) {
     struct CMUnitTest tests[16];
     size_t n = 0;
@@ -495,6 +564,7 @@ int main(void) {
     if (IS_CPU) {
         tests[n++] = test_unit("huge_magnitudes", huge_magnitudes, NULL);
         tests[n++] = test_unit("thread_count_invariance", thread_count_invariance, NULL);
+        tests[n++] = test_unit("nan_in_backward", nan_in_backward, NULL);
     }
     return _cmocka_run_group_tests(test_backend_name(TEST_BACKEND), tests, n, NULL, NULL);
 }
