@@ -465,6 +465,11 @@ FLASHATTN_API flashattn_status_t flashattn_plan_get_backward_workspace_size(cons
 /**
  * @brief Run the backward pass of a finalized, fixed-length plan.
  *
+ * NaN propagates as in the forward pass: a NaN in Q, K, V, dO or the LSE makes NaN the gradients
+ * of the (query, key) pairs it takes part in; rows whose LSE is -inf (they saw no key) take no
+ * part. The CPU backend keeps it to exactly those gradients; on GPU backends it may also reach
+ * gradients of other rows or keys of the same tile, as in FlashAttention.
+ *
  * @param plan A finalized plan with #FLASHATTN_I64_VARLEN = 0.
  * @param q, k, v The forward's inputs.
  * @param o The forward's output.
