@@ -10,9 +10,9 @@
 // the item (pack, tile) it falls in (cpu_kernel.cpp aligns key blocks to absolute positions), so
 // results are bitwise identical from run to run and for any thread count.
 #include <algorithm>
-#include <cstdlib>
 #include <atomic>
 #include <cinttypes>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <string>
