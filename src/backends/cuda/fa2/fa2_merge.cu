@@ -3,7 +3,9 @@
 // flashattn_plan_merge_states (fp32, fp16 or bf16 partials laid out as the plan's O, on the plans
 // of every GPU generation: dispatch.cpp). One warp per (query row, head); each lane owns 8 columns
 // (head_dim_v <= 256), so every partial row is read with 16-byte loads once and O written once:
-// the kernel is bandwidth-bound. Rows -inf in every partial get O = 0 and LSE = -inf.
+// the kernel is bandwidth-bound. Rows -inf in every partial get O = 0 and LSE = -inf. A NaN
+// partial LSE (a NaN reached the row in that partial) makes the row's O and LSE NaN: fmaxf would
+// drop it, and a row NaN in every partial then came out as a fully masked one.
 #include <cstdint>
 
 #include <cuda_fp16.h>
@@ -67,7 +69,13 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
     const int64_t li = b * p.l_bs + head * p.l_hs + row;
 
     float mx = -INFINITY;
-    for (int s = lane; s < S; s += 32) mx = fmaxf(mx, p.lse_part[s][li]);
+    bool nan = false;
+    for (int s = lane; s < S; s += 32) {
+        const float x = p.lse_part[s][li];
+        nan = nan || x != x;
+        mx = fmaxf(mx, x);
+    }
+    nan = __any_sync(0xffffffffu, nan);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float sum = 0.f;
@@ -75,12 +83,14 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
         for (int s = lane; s < S; s += 32) sum += expf(p.lse_part[s][li] - mx);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const float lse = sum == 0.f ? -INFINITY : mx + logf(sum);
+    const float lse = nan ? NAN : sum == 0.f ? -INFINITY : mx + logf(sum);
 
     const int c = lane * 8;
     if (c < p.head_dim) {
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        if (lse != -INFINITY) {
+        if (nan) {
+            for (int i = 0; i < 8; ++i) acc[i] = NAN;
+        } else if (lse != -INFINITY) {
             const int64_t po = b * p.p_bs + row * p.p_rs + head * p.p_hs + c;
             for (int s = 0; s < S; ++s) {
                 const float w = expf(p.lse_part[s][li] - lse);
