@@ -22,6 +22,7 @@ struct Options {
     bool no_decode = false;     // --no-decode: leave the decode table out of the default GPU run
     bool no_standard = false;   // --no-standard: leave the unfused baseline out (GPU)
     bool no_lse = false;        // --no-lse: pass lse = NULL to execute
+    bool host_cost = false;     // --host-cost: only the host enqueue time per execute (GPU)
     int warmup = -1;            // -1: default of the benchmark (CPU 1, GPU 3)
     int reps = -1;              // -1: default of the benchmark (CPU 5, GPU 10)
     // CPU benchmark shape.

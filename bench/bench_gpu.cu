@@ -1034,6 +1034,85 @@ void run_decode(Gpu &g, const Options &opt, const std::vector<flashattn_backend_
     all_notes.failed = all_notes.failed || notes.failed;
 }
 
+// Host time of one flashattn_plan_execute (argument checks, pointer checks, launch) on a decode
+// shape, where it is a large part of the step: the median and mean over `calls` back-to-back calls
+// while a spin kernel holds the GPU (the queue never drains, so no call waits for the device).
+// An empty kernel launch on the same stream is the floor any library call pays.
+void run_host_cost(Gpu &g, const Options &opt, const std::vector<flashattn_backend_t> &gens, Report &rep) {
+    const Problem p{1, 1, 4096, 32, 8, 128, FLASHATTN_DTYPE_BF16, false};
+    const int calls = 200;
+    rep.line("");
+    rep.line("## Host enqueue time per execute (µs): b 1, seqlen_q 1, seqlen_k 4096, heads 32 / 8, d 128, bf16");
+    rep.line("");
+    rep.line(format("Median and mean of %d back-to-back calls while a spin kernel holds the GPU (lse written). "
+                    "The bar of issue 21: at most 20 µs.", calls));
+    rep.line("");
+    rep.line("| method | median µs | mean µs |");
+    rep.line("|---|---|---|");
+    auto time_calls = [&](const std::function<void()> &call) {
+        std::vector<double> us;
+        CK(cudaStreamSynchronize(g.stream));
+        spin_kernel<<<1, 1, 0, g.stream>>>(g.spin_cycles * 5);
+        CK_LAUNCH("spin_kernel");
+        const double t0 = now_s();
+        for (int i = 0; i < calls; ++i) {
+            const double a = now_s();
+            call();
+            us.push_back((now_s() - a) * 1e6);
+        }
+        const double mean = (now_s() - t0) * 1e6 / calls;
+        CK(cudaStreamSynchronize(g.stream));
+        return std::make_pair(median(us), mean);
+    };
+    const auto floor = time_calls([&] {
+        spin_kernel<<<1, 1, 0, g.stream>>>(0);
+        CK_LAUNCH("spin_kernel");
+    });
+    rep.line(format("| empty kernel launch | %.1f | %.1f |", floor.first, floor.second));
+    const size_t q_elems = static_cast<size_t>(p.b * p.hq * p.d);
+    const size_t kv_elems = static_cast<size_t>(p.b * p.sk * p.hkv * p.d);
+    DevBuf q, k, v, o, lse;
+    q.alloc(q_elems * 2);
+    k.alloc(kv_elems * 2);
+    v.alloc(kv_elems * 2);
+    o.alloc(q_elems * 2);
+    lse.alloc(static_cast<size_t>(p.b * p.hq) * 4);
+    fill_normal(g, q.ptr, q_elems, p.dtype, 7);
+    fill_normal(g, k.ptr, kv_elems, p.dtype, 8);
+    fill_normal(g, v.ptr, kv_elems, p.dtype, 9);
+    // What the library's pointer checks cost: one cudaPointerGetAttributes per tensor (q, k, v, o, lse).
+    const auto attrs = time_calls([&] {
+        cudaPointerAttributes a;
+        for (void *ptr : {q.ptr, k.ptr, v.ptr, o.ptr, lse.ptr}) CK(cudaPointerGetAttributes(&a, ptr));
+    });
+    rep.line(format("| 5 x cudaPointerGetAttributes | %.1f | %.1f |", attrs.first, attrs.second));
+    for (auto be : gens) {
+        flashattn_plan_t *plan = nullptr;
+        size_t ws_bytes = 0;
+        std::string why;
+        if (make_plan(be, p, g.device, &plan, &ws_bytes, &why) != FLASHATTN_SUCCESS) {
+            rep.line(format("| %s | n/a (%s) | |", gen_name(be), why.c_str()));
+            continue;
+        }
+        DevBuf ws;
+        if (ws_bytes > 0) ws.alloc(ws_bytes);
+        flashattn_status_t st = FLASHATTN_SUCCESS;
+        auto call = [&] {
+            const flashattn_status_t s = flashattn_plan_execute(plan, q.ptr, k.ptr, v.ptr, o.ptr, lse.as<float>(),
+                                                                ws_bytes ? ws.ptr : nullptr, ws_bytes, g.stream);
+            if (s != FLASHATTN_SUCCESS) st = s;
+        };
+        for (int i = 0; i < 20; ++i) call();  // warm-up: first-call costs (module load, opt-ins) out
+        const auto t = time_calls(call);
+        if (st != FLASHATTN_SUCCESS)
+            rep.line(format("| %s | error (%s) | |", gen_name(be), flashattn_last_error()));
+        else
+            rep.line(format("| %s | %.1f | %.1f |", gen_name(be), t.first, t.second));
+        flashattn_plan_destroy(plan);
+    }
+    (void)opt;
+}
+
 }  // namespace
 
 int run_gpu(const Options &opt) {
@@ -1102,8 +1181,9 @@ int run_gpu(const Options &opt) {
     const bool grid = !opt.decode;
     const bool decode = opt.decode || !opt.no_decode;
     const double grid_deadline = decode && grid ? 0.8 * opt.budget_s : opt.budget_s;
-    if (grid) run_grid(g, opt, gens, rep, notes, clock, grid_deadline);
-    if (decode) run_decode(g, opt, gens, rep, notes, clock, opt.budget_s);
+    if (grid && !opt.host_cost) run_grid(g, opt, gens, rep, notes, clock, grid_deadline);
+    if (decode && !opt.host_cost) run_decode(g, opt, gens, rep, notes, clock, opt.budget_s);
+    run_host_cost(g, opt, gens, rep);
 
     rep.line("");
     rep.line(format("Total wall time %.1f s.%s", clock.elapsed(),

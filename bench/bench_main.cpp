@@ -108,6 +108,8 @@ void usage(FILE *out) {
         "  --no-decode          leave the decode table out\n"
         "  --no-standard        leave the unfused baseline out\n"
         "  --no-lse             pass lse = NULL (default: an fp32 LSE buffer is written and checked)\n"
+        "  --host-cost          only the host enqueue time per execute (decode shape; also printed last\n"
+        "                       in every GPU run)\n"
         "  --warmup N --reps N  default 3 warm-ups, median of 10 timed runs (CUDA events)\n"
         "  --device N           CUDA device ordinal (default 0)\n"
         "  --budget-s S         wall-clock budget of the GPU run; cells past it are skipped (default 230)\n"
@@ -192,6 +194,8 @@ int main(int argc, char **argv) {
             opt.no_standard = true;
         } else if (!std::strcmp(a, "--no-lse")) {
             opt.no_lse = true;
+        } else if (!std::strcmp(a, "--host-cost")) {
+            opt.host_cost = true;
         } else if (!std::strcmp(a, "--warmup")) {
             opt.warmup = static_cast<int>(parse_int(a, value(a)));
         } else if (!std::strcmp(a, "--reps")) {

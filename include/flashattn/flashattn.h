@@ -74,21 +74,21 @@ typedef enum flashattn_backend {
  */
 typedef enum flashattn_i64_param {
     FLASHATTN_I64_BATCH = 1,      /**< Batch size (number of sequences when variable length). Required. */
-    FLASHATTN_I64_SEQLEN_Q = 2,   /**< Query length (maximum query length when variable length). Required. */
-    FLASHATTN_I64_SEQLEN_K = 3,   /**< Key length (maximum key length when variable length). Required. */
+    FLASHATTN_I64_SEQLEN_Q = 2,   /**< Query length (maximum query length when variable length; finalize lowers it to total_q when larger, which get_i64 then reports). Required. */
+    FLASHATTN_I64_SEQLEN_K = 3,   /**< Key length (maximum key length when variable length; finalize lowers it to total_k when larger). Required. */
     FLASHATTN_I64_HEADS_Q = 4,    /**< Query heads. Required. */
     FLASHATTN_I64_HEADS_KV = 5,   /**< Key/value heads; heads_q must be a multiple. Default: heads_q. */
     FLASHATTN_I64_HEAD_DIM = 6,   /**< Head dimension of Q and K: 8..256, a multiple of 8. Required. */
     FLASHATTN_I64_HEAD_DIM_V = 7, /**< Head dimension of V and O: 8..256, a multiple of 8. Default: head_dim. */
     FLASHATTN_I64_DTYPE = 8,      /**< A #flashattn_dtype_t. Default: #FLASHATTN_DTYPE_FP16. */
     FLASHATTN_I64_CAUSAL = 9,     /**< 0 or 1. Key j is visible to query i only if j <= i + seqlen_k - seqlen_q. Default 0. */
-    FLASHATTN_I64_WINDOW_LEFT = 10,  /**< Sliding window: key j visible only if j >= i + seqlen_k - seqlen_q - left. -1 = unbounded (default). */
-    FLASHATTN_I64_WINDOW_RIGHT = 11, /**< Sliding window: key j visible only if j <= i + seqlen_k - seqlen_q + right. -1 = unbounded (default). */
+    FLASHATTN_I64_WINDOW_LEFT = 10,  /**< Sliding window: key j visible only if j >= i + seqlen_k - seqlen_q - left. -1 = unbounded (default); a window of at least seqlen_q + seqlen_k (up to INT64_MAX) masks nothing and finalize stores it as -1. */
+    FLASHATTN_I64_WINDOW_RIGHT = 11, /**< Sliding window: key j visible only if j <= i + seqlen_k - seqlen_q + right. -1 = unbounded (default); at least seqlen_q + seqlen_k: as -1 (see WINDOW_LEFT). */
     FLASHATTN_I64_BACKEND = 12,   /**< A #flashattn_backend_t. Default: #FLASHATTN_BACKEND_AUTO. */
     FLASHATTN_I64_DEVICE = 13,    /**< CUDA device ordinal for GPU backends. Default 0. */
     FLASHATTN_I64_VARLEN = 14,    /**< 0 or 1: variable-length batch, run with flashattn_plan_execute_varlen(). Default 0. */
-    FLASHATTN_I64_TOTAL_Q = 15,   /**< Variable length: rows of packed Q and O (= cu_seqlens_q[batch]). Required when varlen. */
-    FLASHATTN_I64_TOTAL_K = 16,   /**< Variable length: rows of packed K and V (= cu_seqlens_k[batch]). Required when varlen. */
+    FLASHATTN_I64_TOTAL_Q = 15,   /**< Variable length: rows of packed Q and O (= cu_seqlens_q[batch]); at most 2^31 - 1 (cu_seqlens are int32). Required when varlen. */
+    FLASHATTN_I64_TOTAL_K = 16,   /**< Variable length: rows of packed K and V (= cu_seqlens_k[batch]); at most 2^31 - 1. Required when varlen. */
     FLASHATTN_I64_Q_BATCH_STRIDE = 20, /**< Elements between batches of Q. Default: contiguous. */
     FLASHATTN_I64_Q_ROW_STRIDE = 21,   /**< Elements between sequence positions of Q. Default: heads_q*head_dim. */
     FLASHATTN_I64_Q_HEAD_STRIDE = 22,  /**< Elements between heads of Q. Default: head_dim. */
@@ -118,8 +118,8 @@ typedef enum flashattn_i64_param {
 
 /** @brief Keys of the plan's floating-point parameters, set with flashattn_plan_set_f64(). */
 typedef enum flashattn_f64_param {
-    FLASHATTN_F64_SOFTMAX_SCALE = 1, /**< Multiplies Q·Kᵀ; finite and > 0. Default (never set): 1/sqrt(head_dim); get_f64 reports 0 until finalize. */
-    FLASHATTN_F64_SOFTCAP = 2        /**< Logit cap c: s becomes c·tanh(s/c). 0 (default) = off; else finite and > 0. */
+    FLASHATTN_F64_SOFTMAX_SCALE = 1, /**< Multiplies Q·Kᵀ; in [2^-126, 2^64] (normal floats the kernels compute with without overflow). Default (never set): 1/sqrt(head_dim); get_f64 reports 0 until finalize. */
+    FLASHATTN_F64_SOFTCAP = 2        /**< Logit cap c: s becomes c·tanh(s/c). 0 (default) = off; else in [2^-126, 2^64], and finalize requires scale / c in [2^-126, 2^126]. */
 } flashattn_f64_param_t;
 
 /**
@@ -256,7 +256,8 @@ FLASHATTN_API flashattn_status_t flashattn_plan_set_i64(flashattn_plan_t *plan,
  * @param key Which parameter.
  * @param value Its new value.
  * @retval FLASHATTN_SUCCESS
- * @retval FLASHATTN_ERROR_INVALID_ARGUMENT NULL plan, unknown key, NaN or infinite value, a scale <= 0, a softcap < 0.
+ * @retval FLASHATTN_ERROR_INVALID_ARGUMENT NULL plan, unknown key, NaN or infinite value, a scale outside
+ * [2^-126, 2^64], a softcap neither 0 nor in [2^-126, 2^64]; the message gives the range.
  */
 FLASHATTN_API flashattn_status_t flashattn_plan_set_f64(flashattn_plan_t *plan,
                                                         flashattn_f64_param_t key, double value);
@@ -299,7 +300,10 @@ FLASHATTN_API flashattn_status_t flashattn_plan_get_f64(const flashattn_plan_t *
  *
  * @param plan The plan.
  * @retval FLASHATTN_SUCCESS
- * @retval FLASHATTN_ERROR_INVALID_ARGUMENT NULL plan, or parameters that break a rule (message names it).
+ * @retval FLASHATTN_ERROR_INVALID_ARGUMENT NULL plan, or parameters that break a rule (message names it),
+ * including values whose products cannot be represented: tensor sizes past 64 bits, a variable-length
+ * batch whose cu_seqlens or work items overflow 64 bits, totals past 2^31 - 1, scale / softcap outside
+ * [2^-126, 2^126].
  * @retval FLASHATTN_ERROR_INVALID_STATE a required size was never set.
  * @retval FLASHATTN_ERROR_NOT_SUPPORTED no backend can run the problem on this machine.
  * @retval FLASHATTN_ERROR_DEVICE the CUDA runtime failed while querying the device.
@@ -339,7 +343,19 @@ FLASHATTN_API flashattn_status_t flashattn_plan_get_workspace_size(const flashat
  * @brief Run the forward pass O = softmax(scale·Q·Kᵀ, masked)·V of a finalized, fixed-length plan.
  *
  * Rows whose queries see no key at all (causal or window masks, seqlen_k = 0 rows of a varlen
- * batch) produce O = 0 and LSE = -inf.
+ * batch) produce O = 0 and LSE = -inf, whatever the inputs hold.
+ *
+ * NaN propagates, as in PyTorch and FlashAttention: a NaN in a query row, or in a key that row
+ * sees, makes the row's O and LSE NaN; a NaN in a value row makes O NaN in the rows that see
+ * it (LSE stays finite). On GPU backends a NaN or inf in V may also reach other rows of the same
+ * tile that do not see that key (P = 0 times NaN is NaN), except rows that see no key at all; the
+ * CPU backend keeps it to the rows that see it. Infinite inputs follow IEEE arithmetic (an infinite
+ * score gives NaN). Scores beyond the float range (possible only with bf16 or fp32 inputs around
+ * 1e19 and above) are computed exactly by the CPU backend (in double) and are not supported on GPU
+ * backends, whose score products overflow (NaN or inf rows).
+ *
+ * The CPU backend's results are bitwise identical from run to run and for any number of threads;
+ * GPU backends' forward results are bitwise identical from run to run on one device.
  *
  * @param plan A finalized plan with #FLASHATTN_I64_VARLEN = 0.
  * @param q, k, v Inputs, laid out as #flashattn_i64_param_t describes.
@@ -448,6 +464,11 @@ FLASHATTN_API flashattn_status_t flashattn_plan_get_backward_workspace_size(cons
 
 /**
  * @brief Run the backward pass of a finalized, fixed-length plan.
+ *
+ * NaN propagates as in the forward pass: a NaN in Q, K, V, dO or the LSE makes NaN the gradients
+ * of the (query, key) pairs it takes part in; rows whose LSE is -inf (they saw no key) take no
+ * part. The CPU backend keeps it to exactly those gradients; on GPU backends it may also reach
+ * gradients of other rows or keys of the same tile, as in FlashAttention.
  *
  * @param plan A finalized plan with #FLASHATTN_I64_VARLEN = 0.
  * @param q, k, v The forward's inputs.

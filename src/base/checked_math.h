@@ -6,7 +6,8 @@
 
 namespace flashattn {
 
-constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// a / b rounded up, for a >= 0, b > 0; no intermediate can overflow.
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
 constexpr size_t align_up(size_t x, size_t alignment) { return (x + alignment - 1) / alignment * alignment; }
 

@@ -10,6 +10,8 @@ using namespace flashattn;
 
 namespace {
 
+// `function` is the entry point's name, captured outside guarded()'s lambda (`entry = __func__`):
+// __func__ inside the lambda would name the lambda's operator().
 flashattn_status_t null_plan(const char *function) {
     return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: NULL passed to %s", function);
 }
@@ -69,8 +71,8 @@ FLASHATTN_API flashattn_status_t flashattn_plan_create(flashattn_plan_t **plan) 
 FLASHATTN_API void flashattn_plan_destroy(flashattn_plan_t *plan) { delete plan; }
 
 FLASHATTN_API flashattn_status_t flashattn_plan_set_i64(flashattn_plan_t *plan, flashattn_i64_param_t key, int64_t value) {
-    return guarded(__func__, [&] {
-        if (plan == nullptr) return null_plan(__func__);
+    return guarded(__func__, [&, entry = __func__] {
+        if (plan == nullptr) return null_plan(entry);
         const int k = enum_value(&key);
         FLASHATTN_TRY(check_i64_value(k, value));
         plan->params.i64[k] = value;
@@ -81,8 +83,8 @@ FLASHATTN_API flashattn_status_t flashattn_plan_set_i64(flashattn_plan_t *plan, 
 }
 
 FLASHATTN_API flashattn_status_t flashattn_plan_set_f64(flashattn_plan_t *plan, flashattn_f64_param_t key, double value) {
-    return guarded(__func__, [&] {
-        if (plan == nullptr) return null_plan(__func__);
+    return guarded(__func__, [&, entry = __func__] {
+        if (plan == nullptr) return null_plan(entry);
         const int k = enum_value(&key);
         FLASHATTN_TRY(check_f64_value(k, value));
         (k == FLASHATTN_F64_SOFTMAX_SCALE ? plan->params.softmax_scale : plan->params.softcap) = value;
@@ -93,8 +95,8 @@ FLASHATTN_API flashattn_status_t flashattn_plan_set_f64(flashattn_plan_t *plan, 
 
 FLASHATTN_API flashattn_status_t flashattn_plan_get_i64(const flashattn_plan_t *plan, flashattn_i64_param_t key,
                                                         int64_t *value) {
-    return guarded(__func__, [&] {
-        if (plan == nullptr) return null_plan(__func__);
+    return guarded(__func__, [&, entry = __func__] {
+        if (plan == nullptr) return null_plan(entry);
         if (value == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: the out-pointer must not be NULL");
         const int k = enum_value(&key);
         if (i64_key_name(k) == nullptr)
@@ -153,8 +155,8 @@ FLASHATTN_API flashattn_status_t flashattn_plan_get_i64(const flashattn_plan_t *
 
 FLASHATTN_API flashattn_status_t flashattn_plan_get_f64(const flashattn_plan_t *plan, flashattn_f64_param_t key,
                                                         double *value) {
-    return guarded(__func__, [&] {
-        if (plan == nullptr) return null_plan(__func__);
+    return guarded(__func__, [&, entry = __func__] {
+        if (plan == nullptr) return null_plan(entry);
         if (value == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: the out-pointer must not be NULL");
         const int k = enum_value(&key);
         if (f64_key_name(k) == nullptr)
@@ -168,16 +170,16 @@ FLASHATTN_API flashattn_status_t flashattn_plan_get_f64(const flashattn_plan_t *
 }
 
 FLASHATTN_API flashattn_status_t flashattn_plan_finalize(flashattn_plan_t *plan) {
-    return guarded(__func__, [&] {
-        if (plan == nullptr) return null_plan(__func__);
+    return guarded(__func__, [&, entry = __func__] {
+        if (plan == nullptr) return null_plan(entry);
         return finalize_plan(plan);
     });
 }
 
 FLASHATTN_API flashattn_status_t flashattn_plan_get_backend(const flashattn_plan_t *plan, flashattn_backend_t *backend,
                                                             const char **reason) {
-    return guarded(__func__, [&] {
-        if (plan == nullptr) return null_plan(__func__);
+    return guarded(__func__, [&, entry = __func__] {
+        if (plan == nullptr) return null_plan(entry);
         if (backend == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "backend: the out-pointer must not be NULL");
         if (!plan->finalized) return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: not finalized; the backend is chosen by flashattn_plan_finalize");
         *backend = plan->backend->id;
@@ -187,8 +189,8 @@ FLASHATTN_API flashattn_status_t flashattn_plan_get_backend(const flashattn_plan
 }
 
 FLASHATTN_API flashattn_status_t flashattn_plan_get_workspace_size(const flashattn_plan_t *plan, size_t *bytes) {
-    return guarded(__func__, [&] {
-        if (plan == nullptr) return null_plan(__func__);
+    return guarded(__func__, [&, entry = __func__] {
+        if (plan == nullptr) return null_plan(entry);
         if (bytes == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "bytes: the out-pointer must not be NULL");
         if (!plan->finalized) return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: not finalized; the workspace size is fixed by flashattn_plan_finalize");
         *bytes = plan->workspace_bytes();
@@ -199,8 +201,8 @@ FLASHATTN_API flashattn_status_t flashattn_plan_get_workspace_size(const flashat
 FLASHATTN_API flashattn_status_t flashattn_plan_execute(const flashattn_plan_t *plan, const void *q, const void *k,
                                                         const void *v, void *o, float *lse, void *workspace,
                                                         size_t workspace_bytes, flashattn_stream_t stream) {
-    return guarded(__func__, [&] {
-        if (plan == nullptr) return null_plan(__func__);
+    return guarded(__func__, [&, entry = __func__] {
+        if (plan == nullptr) return null_plan(entry);
         Tensors t;
         t.q = q; t.k = k; t.v = v; t.o = o; t.lse = lse;
         t.workspace = workspace; t.workspace_bytes = workspace_bytes; t.stream = stream;
@@ -213,8 +215,8 @@ FLASHATTN_API flashattn_status_t flashattn_plan_execute_varlen(const flashattn_p
                                                                const int32_t *cu_seqlens_q, const int32_t *cu_seqlens_k,
                                                                void *workspace, size_t workspace_bytes,
                                                                flashattn_stream_t stream) {
-    return guarded(__func__, [&] {
-        if (plan == nullptr) return null_plan(__func__);
+    return guarded(__func__, [&, entry = __func__] {
+        if (plan == nullptr) return null_plan(entry);
         Tensors t;
         t.q = q; t.k = k; t.v = v; t.o = o; t.lse = lse;
         t.cu_seqlens_q = cu_seqlens_q; t.cu_seqlens_k = cu_seqlens_k;
@@ -225,8 +227,8 @@ FLASHATTN_API flashattn_status_t flashattn_plan_execute_varlen(const flashattn_p
 
 FLASHATTN_API flashattn_status_t flashattn_plan_get_backward_backend(const flashattn_plan_t *plan,
                                                                      flashattn_backend_t *backend, const char **reason) {
-    return guarded(__func__, [&] {
-        if (plan == nullptr) return null_plan(__func__);
+    return guarded(__func__, [&, entry = __func__] {
+        if (plan == nullptr) return null_plan(entry);
         if (backend == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "backend: the out-pointer must not be NULL");
         FLASHATTN_TRY(require_finalized(plan, "the backward backend"));
         if (plan->backward_backend == nullptr)
@@ -238,8 +240,8 @@ FLASHATTN_API flashattn_status_t flashattn_plan_get_backward_backend(const flash
 }
 
 FLASHATTN_API flashattn_status_t flashattn_plan_get_backward_workspace_size(const flashattn_plan_t *plan, size_t *bytes) {
-    return guarded(__func__, [&] {
-        if (plan == nullptr) return null_plan(__func__);
+    return guarded(__func__, [&, entry = __func__] {
+        if (plan == nullptr) return null_plan(entry);
         if (bytes == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "bytes: the out-pointer must not be NULL");
         FLASHATTN_TRY(require_finalized(plan, "the backward workspace size"));
         if (plan->backward_backend == nullptr)
@@ -254,8 +256,8 @@ FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward(const flashattn
                                                                  const float *lse, void *dq, void *dk, void *dv,
                                                                  void *workspace, size_t workspace_bytes,
                                                                  flashattn_stream_t stream) {
-    return guarded(__func__, [&] {
-        if (plan == nullptr) return null_plan(__func__);
+    return guarded(__func__, [&, entry = __func__] {
+        if (plan == nullptr) return null_plan(entry);
         const Tensors t = backward_tensors(q, k, v, o, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream);
         return run_backward(plan, false, t);
     });
@@ -265,8 +267,8 @@ FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward_varlen(
     const flashattn_plan_t *plan, const void *q, const void *k, const void *v, const void *o, const void *dout,
     const float *lse, void *dq, void *dk, void *dv, const int32_t *cu_seqlens_q, const int32_t *cu_seqlens_k,
     void *workspace, size_t workspace_bytes, flashattn_stream_t stream) {
-    return guarded(__func__, [&] {
-        if (plan == nullptr) return null_plan(__func__);
+    return guarded(__func__, [&, entry = __func__] {
+        if (plan == nullptr) return null_plan(entry);
         Tensors t = backward_tensors(q, k, v, o, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream);
         t.cu_seqlens_q = cu_seqlens_q;
         t.cu_seqlens_k = cu_seqlens_k;

@@ -117,9 +117,15 @@ flashattn_status_t check_f64_value(int key, double value) {
     const char *name = f64_key_name(key);
     if (name == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "key: %d is not a flashattn_f64_param_t value", key);
     if (!std::isfinite(value)) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: %s must be finite (got %g)", name, value);
+    if (key == FLASHATTN_F64_SOFTCAP && value == 0.0) return FLASHATTN_SUCCESS;  // off
     if (key == FLASHATTN_F64_SOFTMAX_SCALE && value <= 0.0)
-        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: %s must be > 0 (got %g)", name, value);
-    if (value < 0.0) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: %s must be >= 0, 0 meaning off (got %g)", name, value);
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: %s must be > 0, in [2^-126, 2^64] (got %g)", name, value);
+    if (value < 0.0)
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: %s must be >= 0, 0 meaning off, else in [2^-126, 2^64] (got %g)",
+                    name, value);
+    if (value < kMinF64Value || value > kMaxF64Value)
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: %s must be in [2^-126, 2^64] (about [1.2e-38, 1.8e19])%s (got %g)",
+                    name, key == FLASHATTN_F64_SOFTCAP ? ", or 0 meaning off" : "", value);
     return FLASHATTN_SUCCESS;
 }
 

@@ -25,6 +25,13 @@ struct PlanParams {
 const char *i64_key_name(int key);
 const char *f64_key_name(int key);
 
+// The range of SOFTMAX_SCALE and of a non-zero SOFTCAP: normal floats (a subnormal scale or cap
+// flushes to 0 in the kernels' float arithmetic) small enough that scale * log2(e), the exp2
+// multiplier every kernel forms, and the scores of fp16 inputs (|q.k| < 2^41) times it stay far
+// from float overflow. Finalize adds a rule on scale / softcap (resolve.cpp).
+constexpr double kMinF64Value = 0x1p-126;
+constexpr double kMaxF64Value = 0x1p64;
+
 // Check a value against its key's own rule; on failure sets the message and returns the status.
 flashattn_status_t check_i64_value(int key, int64_t value);
 flashattn_status_t check_f64_value(int key, double value);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #include "base/checked_math.h"
 #include "base/status.h"
@@ -92,6 +93,60 @@ flashattn_status_t check_extents(const Problem &p) {
     return FLASHATTN_SUCCESS;
 }
 
+// A window reaching at least seqlen_q + seqlen_k keys from the diagonal masks nothing (a query's
+// diagonal key lies in [-seqlen_q, seqlen_k - 1]): it is stored as -1, "no window", so that no
+// backend ever adds a huge window to a position (INT64_MAX overflowed visible_keys).
+int64_t resolve_window(int64_t window, const Problem &p) {
+    return window >= 0 && window - p.seqlen_k >= p.seqlen_q ? -1 : window;
+}
+
+// The kernels compute in float: scale and softcap are each a normal float (params.cpp), and the
+// factor scale / softcap they fold into Q (or the tanh argument) must be one too.
+flashattn_status_t check_scale_softcap(const Problem &p) {
+    if (p.softcap == 0.0) return FLASHATTN_SUCCESS;
+    const double ratio = p.scale / p.softcap;
+    if (ratio < 0x1p-126 || ratio > 0x1p126)
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                    "FLASHATTN_F64_SOFTCAP: softmax scale / softcap = %g / %g = %g is outside [2^-126, 2^126], the "
+                    "range the kernels' float arithmetic computes exactly",
+                    p.scale, p.softcap, ratio);
+    return FLASHATTN_SUCCESS;
+}
+
+// Variable length: the totals, what cu_seqlens (int32, batch + 1 entries) can describe, and the
+// longest possible sequence: no sequence is longer than all rows together, so seqlen_q / seqlen_k
+// are clamped to total_q / total_k (at least 1). Every backend sizes its work (tiles, grids,
+// threads) by these maxima; a declared maximum of 10^10 for 8 real rows made the CPU walk 10^8
+// empty tiles.
+flashattn_status_t resolve_varlen(const PlanParams &params, Problem *p) {
+    FLASHATTN_TRY(require(params, FLASHATTN_I64_TOTAL_Q));
+    FLASHATTN_TRY(require(params, FLASHATTN_I64_TOTAL_K));
+    p->total_q = params.get(FLASHATTN_I64_TOTAL_Q, 0);
+    p->total_k = params.get(FLASHATTN_I64_TOTAL_K, 0);
+    int64_t cap;
+    if (mul_add(p->batch, p->seqlen_q, 0, &cap) && p->total_q > cap)
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                    "FLASHATTN_I64_TOTAL_Q: %lld rows cannot come from %lld sequences of at most %lld queries",
+                    (long long)p->total_q, (long long)p->batch, (long long)p->seqlen_q);
+    if (mul_add(p->batch, p->seqlen_k, 0, &cap) && p->total_k > cap)
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                    "FLASHATTN_I64_TOTAL_K: %lld rows cannot come from %lld sequences of at most %lld keys",
+                    (long long)p->total_k, (long long)p->batch, (long long)p->seqlen_k);
+    for (const auto &t : {std::make_pair(p->total_q, "FLASHATTN_I64_TOTAL_Q"), std::make_pair(p->total_k, "FLASHATTN_I64_TOTAL_K")})
+        if (t.first > INT32_MAX)
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                        "%s: %lld rows, but cu_seqlens are int32 and can index at most 2^31 - 1 rows", t.second,
+                        (long long)t.first);
+    int64_t cu_bytes;
+    if (!mul_add(p->batch, 4, 4, &cu_bytes))
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                    "FLASHATTN_I64_BATCH: %lld sequences, but cu_seqlens (batch + 1 int32 entries) would overflow 64 bits",
+                    (long long)p->batch);
+    p->seqlen_q = std::min(p->seqlen_q, std::max<int64_t>(p->total_q, 1));
+    p->seqlen_k = std::min(p->seqlen_k, std::max<int64_t>(p->total_k, 1));
+    return FLASHATTN_SUCCESS;
+}
+
 }  // namespace
 
 // Bytes spanned by each tensor of a resolved problem (defined below; stored in Problem::extents).
@@ -122,21 +177,10 @@ flashattn_status_t resolve_problem(const PlanParams &params, Problem *out) {
         return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
                     "FLASHATTN_I64_HEADS_Q: %lld query heads is not a multiple of FLASHATTN_I64_HEADS_KV = %lld",
                     (long long)p.heads_q, (long long)p.heads_kv);
-    if (p.varlen) {
-        FLASHATTN_TRY(require(params, FLASHATTN_I64_TOTAL_Q));
-        FLASHATTN_TRY(require(params, FLASHATTN_I64_TOTAL_K));
-        p.total_q = params.get(FLASHATTN_I64_TOTAL_Q, 0);
-        p.total_k = params.get(FLASHATTN_I64_TOTAL_K, 0);
-        int64_t cap;
-        if (mul_add(p.batch, p.seqlen_q, 0, &cap) && p.total_q > cap)
-            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
-                        "FLASHATTN_I64_TOTAL_Q: %lld rows cannot come from %lld sequences of at most %lld queries",
-                        (long long)p.total_q, (long long)p.batch, (long long)p.seqlen_q);
-        if (mul_add(p.batch, p.seqlen_k, 0, &cap) && p.total_k > cap)
-            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
-                        "FLASHATTN_I64_TOTAL_K: %lld rows cannot come from %lld sequences of at most %lld keys",
-                        (long long)p.total_k, (long long)p.batch, (long long)p.seqlen_k);
-    }
+    FLASHATTN_TRY(check_scale_softcap(p));
+    if (p.varlen) FLASHATTN_TRY(resolve_varlen(params, &p));
+    p.window_left = resolve_window(p.window_left, p);
+    p.window_right = resolve_window(p.window_right, p);
     const int64_t rows_q = p.q_rows();
     const int64_t rows_k = p.k_rows();
     // Every tensor's strides: its keys, rows, heads and last dimension (contiguous by default).

@@ -6,9 +6,11 @@
 // threads x per-thread scratch (threads: the hardware threads, capped by the work items; 1 for
 // problems too small to pay for starting threads). Work items are handed out through an
 // atomic counter, heaviest (last, under a causal mask) query tiles first. Every item is computed
-// by one thread with the same code whichever thread that is, so results are bit-identical from run
-// to run.
+// by one thread with the same code whichever thread that is, and a row's result does not depend on
+// the item (pack, tile) it falls in (cpu_kernel.cpp aligns key blocks to absolute positions), so
+// results are bitwise identical from run to run and for any thread count.
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <cinttypes>
 #include <exception>
@@ -60,8 +62,16 @@ cpu::TileShape choose_shape(const Problem &p) {
 // key/value head, their rows interleaved into one tile (see cpu::Slice) so that each K/V block is
 // widened once for all of them. Varlen: tiles of the longest sequence; items past a shorter
 // sequence's end do nothing.
-int64_t tiles_per_sequence(const Problem &p, int block_m, int64_t pack) {
-    return (p.seqlen_q * pack + block_m - 1) / block_m;
+// Varlen: sized by `rows`, the longest real sequence (execute reads it from cu_seqlens).
+// make_plan has checked that the largest product, seqlen_q x heads_q, fits in int64.
+int64_t tiles_per_sequence(int64_t rows, int block_m, int64_t pack) {
+    return (rows * pack + block_m - 1) / block_m;
+}
+
+// Work items of a pass over `tiles` query tiles per sequence, or -1 when the count overflows.
+int64_t work_items(const Problem &p, int64_t tiles, int64_t pack) {
+    int64_t items;
+    return mul_add(tiles, p.batch, 0, &items) && mul_add(items, p.heads_q / pack, 0, &items) ? items : -1;
 }
 
 // Heads per pack: the whole GQA group when one head's query rows do not fill a tile (decode,
@@ -71,7 +81,7 @@ int64_t choose_pack(const Problem &p, int block_m, int64_t threads) {
     if (group <= 1 || p.seqlen_q >= block_m) return 1;
     int64_t pack = group;
     while (pack % 2 == 0 &&
-           tiles_per_sequence(p, block_m, pack) * p.batch * (p.heads_q / pack) < threads) {
+           work_items(p, tiles_per_sequence(p.seqlen_q, block_m, pack), pack) < threads) {
         pack /= 2;
     }
     return pack;
@@ -81,22 +91,35 @@ std::string cpu_unsupported_reason(const Problem &p, const DeviceInfo &) {
     return cpu::unsupported_reason(p);
 }
 
-int64_t choose_threads(const Problem &p, const cpu::TileShape &shape) {
-    const int64_t items = tiles_per_sequence(p, shape.block_m, 1) * p.batch * p.heads_q;
-    unsigned hw = std::thread::hardware_concurrency();
-    int64_t threads = hw == 0 ? 1 : static_cast<int64_t>(hw);
+// Worker threads: the hardware threads, or FLASHATTN_CPU_THREADS=n (read at finalize; tests run
+// several counts through it, results do not depend on it), capped by the work items; 1 for
+// problems too small to pay for starting threads (unless the variable asks for more).
+int64_t choose_threads(const Problem &p, int64_t items) {
+    const char *env = std::getenv("FLASHATTN_CPU_THREADS");
+    const long forced = env != nullptr ? std::strtol(env, nullptr, 10) : 0;
+    const unsigned hw = std::thread::hardware_concurrency();
+    int64_t threads = forced >= 1 ? forced : (hw == 0 ? 1 : static_cast<int64_t>(hw));
     threads = std::min<int64_t>(threads, kMaxThreads);
     threads = std::min<int64_t>(threads, std::max<int64_t>(items, 1));
     const double macs = static_cast<double>(p.batch) * static_cast<double>(p.heads_q) *
                         static_cast<double>(p.seqlen_q) * static_cast<double>(p.seqlen_k) *
                         static_cast<double>(p.head_dim + p.head_dim_v);
-    return macs < kSerialMacs ? 1 : threads;
+    return macs < kSerialMacs && forced < 1 ? 1 : threads;
 }
 
 flashattn_status_t cpu_make_plan(const Problem &p, const DeviceInfo &dev, std::unique_ptr<BackendPlan> *out) {
     auto plan = std::make_unique<CpuPlan>();
     plan->shape = choose_shape(p);
-    plan->threads = choose_threads(p, plan->shape);
+    // Every count execute forms must fit in int64: the rows of all packed heads of the longest
+    // sequence, and the work items of both passes (batch x heads x tiles).
+    int64_t packed_rows;
+    const int64_t items = work_items(p, tiles_per_sequence(p.seqlen_q, plan->shape.block_m, 1), 1);
+    if (!mul_add(p.seqlen_q, p.heads_q, plan->shape.block_m, &packed_rows) || items < 0 ||
+        !cpu::backward_work_fits(p))
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                    "FLASHATTN_I64_BATCH: %lld sequences x %lld heads x %lld rows of work overflow 64 bits on the CPU backend",
+                    (long long)p.batch, (long long)p.heads_q, (long long)p.seqlen_q);
+    plan->threads = choose_threads(p, items);
     plan->pack = choose_pack(p, plan->shape.block_m, plan->threads);
     plan->slot_bytes = align_up(cpu::scratch_bytes(p, plan->shape), kWorkspaceAlignment);
     plan->scratch = plan->workspace.add("cpu per-thread scratch", static_cast<size_t>(plan->threads) * plan->slot_bytes);
@@ -122,9 +145,10 @@ flashattn_status_t check_host_memory(const Tensors &t) {
 }
 
 // The host-visible rules of one cu_seqlens array (see flashattn_plan_execute_varlen()).
+// On success *longest is the longest sequence's length.
 flashattn_status_t check_cu_seqlens(const char *name, const int32_t *cu, int64_t batch,
                                     int64_t total, const char *total_name, int64_t max_len,
-                                    const char *max_name) {
+                                    const char *max_name, int64_t *longest) {
     if (cu == nullptr) {
         return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s is NULL; a variable-length plan needs it",
                     name);
@@ -133,8 +157,10 @@ flashattn_status_t check_cu_seqlens(const char *name, const int32_t *cu, int64_t
         return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s[0] is %" PRId32 "; it must be 0", name,
                     cu[0]);
     }
+    int64_t longest_seen = 0;
     for (int64_t i = 0; i < batch; ++i) {
         const int64_t len = static_cast<int64_t>(cu[i + 1]) - cu[i];
+        longest_seen = std::max(longest_seen, len);
         if (len < 0) {
             return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
                         "%s[%d] is %" PRId32 ", less than %s[%d] = %" PRId32
@@ -154,6 +180,7 @@ flashattn_status_t check_cu_seqlens(const char *name, const int32_t *cu, int64_t
                     "%s[%d] is %" PRId32 " but %s is %" PRId64 "; the last entry must equal %s", name,
                     static_cast<int>(batch), cu[batch], total_name, total, total_name);
     }
+    *longest = longest_seen;
     return FLASHATTN_SUCCESS;
 }
 
@@ -235,25 +262,29 @@ void worker(Job *job, size_t slot) noexcept {
 }
 
 // What the host can check of a call before reading the tensors: memory kinds, then cu_seqlens.
-flashattn_status_t check_host_call(const Problem &p, const CpuPlan &plan, const Tensors &t) {
+// *rows_q: the longest query sequence (seqlen_q unless varlen), which sizes the work.
+flashattn_status_t check_host_call(const Problem &p, const CpuPlan &plan, const Tensors &t, int64_t *rows_q) {
     if (plan.gpu_present) FLASHATTN_TRY(check_host_memory(t));
+    *rows_q = p.seqlen_q;
     if (p.varlen) {
+        int64_t rows_k;
         FLASHATTN_TRY(check_cu_seqlens("cu_seqlens_q", t.cu_seqlens_q, p.batch, p.total_q,
-                                       "total_q", p.seqlen_q, "seqlen_q"));
+                                       "total_q", p.seqlen_q, "seqlen_q", rows_q));
         FLASHATTN_TRY(check_cu_seqlens("cu_seqlens_k", t.cu_seqlens_k, p.batch, p.total_k,
-                                       "total_k", p.seqlen_k, "seqlen_k"));
+                                       "total_k", p.seqlen_k, "seqlen_k", &rows_k));
     }
     return FLASHATTN_SUCCESS;
 }
 
 flashattn_status_t execute_impl(const Problem &p, const CpuPlan &plan, const Tensors &t) {
-    FLASHATTN_TRY(check_host_call(p, plan, t));
+    int64_t rows_q;
+    FLASHATTN_TRY(check_host_call(p, plan, t, &rows_q));
     Job job;
     job.p = &p;
     job.t = &t;
     job.shape = plan.shape;
     job.pack = plan.pack;
-    job.tiles = tiles_per_sequence(p, plan.shape.block_m, job.pack);
+    job.tiles = tiles_per_sequence(rows_q, plan.shape.block_m, job.pack);
     job.units = p.batch * (p.heads_q / job.pack);
     job.items = job.tiles * job.units;
     job.elem = p.element_size();
@@ -283,7 +314,8 @@ std::string cpu_backward_unsupported_reason(const Problem &p, const DeviceInfo &
 flashattn_status_t cpu_execute_backward(const Problem &p, const BackendPlan &base_plan, const Tensors &t) {
     const CpuPlan &plan = static_cast<const CpuPlan &>(base_plan);
     try {
-        FLASHATTN_TRY(check_host_call(p, plan, t));
+        int64_t rows_q;
+        FLASHATTN_TRY(check_host_call(p, plan, t, &rows_q));
         return cpu::run_backward(p, plan.backward, plan.backward_workspace, t);
     } catch (const std::exception &e) {
         return fail(FLASHATTN_ERROR_INTERNAL, "CPU backend (backward): unexpected exception: %s", e.what());

@@ -139,10 +139,11 @@ struct Job {
 
 // S -> P and dP -> dRaw, in place, for rows i0 .. i0 + m - 1 (of the sequence) against keys
 // j0 .. j0 + nk - 1; masked entries and padding columns up to nkp become 0. A row whose LSE is
-// -inf saw no key in the forward and takes no part.
+// -inf saw no key in the forward and takes no part. Row r's keys taking part: [lo[r], hi[r]).
 FLASHATTN_CPU_INLINE void scores_to_grads(const Problem &p, const Sequence &seq, int64_t i0, int m,
                                           int64_t j0, int nk, int nkp, const float *lse,
-                                          const float *dsum, float *s, float *ds, int ld) {
+                                          const float *dsum, float *s, float *ds, int ld, int *lo_out,
+                                          int *hi_out) {
     const bool capped = p.softcap > 0.0;
     const float cap = static_cast<float>(p.softcap);
     const float scale = static_cast<float>(p.scale);
@@ -157,6 +158,8 @@ FLASHATTN_CPU_INLINE void scores_to_grads(const Problem &p, const Sequence &seq,
         hi = hi < lo ? lo : (hi > nk ? nk : hi);
         const float l = lse[r];
         if (l == neg_inf) hi = lo;
+        lo_out[r] = static_cast<int>(lo);
+        hi_out[r] = static_cast<int>(hi);
         const float d = dsum[r];
         for (int64_t j = 0; j < lo; ++j) srow[j] = drow[j] = 0.0f;
         if (capped) {
@@ -200,6 +203,54 @@ FLASHATTN_CPU_INLINE void widen_kv_block(const Problem &p, const Tensors &t, con
     }
 }
 
+// Whether any of the first `rows` rows (of `ld` floats, `cols` used) holds a NaN or inf.
+FLASHATTN_CPU_INLINE bool any_nonfinite(const float *a, int rows, int cols, int64_t ld) {
+    vi bad = vi{};
+    for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; c += kVector) {
+            vf x;
+            vload(x, a + r * ld + c);
+            bad |= (x - x) != 0.0f;
+        }
+    int32_t any = 0;
+    for (int i = 0; i < kVector; ++i) any |= bad[i];
+    return any != 0;
+}
+
+// Non-finite inputs and the products over masked pairs. The products below multiply a masked
+// pair's P or dS (exactly 0) with a row of K, Q or dO; when that row holds a NaN or inf, 0 * NaN
+// would carry it into a gradient the pair does not touch. Those blocks (and only those: the check
+// is one pass over the widened operand) take each row's or key's own pairs, in the same order as
+// the whole-block product; the zero terms left out change nothing, so the results are the same
+// bits either way for finite inputs.
+
+// dQ[r] += dS[r][lo_r..hi_r) K[lo_r..hi_r) for each row.
+template <class BL>
+FLASHATTN_CPU_INLINE void dq_visible_only(int m, int dp, const float *ds, const float *krow, float *acc,
+                                          const int *lo, const int *hi) {
+    for (int r = 0; r < m; ++r) {
+        if (hi[r] > lo[r])
+            gemm<BL>(1, dp, hi[r] - lo[r], ds + r * kBlockN + lo[r], kBlockN, 1, krow + lo[r] * dp, dp,
+                     acc + r * dp, dp, true);
+    }
+}
+
+// acc[j] += sum over the rows r that take part in pair (r, j) of g[r][j] x[r], for each key j:
+// runs of consecutive such rows, in ascending order.
+template <class BL>
+FLASHATTN_CPU_INLINE void dkv_visible_only(int m, int nk, int cols, const float *g, const float *x, float *acc,
+                                           const int *lo, const int *hi) {
+    for (int j = 0; j < nk; ++j) {
+        int r = 0;
+        while (r < m) {
+            while (r < m && !(lo[r] <= j && j < hi[r])) ++r;
+            const int a = r;
+            while (r < m && lo[r] <= j && j < hi[r]) ++r;
+            if (r > a) gemm<BL>(1, cols, r - a, g + j + a * kBlockN, 1, kBlockN, x + a * cols, cols, acc + j * cols, cols, true);
+        }
+    }
+}
+
 // The dQ pass's item: query rows [i0, i0 + block_m) of one (sequence, query head). Writes D of
 // its rows to the workspace and dQ of its rows to the output.
 template <flashattn_dtype_t DT, class BL>
@@ -239,14 +290,18 @@ FLASHATTN_CPU_INLINE void dq_item_body(const Job &job, int64_t item, float *base
 
     const int64_t key_begin = visible_keys(p, i0, seq.sq, seq.sk).first;
     const int64_t key_end = visible_keys(p, i0 + m - 1, seq.sq, seq.sk).last + 1;
+    int lo[kMaxBlockM], hi[kMaxBlockM];
     for (int64_t j0 = key_begin; j0 < key_end; j0 += kBlockN) {
         const int nk = static_cast<int>(std::min<int64_t>(kBlockN, key_end - j0));
         const int nkp = static_cast<int>(round_up(nk, kVector));
         widen_kv_block<DT>(p, t, seq, kvh, j0, nk, nkp, lay, sc.kt, sc.vt, sc.krow);
         gemm<BL>(m, nkp, d, sc.q, dp, 1, sc.kt, kBlockN, sc.s, kBlockN, false);        // S (raw)
         gemm<BL>(m, nkp, dv, sc.dout, dvp, 1, sc.vt, kBlockN, sc.ds, kBlockN, false);  // dP
-        scores_to_grads(p, seq, i0, m, j0, nk, nkp, sc.lse, sc.dsum, sc.s, sc.ds, kBlockN);
-        gemm<BL>(m, dp, nk, sc.ds, kBlockN, 1, sc.krow, dp, sc.acc_k, dp, true);       // dQ += dRaw K
+        scores_to_grads(p, seq, i0, m, j0, nk, nkp, sc.lse, sc.dsum, sc.s, sc.ds, kBlockN, lo, hi);
+        if (!any_nonfinite(sc.krow, nk, dp, dp))
+            gemm<BL>(m, dp, nk, sc.ds, kBlockN, 1, sc.krow, dp, sc.acc_k, dp, true);   // dQ += dRaw K
+        else
+            dq_visible_only<BL>(m, dp, sc.ds, sc.krow, sc.acc_k, lo, hi);
     }
 
     unsigned char *dqb = static_cast<unsigned char *>(t.dq);
@@ -318,9 +373,16 @@ FLASHATTN_CPU_INLINE void dkv_item_body(const Job &job, int64_t item, float *bas
             }
             gemm<BL>(m, nkp, d, sc.q, dp, 1, sc.kt, kBlockN, sc.s, kBlockN, false);        // S (raw)
             gemm<BL>(m, nkp, dv, sc.dout, dvp, 1, sc.vt, kBlockN, sc.ds, kBlockN, false);  // dP
-            scores_to_grads(p, seq, i0, m, j0, nk, nkp, sc.lse, sc.dsum, sc.s, sc.ds, kBlockN);
-            gemm<BL>(nk, dvp, m, sc.s, 1, kBlockN, sc.dout, dvp, sc.acc_v, dvp, true);     // dV += P^T dO
-            gemm<BL>(nk, dp, m, sc.ds, 1, kBlockN, sc.q, dp, sc.acc_k, dp, true);          // dK += dRaw^T Q
+            int lo[kMaxBlockM], hi[kMaxBlockM];
+            scores_to_grads(p, seq, i0, m, j0, nk, nkp, sc.lse, sc.dsum, sc.s, sc.ds, kBlockN, lo, hi);
+            if (!any_nonfinite(sc.dout, m, dvp, dvp))
+                gemm<BL>(nk, dvp, m, sc.s, 1, kBlockN, sc.dout, dvp, sc.acc_v, dvp, true); // dV += P^T dO
+            else
+                dkv_visible_only<BL>(m, nk, dvp, sc.s, sc.dout, sc.acc_v, lo, hi);
+            if (!any_nonfinite(sc.q, m, dp, dp))
+                gemm<BL>(nk, dp, m, sc.ds, 1, kBlockN, sc.q, dp, sc.acc_k, dp, true);      // dK += dRaw^T Q
+            else
+                dkv_visible_only<BL>(m, nk, dp, sc.ds, sc.q, sc.acc_k, lo, hi);
         }
     }
 
@@ -388,6 +450,12 @@ void run_pass(Job *job, ItemFn fn, int64_t threads) {
 int64_t dq_items(const Problem &p, int block_m) { return ceil_div(p.seqlen_q, block_m) * p.batch * p.heads_q; }
 int64_t dkv_items(const Problem &p) { return ceil_div(p.seqlen_k, kBlockN) * p.batch * p.heads_kv; }
 
+// Whether a count overflows: -1 then.
+int64_t checked_items(int64_t tiles, int64_t batch, int64_t heads) {
+    int64_t items;
+    return mul_add(tiles, batch, 0, &items) && mul_add(items, heads, 0, &items) ? items : -1;
+}
+
 flashattn_status_t run_impl(const Problem &p, const BackwardPlan &plan, const WorkspaceLayout &ws,
                             const Tensors &t) {
     const int64_t n_dq = dq_items(p, plan.block_m), n_dkv = dkv_items(p);
@@ -428,6 +496,11 @@ flashattn_status_t run_impl(const Problem &p, const BackwardPlan &plan, const Wo
 }
 
 }  // namespace
+
+bool backward_work_fits(const Problem &p) {
+    return checked_items(ceil_div(p.seqlen_q, choose_block_m(p)), p.batch, p.heads_q) >= 0 &&
+           checked_items(ceil_div(p.seqlen_k, kBlockN), p.batch, p.heads_kv) >= 0;
+}
 
 // The backward runs every problem the forward runs: the same element types and products.
 std::string backward_unsupported_reason(const Problem &p) { return unsupported_reason(p); }

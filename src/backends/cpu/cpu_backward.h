@@ -33,6 +33,10 @@ struct BackwardPlan {
 // Empty when the CPU backend can run the backward pass of `p`; otherwise why not.
 std::string backward_unsupported_reason(const Problem &p);
 
+// Whether the backward's work-item counts (tiles x batch x heads of each pass) fit in int64; make_plan
+// rejects the problem otherwise.
+bool backward_work_fits(const Problem &p);
+
 // Decide the backward's tiles and threads (at most `threads`) and add its slices to `ws`.
 BackwardPlan plan_backward(const Problem &p, int64_t threads, WorkspaceLayout *ws);
 

@@ -28,9 +28,11 @@ namespace flashattn {
 namespace cpu {
 namespace {
 
+// The row maximum propagates NaN (a NaN score makes the row NaN; fmax-style maxima drop it, which
+// silently dropped a key, or every key of a row when the NaN sat in lane 0).
 FLASHATTN_CPU_INLINE float vmax_lanes(const vf &v) {
     float m = v[0];
-    for (int i = 1; i < kVector; ++i) m = v[i] > m ? v[i] : m;
+    for (int i = 1; i < kVector; ++i) m = (v[i] > m || v[i] != v[i]) ? v[i] : m;
     return m;
 }
 
@@ -38,10 +40,19 @@ FLASHATTN_CPU_INLINE float vsum_lanes(const vf &v) {
     return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
-// r = a > b ? a : b, lane-wise (NaN-free inputs).
+// r = max(r, a), lane-wise; a NaN in either stays (see vmax_lanes).
 FLASHATTN_CPU_INLINE void vmax_into(vf &r, const vf &a) {
-    const vi take = a > r;
+    const vi take = (a > r) | (a != a);
     r = (vf)(((vi)a & take) | ((vi)r & ~take));
+}
+
+// Lanes of x that are not finite (NaN or +-inf) set the matching lanes of `bad`.
+FLASHATTN_CPU_INLINE void vflag_nonfinite(vi &bad, const vf &x) { bad |= (x - x) != 0.0f; }
+
+FLASHATTN_CPU_INLINE bool vany(const vi &v) {
+    int32_t any = 0;
+    for (int i = 0; i < kVector; ++i) any |= v[i];
+    return any != 0;
 }
 
 // x = exp(x) for x <= 0, lane-wise: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, a degree-7
@@ -114,6 +125,47 @@ struct Layout {
     }
 };
 
+// One query row (of `head` in the pack) against keys [first, last], all in double: scores, softmax,
+// output. The fallback of rows the float path cannot compute (see the epilogue of tile_body); its
+// order of operations is fixed, so it is as reproducible as the float path. NaN anywhere in the
+// scores gives O = LSE = NaN; an infinite maximum (inf inputs) gives NaN too, as inf - inf does.
+template <flashattn_dtype_t DT>
+__attribute__((noinline)) void exact_row(const Problem &p, const Slice &sl, int64_t row, int64_t head,
+                                         int64_t first, int64_t last, unsigned char *dst, float *lse) {
+    typedef Elem<DT> E;
+    const int d = static_cast<int>(p.head_dim), dv = static_cast<int>(p.head_dim_v);
+    const unsigned char *q = sl.q + (row * sl.q_row + head * sl.q_head) * static_cast<int64_t>(E::size);
+    auto score = [&](int64_t j) {
+        const unsigned char *k = sl.k + j * sl.k_row * static_cast<int64_t>(E::size);
+        double dot = 0.0;
+        for (int c = 0; c < d; ++c) dot += static_cast<double>(E::load(q, c)) * E::load(k, c);
+        const double s = dot * p.scale;
+        return p.softcap > 0.0 ? p.softcap * std::tanh(s / p.softcap) : s;
+    };
+    double m = -std::numeric_limits<double>::infinity();
+    bool nan = false;
+    for (int64_t j = first; j <= last; ++j) {
+        const double s = score(j);
+        nan = nan || s != s;
+        m = s > m ? s : m;
+    }
+    double out[256];  // head_dim_v <= 256 (params.cpp)
+    for (int c = 0; c < dv; ++c) out[c] = 0.0;
+    double l = 0.0;
+    if (nan || !std::isfinite(m)) {
+        l = std::numeric_limits<double>::quiet_NaN();
+    } else {
+        for (int64_t j = first; j <= last; ++j) {
+            const double pj = std::exp(score(j) - m);
+            const unsigned char *v = sl.v + j * sl.v_row * static_cast<int64_t>(E::size);
+            l += pj;
+            for (int c = 0; c < dv; ++c) out[c] += pj * E::load(v, c);
+        }
+    }
+    for (int c = 0; c < dv; ++c) E::store(dst, c, static_cast<float>(out[c] / l));
+    if (lse) *lse = static_cast<float>(m + std::log(l));
+}
+
 template <flashattn_dtype_t DT, class BL>
 FLASHATTN_CPU_INLINE void tile_body(const Problem &p, const TileShape &shape, const Slice &sl,
                                     int64_t row0, int64_t rows64, void *scratch) {
@@ -168,7 +220,13 @@ FLASHATTN_CPU_INLINE void tile_body(const Problem &p, const TileShape &shape, co
         for (int c = 0; c < dvp; ++c) acc[c] = 0.0f;
     }
 
-    for (int64_t j0 = key_begin; j0 < key_end; j0 += bn) {
+    // Key blocks start at multiples of block_n, not at the tile's first visible key: every row then
+    // meets the same blocks, split at the same keys, whichever tile or GQA pack it falls in, so its
+    // result does not depend on the tiling (nor on the thread count, which chooses the pack).
+    int lo_blk[kMaxBlockM];  // each row's visible keys in the current block: [lo, hi)
+    int hi_blk[kMaxBlockM];
+    const int64_t key_start = key_begin < key_end ? key_begin / bn * bn : key_end;
+    for (int64_t j0 = key_start; j0 < key_end; j0 += bn) {
         const int nk = static_cast<int>(key_end - j0 < bn ? key_end - j0 : bn);
         const int nkp = static_cast<int>(round_up(nk, kVector));
 
@@ -187,12 +245,18 @@ FLASHATTN_CPU_INLINE void tile_body(const Problem &p, const TileShape &shape, co
                 for (int jj = nk; jj < nkp; ++jj) dst[jj] = 0.0f;
             }
         }
+        vi v_bad = vi{};  // lanes that met a NaN or inf in V (see the P V product below)
         for (int jj = 0; jj < nk; ++jj) {
             const unsigned char *src = sl.v + (j0 + jj) * sl.v_row * static_cast<int64_t>(E::size);
             if (j0 + bn + jj < key_end) prefetch_row(sl.k + (j0 + bn + jj) * k_row_bytes, k_bytes);
             float *dst = vs + static_cast<size_t>(jj) * dvp;
             widen_row<DT>(src, dv, 1.0f, dst, 1);
             for (int c = dv; c < dvp; ++c) dst[c] = 0.0f;
+            for (int c = 0; c < dvp; c += kVector) {
+                vf x;
+                vload(x, dst + c);
+                vflag_nonfinite(v_bad, x);
+            }
         }
 
         // Scores for the whole block of rows.
@@ -208,6 +272,8 @@ FLASHATTN_CPU_INLINE void tile_body(const Problem &p, const TileShape &shape, co
             int64_t hi = last[r] + 1 - j0;
             lo = lo < 0 ? 0 : (lo > nk ? nk : lo);
             hi = hi < lo ? lo : (hi > nk ? nk : hi);
+            lo_blk[r] = static_cast<int>(lo);
+            hi_blk[r] = static_cast<int>(hi);
             if (lo == hi) {  // the row sees nothing here: it takes no part in this block
                 for (int jj = 0; jj < nkp; ++jj) srow[jj] = 0.0f;
                 continue;
@@ -224,7 +290,9 @@ FLASHATTN_CPU_INLINE void tile_body(const Problem &p, const TileShape &shape, co
             }
             const float block_max = vmax_lanes(vmax);
             const float m_old = mrow[r];
-            const float m_new = block_max > m_old ? block_max : m_old;
+            // A NaN score makes m NaN for good: P of this block becomes 0 (vexp_nonpositive), alpha
+            // of later blocks NaN, and the epilogue finds the row's m not finite.
+            const float m_new = (block_max > m_old || block_max != block_max) ? block_max : m_old;
             // Probabilities relative to the new maximum, and their sum.
             vf vm, vsum = vf{};
             vsplat(vm, m_new);
@@ -255,19 +323,37 @@ FLASHATTN_CPU_INLINE void tile_body(const Problem &p, const TileShape &shape, co
             mrow[r] = m_new;
         }
 
-        // O += P V.
-        gemm<BL>(rows, dvp, nk, ss, bn, 1, vs, dvp, oa, dvp, true);
+        // O += P V. A NaN or inf in V would reach every row of the tile through P = 0 (0 * inf is
+        // NaN); then each row takes only its visible keys. Both forms add the same products in
+        // the same order (the zero terms left out change nothing), so the result does not depend
+        // on which form ran.
+        if (!vany(v_bad)) {
+            gemm<BL>(rows, dvp, nk, ss, bn, 1, vs, dvp, oa, dvp, true);
+        } else {
+            for (int r = 0; r < rows; ++r) {
+                const int lo = lo_blk[r], n = hi_blk[r] - lo;
+                if (n > 0)
+                    gemm<BL>(1, dvp, n, ss + static_cast<size_t>(r) * bn + lo, bn, 1,
+                             vs + static_cast<size_t>(lo) * dvp, dvp, oa + static_cast<size_t>(r) * dvp, dvp, true);
+            }
+        }
     }
 
-    // Normalise once and narrow to the output type; rows that saw no key get O = 0, LSE = -inf.
+    // Normalise once and narrow to the output type. Rows that see no key get O = 0, LSE = -inf
+    // (decided by their key interval, not by m, which a NaN or an overflow also leaves not finite).
+    // A row that sees keys but whose m is not finite (a NaN or inf input, or scores past the float
+    // range: fp32/bf16 inputs of magnitude ~1e19 and up) is computed again in double, which
+    // represents every such score and propagates NaN.
     for (int r = 0; r < rows; ++r) {
         const int64_t row = (row0 + r) / heads, head = (row0 + r) % heads;
         unsigned char *dst = sl.o + (row * sl.o_row + head * sl.o_head) * static_cast<int64_t>(E::size);
         float *lse = sl.lse ? sl.lse + head * sl.lse_head + row : nullptr;
         const float *acc = oa + static_cast<size_t>(r) * dvp;
-        if (mrow[r] == neg_inf) {
+        if (first[r] > last[r]) {
             for (int c = 0; c < dv; ++c) E::store(dst, c, 0.0f);
             if (lse) *lse = neg_inf;
+        } else if (!std::isfinite(mrow[r])) {
+            exact_row<DT>(p, sl, row, head, first[r], last[r], dst, lse);
         } else {
             const float inv = 1.0f / lrow[r];
             for (int c = 0; c < dv; ++c) E::store(dst, c, acc[c] * inv);

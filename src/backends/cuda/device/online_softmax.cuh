@@ -75,7 +75,10 @@ __device__ __forceinline__ void softmax_step(float (&S)[kNT][4], float (&row_max
 }
 
 // After the last key tile: 1/l per row (0 for a row that saw no key) and the natural-log LSE
-// (-inf for such a row). The quad holds partial sums of each row: they are reduced here.
+// (-inf for such a row). The quad holds partial sums of each row: they are reduced here. NaN
+// propagates without a test in the loop: a NaN score is dropped by the fmaxf of the row max but
+// becomes P = NaN, so l (and O through P V) is NaN, and so are 1/l and the LSE here; a fully
+// masked row has l = 0 exactly (a row that sees a key has l >= 1, its maximum's e^0).
 __device__ __forceinline__ void finish_rows(const float (&row_max)[2], const float (&row_sum)[2], float sl2,
                                             float (&inv)[2], float (&lse)[2]) {
 #pragma unroll
@@ -87,6 +90,11 @@ __device__ __forceinline__ void finish_rows(const float (&row_max)[2], const flo
         lse[h] = l == 0.f ? -INFINITY : (row_max[h] * sl2 + fast_log2(l)) * 0.6931471805599453f;
     }
 }
+
+// One element of O / l: 0 for a row that saw no key (inv 0) even when its accumulator is not,
+// which happens when a NaN or inf in V of a key it cannot see reached it through P = 0 (0 * NaN is
+// NaN). Epilogues only: the loop keeps no such test.
+__device__ __forceinline__ float normalize_output(float o, float inv) { return inv == 0.f ? 0.f : o * inv; }
 
 }  // namespace cuda
 }  // namespace flashattn

@@ -164,11 +164,10 @@ flashattn_status_t fa1_make_plan(const Problem &p, const DeviceInfo &dev, std::u
 
 flashattn_status_t fa1_execute(const Problem &p, const BackendPlan &base_plan, const Tensors &t) {
     const Fa1Plan &plan = static_cast<const Fa1Plan &>(base_plan);
+    DeviceGuard scope(p.device);  // first: every CUDA call below runs on the plan's device
+    if (scope.error() != cudaSuccess) return cuda_fail(scope.error(), "fa1: cudaSetDevice");
     FLASHATTN_TRY(check_device_tensors(p, t));
     if (p.seqlen_q == 0 || p.batch == 0) return FLASHATTN_SUCCESS;  // nothing to compute
-
-    DeviceGuard scope(p.device);
-    if (scope.error() != cudaSuccess) return cuda_fail(scope.error(), "fa1: cudaSetDevice");
 
     fa1::Params prm;
     fill_tensor_args(p, t, &prm);

@@ -34,6 +34,7 @@
 #include <cuda_runtime.h>
 
 #include "backends/cuda/device/mask.cuh"
+#include "backends/cuda/device/online_softmax.cuh"  // normalize_output
 #include "backends/cuda/device/ptx.cuh"
 #include "backends/cuda/device/swizzle.cuh"
 #include "backends/cuda/fa1/fa1_params.h"
@@ -570,8 +571,10 @@ struct Fwd {
                 const float alpha = mo == -INFINITY ? 0.f : cuda::fast_exp2((mo - mnew[mt][hh]) * sl2);
                 const float ln = alpha * lo + lb;
                 // ln >= 1 whenever a key is visible (the row maximum contributes e^0), so the
-                // approximate reciprocal (no IEEE slow path in the loop) is exact to ~1 ulp.
-                const float inv = ln > 0.f ? cuda::fast_rcp(ln) : 0.f;
+                // approximate reciprocal (no IEEE slow path in the loop) is exact to ~1 ulp. ln is
+                // 0 for a row that saw no key yet, and NaN once a NaN score reached the row (fmaxf
+                // drops it from m, but its P is NaN): inv is then NaN too, which propagates.
+                const float inv = ln == 0.f ? 0.f : cuda::fast_rcp(ln);
                 cold[hh] = alpha * lo * inv;
                 cnew[hh] = inv;
                 lnew[hh] = ln;
@@ -589,19 +592,24 @@ struct Fwd {
                     const int row = r0 + mt * 16 + g() + 8 * hh;
                     if (row < sg.sq) {
                         char *orow = og + 2 * (long long)row * p.o_rs;
+                        // A row that saw no key stores 0 even if a NaN in V reached it (P = 0).
+                        const float keep = lnew[hh] == 0.f ? 0.f : 1.f;
 #pragma unroll
                         for (int n = 0; n < NOW; ++n) {
                             const int col = (warp() * NOW + n) * 8 + 2 * t();
                             if (col < p.head_dim) {
-                                const uint32_t v = hh == 0 ? cuda::pack2<E>(own[mt][n].x, own[mt][n].y)
-                                                           : cuda::pack2<E>(own[mt][n].z, own[mt][n].w);
+                                const uint32_t v =
+                                    hh == 0 ? cuda::pack2<E>(cuda::normalize_output(own[mt][n].x, keep),
+                                                             cuda::normalize_output(own[mt][n].y, keep))
+                                            : cuda::pack2<E>(cuda::normalize_output(own[mt][n].z, keep),
+                                                             cuda::normalize_output(own[mt][n].w, keep));
                                 *reinterpret_cast<uint32_t *>(orow + 2 * col) = v;
                             }
                         }
                         if (lseg != nullptr && warp() == 0 && t() == 0)
-                            lseg[row] = lnew[hh] > 0.f
-                                            ? (mnew[mt][hh] * sl2 + cuda::fast_log2(lnew[hh])) * 0.6931471805599453f
-                                            : -INFINITY;
+                            lseg[row] = lnew[hh] == 0.f
+                                            ? -INFINITY
+                                            : (mnew[mt][hh] * sl2 + cuda::fast_log2(lnew[hh])) * 0.6931471805599453f;
                     }
                 }
             } else {

@@ -146,6 +146,8 @@ flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::u
 
 flashattn_status_t fa2_execute(const Problem &p, const BackendPlan &base_plan, const Tensors &t) {
     const Fa2Plan &plan = static_cast<const Fa2Plan &>(base_plan);
+    DeviceGuard guard(p.device);  // first: every CUDA call below runs on the plan's device
+    if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "fa2: cudaSetDevice");
     FLASHATTN_TRY(check_device_tensors(p, t));
     if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0 || (p.varlen && p.total_q == 0))
         return FLASHATTN_SUCCESS;
@@ -160,8 +162,6 @@ flashattn_status_t fa2_execute(const Problem &p, const BackendPlan &base_plan, c
         k.lse_part = plan.workspace.at<float>(t.workspace, plan.lse_part);
     }
 
-    DeviceGuard guard(p.device);
-    if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "fa2: cudaSetDevice");
     const bool bf16 = p.dtype == FLASHATTN_DTYPE_BF16;
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);
     cudaError_t err = plan.launch(k, bf16, plan.variant.small, stream);

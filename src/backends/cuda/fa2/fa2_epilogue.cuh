@@ -57,7 +57,8 @@ __device__ __forceinline__ void store_split_partials(const Params &p, const floa
             const int col = dt * 8 + 2 * t;
             if (col < p.head_dim)
                 *reinterpret_cast<float2 *>(op + col) =
-                    make_float2(O[mt][dt][2 * h] * inv[mt][h], O[mt][dt][2 * h + 1] * inv[mt][h]);
+                    make_float2(cuda::normalize_output(O[mt][dt][2 * h], inv[mt][h]),
+                                cuda::normalize_output(O[mt][dt][2 * h + 1], inv[mt][h]));
         }
         if (t == 0) p.lse_part[r] = lse[mt][h];
     });
@@ -91,8 +92,8 @@ __device__ __forceinline__ void store_o(const Params &p, const float (&O)[Tr::kM
 #pragma unroll
             for (int dt = 0; dt < Tr::kDT; ++dt)
                 cuda::st_shared_b32(s_q + QT::offset(r, dt) + 4 * t,
-                                    cuda::pack2<E>(O[mt][dt][2 * h] * inv[mt][h],
-                                                   O[mt][dt][2 * h + 1] * inv[mt][h]));
+                                    cuda::pack2<E>(cuda::normalize_output(O[mt][dt][2 * h], inv[mt][h]),
+                                                   cuda::normalize_output(O[mt][dt][2 * h + 1], inv[mt][h])));
         }
     __syncwarp();
     // Lane l stores 16-byte column chunk c = l % kCPRp of rows lr0, lr0 + kStep, ... of the warp's

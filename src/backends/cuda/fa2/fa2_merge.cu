@@ -1,6 +1,8 @@
 // Split-KV combine: O = sum_s exp(LSE_s - LSE) O_s, LSE = log sum_s exp(LSE_s), from the fp32
 // partials the forward kernel wrote into the workspace. One warp per (query row, head); each lane
-// owns 8 columns (head_dim <= 256).
+// owns 8 columns (head_dim <= 256). A NaN partial LSE (a NaN reached the row in that split) makes
+// the row's O and LSE NaN: fmaxf would drop it, and a row NaN in every split then came out as a
+// fully masked one (O = 0, LSE = -inf).
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -32,7 +34,13 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
     const int64_t r = static_cast<int64_t>(head) * p.total_rows + grow0 + qpos;
 
     float mx = -INFINITY;
-    for (int s = lane; s < S; s += 32) mx = fmaxf(mx, p.lse_part[s * split_stride + r]);
+    bool nan = false;
+    for (int s = lane; s < S; s += 32) {
+        const float x = p.lse_part[s * split_stride + r];
+        nan = nan || x != x;
+        mx = fmaxf(mx, x);
+    }
+    nan = __any_sync(0xffffffffu, nan);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float sum = 0.f;
@@ -40,13 +48,15 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
         for (int s = lane; s < S; s += 32) sum += expf(p.lse_part[s * split_stride + r] - mx);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const float lse = sum == 0.f ? -INFINITY : mx + logf(sum);
+    const float lse = nan ? NAN : sum == 0.f ? -INFINITY : mx + logf(sum);
 
     const int d = p.head_dim;
     const int c = lane * 8;
     if (c < d) {
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        if (lse != -INFINITY) {
+        if (nan) {
+            for (int i = 0; i < 8; ++i) acc[i] = NAN;
+        } else if (lse != -INFINITY) {
             for (int s = 0; s < S; ++s) {
                 const float w = expf(p.lse_part[s * split_stride + r] - lse);
                 if (w == 0.f) continue;

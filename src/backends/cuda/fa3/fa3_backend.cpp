@@ -16,6 +16,7 @@
 #include "backends/cuda/host/cuda_host.h"
 #include "backends/cuda/host/tensor_args.h"
 #include "backends/cuda/host/tensor_map.h"
+#include "base/checked_math.h"
 #include "base/status.h"
 
 namespace flashattn {
@@ -77,7 +78,9 @@ std::string fa3_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
     if (!shape.empty()) return shape;
     if (p.seqlen_q >= kMaxSeqlen || p.seqlen_k >= kMaxSeqlen || p.total_q >= kMaxSeqlen || p.total_k >= kMaxSeqlen)
         return "the fa3 backend supports sequence lengths (and varlen totals) below 2^28";
-    if ((p.seqlen_q + fa3::kBlockM - 1) / fa3::kBlockM * p.heads_q * p.batch >= (int64_t(1) << 31))
+    int64_t tiles;  // checked: a varlen batch may be as large as int64 allows
+    if (!mul_add(ceil_div(p.seqlen_q, fa3::kBlockM), p.heads_q, 0, &tiles) || !mul_add(tiles, p.batch, 0, &tiles) ||
+        tiles >= (int64_t(1) << 31))
         return "the fa3 backend schedules at most 2^31 - 1 query tiles (128 rows x heads x sequences)";
     const int64_t batch = p.batch_extent();
     for (const std::string &why : {tma_stride_problem("q", p.q, p.q_rows(), p.heads_q, batch),
@@ -139,10 +142,42 @@ flashattn_status_t fa3_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     return FLASHATTN_SUCCESS;
 }
 
+// The last tensor map this thread encoded for one of Q, K, V, with everything it was encoded from.
+// A map is a pure function of those inputs, so an equal request reuses it: a serving loop or a
+// benchmark passes the same buffers call after call, and three encodes were a large part of FA3's
+// host time per execute. Per thread, so concurrent executes share nothing.
+struct CachedMap {
+    bool valid = false;
+    TmaElement el = TmaElement::fp16;
+    const void *base = nullptr;
+    uint64_t dims[4] = {}, strides[3] = {};
+    uint32_t box[4] = {};
+    CUtensorMap map;
+};
+
+flashattn_status_t encode_cached(CachedMap *c, CUtensorMap *out, TmaElement el, const void *base,
+                                 const uint64_t (&dims)[4], const uint64_t (&strides)[3], const uint32_t (&box)[4]) {
+    const bool same = c->valid && c->el == el && c->base == base && std::equal(dims, dims + 4, c->dims) &&
+                      std::equal(strides, strides + 3, c->strides) && std::equal(box, box + 4, c->box);
+    if (!same) {
+        c->valid = false;
+        FLASHATTN_TRY(encode_tensor_map_sw128(&c->map, el, base, 4, dims, strides, box));
+        c->el = el;
+        c->base = base;
+        std::copy(dims, dims + 4, c->dims);
+        std::copy(strides, strides + 3, c->strides);
+        std::copy(box, box + 4, c->box);
+        c->valid = true;
+    }
+    *out = c->map;
+    return FLASHATTN_SUCCESS;
+}
+
 // One rank-4 map {head_dim, rows, heads, batch}: 64-column boxes of `box_rows` rows. Extent-1
-// dimensions get a filler stride (unused, but the encoder checks it).
-flashattn_status_t encode_map(CUtensorMap *out, TmaElement el, const void *base, const Problem &p,
+// dimensions get a filler stride (unused, but the encoder checks it). `slot`: 0, 1, 2 for Q, K, V.
+flashattn_status_t encode_map(int slot, CUtensorMap *out, TmaElement el, const void *base, const Problem &p,
                               const Strides &s, int64_t rows, int64_t heads, int box_rows) {
+    thread_local CachedMap cache[3];
     const int64_t batch = p.batch_extent();
     const uint64_t row_bytes = static_cast<uint64_t>(s.row) * 2;
     const uint64_t filler = static_cast<uint64_t>(p.head_dim) * 2 * 16;
@@ -151,11 +186,15 @@ flashattn_status_t encode_map(CUtensorMap *out, TmaElement el, const void *base,
     const uint64_t strides[3] = {rows > 1 ? row_bytes : filler, heads > 1 ? static_cast<uint64_t>(s.head) * 2 : filler,
                                  batch > 1 ? static_cast<uint64_t>(s.batch) * 2 : filler};
     const uint32_t box[4] = {64, static_cast<uint32_t>(box_rows), 1, 1};
-    return encode_tensor_map_sw128(out, el, base, 4, dims, strides, box);
+    return encode_cached(&cache[slot], out, el, base, dims, strides, box);
 }
 
 flashattn_status_t fa3_execute(const Problem &p, const BackendPlan &base_plan, const Tensors &t) {
     const Fa3Plan &plan = static_cast<const Fa3Plan &>(base_plan);
+    // First, with the context current: the tensor maps are encoded through the driver, which
+    // failed with CUresult 201 (no current context) on a thread that had never used CUDA.
+    DeviceGuard guard(p.device, /*need_context=*/true);
+    if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "fa3: cudaSetDevice");
     FLASHATTN_TRY(check_device_tensors(p, t));
     if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0 || (p.varlen && p.total_q == 0))
         return FLASHATTN_SUCCESS;
@@ -166,14 +205,12 @@ flashattn_status_t fa3_execute(const Problem &p, const BackendPlan &base_plan, c
     const TmaElement el = p.dtype == FLASHATTN_DTYPE_BF16 ? TmaElement::bf16 : TmaElement::fp16;
     const int64_t rows_k = p.k_rows();
     fa3::TensorMaps maps;
-    FLASHATTN_TRY(encode_map(&maps.q, el, t.q, p, p.q, p.q_rows(), p.heads_q, fa3::kBlockM));
+    FLASHATTN_TRY(encode_map(0, &maps.q, el, t.q, p, p.q, p.q_rows(), p.heads_q, fa3::kBlockM));
     // No keys at all: the kernel loads no K/V tile, but the maps still need a valid base and extent.
     const bool no_keys = rows_k == 0;
-    FLASHATTN_TRY(encode_map(&maps.k, el, no_keys ? t.q : t.k, p, p.k, no_keys ? 1 : rows_k, p.heads_kv, plan.cfg.block_n));
-    FLASHATTN_TRY(encode_map(&maps.v, el, no_keys ? t.q : t.v, p, p.v, no_keys ? 1 : rows_k, p.heads_kv, plan.cfg.block_n));
+    FLASHATTN_TRY(encode_map(1, &maps.k, el, no_keys ? t.q : t.k, p, p.k, no_keys ? 1 : rows_k, p.heads_kv, plan.cfg.block_n));
+    FLASHATTN_TRY(encode_map(2, &maps.v, el, no_keys ? t.q : t.v, p, p.v, no_keys ? 1 : rows_k, p.heads_kv, plan.cfg.block_n));
 
-    DeviceGuard guard(p.device);
-    if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "fa3: cudaSetDevice");
     k.num_ctas = plan.num_ctas;
     k.section = plan.section;
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);

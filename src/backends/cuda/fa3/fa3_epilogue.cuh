@@ -42,7 +42,8 @@ __device__ __forceinline__ void store_output(const Params &p, const TileCoords &
             const int col = 8 * j + 2 * t;
             if (col < d)  // the padded columns past the real head dim are never stored
                 *reinterpret_cast<uint32_t *>(row + col) =
-                    cuda::pack2<E>(O[4 * j + 2 * h] * inv[h], O[4 * j + 2 * h + 1] * inv[h]);
+                    cuda::pack2<E>(cuda::normalize_output(O[4 * j + 2 * h], inv[h]),
+                                   cuda::normalize_output(O[4 * j + 2 * h + 1], inv[h]));
         }
         if (p.lse != nullptr && t == 0) {
             p.lse[cuda::lse_offset(p, c.b, c.head, c.seq.q_row0, qpos[h])] = lse[h];

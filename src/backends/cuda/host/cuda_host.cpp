@@ -67,7 +67,7 @@ flashattn_status_t check_device_tensors(const Problem &p, const Tensors &t) {
     return FLASHATTN_SUCCESS;
 }
 
-DeviceGuard::DeviceGuard(int device) {
+DeviceGuard::DeviceGuard(int device, bool need_context) {
     if (cudaGetDevice(&saved_) != cudaSuccess) {
         cudaGetLastError();
         saved_ = -1;
@@ -75,6 +75,8 @@ DeviceGuard::DeviceGuard(int device) {
     if (saved_ != device) {
         err_ = cudaSetDevice(device);
         switched_ = err_ == cudaSuccess;
+    } else if (need_context) {
+        err_ = cudaSetDevice(device);  // the device is already the current one: nothing to restore
     }
 }
 

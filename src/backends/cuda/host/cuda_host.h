@@ -20,9 +20,12 @@ flashattn_status_t check_device_tensors(const Problem &p, const Tensors &t);
 
 // Makes `device` current on the calling thread for a GPU execute's launches and restores the
 // caller's current device when it goes out of scope (execute must not change the caller's state).
+// Runtime calls make the device's context current on their own; driver calls (FA3's
+// cuTensorMapEncodeTiled) need it current already, which a thread that never touched CUDA does not
+// have even when cudaGetDevice reports `device`: `need_context` then calls cudaSetDevice anyway.
 class DeviceGuard {
 public:
-    explicit DeviceGuard(int device);
+    explicit DeviceGuard(int device, bool need_context = false);
     ~DeviceGuard();
     DeviceGuard(const DeviceGuard &) = delete;
     DeviceGuard &operator=(const DeviceGuard &) = delete;

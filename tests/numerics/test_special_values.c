@@ -1,0 +1,570 @@
+/* Special values and extreme settings on one backend (issue 21's defects 1-6), checked against a
+ * double-precision reference written here:
+ *   - NaN propagates: a NaN in a query row makes that row's O and LSE NaN; a NaN in a key makes
+ *     every row that sees the key NaN (whichever lane of a key block it sits in), and only those
+ *     on the CPU; a NaN in a value reaches the rows that see it; a row that sees no key stays
+ *     O = 0, LSE = -inf whatever the other rows meet; the split-KV (decode) path too.
+ *   - windows of INT64_MAX are "no window" (bitwise the unwindowed result);
+ *   - a variable-length plan declaring seqlen_q 10^10 (or INT64_MAX on the CPU) for a few real rows
+ *     runs them, quickly, and correctly;
+ *   - a tiny softcap (1e-30) gives uniform attention;
+ *   - execute from a thread that never used CUDA (FA3 failed there) gives the main thread's bits;
+ *   - CPU only: fp32/bf16 inputs of magnitude 1e20 give the finite exact result; forward and
+ *     backward results are bitwise identical for 1, 2, 7, 16 and 33 threads (FLASHATTN_CPU_THREADS);
+ *     a NaN in Q, K or dO reaches exactly the gradients of the pairs it takes part in.
+ * Built once per backend (TEST_BACKEND); the GPU builds exit 77 (skipped) without a device. */
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_runner.h"
+
+#define IS_CPU (TEST_BACKEND == FLASHATTN_BACKEND_CPU)
+
+/* One problem, fixed length unless varlen (then one sequence of `rows` queries and keys, packed). */
+typedef struct sv_problem {
+    int64_t b, sq, sk, hq, hkv, d;
+    flashattn_dtype_t dtype;
+    int causal;
+    int64_t wl, wr;       /* -1: none */
+    double softcap;       /* 0: off */
+    int varlen;           /* then b = 1 real sequence of sq x sk rows */
+    int64_t declared_sq;  /* varlen: FLASHATTN_I64_SEQLEN_Q as set (the real rows are sq) */
+} sv_problem;
+
+/* Inputs and outputs as logical float arrays [b][s][h][d] (values exactly representable in the
+ * dtype); LSE [b][hq][sq]. */
+typedef struct sv_data {
+    float *q, *k, *v, *o, *lse;
+} sv_data;
+
+static size_t nq(const sv_problem *p) { return (size_t)(p->b * p->sq * p->hq * p->d); }
+static size_t nk(const sv_problem *p) { return (size_t)(p->b * p->sk * p->hkv * p->d); }
+static size_t nl(const sv_problem *p) { return (size_t)(p->b * p->hq * p->sq); }
+
+static void data_alloc(const sv_problem *p, sv_data *x) {
+    x->q = calloc(nq(p), sizeof(float));
+    x->k = calloc(nk(p), sizeof(float));
+    x->v = calloc(nk(p), sizeof(float));
+    x->o = calloc(nq(p), sizeof(float));
+    x->lse = calloc(nl(p), sizeof(float));
+    assert_true(x->q && x->k && x->v && x->o && x->lse);
+}
+
+static void data_free(sv_data *x) {
+    free(x->q), free(x->k), free(x->v), free(x->o), free(x->lse);
+}
+
+static void fill_random(const sv_problem *p, sv_data *x, uint64_t seed, double magnitude) {
+    test_rng rng;
+    test_rng_seed(&rng, seed);
+    float *arrays[3] = {x->q, x->k, x->v};
+    size_t sizes[3] = {nq(p), nk(p), nk(p)};
+    for (int a = 0; a < 3; ++a)
+        for (size_t i = 0; i < sizes[a]; ++i)
+            arrays[a][i] = (float)test_round(p->dtype, magnitude * test_rng_uniform(&rng, -1.0, 1.0));
+}
+
+static size_t at(int64_t b, int64_t s, int64_t h, int64_t c, int64_t seq, int64_t heads, int64_t d) {
+    return (size_t)(((b * seq + s) * heads + h) * d + c);
+}
+
+/* The reference: the documented mask rule, NaN rules and softmax in double. */
+static void reference(const sv_problem *p, const sv_data *x, double *o, double *lse) {
+    const double scale = 1.0 / sqrt((double)p->d);
+    /* A window of at least sq + sk keys masks nothing (the documented rule; no overflow here). */
+    const int64_t wl = p->wl >= p->sq + p->sk ? -1 : p->wl, wr = p->wr >= p->sq + p->sk ? -1 : p->wr;
+    for (int64_t b = 0; b < p->b; ++b)
+        for (int64_t h = 0; h < p->hq; ++h)
+            for (int64_t i = 0; i < p->sq; ++i) {
+                const int64_t kh = h / (p->hq / p->hkv), diag = i + p->sk - p->sq;
+                double m = -INFINITY, l = 0.0;
+                int seen = 0, nan = 0;
+                double *orow = o + at(b, i, h, 0, p->sq, p->hq, p->d);
+                for (int64_t c = 0; c < p->d; ++c) orow[c] = 0.0;
+                for (int pass = 0; pass < 2; ++pass)
+                    for (int64_t j = 0; j < p->sk; ++j) {
+                        if ((p->causal && j > diag) || (wr >= 0 && j > diag + wr) || (wl >= 0 && j < diag - wl))
+                            continue;
+                        double s = 0.0;
+                        for (int64_t c = 0; c < p->d; ++c)
+                            s += (double)x->q[at(b, i, h, c, p->sq, p->hq, p->d)] * x->k[at(b, j, kh, c, p->sk, p->hkv, p->d)];
+                        s *= scale;
+                        if (p->softcap > 0.0) s = p->softcap * tanh(s / p->softcap);
+                        if (pass == 0) {
+                            seen = 1;
+                            nan = nan || isnan(s);
+                            if (s > m) m = s;
+                        } else if (!nan) {
+                            const double e = exp(s - m);
+                            l += e;
+                            for (int64_t c = 0; c < p->d; ++c) orow[c] += e * x->v[at(b, j, kh, c, p->sk, p->hkv, p->d)];
+                        }
+                    }
+                double *lrow = lse + (b * p->hq + h) * p->sq + i;
+                if (!seen) {
+                    *lrow = -INFINITY;
+                } else if (nan) {
+                    for (int64_t c = 0; c < p->d; ++c) orow[c] = NAN;
+                    *lrow = NAN;
+                } else {
+                    for (int64_t c = 0; c < p->d; ++c) orow[c] /= l;
+                    *lrow = m + log(l);
+                }
+            }
+}
+
+static flashattn_plan_t *make_plan(const sv_problem *p) {
+    flashattn_plan_t *plan = NULL;
+    assert_int_equal(flashattn_plan_create(&plan), FLASHATTN_SUCCESS);
+    const test_key_value keys[] = {
+        {FLASHATTN_I64_BATCH, p->b},        {FLASHATTN_I64_SEQLEN_Q, p->varlen ? p->declared_sq : p->sq},
+        {FLASHATTN_I64_SEQLEN_K, p->sk},    {FLASHATTN_I64_HEADS_Q, p->hq},
+        {FLASHATTN_I64_HEADS_KV, p->hkv},   {FLASHATTN_I64_HEAD_DIM, p->d},
+        {FLASHATTN_I64_DTYPE, p->dtype},    {FLASHATTN_I64_CAUSAL, p->causal},
+        {FLASHATTN_I64_WINDOW_LEFT, p->wl}, {FLASHATTN_I64_WINDOW_RIGHT, p->wr},
+        {FLASHATTN_I64_BACKEND, TEST_BACKEND}, {FLASHATTN_I64_VARLEN, p->varlen},
+        {FLASHATTN_I64_TOTAL_Q, p->sq},     {FLASHATTN_I64_TOTAL_K, p->sk},
+    };
+    set_keys_or_fail(plan, keys, sizeof keys / sizeof keys[0] - (p->varlen ? 0 : 2));
+    if (p->softcap > 0.0)
+        assert_int_equal(flashattn_plan_set_f64(plan, FLASHATTN_F64_SOFTCAP, p->softcap), FLASHATTN_SUCCESS);
+    if (flashattn_plan_finalize(plan) != FLASHATTN_SUCCESS) fail_msg("finalize: %s", flashattn_last_error());
+    return plan;
+}
+
+/* One execute's buffers in the plan's memory (device memory for GPU backends). */
+typedef struct sv_run {
+    const flashattn_plan_t *plan;
+    const sv_problem *p;
+    test_mem q, k, v, o, lse, ws, cu_q, cu_k;
+    flashattn_status_t status;
+} sv_run;
+
+static void run_prepare(sv_run *r, const flashattn_plan_t *plan, const sv_problem *p, const sv_data *x) {
+    const int dev = test_on_device(TEST_BACKEND);
+    const size_t es = test_dtype_size(p->dtype);
+    size_t ws = 0;
+    memset(r, 0, sizeof *r);
+    r->plan = plan;
+    r->p = p;
+    assert_int_equal(flashattn_plan_get_workspace_size(plan, &ws), FLASHATTN_SUCCESS);
+    assert_int_equal(test_mem_alloc(&r->q, nq(p) * es, dev), 0);
+    assert_int_equal(test_mem_alloc(&r->k, nk(p) * es, dev), 0);
+    assert_int_equal(test_mem_alloc(&r->v, nk(p) * es, dev), 0);
+    assert_int_equal(test_mem_alloc(&r->o, nq(p) * es, dev), 0);
+    assert_int_equal(test_mem_alloc(&r->lse, nl(p) * 4, dev), 0);
+    assert_int_equal(test_mem_alloc(&r->ws, ws + 1, dev), 0);
+    assert_int_equal(test_mem_alloc(&r->cu_q, 8, dev), 0);
+    assert_int_equal(test_mem_alloc(&r->cu_k, 8, dev), 0);
+    for (size_t i = 0; i < nq(p); ++i) test_store(p->dtype, (char *)r->q.host + i * es, x->q[i]);
+    for (size_t i = 0; i < nk(p); ++i) test_store(p->dtype, (char *)r->k.host + i * es, x->k[i]);
+    for (size_t i = 0; i < nk(p); ++i) test_store(p->dtype, (char *)r->v.host + i * es, x->v[i]);
+    test_poison(p->dtype, r->o.host, r->o.bytes);
+    test_poison(FLASHATTN_DTYPE_FP32, r->lse.host, r->lse.bytes);
+    const int32_t cq[2] = {0, (int32_t)p->sq}, ck[2] = {0, (int32_t)p->sk};
+    memcpy(r->cu_q.host, cq, 8);
+    memcpy(r->cu_k.host, ck, 8);
+    const test_mem *all[] = {&r->q, &r->k, &r->v, &r->o, &r->lse, &r->cu_q, &r->cu_k};
+    for (size_t i = 0; i < sizeof all / sizeof *all; ++i) assert_int_equal(test_mem_upload(all[i]), 0);
+}
+
+static void run_execute(sv_run *r) {
+    size_t ws = 0;
+    flashattn_plan_get_workspace_size(r->plan, &ws);
+    void *w = ws ? test_mem_ptr(&r->ws) : NULL;
+    if (r->p->varlen)
+        r->status = flashattn_plan_execute_varlen(r->plan, test_mem_ptr(&r->q), test_mem_ptr(&r->k), test_mem_ptr(&r->v),
+                                                  test_mem_ptr(&r->o), test_mem_ptr(&r->lse), test_mem_ptr(&r->cu_q),
+                                                  test_mem_ptr(&r->cu_k), w, ws, NULL);
+    else
+        r->status = flashattn_plan_execute(r->plan, test_mem_ptr(&r->q), test_mem_ptr(&r->k), test_mem_ptr(&r->v),
+                                           test_mem_ptr(&r->o), test_mem_ptr(&r->lse), w, ws, NULL);
+}
+
+/* Download O and LSE into x (as floats) and free the buffers. */
+static void run_finish(sv_run *r, sv_data *x) {
+    const sv_problem *p = r->p;
+    const size_t es = test_dtype_size(p->dtype);
+    if (r->status != FLASHATTN_SUCCESS) fail_msg("execute: %s", flashattn_last_error());
+    const char *err = test_device_error();
+    if (err) fail_msg("device error: %s", err);
+    assert_int_equal(test_mem_download(&r->o), 0);
+    assert_int_equal(test_mem_download(&r->lse), 0);
+    for (size_t i = 0; i < nq(p); ++i) x->o[i] = (float)test_load(p->dtype, (char *)r->o.host + i * es);
+    memcpy(x->lse, r->lse.host, nl(p) * 4);
+    test_mem *all[] = {&r->q, &r->k, &r->v, &r->o, &r->lse, &r->ws, &r->cu_q, &r->cu_k};
+    for (size_t i = 0; i < sizeof all / sizeof *all; ++i) test_mem_free(all[i]);
+}
+
+static void run_plan(const flashattn_plan_t *plan, const sv_problem *p, sv_data *x) {
+    sv_run r;
+    run_prepare(&r, plan, p, x);
+    run_execute(&r);
+    run_finish(&r, x);
+}
+
+static double tolerance(flashattn_dtype_t dt) { return dt == FLASHATTN_DTYPE_FP32 ? 2e-5 : dt == FLASHATTN_DTYPE_BF16 ? 3e-2 : 4e-3; }
+
+/* Every row (b, i, h) of O and its LSE against the reference: NaN wherever the reference is NaN;
+ * exactly 0 / -inf where the row sees no key; else within tolerance. With `nan_may_leak` (GPU
+ * backends: a NaN in a column of V reaches that column of other rows of its tile through P = 0,
+ * as documented) an element the reference computes finite may be NaN; the LSE may not. */
+static void check_rows(const sv_problem *p, const sv_data *x, int nan_may_leak) {
+    double *o = malloc(nq(p) * sizeof(double)), *lse = malloc(nl(p) * sizeof(double));
+    assert_true(o && lse);
+    reference(p, x, o, lse);
+    double max_ref = 0.0;
+    for (size_t i = 0; i < nq(p); ++i) max_ref = isfinite(o[i]) && fabs(o[i]) > max_ref ? fabs(o[i]) : max_ref;
+    const double tol = tolerance(p->dtype) * (max_ref > 1.0 ? max_ref : 1.0);
+    for (int64_t b = 0; b < p->b; ++b)
+        for (int64_t h = 0; h < p->hq; ++h)
+            for (int64_t i = 0; i < p->sq; ++i) {
+                const size_t r0 = at(b, i, h, 0, p->sq, p->hq, p->d), li = (size_t)((b * p->hq + h) * p->sq + i);
+                const double rl = lse[li];
+                const float gl = x->lse[li];
+                if (isnan(rl)) {
+                    for (int64_t c = 0; c < p->d; ++c)
+                        if (!isnan(x->o[r0 + c])) fail_msg("row b%lld i%lld h%lld col %lld: %g, expected NaN", (long long)b, (long long)i, (long long)h, (long long)c, x->o[r0 + c]);
+                    if (!isnan(gl)) fail_msg("LSE b%lld i%lld h%lld: %g, expected NaN", (long long)b, (long long)i, (long long)h, gl);
+                } else if (rl == -INFINITY) {
+                    for (int64_t c = 0; c < p->d; ++c)
+                        if (x->o[r0 + c] != 0.0f) fail_msg("row b%lld i%lld h%lld sees no key: O = %g, expected 0", (long long)b, (long long)i, (long long)h, x->o[r0 + c]);
+                    if (gl != -INFINITY) fail_msg("LSE b%lld i%lld h%lld: %g, expected -inf", (long long)b, (long long)i, (long long)h, gl);
+                } else {
+                    for (int64_t c = 0; c < p->d; ++c)
+                        if (isnan(o[r0 + c]) ? !isnan(x->o[r0 + c])
+                                             : !(fabs(x->o[r0 + c] - o[r0 + c]) <= tol || (nan_may_leak && isnan(x->o[r0 + c]))))
+                            fail_msg("row b%lld i%lld h%lld col %lld: %.9g, reference %.9g (tolerance %g)", (long long)b, (long long)i, (long long)h, (long long)c, x->o[r0 + c], o[r0 + c], tol);
+                    const double want = (double)(float)rl;  /* past the float range: +-inf */
+                    if (!(fabs(gl - rl) <= 1e-3 * (1.0 + fabs(rl)) || gl == want))
+                        fail_msg("LSE b%lld i%lld h%lld: %.9g, reference %.9g", (long long)b, (long long)i, (long long)h, gl, rl);
+                }
+            }
+    free(o);
+    free(lse);
+}
+
+static flashattn_dtype_t low_precision(void) { return IS_CPU ? FLASHATTN_DTYPE_FP32 : FLASHATTN_DTYPE_FP16; }
+
+static void run_and_check(const sv_problem *p, sv_data *x, int nan_may_leak) {
+    flashattn_plan_t *plan = make_plan(p);
+    run_plan(plan, p, x);
+    check_rows(p, x, nan_may_leak);
+    flashattn_plan_destroy(plan);
+}
+
+/* ---- NaN ------------------------------------------------------------------------------------ */
+
+static void nan_in_query_row(void **state) {
+    (void)state;
+    const sv_problem p = {2, 37, 45, 4, 2, 64, low_precision(), 0, -1, -1, 0.0, 0, 0};
+    sv_data x;
+    data_alloc(&p, &x);
+    fill_random(&p, &x, 11, 1.0);
+    x.q[at(1, 3, 1, 5, p.sq, p.hq, p.d)] = NAN;
+    run_and_check(&p, &x, 0);
+    data_free(&x);
+}
+
+/* Keys 0 (lane 0 of the first key block) and 17 NaN in kv head 0, causal: rows before 17 see only
+ * the first. */
+static void nan_in_keys(void **state) {
+    (void)state;
+    const sv_problem p = {1, 40, 40, 4, 2, 64, low_precision(), 1, -1, -1, 0.0, 0, 0};
+    sv_data x;
+    data_alloc(&p, &x);
+    fill_random(&p, &x, 12, 1.0);
+    x.k[at(0, 17, 0, 9, p.sk, p.hkv, p.d)] = NAN;
+    run_and_check(&p, &x, 0);
+    x.k[at(0, 0, 1, 0, p.sk, p.hkv, p.d)] = NAN;
+    run_and_check(&p, &x, 0);
+    data_free(&x);
+}
+
+/* A NaN in V of key 5 under a causal mask with seqlen_q > seqlen_k: the first 32 rows see no key
+ * and must stay O = 0, LSE = -inf; rows seeing key 5 are NaN. */
+static void nan_in_value_and_masked_rows(void **state) {
+    (void)state;
+    const sv_problem p = {1, 48, 16, 2, 1, 64, low_precision(), 1, -1, -1, 0.0, 0, 0};
+    sv_data x;
+    data_alloc(&p, &x);
+    fill_random(&p, &x, 13, 1.0);
+    x.v[at(0, 5, 0, 7, p.sk, p.hkv, p.d)] = NAN;
+    run_and_check(&p, &x, !IS_CPU);
+    data_free(&x);
+}
+
+/* Decode shape: GPU backends take their split-KV path (fa2), whose merge must keep the NaN. */
+static void nan_in_decode(void **state) {
+    (void)state;
+    const sv_problem p = {2, 1, 4096, 8, 2, 128, low_precision(), 0, -1, -1, 0.0, 0, 0};
+    sv_data x;
+    data_alloc(&p, &x);
+    fill_random(&p, &x, 14, 1.0);
+    x.q[at(0, 0, 3, 100, p.sq, p.hq, p.d)] = NAN;
+    x.k[at(1, 2900, 1, 0, p.sk, p.hkv, p.d)] = NAN;
+    run_and_check(&p, &x, 0);
+    data_free(&x);
+}
+
+/* ---- Windows, varlen maxima, softcap -------------------------------------------------------- */
+
+static void compare_bitwise(const sv_problem *p, const sv_data *a, const sv_data *b, const char *what) {
+    if (memcmp(a->o, b->o, nq(p) * sizeof(float)) != 0) fail_msg("%s: O differs", what);
+    if (memcmp(a->lse, b->lse, nl(p) * sizeof(float)) != 0) fail_msg("%s: LSE differs", what);
+}
+
+static void huge_windows_are_no_window(void **state) {
+    (void)state;
+    const struct { int64_t sq, sk, wl, wr; } cases[] = {{4, 4, -1, INT64_MAX}, {9, 4, INT64_MAX, -1},
+                                                       {9, 4, INT64_MAX, INT64_MAX}, {70, 130, 199, 200}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; ++c) {
+        sv_problem p = {1, cases[c].sq, cases[c].sk, 2, 2, 64, low_precision(), 0, cases[c].wl, cases[c].wr, 0.0, 0, 0};
+        sv_data x, y;
+        data_alloc(&p, &x);
+        data_alloc(&p, &y);
+        fill_random(&p, &x, 20 + c, 1.0);
+        fill_random(&p, &y, 20 + c, 1.0);
+        flashattn_plan_t *plan = make_plan(&p);
+        int64_t got = 0;
+        assert_int_equal(flashattn_plan_get_i64(plan, FLASHATTN_I64_WINDOW_LEFT, &got), FLASHATTN_SUCCESS);
+        assert_int_equal(got, p.wl >= p.sq + p.sk ? -1 : p.wl);
+        run_plan(plan, &p, &x);
+        flashattn_plan_destroy(plan);
+        check_rows(&p, &x, 0);
+        p.wl = p.wl >= p.sq + p.sk ? -1 : p.wl;  /* the equivalent plan */
+        p.wr = p.wr >= p.sq + p.sk ? -1 : p.wr;
+        run_and_check(&p, &y, 0);
+        if (p.wl < 0 && p.wr < 0) compare_bitwise(&p, &x, &y, "huge window vs none");
+        data_free(&x);
+        data_free(&y);
+    }
+}
+
+static void varlen_declared_maximum(void **state) {
+    (void)state;
+    const int64_t declared[] = {(int64_t)1e10, IS_CPU ? INT64_MAX : (int64_t)1e10};
+    for (size_t c = 0; c < 2; ++c) {
+        const sv_problem p = {1, 8, 8, 2, 1, 64, low_precision(), 1, -1, -1, 0.0, 1, declared[c]};
+        sv_data x;
+        data_alloc(&p, &x);
+        fill_random(&p, &x, 30 + c, 1.0);
+        const double t0 = test_now_seconds();
+        run_and_check(&p, &x, 0);
+        const double seconds = test_now_seconds() - t0;
+        if (seconds > 2.0) fail_msg("8 rows under seqlen_q = %lld took %.1f s", (long long)declared[c], seconds);
+        data_free(&x);
+    }
+}
+
+static void tiny_softcap_is_uniform(void **state) {
+    (void)state;
+    const sv_problem p = {1, 19, 33, 2, 2, 64, low_precision(), 0, -1, -1, 1e-30, 0, 0};
+    sv_data x;
+    data_alloc(&p, &x);
+    fill_random(&p, &x, 40, 1.0);
+    run_and_check(&p, &x, 0);  /* the reference's scores are all ~1e-30: uniform weights */
+    data_free(&x);
+}
+
+/* ---- A thread that never used CUDA ----------------------------------------------------------- */
+
+static void *execute_on_thread(void *arg) {
+    run_execute((sv_run *)arg);
+    return NULL;
+}
+
+static void fresh_thread(void **state) {
+    (void)state;
+    const sv_problem p = {2, 130, 200, 4, 2, 128, low_precision(), 1, -1, -1, 0.0, 0, 0};
+    sv_data x, y;
+    data_alloc(&p, &x);
+    data_alloc(&p, &y);
+    fill_random(&p, &x, 50, 1.0);
+    fill_random(&p, &y, 50, 1.0);
+    flashattn_plan_t *plan = make_plan(&p);
+    run_plan(plan, &p, &x);
+    sv_run r;
+    run_prepare(&r, plan, &p, &y);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, execute_on_thread, &r), 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    run_finish(&r, &y);
+    compare_bitwise(&p, &x, &y, "new thread vs main thread");
+    check_rows(&p, &y, 0);
+    flashattn_plan_destroy(plan);
+    data_free(&x);
+    data_free(&y);
+}
+
+/* ---- CPU only -------------------------------------------------------------------------------- */
+
+/* Scores near 1e40 overflow float: the exact result is finite (one-hot on the largest score). */
+static void huge_magnitudes(void **state) {
+    (void)state;
+    const flashattn_dtype_t dts[] = {FLASHATTN_DTYPE_FP32, FLASHATTN_DTYPE_BF16};
+    for (size_t c = 0; c < 2; ++c) {
+        const sv_problem p = {1, 20, 50, 2, 1, 64, dts[c], c == 1, -1, -1, 0.0, 0, 0};
+        sv_data x;
+        data_alloc(&p, &x);
+        fill_random(&p, &x, 60 + c, 1e20);
+        run_and_check(&p, &x, 0);
+        data_free(&x);
+    }
+}
+
+static void set_threads(int n) {
+    char buf[16];
+    snprintf(buf, sizeof buf, "%d", n);
+    setenv("FLASHATTN_CPU_THREADS", buf, 1);
+}
+
+/* The issue's case: fp16, sq 100, sk 2000, 16/2 heads, causal, window left 700, whose GQA packing
+ * the thread count changes; forward and backward bitwise equal for every thread count. */
+static void thread_count_invariance(void **state) {
+    (void)state;
+    const sv_problem p = {1, 100, 2000, 16, 2, 64, FLASHATTN_DTYPE_FP16, 1, 700, -1, 0.0, 0, 0};
+    const int counts[] = {1, 2, 7, 16, 33};
+    const size_t es = 2;
+    sv_data x, first;
+    data_alloc(&p, &x);
+    data_alloc(&p, &first);
+    fill_random(&p, &x, 70, 1.0);
+    unsigned char *grads[5] = {NULL};
+    for (size_t c = 0; c < 5; ++c) {
+        set_threads(counts[c]);
+        flashattn_plan_t *plan = make_plan(&p);
+        sv_run r;
+        run_prepare(&r, plan, &p, &x);
+        run_execute(&r);
+        /* The backward from this run's O and LSE: dO = V-shaped random, outputs compared. */
+        size_t bws = 0;
+        assert_int_equal(flashattn_plan_get_backward_workspace_size(plan, &bws), FLASHATTN_SUCCESS);
+        unsigned char *dout = malloc(nq(&p) * es), *g = malloc((nq(&p) + 2 * nk(&p)) * es);
+        void *ws = aligned_alloc(256, (bws + 256) / 256 * 256);
+        assert_true(dout && g && ws);
+        for (size_t i = 0; i < nq(&p); ++i) test_store(p.dtype, dout + i * es, x.q[(i * 7) % nq(&p)]);
+        assert_int_equal(flashattn_plan_execute_backward(plan, r.q.host, r.k.host, r.v.host, r.o.host, dout, r.lse.host, g,
+                                                         g + nq(&p) * es, g + (nq(&p) + nk(&p)) * es, ws, bws, NULL),
+                         FLASHATTN_SUCCESS);
+        grads[c] = g;
+        free(dout);
+        free(ws);
+        sv_data y;
+        data_alloc(&p, &y);
+        run_finish(&r, &y);
+        flashattn_plan_destroy(plan);
+        if (c == 0) {
+            memcpy(x.o, y.o, nq(&p) * sizeof(float));
+            memcpy(x.lse, y.lse, nl(&p) * sizeof(float));
+            check_rows(&p, &x, 0);
+            memcpy(first.o, y.o, nq(&p) * sizeof(float));
+            memcpy(first.lse, y.lse, nl(&p) * sizeof(float));
+        } else {
+            char what[64];
+            snprintf(what, sizeof what, "%d threads vs 1", counts[c]);
+            compare_bitwise(&p, &first, &y, what);
+            if (memcmp(grads[0], grads[c], (nq(&p) + 2 * nk(&p)) * es) != 0) fail_msg("backward: %s differs", what);
+        }
+        data_free(&y);
+    }
+    unsetenv("FLASHATTN_CPU_THREADS");
+    for (size_t c = 0; c < 5; ++c) free(grads[c]);
+    data_free(&x);
+    data_free(&first);
+}
+
+/* Forward and backward on the CPU with fp32 host buffers; dq, dk, dv receive the gradients. */
+static void cpu_forward_backward(const flashattn_plan_t *plan, const sv_problem *p, const float *q, const float *k,
+                                 const float *v, const float *dout, float *dq, float *dk, float *dv) {
+    size_t ws = 0, bws = 0;
+    assert_int_equal(flashattn_plan_get_workspace_size(plan, &ws), FLASHATTN_SUCCESS);
+    assert_int_equal(flashattn_plan_get_backward_workspace_size(plan, &bws), FLASHATTN_SUCCESS);
+    const size_t wbytes = ((ws > bws ? ws : bws) + 256) / 256 * 256;
+    void *w = aligned_alloc(256, wbytes);
+    float *o = malloc(nq(p) * sizeof(float)), *lse = malloc(nl(p) * sizeof(float));
+    assert_true(w && o && lse);
+    assert_int_equal(flashattn_plan_execute(plan, q, k, v, o, lse, w, ws, NULL), FLASHATTN_SUCCESS);
+    assert_int_equal(flashattn_plan_execute_backward(plan, q, k, v, o, dout, lse, dq, dk, dv, w, bws, NULL),
+                     FLASHATTN_SUCCESS);
+    free(w), free(o), free(lse);
+}
+
+/* Row `row` of an [s][heads][d] gradient: all NaN when `nan`, else bitwise the clean run's. */
+static void check_gradient_row(const float *got, const float *clean, size_t off, int64_t d, int nan, const char *what,
+                               int64_t row, int64_t head) {
+    for (int64_t c = 0; c < d; ++c) {
+        const float x = got[off + (size_t)c];
+        if (nan ? !isnan(x) : memcmp(&x, &clean[off + (size_t)c], sizeof x) != 0)
+            fail_msg("%s row %lld head %lld col %lld: %g, expected %s", what, (long long)row, (long long)head,
+                     (long long)c, x, nan ? "NaN" : "the NaN-free run's bits");
+    }
+}
+
+/* The backward's NaN rule: a NaN in Q, K or dO reaches the gradients of exactly the pairs it takes
+ * part in. Causal with a left window of 5 (row r sees keys r-5..r), sq = sk = 40, one K/V head for
+ * two query heads: Q[20] of head 0, dO[10] of head 1 (column 0) and K[30] are NaN. Rows 30..35 see
+ * key 30 (so their LSE is NaN); the keys the NaN rows see, [5, 10], [15, 20], [25, 35], get NaN dK
+ * and dV (dV of keys 5..10 in column 0 only); every other gradient is bitwise the NaN-free run's. A whole-block product (0 * NaN) reached the rest. */
+static void nan_in_backward(void **state) {
+    (void)state;
+    const sv_problem p = {1, 40, 40, 2, 1, 64, FLASHATTN_DTYPE_FP32, 1, 5, -1, 0.0, 0, 0};
+    sv_data x;
+    data_alloc(&p, &x);
+    fill_random(&p, &x, 80, 1.0);
+    float *dout = malloc(nq(&p) * sizeof(float));
+    float *g0 = malloc((nq(&p) + 2 * nk(&p)) * sizeof(float)), *g1 = malloc((nq(&p) + 2 * nk(&p)) * sizeof(float));
+    assert_true(dout && g0 && g1);
+    for (size_t i = 0; i < nq(&p); ++i) dout[i] = x.q[(i * 7 + 3) % nq(&p)];
+    flashattn_plan_t *plan = make_plan(&p);
+    cpu_forward_backward(plan, &p, x.q, x.k, x.v, dout, g0, g0 + nq(&p), g0 + nq(&p) + nk(&p));
+    x.q[at(0, 20, 0, 3, p.sq, p.hq, p.d)] = NAN;
+    dout[at(0, 10, 1, 0, p.sq, p.hq, p.d)] = NAN;
+    x.k[at(0, 30, 0, 60, p.sk, p.hkv, p.d)] = NAN;
+    cpu_forward_backward(plan, &p, x.q, x.k, x.v, dout, g1, g1 + nq(&p), g1 + nq(&p) + nk(&p));
+    for (int64_t r = 0; r < p.sq; ++r)
+        for (int64_t h = 0; h < p.hq; ++h) {
+            const int nan = (r == 20 && h == 0) || (r == 10 && h == 1) || (r >= 30 && r <= 35);
+            check_gradient_row(g1, g0, at(0, r, h, 0, p.sq, p.hq, p.d), p.d, nan, "dQ", r, h);
+        }
+    for (int64_t j = 0; j < p.sk; ++j) {
+        const int nan = (j >= 5 && j <= 10) || (j >= 15 && j <= 20) || (j >= 25 && j <= 35);
+        const size_t off = at(0, j, 0, 0, p.sk, p.hkv, p.d);
+        check_gradient_row(g1 + nq(&p), g0 + nq(&p), off, p.d, nan, "dK", j, 0);
+        /* dV = P^T dO: dO[10]'s NaN sits in column 0, so keys 5..10 get it in that column only. */
+        const int only_col0 = j >= 5 && j <= 10;
+        const float *v1 = g1 + nq(&p) + nk(&p), *v0 = g0 + nq(&p) + nk(&p);
+        check_gradient_row(v1, v0, off, only_col0 ? 1 : p.d, nan, "dV", j, 0);
+        if (only_col0) check_gradient_row(v1, v0, off + 1, p.d - 1, 0, "dV (columns 1..)", j, 0);
+    }
+    flashattn_plan_destroy(plan);
+    free(dout), free(g0), free(g1);
+    data_free(&x);
+}
+
+int main(void) {
+    struct CMUnitTest tests[16];
+    size_t n = 0;
+    if (!IS_CPU) {
+        int32_t major, minor;
+        test_require_gpu_backend(TEST_BACKEND, &major, &minor);
+    }
+    tests[n++] = test_unit("nan_in_query_row", nan_in_query_row, NULL);
+    tests[n++] = test_unit("nan_in_keys", nan_in_keys, NULL);
+    tests[n++] = test_unit("nan_in_value_and_masked_rows", nan_in_value_and_masked_rows, NULL);
+    tests[n++] = test_unit("nan_in_decode", nan_in_decode, NULL);
+    tests[n++] = test_unit("huge_windows_are_no_window", huge_windows_are_no_window, NULL);
+    tests[n++] = test_unit("varlen_declared_maximum", varlen_declared_maximum, NULL);
+    tests[n++] = test_unit("tiny_softcap_is_uniform", tiny_softcap_is_uniform, NULL);
+    tests[n++] = test_unit("fresh_thread", fresh_thread, NULL);
+    if (IS_CPU) {
+        tests[n++] = test_unit("huge_magnitudes", huge_magnitudes, NULL);
+        tests[n++] = test_unit("thread_count_invariance", thread_count_invariance, NULL);
+        tests[n++] = test_unit("nan_in_backward", nan_in_backward, NULL);
+    }
+    return _cmocka_run_group_tests(test_backend_name(TEST_BACKEND), tests, n, NULL, NULL);
+}
