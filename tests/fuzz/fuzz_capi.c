@@ -199,15 +199,20 @@ static void set_i64(flashattn_plan_t *plan, shadow *sh, flashattn_i64_param_t ke
     }
 }
 
+/* The header's ranges: scale in [2^-126, 2^64]; softcap 0 (off) or in the same range. */
+static int f64_allowed(flashattn_f64_param_t key, double value) {
+    const int in_range = value >= ldexp(1.0, -126) && value <= ldexp(1.0, 64);
+    return key == FLASHATTN_F64_SOFTCAP ? (value == 0.0 || in_range) : in_range;
+}
+
 static void set_f64(flashattn_plan_t *plan, shadow *sh, flashattn_f64_param_t key, double value) {
     const flashattn_status_t s = flashattn_plan_set_f64(plan, key, value);
     if (s != FLASHATTN_SUCCESS) {
         expect_status(s, FLASHATTN_ERROR_INVALID_ARGUMENT, "flashattn_plan_set_f64");
-        if (isfinite(value) && value > 0.0) finding("set_f64(key %d, %g): a finite positive value refused", (int)key, value);
+        if (f64_allowed(key, value)) finding("set_f64(key %d, %g): a value in the documented range refused", (int)key, value);
         return;
     }
-    if (!isfinite(value) || value < 0.0 || (key == FLASHATTN_F64_SOFTMAX_SCALE && value == 0.0))
-        finding("set_f64(key %d, %g) accepted a value the header forbids", (int)key, value);
+    if (!f64_allowed(key, value)) finding("set_f64(key %d, %g) accepted a value the header forbids", (int)key, value);
     sh->finalized = 0;
     if (key == FLASHATTN_F64_SOFTMAX_SCALE) {
         sh->scale_set = 1;
@@ -385,6 +390,17 @@ static int is_batch_stride_key(int key) {
            key == FLASHATTN_I64_DQ_BATCH_STRIDE || key == FLASHATTN_I64_DK_BATCH_STRIDE || key == FLASHATTN_I64_DV_BATCH_STRIDE;
 }
 
+/* What finalize may store instead of the value set (the header's rules): a window of at least
+ * seqlen_q + seqlen_k becomes -1; a varlen maximum above its total becomes the total. */
+static int documented_resolution(const problem *p, int key, int64_t set, int64_t got) {
+    if (got == set) return 1;
+    if ((key == FLASHATTN_I64_WINDOW_LEFT || key == FLASHATTN_I64_WINDOW_RIGHT) && got == -1)
+        return (__int128)set >= (__int128)p->sq + p->sk;
+    if (p->varlen && key == FLASHATTN_I64_SEQLEN_Q) return set > p->tq && got == p->tq;
+    if (p->varlen && key == FLASHATTN_I64_SEQLEN_K) return set > p->tk && got == p->tk;
+    return 0;
+}
+
 /* The resolved values of a finalized plan, checked against what was set and the documented defaults. */
 static void read_problem(const flashattn_plan_t *plan, const shadow *sh, problem *p) {
     memset(p, 0, sizeof *p);
@@ -408,8 +424,7 @@ static void read_problem(const flashattn_plan_t *plan, const shadow *sh, problem
          * ones) and the backend (resolved from auto). */
         const int ignored = (p->varlen && is_batch_stride_key(key)) || key == FLASHATTN_I64_BACKEND ||
                             (!p->varlen && (key == FLASHATTN_I64_TOTAL_Q || key == FLASHATTN_I64_TOTAL_K));
-        if (sh->set[key] && !ignored &&
-            get_key(plan, (flashattn_i64_param_t)key) != sh->value[key])
+        if (sh->set[key] && !ignored && !documented_resolution(p, key, sh->value[key], get_key(plan, (flashattn_i64_param_t)key)))
             finding("key %d was set to %lld, the finalized plan reports %lld", key, (long long)sh->value[key],
                     (long long)get_key(plan, (flashattn_i64_param_t)key));
     }
