@@ -1,22 +1,34 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh machine: installs missing Debian build dependencies, builds
-# (Release, CUDA backends when nvcc is present, docs), runs every CTest test, then runs the
-# cpu-labelled tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# The whole test suite, from a fresh machine: installs missing build dependencies (Debian packages,
+# PyPI test packages, and with nvcc the CUDA binary tools the SASS test needs), builds (Release, CUDA
+# backends when nvcc is present, docs), runs every CTest test, then builds again with clang under
+# AddressSanitizer + UndefinedBehaviorSanitizer, runs the cpu-labelled tests there and a bounded
+# libFuzzer campaign over the C API (FLASHATTN_FUZZ_SECONDS, default 180; 0 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tests/install-deps.sh
 
 jobs=$(nproc)
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_BUILD_DOCS=ON
+# With CUDA, test_fa3_sass must run: a missing cuobjdump fails it instead of skipping it.
+sass_required=OFF
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then sass_required=ON; fi
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_BUILD_DOCS=ON \
+      -DFLASHATTN_REQUIRE_SASS_CHECK=$sass_required
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs"
 
-# Sanitizers: host code only (CUDA off), cpu-labelled tests.
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DFLASHATTN_ENABLE_CUDA=OFF \
-      -DFLASHATTN_SANITIZE=address,undefined -DFLASHATTN_BUILD_BENCH=OFF
+# Sanitizers: host code only (CUDA off), cpu-labelled tests, clang (its shared sanitizer runtime:
+# cmake/sanitizers.cmake), -O1 as ASan advises; the same build holds the fuzz target.
+CC=clang CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+      -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" -DFLASHATTN_ENABLE_CUDA=OFF \
+      -DFLASHATTN_SANITIZE=address,undefined -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_BUILD_FUZZ=ON
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan -L cpu --output-on-failure -j "$jobs"
+fuzz_seconds=${FLASHATTN_FUZZ_SECONDS:-180}
+if [ "$fuzz_seconds" != 0 ]; then
+  tests/fuzz/run-fuzz.sh build-asan/tests/fuzz/fuzz_capi "$fuzz_seconds" build-asan/fuzz-work
+fi
 # Debian packages: CPU-only build, lintian, dpkg -i, pkg-config and CMake consumers, purge.
 tests/packaging/test-debs.sh
 

@@ -306,7 +306,9 @@ FLASHATTN_API flashattn_status_t flashattn_device_compute_capability(int32_t dev
  * plan returns it to the unfinalized state; finalize it again before executing.
  *
  * Threads: a plan is changed (setters, finalize, destroy) by one thread at a time. A finalized plan
- * is read-only: many threads may execute it at once, each with its own workspace and stream.
+ * is read-only: many threads may execute it at once, each with its own workspace and stream, from
+ * threads that never used CUDA too, with bitwise the same results as serial calls. Enqueued work
+ * does not use the plan: it may be destroyed as soon as execute returns.
  * @{
  */
 
@@ -454,8 +456,11 @@ FLASHATTN_API flashattn_status_t flashattn_plan_get_workspace_size(const flashat
  * @param stream CUDA stream for GPU backends; ignored by the CPU backend.
  *
  * On GPU backends the call only enqueues work on @p stream: it neither synchronises nor allocates,
- * so it can be captured in a CUDA graph, and a fault inside the kernel surfaces later through the
- * stream. Pointers must be device memory on the plan's device, 16-byte aligned, with strides that
+ * so it can be captured in a CUDA graph (any capture mode), and a fault inside the kernel surfaces
+ * later through the stream. A captured graph copies every kernel parameter and references no plan
+ * state, so the plan may be destroyed before the graph runs; it references the caller's tensors and
+ * workspace by address, which must outlive it (mainpage, "CUDA graphs"). The same holds for the
+ * other execute entry points. Pointers must be device memory on the plan's device, 16-byte aligned, with strides that
  * keep rows 16-byte aligned. The CPU backend runs on the calling thread plus worker threads and
  * returns when O is written.
  *

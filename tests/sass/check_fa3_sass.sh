@@ -6,6 +6,8 @@
 set -euo pipefail
 cuobjdump=$1
 lib=$2
+# cuobjdump disassembles through nvdisasm, found on PATH: the one beside it (toolkit or wheel).
+PATH=$(dirname "$cuobjdump"):$PATH
 sass=$("$cuobjdump" -sass "$lib")
 report=$(awk '
   /arch = / { arch = $3 }

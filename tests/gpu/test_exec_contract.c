@@ -1,0 +1,534 @@
+/* The execution contract of the GPU backends (docs/mainpage.md, "Threads", "Streams" and "CUDA
+ * graphs"), for fa1, fa2 and fa3 and each execute entry point the backend has (forward fixed and
+ * variable length on all three; the backward, fixed and variable length, on fa2, the GPU backend
+ * with one), every result compared bitwise with a serial run on the calling thread:
+ * - from a fresh thread that never touched CUDA: the whole plan lifecycle there, and an execute of
+ *   a plan finalized elsewhere;
+ * - from several threads at once, each on its own stream with its own workspace and outputs,
+ *   sharing one plan;
+ * - captured into a CUDA graph and replayed (also after the inputs changed in place: the graph
+ *   reads the caller's memory when it runs);
+ * - replayed after the plan that captured it was destroyed (the graph holds its kernel parameters
+ *   by value and references only the caller's memory).
+ * The serial run itself is checked against an independent double-precision reference (O, LSE,
+ * dQ, dK, dV), so bitwise agreement means agreement with a verified result. Plans set
+ * FLASHATTN_I64_DETERMINISTIC = 1 so the backward is reproducible. Skipped (77) without a GPU.
+ * FLASHATTN_TEST_REDUCED=1 (compute-sanitizer runs) uses 2 threads and one graph replay. */
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+
+#include "flashattn/flashattn.h"
+#include "test_backward_reference.h"
+#include "test_reference.h"
+#include "test_support.h"
+
+/* Two sequences, seqlen_q != seqlen_k, GQA 4/2, head dim 64; varlen packs lengths {150, 61} and
+ * {230, 177}. Causal (bottom-right), so rows near the top see few keys. */
+enum { B = 2, SQ = 150, SK = 230, HQ = 4, HKV = 2, D = 64, MAX_THREADS = 6 };
+static const int64_t kLenQ[B] = {150, 61}, kLenK[B] = {230, 177};
+
+#define CUDA_OK(call)                                                                          \
+    do {                                                                                       \
+        cudaError_t e_ = (call);                                                               \
+        if (e_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(e_));              \
+    } while (0)
+#define FA_OK(call)                                                                            \
+    do {                                                                                       \
+        flashattn_status_t s_ = (call);                                                        \
+        if (s_ != FLASHATTN_SUCCESS) fail_msg("%s: %s", #call, flashattn_last_error());       \
+    } while (0)
+
+typedef enum entry { FORWARD, FORWARD_VARLEN, BACKWARD, BACKWARD_VARLEN } entry;
+static const char *entry_name(entry e) {
+    static const char *names[] = {"execute", "execute_varlen", "execute_backward", "execute_backward_varlen"};
+    return names[e];
+}
+static int is_varlen(entry e) { return e == FORWARD_VARLEN || e == BACKWARD_VARLEN; }
+static int is_backward(entry e) { return e == BACKWARD || e == BACKWARD_VARLEN; }
+
+/* Device inputs of one layout (fixed or packed), shared read-only by every call. */
+typedef struct inputs {
+    int varlen;
+    int64_t rows_q, rows_k;
+    void *q, *k, *v, *o, *dout; /* o: the forward's output, the backward's input */
+    float *lse;
+    int32_t *cu_q, *cu_k;
+    float *hq, *hk, *hv, *hdout; /* host copies as float, [rows][heads][dim] */
+} inputs;
+
+/* One call's outputs: O and LSE (forward) or dQ, dK, dV (backward), with its workspace. */
+typedef struct outputs {
+    void *buf[4];
+    size_t bytes[4];
+    int count;
+    void *workspace;
+    size_t workspace_bytes;
+} outputs;
+
+static size_t elems_q(const inputs *in) { return (size_t)in->rows_q * HQ * D; }
+static size_t elems_k(const inputs *in) { return (size_t)in->rows_k * HKV * D; }
+static size_t lse_count(const inputs *in) { return (size_t)in->rows_q * HQ; }
+
+static void *device_random(size_t n, uint64_t seed, float **host_copy) {
+    uint16_t *h = malloc(n * 2);
+    float *f = malloc(n * sizeof(float));
+    test_rng rng;
+    test_rng_seed(&rng, seed);
+    for (size_t i = 0; i < n; ++i) {
+        test_store(FLASHATTN_DTYPE_FP16, &h[i], test_rng_uniform(&rng, -1.0, 1.0));
+        f[i] = (float)test_load(FLASHATTN_DTYPE_FP16, &h[i]);
+    }
+    void *d = NULL;
+    CUDA_OK(cudaMalloc(&d, n * 2));
+    CUDA_OK(cudaMemcpy(d, h, n * 2, cudaMemcpyHostToDevice));
+    free(h);
+    if (host_copy) *host_copy = f; else free(f);
+    return d;
+}
+
+static void inputs_make(inputs *in, int varlen, uint64_t seed) {
+    memset(in, 0, sizeof *in);
+    in->varlen = varlen;
+    in->rows_q = varlen ? kLenQ[0] + kLenQ[1] : B * SQ;
+    in->rows_k = varlen ? kLenK[0] + kLenK[1] : B * SK;
+    in->q = device_random(elems_q(in), seed, &in->hq);
+    in->k = device_random(elems_k(in), seed + 1, &in->hk);
+    in->v = device_random(elems_k(in), seed + 2, &in->hv);
+    in->dout = device_random(elems_q(in), seed + 3, &in->hdout);
+    CUDA_OK(cudaMalloc(&in->o, elems_q(in) * 2));
+    CUDA_OK(cudaMalloc((void **)&in->lse, lse_count(in) * 4));
+    const int32_t cu_q[B + 1] = {0, (int32_t)kLenQ[0], (int32_t)(kLenQ[0] + kLenQ[1])};
+    const int32_t cu_k[B + 1] = {0, (int32_t)kLenK[0], (int32_t)(kLenK[0] + kLenK[1])};
+    CUDA_OK(cudaMalloc((void **)&in->cu_q, sizeof cu_q));
+    CUDA_OK(cudaMalloc((void **)&in->cu_k, sizeof cu_k));
+    CUDA_OK(cudaMemcpy(in->cu_q, cu_q, sizeof cu_q, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(in->cu_k, cu_k, sizeof cu_k, cudaMemcpyHostToDevice));
+}
+
+static void inputs_free(inputs *in) {
+    cudaFree(in->q); cudaFree(in->k); cudaFree(in->v); cudaFree(in->o); cudaFree(in->dout); cudaFree(in->lse);
+    cudaFree(in->cu_q); cudaFree(in->cu_k);
+    free(in->hq); free(in->hk); free(in->hv); free(in->hdout);
+}
+
+static flashattn_plan_t *make_plan(flashattn_backend_t backend, int varlen) {
+    flashattn_plan_t *plan = NULL;
+    FA_OK(flashattn_plan_create(&plan));
+    const struct { flashattn_i64_param_t key; int64_t value; } sets[] = {
+        {FLASHATTN_I64_BATCH, B}, {FLASHATTN_I64_SEQLEN_Q, SQ}, {FLASHATTN_I64_SEQLEN_K, SK},
+        {FLASHATTN_I64_HEADS_Q, HQ}, {FLASHATTN_I64_HEADS_KV, HKV}, {FLASHATTN_I64_HEAD_DIM, D},
+        {FLASHATTN_I64_DTYPE, FLASHATTN_DTYPE_FP16}, {FLASHATTN_I64_CAUSAL, 1}, {FLASHATTN_I64_DETERMINISTIC, 1},
+        {FLASHATTN_I64_BACKEND, backend}, {FLASHATTN_I64_VARLEN, varlen},
+        {FLASHATTN_I64_TOTAL_Q, kLenQ[0] + kLenQ[1]}, {FLASHATTN_I64_TOTAL_K, kLenK[0] + kLenK[1]}};
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; ++i) FA_OK(flashattn_plan_set_i64(plan, sets[i].key, sets[i].value));
+    return plan;
+}
+
+static void outputs_make(outputs *out, const inputs *in, entry e, size_t workspace_bytes) {
+    memset(out, 0, sizeof *out);
+    if (is_backward(e)) {
+        out->count = 3;
+        out->bytes[0] = elems_q(in) * 2;
+        out->bytes[1] = out->bytes[2] = elems_k(in) * 2;
+    } else {
+        out->count = 2;
+        out->bytes[0] = elems_q(in) * 2;
+        out->bytes[1] = lse_count(in) * 4;
+    }
+    for (int i = 0; i < out->count; ++i) CUDA_OK(cudaMalloc(&out->buf[i], out->bytes[i]));
+    out->workspace_bytes = workspace_bytes;
+    if (workspace_bytes) CUDA_OK(cudaMalloc(&out->workspace, workspace_bytes));
+}
+
+static void outputs_free(outputs *out) {
+    for (int i = 0; i < out->count; ++i) cudaFree(out->buf[i]);
+    if (out->workspace) cudaFree(out->workspace);
+}
+
+/* NaN poison, so an element the call does not write is seen. */
+static void outputs_poison(const outputs *out, cudaStream_t stream) {
+    for (int i = 0; i < out->count; ++i) CUDA_OK(cudaMemsetAsync(out->buf[i], 0xff, out->bytes[i], stream));
+}
+
+/* The call under test; it only enqueues. */
+static flashattn_status_t enqueue(const flashattn_plan_t *plan, entry e, const inputs *in, const outputs *out,
+                                  cudaStream_t stream) {
+    const flashattn_stream_t s = (flashattn_stream_t)stream;
+    switch (e) {
+    case FORWARD:
+        return flashattn_plan_execute(plan, in->q, in->k, in->v, out->buf[0], out->buf[1], out->workspace,
+                                      out->workspace_bytes, s);
+    case FORWARD_VARLEN:
+        return flashattn_plan_execute_varlen(plan, in->q, in->k, in->v, out->buf[0], out->buf[1], in->cu_q, in->cu_k,
+                                             out->workspace, out->workspace_bytes, s);
+    case BACKWARD:
+        return flashattn_plan_execute_backward(plan, in->q, in->k, in->v, in->o, in->dout, in->lse, out->buf[0],
+                                               out->buf[1], out->buf[2], out->workspace, out->workspace_bytes, s);
+    default:
+        return flashattn_plan_execute_backward_varlen(plan, in->q, in->k, in->v, in->o, in->dout, in->lse, out->buf[0],
+                                                      out->buf[1], out->buf[2], in->cu_q, in->cu_k, out->workspace,
+                                                      out->workspace_bytes, s);
+    }
+}
+
+/* Host copies of every output buffer, concatenated. */
+static unsigned char *download(const outputs *out) {
+    size_t total = 0;
+    for (int i = 0; i < out->count; ++i) total += out->bytes[i];
+    unsigned char *h = malloc(total), *at = h;
+    CUDA_OK(cudaDeviceSynchronize());
+    for (int i = 0; i < out->count; ++i) {
+        CUDA_OK(cudaMemcpy(at, out->buf[i], out->bytes[i], cudaMemcpyDeviceToHost));
+        at += out->bytes[i];
+    }
+    return h;
+}
+
+static size_t total_bytes(const outputs *out) {
+    size_t total = 0;
+    for (int i = 0; i < out->count; ++i) total += out->bytes[i];
+    return total;
+}
+
+static void expect_bitwise(const unsigned char *want, const outputs *out, const char *gen, entry e, const char *how) {
+    unsigned char *got = download(out);
+    const size_t n = total_bytes(out);
+    for (size_t i = 0; i < n; ++i)
+        if (got[i] != want[i]) {
+            free(got);
+            fail_msg("%s %s %s: byte %zu of %zu differs from the serial run", gen, entry_name(e), how, i, n);
+        }
+    free(got);
+    print_message("%s %s %s: bitwise equal to the serial run\n", gen, entry_name(e), how);
+}
+
+/* ---- The serial run checked against the double reference ---------------------------------- */
+
+static ref_problem reference_problem(const inputs *in, int64_t *len_q, int64_t *len_k, int64_t *start_q, int64_t *start_k) {
+    for (int b = 0; b < B; ++b) {
+        len_q[b] = in->varlen ? kLenQ[b] : SQ;
+        len_k[b] = in->varlen ? kLenK[b] : SK;
+        start_q[b] = b == 0 ? 0 : start_q[b - 1] + len_q[b - 1];
+        start_k[b] = b == 0 ? 0 : start_k[b - 1] + len_k[b - 1];
+    }
+    ref_problem p;
+    memset(&p, 0, sizeof p);
+    p.batch = B; p.heads_q = HQ; p.heads_kv = HKV; p.head_dim = D; p.head_dim_v = D;
+    p.dtype = FLASHATTN_DTYPE_FP16; p.causal = 1; p.window_left = p.window_right = -1;
+    p.scale = 1.0 / sqrt((double)D);
+    p.len_q = len_q; p.len_k = len_k; p.start_q = start_q; p.start_k = start_k;
+    p.total_q = in->rows_q; p.total_k = in->rows_k;
+    p.q = in->hq; p.k = in->hk; p.v = in->hv; p.dout = in->hdout;
+    return p;
+}
+
+/* max |got - ref| over n fp16 values against doubles, relative to max |ref|. */
+static double rel_error(const unsigned char *got16, const double *ref, size_t n) {
+    double max_ref = 1e-30, max_err = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+        const double g = test_load(FLASHATTN_DTYPE_FP16, got16 + 2 * i);
+        if (fabs(ref[i]) > max_ref) max_ref = fabs(ref[i]);
+        const double err = isnan(g) ? INFINITY : fabs(g - ref[i]);
+        if (err > max_err) max_err = err;
+    }
+    return max_err / max_ref;
+}
+
+static void check_serial(const unsigned char *h, const inputs *in, entry e, const char *gen) {
+    int64_t lq[B], lk[B], sq[B], sk[B];
+    const ref_problem p = reference_problem(in, lq, lk, sq, sk);
+    const size_t nq = elems_q(in), nk = elems_k(in);
+    double *o = malloc(nq * sizeof(double)), *dq = malloc(nq * sizeof(double));
+    double *dk = malloc(nk * sizeof(double)), *dv = malloc(nk * sizeof(double));
+    grad_reference(&p, dq, dk, dv, o, NULL, NULL);
+    if (!is_backward(e)) {
+        const double err = rel_error(h, o, nq);
+        /* LSE of each row: fixed [batch][heads][seqlen], varlen [heads][total]. */
+        const float *lse = (const float *)(h + nq * 2);
+        double lse_err = 0.0;
+        ref_row r = ref_rows_begin();
+        double *s = malloc(sizeof(double) * SK);
+        while (ref_next_row(&p, &r)) {
+            double m = -INFINITY, sum = 0.0;
+            for (int64_t j = 0; j < r.sk; ++j) {
+                s[j] = -INFINITY;
+                if (!ref_visible(&p, r.i, j, r.sq, r.sk)) continue;
+                const float *kv = p.k + ((p.start_k[r.b] + j) * HKV + r.kh) * D;
+                double dot = 0.0;
+                for (int c = 0; c < D; ++c) dot += (double)r.q[c] * kv[c];
+                s[j] = dot * p.scale;
+                if (s[j] > m) m = s[j];
+            }
+            for (int64_t j = 0; j < r.sk; ++j) sum += s[j] == -INFINITY ? 0.0 : exp(s[j] - m);
+            const double ref = m == -INFINITY ? -INFINITY : m + log(sum);
+            const size_t at = in->varlen ? (size_t)(r.h * in->rows_q + r.tq) : (size_t)((r.b * HQ + r.h) * SQ + r.i);
+            const double err_row = ref == -INFINITY ? (lse[at] == -INFINITY ? 0.0 : INFINITY) : fabs(lse[at] - ref) / (1.0 + fabs(ref));
+            if (!(err_row <= lse_err)) lse_err = isnan(err_row) ? INFINITY : err_row;
+        }
+        free(s);
+        print_message("%s %s serial: max |O - ref| / max|ref| = %.2e, LSE relative %.2e\n", gen, entry_name(e), err, lse_err);
+        if (!(err < 4e-3) || !(lse_err < 1e-4)) fail_msg("%s %s: the serial run is not the attention result", gen, entry_name(e));
+    } else {
+        const double eq = rel_error(h, dq, nq), ek = rel_error(h + nq * 2, dk, nk), ev = rel_error(h + nq * 2 + nk * 2, dv, nk);
+        print_message("%s %s serial: relative errors dQ %.2e dK %.2e dV %.2e\n", gen, entry_name(e), eq, ek, ev);
+        if (!(eq < 2e-2) || !(ek < 2e-2) || !(ev < 2e-2)) fail_msg("%s %s: the serial run is not the gradient", gen, entry_name(e));
+    }
+    free(o); free(dq); free(dk); free(dv);
+}
+
+/* ---- Threads ---------------------------------------------------------------------------------- */
+
+typedef struct thread_job {
+    const flashattn_plan_t *plan; /* NULL: the thread makes, finalizes and destroys its own */
+    flashattn_backend_t backend;
+    entry e;
+    const inputs *in;
+    const outputs *out;
+    cudaStream_t stream;
+    int repeats;
+    pthread_barrier_t *start;
+    flashattn_status_t status;
+    char message[256];
+} thread_job;
+
+/* Runs in a new thread: nothing here calls the CUDA runtime before the library does. */
+static void *thread_main(void *arg) {
+    thread_job *job = arg;
+    if (job->start) pthread_barrier_wait(job->start);
+    flashattn_plan_t *own = NULL;
+    const flashattn_plan_t *plan = job->plan;
+    job->status = FLASHATTN_SUCCESS;
+    if (plan == NULL) {
+        flashattn_status_t s = flashattn_plan_create(&own);
+        const struct { flashattn_i64_param_t key; int64_t value; } sets[] = {
+            {FLASHATTN_I64_BATCH, B}, {FLASHATTN_I64_SEQLEN_Q, SQ}, {FLASHATTN_I64_SEQLEN_K, SK},
+            {FLASHATTN_I64_HEADS_Q, HQ}, {FLASHATTN_I64_HEADS_KV, HKV}, {FLASHATTN_I64_HEAD_DIM, D},
+            {FLASHATTN_I64_DTYPE, FLASHATTN_DTYPE_FP16}, {FLASHATTN_I64_CAUSAL, 1}, {FLASHATTN_I64_DETERMINISTIC, 1},
+            {FLASHATTN_I64_BACKEND, job->backend}, {FLASHATTN_I64_VARLEN, is_varlen(job->e)},
+            {FLASHATTN_I64_TOTAL_Q, kLenQ[0] + kLenQ[1]}, {FLASHATTN_I64_TOTAL_K, kLenK[0] + kLenK[1]}};
+        for (size_t i = 0; s == FLASHATTN_SUCCESS && i < sizeof sets / sizeof *sets; ++i)
+            s = flashattn_plan_set_i64(own, sets[i].key, sets[i].value);
+        if (s == FLASHATTN_SUCCESS) s = flashattn_plan_finalize(own);
+        job->status = s;
+        plan = own;
+    }
+    for (int r = 0; r < job->repeats && job->status == FLASHATTN_SUCCESS; ++r)
+        job->status = enqueue(plan, job->e, job->in, job->out, job->stream);
+    if (job->status != FLASHATTN_SUCCESS) snprintf(job->message, sizeof job->message, "%s", flashattn_last_error());
+    flashattn_plan_destroy(own); /* right after enqueueing: the work in flight needs no plan */
+    return NULL;
+}
+
+static void join_ok(pthread_t t, thread_job *job, const char *gen, const char *how) {
+    assert_int_equal(pthread_join(t, NULL), 0);
+    if (job->status != FLASHATTN_SUCCESS)
+        fail_msg("%s %s %s: status %d: %s", gen, entry_name(job->e), how, job->status, job->message);
+}
+
+static int reduced(void) {
+    const char *r = getenv("FLASHATTN_TEST_REDUCED");
+    return r != NULL && r[0] == '1';
+}
+
+/* ---- One backend, one entry point ------------------------------------------------------------ */
+
+static void check_entry(flashattn_backend_t backend, const char *gen, entry e, const inputs *in) {
+    flashattn_plan_t *plan = make_plan(backend, is_varlen(e));
+    FA_OK(flashattn_plan_finalize(plan));
+    size_t ws = 0;
+    FA_OK(is_backward(e) ? flashattn_plan_get_backward_workspace_size(plan, &ws) : flashattn_plan_get_workspace_size(plan, &ws));
+
+    /* Serial, on the calling thread and the legacy default stream; checked against the reference. */
+    outputs serial;
+    outputs_make(&serial, in, e, ws);
+    outputs_poison(&serial, NULL);
+    FA_OK(enqueue(plan, e, in, &serial, NULL));
+    unsigned char *want = download(&serial);
+    check_serial(want, in, e, gen);
+    /* A second serial run: reproducible at all (else nothing below could be bitwise). */
+    outputs_poison(&serial, NULL);
+    FA_OK(enqueue(plan, e, in, &serial, NULL));
+    expect_bitwise(want, &serial, gen, e, "second serial run");
+
+    /* Fresh threads: one runs the whole lifecycle, one executes the shared plan. */
+    for (int shared = 0; shared < 2; ++shared) {
+        outputs out;
+        outputs_make(&out, in, e, ws);
+        outputs_poison(&out, NULL);
+        CUDA_OK(cudaDeviceSynchronize());
+        thread_job job = {shared ? plan : NULL, backend, e, in, &out, NULL, 1, NULL, FLASHATTN_SUCCESS, ""};
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, thread_main, &job), 0);
+        join_ok(t, &job, gen, shared ? "fresh thread, shared plan" : "fresh thread, own plan");
+        expect_bitwise(want, &out, gen, e, shared ? "from a fresh thread (shared plan)" : "from a fresh thread (own plan)");
+        outputs_free(&out);
+    }
+
+    /* Several threads, one stream each, one plan, started together, each repeating the call. */
+    {
+        const int threads = reduced() ? 2 : MAX_THREADS, repeats = reduced() ? 1 : 3;
+        outputs out[MAX_THREADS];
+        cudaStream_t streams[MAX_THREADS];
+        thread_job jobs[MAX_THREADS];
+        pthread_t tids[MAX_THREADS];
+        pthread_barrier_t start;
+        pthread_barrier_init(&start, NULL, (unsigned)threads);
+        for (int i = 0; i < threads; ++i) {
+            outputs_make(&out[i], in, e, ws);
+            outputs_poison(&out[i], NULL);
+            CUDA_OK(cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking));
+        }
+        CUDA_OK(cudaDeviceSynchronize());
+        for (int i = 0; i < threads; ++i) {
+            thread_job job = {plan, backend, e, in, &out[i], streams[i], repeats, &start, FLASHATTN_SUCCESS, ""};
+            jobs[i] = job;
+            assert_int_equal(pthread_create(&tids[i], NULL, thread_main, &jobs[i]), 0);
+        }
+        for (int i = 0; i < threads; ++i) join_ok(tids[i], &jobs[i], gen, "concurrent threads");
+        char how[64];
+        snprintf(how, sizeof how, "from %d threads on %d streams", threads, threads);
+        for (int i = 0; i < threads; ++i) {
+            expect_bitwise(want, &out[i], gen, e, how);
+            CUDA_OK(cudaStreamDestroy(streams[i]));
+            outputs_free(&out[i]);
+        }
+        pthread_barrier_destroy(&start);
+    }
+
+    /* CUDA graph: capture (global mode: any unsafe runtime call in execute would end the capture
+     * with an error), replay equals eager; replay after the inputs changed in place equals eager
+     * on the new inputs; then a graph captured from a plan destroyed before the graph is even
+     * instantiated. */
+    {
+        cudaStream_t stream;
+        CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        outputs out;
+        outputs_make(&out, in, e, ws);
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+        const flashattn_status_t s = enqueue(plan, e, in, &out, stream);
+        CUDA_OK(cudaStreamEndCapture(stream, &graph));
+        if (s != FLASHATTN_SUCCESS) fail_msg("%s %s under capture: %s", gen, entry_name(e), flashattn_last_error());
+        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+        const int replays = reduced() ? 1 : 2;
+        for (int r = 0; r < replays; ++r) {
+            outputs_poison(&out, stream);
+            CUDA_OK(cudaGraphLaunch(exec, stream));
+            CUDA_OK(cudaStreamSynchronize(stream));
+            expect_bitwise(want, &out, gen, e, "graph replay");
+        }
+        /* New values in the same V buffer (Q for the backward would change its LSE input). */
+        {
+            const size_t nk = elems_k(in);
+            uint16_t *saved = malloc(nk * 2), *fresh = malloc(nk * 2);
+            CUDA_OK(cudaMemcpy(saved, in->v, nk * 2, cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < nk; ++i) fresh[i] = saved[(i * 7 + 3) % nk];
+            CUDA_OK(cudaMemcpy(in->v, fresh, nk * 2, cudaMemcpyHostToDevice));
+            outputs_poison(&serial, NULL);
+            FA_OK(enqueue(plan, e, in, &serial, NULL));
+            unsigned char *want_new = download(&serial);
+            if (memcmp(want_new, want, total_bytes(&serial)) == 0) fail_msg("new V gave the same result: the test cannot see the change");
+            outputs_poison(&out, stream);
+            CUDA_OK(cudaGraphLaunch(exec, stream));
+            CUDA_OK(cudaStreamSynchronize(stream));
+            expect_bitwise(want_new, &out, gen, e, "graph replay on changed inputs");
+            CUDA_OK(cudaMemcpy(in->v, saved, nk * 2, cudaMemcpyHostToDevice));
+            free(saved); free(fresh); free(want_new);
+        }
+        CUDA_OK(cudaGraphExecDestroy(exec));
+        CUDA_OK(cudaGraphDestroy(graph));
+
+        flashattn_plan_t *doomed = make_plan(backend, is_varlen(e));
+        FA_OK(flashattn_plan_finalize(doomed));
+        CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+        const flashattn_status_t s2 = enqueue(doomed, e, in, &out, stream);
+        CUDA_OK(cudaStreamEndCapture(stream, &graph));
+        if (s2 != FLASHATTN_SUCCESS) fail_msg("%s %s under capture: %s", gen, entry_name(e), flashattn_last_error());
+        flashattn_plan_destroy(doomed);
+        /* Overwrite the freed plan's memory with other plans' state before the graph runs. */
+        for (int i = 0; i < 4; ++i) {
+            flashattn_plan_t *other = make_plan(backend, !is_varlen(e));
+            FA_OK(flashattn_plan_finalize(other));
+            flashattn_plan_destroy(other);
+        }
+        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+        outputs_poison(&out, stream);
+        CUDA_OK(cudaGraphLaunch(exec, stream));
+        CUDA_OK(cudaStreamSynchronize(stream));
+        expect_bitwise(want, &out, gen, e, "graph replay after its plan was destroyed");
+        CUDA_OK(cudaGraphExecDestroy(exec));
+        CUDA_OK(cudaGraphDestroy(graph));
+        CUDA_OK(cudaStreamDestroy(stream));
+        outputs_free(&out);
+    }
+    free(want);
+    outputs_free(&serial);
+    flashattn_plan_destroy(plan);
+    CUDA_OK(cudaGetLastError());
+}
+
+/* The forward's O and LSE of `in` on fa2 (or the CPU-verified forward of whichever backend runs):
+ * the backward's inputs. */
+static void prepare_backward_inputs(inputs *in, flashattn_backend_t backend) {
+    flashattn_plan_t *plan = make_plan(backend, in->varlen);
+    FA_OK(flashattn_plan_finalize(plan));
+    size_t ws = 0;
+    FA_OK(flashattn_plan_get_workspace_size(plan, &ws));
+    void *w = NULL;
+    if (ws) CUDA_OK(cudaMalloc(&w, ws));
+    if (in->varlen)
+        FA_OK(flashattn_plan_execute_varlen(plan, in->q, in->k, in->v, in->o, in->lse, in->cu_q, in->cu_k, w, ws, NULL));
+    else
+        FA_OK(flashattn_plan_execute(plan, in->q, in->k, in->v, in->o, in->lse, w, ws, NULL));
+    CUDA_OK(cudaDeviceSynchronize());
+    if (w) cudaFree(w);
+    flashattn_plan_destroy(plan);
+}
+
+static void check_backend(flashattn_backend_t backend, const char *gen) {
+    flashattn_plan_t *probe = make_plan(backend, 0);
+    const flashattn_status_t s = flashattn_plan_finalize(probe);
+    if (s == FLASHATTN_ERROR_NOT_SUPPORTED) {
+        print_message("%s: %s: skipped\n", gen, flashattn_last_error());
+        flashattn_plan_destroy(probe);
+        skip();
+    }
+    FA_OK(s);
+    flashattn_backend_t bwd = FLASHATTN_BACKEND_AUTO;
+    const int has_backward = flashattn_plan_get_backward_backend(probe, &bwd, NULL) == FLASHATTN_SUCCESS && bwd == backend;
+    flashattn_plan_destroy(probe);
+    for (int varlen = 0; varlen < 2; ++varlen) {
+        inputs in;
+        inputs_make(&in, varlen, 1000 + (uint64_t)varlen);
+        check_entry(backend, gen, varlen ? FORWARD_VARLEN : FORWARD, &in);
+        if (has_backward) {
+            prepare_backward_inputs(&in, backend);
+            check_entry(backend, gen, varlen ? BACKWARD_VARLEN : BACKWARD, &in);
+        } else if (varlen == 0) {
+            print_message("%s has no backward pass: its backward entry points are not part of its contract\n", gen);
+        }
+        inputs_free(&in);
+    }
+}
+
+static void test_fa1(void **state) { (void)state; check_backend(FLASHATTN_BACKEND_FA1, "fa1"); }
+static void test_fa2(void **state) { (void)state; check_backend(FLASHATTN_BACKEND_FA2, "fa2"); }
+static void test_fa3(void **state) { (void)state; check_backend(FLASHATTN_BACKEND_FA3, "fa3"); }
+
+int main(void) {
+    /* No CUDA call on this thread before the tests: test_skip_without_gpu asks through the library. */
+    test_skip_without_gpu();
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_fa1), cmocka_unit_test(test_fa2), cmocka_unit_test(test_fa3)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
