@@ -159,6 +159,8 @@ flashattn_status_t resolve_append(const PlanParams &params, Problem *p) {
                                   sv.new_rows, p->heads_kv, p->head_dim, &sv.k_new));
     return resolve_strides(params, {FLASHATTN_I64_V_NEW_BATCH_STRIDE, FLASHATTN_I64_V_NEW_ROW_STRIDE, FLASHATTN_I64_V_NEW_HEAD_STRIDE},
                            sv.new_rows, p->heads_kv, p->head_dim_v, &sv.v_new);
+}
+
 // A window reaching at least seqlen_q + seqlen_k keys from the diagonal masks nothing (a query's
 // diagonal key lies in [-seqlen_q, seqlen_k - 1]): it is stored as -1, "no window", so that no
 // backend ever adds a huge window to a position (INT64_MAX overflowed visible_keys).

@@ -200,7 +200,6 @@ __attribute__((noinline)) void exact_row(const Problem &p, const Slice &sl, int6
     for (int c = 0; c < dv; ++c) E::store(dst, c, static_cast<float>(out[c] / l));
     if (lse) *lse = static_cast<float>(m + std::log(l));
 }
-}
 
 template <flashattn_dtype_t DT, class BL>
 FLASHATTN_CPU_INLINE void tile_body(const Problem &p, const TileShape &shape, const Slice &sl,

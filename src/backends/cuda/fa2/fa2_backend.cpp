@@ -246,6 +246,8 @@ flashattn_status_t fa2_execute_backward(const Problem &p, const BackendPlan &bas
 
 // flashattn_plan_merge_states for a plan of any GPU generation (dispatch.cpp picks this one).
 flashattn_status_t fa2_merge_states(const Problem &p, const DeviceInfo &, const MergeCall &m) {
+    DeviceGuard guard(p.device);  // first: every CUDA call below runs on the plan's device
+    if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "merge: cudaSetDevice");
     Tensors out;  // device residency and alignment of every pointer, with the plan's O strides
     out.o = m.o;
     out.lse = m.lse;
@@ -281,8 +283,6 @@ flashattn_status_t fa2_merge_states(const Problem &p, const DeviceInfo &, const 
     const fa2::MergeInput in = m.partial_dtype == FLASHATTN_DTYPE_FP32   ? fa2::MergeInput::fp32
                                : m.partial_dtype == FLASHATTN_DTYPE_BF16 ? fa2::MergeInput::bf16
                                                                          : fa2::MergeInput::fp16;
-    DeviceGuard guard(p.device);
-    if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "merge: cudaSetDevice");
     const cudaError_t err = fa2::launch_merge_states(k, in, p.dtype == FLASHATTN_DTYPE_BF16,
                                                      reinterpret_cast<cudaStream_t>(m.stream));
     if (err != cudaSuccess) return cuda_fail(err, "merge of partial states");

@@ -110,6 +110,8 @@ BwdPlan plan_backward(const Problem &p, const DeviceInfo &dev, WorkspaceLayout *
 }
 
 flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const WorkspaceLayout &ws, const Tensors &t) {
+    DeviceGuard guard(p.device);  // first: every CUDA call below runs on the plan's device
+    if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "fa2 backward: cudaSetDevice");
     FLASHATTN_TRY(check_device_tensors(p, t));
     if (p.batch == 0 || p.heads_q == 0) return FLASHATTN_SUCCESS;
     const bool have_q = p.varlen ? p.total_q > 0 : p.seqlen_q > 0;
@@ -135,8 +137,6 @@ flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const Wor
         k.sem_blocks = plan.sem_blocks;
     }
 
-    DeviceGuard guard(p.device);
-    if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "fa2 backward: cudaSetDevice");
     const bool bf16 = p.dtype == FLASHATTN_DTYPE_BF16;
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);
     cudaError_t err;
