@@ -36,24 +36,6 @@
 namespace flashattn {
 namespace fa2 {
 
-// Sink logits: each of this thread's rows starts from its head's sink (cuda::start_with_sink);
-// with split-KV only split 0 does, so the merged LSE counts it once.
-template <class Tr>
-__device__ __forceinline__ void start_with_sinks(const Params &p, float (&row_max)[Tr::kMT][2],
-                                                 float (&row_sum)[Tr::kMT][2], int m0, int prows, int G, int hbase) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int mt = 0; mt < Tr::kMT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int prow = m0 + warp * Tr::kWarpRows + mt * 16 + h * 8 + g;
-            int qpos, head;
-            unpack_row(prow < prows ? prow : m0, G, hbase, qpos, head);
-            cuda::start_with_sink(p.sink_logits[head], p.score_log2, row_max[mt][h], row_sum[mt][h], t);
-        }
-}
-
 template <class Tr, class E>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     fwd_kernel(const __grid_constant__ Params p) {
@@ -128,7 +110,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
         row_sum[mt][0] = row_sum[mt][1] = 0.f;
     }
     const float sl2 = p.score_log2;
-    if (p.sink_logits != nullptr && split == 0) start_with_sinks<Tr>(p, row_max, row_sum, m0, prows, G, hbase);
 
     // ---- main loop: key tiles nb_last down to nb_first ----------------------------------------
     if (nb_first <= nb_last) {
@@ -173,6 +154,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     float inv[kMT][2], lse[kMT][2];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) cuda::finish_rows(row_max[mt], row_sum[mt], sl2, inv[mt], lse[mt]);
+    // Sink logits (cuda::join_sink): with split-KV only split 0 joins them, so the merged LSE counts
+    // each once. The split is derived again here: kept from the prologue it made ptxas spill.
+    if (p.sink_logits != nullptr && fwd_work(p).split == 0)
+        for_each_own_row<Tr>(m0, prows, G, hbase, [&](int mt, int h, int, int head) {
+            cuda::join_sink(p.sink_logits[head], inv[mt][h], lse[mt][h]);
+        });
 
     if (p.num_splits > 1) {
         store_split_partials<Tr>(p, O, inv, lse, m0, prows, G, hbase, split, grow0);
