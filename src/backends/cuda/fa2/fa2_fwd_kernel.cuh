@@ -9,7 +9,9 @@
 //
 // Runtime features (no template flags): causal / sliding window (one key interval per row),
 // soft cap, GQA/MQA (and pack-GQA: the query heads of one kv head stacked along M), variable
-// length (cu_seqlens), LSE, split-KV (fp32 partials into the workspace + fa2_merge.cu).
+// length (cu_seqlens), LSE, split-KV (fp32 partials into the workspace + fa2_merge.cu), seqused_k,
+// top-left causal, sink logits (joined after the key loop). A paged K/V cache is the one template
+// flag (kPaged): its per-tile page lookup, as a runtime test, cost the contiguous kernels spills.
 //
 // This file only assembles the roles: CTA -> work (fa2_tile_scheduler.cuh), the sequence's offsets
 // and visible key tiles, the shared-memory layout and ldmatrix lane bases, then the main loop and
@@ -36,7 +38,9 @@
 namespace flashattn {
 namespace fa2 {
 
-template <class Tr, class E>
+// kPaged: K/V through Params::page_table (launch_fwd picks it once per launch, so the key loop of
+// the contiguous kernels carries no page code).
+template <class Tr, class E, bool kPaged = false>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     fwd_kernel(const __grid_constant__ Params p) {
     constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kMT = Tr::kMT, kDT = Tr::kDT, kWR = Tr::kWarpRows;
@@ -58,10 +62,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const int sq = si.sq, sk = si.sk;
     const bool varlen = p.cu_q != nullptr;
     const int64_t qoff = varlen ? si.q_row0 * p.q_rs : b * p.q_bs;
-    // Paged K/V: pages are found per tile (kv_tile_rows); kg and vg address page 0 at this head.
-    const bool paged = p.page_table != nullptr;
-    const int64_t koff = paged ? 0 : varlen ? si.k_row0 * p.k_rs : b * p.k_bs;
-    const int64_t voff = paged ? 0 : varlen ? si.k_row0 * p.v_rs : b * p.v_bs;
+    // Paged K/V: pages are found per tile (load_kv_tile); kg and vg address page 0 at this head.
+    const int64_t koff = kPaged ? 0 : varlen ? si.k_row0 * p.k_rs : b * p.k_bs;
+    const int64_t voff = kPaged ? 0 : varlen ? si.k_row0 * p.v_rs : b * p.v_bs;
     const int G = p.pack;
     const int prows = sq * G;
     const int m0 = mblk * kBM;
@@ -136,14 +139,13 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
         a.k_h0 = k_h0;
         a.v_f0 = v_f0;
         a.v_h0 = v_h0;
-        a.pages = paged ? p.page_table + b * p.page_table_stride : nullptr;
         // Edge-tile mask input: query position + (sk - sq) of row half h of m16 tile mt.
         auto row_diag = [&](int mt, int h) {
             int qpos, head;
             unpack_row(m0 + warp * kWR + mt * 16 + h * 8 + g, G, hbase, qpos, head);
             return qpos + off;
         };
-        fwd_mainloop<Tr, E>(p, a, kt, nb_last, O, row_max, row_sum, row_diag);
+        fwd_mainloop<Tr, E, kPaged>(p, a, kt, nb_last, O, row_max, row_sum, row_diag);
     }
 
     // ---- epilogue ------------------------------------------------------------------------------
