@@ -1,23 +1,27 @@
 // The learned per-head sink logit (gpt-oss; FLASHATTN_I64_SINK_LOGITS) in the tensor-core kernels:
-// the sink is each row's initial (max, sum) pair, as if it were one more key whose value is 0, so
-// the online softmax (online_softmax.cuh) carries it through every rescale and the LSE counts it.
-// Set before the key loop, where the accumulators are not yet live: a post-loop join made ptxas
-// spill 20-24 bytes in FA2's big-tile kernels (hdim 64 and 128, CUDA 13.0); this costs nothing in
-// the key loop and one branch per tile of rows without sinks. Rows that see no key keep max =
-// sink, sum = 1 and O = 0, hence LSE = sink, as the CPU reference defines.
+// the sink is one more key of the row whose value is 0. It is joined to each finished row after
+// the key loop, as the CPU reference does (cpu_kernel.cpp join_sink): the LSE takes its term and
+// O's 1/l the matching factor, so O itself is never rescaled. Nothing of it lives across the key
+// loop: set before the loop as the initial (max, sum), it cost FA2's big-tile kernels ~500 SASS
+// instructions and (with split == 0 kept live) spills, even with no sink given (CUDA 13.0).
 #pragma once
+
+#include "backends/cuda/device/ptx.cuh"
 
 namespace flashattn {
 namespace cuda {
 
-// One row half: `sink` in natural units (the scaled, capped scores'); row_max is kept in the
-// kernels' unscaled units (times sl2 = scale * log2(e) in exp2), row_sum is this thread's part of
-// the quad's sum (t: lane % 4; the sink's term e^0 = 1 goes to lane t == 0 only). An absent sink
-// (-inf) leaves the empty state.
-__device__ __forceinline__ void start_with_sink(float sink, float sl2, float &row_max, float &row_sum, int t) {
+// One finished row (finish_rows: inv = 1/l, lse in natural units) joins its sink:
+// lse' = log(e^lse + e^sink) and inv' = inv * e^(lse - lse'), computed from d = lse - sink
+// without cancellation. A row that saw no key (lse = -inf, inv = 0) gets lse' = sink and O = 0;
+// an absent sink (-inf) changes nothing; a NaN on either side gives NaN.
+__device__ __forceinline__ void join_sink(float sink, float &inv, float &lse) {
     if (sink == -INFINITY) return;
-    row_max = sink * 1.4426950408889634f / sl2;
-    row_sum = t == 0 ? 1.f : 0.f;
+    const float d = lse - sink;
+    const float e = fast_exp2(-fabsf(d) * 1.4426950408889634f);  // e^-|d| in [0, 1]
+    const float r = __fdividef(1.f, 1.f + e);
+    inv *= d > 0.f ? r : e * r;
+    lse = (d > 0.f ? lse : sink) + fast_log2(1.f + e) * 0.6931471805599453f;
 }
 
 }  // namespace cuda

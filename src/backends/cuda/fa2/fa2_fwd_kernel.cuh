@@ -9,7 +9,9 @@
 //
 // Runtime features (no template flags): causal / sliding window (one key interval per row),
 // soft cap, GQA/MQA (and pack-GQA: the query heads of one kv head stacked along M), variable
-// length (cu_seqlens), LSE, split-KV (fp32 partials into the workspace + fa2_merge.cu).
+// length (cu_seqlens), LSE, split-KV (fp32 partials into the workspace + fa2_merge.cu), seqused_k,
+// top-left causal, sink logits (joined after the key loop). A paged K/V cache is the one template
+// flag (kPaged): its per-tile page lookup, as a runtime test, cost the contiguous kernels spills.
 //
 // This file only assembles the roles: CTA -> work (fa2_tile_scheduler.cuh), the sequence's offsets
 // and visible key tiles, the shared-memory layout and ldmatrix lane bases, then the main loop and
@@ -36,25 +38,9 @@
 namespace flashattn {
 namespace fa2 {
 
-// Sink logits: each of this thread's rows starts from its head's sink (cuda::start_with_sink);
-// with split-KV only split 0 does, so the merged LSE counts it once.
-template <class Tr>
-__device__ __forceinline__ void start_with_sinks(const Params &p, float (&row_max)[Tr::kMT][2],
-                                                 float (&row_sum)[Tr::kMT][2], int m0, int prows, int G, int hbase) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int mt = 0; mt < Tr::kMT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int prow = m0 + warp * Tr::kWarpRows + mt * 16 + h * 8 + g;
-            int qpos, head;
-            unpack_row(prow < prows ? prow : m0, G, hbase, qpos, head);
-            cuda::start_with_sink(p.sink_logits[head], p.score_log2, row_max[mt][h], row_sum[mt][h], t);
-        }
-}
-
-template <class Tr, class E>
+// kPaged: K/V through Params::page_table (launch_fwd picks it once per launch, so the key loop of
+// the contiguous kernels carries no page code).
+template <class Tr, class E, bool kPaged = false>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     fwd_kernel(const __grid_constant__ Params p) {
     constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kMT = Tr::kMT, kDT = Tr::kDT, kWR = Tr::kWarpRows;
@@ -76,10 +62,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const int sq = si.sq, sk = si.sk;
     const bool varlen = p.cu_q != nullptr;
     const int64_t qoff = varlen ? si.q_row0 * p.q_rs : b * p.q_bs;
-    // Paged K/V: pages are found per tile (kv_tile_rows); kg and vg address page 0 at this head.
-    const bool paged = p.page_table != nullptr;
-    const int64_t koff = paged ? 0 : varlen ? si.k_row0 * p.k_rs : b * p.k_bs;
-    const int64_t voff = paged ? 0 : varlen ? si.k_row0 * p.v_rs : b * p.v_bs;
+    // Paged K/V: pages are found per tile (load_kv_tile); kg and vg address page 0 at this head.
+    const int64_t koff = kPaged ? 0 : varlen ? si.k_row0 * p.k_rs : b * p.k_bs;
+    const int64_t voff = kPaged ? 0 : varlen ? si.k_row0 * p.v_rs : b * p.v_bs;
     const int G = p.pack;
     const int prows = sq * G;
     const int m0 = mblk * kBM;
@@ -128,7 +113,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
         row_sum[mt][0] = row_sum[mt][1] = 0.f;
     }
     const float sl2 = p.score_log2;
-    if (p.sink_logits != nullptr && split == 0) start_with_sinks<Tr>(p, row_max, row_sum, m0, prows, G, hbase);
 
     // ---- main loop: key tiles nb_last down to nb_first ----------------------------------------
     if (nb_first <= nb_last) {
@@ -155,14 +139,13 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
         a.k_h0 = k_h0;
         a.v_f0 = v_f0;
         a.v_h0 = v_h0;
-        a.pages = paged ? p.page_table + b * p.page_table_stride : nullptr;
         // Edge-tile mask input: query position + (sk - sq) of row half h of m16 tile mt.
         auto row_diag = [&](int mt, int h) {
             int qpos, head;
             unpack_row(m0 + warp * kWR + mt * 16 + h * 8 + g, G, hbase, qpos, head);
             return qpos + off;
         };
-        fwd_mainloop<Tr, E>(p, a, kt, nb_last, O, row_max, row_sum, row_diag);
+        fwd_mainloop<Tr, E, kPaged>(p, a, kt, nb_last, O, row_max, row_sum, row_diag);
     }
 
     // ---- epilogue ------------------------------------------------------------------------------
@@ -173,6 +156,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     float inv[kMT][2], lse[kMT][2];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) cuda::finish_rows(row_max[mt], row_sum[mt], sl2, inv[mt], lse[mt]);
+    // Sink logits (cuda::join_sink): with split-KV only split 0 joins them, so the merged LSE counts
+    // each once. The split is derived again here: kept from the prologue it made ptxas spill.
+    if (p.sink_logits != nullptr && fwd_work(p).split == 0)
+        for_each_own_row<Tr>(m0, prows, G, hbase, [&](int mt, int h, int, int head) {
+            cuda::join_sink(p.sink_logits[head], inv[mt][h], lse[mt][h]);
+        });
 
     if (p.num_splits > 1) {
         store_split_partials<Tr>(p, O, inv, lse, m0, prows, G, hbase, split, grow0);

@@ -18,15 +18,24 @@
 namespace flashattn {
 namespace fa2 {
 
-template <int kD, bool kSmall, class E>
-cudaError_t launch_fwd(const Params &p, cudaStream_t stream) {
+template <int kD, bool kSmall, class E, bool kPaged>
+cudaError_t launch_fwd_kernel(const Params &p, cudaStream_t stream) {
     using Tr = typename TraitsFor<kD, kSmall>::type;
-    auto kernel = fwd_kernel<Tr, E>;
+    auto kernel = fwd_kernel<Tr, E, kPaged>;
     static unsigned long long optin_done = 0;  // one per instantiation of this function
     cudaError_t e = cuda::ensure_smem_optin(kernel, Tr::kSmemBytes, &optin_done);
     if (e != cudaSuccess) return e;
     kernel<<<fwd_grid<Tr>(p), Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
     return cudaSuccess;
+}
+
+// A paged K/V cache runs its own instantiation of the same tile: a runtime test per key tile cost
+// the contiguous kernels registers (spills at the big tiles), and a paged plan keeps the tile (and
+// so the bits) that the same problem over a contiguous cache gets.
+template <int kD, bool kSmall, class E>
+cudaError_t launch_fwd(const Params &p, cudaStream_t stream) {
+    return p.page_table != nullptr ? launch_fwd_kernel<kD, kSmall, E, true>(p, stream)
+                                   : launch_fwd_kernel<kD, kSmall, E, false>(p, stream);
 }
 
 // Launcher body of one compiled head dim (both element types; the small configuration only where

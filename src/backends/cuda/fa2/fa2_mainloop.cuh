@@ -39,28 +39,39 @@ struct FwdLoopArgs {
     uint32_t s_q, s_kv;               // shared memory: Q tile; K/V stage s at s_kv + 2*s*kKVBytes
     uint32_t q_f, q_h;                // ldmatrix lane bases of this warp's Q rows (full / half page)
     uint32_t k_f0, k_h0, v_f0, v_h0;  // ... and of the first K and V buffer
-    const int32_t *pages;             // paged K/V: this sequence's page-table row (kg, vg: page 0), else null
 };
 
-// Rows of K (or V) from key n0 on, n0 the first key of a tile: contiguous rows of the sequence, or
-// through the page table the page holding the tile (a page holds whole tiles: Params::page_size).
-__device__ __forceinline__ const uint16_t *kv_tile_rows(const Params &p, const uint16_t *g, const int32_t *pages,
-                                                        int n0, int64_t rs, int64_t page_stride) {
-    if (pages == nullptr) return g + n0 * rs;
-    return g + pages[n0 / p.page_size] * page_stride + (n0 % p.page_size) * rs;
+// Paged K/V (kPaged): how far the page holding key tile n0 lies from where a contiguous sequence
+// would put it (g + n0*rs), so that load_tile(g + shift, n0, ...) reads that page (a page holds
+// whole tiles: Params::page_size). The page-table row is found from blockIdx each time rather than
+// kept in registers across the key loop.
+__device__ __forceinline__ int64_t page_shift(const Params &p, int n0, int64_t rs, int64_t page_stride) {
+    const int b = static_cast<int>(blockIdx.z) / p.num_splits;
+    const int32_t *pages = p.page_table + b * p.page_table_stride;
+    const int page = n0 / p.page_size;
+    return pages[page] * page_stride - static_cast<int64_t>(page) * p.page_size * rs;
+}
+
+// cp.async K or V tile [n0, n0 + kBN) of this sequence (g: a.kg or a.vg; page_stride: k_bs or
+// v_bs). Without kPaged it is exactly the contiguous load (a runtime test here, per tile, made
+// ptxas spill in the big-tile kernels); paged only moves the base pointer.
+template <class Tr, bool kPaged, bool kAllRows>
+__device__ __forceinline__ void load_kv_tile(const Params &p, const FwdLoopArgs &a, uint32_t s, const uint16_t *g,
+                                             int n0, int64_t rs, int64_t page_stride) {
+    if constexpr (kPaged) g += page_shift(p, n0, rs, page_stride);
+    load_tile<Tr, Tr::kBN, kAllRows>(s, g, n0, rs, a.sk - n0, a.d, a.tid);
 }
 
 // Single K/V buffer, at the point where every warp is done with K[nb]: wait for V[nb] (the only
 // copy in flight), then refill the buffer with K[nb-1]. Traits::kEarlyK places this before the
 // softmax (as FlashAttention-2 does), otherwise it comes after it.
-template <class Tr>
+template <class Tr, bool kPaged>
 __device__ __forceinline__ void wait_v_load_next_k(const Params &p, const FwdLoopArgs &a, uint32_t s_k, int nb) {
     cuda::cp_async_wait<0>();  // V[nb] landed
     __syncthreads();           // every warp is done with K[nb]
     if (nb > a.nb_first) {
         const int n0 = (nb - 1) * Tr::kBN;
-        load_tile<Tr, Tr::kBN, true>(s_k, kv_tile_rows(p, a.kg, a.pages, n0, p.k_rs, p.k_bs), 0, p.k_rs, a.sk - n0,
-                                     a.d, a.tid);
+        load_kv_tile<Tr, kPaged, true>(p, a, s_k, a.kg, n0, p.k_rs, p.k_bs);
         cuda::cp_async_commit();
     }
 }
@@ -68,7 +79,7 @@ __device__ __forceinline__ void wait_v_load_next_k(const Params &p, const FwdLoo
 // Prologue: Q, K[nb_last] and V[nb_last] into the first buffer, as two cp.async groups (Q with K,
 // then V). The first V tile goes out with Q and K (both buffer schemes), so that the first
 // iteration waits for one memory round trip, not two.
-template <class Tr>
+template <class Tr, bool kPaged>
 __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopArgs &a, int nb_last) {
     constexpr int kBM = Tr::kBM, kBN = Tr::kBN;
     if (a.G == 1)
@@ -76,10 +87,9 @@ __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopA
     else
         load_q<Tr>(a.s_q, a.qg, p.q_rs, p.q_hs, a.m0, a.prows, a.G, a.hbase, a.d, a.tid);
     const int n0 = nb_last * kBN;
-    load_tile<Tr, kBN>(a.s_kv, kv_tile_rows(p, a.kg, a.pages, n0, p.k_rs, p.k_bs), 0, p.k_rs, a.sk - n0, a.d, a.tid);
+    load_kv_tile<Tr, kPaged, false>(p, a, a.s_kv, a.kg, n0, p.k_rs, p.k_bs);
     cuda::cp_async_commit();
-    load_tile<Tr, kBN>(a.s_kv + Tr::kKVBytes, kv_tile_rows(p, a.vg, a.pages, n0, p.v_rs, p.v_bs), 0, p.v_rs, a.sk - n0,
-                       a.d, a.tid);
+    load_kv_tile<Tr, kPaged, false>(p, a, a.s_kv + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs);
     cuda::cp_async_commit();
 }
 
@@ -92,7 +102,7 @@ __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopA
 // 64, different scheduling), which this reorganisation was not to do. Tiles loaded here lie
 // below the first one, so all their rows are in range (only a sequence's last key tile can be
 // partial): they are loaded with kAllRows.
-template <class Tr, class E, bool kMasked, class RowDiag>
+template <class Tr, class E, bool kPaged, bool kMasked, class RowDiag>
 __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs &a, const int nb,
                                              const int it, float (&O)[Tr::kMT][Tr::kDT][4],
                                              float (&row_max)[Tr::kMT][2], float (&row_sum)[Tr::kMT][2],
@@ -105,11 +115,9 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
         const uint32_t nxt = a.s_kv + (((it + 1) & 1) * 2 * Tr::kKVBytes);
         if (nb > a.nb_first) {
             const int n0 = (nb - 1) * kBN;
-            load_tile<Tr, kBN, true>(nxt, kv_tile_rows(p, a.kg, a.pages, n0, p.k_rs, p.k_bs), 0, p.k_rs, a.sk - n0, a.d,
-                                     a.tid);
+            load_kv_tile<Tr, kPaged, true>(p, a, nxt, a.kg, n0, p.k_rs, p.k_bs);
             cuda::cp_async_commit();
-            load_tile<Tr, kBN, true>(nxt + Tr::kKVBytes, kv_tile_rows(p, a.vg, a.pages, n0, p.v_rs, p.v_bs), 0, p.v_rs,
-                                     a.sk - n0, a.d, a.tid);
+            load_kv_tile<Tr, kPaged, true>(p, a, nxt + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs);
             cuda::cp_async_commit();
         } else {
             cuda::cp_async_commit();
@@ -121,8 +129,7 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
     } else {
         cuda::cp_async_wait<0>();  // K[nb] landed
         __syncthreads();           // every warp is done with V[nb+1]
-        load_tile<Tr, kBN, true>(a.s_kv + Tr::kKVBytes, kv_tile_rows(p, a.vg, a.pages, nb * kBN, p.v_rs, p.v_bs), 0,
-                                 p.v_rs, a.sk - nb * kBN, a.d, a.tid);
+        load_kv_tile<Tr, kPaged, true>(p, a, a.s_kv + Tr::kKVBytes, a.vg, nb * kBN, p.v_rs, p.v_bs);
         cuda::cp_async_commit();
     }
 
@@ -134,7 +141,7 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
         float S[kMT][kNT][4];
         if (a.warp_active) gemm_qk<Tr, E>(S, a.q_f, a.q_h, a.k_f0 + st_off, a.k_h0 + st_off);
         if constexpr (Tr::kEarlyK) {
-            wait_v_load_next_k<Tr>(p, a, a.s_kv, nb);
+            wait_v_load_next_k<Tr, kPaged>(p, a, a.s_kv, nb);
             if (!a.warp_active) return;
         }
         if (p.softcap_scale != 0.f)
@@ -166,25 +173,25 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
         cuda::cp_async_wait<2>();  // V[nb] landed
         __syncthreads();
     } else if constexpr (!Tr::kEarlyK) {
-        wait_v_load_next_k<Tr>(p, a, a.s_kv, nb);
+        wait_v_load_next_k<Tr, kPaged>(p, a, a.s_kv, nb);
     }
     if (a.warp_active) gemm_pv<Tr, E>(O, P, a.v_f0 + st_off, a.v_h0 + st_off);
 }
 
 // The whole walk over key tiles nb_last down to a.nb_first (non-empty), accumulating the
 // unnormalised O and the running row max / sum that the epilogue finishes (cuda::finish_rows).
-template <class Tr, class E, class RowDiag>
+template <class Tr, class E, bool kPaged, class RowDiag>
 __device__ __forceinline__ void fwd_mainloop(const Params &p, const FwdLoopArgs &a, const cuda::KeyTiles &kt,
                                              int nb_last, float (&O)[Tr::kMT][Tr::kDT][4],
                                              float (&row_max)[Tr::kMT][2], float (&row_sum)[Tr::kMT][2],
                                              const RowDiag &row_diag) {
-    load_first_tiles<Tr>(p, a, nb_last);
+    load_first_tiles<Tr, kPaged>(p, a, nb_last);
     int it = 0;
     for (int nb = nb_last; nb >= a.nb_first; --nb, ++it) {
         if (kt.masked(nb))
-            fwd_key_tile<Tr, E, true>(p, a, nb, it, O, row_max, row_sum, row_diag);
+            fwd_key_tile<Tr, E, kPaged, true>(p, a, nb, it, O, row_max, row_sum, row_diag);
         else
-            fwd_key_tile<Tr, E, false>(p, a, nb, it, O, row_max, row_sum, row_diag);
+            fwd_key_tile<Tr, E, kPaged, false>(p, a, nb, it, O, row_max, row_sum, row_diag);
     }
 }
 

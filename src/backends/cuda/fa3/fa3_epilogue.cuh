@@ -14,6 +14,7 @@
 #include "backends/cuda/device/mask.cuh"
 #include "backends/cuda/device/online_softmax.cuh"
 #include "backends/cuda/device/ptx.cuh"
+#include "backends/cuda/device/sink.cuh"
 #include "backends/cuda/fa3/fa3_params.h"
 #include "backends/cuda/fa3/fa3_tile_scheduler.cuh"
 
@@ -29,6 +30,11 @@ __device__ __forceinline__ void store_output(const Params &p, const TileCoords &
     constexpr int kD = Tr::kD;
     float inv[2], lse[2];
     cuda::finish_rows(row_max, row_sum, sl2, inv, lse);
+    if (p.sink_logits != nullptr) {  // the head's sink joins both row halves (cuda::join_sink)
+        const float sink = p.sink_logits[c.head];
+        cuda::join_sink(sink, inv[0], lse[0]);
+        cuda::join_sink(sink, inv[1], lse[1]);
+    }
     const bool varlen = p.cu_q != nullptr;
     const int64_t ooff = varlen ? c.seq.q_row0 * p.o_rs : static_cast<int64_t>(c.b) * p.o_bs;
     uint16_t *og = static_cast<uint16_t *>(p.o) + ooff + static_cast<int64_t>(c.head) * p.o_hs;

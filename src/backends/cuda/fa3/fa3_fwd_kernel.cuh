@@ -25,7 +25,6 @@
 #include <cuda.h>
 
 #include "backends/cuda/device/ptx_sm90.cuh"
-#include "backends/cuda/device/sink.cuh"
 #include "backends/cuda/fa3/fa3_config.h"
 #include "backends/cuda/fa3/fa3_epilogue.cuh"
 #include "backends/cuda/fa3/fa3_mainloop.cuh"
@@ -61,12 +60,7 @@ __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, un
     const float sl2 = p.score_log2;
 
     // No visible key: O and row_sum stay 0, which the epilogue writes as O = 0, LSE = -inf (with a
-    // sink: row_sum 1, so O = 0 and LSE = the sink).
-    if (p.sink_logits != nullptr) {  // the head's sink starts both row halves (cuda::start_with_sink)
-        const float sink = p.sink_logits[c.head];
-        cuda::start_with_sink(sink, sl2, row_max[0], row_sum[0], t);
-        cuda::start_with_sink(sink, sl2, row_max[1], row_sum[1], t);
-    }
+    // sink: O = 0 and LSE = the sink, store_output).
     if (c.has_keys()) consumer_mainloop<Tr, E>(p, c, smem, bars, w, lane, t, rdiag, sl2, O, row_max, row_sum, pipe);
     store_output<Tr, E>(p, c, O, row_max, row_sum, sl2, qpos, t);
 }

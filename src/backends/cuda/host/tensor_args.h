@@ -48,7 +48,7 @@ struct TensorArgs {
     int32_t left_i = 1 << 29;
     // FLASHATTN_MASK_ALIGN_TOP_LEFT: off = 0 instead of sk - sq (cuda::diagonal_offset). Since 0.3.
     int32_t top_left = 0;
-    // FLASHATTN_I64_SINK_LOGITS: fp32 [heads_q] on the device (cuda::start_with_sink), else null. Since 0.3.
+    // FLASHATTN_I64_SINK_LOGITS: fp32 [heads_q] on the device (cuda::join_sink), else null. Since 0.3.
     const float *sink_logits = nullptr;
 
     // seqused_k (device, batch entries; null when the plan has none): sequence b attends over
