@@ -11,7 +11,10 @@
 #
 # Environment:
 #   FLASHATTN_DEB_PROFILES  build profiles; default "pkg.flashattn.nocuda nocheck" (CPU-only, no
-#                           CTest run). Use "" for the CUDA build (needs Debian's nvidia-cuda-toolkit).
+#                           CTest run). Use "" for the CUDA build (needs Debian's nvidia-cuda-toolkit),
+#                           "pkg.flashattn.localcuda nocheck" for one with NVIDIA's toolkit in
+#                           FLASHATTN_CUDA_HOME (default /usr/local/cuda).
+#   FLASHATTN_DEB_CMAKE_ARGS  extra CMake arguments (debian/rules), e.g. one generation's architectures.
 #   FLASHATTN_DEB_OPTIONS   DEB_BUILD_OPTIONS; default "nocheck parallel=<cores>".
 #   FLASHATTN_LINTIAN_FAIL_ON  lintian --fail-on value; default "error,warning".
 set -euo pipefail

@@ -114,6 +114,13 @@ if dpkg-query -W -f='${db:Status-Status}' libflashattn-doc 2>/dev/null | grep -x
   [ -f /usr/share/doc/libflashattn-doc/html/index.html ] || die "libflashattn-doc has no html/index.html"
 fi
 ldconfig -p | grep -E "libflashattn\.so\.0 .*=> $libdir_re/libflashattn\.so\.0\$" >/dev/null || die "ldconfig does not know libflashattn.so.0"
+# The toolkit that built the packages is in libflashattn0's description.
+toolkit=$(dpkg -s libflashattn0 | sed -n 's/^ CUDA toolkit: //p')
+say "libflashattn0 says: CUDA toolkit: $toolkit"
+case " $FLASHATTN_DEB_PROFILES " in
+  *" pkg.flashattn.nocuda "*) [ "$toolkit" = "none, a CPU-only build." ] || die "CPU-only packages name a toolkit: $toolkit" ;;
+  *) case "$toolkit" in ""|none*) die "CUDA packages name no toolkit: '$toolkit'" ;; esac ;;
+esac
 
 # 3. Consumers, against the system paths only.
 unset LD_LIBRARY_PATH PKG_CONFIG_PATH CMAKE_PREFIX_PATH
