@@ -90,6 +90,13 @@ flashattn_status_t check_extents(const Problem &p) {
         const bool packed = p.varlen && !(cache && p.serving.paged);
         if (!tensor_end(outer, rows, t.heads, t.dim, t.s, packed, &end) || !mul_add(end, es, 0, &bytes))
             return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: its size in bytes overflows 64 bits", t.name);
+        // A stride of a dimension of extent 1 adds nothing to the size above but is still multiplied
+        // by the element size (and by index 0) in the backends: its byte value must fit too.
+        for (const int64_t stride : {t.s.row, t.s.head, packed ? int64_t{0} : t.s.batch})
+            if (!mul_add(stride, es, 0, &bytes))
+                return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
+                            "%s strides: a stride of %lld elements overflows 64 bits in bytes", t.name,
+                            (long long)stride);
     }
     const Serving &sv = p.serving;
     if (sv.appends()) {

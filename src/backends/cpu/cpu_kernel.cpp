@@ -270,6 +270,10 @@ FLASHATTN_CPU_INLINE void tile_body(const Problem &p, const TileShape &shape, co
     int lo_blk[kMaxBlockM];  // each row's visible keys in the current block: [lo, hi), sinks [0, shi)
     int hi_blk[kMaxBlockM];
     int shi_blk[kMaxBlockM];
+    // Rows with a score the float path cannot represent (a product past the float range gives an
+    // inf or NaN score even where the exact score is finite): the epilogue computes them again.
+    bool row_exact[kMaxBlockM];
+    for (int r = 0; r < rows; ++r) row_exact[r] = false;
     for (int64_t j0 = next_block(key_begin); j0 < key_end; j0 = next_block(j0 + bn)) {
         const int nk = static_cast<int>(key_end - j0 < bn ? key_end - j0 : bn);
         const int nkp = static_cast<int>(round_up(nk, kVector));
@@ -325,6 +329,14 @@ FLASHATTN_CPU_INLINE void tile_body(const Problem &p, const TileShape &shape, co
             if (lo == hi && shi == 0) {  // the row sees nothing here: it takes no part in this block
                 for (int jj = 0; jj < nkp; ++jj) srow[jj] = 0.0f;
                 continue;
+            }
+            // Before the mask writes its -inf: a visible key's score that is not finite (past the
+            // float range, or NaN) sends the row to the exact path; invisible keys change nothing.
+            if (!row_exact[r]) {
+                bool bad = false;
+                for (int jj = 0; jj < shi; ++jj) bad |= srow[jj] - srow[jj] != 0.0f;
+                for (int64_t jj = lo > shi ? lo : shi; jj < hi; ++jj) bad |= srow[jj] - srow[jj] != 0.0f;
+                row_exact[r] = bad;
             }
             for (int jj = static_cast<int>(shi); jj < lo; ++jj) srow[jj] = neg_inf;
             for (int jj = static_cast<int>(hi > shi ? hi : shi); jj < nkp; ++jj) srow[jj] = neg_inf;
@@ -406,7 +418,7 @@ FLASHATTN_CPU_INLINE void tile_body(const Problem &p, const TileShape &shape, co
         if (!sees_keys) {  // O = 0; the LSE is the sink logit's alone (-inf without one)
             for (int c = 0; c < dv; ++c) E::store(dst, c, 0.0f);
             if (lse) *lse = sl.sink != nullptr ? sl.sink[head] : neg_inf;
-        } else if (!std::isfinite(mrow[r])) {
+        } else if (row_exact[r] || !std::isfinite(mrow[r])) {
             exact_row<DT>(p, sl, row, head, first[r], last[r], dst, lse);
         } else {
             if (sl.sink != nullptr) out_mul = join_sink(sl.sink[head], &mrow[r], &lrow[r]);
