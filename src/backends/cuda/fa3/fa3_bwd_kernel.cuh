@@ -7,8 +7,10 @@
 // warpgroups; warpgroup w owns keys n0 + 64w .. n0 + 64w + 63 and keeps their dK and dV in
 // registers. K and V arrive once by TMA. The CTA then walks every query block of kBwdBM = 64 rows
 // of every query head of the kv head's GQA group that sees any of its keys, in a fixed order; Q
-// and dO of the next step load by TMA (one thread) and its LSE and row_dot by cp.async into the
-// other of two buffers while this step computes. Per step and warpgroup (transposed, so that the
+// and dO of the step kBwdStages - 1 ahead load by TMA (thread 0) into a ring of kBwdStages
+// buffers ("full" / "empty" mbarriers), and each warpgroup cp.asyncs its own copy of that step's
+// LSE and row_dot, so the two warpgroups only meet at the ring: they drift apart and one's GEMMs
+// run under the other's elementwise work. Per step and warpgroup (transposed, so that the
 // probabilities come out of the accumulator already in the A-fragment layout of the next GEMMs):
 //   S^T  = K_w Q^T and dP^T = V_w dO^T        wgmma, both operands K-major in shared memory
 //   P^T  = exp2(S'^T * score_log2 - LSE * log2 e) with S' the soft-capped score (tanh) when a
@@ -25,9 +27,9 @@
 // its whole query-head group. Deterministic mode: the 64-key halves that add to one query block's
 // dQ take turns in ascending key order (a counter per (query head, query block), as FA2's).
 //
-// No warp specialisation yet: both warpgroups compute, thread 0 also issues the TMA loads, and a
-// block barrier per step separates the buffers' reuse (a first version chosen for being easy to
-// check; the producer warp and the register split of the forward are the next step).
+// No producer warp yet: both warpgroups compute and thread 0 also issues the TMA loads (waiting,
+// before its own step, for both warpgroups to have released the buffer it refills). The
+// forward's producer warpgroup and register split are the next step.
 #pragma once
 
 #include <cstdint>
@@ -94,6 +96,7 @@ __device__ __forceinline__ void warpgroup_sync(int wg) {
 struct BwdBarriers {
     uint64_t kv_full;                 // K and V landed (one phase: loaded once per CTA)
     uint64_t qdo_full[kBwdStages];    // Q and dO of the buffer's step landed
+    uint64_t qdo_empty[kBwdStages];   // every consumer warp (8) is done with the buffer's Q and dO
 };
 
 template <int kD_>
@@ -105,13 +108,13 @@ struct BwdTraits {
     static constexpr int kQBytes = kPages * kQPage;
     static constexpr int kKBytes = kPages * kKPage;
     static constexpr int kDSBytes = 64 * kBwdBM * 2;  // one warpgroup's dS^T, [64 keys][kBwdBM queries]
-    static constexpr int kRowsBytes = 2 * kBwdBM * 4;  // LSE then row_dot of one step
+    static constexpr int kRowsBytes = 2 * kBwdBM * 4;  // LSE then row_dot of one step, one warpgroup's copy
     static constexpr int kKOff = 0;
     static constexpr int kVOff = kKBytes;
     static constexpr int kQOff = 2 * kKBytes;  // buffer s: Q at kQOff + s * 2 * kQBytes, dO after it
     static constexpr int kDSOff = kQOff + kBwdStages * 2 * kQBytes;
     static constexpr int kRowsOff = kDSOff + 2 * kDSBytes;
-    static constexpr int kBarOff = kRowsOff + kBwdStages * kRowsBytes;
+    static constexpr int kBarOff = kRowsOff + kBwdStages * 2 * kRowsBytes;  // stage s, warpgroup w: s * 2 + w
     static constexpr int kSmemBytes = bwd_smem_bytes(kD);
     static constexpr int kNT = kBwdBM / 8;   // n8 tiles of S^T per thread row
     static constexpr int kKF = kBwdBM / 16;  // k16 fragments of P^T
@@ -138,14 +141,17 @@ __device__ __forceinline__ BwdStep bwd_step(const BwdParams &p, const BwdBlock &
     return BwdStep{a.kvh * p.group + gi, (a.mb_first + s - gi * a.nmb) * kBwdBM};
 }
 
-// TMA of Q and dO of step `st` into buffer `buf` (thread 0), cp.async of its LSE and row_dot
-// (warpgroup 0; rows past the sequence: zeros). The caller commits the cp.async group.
+// Ring position of step s: buffer and the parity of its barriers' phase.
+__device__ __forceinline__ int ring_buf(int s) { return s % kBwdStages; }
+__device__ __forceinline__ uint32_t ring_phase(int s) { return static_cast<uint32_t>((s / kBwdStages) & 1); }
+
+// TMA of Q and dO of step `st` into buffer `buf` (thread 0 only).
 template <class Tr>
-__device__ __forceinline__ void load_step(const BwdParams &p, const CUtensorMap *tm_q, const CUtensorMap *tm_do,
+__device__ __forceinline__ void load_q_do(const BwdParams &p, const CUtensorMap *tm_q, const CUtensorMap *tm_do,
                                           const BwdBlock &a, BwdStep st, int buf) {
     const bool varlen = p.cu_q != nullptr;
     unsigned char *s_q = a.smem + Tr::kQOff + buf * 2 * Tr::kQBytes;
-    if (threadIdx.x == 0) {
+    {
         uint64_t *bar = &a.bars->qdo_full[buf];
         const int32_t row = static_cast<int32_t>(varlen ? a.q_row0 + st.m0 : st.m0);
         const int32_t bc = varlen ? 0 : a.b;
@@ -156,16 +162,22 @@ __device__ __forceinline__ void load_step(const BwdParams &p, const CUtensorMap 
             cuda::tma_load_4d(s_q + Tr::kQBytes + pg * Tr::kQPage, tm_do, bar, 64 * pg, row, st.hq, bc);
         }
     }
-    const int tid = threadIdx.x;
-    if (tid < 2 * kBwdBM) {
-        const int r = tid < kBwdBM ? tid : tid - kBwdBM;
-        const int qpos = st.m0 + r;
-        const bool ok = qpos < a.sq;
-        const int q = ok ? qpos : 0;
-        const float *src = tid < kBwdBM ? p.lse + cuda::lse_offset(p, a.b, st.hq, a.q_row0, q)
-                                        : p.row_dot + static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + q;
-        cuda::cp_async_4(cuda::smem_addr(a.smem + Tr::kRowsOff + buf * Tr::kRowsBytes) + tid * 4, src, ok ? 4u : 0u);
-    }
+}
+
+// cp.async of the LSE and row_dot of step `st` into warpgroup wg's copy in buffer `buf` (rows
+// past the sequence: zeros); one word per thread of the warpgroup. The caller commits the group.
+template <class Tr>
+__device__ __forceinline__ void load_rows(const BwdParams &p, const BwdBlock &a, BwdStep st, int buf, int wg) {
+    static_assert(2 * kBwdBM == 128, "one word per thread of a warpgroup");
+    const int wtid = threadIdx.x & 127;
+    const int r = wtid < kBwdBM ? wtid : wtid - kBwdBM;
+    const int qpos = st.m0 + r;
+    const bool ok = qpos < a.sq;
+    const int q = ok ? qpos : 0;
+    const float *src = wtid < kBwdBM ? p.lse + cuda::lse_offset(p, a.b, st.hq, a.q_row0, q)
+                                     : p.row_dot + static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + q;
+    cuda::cp_async_4(cuda::smem_addr(a.smem + Tr::kRowsOff + (buf * 2 + wg) * Tr::kRowsBytes) + wtid * 4, src,
+                     ok ? 4u : 0u);
 }
 
 // S^T and dP^T of warpgroup `wg`'s 64 keys against the step's queries (issued and waited for).
@@ -349,7 +361,7 @@ __device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBl
     const uint32_t s_k = base + Tr::kKOff + 64 * wg * 128, s_v = base + Tr::kVOff + 64 * wg * 128;
     const uint32_t s_q = base + Tr::kQOff + buf * 2 * Tr::kQBytes, s_do = s_q + Tr::kQBytes;
     const uint32_t s_ds = base + Tr::kDSOff + wg * Tr::kDSBytes;
-    const uint32_t s_rows = base + Tr::kRowsOff + buf * Tr::kRowsBytes;
+    const uint32_t s_rows = base + Tr::kRowsOff + (buf * 2 + wg) * Tr::kRowsBytes;
 
     float S[kBwdBM / 2], dP[kBwdBM / 2];
     scores_and_dp<Tr, E>(S, dP, s_k, s_v, s_q, s_do);
@@ -364,6 +376,8 @@ __device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBl
     accumulate_dq<Tr, E>(p, a, st, wg, s_ds, s_k);  // waits for every wgmma of the step
     cuda::fence_operands(dK);
     cuda::fence_operands(dV);
+    __syncwarp();  // every lane's wgmmas reading Q and dO have retired
+    if ((threadIdx.x & 31) == 0) cuda::mbar_arrive(&a.bars->qdo_empty[buf]);
 }
 
 // dK * scale and dV of the thread's two keys (16-bit pairs), zeros where no query saw the key.
@@ -419,7 +433,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     if (threadIdx.x == 0) {
         cuda::mbar_init(&a.bars->kv_full, 1);
 #pragma unroll
-        for (int s = 0; s < kBwdStages; ++s) cuda::mbar_init(&a.bars->qdo_full[s], 1);
+        for (int s = 0; s < kBwdStages; ++s) {
+            cuda::mbar_init(&a.bars->qdo_full[s], 1);
+            cuda::mbar_init(&a.bars->qdo_empty[s], kBwdThreads / 32);
+        }
         cuda::fence_mbar_init();
     }
     __syncthreads();
@@ -449,17 +466,34 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                 cuda::tma_load_4d(smem + Tr::kVOff + pg * Tr::kKPage, &tm_v, &a.bars->kv_full, 64 * pg, krow, a.kvh, bc);
             }
         }
-        load_step<Tr>(p, &tm_q, &tm_do, a, bwd_step(p, a, 0), 0);
-        cuda::cp_async_commit();
+        // Prologue: the first kBwdStages - 1 steps (fresh buffers: no release to wait for).
+#pragma unroll
+        for (int r = 0; r < kBwdStages - 1; ++r) {
+            if (r < nsteps) {
+                if (threadIdx.x == 0) load_q_do<Tr>(p, &tm_q, &tm_do, a, bwd_step(p, a, r), r);
+                load_rows<Tr>(p, a, bwd_step(p, a, r), r, wg);
+            }
+            cuda::cp_async_commit();
+        }
         cuda::mbar_wait(&a.bars->kv_full, 0);
         for (int s = 0; s < nsteps; ++s) {
             const BwdStep st = bwd_step(p, a, s);
-            const int buf = s & 1;
-            cuda::cp_async_wait<0>();  // this step's LSE and row_dot ...
-            __syncthreads();           // ... from every thread; every warp is done with the other buffer
-            if (s + 1 < nsteps) load_step<Tr>(p, &tm_q, &tm_do, a, bwd_step(p, a, s + 1), buf ^ 1);
+            const int buf = ring_buf(s);
+            // Step r = s + kBwdStages - 1 refills the buffer of step s - 1: thread 0 waits for both
+            // warpgroups to release it; this warpgroup's own copy of the rows was last read before
+            // the warpgroup barrier of its step s - 1.
+            const int r = s + kBwdStages - 1;
+            if (r < nsteps) {
+                if (threadIdx.x == 0) {
+                    if (s >= 1) cuda::mbar_wait(&a.bars->qdo_empty[ring_buf(s - 1)], ring_phase(s - 1));
+                    load_q_do<Tr>(p, &tm_q, &tm_do, a, bwd_step(p, a, r), ring_buf(r));
+                }
+                load_rows<Tr>(p, a, bwd_step(p, a, r), ring_buf(r), wg);
+            }
             cuda::cp_async_commit();
-            cuda::mbar_wait(&a.bars->qdo_full[buf], static_cast<uint32_t>((s >> 1) & 1));
+            cuda::cp_async_wait<kBwdStages - 1>();  // this step's rows, from this thread ...
+            warpgroup_sync(wg);                     // ... and from every thread of the warpgroup
+            cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase(s));
             bwd_step_compute<Tr, E>(p, a, st, buf, wg, dK, dV);
         }
     }

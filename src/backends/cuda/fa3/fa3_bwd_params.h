@@ -50,7 +50,9 @@ struct BwdMaps {
 constexpr int kBwdBM = 64;        // query rows per step (the N of S^T = K Q^T)
 constexpr int kBwdBN = 128;       // keys per CTA: 64 per consumer warpgroup (wgmma M = 64)
 constexpr int kBwdThreads = 256;  // two warpgroups
-constexpr int kBwdStages = 2;     // Q / dO / LSE / row_dot buffers: the next step's load under this one
+constexpr int kBwdStages = 3;     // Q / dO / LSE / row_dot buffers: two steps load under this one, so
+                                  // that the warpgroups may drift apart (one's GEMMs under the other's
+                                  // elementwise work)
 
 // Compiled head dims of the backward (rows of fa3_head_dims.h): dK and dV of 64 keys over the
 // padded head dim live in registers (kD / 2 + kD / 2 per thread), which fits 255 registers up to
@@ -58,9 +60,10 @@ constexpr int kBwdStages = 2;     // Q / dO / LSE / row_dot buffers: the next st
 constexpr bool bwd_compiled(int kd) { return kd == 64 || kd == 128; }
 
 // K, V [kBwdBN x kD], kBwdStages x (Q, dO) [kBwdBM x kD], 2 x dS [64 x kBwdBM], all 16-bit;
-// kBwdStages x (LSE, row_dot) [kBwdBM] fp32; 1 KB of barriers (padded); 1 KB to align the base.
+// kBwdStages x 2 warpgroups x (LSE, row_dot) [kBwdBM] fp32; 1 KB of barriers (padded); 1 KB to
+// align the base.
 constexpr int bwd_smem_bytes(int kd) {
-    return (2 * kBwdBN + 2 * kBwdStages * kBwdBM) * kd * 2 + 2 * 64 * kBwdBM * 2 + kBwdStages * 2 * kBwdBM * 4 +
+    return (2 * kBwdBN + 2 * kBwdStages * kBwdBM) * kd * 2 + 2 * 64 * kBwdBM * 2 + kBwdStages * 2 * 2 * kBwdBM * 4 +
            2048;
 }
 
