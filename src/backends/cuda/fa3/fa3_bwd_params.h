@@ -50,22 +50,31 @@ struct BwdMaps {
 constexpr int kBwdBM = 64;        // query rows per step (the N of S^T = K Q^T)
 constexpr int kBwdBN = 128;       // keys per CTA: 64 per consumer warpgroup (wgmma M = 64)
 constexpr int kBwdThreads = 256;  // two warpgroups
-constexpr int kBwdStages = 3;     // Q / dO / LSE / row_dot buffers: two steps load under this one, so
-                                  // that the warpgroups may drift apart (one's GEMMs under the other's
-                                  // elementwise work)
+constexpr int kBwdMaxStages = 3;  // Q / dO / LSE / row_dot buffers (bwd_stages)
 
 // Compiled head dims of the backward (rows of fa3_head_dims.h): dK and dV of 64 keys over the
 // padded head dim live in registers (kD / 2 + kD / 2 per thread), which fits 255 registers up to
 // 128. 192 and 256 have no FA3 backward (the plan's backward runs on fa2).
 constexpr bool bwd_compiled(int kd) { return kd == 64 || kd == 128; }
 
-// K, V [kBwdBN x kD], kBwdStages x (Q, dO) [kBwdBM x kD], 2 x dS [64 x kBwdBM], all 16-bit;
-// kBwdStages x 2 warpgroups x (LSE, row_dot) [kBwdBM] fp32; 1 KB of barriers (padded); 1 KB to
-// align the base.
+// Ring depth: steps s + 1 .. s + stages - 1 load while step s computes, so that the warpgroups may
+// drift apart (one's GEMMs under the other's elementwise work): three buffers where they fit the
+// 227 KB with everything else, two at head dim 128.
+constexpr int bwd_stages(int kd) { return kd <= 64 ? 3 : 2; }
+
+// dQ of a step reaches the fp32 accumulator as one bulk reduction from shared memory (above head
+// dim 64) or as vector reductions from registers (at 64, where they measured faster).
+constexpr bool bwd_bulk_dq(int kd) { return kd > 64; }
+
+// K, V [kBwdBN x kD], stages x (Q, dO) [kBwdBM x kD], 2 x dS [64 x kBwdBM], all 16-bit;
+// with bwd_bulk_dq 2 x the fp32 dQ tile [kBwdBM x kD]; stages x 2 warpgroups x (LSE, row_dot) [kBwdBM] fp32; 1 KB
+// of barriers (padded); 1 KB to align the base.
 constexpr int bwd_smem_bytes(int kd) {
-    return (2 * kBwdBN + 2 * kBwdStages * kBwdBM) * kd * 2 + 2 * 64 * kBwdBM * 2 + kBwdStages * 2 * 2 * kBwdBM * 4 +
-           2048;
+    return (2 * kBwdBN + 2 * bwd_stages(kd) * kBwdBM) * kd * 2 + 2 * 64 * kBwdBM * 2 +
+           (bwd_bulk_dq(kd) ? 2 * kBwdBM * kd * 4 : 0) +
+           bwd_stages(kd) * 2 * 2 * kBwdBM * 4 + 2048;
 }
+static_assert(bwd_smem_bytes(128) <= 232448 && bwd_smem_bytes(64) <= 232448, "the backward tile exceeds 227 KB");
 
 // One launcher per row of fa3_head_dims.h (generated fa3_bwd_hdimD.cu): the main kernel, or
 // cudaErrorInvalidValue for a head dim without one (the host never asks for it).
