@@ -109,7 +109,7 @@ Decision decide_backward_backend(flashattn_backend_t requested, flashattn_backen
     Decision d;
     const Candidate &same = candidates[forward];
     if (same.compiled && same.unsupported.empty()) {
-        // Under auto an fa3 plan's backward stays on fa2 until kFa3BackwardUnderAuto (issue 16);
+        // Under auto an fa3 plan's backward stays on fa2 unless kFa3BackwardUnderAuto (issue 16);
         // forcing FLASHATTN_BACKEND_FA3 runs fa3's.
         const Candidate &fa2 = candidates[FLASHATTN_BACKEND_FA2];
         if (!kFa3BackwardUnderAuto && requested == FLASHATTN_BACKEND_AUTO && forward == FLASHATTN_BACKEND_FA3 &&
