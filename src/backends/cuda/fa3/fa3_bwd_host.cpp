@@ -10,6 +10,7 @@
 #include "backends/cuda/fa3/fa3_bwd_host.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include <cuda_runtime_api.h>
@@ -43,6 +44,12 @@ const BwdHeadDim &compiled_for(int64_t d) {
 }  // namespace
 
 std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
+    // A developer's knob for A/B runs: FLASHATTN_FA3_BACKWARD=off makes auto pair the FA3 forward
+    // with FA2's backward (a plan forced to fa3 then has no backward), e.g. to tell the forward's
+    // share of a gradient error from the backward's. Read at finalize.
+    const char *knob = std::getenv("FLASHATTN_FA3_BACKWARD");
+    if (knob != nullptr && std::string(knob) == "off")
+        return "the fa3 backward pass is turned off (FLASHATTN_FA3_BACKWARD=off)";
     const int kd = compiled_for(p.head_dim).head_dim;
     if (!bwd_compiled(kd))
         return "the fa3 backward pass is compiled for head dims up to 128 (dK and dV of a key block live in "
