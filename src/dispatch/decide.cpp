@@ -109,6 +109,15 @@ Decision decide_backward_backend(flashattn_backend_t requested, flashattn_backen
     Decision d;
     const Candidate &same = candidates[forward];
     if (same.compiled && same.unsupported.empty()) {
+        // Under auto an fa3 plan's backward stays on fa2 unless kFa3BackwardUnderAuto (issue 16);
+        // forcing FLASHATTN_BACKEND_FA3 runs fa3's.
+        const Candidate &fa2 = candidates[FLASHATTN_BACKEND_FA2];
+        if (!kFa3BackwardUnderAuto && requested == FLASHATTN_BACKEND_AUTO && forward == FLASHATTN_BACKEND_FA3 &&
+            fa2.compiled && fa2.unsupported.empty()) {
+            d.backend = FLASHATTN_BACKEND_FA2;
+            d.reason = "fa2 runs the backward pass (auto does not pick fa3's backward yet; force fa3 to run it)";
+            return d;
+        }
         d.backend = forward;
         d.reason = std::string(backend_name(forward)) + " runs the backward pass as it runs the forward";
         return d;

@@ -42,6 +42,11 @@ for stage in $stages; do
           FLASHATTN_TEST_REDUCED=1 FLASHATTN_FA3_MAX_CTAS=3 compute-sanitizer --tool $tool --error-exitcode 99 \
             "$build/tests/test_numerics_$gen" > "$out/sanitize-$gen-$tool.log" 2>&1
           note "compute-sanitizer $tool $gen rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$gen-$tool.log" | tail -1)"
+          # The backward kernels of the generations that have them (fa2, fa3), on the same reduced grid.
+          [ -x "$build/tests/test_backward_$gen" ] || continue
+          FLASHATTN_TEST_REDUCED=1 compute-sanitizer --tool $tool --error-exitcode 99 \
+            "$build/tests/test_backward_$gen" > "$out/sanitize-backward-$gen-$tool.log" 2>&1
+          note "compute-sanitizer $tool backward $gen rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-backward-$gen-$tool.log" | tail -1)"
         done
       done
       ;;

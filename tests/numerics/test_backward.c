@@ -1,6 +1,7 @@
 /* Numerical correctness of one backend's backward pass (TEST_BACKEND) against the tests' own
  * double-precision gradient, over a covering grid of shapes and features. Built once per backend:
- * test_backward_cpu (label cpu) and test_backward_fa2 (label gpu, skipped without a GPU).
+ * test_backward_cpu (label cpu), test_backward_fa2 and test_backward_fa3 (label gpu, skipped without
+ * a GPU; fa3: sm_90 only, the forward and the backward both forced to it).
  *
  * Each case: fresh random inputs and dO (U(-1, 1) rounded to the dtype; every stride gap of every
  * tensor holds NaN), the library's forward on the same plan for O and LSE, then the backward with
@@ -22,7 +23,8 @@
  * tiny fp32 shapes, against both the library's gradient and the double reference.
  *
  * What each backend runs: cpu: fp32, fp16, bf16, any head_dim / head_dim_v; fa2: fp16, bf16
- * (the grid's fp32 cases run in bf16), head_dim 8..256, head_dim_v == head_dim. FLASHATTN_TEST_REDUCED=1
+ * (the grid's fp32 cases run in bf16), head_dim 8..256, head_dim_v == head_dim; fa3: as fa2 with
+ * head_dim up to 128. FLASHATTN_TEST_REDUCED=1
  * keeps every third small case (for compute-sanitizer). FLASHATTN_TEST_SEED changes the inputs. */
 #include <math.h>
 #include <stdio.h>
@@ -479,6 +481,8 @@ static const char *outside_range(const bwd_case *c) {
         return c->gpu_only ? "GPU-only case (its reference is too slow for the CPU run's time budget)" : NULL;
     if (d < 8 || d > 256 || d % 8 != 0) return "GPU backward: head_dim 8..256, a multiple of 8";
     if (dv != d) return "GPU backward: head_dim_v must equal head_dim";
+    if (TEST_BACKEND == FLASHATTN_BACKEND_FA3 && d > 128)
+        return "fa3 backward: head dims up to 128 (fa2's backward runs the larger ones)";
     return NULL;
 }
 
@@ -716,7 +720,7 @@ int main(void) {
     size_t i, n = 0, small = 0;
     int32_t major = 0, minor = 0;
     g_seed = test_seed_from_env(g_seed);
-    if (TEST_BACKEND == FLASHATTN_BACKEND_FA2) test_require_gpu_backend(TEST_BACKEND, &major, &minor);
+    if (TEST_BACKEND != FLASHATTN_BACKEND_CPU) test_require_gpu_backend(TEST_BACKEND, &major, &minor);
     printf("backward numerics on backend %s, seed %llu (set FLASHATTN_TEST_SEED to change)%s\n",
            test_backend_name(TEST_BACKEND), (unsigned long long)g_seed, reduced ? ", reduced grid" : "");
 

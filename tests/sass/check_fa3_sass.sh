@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks the compiled FA3 kernels in libflashattn without running them (no GPU needed): every
-# fa3::fwd_kernel instantiation must be sm_90a code whose SASS uses HGMMA (wgmma: the tensor-core
-# path of Hopper, not HMMA/FFMA) and has no local-memory traffic (LDL/STL: register spills or
+# fa3::fwd_kernel and fa3::bwd_kernel (the backward, issue 16) instantiation must be sm_90a code
+# whose SASS uses HGMMA (wgmma: the tensor-core path of Hopper, not HMMA/FFMA) and has no
+# local-memory traffic (LDL/STL: register spills or
 # arrays indexed at run time). Usage: check_fa3_sass.sh CUOBJDUMP LIBRARY
 set -euo pipefail
 cuobjdump=$1
@@ -13,7 +14,7 @@ report=$(awk '
   /arch = / { arch = $3 }
   /Function : / {
     fn = $3
-    if (fn ~ /fa310fwd_kernel/) { kernels[fn] = arch; hgmma[fn] = 0; local[fn] = 0 }
+    if (fn ~ /fa310(fwd|bwd)_kernel/) { kernels[fn] = arch; hgmma[fn] = 0; local[fn] = 0 }
     next
   }
   fn != "" && (fn in kernels) {
@@ -23,10 +24,12 @@ report=$(awk '
   END {
     for (k in kernels) printf "%s arch=%s hgmma=%d local=%d\n", k, kernels[k], hgmma[k], local[k]
   }' <<<"$sass")
-if [ -z "$report" ]; then
-  echo "no fa3 forward kernel found in $lib" >&2
-  exit 1
-fi
+for role in fwd bwd; do
+  if ! grep -q "fa310${role}_kernel" <<<"$report"; then
+    echo "no fa3 ${role} kernel found in $lib" >&2
+    exit 1
+  fi
+done
 echo "$report"
 bad=$(awk '$2 != "arch=sm_90a" || $3 == "hgmma=0" || $4 != "local=0"' <<<"$report")
 if [ -n "$bad" ]; then

@@ -133,6 +133,13 @@ void test_backward_choice(void **) {
     d = decide_backward_backend(FLASHATTN_BACKEND_FA3, FLASHATTN_BACKEND_FA3, gpu(9, 0), t.c);
     expect(d, FLASHATTN_ERROR_NOT_SUPPORTED, FLASHATTN_BACKEND_CPU);
     assert_true(d.reason.find("auto") != std::string::npos);
+    // fa3 with a backward: forced, it runs it; under auto, fa2's runs until kFa3BackwardUnderAuto.
+    t.c[FLASHATTN_BACKEND_FA3].unsupported.clear();
+    expect(decide_backward_backend(FLASHATTN_BACKEND_FA3, FLASHATTN_BACKEND_FA3, gpu(9, 0), t.c), FLASHATTN_SUCCESS,
+           FLASHATTN_BACKEND_FA3);
+    expect(decide_backward_backend(AUTO, FLASHATTN_BACKEND_FA3, gpu(9, 0), t.c), FLASHATTN_SUCCESS,
+           kFa3BackwardUnderAuto ? FLASHATTN_BACKEND_FA3 : FLASHATTN_BACKEND_FA2);
+    t.c[FLASHATTN_BACKEND_FA3].unsupported = "fa3 has no backward pass";
     // A backend left out of the build is named as such.
     t.c[FLASHATTN_BACKEND_FA2].compiled = false;
     d = decide_backward_backend(AUTO, FLASHATTN_BACKEND_FA3, gpu(9, 0), t.c);

@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backends/backend.h"
+#include "backends/cuda/fa3/fa3_bwd_host.h"
 #include "backends/cuda/fa3/fa3_config.h"
 #include "backends/cuda/fa3/fa3_params.h"
 #include "backends/cuda/host/cuda_host.h"
@@ -44,12 +45,13 @@ fa3::LaunchFwd launcher_for(int compiled_head_dim) {
     return nullptr;
 }
 
-// Everything execute needs, decided at finalize. FA3 needs no workspace.
+// Everything execute needs, decided at finalize. The FA3 forward needs no workspace.
 struct Fa3Plan : BackendPlan {
     fa3::TileConfig cfg{};  // compiled head dim and keys per K/V tile
     fa3::LaunchFwd launch = nullptr;
     int num_ctas = 1;       // persistent grid size
     int section = 1;        // causal schedule: (head, sequence) pairs per L2 section
+    fa3::BwdPlan backward;  // laid out in backward_workspace when the backward can run
 };
 
 // Why TMA cannot describe one input tensor of `rows` x `heads` x `batch` rows, or empty. A
@@ -92,6 +94,15 @@ std::string fa3_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
         return "the fa3 backend needs " + std::to_string(smem / 1024) + " KB of shared memory per block and the device allows " +
                std::to_string(dev.smem_per_block_optin / 1024) + " KB";
     return std::string();
+}
+
+// The backward: the forward's conditions (TMA reads Q, K, V again), dO's strides (TMA too), then
+// the backward kernels' own (fa3_bwd_host.cpp).
+std::string fa3_backward_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
+    std::string why = fa3_unsupported_reason(p, dev);
+    if (why.empty()) why = tma_stride_problem("dout", p.dout, p.q_rows(), p.heads_q, p.batch_extent());
+    if (why.empty()) why = fa3::backward_unsupported_reason(p, dev);
+    return why;
 }
 
 // Auto passes fa3 over for decode-shaped problems: it has no split-KV path, fa2's is faster there.
@@ -138,6 +149,7 @@ flashattn_status_t fa3_make_plan(const Problem &p, const DeviceInfo &dev, std::u
         return fail(FLASHATTN_ERROR_INTERNAL, "fa3: no compiled kernel for head dim %d", plan->cfg.head_dim);
     plan->num_ctas = std::max(1, std::min(dev.sm_count, test_cta_limit()));  // one persistent CTA per SM at most
     plan->section = causal_section(p, dev.l2_bytes, plan->num_ctas);
+    if (fa3_backward_unsupported_reason(p, dev).empty()) plan->backward = fa3::plan_backward(p, &plan->backward_workspace);
     *out = std::move(plan);
     return FLASHATTN_SUCCESS;
 }
@@ -174,10 +186,11 @@ flashattn_status_t encode_cached(CachedMap *c, CUtensorMap *out, TmaElement el, 
 }
 
 // One rank-4 map {head_dim, rows, heads, batch}: 64-column boxes of `box_rows` rows. Extent-1
-// dimensions get a filler stride (unused, but the encoder checks it). `slot`: 0, 1, 2 for Q, K, V.
+// dimensions get a filler stride (unused, but the encoder checks it). `slot`: 0, 1, 2 for Q, K, V
+// of the forward, 3..6 for Q, K, V, dO of the backward.
 flashattn_status_t encode_map(int slot, CUtensorMap *out, TmaElement el, const void *base, const Problem &p,
                               const Strides &s, int64_t rows, int64_t heads, int box_rows) {
-    thread_local CachedMap cache[3];
+    thread_local CachedMap cache[7];
     const int64_t batch = p.batch_extent();
     const uint64_t row_bytes = static_cast<uint64_t>(s.row) * 2;
     const uint64_t filler = static_cast<uint64_t>(p.head_dim) * 2 * 16;
@@ -219,13 +232,37 @@ flashattn_status_t fa3_execute(const Problem &p, const BackendPlan &base_plan, c
     return check_launch("fa3 forward kernel");
 }
 
+flashattn_status_t fa3_execute_backward(const Problem &p, const BackendPlan &base_plan, const Tensors &t) {
+    const Fa3Plan &plan = static_cast<const Fa3Plan &>(base_plan);
+    DeviceGuard guard(p.device, /*need_context=*/true);  // first: the maps are encoded through the driver
+    if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "fa3 backward: cudaSetDevice");
+    FLASHATTN_TRY(check_device_tensors(p, t));
+    if (p.batch == 0 || p.heads_q == 0) return FLASHATTN_SUCCESS;
+    const TmaElement el = p.dtype == FLASHATTN_DTYPE_BF16 ? TmaElement::bf16 : TmaElement::fp16;
+    // Without queries or keys the main kernel loads nothing from the empty side, but every map
+    // needs a valid base and extent: the other side's tensor stands in.
+    const bool no_q = p.q_rows() == 0, no_k = p.k_rows() == 0;
+    if (no_q && no_k) return FLASHATTN_SUCCESS;
+    fa3::BwdMaps maps;
+    FLASHATTN_TRY(encode_map(3, &maps.q, el, no_q ? t.k : t.q, p, no_q ? p.k : p.q, no_q ? 1 : p.q_rows(),
+                             no_q ? p.heads_kv : p.heads_q, fa3::kBwdBM));
+    FLASHATTN_TRY(encode_map(6, &maps.dout, el, no_q ? t.k : t.dout, p, no_q ? p.k : p.dout, no_q ? 1 : p.q_rows(),
+                             no_q ? p.heads_kv : p.heads_q, fa3::kBwdBM));
+    FLASHATTN_TRY(encode_map(4, &maps.k, el, no_k ? t.q : t.k, p, no_k ? p.q : p.k, no_k ? 1 : p.k_rows(),
+                             no_k ? p.heads_q : p.heads_kv, fa3::kBwdBN));
+    FLASHATTN_TRY(encode_map(5, &maps.v, el, no_k ? t.q : t.v, p, no_k ? p.q : p.v, no_k ? 1 : p.k_rows(),
+                             no_k ? p.heads_q : p.heads_kv, fa3::kBwdBN));
+    return fa3::run_backward(p, plan.backward, plan.backward_workspace, t, maps);
+}
+
 }  // namespace
 
 const Backend *fa3_backend() {
-    // No backward pass yet (issue 16): auto runs the backward of an fa3 plan on fa2.
+    // The backward (issue 16) runs head dims up to 128; auto takes it over fa2's only with
+    // dispatch's kFa3BackwardUnderAuto.
     static const Backend backend{FLASHATTN_BACKEND_FA3, "fa3", fa3_unsupported_reason, fa3_make_plan,
-                                 fa3_execute, fa3_auto_pass_reason, nullptr, nullptr,
-                                 nullptr, kVariantTopLeft | kVariantSinkLogits, 0u};  // merges run on fa2's kernel (dispatch)
+                                 fa3_execute, fa3_auto_pass_reason, fa3_backward_unsupported_reason,
+                                 fa3_execute_backward, nullptr, kVariantTopLeft | kVariantSinkLogits, 0u};  // merges run on fa2's kernel (dispatch)
     return &backend;
 }
 

@@ -1,0 +1,137 @@
+// The FA3 backward pass, host side (see fa3_bwd_host.h and, for the kernels, fa3_bwd_params.h).
+//
+// Workspace (O(N), never N x N), as the FA2 backward's:
+//   row_dot   heads_q x rows x 4 bytes
+//   dq_accum  heads_q x rows x head_dim x 4 bytes (rows = batch * seqlen_q, or total_q)
+//   dq_sem    deterministic only: batch x heads_q x query blocks x 4 bytes
+// Determinism: dK and dV are written once by the one CTA that owns the key block (it walks the
+// whole GQA group in a fixed order); dQ goes through fp32 reductions that, in deterministic mode,
+// take turns per (query head, query block) in ascending key order (fa3_bwd_kernel.cuh).
+#include "backends/cuda/fa3/fa3_bwd_host.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "backends/cuda/host/cuda_host.h"
+#include "backends/cuda/host/tensor_args.h"
+#include "base/checked_math.h"
+#include "base/status.h"
+
+namespace flashattn {
+namespace fa3 {
+namespace {
+
+struct BwdHeadDim {
+    int head_dim;
+    LaunchBwd launch;
+};
+#define FLASHATTN_FA3_BWD_ROW(D) {D, launch_bwd_hdim##D},
+constexpr BwdHeadDim kBwdHeadDims[] = {FLASHATTN_FA3_HEAD_DIMS(FLASHATTN_FA3_BWD_ROW)};
+#undef FLASHATTN_FA3_BWD_ROW
+
+constexpr int64_t kMaxGridX = (int64_t(1) << 31) - 1;
+
+// The smallest compiled head dim that holds `d` (callers have checked 8 <= d <= 256).
+const BwdHeadDim &compiled_for(int64_t d) {
+    for (const BwdHeadDim &row : kBwdHeadDims)
+        if (d <= row.head_dim) return row;
+    return kBwdHeadDims[sizeof kBwdHeadDims / sizeof kBwdHeadDims[0] - 1];
+}
+
+}  // namespace
+
+std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
+    // A developer's knob for A/B runs: FLASHATTN_FA3_BACKWARD=off makes auto pair the FA3 forward
+    // with FA2's backward (a plan forced to fa3 then has no backward), e.g. to tell the forward's
+    // share of a gradient error from the backward's. Read at finalize.
+    const char *knob = std::getenv("FLASHATTN_FA3_BACKWARD");
+    if (knob != nullptr && std::string(knob) == "off")
+        return "the fa3 backward pass is turned off (FLASHATTN_FA3_BACKWARD=off)";
+    const int kd = compiled_for(p.head_dim).head_dim;
+    if (!bwd_compiled(kd))
+        return "the fa3 backward pass is compiled for head dims up to 128 (dK and dV of a key block live in "
+               "registers); head dim " + std::to_string(p.head_dim) + " runs on fa2's backward";
+    if (p.heads_q > 65535 || p.batch > 65535)
+        return "the fa3 backward pass supports at most 65535 heads and 65535 sequences";
+    if (p.heads_kv * p.batch * ceil_div(p.seqlen_k, kBwdBN) > kMaxGridX)
+        return "the fa3 backward pass supports at most 2^31 - 1 key blocks of " + std::to_string(kBwdBN) +
+               " keys over all key/value heads and sequences";
+    const size_t smem = static_cast<size_t>(bwd_smem_bytes(kd));
+    if (dev.smem_per_block_optin != 0 && smem > dev.smem_per_block_optin)
+        return "the fa3 backward pass needs " + std::to_string(smem / 1024) + " KB of shared memory per block and the "
+               "device allows " + std::to_string(dev.smem_per_block_optin / 1024) + " KB";
+    return std::string();
+}
+
+BwdPlan plan_backward(const Problem &p, WorkspaceLayout *ws) {
+    BwdPlan plan;
+    plan.head_dim = compiled_for(p.head_dim).head_dim;
+    plan.launch = compiled_for(p.head_dim).launch;
+    const size_t rows = static_cast<size_t>(p.heads_q) * static_cast<size_t>(p.total_query_rows());
+    if (p.deterministic) {
+        plan.sem_blocks = static_cast<int>(ceil_div(p.seqlen_q, kBwdBM));
+        plan.dq_sem = ws->add("fa3 backward dQ order counters", static_cast<size_t>(p.batch) *
+                                                                    static_cast<size_t>(p.heads_q) *
+                                                                    static_cast<size_t>(plan.sem_blocks) * sizeof(int32_t));
+    }
+    plan.row_dot = ws->add("fa3 backward dO.O row sums", rows * sizeof(float));
+    plan.dq_accum = ws->add("fa3 backward dQ accumulator", rows * static_cast<size_t>(p.head_dim) * sizeof(float));
+    return plan;
+}
+
+flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const WorkspaceLayout &ws, const Tensors &t,
+                                const BwdMaps &maps) {
+    if (p.batch == 0 || p.heads_q == 0) return FLASHATTN_SUCCESS;
+    const bool have_q = p.varlen ? p.total_q > 0 : p.seqlen_q > 0;
+    const bool have_k = p.varlen ? p.total_k > 0 : p.seqlen_k > 0;
+
+    BwdParams k;
+    fill_tensor_args(p, t, &k);
+    k.dout = t.dout;
+    k.dq = t.dq;
+    k.dk = t.dk;
+    k.dv = t.dv;
+    k.do_bs = p.dout.batch, k.do_rs = p.dout.row, k.do_hs = p.dout.head;
+    k.dq_bs = p.dq.batch, k.dq_rs = p.dq.row, k.dq_hs = p.dq.head;
+    k.dk_bs = p.dk.batch, k.dk_rs = p.dk.row, k.dk_hs = p.dk.head;
+    k.dv_bs = p.dv.batch, k.dv_rs = p.dv.row, k.dv_hs = p.dv.head;
+    k.row_dot = ws.at<float>(t.workspace, plan.row_dot);
+    k.dq_accum = ws.at<float>(t.workspace, plan.dq_accum);
+    k.scale = static_cast<float>(p.scale);
+    k.dq_splits = 1;
+    k.deterministic = p.deterministic ? 1 : 0;
+    if (p.deterministic) {
+        k.dq_sem = ws.at<int32_t>(t.workspace, plan.dq_sem);
+        k.sem_blocks = plan.sem_blocks;
+    }
+
+    const bool bf16 = p.dtype == FLASHATTN_DTYPE_BF16;
+    const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);
+    cudaError_t err;
+    if (have_q) {
+        err = launch_bwd_preprocess(k, bf16, stream);
+        if (err != cudaSuccess) return cuda_fail(err, "fa3 backward preprocess");
+        FLASHATTN_TRY(check_launch("fa3 backward preprocess kernel"));
+    }
+    if (have_k && p.deterministic) {
+        err = cudaMemsetAsync(k.dq_sem, 0, ws.bytes(plan.dq_sem), stream);
+        if (err != cudaSuccess) return cuda_fail(err, "fa3 backward: zeroing the dQ order counters");
+    }
+    if (have_k) {  // also with no queries: dK = dV = 0
+        err = plan.launch(k, maps, bf16, stream);
+        if (err != cudaSuccess) return cuda_fail(err, "fa3 backward kernel setup");
+        FLASHATTN_TRY(check_launch("fa3 backward kernel"));
+    }
+    if (have_q) {  // also with no keys: dQ = 0
+        err = launch_bwd_convert_dq(k, bf16, stream);
+        if (err != cudaSuccess) return cuda_fail(err, "fa3 backward dQ convert");
+        FLASHATTN_TRY(check_launch("fa3 backward dQ convert kernel"));
+    }
+    return FLASHATTN_SUCCESS;
+}
+
+}  // namespace fa3
+}  // namespace flashattn

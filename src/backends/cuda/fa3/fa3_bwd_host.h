@@ -1,0 +1,40 @@
+// The FA3 backward pass, host side: what it supports, its plan (compiled head dim, the
+// deterministic mode's order counters, the workspace slices) and the enqueue of its kernels
+// (preprocess, main, dQ convert). fa3_backend.cpp calls these three and encodes the TMA maps.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "backends/cuda/fa3/fa3_bwd_params.h"
+#include "base/workspace.h"
+#include "device/device.h"
+#include "problem/problem.h"
+
+namespace flashattn {
+namespace fa3 {
+
+// What the backward decided at finalize.
+struct BwdPlan {
+    int head_dim = 0;    // the compiled head dim that runs the problem (fa3_head_dims.h)
+    LaunchBwd launch = nullptr;
+    int dq_accum = -1;   // workspace slices: [heads_q][rows][head_dim] fp32 dQ accumulator
+    int row_dot = -1;    // [heads_q][rows] fp32 dO.O row sums (rows: batch*seqlen_q, or total_q)
+    int dq_sem = -1;     // deterministic: [batch][heads_q][sem_blocks] int32 dQ order counters
+    int sem_blocks = 0;  // query blocks of kBwdBM rows of the longest sequence (deterministic)
+};
+
+// Empty when the FA3 backward kernels can run `p` on `dev` (the forward's own conditions, TMA
+// strides included, are the caller's); otherwise one sentence saying why not.
+std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev);
+
+// Pick the kernel and add the backward's slices to `ws`.
+BwdPlan plan_backward(const Problem &p, WorkspaceLayout *ws);
+
+// Enqueue the backward kernels on t.stream. The C boundary has checked pointers and workspace;
+// `maps` describe Q, K, V and dO (fa3_bwd_params.h).
+flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const WorkspaceLayout &ws, const Tensors &t,
+                                const BwdMaps &maps);
+
+}  // namespace fa3
+}  // namespace flashattn

@@ -1,0 +1,654 @@
+// FlashAttention-3 backward main kernel for Hopper (sm_90a): TMA loads, wgmma, and its launcher.
+// Algorithm 2 of FlashAttention-2 in the shape of FlashAttention-3's backward, key-block outer loop.
+//
+// One CTA per (key block of kBwdBN = 128 keys, kv head, sequence), heads and sequences fastest in
+// one grid dimension (as the FA2 backward: the first wave holds every head's first key blocks, and
+// in deterministic mode a key block's predecessor in the dQ order is always an earlier CTA). Two
+// warpgroups; warpgroup w owns keys n0 + 64w .. n0 + 64w + 63 and keeps their dK and dV in
+// registers. K and V arrive once by TMA. The CTA then walks every query block of kBwdBM = 64 rows
+// of every query head of the kv head's GQA group that sees any of its keys, in a fixed order; Q
+// and dO of the step kStages - 1 ahead load by TMA (thread 0) into a ring of kStages
+// buffers ("full" / "empty" mbarriers), and each warpgroup cp.asyncs its own copy of that step's
+// LSE and row_dot, so the two warpgroups only meet at the ring: they drift apart and one's GEMMs
+// run under the other's elementwise work. Per step and warpgroup (transposed, so that the
+// probabilities come out of the accumulator already in the A-fragment layout of the next GEMMs):
+//   S^T  = K_w Q^T and dP^T = V_w dO^T        wgmma, both operands K-major in shared memory
+//   P^T  = exp2(S'^T * score_log2 - LSE * log2 e) with S' the soft-capped score (tanh) when a
+//          cap is set; 0 where device/mask.cuh's rule hides the key, for rows past the sequence
+//          and rows whose LSE is -inf (they saw no key)
+//   dS^T = P^T (dP^T - row_dot) (x (1 - tanh^2) with a soft cap)
+//   dV  += P^T dO and dK += dS^T Q             wgmma with P^T / dS^T from registers, dO / Q
+//                                              MN-major in shared memory
+//   dQ  += dS K_w                              dS^T through shared memory (16-bit), wgmma with
+//                                              both operands MN-major, 64 columns at a time,
+//                                              into an fp32 tile in shared memory that one bulk
+//                                              reduction (cp.reduce.async.bulk .add.f32) adds
+//                                              to the accumulator (the query block's rows are
+//                                              contiguous there); at head dim 64 vector
+//                                              reductions from registers instead
+// At the end dK * scale and dV are stored (zeros for keys no query sees). The dQ scale is the
+// convert kernel's (device/bwd_prep.cuh). GQA needs no dK/dV reduction across CTAs: the CTA walks
+// its whole query-head group. Deterministic mode: the 64-key halves that add to one query block's
+// dQ take turns in ascending key order (a counter per (query head, query block), as FA2's).
+//
+// No producer warp yet: both warpgroups compute and thread 0 also issues the TMA loads (waiting,
+// before its own step, for both warpgroups to have released the buffer it refills). The
+// forward's producer warpgroup and register split are the next step.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "backends/cuda/device/mask.cuh"
+#include "backends/cuda/device/ptx.cuh"
+#include "backends/cuda/device/ptx_sm90.cuh"
+#include "backends/cuda/fa3/fa3_bwd_params.h"
+#include "backends/cuda/fa3/fa3_mainloop.cuh"  // k_step
+#include "backends/cuda/host/smem_optin.h"
+
+namespace flashattn {
+namespace fa3 {
+
+// ---- the few sm_90a instructions the backward adds to ptx_sm90.cuh's ----------------------------
+
+// D[64x64] (+)= A[64x16] * B[16x64], both operands in shared memory MN-major (M / N contiguous:
+// SW128 descriptors as wgmma_rs's B). For dQ = dS K with dS^T and K stored key-major.
+template <class E>
+__device__ __forceinline__ void wgmma_ss_mn64(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d);
+
+#if FLASHATTN_SM90A_BODY
+#define FLASHATTN_FA3_BWD_WGMMA_SS_MN(E, T)                                                                   \
+    template <>                                                                                              \
+    __device__ __forceinline__ void wgmma_ss_mn64<E>(float(&d)[32], uint64_t desc_a, uint64_t desc_b,       \
+                                                     int scale_d) {                                          \
+        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, " FLASHATTN_WGMMA_N64_IN2                         \
+                     ", 0;\n\twgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " FLASHATTN_WGMMA_N64_REGS \
+                     ", " FLASHATTN_WGMMA_N64_IN0 ", " FLASHATTN_WGMMA_N64_IN1 ", p, 1, 1, 1, 1;\n\t}"           \
+                     : FLASHATTN_WGMMA_N64_OPS(d)                                                            \
+                     : "l"(desc_a), "l"(desc_b), "r"(scale_d)                                                \
+                     : "memory");                                                                            \
+    }
+#else
+#define FLASHATTN_FA3_BWD_WGMMA_SS_MN(E, T)                                                                   \
+    template <>                                                                                              \
+    __device__ __forceinline__ void wgmma_ss_mn64<E>(float(&)[32], uint64_t, uint64_t, int) {                \
+        FLASHATTN_SM90A_TRAP();                                                                              \
+    }
+#endif
+FLASHATTN_FA3_BWD_WGMMA_SS_MN(cuda::Bf16, "bf16")
+FLASHATTN_FA3_BWD_WGMMA_SS_MN(cuda::Fp16, "f16")
+#undef FLASHATTN_FA3_BWD_WGMMA_SS_MN
+
+// Ordinary shared-memory stores made visible to the async proxy (the wgmma reading them).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#if FLASHATTN_SM90A_BODY
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#else
+    FLASHATTN_SM90A_TRAP();
+#endif
+}
+
+// Barrier of the 128 threads of one warpgroup (ids 1, 2; 0 is __syncthreads').
+__device__ __forceinline__ void warpgroup_sync(int wg) {
+    asm volatile("bar.sync %0, 128;" ::"r"(wg + 1) : "memory");
+}
+
+// Two fp32 values into shared memory (8-byte aligned).
+__device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+
+// Bulk asynchronous reduction of `bytes` (a multiple of 16, both addresses 16-byte aligned) of
+// fp32 from shared memory into global memory (+=), and its bulk-group bookkeeping.
+__device__ __forceinline__ void bulk_reduce_add_f32(float *dst, uint32_t src_smem, uint32_t bytes) {
+#if FLASHATTN_SM90A_BODY
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
+                 "r"(src_smem), "r"(bytes)
+                 : "memory");
+#else
+    (void)dst, (void)src_smem, (void)bytes;
+    FLASHATTN_SM90A_TRAP();
+#endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#if FLASHATTN_SM90A_BODY
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+#else
+    FLASHATTN_SM90A_TRAP();
+#endif
+}
+// Every committed bulk operation of this thread has finished reading its shared-memory source.
+__device__ __forceinline__ void bulk_wait_read_all() {
+#if FLASHATTN_SM90A_BODY
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+#else
+    FLASHATTN_SM90A_TRAP();
+#endif
+}
+// ... and has completed (its global writes performed).
+__device__ __forceinline__ void bulk_wait_all() {
+#if FLASHATTN_SM90A_BODY
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#else
+    FLASHATTN_SM90A_TRAP();
+#endif
+}
+// Orders this thread's generic-proxy and async-proxy accesses of global memory.
+__device__ __forceinline__ void fence_proxy_async_global() {
+#if FLASHATTN_SM90A_BODY
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+#else
+    FLASHATTN_SM90A_TRAP();
+#endif
+}
+
+// ---- layout -----------------------------------------------------------------------------------
+
+struct BwdBarriers {
+    uint64_t kv_full;                 // K and V landed (one phase: loaded once per CTA)
+    uint64_t qdo_full[kBwdMaxStages];   // Q and dO of the buffer's step landed
+    uint64_t qdo_empty[kBwdMaxStages];  // every consumer warp (8) is done with the buffer's Q and dO
+};
+
+template <int kD_>
+struct BwdTraits {
+    static constexpr int kD = kD_;  // padded head dim, a multiple of 64
+    static constexpr int kStages = bwd_stages(kD);
+    static constexpr bool kBulkDQ = bwd_bulk_dq(kD);
+    static constexpr int kPages = kD / 64;
+    static constexpr int kQPage = kBwdBM * 128;  // one 64-column page of a Q / dO tile
+    static constexpr int kKPage = kBwdBN * 128;  // ... of the K / V tile
+    static constexpr int kQBytes = kPages * kQPage;
+    static constexpr int kKBytes = kPages * kKPage;
+    static constexpr int kDSBytes = 64 * kBwdBM * 2;  // one warpgroup's dS^T, [64 keys][kBwdBM queries]
+    static constexpr int kRowsBytes = 2 * kBwdBM * 4;  // LSE then row_dot of one step, one warpgroup's copy
+    static constexpr int kKOff = 0;
+    static constexpr int kVOff = kKBytes;
+    static constexpr int kQOff = 2 * kKBytes;  // buffer s: Q at kQOff + s * 2 * kQBytes, dO after it
+    static constexpr int kDQBytes = kBulkDQ ? kBwdBM * kD * 4 : 0;  // one warpgroup's fp32 dQ tile (rows of head_dim floats)
+    static constexpr int kDSOff = kQOff + kStages * 2 * kQBytes;
+    static constexpr int kDQOff = kDSOff + 2 * kDSBytes;
+    static constexpr int kRowsOff = kDQOff + 2 * kDQBytes;
+    static constexpr int kBarOff = kRowsOff + kStages * 2 * kRowsBytes;  // stage s, warpgroup w: s * 2 + w
+    static constexpr int kSmemBytes = bwd_smem_bytes(kD);
+    static constexpr int kNT = kBwdBM / 8;   // n8 tiles of S^T per thread row
+    static constexpr int kKF = kBwdBM / 16;  // k16 fragments of P^T
+    static_assert(kD % 64 == 0 && kBwdBM == 64, "one 64-column page holds dS^T of a step");
+    static_assert(kDSOff % 1024 == 0, "SW128 tiles need 1 KB alignment");
+    static_assert(kBarOff + static_cast<int>(sizeof(BwdBarriers)) + 1024 <= kSmemBytes, "layout exceeds the budget");
+};
+
+// What every step of a CTA shares.
+struct BwdBlock {
+    int b, kvh, nb, n0, sq, sk, off;
+    int64_t q_row0, k_row0;
+    int mb_first, nmb;
+    unsigned char *smem;
+    BwdBarriers *bars;
+};
+
+// Step s of the key block's walk: query head and first row of its query block.
+struct BwdStep {
+    int hq, m0;
+};
+__device__ __forceinline__ BwdStep bwd_step(const BwdParams &p, const BwdBlock &a, int s) {
+    const int gi = s / a.nmb;
+    return BwdStep{a.kvh * p.group + gi, (a.mb_first + s - gi * a.nmb) * kBwdBM};
+}
+
+// Ring position of step s: buffer and the parity of its barriers' phase.
+template <class Tr>
+__device__ __forceinline__ int ring_buf(int s) { return s % Tr::kStages; }
+template <class Tr>
+__device__ __forceinline__ uint32_t ring_phase(int s) { return static_cast<uint32_t>((s / Tr::kStages) & 1); }
+
+// TMA of Q and dO of step `st` into buffer `buf` (thread 0 only).
+template <class Tr>
+__device__ __forceinline__ void load_q_do(const BwdParams &p, const CUtensorMap *tm_q, const CUtensorMap *tm_do,
+                                          const BwdBlock &a, BwdStep st, int buf) {
+    const bool varlen = p.cu_q != nullptr;
+    unsigned char *s_q = a.smem + Tr::kQOff + buf * 2 * Tr::kQBytes;
+    {
+        uint64_t *bar = &a.bars->qdo_full[buf];
+        const int32_t row = static_cast<int32_t>(varlen ? a.q_row0 + st.m0 : st.m0);
+        const int32_t bc = varlen ? 0 : a.b;
+        cuda::mbar_arrive_expect_tx(bar, 2 * Tr::kQBytes);  // out-of-bounds boxes are zero-filled and count
+#pragma unroll
+        for (int pg = 0; pg < Tr::kPages; ++pg) {
+            cuda::tma_load_4d(s_q + pg * Tr::kQPage, tm_q, bar, 64 * pg, row, st.hq, bc);
+            cuda::tma_load_4d(s_q + Tr::kQBytes + pg * Tr::kQPage, tm_do, bar, 64 * pg, row, st.hq, bc);
+        }
+    }
+}
+
+// cp.async of the LSE and row_dot of step `st` into warpgroup wg's copy in buffer `buf` (rows
+// past the sequence: zeros); one word per thread of the warpgroup. The caller commits the group.
+template <class Tr>
+__device__ __forceinline__ void load_rows(const BwdParams &p, const BwdBlock &a, BwdStep st, int buf, int wg) {
+    static_assert(2 * kBwdBM == 128, "one word per thread of a warpgroup");
+    const int wtid = threadIdx.x & 127;
+    const int r = wtid < kBwdBM ? wtid : wtid - kBwdBM;
+    const int qpos = st.m0 + r;
+    const bool ok = qpos < a.sq;
+    const int q = ok ? qpos : 0;
+    const float *src = wtid < kBwdBM ? p.lse + cuda::lse_offset(p, a.b, st.hq, a.q_row0, q)
+                                     : p.row_dot + static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + q;
+    cuda::cp_async_4(cuda::smem_addr(a.smem + Tr::kRowsOff + (buf * 2 + wg) * Tr::kRowsBytes) + wtid * 4, src,
+                     ok ? 4u : 0u);
+}
+
+// S^T and dP^T of warpgroup `wg`'s 64 keys against the step's queries (issued and waited for).
+template <class Tr, class E>
+__device__ __forceinline__ void scores_and_dp(float (&S)[kBwdBM / 2], float (&dP)[kBwdBM / 2], uint32_t s_k,
+                                              uint32_t s_v, uint32_t s_q, uint32_t s_do) {
+    const uint64_t dk = cuda::make_desc_sw128(s_k), dv = cuda::make_desc_sw128(s_v);
+    const uint64_t dq = cuda::make_desc_sw128(s_q), ddo = cuda::make_desc_sw128(s_do);
+    cuda::fence_operands(S);
+    cuda::fence_operands(dP);
+    cuda::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Tr::kD / 16; ++ks)
+        cuda::wgmma_ss<E, kBwdBM>(S, dk + k_step(ks, Tr::kKPage), dq + k_step(ks, Tr::kQPage), ks > 0);
+#pragma unroll
+    for (int ks = 0; ks < Tr::kD / 16; ++ks)
+        cuda::wgmma_ss<E, kBwdBM>(dP, dv + k_step(ks, Tr::kKPage), ddo + k_step(ks, Tr::kQPage), ks > 0);
+    cuda::wgmma_commit();
+    cuda::wgmma_wait<0>();
+    cuda::fence_operands(S);
+    cuda::fence_operands(dP);
+}
+
+// In place: S^T -> P^T and dP^T -> dS^T. Accumulator register i of the thread holds key row
+// 16 warp + g + 8 ((i % 4) / 2) of the warpgroup and query column 8 (i / 4) + 2 t + (i % 2).
+template <class Tr>
+__device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
+                                                uint32_t s_rows, float (&S)[kBwdBM / 2], float (&dP)[kBwdBM / 2]) {
+    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
+    const float sl2 = p.score_log2, cap = p.softcap_scale;
+    int lo[2], hi[2];  // the queries (relative to m0) that see each of the thread's two keys
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int key = a.n0 + 64 * wg + 16 * warp + g + 8 * h;
+        // key j is visible to query i iff j - off - right <= i <= j - off + left (mask.cuh's rule)
+        lo[h] = max(key - a.off - p.right_i, 0) - st.m0;
+        hi[h] = key < a.sk ? min(key - a.off + p.left_i, a.sq - 1) - st.m0 : -1;
+    }
+#pragma unroll
+    for (int j = 0; j < Tr::kNT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int c = 8 * j + 2 * t + e;
+            const float lse = cuda::ld_shared_f32(s_rows + c * 4);
+            const float rd = cuda::ld_shared_f32(s_rows + (kBwdBM + c) * 4);
+            const bool row_sees = lse != -INFINITY;  // -inf: the row sees no key, contributes nothing
+            const float lse2 = row_sees ? lse * 1.4426950408889634f : 0.f;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int i = 4 * j + 2 * h + e;
+                const bool vis = row_sees && c >= lo[h] && c <= hi[h];
+                float x = S[i];
+                if (cap != 0.f) x = cuda::tanh_accurate(x * cap);
+                const float pr = vis ? cuda::fast_exp2(fmaf(x, sl2, -lse2)) : 0.f;
+                float ds = vis ? pr * (dP[i] - rd) : 0.f;
+                if (cap != 0.f) ds *= 1.f - x * x;  // d(cap * tanh(raw * scale / cap)) / d(raw * scale)
+                S[i] = pr;
+                dP[i] = ds;
+            }
+        }
+    }
+}
+
+// The accumulator as the A fragments of m64k16 wgmmas: fragment kk is n8 tiles 2kk, 2kk + 1.
+template <class Tr, class E>
+__device__ __forceinline__ void to_fragments(const float (&x)[kBwdBM / 2], uint32_t (&f)[Tr::kKF][4]) {
+#pragma unroll
+    for (int kk = 0; kk < Tr::kKF; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) f[kk][r] = cuda::pack2<E>(x[8 * kk + 2 * r], x[8 * kk + 2 * r + 1]);
+}
+
+// dS^T (fragments) into the warpgroup's [64 keys][64 queries] SW128 page, for the dQ GEMM.
+template <class Tr>
+__device__ __forceinline__ void store_ds(uint32_t s_ds, const uint32_t (&dSf)[Tr::kKF][4]) {
+    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < Tr::kNT; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = 16 * warp + g + 8 * h;
+            cuda::st_shared_b32(s_ds + r * 128 + ((j ^ (r & 7)) << 4) + 4 * t, dSf[j / 2][2 * (j % 2) + h]);
+        }
+}
+
+// Issues dV += P^T dO and dK += dS^T Q (not waited for): the 16-bit fragments from registers,
+// dO and Q MN-major (16 query rows per k16 step, LBO = one 64-column page).
+template <class Tr, class E>
+__device__ __forceinline__ void issue_dkv(float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2],
+                                          const uint32_t (&Pf)[Tr::kKF][4], const uint32_t (&dSf)[Tr::kKF][4],
+                                          uint32_t s_q, uint32_t s_do) {
+    const uint64_t dq = cuda::make_desc_sw128(s_q, 1024, Tr::kQPage);
+    const uint64_t ddo = cuda::make_desc_sw128(s_do, 1024, Tr::kQPage);
+    cuda::fence_operands(dK);
+    cuda::fence_operands(dV);
+    cuda::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Tr::kKF; ++kk)
+        cuda::wgmma_rs<E, Tr::kD>(dV, Pf[kk], ddo + static_cast<uint64_t>((kk * 16 * 128) >> 4), 1);
+#pragma unroll
+    for (int kk = 0; kk < Tr::kKF; ++kk)
+        cuda::wgmma_rs<E, Tr::kD>(dK, dSf[kk], dq + static_cast<uint64_t>((kk * 16 * 128) >> 4), 1);
+    cuda::wgmma_commit();
+}
+
+// Deterministic mode: the counter of the step's (query head, query block) and the number of
+// 64-key halves that add to its dQ before this warpgroup's. The key blocks that see a query block
+// are contiguous from the one holding key m0 + off - left (mask.cuh's rule for its first row);
+// each adds in two turns, warpgroup 0 then 1.
+struct BwdTurn {
+    int *sem;
+    int before;
+};
+__device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg) {
+    const int64_t first_key = st.m0 + a.off - p.left;
+    const int nb_first = first_key > 0 ? static_cast<int>(first_key / kBwdBN) : 0;
+    int *sem = p.dq_sem + (static_cast<int64_t>(a.b) * p.heads_q + st.hq) * p.sem_blocks + st.m0 / kBwdBM;
+    return BwdTurn{sem, 2 * (a.nb - nb_first) + wg};
+}
+
+// dQ += dS K_w for the step's 64 queries, head dims above 64 (bwd_bulk_dq), 64 head-dim columns
+// at a time: wgmma with dS^T and K both key-major in shared memory, into the warpgroup's fp32 tile
+// (rows of head_dim floats, as the accumulator's rows), then one bulk reduction of the sequence's
+// rows by thread 0 of the warpgroup (in deterministic mode inside the warpgroup's turn). The
+// caller made sure that the previous step's reduction has finished reading the tile (the
+// step-top barrier).
+template <class Tr, class E>
+__device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
+                                                   uint32_t s_ds, uint32_t s_k, uint32_t s_dq) {
+    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
+    const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
+    const int d = p.head_dim;
+#pragma unroll
+    for (int half = 0; half < Tr::kPages; ++half) {
+        const uint64_t dk = cuda::make_desc_sw128(s_k + half * Tr::kKPage, 1024, Tr::kKPage);
+        float acc[32];
+        cuda::fence_operands(acc);
+        cuda::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            wgmma_ss_mn64<E>(acc, dds + static_cast<uint64_t>((kk * 16 * 128) >> 4),
+                             dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
+        cuda::wgmma_commit();
+        cuda::wgmma_wait<0>();
+        cuda::fence_operands(acc);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int col = half * 64 + 8 * j + 2 * t;  // head_dim is a multiple of 8: the pair is in or out
+            if (col >= d) continue;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = 16 * warp + g + 8 * h;
+                st_shared_v2_f32(s_dq + (row * d + col) * 4, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            }
+        }
+    }
+    fence_proxy_async_smem();  // the tile, before the bulk reduction reads it
+    warpgroup_sync(wg);
+    if (wtid == 0) {
+        const int rows = min(kBwdBM, a.sq - st.m0);
+        float *dst = p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + st.m0) * d;
+        if (p.deterministic) {
+            const BwdTurn turn = turn_of(p, a, st, wg);
+            while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
+            }
+            fence_proxy_async_global();  // the predecessors' adds, before this one
+            bulk_reduce_add_f32(dst, s_dq, static_cast<uint32_t>(rows * d * 4));
+            bulk_commit();
+            bulk_wait_all();
+            fence_proxy_async_global();
+            __threadfence();  // the adds land before the counter moves
+            atomicAdd(turn.sem, 1);
+        } else {
+            bulk_reduce_add_f32(dst, s_dq, static_cast<uint32_t>(rows * d * 4));
+            bulk_commit();
+        }
+    }
+}
+
+// dQ += dS K_w, head dims up to 64 (bwd_bulk_dq): the wgmma as accumulate_dq_bulk's, then
+// vector reductions from registers into the fp32 accumulator (in deterministic mode inside the
+// warpgroup's turn). At head dim 64 this measured 1.1-1.2x faster than the bulk reduction.
+template <class Tr, class E>
+__device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
+                                                  uint32_t s_ds, uint32_t s_k) {
+    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
+    const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
+    float *rows[2];
+    bool row_ok[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int qpos = st.m0 + 16 * warp + g + 8 * h;
+        row_ok[h] = qpos < a.sq;
+        rows[h] = p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + (row_ok[h] ? qpos : 0)) *
+                                   p.head_dim + 2 * t;
+    }
+    const bool ordered = p.deterministic != 0;
+    BwdTurn turn{nullptr, 0};
+    if (ordered) {
+        turn = turn_of(p, a, st, wg);
+        if (wtid == 0)
+            while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
+            }
+        warpgroup_sync(wg);
+    }
+#pragma unroll
+    for (int half = 0; half < Tr::kPages; ++half) {
+        const uint64_t dk = cuda::make_desc_sw128(s_k + half * Tr::kKPage, 1024, Tr::kKPage);
+        float acc[32];
+        cuda::fence_operands(acc);
+        cuda::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            wgmma_ss_mn64<E>(acc, dds + static_cast<uint64_t>((kk * 16 * 128) >> 4),
+                             dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
+        cuda::wgmma_commit();
+        cuda::wgmma_wait<0>();
+        cuda::fence_operands(acc);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int col = half * 64 + 8 * j;  // + 2t: head_dim is a multiple of 8, the pair is in or out
+            if (col >= p.head_dim) continue;
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                if (row_ok[h]) cuda::red_add_f32x2(rows[h] + col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+    }
+    if (ordered) {
+        __threadfence();  // this thread's adds land before the counter moves
+        warpgroup_sync(wg);
+        if (wtid == 0) atomicAdd(turn.sem, 1);
+    }
+}
+
+// One step (query block st, buffer buf) for warpgroup wg.
+template <class Tr, class E>
+__device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBlock &a, BwdStep st, int buf, int wg,
+                                                 float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2]) {
+    const uint32_t base = cuda::smem_addr(a.smem);
+    const uint32_t s_k = base + Tr::kKOff + 64 * wg * 128, s_v = base + Tr::kVOff + 64 * wg * 128;
+    const uint32_t s_q = base + Tr::kQOff + buf * 2 * Tr::kQBytes, s_do = s_q + Tr::kQBytes;
+    const uint32_t s_ds = base + Tr::kDSOff + wg * Tr::kDSBytes;
+    const uint32_t s_dq = base + Tr::kDQOff + wg * Tr::kDQBytes;
+    const uint32_t s_rows = base + Tr::kRowsOff + (buf * 2 + wg) * Tr::kRowsBytes;
+
+    float S[kBwdBM / 2], dP[kBwdBM / 2];
+    scores_and_dp<Tr, E>(S, dP, s_k, s_v, s_q, s_do);
+    probs_and_grads<Tr>(p, a, st, wg, s_rows, S, dP);
+    uint32_t Pf[Tr::kKF][4], dSf[Tr::kKF][4];
+    to_fragments<Tr, E>(S, Pf);
+    to_fragments<Tr, E>(dP, dSf);
+    store_ds<Tr>(s_ds, dSf);
+    fence_proxy_async_smem();  // the generic-proxy stores, before the wgmma reads them
+    warpgroup_sync(wg);
+    issue_dkv<Tr, E>(dK, dV, Pf, dSf, s_q, s_do);
+    if constexpr (Tr::kBulkDQ)  // both wait for every wgmma of the step
+        accumulate_dq_bulk<Tr, E>(p, a, st, wg, s_ds, s_k, s_dq);
+    else
+        accumulate_dq_red<Tr, E>(p, a, st, wg, s_ds, s_k);
+    cuda::fence_operands(dK);
+    cuda::fence_operands(dV);
+    __syncwarp();  // every lane's wgmmas reading Q and dO have retired
+    if ((threadIdx.x & 31) == 0) cuda::mbar_arrive(&a.bars->qdo_empty[buf]);
+}
+
+// dK * scale and dV of the thread's two keys (16-bit pairs), zeros where no query saw the key.
+template <class Tr, class E>
+__device__ __forceinline__ void store_dk_dv(const BwdParams &p, const BwdBlock &a, int wg, const float (&dK)[Tr::kD / 2],
+                                            const float (&dV)[Tr::kD / 2]) {
+    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
+    const bool varlen = p.cu_q != nullptr;
+    uint16_t *dkg = static_cast<uint16_t *>(p.dk) + (varlen ? a.k_row0 * p.dk_rs : a.b * p.dk_bs) + a.kvh * p.dk_hs;
+    uint16_t *dvg = static_cast<uint16_t *>(p.dv) + (varlen ? a.k_row0 * p.dv_rs : a.b * p.dv_bs) + a.kvh * p.dv_hs;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int key = a.n0 + 64 * wg + 16 * warp + g + 8 * h;
+        if (key >= a.sk) continue;
+        uint16_t *kr = dkg + key * p.dk_rs + 2 * t;
+        uint16_t *vr = dvg + key * p.dv_rs + 2 * t;
+#pragma unroll
+        for (int j = 0; j < Tr::kD / 8; ++j) {
+            const int c = 8 * j;
+            if (c >= p.head_dim) continue;
+            *reinterpret_cast<uint32_t *>(kr + c) =
+                cuda::pack2<E>(dK[4 * j + 2 * h] * p.scale, dK[4 * j + 2 * h + 1] * p.scale);
+            *reinterpret_cast<uint32_t *>(vr + c) = cuda::pack2<E>(dV[4 * j + 2 * h], dV[4 * j + 2 * h + 1]);
+        }
+    }
+}
+
+template <class Tr, class E>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+               const __grid_constant__ BwdParams p) {
+    extern __shared__ unsigned char smem_raw[];
+    // SW128 tiles need 1024-byte alignment; the dynamic base is not guaranteed to have it.
+    unsigned char *smem = reinterpret_cast<unsigned char *>(
+        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+    const int hb = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.heads_kv * p.batch));
+    BwdBlock a;
+    a.nb = static_cast<int>(blockIdx.x / static_cast<unsigned>(p.heads_kv * p.batch));
+    a.kvh = hb % p.heads_kv;
+    a.b = hb / p.heads_kv;
+    const cuda::SeqInfo si = cuda::seq_info(p, a.b);
+    a.sq = si.sq;
+    a.sk = si.sk;
+    a.off = cuda::diagonal_offset(p, si.sq, si.sk);
+    a.q_row0 = si.q_row0;
+    a.k_row0 = si.k_row0;
+    a.n0 = a.nb * kBwdBN;
+    a.smem = smem;
+    a.bars = reinterpret_cast<BwdBarriers *>(smem + Tr::kBarOff);
+    if (a.n0 >= a.sk) return;  // the whole CTA: a key block past this sequence's end
+
+    if (threadIdx.x == 0) {
+        cuda::mbar_init(&a.bars->kv_full, 1);
+#pragma unroll
+        for (int s = 0; s < Tr::kStages; ++s) {
+            cuda::mbar_init(&a.bars->qdo_full[s], 1);
+            cuda::mbar_init(&a.bars->qdo_empty[s], kBwdThreads / 32);
+        }
+        cuda::fence_mbar_init();
+    }
+    __syncthreads();
+
+    const int wg = threadIdx.x / 128;
+    float dK[Tr::kD / 2], dV[Tr::kD / 2];
+#pragma unroll
+    for (int i = 0; i < Tr::kD / 2; ++i) dK[i] = dV[i] = 0.f;
+
+    // Query rows that see any key of [n0, n_hi]: key j is visible to row i iff
+    // i + off - left <= j <= i + off + right (mask.cuh), so i in [n0 - off - right, n_hi - off + left].
+    const int64_t n_hi = min(a.n0 + kBwdBN, a.sk) - 1;
+    const int64_t i_lo = max(int64_t(0), a.n0 - a.off - p.right);
+    const int64_t i_hi = min(static_cast<int64_t>(a.sq) - 1, n_hi - a.off + p.left);
+    if (i_lo <= i_hi) {
+        a.mb_first = static_cast<int>(i_lo / kBwdBM);
+        a.nmb = static_cast<int>(i_hi / kBwdBM) - a.mb_first + 1;
+        const int nsteps = p.group * a.nmb;
+        if (threadIdx.x == 0) {
+            const bool varlen = p.cu_q != nullptr;
+            const int32_t krow = static_cast<int32_t>((varlen ? a.k_row0 : 0) + a.n0);
+            const int32_t bc = varlen ? 0 : a.b;
+            cuda::mbar_arrive_expect_tx(&a.bars->kv_full, 2 * Tr::kKBytes);
+#pragma unroll
+            for (int pg = 0; pg < Tr::kPages; ++pg) {
+                cuda::tma_load_4d(smem + Tr::kKOff + pg * Tr::kKPage, &tm_k, &a.bars->kv_full, 64 * pg, krow, a.kvh, bc);
+                cuda::tma_load_4d(smem + Tr::kVOff + pg * Tr::kKPage, &tm_v, &a.bars->kv_full, 64 * pg, krow, a.kvh, bc);
+            }
+        }
+        // Prologue: the first kStages - 1 steps (fresh buffers: no release to wait for).
+#pragma unroll
+        for (int r = 0; r < Tr::kStages - 1; ++r) {
+            if (r < nsteps) {
+                if (threadIdx.x == 0) load_q_do<Tr>(p, &tm_q, &tm_do, a, bwd_step(p, a, r), r);
+                load_rows<Tr>(p, a, bwd_step(p, a, r), r, wg);
+            }
+            cuda::cp_async_commit();
+        }
+        cuda::mbar_wait(&a.bars->kv_full, 0);
+        for (int s = 0; s < nsteps; ++s) {
+            const BwdStep st = bwd_step(p, a, s);
+            const int buf = ring_buf<Tr>(s);
+            // Step r = s + kStages - 1 refills the buffer of step s - 1: thread 0 waits for both
+            // warpgroups to release it; this warpgroup's own copy of the rows was last read before
+            // the warpgroup barrier of its step s - 1.
+            const int r = s + Tr::kStages - 1;
+            if (r < nsteps) {
+                if (threadIdx.x == 0) {
+                    if (s >= 1) cuda::mbar_wait(&a.bars->qdo_empty[ring_buf<Tr>(s - 1)], ring_phase<Tr>(s - 1));
+                    load_q_do<Tr>(p, &tm_q, &tm_do, a, bwd_step(p, a, r), ring_buf<Tr>(r));
+                }
+                load_rows<Tr>(p, a, bwd_step(p, a, r), ring_buf<Tr>(r), wg);
+            }
+            cuda::cp_async_commit();
+            cuda::cp_async_wait<Tr::kStages - 1>();  // this step's rows, from this thread ...
+            if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) bulk_wait_read_all();  // the previous dQ reduction read its tile
+            warpgroup_sync(wg);                      // ... and from every thread of the warpgroup
+            cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
+            bwd_step_compute<Tr, E>(p, a, st, buf, wg, dK, dV);
+        }
+        if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) bulk_wait_all();  // the last reduction, before shared memory goes away
+    }
+    store_dk_dv<Tr, E>(p, a, wg, dK, dV);
+}
+
+// Grid: kv heads x batch x key blocks of the longest sequence, in one dimension (the host checks
+// that it fits).
+template <int kD, class E>
+cudaError_t launch_bwd(const BwdParams &p, const BwdMaps &maps, cudaStream_t stream) {
+    using Tr = BwdTraits<kD>;
+    auto kernel = bwd_kernel<Tr, E>;
+    static unsigned long long optin_done = 0;  // one per instantiation
+    cudaError_t e = cuda::ensure_smem_optin(kernel, Tr::kSmemBytes, &optin_done);
+    if (e != cudaSuccess) return e;
+    const int64_t nkb = (static_cast<int64_t>(p.seqlen_k) + kBwdBN - 1) / kBwdBN;
+    const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(p.heads_kv) * p.batch * nkb));
+    kernel<<<grid, kBwdThreads, Tr::kSmemBytes, stream>>>(maps.q, maps.k, maps.v, maps.dout, p);
+    return cudaSuccess;
+}
+
+// Launcher body of one row of fa3_head_dims.h: both element types where a backward is compiled.
+template <int kD>
+cudaError_t launch_bwd_hdim(const BwdParams &p, const BwdMaps &maps, bool bf16, cudaStream_t s) {
+    if constexpr (bwd_compiled(kD)) {
+        return bf16 ? launch_bwd<kD, cuda::Bf16>(p, maps, s) : launch_bwd<kD, cuda::Fp16>(p, maps, s);
+    } else {
+        (void)p, (void)maps, (void)bf16, (void)s;
+        return cudaErrorInvalidValue;
+    }
+}
+
+}  // namespace fa3
+}  // namespace flashattn

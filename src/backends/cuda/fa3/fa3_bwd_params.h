@@ -1,0 +1,92 @@
+// Kernel parameters, tile shape and launcher declarations of the FA3 backward pass (Hopper,
+// sm_90a). Plain C++, shared by the host side (fa3_bwd_host.cpp) and the kernels
+// (fa3_bwd_kernel.cuh, fa3_bwd_prep.cu).
+//
+// Three kernels on one stream, like the FA2 backward (FlashAttention-2's Algorithm 2):
+//   preprocess  row_dot = rowsum(dO * O) and the zeroed fp32 dQ accumulator (device/bwd_prep.cuh)
+//   main        one CTA per (key block of kBwdBN keys, kv head, sequence): two warpgroups, each
+//               owning 64 of the keys, walk every query block of kBwdBM rows of every query head
+//               of the GQA group (fa3_bwd_kernel.cuh)
+//   convert     dQ = scale * the accumulator, in the input dtype (device/bwd_prep.cuh)
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (type only)
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backends/cuda/fa3/fa3_head_dims.h"
+#include "backends/cuda/host/tensor_args.h"
+
+namespace flashattn {
+namespace fa3 {
+
+// The field names are those device/bwd_prep.cuh reads (as fa2::BwdParams has them).
+struct BwdParams : TensorArgs {
+    const void *dout = nullptr;  // dO: layout of O
+    void *dq = nullptr;          // layouts of Q, K, V
+    void *dk = nullptr;
+    void *dv = nullptr;
+    int64_t do_bs = 0, do_rs = 0, do_hs = 0;
+    int64_t dq_bs = 0, dq_rs = 0, dq_hs = 0;
+    int64_t dk_bs = 0, dk_rs = 0, dk_hs = 0;
+    int64_t dv_bs = 0, dv_rs = 0, dv_hs = 0;
+
+    float *row_dot = nullptr;   // workspace: [heads_q][total_rows] fp32, D_i = dO_i . O_i
+    float *dq_accum = nullptr;  // workspace: [heads_q][total_rows][head_dim] fp32
+    int32_t *dq_sem = nullptr;  // deterministic: [batch][heads_q][sem_blocks] zeroed counters
+    int32_t sem_blocks = 0;     // query blocks (kBwdBM rows) of the longest sequence
+    float scale = 0.f;          // softmax scale (dK and dQ are multiplied by it at the end)
+    int32_t dq_splits = 1;      // accumulator copies (always 1: the preprocess and convert read it)
+    int32_t deterministic = 0;  // 1: the dQ adds of one query block take turns (fa3_bwd_kernel.cuh)
+};
+
+// TMA descriptors: rank 4 {head_dim, rows, heads, batch} like the forward's, 64-column boxes of
+// kBwdBM rows (Q, dO) or kBwdBN rows (K, V), 128-byte swizzle.
+struct BwdMaps {
+    CUtensorMap q, k, v, dout;
+};
+
+constexpr int kBwdBM = 64;        // query rows per step (the N of S^T = K Q^T)
+constexpr int kBwdBN = 128;       // keys per CTA: 64 per consumer warpgroup (wgmma M = 64)
+constexpr int kBwdThreads = 256;  // two warpgroups
+constexpr int kBwdMaxStages = 3;  // Q / dO / LSE / row_dot buffers (bwd_stages)
+
+// Compiled head dims of the backward (rows of fa3_head_dims.h): dK and dV of 64 keys over the
+// padded head dim live in registers (kD / 2 + kD / 2 per thread), which fits 255 registers up to
+// 128. 192 and 256 have no FA3 backward (the plan's backward runs on fa2).
+constexpr bool bwd_compiled(int kd) { return kd == 64 || kd == 128; }
+
+// Ring depth: steps s + 1 .. s + stages - 1 load while step s computes, so that the warpgroups may
+// drift apart (one's GEMMs under the other's elementwise work): three buffers where they fit the
+// 227 KB with everything else, two at head dim 128.
+constexpr int bwd_stages(int kd) { return kd <= 64 ? 3 : 2; }
+
+// dQ of a step reaches the fp32 accumulator as one bulk reduction from shared memory (above head
+// dim 64) or as vector reductions from registers (at 64, where they measured faster).
+constexpr bool bwd_bulk_dq(int kd) { return kd > 64; }
+
+// K, V [kBwdBN x kD], stages x (Q, dO) [kBwdBM x kD], 2 x dS [64 x kBwdBM], all 16-bit;
+// with bwd_bulk_dq 2 x the fp32 dQ tile [kBwdBM x kD]; stages x 2 warpgroups x (LSE, row_dot) [kBwdBM] fp32; 1 KB
+// of barriers (padded); 1 KB to align the base.
+constexpr int bwd_smem_bytes(int kd) {
+    return (2 * kBwdBN + 2 * bwd_stages(kd) * kBwdBM) * kd * 2 + 2 * 64 * kBwdBM * 2 +
+           (bwd_bulk_dq(kd) ? 2 * kBwdBM * kd * 4 : 0) +
+           bwd_stages(kd) * 2 * 2 * kBwdBM * 4 + 2048;
+}
+static_assert(bwd_smem_bytes(128) <= 232448 && bwd_smem_bytes(64) <= 232448, "the backward tile exceeds 227 KB");
+
+// One launcher per row of fa3_head_dims.h (generated fa3_bwd_hdimD.cu): the main kernel, or
+// cudaErrorInvalidValue for a head dim without one (the host never asks for it).
+using LaunchBwd = cudaError_t (*)(const BwdParams &p, const BwdMaps &maps, bool bf16, cudaStream_t s);
+#define FLASHATTN_FA3_DECLARE_BWD_LAUNCH(D) \
+    cudaError_t launch_bwd_hdim##D(const BwdParams &p, const BwdMaps &maps, bool bf16, cudaStream_t s);
+FLASHATTN_FA3_HEAD_DIMS(FLASHATTN_FA3_DECLARE_BWD_LAUNCH)
+#undef FLASHATTN_FA3_DECLARE_BWD_LAUNCH
+
+// fa3_bwd_prep.cu: device/bwd_prep.cuh's preprocess and dQ convert for these parameters.
+cudaError_t launch_bwd_preprocess(const BwdParams &p, bool bf16, cudaStream_t s);
+cudaError_t launch_bwd_convert_dq(const BwdParams &p, bool bf16, cudaStream_t s);
+
+}  // namespace fa3
+}  // namespace flashattn
