@@ -112,6 +112,9 @@ const FLASHATTN_I64_MASK_ALIGN = flashattn_i64_param_t(60)
 const FLASHATTN_I64_SINK_TOKENS = flashattn_i64_param_t(61)
 const FLASHATTN_I64_SINK_LOGITS = flashattn_i64_param_t(62)
 const FLASHATTN_I64_ALIBI = flashattn_i64_param_t(63)
+const FLASHATTN_I64_OUTPUT_DTYPE = flashattn_i64_param_t(64)
+const FLASHATTN_I64_DESCALE_BATCH_STRIDE = flashattn_i64_param_t(65)
+const FLASHATTN_I64_DESCALE_HEAD_STRIDE = flashattn_i64_param_t(66)
 
 const flashattn_mask_align_t = Cint
 const FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT = flashattn_mask_align_t(0)
@@ -143,6 +146,9 @@ const FLASHATTN_ARG_DOUT = flashattn_arg_t(30)
 const FLASHATTN_ARG_DQ = flashattn_arg_t(31)
 const FLASHATTN_ARG_DK = flashattn_arg_t(32)
 const FLASHATTN_ARG_DV = flashattn_arg_t(33)
+const FLASHATTN_ARG_DESCALE_Q = flashattn_arg_t(40)
+const FLASHATTN_ARG_DESCALE_K = flashattn_arg_t(41)
+const FLASHATTN_ARG_DESCALE_V = flashattn_arg_t(42)
 
 "Opaque `flashattn_args_t` (since 0.3): only used behind `Ptr{flashattn_args_t}`."
 const flashattn_args_t = Cvoid
@@ -372,7 +378,9 @@ const I64_KEYS = Dict{Symbol,flashattn_i64_param_t}(
     :v_new_head_stride => FLASHATTN_I64_V_NEW_HEAD_STRIDE, :rotary_dim => FLASHATTN_I64_ROTARY_DIM,
     :rotary_interleaved => FLASHATTN_I64_ROTARY_INTERLEAVED,
     :mask_align => FLASHATTN_I64_MASK_ALIGN, :sink_tokens => FLASHATTN_I64_SINK_TOKENS,
-    :sink_logits => FLASHATTN_I64_SINK_LOGITS, :alibi => FLASHATTN_I64_ALIBI)
+    :sink_logits => FLASHATTN_I64_SINK_LOGITS, :alibi => FLASHATTN_I64_ALIBI,
+    :output_dtype => FLASHATTN_I64_OUTPUT_DTYPE, :descale_batch_stride => FLASHATTN_I64_DESCALE_BATCH_STRIDE,
+    :descale_head_stride => FLASHATTN_I64_DESCALE_HEAD_STRIDE)
 const F64_KEYS = Dict{Symbol,flashattn_f64_param_t}(
     :softmax_scale => FLASHATTN_F64_SOFTMAX_SCALE, :scale => FLASHATTN_F64_SOFTMAX_SCALE,
     :softcap => FLASHATTN_F64_SOFTCAP)
@@ -600,6 +608,9 @@ const _SERVING_ARGS = (:lse => FLASHATTN_ARG_LSE, :cu_seqlens_q => FLASHATTN_ARG
 _address(x::Nothing) = C_NULL
 # The attention variants' per-head Float32 arrays (since 0.3), for execute_args! and backward_args!.
 const _VARIANT_ARGS = (:sink_logits => FLASHATTN_ARG_SINK_LOGITS, :alibi_slopes => FLASHATTN_ARG_ALIBI_SLOPES)
+# FP8 plans' Float32 descale arrays (since 0.3), laid out by descale_batch_stride / descale_head_stride.
+const _FP8_ARGS = (:descale_q => FLASHATTN_ARG_DESCALE_Q, :descale_k => FLASHATTN_ARG_DESCALE_K,
+                   :descale_v => FLASHATTN_ARG_DESCALE_V)
 _address(x::Ptr) = convert(Ptr{Cvoid}, x)
 _address(x::DenseArray) = convert(Ptr{Cvoid}, pointer(x))
 
@@ -613,11 +624,13 @@ _address(x::DenseArray) = convert(Ptr{Cvoid}, pointer(x))
 arrays (kept alive for the call) or raw pointers; `nothing` leaves one unset. `workspace`: an
 array, a raw pointer with `workspace_bytes`, or `nothing` (a host workspace allocated for the call). With new_kv_rows > 0
 the caches `k`, `v` are written at each sequence's `seqused_k`, which the library never writes:
-advance it by new_kv_rows after the call. Nothing is checked here beyond what the library checks.
+advance it by new_kv_rows after the call. FP8 plans (since 0.3) take `q`, `k`, `v` as E4M3 bytes
+(`UInt8` arrays) and `descale_q`, `descale_k`, `descale_v` (Float32). Nothing is checked here beyond
+what the library checks.
 """
 function execute_args!(plan::Plan, q, k, v, o; workspace=nothing, workspace_bytes::Integer=0, stream::Ptr=C_NULL,
                        tensors...)
-    known = Dict((_SERVING_ARGS..., _VARIANT_ARGS...))
+    known = Dict((_SERVING_ARGS..., _VARIANT_ARGS..., _FP8_ARGS...))
     for name in keys(tensors)
         haskey(known, name) || throw(ArgumentError("execute_args!: unknown tensor $name"))
     end

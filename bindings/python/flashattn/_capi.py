@@ -99,6 +99,9 @@ class I64(enum.IntEnum):
     SINK_TOKENS = 61
     SINK_LOGITS = 62
     ALIBI = 63
+    OUTPUT_DTYPE = 64  # since 0.3: FP8 inputs
+    DESCALE_BATCH_STRIDE = 65
+    DESCALE_HEAD_STRIDE = 66
 
 
 class MaskAlign(enum.IntEnum):
@@ -129,6 +132,9 @@ class Arg(enum.IntEnum):
     DQ = 31
     DK = 32
     DV = 33
+    DESCALE_Q = 40  # since 0.3: FP8 plans' float32 descale factors
+    DESCALE_K = 41
+    DESCALE_V = 42
 
 
 class F64(enum.IntEnum):

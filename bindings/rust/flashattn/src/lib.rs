@@ -254,6 +254,13 @@ pub enum I64Param {
     SinkLogits = sys::FLASHATTN_I64_SINK_LOGITS,
     /// 1: per-head ALiBi slopes, passed in an [`Args`] as [`Arg::AlibiSlopes`] (since 0.3).
     Alibi = sys::FLASHATTN_I64_ALIBI,
+    /// O's [`DType`] (since 0.3): for FP8 plans `Bf16` (default) or `Fp16`; otherwise the plan's dtype.
+    OutputDtype = sys::FLASHATTN_I64_OUTPUT_DTYPE,
+    /// FP8 plans: f32 elements between sequences in each descale array (default heads_kv; 0 with a
+    /// head stride of 0: one value per tensor) (since 0.3).
+    DescaleBatchStride = sys::FLASHATTN_I64_DESCALE_BATCH_STRIDE,
+    /// FP8 plans: f32 elements between key/value heads in each descale array (default 1) (since 0.3).
+    DescaleHeadStride = sys::FLASHATTN_I64_DESCALE_HEAD_STRIDE,
 }
 
 /// The tensors of [`Plan::execute_args`] (`flashattn_arg_t`, since 0.3).
@@ -280,6 +287,12 @@ pub enum Arg {
     Dq = sys::FLASHATTN_ARG_DQ,
     Dk = sys::FLASHATTN_ARG_DK,
     Dv = sys::FLASHATTN_ARG_DV,
+    /// FP8 plans: f32 descale factors of Q per (sequence, key/value head) (since 0.3).
+    DescaleQ = sys::FLASHATTN_ARG_DESCALE_Q,
+    /// FP8 plans: f32 descale factors of K (since 0.3).
+    DescaleK = sys::FLASHATTN_ARG_DESCALE_K,
+    /// FP8 plans: f32 descale factors of V (since 0.3).
+    DescaleV = sys::FLASHATTN_ARG_DESCALE_V,
 }
 
 /// A set of tensor pointers for [`Plan::execute_args`] (`flashattn_args_t`): every one null when
