@@ -983,6 +983,34 @@ func (p *Plan) MergeStatesRaw(partialO, partialLSE []unsafe.Pointer, partialDtyp
 	})
 }
 
+// RotateHadamard rotates each dim-long row of the host slice data (float32, Float16 or BFloat16;
+// [rows, dim] contiguous) in place by the random-sign Hadamard matrix of seed scaled by
+// 1/sqrt(dim) (flashattn_rotate_hadamard, since 0.3). Rotating Q and K with one seed leaves Q·Kᵀ
+// unchanged and spreads outliers before FP8 quantization. dim: a power of two in [8, 256].
+func RotateHadamard(data interface{}, dim int, seed uint64) error {
+	ptr, n, dtype, err := hostSlice("RotateHadamard", "data", data)
+	if err != nil {
+		return err
+	}
+	if dim <= 0 || n%dim != 0 {
+		return &Error{Status: StatusInvalidArgument, Op: "RotateHadamard",
+			Message: fmt.Sprintf("data: %d elements is not a whole number of rows of dim = %d", n, dim)}
+	}
+	defer runtime.KeepAlive(data)
+	return RotateHadamardRaw(dtype, n/dim, dim, ptr, dim, ptr, dim, seed, -1, nil)
+}
+
+// RotateHadamardRaw is flashattn_rotate_hadamard with raw pointers: device -1 for host memory,
+// else the CUDA device holding src and dst (the kernel is enqueued on stream).
+func RotateHadamardRaw(dtype DType, rows, dim int, src unsafe.Pointer, srcRowStride int, dst unsafe.Pointer,
+	dstRowStride int, seed uint64, device int, stream unsafe.Pointer) error {
+	return call("flashattn_rotate_hadamard", func() C.flashattn_status_t {
+		return C.flashattn_rotate_hadamard(C.flashattn_dtype_t(dtype), C.int64_t(rows), C.int64_t(dim), src,
+			C.int64_t(srcRowStride), dst, C.int64_t(dstRowStride), C.uint64_t(seed), C.int32_t(device),
+			C.flashattn_stream_t(stream))
+	})
+}
+
 // Shape gives the sizes of a fixed-length problem on contiguous [batch, seq, heads, dim] tensors.
 // HeadsKV 0 means HeadsQ and HeadDimV 0 means HeadDim.
 type Shape struct {

@@ -98,3 +98,39 @@ func TestFP8Forward(t *testing.T) {
 		t.Fatalf("missing descale_v: %v", err)
 	}
 }
+
+// RotateHadamard keeps Q·Kᵀ and moves the rows (against a float64 product of the scores).
+func TestRotateHadamard(t *testing.T) {
+	const n, d = 6, 64
+	q, k := make([]float32, n*d), make([]float32, n*d)
+	for i := range q {
+		q[i], k[i] = float32(math.Sin(float64(i))), float32(math.Cos(float64(3*i)))
+	}
+	qr, kr := append([]float32(nil), q...), append([]float32(nil), k...)
+	if err := RotateHadamard(qr, d, 7); err != nil {
+		t.Fatal(err)
+	}
+	if err := RotateHadamard(kr, d, 7); err != nil {
+		t.Fatal(err)
+	}
+	moved := 0.0
+	for i := 0; i < n; i++ {
+		for j := 0; j < n; j++ {
+			s, sr := 0.0, 0.0
+			for c := 0; c < d; c++ {
+				s += float64(q[i*d+c]) * float64(k[j*d+c])
+				sr += float64(qr[i*d+c]) * float64(kr[j*d+c])
+			}
+			if math.Abs(s-sr) > 1e-4 {
+				t.Fatalf("score (%d,%d): %g before, %g after", i, j, s, sr)
+			}
+		}
+		moved += math.Abs(float64(qr[i*d] - q[i*d]))
+	}
+	if moved == 0 {
+		t.Fatal("the rotation changed nothing")
+	}
+	if err := RotateHadamard(make([]float32, 96), 96, 1); err == nil || !strings.Contains(err.Error(), "dim") {
+		t.Fatalf("dim 96: %v", err)
+	}
+}

@@ -871,8 +871,55 @@ FLASHATTN_API flashattn_status_t flashattn_plan_merge_states(const flashattn_pla
  * (#FLASHATTN_I64_PAGED_KV, #FLASHATTN_I64_NEW_KV_ROWS) are refused with FP8; there is no backward
  * pass for FP8 plans (flashattn_plan_get_backward_backend() says why), and
  * flashattn_plan_merge_states() refuses them (merge with a bf16 or fp16 plan of the same layout).
+ *
+ * **Outliers.** A few large coordinates in Q or K force a large scale and crush the rest into
+ * E4M3's few mantissa bits. flashattn_rotate_hadamard() multiplies Q and K by the same random
+ * orthogonal matrix before they are quantized (incoherent processing, as FlashAttention-3 does):
+ * Q·Kᵀ is unchanged and the outliers are spread over every coordinate.
  * @{
  */
+
+/**
+ * @brief Rotate each row of a [rows, dim] tensor by a random-sign Hadamard matrix scaled by
+ * 1/sqrt(dim): y = x·S·H/sqrt(dim). Since 0.3.
+ *
+ * H is the Sylvester Hadamard matrix, H[i][j] = (-1)^popcount(i & j); S = diag(s_0 ...
+ * s_{dim-1}) with s_j = -1 when the top bit of splitmix64(seed + j) is set, else +1, where
+ * splitmix64(x): z = x + 0x9E3779B97F4A7C15; z = (z ^ (z >> 30))·0xBF58476D1CE4E5B9;
+ * z = (z ^ (z >> 27))·0x94D049BB133111EB; return z ^ (z >> 31) (arithmetic mod 2^64). The matrix is
+ * orthogonal, so rotating Q and K with the same seed leaves every score Q·Kᵀ unchanged (to
+ * rounding): the attention result does not change while outliers spread over all coordinates,
+ * which is what FP8 quantization of Q and K needs (see @ref flashattn_fp8). V is not rotated.
+ * Computed in fp32 (the fast Walsh-Hadamard transform), rounded once to @p dtype.
+ *
+ * A [batch, seq, heads, dim] tensor whose heads are contiguous is rows = batch·seq·heads rows of
+ * row stride dim (its head stride); other layouts are rotated one strided piece per call.
+ *
+ * @param dtype #FLASHATTN_DTYPE_FP16, #FLASHATTN_DTYPE_BF16 or #FLASHATTN_DTYPE_FP32.
+ * @param rows Number of rows, 0 or more (0: nothing is read or written).
+ * @param dim Row length: a power of two from 8 to 256.
+ * @param src First element of row 0; aligned to the element size.
+ * @param src_row_stride Elements between rows of @p src, at least @p dim.
+ * @param dst Output, the same shape; either @p src itself with the same row stride (in place) or
+ * memory that does not overlap @p src.
+ * @param dst_row_stride Elements between rows of @p dst, at least @p dim.
+ * @param seed Chooses the signs; use one seed for the Q and K of one attention.
+ * @param device -1: @p src and @p dst are host memory and the call runs on the calling thread;
+ * otherwise the CUDA device that holds them (device memory), where the call only enqueues a kernel
+ * (builds with fa2's kernels, sm_80 and newer).
+ * @param stream CUDA stream for @p device >= 0 (NULL: the legacy default stream); ignored on the host.
+ * @retval FLASHATTN_SUCCESS
+ * @retval FLASHATTN_ERROR_INVALID_ARGUMENT a bad @p dtype, @p dim, @p rows, stride or @p device;
+ * NULL or misaligned pointers; @p dst overlapping @p src other than in place; memory of the wrong
+ * kind or device (nothing is written).
+ * @retval FLASHATTN_ERROR_NOT_SUPPORTED @p device >= 0 in a build without the CUDA kernel, or a
+ * device older than sm_80.
+ * @retval FLASHATTN_ERROR_DEVICE the CUDA runtime failed (setting the device, the launch).
+ */
+FLASHATTN_API flashattn_status_t flashattn_rotate_hadamard(flashattn_dtype_t dtype, int64_t rows, int64_t dim,
+                                                           const void *src, int64_t src_row_stride, void *dst,
+                                                           int64_t dst_row_stride, uint64_t seed, int32_t device,
+                                                           flashattn_stream_t stream);
 
 /** @} */
 

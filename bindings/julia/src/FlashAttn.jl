@@ -23,7 +23,8 @@ using Libdl
 export Plan, FlashAttnError, attention, attention_varlen, execute!, execute_varlen!, finalize!,
        set_i64!, set_f64!, get_i64, get_f64, backend, workspace_size,
        attention_backward, attention_varlen_backward, backward!, backward_varlen!, backward_backend,
-       backward_workspace_size, execute_args!, backward_args!, execute_variants!, backward_variants!, merge_states!
+       backward_workspace_size, execute_args!, backward_args!, execute_variants!, backward_variants!, merge_states!,
+       rotate_hadamard!
 
 # ---------------------------------------------------------------------------------------------
 # Types and constants (values pinned by the ABI)
@@ -176,13 +177,13 @@ const FUNCTIONS = (:flashattn_status_string, :flashattn_last_error, :flashattn_l
                    :flashattn_plan_execute_backward_varlen,
                    :flashattn_args_create, :flashattn_args_destroy, :flashattn_args_set,
                    :flashattn_args_get, :flashattn_plan_execute_args, :flashattn_plan_execute_backward_args,
-                   :flashattn_plan_merge_states)
+                   :flashattn_plan_merge_states, :flashattn_rotate_hadamard)
 # Added after 0.1: an older library still loads, and calling one of these throws.
 const SINCE_0_2 = (:flashattn_plan_get_backward_backend, :flashattn_plan_get_backward_workspace_size,
                    :flashattn_plan_execute_backward, :flashattn_plan_execute_backward_varlen,
                    :flashattn_args_create, :flashattn_args_destroy, :flashattn_args_set,
                    :flashattn_args_get, :flashattn_plan_execute_args, :flashattn_plan_execute_backward_args,
-                   :flashattn_plan_merge_states)  # the last seven since 0.3
+                   :flashattn_plan_merge_states, :flashattn_rotate_hadamard)  # the last eight since 0.3
 
 const _handle = Ref{Ptr{Cvoid}}(C_NULL)
 const _path = Ref{String}("")
@@ -295,6 +296,7 @@ flashattn_args_set(args, which, ptr) = ccall(fptr(:flashattn_args_set), flashatt
 flashattn_args_get(args, which, ptr) = ccall(fptr(:flashattn_args_get), flashattn_status_t, (Ptr{flashattn_args_t}, flashattn_arg_t, Ptr{Ptr{Cvoid}}), args, which, ptr)
 flashattn_plan_execute_args(plan, args, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_args), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{flashattn_args_t}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, args, workspace, workspace_bytes, stream)
 flashattn_plan_execute_backward_args(plan, args, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_backward_args), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{flashattn_args_t}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, args, workspace, workspace_bytes, stream)
+flashattn_rotate_hadamard(dtype, rows, dim, src, src_row_stride, dst, dst_row_stride, seed, device, stream) = ccall(fptr(:flashattn_rotate_hadamard), flashattn_status_t, (flashattn_dtype_t, Int64, Int64, Ptr{Cvoid}, Int64, Ptr{Cvoid}, Int64, UInt64, Int32, flashattn_stream_t), dtype, rows, dim, src, src_row_stride, dst, dst_row_stride, seed, device, stream)
 flashattn_plan_merge_states(plan, num_partials, partial_o, partial_lse, partial_dtype, o, lse, stream) = ccall(fptr(:flashattn_plan_merge_states), flashattn_status_t, (Ptr{flashattn_plan_t}, Int32, Ptr{Ptr{Cvoid}}, Ptr{Ptr{Cfloat}}, flashattn_dtype_t, Ptr{Cvoid}, Ptr{Cfloat}, flashattn_stream_t), plan, num_partials, partial_o, partial_lse, partial_dtype, o, lse, stream)
 
 # ---------------------------------------------------------------------------------------------
@@ -843,6 +845,24 @@ function backward_variants!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::D
     backward_args!(plan, q, k, v, o, dout, lse, dq, dk, dv; cu_seqlens_q=cq, cu_seqlens_k=ck, sink_logits=sink_logits,
                    alibi_slopes=alibi_slopes, dsink_logits=dsink_logits, workspace=workspace)
     return dq, dk, dv
+end
+
+"""
+    rotate_hadamard!(x, dim; seed=0)
+
+`flashattn_rotate_hadamard` (since 0.3) on a host array: each run of `dim` consecutive elements
+(a row; `dim` a power of two in [8, 256], `length(x)` a multiple of it) is rotated in place by the
+random-sign Hadamard matrix of `seed` scaled by 1/sqrt(dim). Rotating Q and K with one seed leaves
+Q·Kᵀ unchanged and spreads outliers before FP8 quantization. Returns `x`.
+"""
+function rotate_hadamard!(x::DenseArray{T}, dim::Integer; seed::Integer=0) where {T}
+    (dim > 0 && length(x) % dim == 0) || throw(ArgumentError("x: $(length(x)) elements is not a whole number of rows of dim = $dim"))
+    GC.@preserve x begin
+        p = convert(Ptr{Cvoid}, pointer(x))
+        check(flashattn_rotate_hadamard(dtype_of(T), Int64(length(x) ÷ dim), Int64(dim), p, Int64(dim), p, Int64(dim),
+                                        UInt64(seed), Int32(-1), C_NULL), "flashattn_rotate_hadamard")
+    end
+    return x
 end
 
 """

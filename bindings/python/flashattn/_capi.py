@@ -359,6 +359,9 @@ PROTOTYPES = {
     "flashattn_plan_merge_states": (c_status, [c_plan_p, ctypes.c_int32, P(ctypes.c_void_p),
                                                P(P(ctypes.c_float)), c_enum, ctypes.c_void_p, P(ctypes.c_float),
                                                c_stream]),
+    "flashattn_rotate_hadamard": (c_status, [c_enum, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                                             ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int32,
+                                             c_stream]),
 }
 
 
@@ -375,6 +378,7 @@ SINCE = {
     "flashattn_plan_execute_args": "0.3",
     "flashattn_plan_execute_backward_args": "0.3",
     "flashattn_plan_merge_states": "0.3",
+    "flashattn_rotate_hadamard": "0.3",
 }
 
 

@@ -61,3 +61,33 @@ def test_fp8_output_dtype_rules():
                         output_dtype=int(DType.FP32)) as plan:
         with pytest.raises(flashattn.InvalidArgumentError, match="OUTPUT_DTYPE"):
             plan.finalize()
+
+
+def hadamard_matrix(seed, dim):
+    def mix(x):
+        m = 0xFFFFFFFFFFFFFFFF
+        z = (x + 0x9E3779B97F4A7C15) & m
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+        return z ^ (z >> 31)
+    signs = np.array([-1.0 if mix(seed + i) >> 63 else 1.0 for i in range(dim)])
+    i, j = np.arange(dim)[:, None], np.arange(dim)[None, :]
+    h = np.vectorize(lambda x: -1.0 if bin(x).count("1") % 2 else 1.0)(i & j)
+    return signs[:, None] * h / np.sqrt(dim)
+
+
+@pytest.mark.parametrize("dim", [8, 64, 256])
+def test_rotate_hadamard(dim):
+    rng = np.random.default_rng(dim)
+    q = rng.standard_normal((3, 5, 2, dim)).astype(np.float32)
+    k = rng.standard_normal((3, 7, 2, dim)).astype(np.float32)
+    qr = np.empty_like(q)
+    flashattn.rotate_hadamard(q, qr, seed=42)
+    np.testing.assert_allclose(qr, q.astype(np.float64) @ hadamard_matrix(42, dim), atol=1e-5)
+    kr = k.copy()
+    flashattn.rotate_hadamard(kr, seed=42)  # in place
+    s = np.einsum("bqhd,bkhd->bhqk", q.astype(np.float64), k)
+    sr = np.einsum("bqhd,bkhd->bhqk", qr.astype(np.float64), kr)
+    np.testing.assert_allclose(sr, s, atol=1e-4 * np.abs(s).max())
+    with pytest.raises(flashattn.InvalidArgumentError, match="dim"):
+        flashattn.rotate_hadamard(np.zeros((2, 96), np.float32))

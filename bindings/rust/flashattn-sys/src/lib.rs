@@ -287,4 +287,16 @@ extern "C" {
         lse: *mut f32,
         stream: flashattn_stream_t,
     ) -> flashattn_status_t;
+    pub fn flashattn_rotate_hadamard(
+        dtype: flashattn_dtype_t,
+        rows: i64,
+        dim: i64,
+        src: *const c_void,
+        src_row_stride: i64,
+        dst: *mut c_void,
+        dst_row_stride: i64,
+        seed: u64,
+        device: i32,
+        stream: flashattn_stream_t,
+    ) -> flashattn_status_t;
 }

@@ -1045,6 +1045,37 @@ impl Plan {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The incoherent-processing rotation (since 0.3)
+
+/// Rotate each `dim`-long row of the host slice `data` ([rows, dim], contiguous) in place by the
+/// random-sign Hadamard matrix of `seed` scaled by 1/sqrt(dim) (`flashattn_rotate_hadamard`).
+/// Rotating Q and K with one seed leaves Q·Kᵀ unchanged and spreads outliers before FP8
+/// quantization. `dim`: a power of two in [8, 256]; `data.len()` a multiple of it.
+pub fn rotate_hadamard<T: Element>(data: &mut [T], dim: usize, seed: u64) -> Result<()> {
+    if dim == 0 || data.len() % dim != 0 {
+        return Err(Error::new(Status::InvalidArgument,
+            format!("data: {} elements is not a whole number of rows of dim = {}", data.len(), dim)));
+    }
+    let rows = (data.len() / dim) as i64;
+    let ptr = data.as_mut_ptr() as *mut c_void;
+    unsafe { rotate_hadamard_raw(T::DTYPE, rows, dim as i64, ptr, dim as i64, ptr, dim as i64, seed, -1, ptr::null_mut()) }
+}
+
+/// `flashattn_rotate_hadamard` with raw pointers: `device` -1 for host memory, else the CUDA device
+/// holding `src` and `dst` (the kernel is enqueued on `stream`).
+///
+/// # Safety
+/// `src` and `dst` hold `rows` rows of `dim` elements of `dtype` at their row strides, in the
+/// memory `device` names, alive until the work has run; `dst` is `src` (same stride) or apart from it.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn rotate_hadamard_raw(dtype: DType, rows: i64, dim: i64, src: *const c_void, src_row_stride: i64,
+                                  dst: *mut c_void, dst_row_stride: i64, seed: u64, device: i32,
+                                  stream: *mut c_void) -> Result<()> {
+    check(sys::flashattn_rotate_hadamard(dtype.raw(), rows, dim, src, src_row_stride, dst, dst_row_stride, seed, device,
+                                         stream as sys::flashattn_stream_t))
+}
+
+// ---------------------------------------------------------------------------------------------
 // One-call attention on contiguous host tensors
 
 /// Sizes of a fixed-length problem; tensors are contiguous [batch, seq, heads, dim].

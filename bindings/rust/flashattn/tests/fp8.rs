@@ -73,3 +73,24 @@ fn fp8_forward_matches_the_reference() {
     let err = unsafe { p.execute_args(&args, ws_ptr, ws_len, ptr::null_mut()) }.unwrap_err();
     assert!(err.message.contains("descale_k"), "{}", err);
 }
+
+#[test]
+fn rotate_hadamard_keeps_scores() {
+    const N: usize = 5;
+    const DIM: usize = 32;
+    let q: Vec<f32> = (0..N * DIM).map(|i| ((i * 7 % 13) as f32 - 6.0) / 3.0).collect();
+    let k: Vec<f32> = (0..N * DIM).map(|i| ((i * 5 % 11) as f32 - 5.0) / 2.0).collect();
+    let (mut qr, mut kr) = (q.clone(), k.clone());
+    rotate_hadamard(&mut qr, DIM, 9).unwrap();
+    rotate_hadamard(&mut kr, DIM, 9).unwrap();
+    assert_ne!(q, qr);
+    for i in 0..N {
+        for j in 0..N {
+            let s: f64 = (0..DIM).map(|c| q[i * DIM + c] as f64 * k[j * DIM + c] as f64).sum();
+            let sr: f64 = (0..DIM).map(|c| qr[i * DIM + c] as f64 * kr[j * DIM + c] as f64).sum();
+            assert!((s - sr).abs() <= 1e-4 * (1.0 + s.abs()), "score ({i},{j}): {s} vs {sr}");
+        }
+    }
+    let err = rotate_hadamard(&mut vec![0f32; 96], 96, 1).unwrap_err();
+    assert!(err.message.contains("dim"), "{}", err);
+}
