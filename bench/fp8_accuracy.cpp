@@ -10,7 +10,10 @@
 // measure the error of quantizing the inputs, not the extra error of a kernel that also quantizes
 // P to E4M3 (FA3's FP8 kernel; not in this library yet).
 //
-// Usage: flashattn-fp8-accuracy [--backend cpu|fa3] [--seqlen N] [--heads H] [--dim D] [--seed S]
+// --emulate 1 adds an emulation (in double, no library call) of a kernel that also rounds P to
+// E4M3, with and without FA3's multiplication of P by a power of two before the cast.
+//
+// Usage: flashattn-fp8-accuracy [--backend cpu|fa3] [--seqlen N] [--heads H] [--dim D] [--seed S] [--emulate 0|1]
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -246,12 +249,60 @@ double run_fp8(const Shape &s, bool per_head, bool hadamard, const std::vector<d
     return good ? rmse(o, ref) : NAN;
 }
 
+// An emulation of an FP8 kernel's second GEMM on the dequantized inputs of `quantized` (which
+// run_fp8 prepares): P = exp(s - rowmax) in (0, 1] is rounded to E4M3 after a multiplication by
+// p_scale (a power of two; 1 leaves everything below 2^-10 to flush to zero, 256 moves E4M3's
+// range over it) and divided back; the row sum l comes from the unrounded P (as FA3 keeps it in
+// fp32). Uses the final row max; a kernel's running max only makes P smaller early in the row.
+double emulate_kernel(const Shape &s, bool per_head, bool hadamard, double p_scale, const std::vector<double> &q,
+                      const std::vector<double> &k, const std::vector<double> &v, const std::vector<double> &ref) {
+    const std::vector<double> qx = hadamard ? rotated(s, q, 2024) : q;
+    const std::vector<double> kx = hadamard ? rotated(s, k, 2024) : k;
+    std::vector<uint8_t> cq, ck, cv;
+    std::vector<float> dq, dk, dv;
+    quantize(s, qx, per_head, &cq, &dq);
+    quantize(s, kx, per_head, &ck, &dk);
+    quantize(s, v, per_head, &cv, &dv);
+    auto deq = [&](const std::vector<uint8_t> &c, const std::vector<float> &d, size_t i, int64_t h) {
+        return e4m3_value(c[i]) * d[static_cast<size_t>(per_head ? h : 0)];
+    };
+    const double scale = 1.0 / std::sqrt(static_cast<double>(s.dim));
+    std::vector<double> p(static_cast<size_t>(s.seq)), o(static_cast<size_t>(s.dim));
+    double sum = 0;
+    for (int64_t h = 0; h < s.heads; ++h)
+        for (int64_t i = 0; i < s.seq; ++i) {
+            double m = -INFINITY, l = 0;
+            for (int64_t j = 0; j < s.seq; ++j) {
+                double dot = 0;
+                for (int64_t c = 0; c < s.dim; ++c)
+                    dot += deq(cq, dq, static_cast<size_t>((i * s.heads + h) * s.dim + c), h) *
+                           deq(ck, dk, static_cast<size_t>((j * s.heads + h) * s.dim + c), h);
+                p[static_cast<size_t>(j)] = dot * scale;
+                m = std::max(m, dot * scale);
+            }
+            std::fill(o.begin(), o.end(), 0.0);
+            for (int64_t j = 0; j < s.seq; ++j) {
+                const double e = std::exp(p[static_cast<size_t>(j)] - m);
+                l += e;
+                const double e8 = e4m3_value(to_e4m3(e * p_scale)) / p_scale;
+                for (int64_t c = 0; c < s.dim; ++c)
+                    o[static_cast<size_t>(c)] += e8 * deq(cv, dv, static_cast<size_t>((j * s.heads + h) * s.dim + c), h);
+            }
+            for (int64_t c = 0; c < s.dim; ++c) {
+                const double out = bf16_value(to_bf16(static_cast<float>(o[static_cast<size_t>(c)] / l)));
+                sum += std::pow(out - ref[static_cast<size_t>((i * s.heads + h) * s.dim + c)], 2);
+            }
+        }
+    return std::sqrt(sum / static_cast<double>(ref.size()));
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
     Shape s;
     uint64_t seed = 17;
     flashattn_backend_t bf16_backend = FLASHATTN_BACKEND_CPU;
+    bool emulate = false;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string key = argv[i];
         const long long value = std::atoll(argv[i + 1]);
@@ -259,6 +310,7 @@ int main(int argc, char **argv) {
         else if (key == "--heads") s.heads = value;
         else if (key == "--dim") s.dim = value;
         else if (key == "--seed") seed = static_cast<uint64_t>(value);
+        else if (key == "--emulate") emulate = value != 0;
         else if (key == "--backend") bf16_backend = std::string(argv[i + 1]) == "fa3" ? FLASHATTN_BACKEND_FA3 : FLASHATTN_BACKEND_CPU;
         else {
             std::fprintf(stderr, "unknown option %s\n", argv[i]);
@@ -286,5 +338,13 @@ int main(int argc, char **argv) {
     std::printf("| FP8 per-head, no rotation (cpu) | %.3e |\n", run_fp8(s, true, false, q, k, v, ref));
     std::printf("| FP8 per-tensor + Hadamard (cpu) | %.3e |\n", run_fp8(s, false, true, q, k, v, ref));
     std::printf("| (c) FP8 per-head + Hadamard (cpu, exact dequantization) | %.3e |\n", run_fp8(s, true, true, q, k, v, ref));
+    if (emulate) {
+        for (const double p_scale : {1.0, 256.0}) {
+            std::printf("| (b) per-tensor, P in E4M3 x %g (emulated kernel) | %.3e |\n", p_scale,
+                        emulate_kernel(s, false, false, p_scale, q, k, v, ref));
+            std::printf("| (c) per-head + Hadamard, P in E4M3 x %g (emulated kernel) | %.3e |\n", p_scale,
+                        emulate_kernel(s, true, true, p_scale, q, k, v, ref));
+        }
+    }
     return 0;
 }
