@@ -20,20 +20,23 @@ package flashattn
 // flashattn_plan_execute_args (backward = 0) or _backward_args in one C call: cgo forbids storing
 // Go pointers in C memory beyond a call, so the flashattn_args_t object is made, filled, run and
 // destroyed here, with every pointer passed as an argument (Go 1.19 has no runtime.Pinner to pin
-// them instead). The pointers come in flashattn_arg_t order: 1-13, then 20-22, then 30-33.
+// them instead). The pointers come in flashattn_arg_t order: 1-13, then 20-22, then 30-33, then 40-42.
 static flashattn_status_t goflashattn_run_args(int backward, const flashattn_plan_t *plan, const void *q,
         const void *k, const void *v, const void *o, const void *lse, const void *cu_seqlens_q,
         const void *cu_seqlens_k, const void *page_table, const void *seqused_k, const void *k_new,
         const void *v_new, const void *rotary_cos, const void *rotary_sin, const void *sink_logits,
         const void *alibi_slopes, const void *dsink_logits, const void *dout, const void *dq, const void *dk,
-        const void *dv, void *workspace, size_t workspace_bytes, flashattn_stream_t stream) {
+        const void *dv, const void *descale_q, const void *descale_k, const void *descale_v, void *workspace,
+        size_t workspace_bytes, flashattn_stream_t stream) {
     const void *ptrs[] = {q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, k_new, v_new,
-                          rotary_cos, rotary_sin, sink_logits, alibi_slopes, dsink_logits, dout, dq, dk, dv};
+                          rotary_cos, rotary_sin, sink_logits, alibi_slopes, dsink_logits, dout, dq, dk, dv,
+                          descale_q, descale_k, descale_v};
     const flashattn_arg_t which[] = {FLASHATTN_ARG_Q, FLASHATTN_ARG_K, FLASHATTN_ARG_V, FLASHATTN_ARG_O,
         FLASHATTN_ARG_LSE, FLASHATTN_ARG_CU_SEQLENS_Q, FLASHATTN_ARG_CU_SEQLENS_K, FLASHATTN_ARG_PAGE_TABLE,
         FLASHATTN_ARG_SEQUSED_K, FLASHATTN_ARG_K_NEW, FLASHATTN_ARG_V_NEW, FLASHATTN_ARG_ROTARY_COS,
         FLASHATTN_ARG_ROTARY_SIN, FLASHATTN_ARG_SINK_LOGITS, FLASHATTN_ARG_ALIBI_SLOPES,
-        FLASHATTN_ARG_DSINK_LOGITS, FLASHATTN_ARG_DOUT, FLASHATTN_ARG_DQ, FLASHATTN_ARG_DK, FLASHATTN_ARG_DV};
+        FLASHATTN_ARG_DSINK_LOGITS, FLASHATTN_ARG_DOUT, FLASHATTN_ARG_DQ, FLASHATTN_ARG_DK, FLASHATTN_ARG_DV,
+        FLASHATTN_ARG_DESCALE_Q, FLASHATTN_ARG_DESCALE_K, FLASHATTN_ARG_DESCALE_V};
     flashattn_args_t *args = NULL;
     flashattn_status_t status = flashattn_args_create(&args);
     for (int i = 0; status == FLASHATTN_SUCCESS && i < (int)(sizeof ptrs / sizeof ptrs[0]); ++i)
@@ -209,6 +212,12 @@ const (
 	SinkTokens     I64Param = C.FLASHATTN_I64_SINK_TOKENS
 	SinkLogits     I64Param = C.FLASHATTN_I64_SINK_LOGITS
 	Alibi          I64Param = C.FLASHATTN_I64_ALIBI
+	// FP8 inputs (since 0.3): O's dtype (a DType: BF16 by default for FP8 plans, or FP16) and the
+	// layout of the float32 descale arrays in Tensors (DescaleQ, DescaleK, DescaleV), in elements
+	// per sequence and per key/value head (both 0: one value per tensor).
+	OutputDType        I64Param = C.FLASHATTN_I64_OUTPUT_DTYPE
+	DescaleBatchStride I64Param = C.FLASHATTN_I64_DESCALE_BATCH_STRIDE
+	DescaleHeadStride  I64Param = C.FLASHATTN_I64_DESCALE_HEAD_STRIDE
 )
 
 // MaskAlign is a flashattn_mask_align_t (since 0.3): where query i's diagonal key lies.
@@ -239,6 +248,9 @@ type Tensors struct {
 	SinkLogits, AlibiSlopes, DSinkLogits unsafe.Pointer
 	// BackwardArgs only: dO (layout of O) in, dQ, dK, dV out.
 	DOut, DQ, DK, DV unsafe.Pointer
+	// FP8 plans (since 0.3): float32 descale factors of Q, K, V per (sequence, key/value head),
+	// laid out by DescaleBatchStride and DescaleHeadStride. Required for FP8 plans.
+	DescaleQ, DescaleK, DescaleV unsafe.Pointer
 }
 
 // F64Param is a flashattn_f64_param_t.
@@ -741,7 +753,8 @@ func (p *Plan) runArgs(op, cname string, backward C.int, t *Tensors, workspace u
 	return call(cname, func() C.flashattn_status_t {
 		return C.goflashattn_run_args(backward, h, t.Q, t.K, t.V, t.O, t.LSE, t.CuSeqlensQ, t.CuSeqlensK, t.PageTable,
 			t.SequsedK, t.KNew, t.VNew, t.RotaryCos, t.RotarySin, t.SinkLogits, t.AlibiSlopes, t.DSinkLogits,
-			t.DOut, t.DQ, t.DK, t.DV, workspace, C.size_t(workspaceBytes), C.flashattn_stream_t(stream))
+			t.DOut, t.DQ, t.DK, t.DV, t.DescaleQ, t.DescaleK, t.DescaleV, workspace, C.size_t(workspaceBytes),
+			C.flashattn_stream_t(stream))
 	})
 }
 
@@ -966,6 +979,34 @@ func (p *Plan) MergeStatesRaw(partialO, partialLSE []unsafe.Pointer, partialDtyp
 	return call("flashattn_plan_merge_states", func() C.flashattn_status_t {
 		return C.flashattn_plan_merge_states(h, C.int32_t(n), (*unsafe.Pointer)(unsafe.Pointer(&addrO[0])),
 			(**C.float)(unsafe.Pointer(&addrL[0])), C.flashattn_dtype_t(partialDtype), o, (*C.float)(lse),
+			C.flashattn_stream_t(stream))
+	})
+}
+
+// RotateHadamard rotates each dim-long row of the host slice data (float32, Float16 or BFloat16;
+// [rows, dim] contiguous) in place by the random-sign Hadamard matrix of seed scaled by
+// 1/sqrt(dim) (flashattn_rotate_hadamard, since 0.3). Rotating Q and K with one seed leaves Q·Kᵀ
+// unchanged and spreads outliers before FP8 quantization. dim: a power of two in [8, 256].
+func RotateHadamard(data interface{}, dim int, seed uint64) error {
+	ptr, n, dtype, err := hostSlice("RotateHadamard", "data", data)
+	if err != nil {
+		return err
+	}
+	if dim <= 0 || n%dim != 0 {
+		return &Error{Status: StatusInvalidArgument, Op: "RotateHadamard",
+			Message: fmt.Sprintf("data: %d elements is not a whole number of rows of dim = %d", n, dim)}
+	}
+	defer runtime.KeepAlive(data)
+	return RotateHadamardRaw(dtype, n/dim, dim, ptr, dim, ptr, dim, seed, -1, nil)
+}
+
+// RotateHadamardRaw is flashattn_rotate_hadamard with raw pointers: device -1 for host memory,
+// else the CUDA device holding src and dst (the kernel is enqueued on stream).
+func RotateHadamardRaw(dtype DType, rows, dim int, src unsafe.Pointer, srcRowStride int, dst unsafe.Pointer,
+	dstRowStride int, seed uint64, device int, stream unsafe.Pointer) error {
+	return call("flashattn_rotate_hadamard", func() C.flashattn_status_t {
+		return C.flashattn_rotate_hadamard(C.flashattn_dtype_t(dtype), C.int64_t(rows), C.int64_t(dim), src,
+			C.int64_t(srcRowStride), dst, C.int64_t(dstRowStride), C.uint64_t(seed), C.int32_t(device),
 			C.flashattn_stream_t(stream))
 	})
 }

@@ -42,12 +42,15 @@ typedef enum flashattn_status {
     FLASHATTN_ERROR_INTERNAL = 7            /**< A bug in the library; please report it. */
 } flashattn_status_t;
 
-/** @brief Element type of Q, K, V and O (all four share it). Values are pinned. */
+/**
+ * @brief Element type of Q, K, V and O (all four share it, except that an FP8 plan's O is bf16 or
+ * fp16: #FLASHATTN_I64_OUTPUT_DTYPE). Values are pinned.
+ */
 typedef enum flashattn_dtype {
     FLASHATTN_DTYPE_FP16 = 1,     /**< IEEE binary16. */
     FLASHATTN_DTYPE_BF16 = 2,     /**< bfloat16. */
     FLASHATTN_DTYPE_FP32 = 3,     /**< IEEE binary32 (CPU backend only). */
-    FLASHATTN_DTYPE_FP8_E4M3 = 4  /**< Reserved for the Hopper path; not supported yet. */
+    FLASHATTN_DTYPE_FP8_E4M3 = 4  /**< FP8 E4M3 (1 sign bit, 4 exponent bits with bias 7, 3 mantissa bits; no infinity, NaN is S.1111.111, largest finite 448): Q, K and V of a forward pass, with descale factors (see @ref flashattn_fp8). Since 0.3 (reserved before). */
 } flashattn_dtype_t;
 
 /** @brief Implementation that runs a plan. Values are pinned. */
@@ -147,7 +150,19 @@ typedef enum flashattn_i64_param {
      * where i' is the key on query i's diagonal (i + seqlen_k - seqlen_q bottom-right, as
      * FlashAttention-2 defines it; i with #FLASHATTN_MASK_ALIGN_TOP_LEFT). The slopes (fp32,
      * [heads_q]) are passed to each call as #FLASHATTN_ARG_ALIBI_SLOPES; they get no gradient. Default 0. Since 0.3. */
-    FLASHATTN_I64_ALIBI = 63
+    FLASHATTN_I64_ALIBI = 63,
+    /** Element type of O (a #flashattn_dtype_t). With #FLASHATTN_I64_DTYPE = #FLASHATTN_DTYPE_FP8_E4M3:
+     * #FLASHATTN_DTYPE_BF16 (default) or #FLASHATTN_DTYPE_FP16; otherwise it must equal
+     * #FLASHATTN_I64_DTYPE (its default). The O strides count elements of this type. Since 0.3. */
+    FLASHATTN_I64_OUTPUT_DTYPE = 64,
+    /** FP8 plans: fp32 elements between sequences in each descale array (#FLASHATTN_ARG_DESCALE_Q,
+     * _K, _V; one layout for the three). 0 or more; 0 together with a head stride of 0 means one value
+     * for the whole tensor. Default: #FLASHATTN_I64_HEADS_KV (contiguous [batch, heads_kv]). Only FP8
+     * plans may set it. Since 0.3. */
+    FLASHATTN_I64_DESCALE_BATCH_STRIDE = 65,
+    /** FP8 plans: fp32 elements between key/value heads in each descale array; 0 or more. Default 1.
+     * Only FP8 plans may set it. Since 0.3. */
+    FLASHATTN_I64_DESCALE_HEAD_STRIDE = 66
 } flashattn_i64_param_t;
 
 /**
@@ -205,7 +220,10 @@ typedef enum flashattn_arg {
     FLASHATTN_ARG_DOUT = 30,        /**< Backward: dO, laid out as O with the DO_* strides. Required there. */
     FLASHATTN_ARG_DQ = 31,          /**< Backward output: dQ (layout of Q, DQ_* strides). Required there. */
     FLASHATTN_ARG_DK = 32,          /**< Backward output: dK (layout of K, DK_* strides). Required there. */
-    FLASHATTN_ARG_DV = 33           /**< Backward output: dV (layout of V, DV_* strides). Required there. */
+    FLASHATTN_ARG_DV = 33,          /**< Backward output: dV (layout of V, DV_* strides). Required there. */
+    FLASHATTN_ARG_DESCALE_Q = 40,   /**< FP8 plans: fp32 descale factors of Q, one per (sequence, key/value head) as #FLASHATTN_I64_DESCALE_BATCH_STRIDE and _HEAD_STRIDE lay them out (see @ref flashattn_fp8). Read only. Required there, refused elsewhere. Since 0.3. */
+    FLASHATTN_ARG_DESCALE_K = 41,   /**< FP8 plans: fp32 descale factors of K, laid out as those of Q. Read only. Required there. Since 0.3. */
+    FLASHATTN_ARG_DESCALE_V = 42    /**< FP8 plans: fp32 descale factors of V, laid out as those of Q. Read only. Required there. Since 0.3. */
 } flashattn_arg_t;
 
 /**
@@ -816,6 +834,93 @@ FLASHATTN_API flashattn_status_t flashattn_plan_merge_states(const flashattn_pla
                                                              const float *const *partial_lse,
                                                              flashattn_dtype_t partial_dtype, void *o, float *lse,
                                                              flashattn_stream_t stream);
+
+/** @} */
+
+/**
+ * @defgroup flashattn_fp8 FP8 (E4M3) inputs
+ * @brief Q, K and V in FP8 E4M3 with fp32 descale factors; O in bf16 or fp16. Since 0.3.
+ *
+ * A plan with #FLASHATTN_I64_DTYPE = #FLASHATTN_DTYPE_FP8_E4M3 takes Q, K and V as E4M3 bytes
+ * and computes attention of the dequantized tensors: Q' = descale_q·Q, K' = descale_k·K,
+ * V' = descale_v·V, O = softmax(scale·Q'K'ᵀ)V' (with every mask, softcap and variant the plan
+ * sets, as for the other dtypes). O is written as #FLASHATTN_I64_OUTPUT_DTYPE (bf16 by default,
+ * or fp16); the LSE, when asked for, is fp32 as always and includes the descales.
+ *
+ * **Descales.** Three fp32 arrays passed to each call in the argument set
+ * (#FLASHATTN_ARG_DESCALE_Q, #FLASHATTN_ARG_DESCALE_K, #FLASHATTN_ARG_DESCALE_V), so a plan stays
+ * read-only and the factors may change every call. Element [b][h] of each, at offset
+ * b·#FLASHATTN_I64_DESCALE_BATCH_STRIDE + h·#FLASHATTN_I64_DESCALE_HEAD_STRIDE, applies to sequence b
+ * and key/value head h (Q's to every query head of that group), as FlashAttention-3 and cuDNN take
+ * them; the default strides (heads_kv, 1) are a contiguous [batch, heads_kv] array, and strides
+ * (0, 0) one value per tensor. For variable-length plans b is the sequence index. FP8 plans run
+ * only through flashattn_plan_execute_args() (the 0.2 execute calls have no descale arguments and
+ * refuse them with #FLASHATTN_ERROR_INVALID_ARGUMENT naming descale_q); the descales are required
+ * there and refused for other plans.
+ *
+ * **Where they live.** The CPU backend reads host memory and checks it: every factor must be
+ * finite (#FLASHATTN_ERROR_INVALID_ARGUMENT naming the entry otherwise). A GPU backend reads them
+ * in the kernel from device memory on the plan's device (no synchronisation; finite values are the
+ * caller's contract there).
+ *
+ * **Backends.** The CPU backend converts E4M3 exactly to fp32 (every E4M3 value is an fp32 value),
+ * multiplies by the descale in fp32 and computes as for fp32 inputs; it is the reference. FA1 and
+ * FA2 have no FP8 path (#FLASHATTN_ERROR_NOT_SUPPORTED, with the reason); FA3's FP8 kernel is not
+ * in this release yet, so FA3 refuses FP8 plans too: on a machine with a GPU,
+ * #FLASHATTN_BACKEND_AUTO then fails with #FLASHATTN_ERROR_NOT_SUPPORTED (set #FLASHATTN_BACKEND_CPU
+ * to run on the host, as for any plan no GPU backend runs). The serving features that write or page the caches
+ * (#FLASHATTN_I64_PAGED_KV, #FLASHATTN_I64_NEW_KV_ROWS) are refused with FP8; there is no backward
+ * pass for FP8 plans (flashattn_plan_get_backward_backend() says why), and
+ * flashattn_plan_merge_states() refuses them (merge with a bf16 or fp16 plan of the same layout).
+ *
+ * **Outliers.** A few large coordinates in Q or K force a large scale and crush the rest into
+ * E4M3's few mantissa bits. flashattn_rotate_hadamard() multiplies Q and K by the same random
+ * orthogonal matrix before they are quantized (incoherent processing, as FlashAttention-3 does):
+ * Q·Kᵀ is unchanged and the outliers are spread over every coordinate.
+ * @{
+ */
+
+/**
+ * @brief Rotate each row of a [rows, dim] tensor by a random-sign Hadamard matrix scaled by
+ * 1/sqrt(dim): y = x·S·H/sqrt(dim). Since 0.3.
+ *
+ * H is the Sylvester Hadamard matrix, H[i][j] = (-1)^popcount(i & j); S = diag(s_0 ...
+ * s_{dim-1}) with s_j = -1 when the top bit of splitmix64(seed + j) is set, else +1, where
+ * splitmix64(x): z = x + 0x9E3779B97F4A7C15; z = (z ^ (z >> 30))·0xBF58476D1CE4E5B9;
+ * z = (z ^ (z >> 27))·0x94D049BB133111EB; return z ^ (z >> 31) (arithmetic mod 2^64). The matrix is
+ * orthogonal, so rotating Q and K with the same seed leaves every score Q·Kᵀ unchanged (to
+ * rounding): the attention result does not change while outliers spread over all coordinates,
+ * which is what FP8 quantization of Q and K needs (see @ref flashattn_fp8). V is not rotated.
+ * Computed in fp32 (the fast Walsh-Hadamard transform), rounded once to @p dtype.
+ *
+ * A [batch, seq, heads, dim] tensor whose heads are contiguous is rows = batch·seq·heads rows of
+ * row stride dim (its head stride); other layouts are rotated one strided piece per call.
+ *
+ * @param dtype #FLASHATTN_DTYPE_FP16, #FLASHATTN_DTYPE_BF16 or #FLASHATTN_DTYPE_FP32.
+ * @param rows Number of rows, 0 or more (0: nothing is read or written).
+ * @param dim Row length: a power of two from 8 to 256.
+ * @param src First element of row 0; aligned to the element size.
+ * @param src_row_stride Elements between rows of @p src, at least @p dim.
+ * @param dst Output, the same shape; either @p src itself with the same row stride (in place) or
+ * memory that does not overlap @p src.
+ * @param dst_row_stride Elements between rows of @p dst, at least @p dim.
+ * @param seed Chooses the signs; use one seed for the Q and K of one attention.
+ * @param device -1: @p src and @p dst are host memory and the call runs on the calling thread;
+ * otherwise the CUDA device that holds them (device memory), where the call only enqueues a kernel
+ * (builds with fa2's kernels, sm_80 and newer).
+ * @param stream CUDA stream for @p device >= 0 (NULL: the legacy default stream); ignored on the host.
+ * @retval FLASHATTN_SUCCESS
+ * @retval FLASHATTN_ERROR_INVALID_ARGUMENT a bad @p dtype, @p dim, @p rows, stride or @p device;
+ * NULL or misaligned pointers; @p dst overlapping @p src other than in place; memory of the wrong
+ * kind or device (nothing is written).
+ * @retval FLASHATTN_ERROR_NOT_SUPPORTED @p device >= 0 in a build without the CUDA kernel, or a
+ * device older than sm_80.
+ * @retval FLASHATTN_ERROR_DEVICE the CUDA runtime failed (setting the device, the launch).
+ */
+FLASHATTN_API flashattn_status_t flashattn_rotate_hadamard(flashattn_dtype_t dtype, int64_t rows, int64_t dim,
+                                                           const void *src, int64_t src_row_stride, void *dst,
+                                                           int64_t dst_row_stride, uint64_t seed, int32_t device,
+                                                           flashattn_stream_t stream);
 
 /** @} */
 

@@ -13,7 +13,7 @@ using namespace flashattn;
 // in known_arg and a line in tensors_of; which ones a plan needs is checked in one place
 // (check_execute_args, problem/resolve.cpp).
 struct flashattn_args {
-    static constexpr int kCount = 64;  // above every flashattn_arg_t value (1-19 forward inputs, 20-39 reserved)
+    static constexpr int kCount = 64;  // above every flashattn_arg_t value (1-19 serving, 20-29 variants, 30-39 backward, 40-49 FP8)
     const void *ptr[kCount] = {};
 };
 
@@ -27,6 +27,7 @@ bool known_arg(int which) {
         case FLASHATTN_ARG_V_NEW: case FLASHATTN_ARG_ROTARY_COS: case FLASHATTN_ARG_ROTARY_SIN:
         case FLASHATTN_ARG_SINK_LOGITS: case FLASHATTN_ARG_ALIBI_SLOPES: case FLASHATTN_ARG_DSINK_LOGITS:
         case FLASHATTN_ARG_DOUT: case FLASHATTN_ARG_DQ: case FLASHATTN_ARG_DK: case FLASHATTN_ARG_DV:
+        case FLASHATTN_ARG_DESCALE_Q: case FLASHATTN_ARG_DESCALE_K: case FLASHATTN_ARG_DESCALE_V:
             return true;
         default:
             return false;
@@ -60,6 +61,9 @@ Tensors tensors_of(const flashattn_args &a, void *workspace, size_t workspace_by
     t.dq = const_cast<void *>(a.ptr[FLASHATTN_ARG_DQ]);
     t.dk = const_cast<void *>(a.ptr[FLASHATTN_ARG_DK]);
     t.dv = const_cast<void *>(a.ptr[FLASHATTN_ARG_DV]);
+    t.descale_q = static_cast<const float *>(a.ptr[FLASHATTN_ARG_DESCALE_Q]);
+    t.descale_k = static_cast<const float *>(a.ptr[FLASHATTN_ARG_DESCALE_K]);
+    t.descale_v = static_cast<const float *>(a.ptr[FLASHATTN_ARG_DESCALE_V]);
     t.workspace = workspace;
     t.workspace_bytes = workspace_bytes;
     t.stream = stream;

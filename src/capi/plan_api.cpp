@@ -155,6 +155,9 @@ FLASHATTN_API flashattn_status_t flashattn_plan_get_i64(const flashattn_plan_t *
             case FLASHATTN_I64_SINK_TOKENS: *value = p.sink_tokens; break;
             case FLASHATTN_I64_SINK_LOGITS: *value = p.sink_logits; break;
             case FLASHATTN_I64_ALIBI: *value = p.alibi; break;
+            case FLASHATTN_I64_OUTPUT_DTYPE: *value = p.o_dtype; break;
+            case FLASHATTN_I64_DESCALE_BATCH_STRIDE: *value = p.fp8() ? p.descale_batch_stride : -1; break;
+            case FLASHATTN_I64_DESCALE_HEAD_STRIDE: *value = p.fp8() ? p.descale_head_stride : -1; break;
             case FLASHATTN_I64_PAGED_KV: *value = p.serving.paged; break;
             case FLASHATTN_I64_PAGE_SIZE: *value = p.serving.page_size; break;
             case FLASHATTN_I64_NUM_PAGES: *value = p.serving.num_pages; break;

@@ -7,6 +7,7 @@
 #include "base/status.h"
 #include "device/device.h"
 #include "dispatch/decide.h"
+#include "problem/fp8.h"
 #include "problem/resolve.h"
 
 namespace flashattn {
@@ -64,6 +65,9 @@ void backward_candidates(const Problem &problem, const DeviceInfo &dev, Candidat
             candidates[id].unsupported = "no usable CUDA device (" + dev.absent_reason + ")";
         else if (const char *feature = serving_feature(problem))
             candidates[id].unsupported = std::string("the backward pass does not support ") + feature;
+        else if (problem.fp8())
+            candidates[id].unsupported = "the backward pass does not support FP8 (E4M3) inputs: quantized Q, K, V "
+                                         "are an inference format; train in bf16 or fp16";
         else
             candidates[id].unsupported = b->backward_unsupported_reason(problem, dev);
         if (candidates[id].unsupported.empty())
@@ -135,6 +139,7 @@ flashattn_status_t finalize_plan(flashattn_plan *plan) {
 
 flashattn_status_t execute_plan(const flashattn_plan *plan, const Tensors &t) {
     FLASHATTN_TRY(check_variant_args(plan->problem, t, false));
+    FLASHATTN_TRY(check_fp8_args(plan->problem, t, false, plan->workspace_bytes()));
     FLASHATTN_TRY(check_execute_args(plan->problem, t, plan->workspace_bytes()));
     return plan->backend->execute(plan->problem, *plan->backend_plan, t);
 }
@@ -143,6 +148,7 @@ flashattn_status_t execute_backward_plan(const flashattn_plan *plan, const Tenso
     if (plan->backward_backend == nullptr)
         return fail(FLASHATTN_ERROR_NOT_SUPPORTED, "plan: %s", plan->backward_reason.c_str());
     FLASHATTN_TRY(check_variant_args(plan->problem, t, true));
+    FLASHATTN_TRY(check_fp8_args(plan->problem, t, true, plan->backward_workspace_bytes()));
     FLASHATTN_TRY(check_backward_args(plan->problem, t, plan->backward_workspace_bytes()));
     return plan->backward_backend->execute_backward(plan->problem, plan->backward_plan(), t);
 }
@@ -151,6 +157,10 @@ flashattn_status_t execute_backward_plan(const flashattn_plan *plan, const Tenso
 // the plans of every generation (one kernel, compiled for sm_80 and newer, instead of one per
 // generation: the merge is bandwidth-bound and needs no generation's features).
 flashattn_status_t merge_plan_states(const flashattn_plan *plan, const MergeCall &m) {
+    if (plan->problem.fp8())
+        return fail(FLASHATTN_ERROR_NOT_SUPPORTED,
+                    "plan: an FP8 plan's partial states cannot be merged with it; merge them with a bf16 or fp16 plan of "
+                    "the same layout (its dtype that of O)");
     FLASHATTN_TRY(check_merge_args(plan->problem, m));
     const bool on_host = plan->backend->id == FLASHATTN_BACKEND_CPU;
     const Backend *merger = on_host ? cpu_backend() : fa2_backend();

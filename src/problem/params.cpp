@@ -31,6 +31,20 @@ const KeyInfo *variant_key_info(int key) {
     return &table[index];
 }
 
+// The FP8 keys (64..69, since 0.3). -1: resolved at finalize (the defaults depend on the dtype and
+// heads_kv).
+constexpr int kFirstFp8Key = FLASHATTN_I64_OUTPUT_DTYPE;
+const KeyInfo *fp8_key_info(int key) {
+    static const KeyInfo table[] = {
+        /* OUTPUT_DTYPE */ {"FLASHATTN_I64_OUTPUT_DTYPE", FLASHATTN_DTYPE_FP16, FLASHATTN_DTYPE_FP8_E4M3, -1},
+        /* DESCALE_BATCH_STRIDE */ {"FLASHATTN_I64_DESCALE_BATCH_STRIDE", 0, kNoMax, -1},
+        /* DESCALE_HEAD_STRIDE */ {"FLASHATTN_I64_DESCALE_HEAD_STRIDE", 0, kNoMax, -1},
+    };
+    const int index = key - kFirstFp8Key;
+    if (index < 0 || index >= static_cast<int>(sizeof table / sizeof table[0]) || key >= kMaxI64Key) return nullptr;
+    return &table[index];
+}
+
 // Indexed by key value; entries with a null name are not keys.
 const KeyInfo *key_info(int key) {
     static const KeyInfo table[kFirstVariantKey] = {
@@ -95,6 +109,7 @@ const KeyInfo *key_info(int key) {
         /* ROTARY_DIM */ {"FLASHATTN_I64_ROTARY_DIM", 0, 256, 0},
         /* ROTARY_INTERLEAVED */ {"FLASHATTN_I64_ROTARY_INTERLEAVED", 0, 1, 0},
     };
+    if (key >= kFirstFp8Key) return fp8_key_info(key);
     if (key >= kFirstVariantKey) return variant_key_info(key);
     if (key < 0 || table[key].name == nullptr) return nullptr;
     return &table[key];
@@ -130,8 +145,8 @@ int64_t i64_default(int key) {
 flashattn_status_t check_i64_value(int key, int64_t value) {
     const KeyInfo *info = key_info(key);
     if (info == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "key: %d is not a flashattn_i64_param_t value", key);
-    if (key == FLASHATTN_I64_DTYPE && value == 0)
-        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: 0 is not a flashattn_dtype_t value for FLASHATTN_I64_DTYPE");
+    if ((key == FLASHATTN_I64_DTYPE || key == FLASHATTN_I64_OUTPUT_DTYPE) && value == 0)
+        return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: 0 is not a flashattn_dtype_t value for %s", info->name);
     if (value < info->min || value > info->max) {
         if (is_stride_key(key))
             return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: %s must be at least 1 element (got %lld)", info->name, (long long)value);

@@ -21,6 +21,7 @@ struct TensorExtents {
     size_t q = 0, k = 0, v = 0, o = 0, lse = 0;
     size_t dout = 0, dq = 0, dk = 0, dv = 0;  // the backward's tensors
     size_t page_table = 0, seqused_k = 0, k_new = 0, v_new = 0, rotary = 0;  // serving (0 when unused)
+    size_t descale = 0;  // each FP8 descale array (0 when the plan is not FP8)
 };
 
 // The serving features (issue 18): a paged K/V cache, per-sequence key counts, rows appended to
@@ -69,6 +70,11 @@ struct Problem {
     int64_t sink_tokens = 0;      // the first n keys escape the left window
     bool sink_logits = false;     // a per-head sink logit joins the softmax denominator
     bool alibi = false;           // per-head ALiBi slopes
+    // FP8 (problem/fp8.cpp; since 0.3): O's own element type (dtype's except for FP8 inputs) and
+    // the layout of the descale arrays, in floats per sequence and per key/value head.
+    flashattn_dtype_t o_dtype = FLASHATTN_DTYPE_FP16;
+    int64_t descale_batch_stride = 0;
+    int64_t descale_head_stride = 0;
 
     int64_t group_size() const { return heads_q / heads_kv; }  // query heads per key/value head
     // Extents of the tensors' row and batch axes: varlen packs every sequence along the rows
@@ -78,7 +84,9 @@ struct Problem {
     int64_t batch_extent() const { return varlen ? 1 : batch; }
     // Query rows of all sequences, per head: the row count of the LSE and split-KV layouts.
     int64_t total_query_rows() const { return varlen ? total_q : batch * seqlen_q; }
-    size_t element_size() const;
+    size_t element_size() const;  // of Q, K, V (and of the backward's tensors)
+    size_t o_element_size() const;  // of O
+    bool fp8() const { return dtype == FLASHATTN_DTYPE_FP8_E4M3; }
     bool has_mask() const { return causal || window_left >= 0 || window_right >= 0; }
     // K and V's outer dimension and rows: pages of page_size keys when paged; otherwise those of
     // the batch (one packed "batch" when varlen).
@@ -125,6 +133,10 @@ struct Tensors {
     const void *v_new = nullptr;
     const float *rotary_cos = nullptr;
     const float *rotary_sin = nullptr;
+    // FP8 plans: fp32 descale factors laid out per (sequence, key/value head); null otherwise.
+    const float *descale_q = nullptr;
+    const float *descale_k = nullptr;
+    const float *descale_v = nullptr;
 };
 
 // The keys query `row` (0-based within its sequence of length sq, against sk keys) may see form

@@ -8,6 +8,7 @@
 #include "base/checked_math.h"
 #include "base/status.h"
 #include "base/workspace.h"
+#include "problem/fp8.h"
 #include "problem/variants.h"
 
 namespace flashattn {
@@ -19,6 +20,8 @@ size_t Problem::element_size() const {
         default: return 2;
     }
 }
+
+size_t Problem::o_element_size() const { return o_dtype == FLASHATTN_DTYPE_FP32 ? 4 : o_dtype == FLASHATTN_DTYPE_FP8_E4M3 ? 1 : 2; }
 
 namespace {
 
@@ -76,7 +79,7 @@ flashattn_status_t require(const PlanParams &params, flashattn_i64_param_t key) 
 flashattn_status_t check_extents(const Problem &p) {
     const int64_t rows_q = p.q_rows();
     const int64_t rows_k = p.k_rows();
-    const int64_t es = static_cast<int64_t>(p.element_size());
+    const int64_t es_in = static_cast<int64_t>(p.element_size());
     const struct { int64_t rows, heads, dim; const Strides &s; const char *name; } tensors[] = {
         {rows_q, p.heads_q, p.head_dim, p.q, "Q"}, {rows_k, p.heads_kv, p.head_dim, p.k, "K"},
         {rows_k, p.heads_kv, p.head_dim_v, p.v, "V"}, {rows_q, p.heads_q, p.head_dim_v, p.o, "O"},
@@ -88,6 +91,7 @@ flashattn_status_t check_extents(const Problem &p) {
         const int64_t outer = cache ? p.kv_outer() : p.batch;
         const int64_t rows = cache ? p.kv_rows() : t.rows;
         const bool packed = p.varlen && !(cache && p.serving.paged);
+        const int64_t es = t.name[0] == 'O' ? static_cast<int64_t>(p.o_element_size()) : es_in;
         if (!tensor_end(outer, rows, t.heads, t.dim, t.s, packed, &end) || !mul_add(end, es, 0, &bytes))
             return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: its size in bytes overflows 64 bits", t.name);
         // A stride of a dimension of extent 1 adds nothing to the size above but is still multiplied
@@ -99,6 +103,7 @@ flashattn_status_t check_extents(const Problem &p) {
                             (long long)stride);
     }
     const Serving &sv = p.serving;
+    const int64_t es = es_in;
     if (sv.appends()) {
         int64_t end, bytes;
         if (!tensor_end(p.batch, sv.new_rows, p.heads_kv, p.head_dim, sv.k_new, false, &end) || !mul_add(end, es, 0, &bytes))
@@ -278,6 +283,7 @@ flashattn_status_t resolve_problem(const PlanParams &params, Problem *out) {
     for (const auto &t : tensors) FLASHATTN_TRY(resolve_strides(params, t.keys, t.rows, t.heads, t.dim, t.out));
     p.deterministic = params.get(FLASHATTN_I64_DETERMINISTIC, 0) != 0;
     resolve_variants(params, &p);
+    FLASHATTN_TRY(resolve_fp8(params, &p));
     FLASHATTN_TRY(resolve_append(params, &p));
     FLASHATTN_TRY(check_extents(p));
     if (p.serving.appends()) {  // the caches are written: no element may be reached twice
@@ -325,7 +331,8 @@ TensorExtents tensor_extents(const Problem &p) {
     e.k_new = new_rows_bytes(p.head_dim, sv.k_new);
     e.v_new = new_rows_bytes(p.head_dim_v, sv.v_new);
     e.rotary = static_cast<size_t>(p.seqlen_k * (sv.rotary_dim / 2)) * sizeof(float);
-    e.o = bytes(rows_q, p.heads_q, p.head_dim_v, p.o);
+    e.o = bytes(rows_q, p.heads_q, p.head_dim_v, p.o) / es * p.o_element_size();
+    e.descale = fp8_descale_bytes(p);
     e.lse = static_cast<size_t>(p.batch_extent() * p.heads_q * rows_q) * sizeof(float);
     e.dout = bytes(rows_q, p.heads_q, p.head_dim_v, p.dout);
     e.dq = bytes(rows_q, p.heads_q, p.head_dim, p.dq);

@@ -23,7 +23,8 @@ using Libdl
 export Plan, FlashAttnError, attention, attention_varlen, execute!, execute_varlen!, finalize!,
        set_i64!, set_f64!, get_i64, get_f64, backend, workspace_size,
        attention_backward, attention_varlen_backward, backward!, backward_varlen!, backward_backend,
-       backward_workspace_size, execute_args!, backward_args!, execute_variants!, backward_variants!, merge_states!
+       backward_workspace_size, execute_args!, backward_args!, execute_variants!, backward_variants!, merge_states!,
+       rotate_hadamard!
 
 # ---------------------------------------------------------------------------------------------
 # Types and constants (values pinned by the ABI)
@@ -112,6 +113,9 @@ const FLASHATTN_I64_MASK_ALIGN = flashattn_i64_param_t(60)
 const FLASHATTN_I64_SINK_TOKENS = flashattn_i64_param_t(61)
 const FLASHATTN_I64_SINK_LOGITS = flashattn_i64_param_t(62)
 const FLASHATTN_I64_ALIBI = flashattn_i64_param_t(63)
+const FLASHATTN_I64_OUTPUT_DTYPE = flashattn_i64_param_t(64)
+const FLASHATTN_I64_DESCALE_BATCH_STRIDE = flashattn_i64_param_t(65)
+const FLASHATTN_I64_DESCALE_HEAD_STRIDE = flashattn_i64_param_t(66)
 
 const flashattn_mask_align_t = Cint
 const FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT = flashattn_mask_align_t(0)
@@ -143,6 +147,9 @@ const FLASHATTN_ARG_DOUT = flashattn_arg_t(30)
 const FLASHATTN_ARG_DQ = flashattn_arg_t(31)
 const FLASHATTN_ARG_DK = flashattn_arg_t(32)
 const FLASHATTN_ARG_DV = flashattn_arg_t(33)
+const FLASHATTN_ARG_DESCALE_Q = flashattn_arg_t(40)
+const FLASHATTN_ARG_DESCALE_K = flashattn_arg_t(41)
+const FLASHATTN_ARG_DESCALE_V = flashattn_arg_t(42)
 
 "Opaque `flashattn_args_t` (since 0.3): only used behind `Ptr{flashattn_args_t}`."
 const flashattn_args_t = Cvoid
@@ -170,13 +177,13 @@ const FUNCTIONS = (:flashattn_status_string, :flashattn_last_error, :flashattn_l
                    :flashattn_plan_execute_backward_varlen,
                    :flashattn_args_create, :flashattn_args_destroy, :flashattn_args_set,
                    :flashattn_args_get, :flashattn_plan_execute_args, :flashattn_plan_execute_backward_args,
-                   :flashattn_plan_merge_states)
+                   :flashattn_plan_merge_states, :flashattn_rotate_hadamard)
 # Added after 0.1: an older library still loads, and calling one of these throws.
 const SINCE_0_2 = (:flashattn_plan_get_backward_backend, :flashattn_plan_get_backward_workspace_size,
                    :flashattn_plan_execute_backward, :flashattn_plan_execute_backward_varlen,
                    :flashattn_args_create, :flashattn_args_destroy, :flashattn_args_set,
                    :flashattn_args_get, :flashattn_plan_execute_args, :flashattn_plan_execute_backward_args,
-                   :flashattn_plan_merge_states)  # the last seven since 0.3
+                   :flashattn_plan_merge_states, :flashattn_rotate_hadamard)  # the last eight since 0.3
 
 const _handle = Ref{Ptr{Cvoid}}(C_NULL)
 const _path = Ref{String}("")
@@ -289,6 +296,7 @@ flashattn_args_set(args, which, ptr) = ccall(fptr(:flashattn_args_set), flashatt
 flashattn_args_get(args, which, ptr) = ccall(fptr(:flashattn_args_get), flashattn_status_t, (Ptr{flashattn_args_t}, flashattn_arg_t, Ptr{Ptr{Cvoid}}), args, which, ptr)
 flashattn_plan_execute_args(plan, args, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_args), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{flashattn_args_t}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, args, workspace, workspace_bytes, stream)
 flashattn_plan_execute_backward_args(plan, args, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_plan_execute_backward_args), flashattn_status_t, (Ptr{flashattn_plan_t}, Ptr{flashattn_args_t}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, args, workspace, workspace_bytes, stream)
+flashattn_rotate_hadamard(dtype, rows, dim, src, src_row_stride, dst, dst_row_stride, seed, device, stream) = ccall(fptr(:flashattn_rotate_hadamard), flashattn_status_t, (flashattn_dtype_t, Int64, Int64, Ptr{Cvoid}, Int64, Ptr{Cvoid}, Int64, UInt64, Int32, flashattn_stream_t), dtype, rows, dim, src, src_row_stride, dst, dst_row_stride, seed, device, stream)
 flashattn_plan_merge_states(plan, num_partials, partial_o, partial_lse, partial_dtype, o, lse, stream) = ccall(fptr(:flashattn_plan_merge_states), flashattn_status_t, (Ptr{flashattn_plan_t}, Int32, Ptr{Ptr{Cvoid}}, Ptr{Ptr{Cfloat}}, flashattn_dtype_t, Ptr{Cvoid}, Ptr{Cfloat}, flashattn_stream_t), plan, num_partials, partial_o, partial_lse, partial_dtype, o, lse, stream)
 
 # ---------------------------------------------------------------------------------------------
@@ -372,7 +380,9 @@ const I64_KEYS = Dict{Symbol,flashattn_i64_param_t}(
     :v_new_head_stride => FLASHATTN_I64_V_NEW_HEAD_STRIDE, :rotary_dim => FLASHATTN_I64_ROTARY_DIM,
     :rotary_interleaved => FLASHATTN_I64_ROTARY_INTERLEAVED,
     :mask_align => FLASHATTN_I64_MASK_ALIGN, :sink_tokens => FLASHATTN_I64_SINK_TOKENS,
-    :sink_logits => FLASHATTN_I64_SINK_LOGITS, :alibi => FLASHATTN_I64_ALIBI)
+    :sink_logits => FLASHATTN_I64_SINK_LOGITS, :alibi => FLASHATTN_I64_ALIBI,
+    :output_dtype => FLASHATTN_I64_OUTPUT_DTYPE, :descale_batch_stride => FLASHATTN_I64_DESCALE_BATCH_STRIDE,
+    :descale_head_stride => FLASHATTN_I64_DESCALE_HEAD_STRIDE)
 const F64_KEYS = Dict{Symbol,flashattn_f64_param_t}(
     :softmax_scale => FLASHATTN_F64_SOFTMAX_SCALE, :scale => FLASHATTN_F64_SOFTMAX_SCALE,
     :softcap => FLASHATTN_F64_SOFTCAP)
@@ -600,6 +610,9 @@ const _SERVING_ARGS = (:lse => FLASHATTN_ARG_LSE, :cu_seqlens_q => FLASHATTN_ARG
 _address(x::Nothing) = C_NULL
 # The attention variants' per-head Float32 arrays (since 0.3), for execute_args! and backward_args!.
 const _VARIANT_ARGS = (:sink_logits => FLASHATTN_ARG_SINK_LOGITS, :alibi_slopes => FLASHATTN_ARG_ALIBI_SLOPES)
+# FP8 plans' Float32 descale arrays (since 0.3), laid out by descale_batch_stride / descale_head_stride.
+const _FP8_ARGS = (:descale_q => FLASHATTN_ARG_DESCALE_Q, :descale_k => FLASHATTN_ARG_DESCALE_K,
+                   :descale_v => FLASHATTN_ARG_DESCALE_V)
 _address(x::Ptr) = convert(Ptr{Cvoid}, x)
 _address(x::DenseArray) = convert(Ptr{Cvoid}, pointer(x))
 
@@ -613,11 +626,13 @@ _address(x::DenseArray) = convert(Ptr{Cvoid}, pointer(x))
 arrays (kept alive for the call) or raw pointers; `nothing` leaves one unset. `workspace`: an
 array, a raw pointer with `workspace_bytes`, or `nothing` (a host workspace allocated for the call). With new_kv_rows > 0
 the caches `k`, `v` are written at each sequence's `seqused_k`, which the library never writes:
-advance it by new_kv_rows after the call. Nothing is checked here beyond what the library checks.
+advance it by new_kv_rows after the call. FP8 plans (since 0.3) take `q`, `k`, `v` as E4M3 bytes
+(`UInt8` arrays) and `descale_q`, `descale_k`, `descale_v` (Float32). Nothing is checked here beyond
+what the library checks.
 """
 function execute_args!(plan::Plan, q, k, v, o; workspace=nothing, workspace_bytes::Integer=0, stream::Ptr=C_NULL,
                        tensors...)
-    known = Dict((_SERVING_ARGS..., _VARIANT_ARGS...))
+    known = Dict((_SERVING_ARGS..., _VARIANT_ARGS..., _FP8_ARGS...))
     for name in keys(tensors)
         haskey(known, name) || throw(ArgumentError("execute_args!: unknown tensor $name"))
     end
@@ -830,6 +845,24 @@ function backward_variants!(plan::Plan, q::DenseArray{T}, k::DenseArray{T}, v::D
     backward_args!(plan, q, k, v, o, dout, lse, dq, dk, dv; cu_seqlens_q=cq, cu_seqlens_k=ck, sink_logits=sink_logits,
                    alibi_slopes=alibi_slopes, dsink_logits=dsink_logits, workspace=workspace)
     return dq, dk, dv
+end
+
+"""
+    rotate_hadamard!(x, dim; seed=0)
+
+`flashattn_rotate_hadamard` (since 0.3) on a host array: each run of `dim` consecutive elements
+(a row; `dim` a power of two in [8, 256], `length(x)` a multiple of it) is rotated in place by the
+random-sign Hadamard matrix of `seed` scaled by 1/sqrt(dim). Rotating Q and K with one seed leaves
+Q·Kᵀ unchanged and spreads outliers before FP8 quantization. Returns `x`.
+"""
+function rotate_hadamard!(x::DenseArray{T}, dim::Integer; seed::Integer=0) where {T}
+    (dim > 0 && length(x) % dim == 0) || throw(ArgumentError("x: $(length(x)) elements is not a whole number of rows of dim = $dim"))
+    GC.@preserve x begin
+        p = convert(Ptr{Cvoid}, pointer(x))
+        check(flashattn_rotate_hadamard(dtype_of(T), Int64(length(x) ÷ dim), Int64(dim), p, Int64(dim), p, Int64(dim),
+                                        UInt64(seed), Int32(-1), C_NULL), "flashattn_rotate_hadamard")
+    end
+    return x
 end
 
 """

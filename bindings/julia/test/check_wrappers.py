@@ -26,6 +26,7 @@ SCALARS = {
     "int64_t": {"Int64"},
     "int32_t": {"Int32", "Cint"},
     "uint32_t": {"UInt32", "Cuint"},
+    "uint64_t": {"UInt64"},
     "double": {"Cdouble", "Float64"},
     "float": {"Cfloat", "Float32"},
     "char": {"Cchar"},

@@ -21,6 +21,7 @@ from ._capi import (AllocationError, Arg, Backend, DeviceError, DType, F64, Flas
                     status_string, version, version_string)
 from ._plan import Plan
 from ._attention import attention
+from ._rotate import rotate_hadamard
 
 
 def flash_attn_func(q, k, v, **kwargs):
@@ -38,7 +39,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 
 __all__ = [
-    "attention", "flash_attn_func", "flash_attn_varlen_func", "Plan", "Status", "DType", "Backend", "I64", "F64",
+    "attention", "rotate_hadamard", "flash_attn_func", "flash_attn_varlen_func", "Plan", "Status", "DType", "Backend", "I64", "F64",
     "MaskAlign", "Arg",
     "FlashAttnError", "InvalidArgumentError", "NotSupportedError", "InvalidStateError", "AllocationError",
     "DeviceError", "InsufficientWorkspaceError", "InternalError", "LibraryNotFoundError",

@@ -99,6 +99,9 @@ class I64(enum.IntEnum):
     SINK_TOKENS = 61
     SINK_LOGITS = 62
     ALIBI = 63
+    OUTPUT_DTYPE = 64  # since 0.3: FP8 inputs
+    DESCALE_BATCH_STRIDE = 65
+    DESCALE_HEAD_STRIDE = 66
 
 
 class MaskAlign(enum.IntEnum):
@@ -129,6 +132,9 @@ class Arg(enum.IntEnum):
     DQ = 31
     DK = 32
     DV = 33
+    DESCALE_Q = 40  # since 0.3: FP8 plans' float32 descale factors
+    DESCALE_K = 41
+    DESCALE_V = 42
 
 
 class F64(enum.IntEnum):
@@ -353,6 +359,9 @@ PROTOTYPES = {
     "flashattn_plan_merge_states": (c_status, [c_plan_p, ctypes.c_int32, P(ctypes.c_void_p),
                                                P(P(ctypes.c_float)), c_enum, ctypes.c_void_p, P(ctypes.c_float),
                                                c_stream]),
+    "flashattn_rotate_hadamard": (c_status, [c_enum, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                                             ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int32,
+                                             c_stream]),
 }
 
 
@@ -369,6 +378,7 @@ SINCE = {
     "flashattn_plan_execute_args": "0.3",
     "flashattn_plan_execute_backward_args": "0.3",
     "flashattn_plan_merge_states": "0.3",
+    "flashattn_rotate_hadamard": "0.3",
 }
 
 

@@ -62,6 +62,7 @@ def _key(key):
 # that must be contiguous.
 _SERVING_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "page_table", "seqused_k", "k_new", "v_new", "rotary_cos", "rotary_sin")
 _VARIANT_ARGS = ("sink_logits", "alibi_slopes")  # float32 [heads_q] (since 0.3)
+_FP8_ARGS = ("descale_q", "descale_k", "descale_v")  # float32, FP8 plans (since 0.3)
 _CONTIGUOUS_ARGS = ("lse", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "rotary_cos", "rotary_sin")
 
 
@@ -231,6 +232,8 @@ class Plan:
         g = self.get_i64
         varlen = g(I64.VARLEN) == 1
         es = 4 if g(I64.DTYPE) == DType.FP32 else (1 if g(I64.DTYPE) == DType.FP8_E4M3 else 2)
+        out_dtype = DType(g(I64.OUTPUT_DTYPE))
+        es_o = 4 if out_dtype == DType.FP32 else 2
         batch = g(I64.BATCH)
         rows_q = g(I64.TOTAL_Q) if varlen else g(I64.SEQLEN_Q)
         rows_k = g(I64.TOTAL_K) if varlen else g(I64.SEQLEN_K)
@@ -241,7 +244,7 @@ class Plan:
             end = dim + (rows - 1) * g(I64[prefix + "_ROW_STRIDE"]) + (heads - 1) * g(I64[prefix + "_HEAD_STRIDE"])
             if not varlen:
                 end += (batch - 1) * g(I64[prefix + "_BATCH_STRIDE"])
-            return end * es
+            return end * (es_o if prefix == "O" else es)
 
         def new_rows_span(prefix, dim):  # K_new / V_new: [batch, new_kv_rows, heads_kv, dim]
             n = g(I64.NEW_KV_ROWS)
@@ -260,6 +263,12 @@ class Plan:
                "k_new": new_rows_span("K", d), "v_new": new_rows_span("V", dv),
                "rotary_cos": g(I64.SEQLEN_K) * (g(I64.ROTARY_DIM) // 2) * 4}
         ext["rotary_sin"] = ext["rotary_cos"]
+        ext["o_dtype"] = out_dtype
+        descale = 0
+        if ext["dtype"] == DType.FP8_E4M3:
+            descale = ((batch - 1) * g(I64.DESCALE_BATCH_STRIDE) + (hkv - 1) * g(I64.DESCALE_HEAD_STRIDE) + 1) * 4
+        for name in _FP8_ARGS:
+            ext[name] = descale
         if g(I64.PAGED_KV):  # the caches are [num_pages, page_size, heads_kv, dim]; the batch stride steps pages
             pages, page = g(I64.NUM_PAGES), g(I64.PAGE_SIZE)
             for name, prefix, dim in (("k", "K", d), ("v", "V", dv)):
@@ -280,10 +289,16 @@ class Plan:
                 raise ValueError("%s: %s, but the plan runs on backend '%s'"
                                  % (name, ref.describe(), chosen.name.lower()))
             key = "cu" if name.startswith("cu_seqlens") else name
-            if name in ("q", "k", "v", "o", "dout", "dq", "dk", "dv", "k_new", "v_new"):
+            if name == "o" and ext["o_dtype"] != ext["dtype"]:  # FP8 plans: O is bf16 or fp16
+                if ref.flash_dtype != ext["o_dtype"]:
+                    raise TypeError("o: %s, but the plan's output dtype is %s" % (ref.describe(), ext["o_dtype"].name.lower()))
+            elif name in ("q", "k", "v") and ext["dtype"] == DType.FP8_E4M3:
+                if ref.flash_dtype != DType.FP8_E4M3 and ref.dtype_name not in ("uint8", "int8"):
+                    raise TypeError("%s: %s, but the plan's dtype is fp8_e4m3 (E4M3 bytes)" % (name, ref.describe()))
+            elif name in ("q", "k", "v", "o", "dout", "dq", "dk", "dv", "k_new", "v_new"):
                 if ref.flash_dtype != ext["dtype"]:
                     raise TypeError("%s: %s, but the plan's dtype is %s" % (name, ref.describe(), ext["dtype"].name.lower()))
-            elif name in ("lse", "rotary_cos", "rotary_sin") + _VARIANT_ARGS + ("dsink_logits",) and \
+            elif name in ("lse", "rotary_cos", "rotary_sin") + _VARIANT_ARGS + _FP8_ARGS + ("dsink_logits",) and \
                     ref.dtype_name != "float32":
                 raise TypeError("%s: %s; it must be float32" % (name, ref.describe()))
             elif name in ("cu_seqlens_q", "cu_seqlens_k", "page_table", "seqused_k") and ref.dtype_name != "int32":
@@ -344,14 +359,16 @@ class Plan:
     def execute_args(self, q, k, v, o, lse=None, workspace=None, stream=None, **tensors):
         """flashattn_plan_execute_args: the one call for paged K/V caches, seqused_k and the append
         of new K/V rows with a rotary embedding, and for the sink logits and ALiBi slopes of the
-        attention variants (any plan may use it). Keyword tensors (as in execute()): sink_logits
+        attention variants (any plan may use it), and for FP8 plans (descale_q, descale_k,
+        descale_v: float32 laid out by I64.DESCALE_BATCH_STRIDE / _HEAD_STRIDE; q, k, v as E4M3
+        bytes: uint8 or float8_e4m3fn arrays; o in I64.OUTPUT_DTYPE). Keyword tensors (as in execute()): sink_logits
         and alibi_slopes (float32 [heads_q]), cu_seqlens_q, cu_seqlens_k, page_table [batch, max_pages_per_sequence] and
         seqused_k [batch] (int32), k_new and v_new [batch, new_kv_rows, heads_kv, dim] (the plan's
         dtype), rotary_cos and rotary_sin [seqlen_k, rotary_dim / 2] (float32). With
         new_kv_rows > 0, k and v are the caches and are written at each sequence's seqused_k;
         seqused_k is never written: advance it by new_kv_rows after the call. workspace None on
         the CPU backend allocates one for this call."""
-        known = _SERVING_ARGS + _VARIANT_ARGS
+        known = _SERVING_ARGS + _VARIANT_ARGS + _FP8_ARGS
         unknown = set(tensors) - set(known)
         if unknown:
             raise TypeError("execute_args: unknown tensors %s (known: %s)" % (sorted(unknown), ", ".join(known)))

@@ -12,9 +12,11 @@ import sys
 
 from ._capi import DType
 
-_FLOAT_DTYPES = {"float16": DType.FP16, "bfloat16": DType.BF16, "float32": DType.FP32}
+# E4M3 arrays: torch.float8_e4m3fn or ml_dtypes' float8_e4m3fn; raw uint8 bytes are accepted as
+# FP8 by the plan's check (Plan._check_refs) since numpy has no FP8 type of its own.
+_FLOAT_DTYPES = {"float16": DType.FP16, "bfloat16": DType.BF16, "float32": DType.FP32, "float8_e4m3fn": DType.FP8_E4M3}
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4, "uint8": 1, "int8": 1, "int64": 8,
-             "float64": 8}
+             "float64": 8, "float8_e4m3fn": 1}
 
 
 class TensorRef:
@@ -97,7 +99,7 @@ def _from_numpy(arr, name):
 
 _TORCH_DTYPES = {"torch.float16": "float16", "torch.bfloat16": "bfloat16", "torch.float32": "float32",
                  "torch.int32": "int32", "torch.uint8": "uint8", "torch.int64": "int64",
-                 "torch.float64": "float64", "torch.int8": "int8"}
+                 "torch.float64": "float64", "torch.int8": "int8", "torch.float8_e4m3fn": "float8_e4m3fn"}
 
 
 def _from_torch(t, name):

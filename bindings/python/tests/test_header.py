@@ -24,7 +24,7 @@ def expected_ctype(c_type):
     if c_type in ENUM_TYPES:
         return ctypes.c_int
     plain = {"void": None, "size_t": ctypes.c_size_t, "int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32,
-             "uint32_t": ctypes.c_uint32, "double": ctypes.c_double, "const char*": ctypes.c_char_p,
+             "uint32_t": ctypes.c_uint32, "uint64_t": ctypes.c_uint64, "double": ctypes.c_double, "const char*": ctypes.c_char_p,
              "char*": ctypes.c_char_p, "float*": ctypes.POINTER(ctypes.c_float),
              "const float*": ctypes.POINTER(ctypes.c_float),
              "int32_t*": ctypes.POINTER(ctypes.c_int32), "const int32_t*": ctypes.POINTER(ctypes.c_int32),

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "backends/cpu/cpu_backward.h"
+#include "backends/cpu/cpu_fp8.h"
 #include "backends/cpu/cpu_kernel.h"
 #include "backends/cpu/cpu_merge.h"
 #include "backends/cpu/cpu_serving.h"
@@ -46,6 +47,7 @@ struct CpuPlan : BackendPlan {
     int rotated_q = -1;    // the slice holding Q rotated, when the plan has a rotary embedding
     bool gpu_present = false;  // then every pointer must be checked to be host memory
     cpu::BackwardPlan backward;  // laid out in backward_workspace when the backward can run
+    cpu::Fp8Staging fp8;   // FP8 plans: the fp32 problem run and its copies (cpu_fp8.h)
 };
 
 cpu::TileShape choose_shape(const Problem &p) {
@@ -91,6 +93,7 @@ int64_t choose_pack(const Problem &p, int block_m, int64_t threads) {
 }
 
 std::string cpu_unsupported_reason(const Problem &p, const DeviceInfo &) {
+    if (p.fp8()) return cpu::fp8_unsupported_reason(p);
     return cpu::unsupported_reason(p);
 }
 
@@ -110,8 +113,11 @@ int64_t choose_threads(const Problem &p, int64_t items) {
     return macs < kSerialMacs && forced < 1 ? 1 : threads;
 }
 
-flashattn_status_t cpu_make_plan(const Problem &p, const DeviceInfo &dev, std::unique_ptr<BackendPlan> *out) {
+flashattn_status_t cpu_make_plan(const Problem &fp8_or_p, const DeviceInfo &dev, std::unique_ptr<BackendPlan> *out) {
     auto plan = std::make_unique<CpuPlan>();
+    // An FP8 plan is planned and run as the fp32 problem of its dequantized copies.
+    if (fp8_or_p.fp8()) plan->fp8.staged = cpu::fp8_staged_problem(fp8_or_p);
+    const Problem &p = fp8_or_p.fp8() ? plan->fp8.staged : fp8_or_p;
     plan->shape = choose_shape(p);
     // Every count execute forms must fit in int64: the rows of all packed heads of the longest
     // sequence, and the work items of both passes (batch x heads x tiles).
@@ -127,8 +133,9 @@ flashattn_status_t cpu_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     plan->slot_bytes = align_up(cpu::scratch_bytes(p, plan->shape), kWorkspaceAlignment);
     plan->scratch = plan->workspace.add("cpu per-thread scratch", static_cast<size_t>(plan->threads) * plan->slot_bytes);
     if (p.serving.rotary_dim > 0) plan->rotated_q = plan->workspace.add("cpu rotated queries", cpu::rotated_q_bytes(p));
+    if (fp8_or_p.fp8()) FLASHATTN_TRY(cpu::plan_fp8(fp8_or_p, &plan->workspace, &plan->fp8));
     plan->gpu_present = dev.present;
-    if (cpu::backward_unsupported_reason(p).empty())
+    if (!fp8_or_p.fp8() && cpu::backward_unsupported_reason(p).empty())
         plan->backward = cpu::plan_backward(p, plan->threads, &plan->backward_workspace);
     *out = std::move(plan);
     return FLASHATTN_SUCCESS;
@@ -142,7 +149,8 @@ flashattn_status_t check_host_memory(const Tensors &t) {
         {t.dout, "dout"}, {t.dq, "dq"}, {t.dk, "dk"}, {t.dv, "dv"},
         {t.sink_logits, "sink_logits"}, {t.alibi_slopes, "alibi_slopes"}, {t.dsink_logits, "dsink_logits"},
         {t.page_table, "page_table"}, {t.seqused_k, "seqused_k"}, {t.k_new, "k_new"}, {t.v_new, "v_new"},
-        {t.rotary_cos, "rotary_cos"}, {t.rotary_sin, "rotary_sin"}};
+        {t.rotary_cos, "rotary_cos"}, {t.rotary_sin, "rotary_sin"},
+        {t.descale_q, "descale_q"}, {t.descale_k, "descale_k"}, {t.descale_v, "descale_v"}};
     for (const auto &a : all) {
         int32_t owner = -1;
         if (a.ptr != nullptr && memory_kind(a.ptr, &owner) == MemoryKind::device)
@@ -304,9 +312,7 @@ flashattn_status_t check_host_call(const Problem &p, const CpuPlan &plan, const 
     return cpu::check_serving_call(p, t);
 }
 
-flashattn_status_t execute_impl(const Problem &p, const CpuPlan &plan, const Tensors &t) {
-    int64_t rows_q;
-    FLASHATTN_TRY(check_host_call(p, plan, t, &rows_q));
+flashattn_status_t run_forward(const Problem &p, const CpuPlan &plan, const Tensors &t, int64_t rows_q) {
     Job job;
     job.p = &p;
     job.t = &t;
@@ -332,6 +338,18 @@ flashattn_status_t execute_impl(const Problem &p, const CpuPlan &plan, const Ten
     return FLASHATTN_SUCCESS;
 }
 
+flashattn_status_t execute_impl(const Problem &p, const CpuPlan &plan, const Tensors &t) {
+    int64_t rows_q;
+    FLASHATTN_TRY(check_host_call(p, plan, t, &rows_q));
+    if (!plan.fp8.on) return run_forward(p, plan, t, rows_q);
+    // FP8: dequantize into the workspace, run the fp32 problem there, round O into the caller's.
+    FLASHATTN_TRY(cpu::check_fp8_descales(p, t));
+    const Tensors staged = cpu::stage_fp8_inputs(p, plan.fp8, plan.workspace, t);
+    FLASHATTN_TRY(run_forward(plan.fp8.staged, plan, staged, rows_q));
+    cpu::write_fp8_output(p, plan.fp8, plan.workspace, t);
+    return FLASHATTN_SUCCESS;
+}
+
 flashattn_status_t cpu_execute(const Problem &p, const BackendPlan &plan, const Tensors &t) {
     try {
         return execute_impl(p, static_cast<const CpuPlan &>(plan), t);
@@ -343,6 +361,7 @@ flashattn_status_t cpu_execute(const Problem &p, const BackendPlan &plan, const 
 }
 
 std::string cpu_backward_unsupported_reason(const Problem &p, const DeviceInfo &) {
+    if (p.fp8()) return "the cpu backend has no backward pass for FP8 (E4M3) inputs";
     return cpu::backward_unsupported_reason(p);
 }
 

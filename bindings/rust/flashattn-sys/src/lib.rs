@@ -102,6 +102,9 @@ pub const FLASHATTN_I64_MASK_ALIGN: flashattn_i64_param_t = 60;
 pub const FLASHATTN_I64_SINK_TOKENS: flashattn_i64_param_t = 61;
 pub const FLASHATTN_I64_SINK_LOGITS: flashattn_i64_param_t = 62;
 pub const FLASHATTN_I64_ALIBI: flashattn_i64_param_t = 63;
+pub const FLASHATTN_I64_OUTPUT_DTYPE: flashattn_i64_param_t = 64;
+pub const FLASHATTN_I64_DESCALE_BATCH_STRIDE: flashattn_i64_param_t = 65;
+pub const FLASHATTN_I64_DESCALE_HEAD_STRIDE: flashattn_i64_param_t = 66;
 
 pub type flashattn_mask_align_t = c_int;
 pub const FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT: flashattn_mask_align_t = 0;
@@ -152,6 +155,9 @@ pub const FLASHATTN_ARG_DOUT: flashattn_arg_t = 30;
 pub const FLASHATTN_ARG_DQ: flashattn_arg_t = 31;
 pub const FLASHATTN_ARG_DK: flashattn_arg_t = 32;
 pub const FLASHATTN_ARG_DV: flashattn_arg_t = 33;
+pub const FLASHATTN_ARG_DESCALE_Q: flashattn_arg_t = 40;
+pub const FLASHATTN_ARG_DESCALE_K: flashattn_arg_t = 41;
+pub const FLASHATTN_ARG_DESCALE_V: flashattn_arg_t = 42;
 
 /// `flashattn_args_t`: opaque (since 0.3).
 #[repr(C)]
@@ -279,6 +285,18 @@ extern "C" {
         partial_dtype: flashattn_dtype_t,
         o: *mut c_void,
         lse: *mut f32,
+        stream: flashattn_stream_t,
+    ) -> flashattn_status_t;
+    pub fn flashattn_rotate_hadamard(
+        dtype: flashattn_dtype_t,
+        rows: i64,
+        dim: i64,
+        src: *const c_void,
+        src_row_stride: i64,
+        dst: *mut c_void,
+        dst_row_stride: i64,
+        seed: u64,
+        device: i32,
         stream: flashattn_stream_t,
     ) -> flashattn_status_t;
 }

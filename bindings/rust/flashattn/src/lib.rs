@@ -254,6 +254,13 @@ pub enum I64Param {
     SinkLogits = sys::FLASHATTN_I64_SINK_LOGITS,
     /// 1: per-head ALiBi slopes, passed in an [`Args`] as [`Arg::AlibiSlopes`] (since 0.3).
     Alibi = sys::FLASHATTN_I64_ALIBI,
+    /// O's [`DType`] (since 0.3): for FP8 plans `Bf16` (default) or `Fp16`; otherwise the plan's dtype.
+    OutputDtype = sys::FLASHATTN_I64_OUTPUT_DTYPE,
+    /// FP8 plans: f32 elements between sequences in each descale array (default heads_kv; 0 with a
+    /// head stride of 0: one value per tensor) (since 0.3).
+    DescaleBatchStride = sys::FLASHATTN_I64_DESCALE_BATCH_STRIDE,
+    /// FP8 plans: f32 elements between key/value heads in each descale array (default 1) (since 0.3).
+    DescaleHeadStride = sys::FLASHATTN_I64_DESCALE_HEAD_STRIDE,
 }
 
 /// The tensors of [`Plan::execute_args`] (`flashattn_arg_t`, since 0.3).
@@ -280,6 +287,12 @@ pub enum Arg {
     Dq = sys::FLASHATTN_ARG_DQ,
     Dk = sys::FLASHATTN_ARG_DK,
     Dv = sys::FLASHATTN_ARG_DV,
+    /// FP8 plans: f32 descale factors of Q per (sequence, key/value head) (since 0.3).
+    DescaleQ = sys::FLASHATTN_ARG_DESCALE_Q,
+    /// FP8 plans: f32 descale factors of K (since 0.3).
+    DescaleK = sys::FLASHATTN_ARG_DESCALE_K,
+    /// FP8 plans: f32 descale factors of V (since 0.3).
+    DescaleV = sys::FLASHATTN_ARG_DESCALE_V,
 }
 
 /// A set of tensor pointers for [`Plan::execute_args`] (`flashattn_args_t`): every one null when
@@ -1029,6 +1042,37 @@ impl Plan {
                                                partial_dtype.raw(), o, lse,
                                                stream as sys::flashattn_stream_t))
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The incoherent-processing rotation (since 0.3)
+
+/// Rotate each `dim`-long row of the host slice `data` ([rows, dim], contiguous) in place by the
+/// random-sign Hadamard matrix of `seed` scaled by 1/sqrt(dim) (`flashattn_rotate_hadamard`).
+/// Rotating Q and K with one seed leaves Q·Kᵀ unchanged and spreads outliers before FP8
+/// quantization. `dim`: a power of two in [8, 256]; `data.len()` a multiple of it.
+pub fn rotate_hadamard<T: Element>(data: &mut [T], dim: usize, seed: u64) -> Result<()> {
+    if dim == 0 || data.len() % dim != 0 {
+        return Err(Error::new(Status::InvalidArgument,
+            format!("data: {} elements is not a whole number of rows of dim = {}", data.len(), dim)));
+    }
+    let rows = (data.len() / dim) as i64;
+    let ptr = data.as_mut_ptr() as *mut c_void;
+    unsafe { rotate_hadamard_raw(T::DTYPE, rows, dim as i64, ptr, dim as i64, ptr, dim as i64, seed, -1, ptr::null_mut()) }
+}
+
+/// `flashattn_rotate_hadamard` with raw pointers: `device` -1 for host memory, else the CUDA device
+/// holding `src` and `dst` (the kernel is enqueued on `stream`).
+///
+/// # Safety
+/// `src` and `dst` hold `rows` rows of `dim` elements of `dtype` at their row strides, in the
+/// memory `device` names, alive until the work has run; `dst` is `src` (same stride) or apart from it.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn rotate_hadamard_raw(dtype: DType, rows: i64, dim: i64, src: *const c_void, src_row_stride: i64,
+                                  dst: *mut c_void, dst_row_stride: i64, seed: u64, device: i32,
+                                  stream: *mut c_void) -> Result<()> {
+    check(sys::flashattn_rotate_hadamard(dtype.raw(), rows, dim, src, src_row_stride, dst, dst_row_stride, seed, device,
+                                         stream as sys::flashattn_stream_t))
 }
 
 // ---------------------------------------------------------------------------------------------

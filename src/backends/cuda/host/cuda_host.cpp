@@ -96,6 +96,10 @@ DeviceGuard::~DeviceGuard() {
 
 std::string tensor_core_shape_problem(const Problem &p, const char *backend) {
     const std::string who = std::string("the ") + backend + " backend";
+    if (p.fp8())
+        return who + " has no FP8 (E4M3) kernel" +
+               (std::string(backend) == "fa3" ? " in this release yet (issue 17); the cpu backend runs FP8 plans"
+                                              : "; FP8 tensor cores are Hopper's (fa3); the cpu backend runs FP8 plans");
     if (p.dtype != FLASHATTN_DTYPE_FP16 && p.dtype != FLASHATTN_DTYPE_BF16)
         return who + " supports only fp16 and bf16 tensors";
     if (p.head_dim_v != p.head_dim)
