@@ -1,9 +1,11 @@
 // flashattn-bench: options and helpers shared by the CPU and GPU benchmarks.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flashattn/flashattn.h"
@@ -35,7 +37,27 @@ struct Options {
     double budget_s = 230.0;    // wall-clock budget of the whole GPU run; later cells are skipped
     double max_decode_gb = 40.0;
     std::string markdown;       // also write the tables to this file
+    std::string json;           // also write one record per measurement to this file (bench/README.md)
 };
+
+// One measurement of one method on one shape: a record of the --json file. The schema
+// ("flashattn-bench-results/1") is documented in bench/README.md; bench/compare_torch.py writes the
+// same. NaN numbers are written as null.
+struct Record {
+    std::string kind;         // "prefill", "decode", "cpu" or "copy" (the device's copy bandwidth)
+    std::string backend;      // fa1, fa2, fa3, cpu, naive, standard, memcpy (compare_torch: torch-flash, ...)
+    std::string dtype;        // bf16, fp16, fp32 ("" for copy)
+    int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+    bool causal = false;
+    std::string status = "ok";  // ok, n/a, error, oom, bad (wrong result), skipped
+    double ms = std::nan("");   // median time of one call
+    double tflops = std::nan("");  // attention FLOPs / time (prefill, cpu)
+    double gbps = std::nan("");    // bytes / time: K and V read (decode), read + written (copy)
+    double bytes = std::nan("");   // the bytes behind gbps
+    bool reduced = false;       // the first run took over 1 s: median of 3 after 1 warm-up
+    std::string note;           // why a cell is not "ok"
+};
+
 
 // Collects the lines of the tables so they can be written to --markdown as well.
 class Report {
@@ -50,8 +72,15 @@ public:
     bool write(const std::string &path) const;
     const std::string &text() const { return text_; }
 
+    // The --json side: run-wide facts (device, library, timing method) and one record per measurement.
+    void meta(const std::string &key, const std::string &value) { meta_.emplace_back(key, value); }
+    void record(const Record &r) { records_.push_back(r); }
+    bool write_json(const std::string &path, const std::string &tool) const;
+
 private:
     std::string text_;
+    std::vector<std::pair<std::string, std::string>> meta_;
+    std::vector<Record> records_;
 };
 
 std::string format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

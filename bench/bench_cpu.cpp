@@ -217,6 +217,10 @@ int run_cpu(const Options &opt) {
     Report rep;
     rep.line(format("# flashattn-bench --backend cpu (libflashattn %s; %s)", flashattn_version_string(),
                     flashattn_build_info()));
+    rep.meta("library_version", flashattn_version_string());
+    rep.meta("build_info", flashattn_build_info());
+    rep.meta("device", format("CPU, %d hardware threads", cores));
+    rep.meta("timing", format("median of %d run(s) after %d warm-up(s), steady_clock around the call", reps, warmup));
     rep.line("");
     rep.line(format("Shape: batch %lld, heads %lld (q = kv), head dim %lld, fp32, seqlen_q = seqlen_k, "
                     "scale 1/sqrt(%lld), layout [batch, seq, heads, dim] contiguous, LSE %s.",
@@ -325,7 +329,26 @@ int run_cpu(const Options &opt) {
             }
             sc_s.clear();
             sc_kt.clear();
+            auto cpu_record = [&](const char *method, double ms, const char *status, const std::string &note) {
+                Record r;
+                r.kind = "cpu";
+                r.backend = method;
+                r.dtype = "fp32";
+                r.batch = b;
+                r.seqlen_q = r.seqlen_k = n;
+                r.heads_q = r.heads_kv = h;
+                r.head_dim = d;
+                r.causal = causal != 0;
+                r.status = status;
+                r.note = note;
+                if (std::isfinite(ms)) {
+                    r.ms = ms;
+                    r.tflops = flops / (ms * 1e-3) / 1e12;
+                }
+                rep.record(r);
+            };
             const double naive_ms = median(t_naive) * 1e3;
+            cpu_record("naive", naive_ms, "ok", "");
             const double naive_cpu_ms = median(c_naive) * 1e3;
             rep.line(format("| %s | %lld | naive | %.2f | %.1f | %s | 1.00 | %.1f | 1.00 | (reference) | | |",
                             causal ? "yes" : "no", static_cast<long long>(n), naive_ms,
@@ -333,6 +356,7 @@ int run_cpu(const Options &opt) {
             if (st != FLASHATTN_SUCCESS) {
                 rep.line(format("| %s | %lld | flash | ERROR: %s | | | | | | | | |", causal ? "yes" : "no",
                                 static_cast<long long>(n), lib_error(st).c_str()));
+                cpu_record("cpu", std::nan(""), "error", lib_error(st));
                 flashattn_plan_destroy(plan);
                 failed = true;
                 continue;
@@ -359,6 +383,7 @@ int run_cpu(const Options &opt) {
                             naive_cpu_ms / flash_cpu_ms,
                             od.nonfinite ? format("%zu non-finite", od.nonfinite).c_str() : format("%.2e", od.max_abs).c_str(),
                             od.rel_l2, lse_text.c_str()));
+            cpu_record("cpu", flash_ms, bad ? "bad" : "ok", bad ? format("rel L2 %.3e vs naive", od.rel_l2) : "");
             if (bad) {
                 rep.line(format("MISMATCH: flash and naive disagree at causal %d seqlen %lld (rel L2 %.3e, tolerance 1e-4)",
                                 causal, static_cast<long long>(n), od.rel_l2));
@@ -373,6 +398,10 @@ int run_cpu(const Options &opt) {
                         cores, speedup_4096, speedup_4096 >= 2.0 ? "met" : "NOT met", cpu_speedup_4096));
     if (!opt.markdown.empty() && !rep.write(opt.markdown)) {
         std::fprintf(stderr, "flashattn-bench: cannot write %s\n", opt.markdown.c_str());
+        failed = true;
+    }
+    if (!opt.json.empty() && !rep.write_json(opt.json, "flashattn-bench")) {
+        std::fprintf(stderr, "flashattn-bench: cannot write %s\n", opt.json.c_str());
         failed = true;
     }
     return failed ? 1 : 0;

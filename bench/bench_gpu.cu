@@ -57,6 +57,8 @@ const Options *g_options = nullptr;
         g_report->line("(run stopped by a fatal error; see stderr)");
         g_report->write(g_options->markdown);
     }
+    if (g_report != nullptr && g_options != nullptr && !g_options->json.empty())
+        g_report->write_json(g_options->json, "flashattn-bench");  // the records measured so far
     std::exit(4);
 }
 
@@ -729,6 +731,41 @@ std::string cell_text(const Cell &c, double value, const char *fmt) {
     return "?";
 }
 
+// The --json record of one cell: TFLOP/s for prefill (flops > 0), GB/s of K and V for decode.
+Record cell_record(const Cell &c, const char *kind, const std::string &method, const Problem &p, double flops,
+                   double kv_bytes) {
+    Record r;
+    r.kind = kind;
+    r.backend = method;
+    r.dtype = dtype_name(p.dtype);
+    r.batch = p.b;
+    r.seqlen_q = p.sq;
+    r.seqlen_k = p.sk;
+    r.heads_q = p.hq;
+    r.heads_kv = p.hkv;
+    r.head_dim = p.d;
+    r.causal = p.causal;
+    r.reduced = c.reduced;
+    r.note = c.note;
+    switch (c.kind) {
+        case Cell::OK: r.status = cell_bad(c) ? "bad" : "ok"; break;
+        case Cell::NA: r.status = "n/a"; break;
+        case Cell::ERR: r.status = "error"; break;
+        case Cell::OOM: r.status = "oom"; break;
+        case Cell::SKIP:
+        case Cell::NOREF: r.status = "skipped"; break;
+    }
+    if (c.kind == Cell::OK) {
+        r.ms = c.ms;
+        if (flops > 0) r.tflops = flops / (c.ms * 1e-3) / 1e12;
+        if (kv_bytes > 0) {
+            r.bytes = kv_bytes;
+            r.gbps = kv_bytes / (c.ms * 1e-3) / 1e9;
+        }
+    }
+    return r;
+}
+
 void note_cell(Notes &notes, const Cell &c, const std::string &method, const std::string &where) {
     if (c.reduced) notes.any_reduced = true;
     if (c.kind == Cell::NA) notes.na[method + ": " + c.note].insert(where);
@@ -880,9 +917,11 @@ void run_grid(Gpu &g, const Options &opt, const std::vector<flashattn_backend_t>
                     const bool have_ref = want_std && stdc.kind == Cell::OK;
                     std::vector<Cell> cells;
                     double tf[5] = {0, 0, 0, 0, 0};
+                    if (want_std) rep.record(cell_record(stdc, "prefill", "standard", p, flops, 0));
                     for (auto be : gens) {
                         Cell c = skip ? Cell{} : run_gen(g, opt, be, p, bf, reps, warmup, have_ref);
                         if (c.kind == Cell::OK) tf[be] = flops / (c.ms * 1e-3) / 1e12;
+                        rep.record(cell_record(c, "prefill", gen_name(be), p, flops, 0));
                         note_cell(notes, c, gen_name(be), where);
                         row += " " + cell_text(c, tf[be], "%.1f") + " |";
                         cells.push_back(c);
@@ -912,6 +951,39 @@ void run_grid(Gpu &g, const Options &opt, const std::vector<flashattn_backend_t>
 // ---------------------------------------------------------------------------------------------
 // The decode table.
 
+// The copy limit of the decode table: a device-to-device cudaMemcpyAsync of 1 GiB (less when memory
+// is short), timed as the attention methods are; GB/s counts the bytes read plus those written, the
+// DRAM traffic a bandwidth-bound kernel can hope for. 0 when there is no room for the buffers.
+double copy_gbps(Gpu &g, const Options &opt, Report &rep) {
+    const size_t bytes = std::min<size_t>(size_t(1) << 30, usable_free_bytes() / 2);
+    if (bytes < (size_t(64) << 20)) return 0.0;
+    DevBuf src, dst;
+    src.alloc(bytes);
+    dst.alloc(bytes);
+    CK(cudaMemsetAsync(src.ptr, 0, bytes, g.stream));
+    const int warmup = opt.warmup >= 0 ? opt.warmup : 3;
+    const int reps = opt.reps > 0 ? opt.reps : 10;
+    Timing t = time_runs(g, warmup, reps, [&](int) {
+        const cudaError_t e = cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice, g.stream);
+        return e == cudaSuccess ? std::string() : std::string("cudaMemcpyAsync: ") + cudaGetErrorString(e);
+    }, "the device-to-device copy");
+    Record r;
+    r.kind = "copy";
+    r.backend = "memcpy";
+    r.bytes = 2.0 * static_cast<double>(bytes);
+    r.status = t.ok ? "ok" : "error";
+    r.note = t.error;
+    if (!t.ok) {
+        rep.record(r);
+        return 0.0;
+    }
+    r.ms = t.ms;
+    r.gbps = r.bytes / (t.ms * 1e-3) / 1e9;
+    rep.record(r);
+    return r.gbps;
+}
+
+
 void run_decode(Gpu &g, const Options &opt, const std::vector<flashattn_backend_t> &gens, Report &rep,
                 Notes &all_notes, const Clock &clock, double deadline_s) {
     const int warmup = opt.warmup >= 0 ? opt.warmup : 3;
@@ -929,6 +1001,10 @@ void run_decode(Gpu &g, const Options &opt, const std::vector<flashattn_backend_
                     "shapes whose K+V exceed %.0f GB are skipped. The standard baseline reads one set (copies in "
                     "[b, h, s, d]) and is the correctness reference.",
                     l2 / 1e6, opt.max_decode_gb));
+    const double copy = copy_gbps(g, opt, rep);
+    if (copy > 0)
+        rep.line(format("Copy limit: a device-to-device cudaMemcpy (up to 1 GiB) moves %.0f GB/s (bytes read + written).",
+                        copy));
     rep.line("");
     std::string head = "| batch | heads q / kv | seqlen_k | K+V MB | sets |";
     std::string rule = "|---|---|---|---|---|";
@@ -1011,8 +1087,10 @@ void run_decode(Gpu &g, const Options &opt, const std::vector<flashattn_backend_
                 }
                 const bool have_ref = want_std && stdc.kind == Cell::OK;
                 std::vector<Cell> cells;
+                if (want_std) rep.record(cell_record(stdc, "decode", "standard", p, 0, static_cast<double>(kv_bytes)));
                 for (auto be : gens) {
                     Cell c = run_gen(g, opt, be, p, bf, reps, warmup, have_ref);
+                    rep.record(cell_record(c, "decode", gen_name(be), p, 0, static_cast<double>(kv_bytes)));
                     note_cell(notes, c, gen_name(be), where);
                     row += " " + (c.kind == Cell::OK ? format("%.0f (%.1f)", kv_bytes / (c.ms * 1e-3) / 1e9, c.ms * 1e3) +
                                                            (c.reduced ? "*" : "") + (cell_bad(c) ? " BAD" : "")
@@ -1124,8 +1202,13 @@ int run_gpu(const Options &opt) {
     int count = 0;
     const cudaError_t ce = cudaGetDeviceCount(&count);
     if (ce != cudaSuccess || count == 0) {
-        std::fprintf(stderr, "flashattn-bench: no usable CUDA device (%s)\n",
-                     ce != cudaSuccess ? cudaGetErrorString(ce) : "cudaGetDeviceCount reports 0 devices");
+        // The library words the reason for the user ("no NVIDIA driver found", "no CUDA device
+        // found"); the runtime's own text for a missing driver speaks of an insufficient version.
+        int32_t major = 0, minor = 0;
+        const bool lib_sees = flashattn_device_compute_capability(opt.device, &major, &minor) == FLASHATTN_SUCCESS;
+        std::fprintf(stderr, "flashattn-bench: %s\n",
+                     lib_sees ? "the library sees a CUDA device, the benchmark's CUDA runtime does not"
+                              : flashattn_last_error());
         return 2;
     }
     if (opt.device >= count) {
@@ -1169,6 +1252,13 @@ int run_gpu(const Options &opt) {
                     g.device, g.prop.name, g.prop.major, g.prop.minor, g.prop.multiProcessorCount, total_b / 1e9,
                     free_b / 1e9, g.prop.l2CacheSize / 1e6, rt, drv, blas_ver));
     rep.line(format("libflashattn %s (%s).", flashattn_version_string(), flashattn_build_info()));
+    rep.meta("library_version", flashattn_version_string());
+    rep.meta("build_info", flashattn_build_info());
+    rep.meta("device", format("%s, sm_%d%d, %d SMs, %.1f GB, L2 %.0f MB; CUDA runtime %d, driver %d", g.prop.name,
+                              g.prop.major, g.prop.minor, g.prop.multiProcessorCount, total_b / 1e9,
+                              g.prop.l2CacheSize / 1e6, rt, drv));
+    rep.meta("timing", format("median of %d runs after %d warm-ups, CUDA events per run", opt.reps > 0 ? opt.reps : 10,
+                              opt.warmup >= 0 ? opt.warmup : 3));
     rep.line(format("Timing: median of %d runs after %d warm-ups, CUDA events per run, fresh standard-normal inputs "
                     "per cell; FLOPs = 4*b*h*sq*sk*d, halved when causal. LSE %s. standard = cuBLAS "
                     "GemmStridedBatchedEx S = Q K^T (fp32 scores, fp32 compute) + softmax kernel (fp32 math, "
@@ -1194,6 +1284,10 @@ int run_gpu(const Options &opt) {
     CK(cudaStreamDestroy(g.stream));
     if (!opt.markdown.empty() && !rep.write(opt.markdown)) {
         std::fprintf(stderr, "flashattn-bench: cannot write %s\n", opt.markdown.c_str());
+        return 1;
+    }
+    if (!opt.json.empty() && !rep.write_json(opt.json, "flashattn-bench")) {
+        std::fprintf(stderr, "flashattn-bench: cannot write %s\n", opt.json.c_str());
         return 1;
     }
     return notes.failed ? 1 : 0;

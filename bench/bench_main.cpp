@@ -43,6 +43,52 @@ bool Report::write(const std::string &path) const {
     return static_cast<bool>(f);
 }
 
+namespace {
+
+std::string json_string(const std::string &s) {
+    std::string out = "\"";
+    for (unsigned char c : s) {
+        if (c == '"' || c == '\\') {
+            out += '\\';
+            out += static_cast<char>(c);
+        } else if (c < 0x20) {
+            out += format("\\u%04x", c);
+        } else {
+            out += static_cast<char>(c);
+        }
+    }
+    return out + "\"";
+}
+
+std::string json_number(double v) { return std::isfinite(v) ? format("%.6g", v) : std::string("null"); }
+
+std::string json_record(const Record &r) {
+    return format("{\"kind\": %s, \"backend\": %s, \"dtype\": %s, \"batch\": %lld, \"seqlen_q\": %lld, "
+                  "\"seqlen_k\": %lld, \"heads_q\": %lld, \"heads_kv\": %lld, \"head_dim\": %lld, \"causal\": %s, "
+                  "\"status\": %s, \"ms\": %s, \"tflops\": %s, \"gbps\": %s, \"bytes\": %s, \"reduced\": %s, "
+                  "\"note\": %s}",
+                  json_string(r.kind).c_str(), json_string(r.backend).c_str(), json_string(r.dtype).c_str(),
+                  static_cast<long long>(r.batch), static_cast<long long>(r.seqlen_q),
+                  static_cast<long long>(r.seqlen_k), static_cast<long long>(r.heads_q),
+                  static_cast<long long>(r.heads_kv), static_cast<long long>(r.head_dim), r.causal ? "true" : "false",
+                  json_string(r.status).c_str(), json_number(r.ms).c_str(), json_number(r.tflops).c_str(),
+                  json_number(r.gbps).c_str(), json_number(r.bytes).c_str(), r.reduced ? "true" : "false",
+                  json_string(r.note).c_str());
+}
+
+}  // namespace
+
+bool Report::write_json(const std::string &path, const std::string &tool) const {
+    std::ofstream f(path);
+    if (!f) return false;
+    f << "{\n  \"schema\": \"flashattn-bench-results/1\",\n  \"tool\": " << json_string(tool) << ",\n";
+    for (const auto &kv : meta_) f << "  " << json_string(kv.first) << ": " << json_string(kv.second) << ",\n";
+    f << "  \"records\": [";
+    for (size_t i = 0; i < records_.size(); ++i) f << (i ? ",\n    " : "\n    ") << json_record(records_[i]);
+    f << "\n  ]\n}\n";
+    return static_cast<bool>(f);
+}
+
 double median(std::vector<double> v) {
     if (v.empty()) return std::nan("");
     std::sort(v.begin(), v.end());
@@ -117,6 +163,8 @@ void usage(FILE *out) {
         "\n"
         "Both:\n"
         "  --markdown PATH      also write the tables (markdown) to PATH\n"
+        "  --json PATH          also write one JSON record per measurement to PATH (schema in\n"
+        "                       bench/README.md; bench/plot.py draws charts from it)\n"
         "  -h, --help\n",
         out);
 }
@@ -223,6 +271,8 @@ int main(int argc, char **argv) {
             if (*end != '\0' || !(opt.max_decode_gb > 0)) bad_arg(a, v);
         } else if (!std::strcmp(a, "--markdown")) {
             opt.markdown = value(a);
+        } else if (!std::strcmp(a, "--json")) {
+            opt.json = value(a);
         } else {
             std::fprintf(stderr, "flashattn-bench: unknown argument '%s'\n\n", a);
             usage(stderr);

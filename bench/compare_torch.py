@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""libflashattn (fa1/fa2/fa3, through ctypes) against PyTorch SDPA's FLASH_ATTENTION and
-CUDNN_ATTENTION backends, in one run, on the FlashAttention-3 paper's grid and a decode table.
+"""libflashattn (fa1/fa2/fa3, through ctypes) against PyTorch SDPA's FLASH_ATTENTION,
+EFFICIENT_ATTENTION and CUDNN_ATTENTION backends, in one run, on the FlashAttention-3 paper's grid
+and a decode table (with the device's copy bandwidth as its limit).
 
-    python3 bench/compare_torch.py --lib build/src/libflashattn.so --markdown out.md
+    python3 bench/compare_torch.py --lib build/src/libflashattn.so --markdown out.md --json out.json
 
 The library is loaded from --lib, else $FLASHATTN_LIBRARY, else the first build*/src/libflashattn.so
 under the repository. Every method is timed the same way: 3 warm-ups, then a ~2 ms GPU sleep while
@@ -18,6 +19,7 @@ Python binding under bindings/.
 import argparse
 import ctypes
 import glob
+import json
 import math
 import os
 import statistics
@@ -34,6 +36,9 @@ I64 = {
 DTYPE = {"fp16": 1, "bf16": 2}
 BACKEND = {"fa1": 2, "fa2": 3, "fa3": 4}
 GENS = ["fa1", "fa2", "fa3"]
+# PyTorch SDPA backends timed beside the library: (column / JSON name, torch.nn.attention.SDPBackend member).
+TORCH_PEERS = [("torch-flash", "FLASH_ATTENTION"), ("torch-efficient", "EFFICIENT_ATTENTION"),
+               ("cuDNN", "CUDNN_ATTENTION")]
 
 
 class FlashAttnError(RuntimeError):
@@ -142,9 +147,48 @@ class Bench:
             clock_khz = 0
         self.spin_cycles = max(clock_khz, 1_000_000) * 4  # ~4 ms
         self.start = time.monotonic()
+        self.records = []
 
     def elapsed(self):
         return time.monotonic() - self.start
+
+    def record(self, shape, backend, ms, reduced, note, flops=0.0, kv_bytes=0, extra_note=""):
+        """One --json record (schema flashattn-bench-results/1, bench/README.md). ms None: not
+        measured, note says why ("n/a: ...", "ERR: ...", a torch error)."""
+        r = dict(shape, backend=backend, status="ok", ms=None, tflops=None, gbps=None, bytes=None,
+                 reduced=bool(reduced), note=extra_note)
+        if ms is None:
+            r["status"] = "n/a" if not note.startswith("ERR") else "error"
+            if "out of device memory" in note:
+                r["status"] = "oom"
+            r["note"] = note
+        else:
+            r["ms"] = ms
+            if flops:
+                r["tflops"] = flops / (ms * 1e-3) / 1e12
+            if kv_bytes:
+                r["bytes"] = kv_bytes
+                r["gbps"] = kv_bytes / (ms * 1e-3) / 1e9
+        self.records.append(r)
+
+    def copy_gbps(self):
+        """The decode table's copy limit: a device-to-device copy of up to 1 GiB, timed like the
+        methods; GB/s counts bytes read + written. Recorded as kind "copy"."""
+        torch = self.torch
+        free, _ = torch.cuda.mem_get_info()
+        n = min(1 << 30, free // 4)
+        if n < (64 << 20):
+            return None
+        src = torch.zeros(n, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        ms, reduced = self.time_ms(lambda i: dst.copy_(src))
+        del src, dst
+        torch.cuda.empty_cache()
+        gbps = 2 * n / (ms * 1e-3) / 1e9
+        self.records.append(dict(kind="copy", backend="memcpy", dtype="", batch=0, seqlen_q=0, seqlen_k=0,
+                                 heads_q=0, heads_kv=0, head_dim=0, causal=False, status="ok", ms=ms,
+                                 tflops=None, gbps=gbps, bytes=2 * n, reduced=reduced, note=""))
+        return gbps
 
     def time_ms(self, fn, warmup=None, reps=None):
         """Median ms of fn(i) (i = run index, for input rotation) and whether the run was reduced."""
@@ -316,7 +360,7 @@ def prefill_table(bench, lib, gens, dtype_name, out_lines, notes):
     from torch.nn.attention import SDPBackend
     args = bench.args
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
-    peers = ["torch-flash", "cuDNN"] + (["standard"] if args.standard else [])
+    peers = [name for name, _ in TORCH_PEERS] + (["standard"] if args.standard else [])
     head = ["hdim", "causal", "seqlen"] + gens + peers
     ratio_cols = []
     if args.standard:
@@ -349,8 +393,11 @@ def prefill_table(bench, lib, gens, dtype_name, out_lines, notes):
                 v = torch.randn(b, s, h, d, dtype=dt, device="cuda")
                 tf = {}
                 outs = {}
-                for name, be in (("torch-flash", SDPBackend.FLASH_ATTENTION), ("cuDNN", SDPBackend.CUDNN_ATTENTION)):
-                    ms, red, out, note = run_torch(bench, be, [q], [k], [v], bool(causal), False)
+                shape = dict(kind="prefill", dtype=dtype_name, batch=b, seqlen_q=s, seqlen_k=s, heads_q=h,
+                             heads_kv=h, head_dim=d, causal=bool(causal))
+                for name, attr in TORCH_PEERS:
+                    ms, red, out, note = run_torch(bench, getattr(SDPBackend, attr), [q], [k], [v], bool(causal), False)
+                    bench.record(shape, name, ms, red, note, flops=flops)
                     if ms is None:
                         notes.setdefault(f"{name}: {note}", []).append(where)
                         tf[name] = None
@@ -359,6 +406,7 @@ def prefill_table(bench, lib, gens, dtype_name, out_lines, notes):
                         outs[name] = out
                 if args.standard:
                     ms, red, out, note = run_standard(bench, q, k, v, bool(causal))
+                    bench.record(shape, "torch-standard", ms, red, note, flops=flops)
                     tf["standard"] = None if ms is None else (flops / (ms * 1e-3) / 1e12, red)
                     if ms is None:
                         notes.setdefault(f"standard: {note}", []).append(where)
@@ -368,6 +416,7 @@ def prefill_table(bench, lib, gens, dtype_name, out_lines, notes):
                 errs = []
                 for gen in gens:
                     ms, red, out, note = run_lib(bench, lib, gen, [q], [k], [v], bool(causal), dtype_name)
+                    bench.record(shape, gen, ms, red, note, flops=flops)
                     if ms is None:
                         tf[gen] = None
                         notes.setdefault(f"{gen}: {note}", []).append(where)
@@ -380,6 +429,8 @@ def prefill_table(bench, lib, gens, dtype_name, out_lines, notes):
                         errs.append("no ref")
                         continue
                     errs.append(check_against(torch, bench, notes, gen, where, out, ref))
+                    if errs[-1].endswith("BAD"):
+                        bench.records[-1]["status"] = "bad"
                     del out
                 for name in gens + peers:
                     row.append("n/a" if tf.get(name) is None else fmt_val(*tf[name]))
@@ -396,13 +447,19 @@ def decode_table(bench, lib, gens, out_lines, notes):
     args = bench.args
     dt, d, hq = torch.bfloat16, 128, 32
     head = ["batch", "heads q / kv", "seqlen_k", "K+V MB", "sets"] + [f"{g} GB/s (µs)" for g in gens]
-    head += ["torch-flash GB/s (µs)", "cuDNN GB/s (µs)", "max abs err vs torch (" + "/".join(gens) + ")"]
+    head += [f"{name} GB/s (µs)" for name, _ in TORCH_PEERS]
+    head += ["max abs err vs torch (" + "/".join(gens) + ")"]
     emit(out_lines, "")
     emit(out_lines, "## Decode (seqlen_q = 1), bf16, head dim 128: GB/s = bytes of K and V / time")
     emit(out_lines, "")
     emit(out_lines, f"Inputs rotate among enough K/V sets to exceed 3x the {bench.l2 / 1e6:.0f} MB L2; shapes whose "
                     f"K+V exceed {args.max_decode_gb:.0f} GB are skipped. `+`: this torch backend has no GQA, so K/V "
                     "were expanded to 32 heads before timing and it reads 4x the bytes counted.")
+    copy = bench.copy_gbps()
+    if copy:
+        emit(out_lines, "")
+        emit(out_lines, f"Copy limit: a device-to-device tensor copy (up to 1 GiB) moves {copy:.0f} GB/s "
+                        "(bytes read + written).")
     emit(out_lines, "")
     emit(out_lines, "| " + " | ".join(head) + " |")
     emit(out_lines, "|" + "---|" * len(head))
@@ -414,7 +471,8 @@ def decode_table(bench, lib, gens, out_lines, notes):
                 row = [str(b), f"{hq} / {hkv}", str(sk), f"{kv_bytes / 1e6:.0f}"]
                 if kv_bytes > args.max_decode_gb * 1e9 or bench.elapsed() > args.budget_s:
                     why = "K+V too large" if kv_bytes > args.max_decode_gb * 1e9 else "time budget"
-                    emit(out_lines, "| " + " | ".join(row + ["-"] + ["skip"] * (len(gens) + 2) + [f"skipped ({why})"]) + " |")
+                    emit(out_lines, "| " + " | ".join(row + ["-"] + ["skip"] * (len(gens) + len(TORCH_PEERS))
+                                                       + [f"skipped ({why})"]) + " |")
                     continue
                 sets = min(8, max(1, math.ceil(3 * bench.l2 / kv_bytes)))
                 row.append(str(sets))
@@ -423,8 +481,13 @@ def decode_table(bench, lib, gens, out_lines, notes):
                 vs = [torch.randn(b, sk, hkv, d, dtype=dt, device="cuda") for _ in range(sets)]
                 res = {}
                 outs = {}
-                for name, be in (("torch-flash", SDPBackend.FLASH_ATTENTION), ("cuDNN", SDPBackend.CUDNN_ATTENTION)):
-                    ms, red, out, note = run_torch(bench, be, qs, ks, vs, False, hkv != hq)
+                shape = dict(kind="decode", dtype="bf16", batch=b, seqlen_q=1, seqlen_k=sk, heads_q=hq,
+                             heads_kv=hkv, head_dim=d, causal=False)
+                for name, attr in TORCH_PEERS:
+                    ms, red, out, note = run_torch(bench, getattr(SDPBackend, attr), qs, ks, vs, False, hkv != hq)
+                    # "+": K/V expanded to the query heads, so the kernel read group x the bytes counted.
+                    bench.record(shape, name, ms, red, note if ms is None else "", kv_bytes=kv_bytes,
+                                 extra_note="K/V expanded (no GQA): reads 4x the bytes counted" if note == "+" else "")
                     if ms is None:
                         notes.setdefault(f"{name}: {note}", []).append(where)
                         res[name] = None
@@ -435,6 +498,7 @@ def decode_table(bench, lib, gens, out_lines, notes):
                 errs = []
                 for gen in gens:
                     ms, red, out, note = run_lib(bench, lib, gen, qs, ks, vs, False, "bf16")
+                    bench.record(shape, gen, ms, red, note, kv_bytes=kv_bytes)
                     if ms is None:
                         res[gen] = None
                         notes.setdefault(f"{gen}: {note}", []).append(where)
@@ -447,7 +511,9 @@ def decode_table(bench, lib, gens, out_lines, notes):
                         errs.append("no ref")
                         continue
                     errs.append(check_against(torch, bench, notes, gen, where, out, ref))
-                for name in gens + ["torch-flash", "cuDNN"]:
+                    if errs[-1].endswith("BAD"):
+                        bench.records[-1]["status"] = "bad"
+                for name in gens + [name for name, _ in TORCH_PEERS]:
                     r = res.get(name)
                     if r is None:
                         row.append("n/a")
@@ -458,6 +524,24 @@ def decode_table(bench, lib, gens, out_lines, notes):
                 emit(out_lines, "| " + " | ".join(row) + " |")
                 del qs, ks, vs, outs, ref
                 torch.cuda.empty_cache()
+
+
+def write_json(path, bench, lib, torch):
+    p = bench.props
+    doc = {
+        "schema": "flashattn-bench-results/1",
+        "tool": "compare_torch.py",
+        "library_version": lib.version,
+        "build_info": lib.build_info,
+        "device": f"{p.name}, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, {p.total_memory / 1e9:.1f} GB, "
+                  f"L2 {bench.l2 / 1e6:.0f} MB",
+        "torch": f"torch {torch.__version__} (CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()})",
+        "timing": f"median of {bench.args.reps} runs after {bench.args.warmup} warm-ups, torch.cuda.Event per run",
+        "records": bench.records,
+    }
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
 
 
 def emit(lines, text):
@@ -491,6 +575,8 @@ def main():
     ap.add_argument("--hidden", type=int, default=2048, help="grid: heads = hidden/hdim (default 2048)")
     ap.add_argument("--tokens", type=int, default=16384, help="grid: batch = tokens/seqlen (default 16384)")
     ap.add_argument("--markdown", help="also write the tables to this markdown file")
+    ap.add_argument("--json", help="also write one record per measurement to this file (schema "
+                                   "flashattn-bench-results/1, bench/README.md; bench/plot.py draws it)")
     ap.add_argument("--standard", action="store_true",
                     help="also time PyTorch standard attention (matmul, fp32 softmax, matmul; the FA1 paper's "
                          "baseline) and each generation's ratio to it")
@@ -518,7 +604,8 @@ def main():
                 f"(CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}).")
     emit(lines, f"libflashattn {lib.version} ({lib.build_info}) from {lib.path}.")
     emit(lines, f"Median of {args.reps} runs after {args.warmup} warm-ups (torch.cuda.Event per run); FLOPs = "
-                "4*b*h*sq*sk*d, halved when causal. torch-flash = SDPA FLASH_ATTENTION, cuDNN = SDPA "
+                "4*b*h*sq*sk*d, halved when causal. torch-flash = SDPA FLASH_ATTENTION, torch-efficient = SDPA "
+                "EFFICIENT_ATTENTION (memory-efficient), cuDNN = SDPA "
                 f"CUDNN_ATTENTION. Library LSE {'not requested' if args.no_lse else 'written (fp32)'}. "
                 "Errors: library O vs torch-flash's (cuDNN's where flash cannot run); BAD = rel L2 > 2e-2 or "
                 "non-finite. `*`: first run over 1 s, so median of 3 after 1 warm-up."
@@ -542,6 +629,8 @@ def main():
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write("\n".join(lines) + "\n")
+    if args.json:
+        write_json(args.json, bench, lib, torch)
     return 1 if bench.failed else 0
 
 

@@ -7,6 +7,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tests/install-deps.sh
+# bench/plot.py's test (test_bench_plot; skipped without it) needs matplotlib: PyPI, as the Python
+# test packages. Here rather than in install-deps.sh, which the demo shares.
+if ! python3 -c 'import matplotlib' >/dev/null 2>&1; then
+  python3 -m pip install -q -r bench/requirements.txt \
+    || python3 -m pip install -q --break-system-packages -r bench/requirements.txt
+fi
 
 jobs=$(nproc)
 # With CUDA, test_fa3_sass must run: a missing cuobjdump fails it instead of skipping it.

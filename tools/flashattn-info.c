@@ -150,7 +150,16 @@ static void print_devices(void) {
         return;
     }
     if (count == 0) {
-        printf("devices:  none usable (the reason is in the automatic choice below)\n");
+        /* The library says why ("no NVIDIA driver found", "no CUDA device found", "libflashattn was
+         * built without CUDA") in the error of a device query; print just that reason. */
+        int32_t major = 0, minor = 0;
+        const char *why = "";
+        if (flashattn_device_compute_capability(0, &major, &minor) != FLASHATTN_SUCCESS) {
+            static const char prefix[] = "device: no usable CUDA device on this machine: ";
+            why = flashattn_last_error();
+            if (strncmp(why, prefix, sizeof prefix - 1) == 0) why += sizeof prefix - 1;
+        }
+        printf("devices:  none: %s\n", why[0] ? why : "no usable CUDA device");
         return;
     }
     printf("devices:  %d CUDA device%s\n", count, count == 1 ? "" : "s");

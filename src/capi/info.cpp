@@ -28,7 +28,13 @@ FLASHATTN_API flashattn_status_t flashattn_device_compute_capability(int32_t dev
         if (minor == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "minor: the out-pointer must not be NULL");
         if (device < 0) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "device: must be >= 0 (got %d)", device);
         const int32_t count = usable_device_count();
-        if (count == 0) return fail(FLASHATTN_ERROR_NOT_SUPPORTED, "device: no usable CUDA device on this machine");
+        if (count == 0) {
+            // Say why there is none ("no NVIDIA driver found", ...): the first thing a user checks.
+            DeviceInfo none;
+            FLASHATTN_TRY(query_device(0, &none));
+            return fail(FLASHATTN_ERROR_NOT_SUPPORTED, "device: no usable CUDA device on this machine: %s",
+                        none.absent_reason.c_str());
+        }
         if (device >= count)
             return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "device: %d is not a device ordinal (the machine has %d)", device, count);
         DeviceInfo info;

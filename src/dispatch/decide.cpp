@@ -54,7 +54,9 @@ Decision decide_backend(flashattn_backend_t requested, const DeviceSummary &dev,
     }
     if (!dev.present) {
         d.backend = FLASHATTN_BACKEND_CPU;
-        d.reason = "no usable CUDA device: the CPU backend runs (" + dev.absent_reason + ")";
+        // The absence reason leads ("no NVIDIA driver found", "no CUDA device found", ...): it is what
+        // the user acts on, and it stays out of nested parentheses in callers that wrap the reason.
+        d.reason = dev.absent_reason + ": the CPU backend runs";
         if (!candidates[FLASHATTN_BACKEND_CPU].unsupported.empty()) {
             d.status = FLASHATTN_ERROR_NOT_SUPPORTED;
             d.reason = "no usable CUDA device and the CPU backend cannot run this plan: " +

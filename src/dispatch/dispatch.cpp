@@ -62,7 +62,7 @@ void backward_candidates(const Problem &problem, const DeviceInfo &dev, Candidat
         if (b->execute_backward == nullptr)
             candidates[id].unsupported = std::string(b->name) + " has no backward pass";
         else if (id != FLASHATTN_BACKEND_CPU && !dev.present)
-            candidates[id].unsupported = "no usable CUDA device (" + dev.absent_reason + ")";
+            candidates[id].unsupported = dev.absent_reason;
         else if (const char *feature = serving_feature(problem))
             candidates[id].unsupported = std::string("the backward pass does not support ") + feature;
         else if (problem.fp8())
@@ -109,7 +109,7 @@ flashattn_status_t finalize_plan(flashattn_plan *plan) {
         candidates[id].compiled = b != nullptr;
         if (b == nullptr) continue;
         if (id != FLASHATTN_BACKEND_CPU && !dev.present)
-            candidates[id].unsupported = "no usable CUDA device (" + dev.absent_reason + ")";
+            candidates[id].unsupported = dev.absent_reason;
         else
             candidates[id].unsupported = b->unsupported_reason(problem, dev);
         if (candidates[id].unsupported.empty())

@@ -2,7 +2,8 @@
 # The GPU check, run on the H200 machine from the repository root (the device tool's working
 # copy): build for sm_90 only, run the gpu-labelled tests, compute-sanitizer on a reduced grid,
 # then the benchmarks. Stages are chosen by arguments: build tests sanitize bench torch python.
-# Logs go to $OUT (or /tmp/h200-out) so they come back even when a stage fails.
+# Logs go to $OUT (or /tmp/h200-out) so they come back even when a stage fails; the bench and torch
+# stages also write JSON there (bench.json, compare_torch.json) for bench/plot.py.
 set -uo pipefail
 out=${OUT:-/tmp/h200-out}
 mkdir -p "$out"
@@ -51,12 +52,12 @@ for stage in $stages; do
       done
       ;;
     bench)
-      "$build/bench/flashattn-bench" --backend all-gpu ${BENCH_ARGS:-} > "$out/bench.txt" 2>&1
+      "$build/bench/flashattn-bench" --backend all-gpu ${BENCH_ARGS:-} --json "$out/bench.json" > "$out/bench.txt" 2>&1
       note "flashattn-bench rc=$?"
       ;;
     torch)
       FLASHATTN_LIBRARY=$(ls "$build"/src/libflashattn.so) python3 bench/compare_torch.py \
-        --markdown "$out/compare_torch.md" ${TORCH_ARGS:-} > "$out/compare_torch.txt" 2>&1
+        --markdown "$out/compare_torch.md" --json "$out/compare_torch.json" ${TORCH_ARGS:-} > "$out/compare_torch.txt" 2>&1
       note "compare_torch rc=$?"
       ;;
     python)

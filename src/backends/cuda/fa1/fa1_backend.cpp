@@ -83,7 +83,7 @@ void add_workspace_slices(const Problem &p, Fa1Plan *plan) {
 }
 
 std::string fa1_unsupported(const Problem &p, const DeviceInfo &dev) {
-    if (!dev.present) return "no usable CUDA device (" + dev.absent_reason + ")";
+    if (!dev.present) return dev.absent_reason;
     const int cc = dev.cc_major * 10 + dev.cc_minor;
     const std::string sm = "sm_" + std::to_string(dev.cc_major) + std::to_string(dev.cc_minor);
     if (cc < 75) return "fa1 needs a GPU of compute capability 7.5 (sm_75) or newer; device is " + sm;
