@@ -259,6 +259,8 @@ static int make_plan(const vcase *c, const run_data *r, flashattn_plan_t **out) 
         const int named = strstr(msg, "top-left") || strstr(msg, "sink") || strstr(msg, "ALiBi") ||
                           strstr(msg, "head_dim_v");
         EXPECT(named, "%s refused without naming a variant: %s", what, msg);
+        /* fa2 and fa3 run every forward variant (since issue 19); fa1 none yet. */
+        EXPECT(TEST_BACKEND == FLASHATTN_BACKEND_FA1, "%s refused, but the backend runs these variants: %s", what, msg);
         if (test_verbose()) printf("refused %s: %s\n", what, msg);
         ++g_refused;
         flashattn_plan_destroy(plan);
@@ -719,11 +721,32 @@ static const vcase forward_grid[] = {
     {2, 90, 37, 4, 2, 64, 64, B16, 1, 0, -1, -1, 0, 0, 1, 0, 0},
     {2, 50, 80, 2, 2, 128, 128, F16, 1, 1, 16, -1, 0, 1, 1, 0, 0},
     {2, 64, 64, 6, 2, 64, 64, F32, 0, 0, 10, 10, 2, 1, 1, 0, 1},
+    /* Several key tiles per row on the GPUs (64/128/176-key tiles): ALiBi on every tile, sink
+     * tokens far below the window (the tiles between are skipped), both with split-KV decode
+     * shapes (split 0 walks the sink tiles) and pack-GQA, soft cap, varlen, every alignment. */
+    {1, 300, 700, 4, 2, 128, 128, B16, 0, 0, -1, -1, 0, 0, 1, 0, 0},
+    {2, 260, 190, 4, 1, 64, 64, F16, 1, 1, -1, -1, 0, 0, 1, 0, 0},
+    {1, 190, 260, 2, 2, 256, 256, B16, 1, 0, -1, -1, 0, 0, 1, 0, 0},
+    {2, 100, 150, 2, 1, 128, 128, F16, 1, 0, -1, -1, 0, 1, 1, 30.0, 0},
+    {1, 400, 900, 2, 2, 128, 128, B16, 1, 0, 100, -1, 5, 0, 0, 0, 0},
+    {1, 600, 600, 2, 1, 64, 64, F16, 1, 0, 64, -1, 150, 0, 0, 0, 0},
+    {2, 333, 333, 4, 2, 96, 96, F16, 0, 0, 40, 40, 70, 1, 0, 0, 0},
+    {3, 200, 500, 4, 2, 64, 64, F16, 1, 0, 50, -1, 4, 1, 1, 0, 1},
+    {2, 230, 170, 2, 2, 192, 192, B16, 1, 1, 30, -1, 8, 0, 1, 0, 0},
+    {1, 1, 3000, 8, 1, 128, 128, B16, 1, 0, 256, -1, 4, 0, 1, 0, 0},
+    {2, 5, 2500, 4, 2, 64, 64, F16, 0, 0, 300, 0, 16, 1, 0, 0, 0},
+    {1, 3, 4000, 16, 2, 128, 128, F16, 1, 0, -1, -1, 0, 1, 1, 0, 0},
     /* head_dim_v != head_dim: (192, 128), (128, 64), (256, 128), (64, 128). */
     {2, 77, 93, 4, 2, 192, 128, B16, 1, 0, -1, -1, 0, 0, 0, 0, 0},
     {2, 50, 65, 4, 4, 128, 64, F16, 0, 0, -1, -1, 0, 0, 0, 0, 0},
     {1, 65, 50, 2, 1, 256, 128, F16, 1, 0, -1, -1, 0, 0, 0, 0, 0},
     {2, 45, 45, 2, 2, 64, 128, B16, 0, 0, -1, -1, 0, 1, 1, 0, 1},
+    /* ... over several key tiles, split-KV decode, pack-GQA, varlen; dv < d and dv > d. */
+    {1, 300, 520, 4, 2, 192, 128, B16, 1, 0, -1, -1, 0, 0, 0, 0, 0},
+    {2, 140, 260, 2, 1, 256, 64, F16, 0, 1, 64, -1, 3, 1, 0, 0, 1},
+    {1, 2, 3000, 8, 2, 192, 128, B16, 1, 0, -1, -1, 0, 1, 0, 0, 0},
+    {2, 170, 170, 4, 4, 32, 96, F16, 1, 0, -1, -1, 0, 0, 1, 0, 0},
+    {1, 90, 200, 2, 2, 96, 256, B16, 0, 0, -1, -1, 0, 0, 0, 0, 0},
 };
 
 static const vcase gradient_grid[] = {
