@@ -1,12 +1,13 @@
 // Forward speed of each attention variant against the same shape without it, per GPU backend
 // (issue 19's bar: at least 0.95x). One shape (default batch 2, 16 heads, seqlen 8192, head dim
-// 128, bf16), each pair timed in alternating rounds (median of the rounds' medians) so that
-// clock drift falls on both. Built by hand on the GPU machine next to a library build:
+// 128, bf16), each pair timed in alternating rounds (median of the rounds' means) so that clock
+// drift falls on both. The baselines' rows also serve an A/B of two library builds (run it with
+// each on LD_LIBRARY_PATH). Built by hand on the GPU machine next to a library build:
 //
 //   nvcc -O2 -std=c++17 tests/gpu/bench_variants.cu -Iinclude -L$BUILD/src -lflashattn -o /tmp/bv
 //   LD_LIBRARY_PATH=$BUILD/src /tmp/bv [seqlen] [head_dim] [backends: fa2,fa3]
 //
-//   ... /tmp/bv 8192 192 fa2,fa3 128     (adds head_dim_v 128 rows against the square head dim 192)
+//   ... /tmp/bv 8192 192 fa2,fa3 128     (only head_dim_v 128 rows, against the square head dim 192)
 //
 // Prints a markdown table: backend, variant, its baseline, ms of both, TFLOP/s of the variant
 // (2 (d + d_v) FLOPs per visible (query, key) pair of its baseline: FlashAttention's
@@ -91,7 +92,8 @@ flashattn_plan_t *make_plan(const char *backend, const Variant &v, int64_t b, in
     return plan;
 }
 
-// Median ms of `reps` executes (after `warmup`).
+// Mean ms of `reps` executes enqueued back to back (after `warmup`): the events bracket the whole
+// batch, so the host's enqueue time (a busy machine's) stays off the GPU's clock.
 double time_plan(flashattn_plan_t *plan, const Variant &v, Buffers &buf, int warmup, int reps) {
     size_t ws = 0;
     flashattn_plan_get_workspace_size(plan, &ws);
@@ -112,25 +114,24 @@ double time_plan(flashattn_plan_t *plan, const Variant &v, Buffers &buf, int war
     cudaEvent_t e0, e1;
     CHECK_CUDA(cudaEventCreate(&e0));
     CHECK_CUDA(cudaEventCreate(&e1));
-    std::vector<double> ms;
-    for (int i = 0; i < warmup + reps; ++i) {
-        CHECK_CUDA(cudaEventRecord(e0));
-        const flashattn_status_t st = flashattn_plan_execute_args(plan, args, buf.ws, ws, nullptr);
-        CHECK_CUDA(cudaEventRecord(e1));
-        CHECK_CUDA(cudaEventSynchronize(e1));
-        if (st != FLASHATTN_SUCCESS) {
-            std::printf("<!-- execute: %s -->\n", flashattn_last_error());
-            return -1.0;
-        }
-        float t = 0.f;
-        CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
-        if (i >= warmup) ms.push_back(t);
-    }
+    flashattn_status_t st = FLASHATTN_SUCCESS;
+    for (int i = 0; i < warmup && st == FLASHATTN_SUCCESS; ++i)
+        st = flashattn_plan_execute_args(plan, args, buf.ws, ws, nullptr);
+    CHECK_CUDA(cudaEventRecord(e0));
+    for (int i = 0; i < reps && st == FLASHATTN_SUCCESS; ++i)
+        st = flashattn_plan_execute_args(plan, args, buf.ws, ws, nullptr);
+    CHECK_CUDA(cudaEventRecord(e1));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float t = 0.f;
+    CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     flashattn_args_destroy(args);
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
+    if (st != FLASHATTN_SUCCESS) {
+        std::printf("<!-- execute: %s -->\n", flashattn_last_error());
+        return -1.0;
+    }
+    return t / reps;
 }
 
 // Visible (query, key) pairs of one head: causal bottom-right (sq = sk) and a left window.
@@ -191,7 +192,7 @@ int main(int argc, char **argv) {
         pos = comma + 1;
         for (int vi = 0; vi < kCount; ++vi) {
             const Variant &v = kVariants[vi], &base = kVariants[v.baseline];
-            if (v.use_dv && dv == 0) continue;
+            if ((v.use_dv != 0) != (dv != 0)) continue;  // with dv: only the head_dim_v rows
             flashattn_plan_t *pv = make_plan(be.c_str(), v, b, h, s, d, dv);
             flashattn_plan_t *pb = make_plan(be.c_str(), base, b, h, s, d, dv);
             if (pv == nullptr || pb == nullptr) {

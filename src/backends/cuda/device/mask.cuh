@@ -93,16 +93,13 @@ __device__ __forceinline__ KeyTiles key_tiles(const TensorArgs &p, int qlo, int 
     kt.r_ok = rlim >= 0 ? static_cast<int>((rlim + 1) / kBN) - 1 : -1;
     const int64_t llim = qhi + off - p.left;
     kt.l_ok = llim <= 0 ? 0 : static_cast<int>((llim + kBN - 1) / kBN);
-    // ALiBi biases every score, and the edge-tile body is where it is added (alibi_scores): every
-    // tile counts as an edge tile, so the kernels' steady-state body stays without it.
-    if (p.alibi_slopes != nullptr) kt.r_ok = -1;
     return kt;
 }
 
 // Sink tokens (TensorArgs::sink_tokens): the key tiles 0 .. sink_tile_last that hold sink keys some
 // row of qlo..qhi sees and that lie below the window's tiles kt.first.. (which cover the sink keys
 // inside them); -1 when there are none. Row r sees sink key j iff j < sink_tokens and j <=
-// last_visible_key(r): the last row (qhi) sees the most. The kernels mask these tiles (mask_scores
+// last_visible_key(r): the last row (qhi) sees the most. The kernels mask these tiles (mask_scores<true>
 // with the sink bound); every row of them is an edge row: kt.masked() holds for each (they lie
 // below kt.first <= kt.l_ok, or, with no window tile, below l_ok > the last row's last key).
 __device__ __forceinline__ int sink_tile_last(const TensorArgs &p, const KeyTiles &kt, int qhi, int sk, int off,

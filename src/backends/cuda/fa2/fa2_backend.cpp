@@ -122,6 +122,10 @@ std::string fa2_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
     if (p.heads_q > 65535 || p.batch > 65535)
         return "the fa2 backend supports at most 65535 heads and 65535 sequences";
     const Variant pl = variant_for(p, dev.smem_per_block_optin);
+    if (p.serving.paged && (p.sink_tokens > 0 || p.alibi || p.head_dim_v != p.head_dim))
+        return std::string("the fa2 backend runs ") +
+               (p.sink_tokens > 0 ? "sink tokens (FLASHATTN_I64_SINK_TOKENS)" : p.alibi ? "ALiBi (FLASHATTN_I64_ALIBI)" : "head_dim_v != head_dim") +
+               " with a contiguous K/V cache only, not a paged one (FLASHATTN_I64_PAGED_KV)";
     if (p.serving.paged && p.varlen)
         return "the fa2 backend runs a paged K/V cache (FLASHATTN_I64_PAGED_KV) with fixed-length queries only";
     if (p.serving.paged && p.serving.page_size % pl.cfg.block_n != 0)
@@ -299,7 +303,8 @@ const Backend *fa2_backend() {
     static const Backend backend{FLASHATTN_BACKEND_FA2, "fa2", fa2_unsupported_reason,
                                  fa2_make_plan, fa2_execute, nullptr,
                                  fa2::backward_unsupported_reason, fa2_execute_backward,
-                                 fa2_merge_states, kVariantTopLeft | kVariantSinkLogits | kVariantAlibi | kVariantSinkTokens | kVariantHeadDimV, 0u};
+                                 fa2_merge_states, kVariantTopLeft | kVariantSinkLogits | kVariantAlibi | kVariantSinkTokens | kVariantHeadDimV,
+                                 kVariantTopLeft | kVariantSinkLogits};
     return &backend;
 }
 

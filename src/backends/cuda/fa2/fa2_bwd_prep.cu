@@ -1,7 +1,8 @@
 // The two small kernels around the FA2 backward main kernel (fa2_bwd_kernel.cuh):
 //   preprocess: row_dot = rowsum(dO * O) in fp32 (FlashAttention-2's D_i) and zero every copy of
 //               the fp32 dQ accumulator (the main kernel only adds into it);
-//   convert:    dQ = scale * (sum of the accumulator's copies, in copy order) in the input dtype.
+//   convert:    dQ = scale * (sum of the accumulator's copies, in copy order) in the input dtype;
+//   sink grad:  with sink logits, their gradient from the LSE and D (one CTA per head).
 // One warp per (query row, head): lane c owns the 8 columns 8c..8c+7 (head_dim <= 256), so rows
 // are 16-byte loads and stores (dO, O, dQ strides are multiples of 8 elements, checked by the host).
 // Rows of every sequence are covered: the grid is (query blocks of the longest sequence, heads_q,
@@ -122,6 +123,36 @@ __global__ void __launch_bounds__(kPrepWarps * 32) bwd_convert_dq_kernel(const _
     }
 }
 
+// The sink logit's gradient (FLASHATTN_I64_SINK_LOGITS): its probability in row i is
+// P_sink = e^(sink - LSE_i) and its value 0, so dS_sink = P_sink (0 - D_i) and dsink[h] sums that
+// over the head's rows (rows with LSE = -inf saw neither keys nor a sink: none). The CPU backward's
+// definition (cpu_backward.cpp sink_gradients). In double, each thread over a fixed stride of rows,
+// then a fixed tree: bitwise reproducible, like the CPU's.
+constexpr int kSinkThreads = 256;
+
+__global__ void __launch_bounds__(kSinkThreads) bwd_sink_grad_kernel(const __grid_constant__ BwdParams p) {
+    __shared__ double partial[kSinkThreads];
+    const int head = blockIdx.x;
+    const double sink = p.sink_logits[head];
+    const bool varlen = p.cu_q != nullptr;
+    double sum = 0.0;
+    for (int64_t r = threadIdx.x; r < p.total_rows; r += kSinkThreads) {
+        // row r of the [heads_q][total_rows] row_dot layout; its LSE as cuda::lse_offset places it
+        const int64_t li = varlen ? static_cast<int64_t>(head) * p.total_rows + r
+                                  : ((r / p.seqlen_q) * p.heads_q + head) * p.seqlen_q + r % p.seqlen_q;
+        const float lse = p.lse[li];
+        if (lse == -INFINITY) continue;
+        sum -= exp(sink - static_cast<double>(lse)) * p.row_dot[static_cast<int64_t>(head) * p.total_rows + r];
+    }
+    partial[threadIdx.x] = sum;
+    __syncthreads();
+    for (int w = kSinkThreads / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w) partial[threadIdx.x] += partial[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) p.dsink_logits[head] = static_cast<float>(partial[0]);
+}
+
 dim3 prep_grid(const BwdParams &p) {
     return dim3(static_cast<unsigned>((p.seqlen_q + kPrepRows - 1) / kPrepRows), static_cast<unsigned>(p.heads_q),
                 static_cast<unsigned>(p.batch));
@@ -134,6 +165,11 @@ cudaError_t launch_bwd_preprocess(const BwdParams &p, bool bf16, cudaStream_t s)
         bwd_preprocess_kernel<cuda::Bf16><<<prep_grid(p), kPrepWarps * 32, 0, s>>>(p);
     else
         bwd_preprocess_kernel<cuda::Fp16><<<prep_grid(p), kPrepWarps * 32, 0, s>>>(p);
+    return cudaSuccess;
+}
+
+cudaError_t launch_bwd_sink_grad(const BwdParams &p, cudaStream_t s) {
+    bwd_sink_grad_kernel<<<static_cast<unsigned>(p.heads_q), kSinkThreads, 0, s>>>(p);
     return cudaSuccess;
 }
 

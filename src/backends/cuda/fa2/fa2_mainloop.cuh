@@ -64,6 +64,13 @@ __device__ __forceinline__ void load_kv_tile(const Params &p, const FwdLoopArgs 
     load_tile<Tr, Tr::kBN, kAllRows>(s, g, n0, rs, a.sk - n0, cols, a.tid);
 }
 
+// V's columns: head_dim_v in the variants kernels, the runtime head dim (a register) elsewhere.
+template <bool kVariants>
+__device__ __forceinline__ int v_cols(const Params &p, const FwdLoopArgs &a) {
+    if constexpr (kVariants) return p.head_dim_v;
+    return a.d;
+}
+
 // Single K/V buffer, at the point where every warp is done with K[nb]: wait for V[nb] (the only
 // copy in flight), then refill the buffer with K[nb-1]. Traits::kEarlyK places this before the
 // softmax (as FlashAttention-2 does), otherwise it comes after it.
@@ -82,7 +89,7 @@ __device__ __forceinline__ void wait_v_load_next_k(const Params &p, const FwdLoo
 // then V). The first V tile goes out with Q and K (both buffer schemes), so that the first
 // iteration waits for one memory round trip, not two. with_q false: Q is in place already (the
 // sink tiles' walk loaded it); K and V still form the same two groups.
-template <class Tr, bool kPaged>
+template <class Tr, bool kPaged, bool kVariants>
 __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopArgs &a, int nb_last, bool with_q) {
     constexpr int kBM = Tr::kBM, kBN = Tr::kBN;
     if (!with_q) {
@@ -93,7 +100,7 @@ __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopA
     const int n0 = nb_last * kBN;
     load_kv_tile<Tr, kPaged, false>(p, a, a.s_kv, a.kg, n0, p.k_rs, p.k_bs, a.d);
     cuda::cp_async_commit();
-    load_kv_tile<Tr, kPaged, false>(p, a, a.s_kv + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs, p.head_dim_v);
+    load_kv_tile<Tr, kPaged, false>(p, a, a.s_kv + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs, v_cols<kVariants>(p, a));
     cuda::cp_async_commit();
 }
 
@@ -106,7 +113,7 @@ __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopA
 // 64, different scheduling), which this reorganisation was not to do. Tiles loaded here lie
 // below the first one, so all their rows are in range (only a sequence's last key tile can be
 // partial): they are loaded with kAllRows.
-template <class Tr, class E, bool kPaged, bool kMasked, class RowDiag, class RowHead>
+template <class Tr, class E, bool kPaged, bool kVariants, bool kMasked, class RowDiag, class RowHead>
 __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs &a, const int nb,
                                              const int it, float (&O)[Tr::kMT][Tr::kDT][4],
                                              float (&row_max)[Tr::kMT][2], float (&row_sum)[Tr::kMT][2],
@@ -121,7 +128,7 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
             const int n0 = (nb - 1) * kBN;
             load_kv_tile<Tr, kPaged, true>(p, a, nxt, a.kg, n0, p.k_rs, p.k_bs, a.d);
             cuda::cp_async_commit();
-            load_kv_tile<Tr, kPaged, true>(p, a, nxt + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs, p.head_dim_v);
+            load_kv_tile<Tr, kPaged, true>(p, a, nxt + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs, v_cols<kVariants>(p, a));
             cuda::cp_async_commit();
         } else {
             cuda::cp_async_commit();
@@ -133,7 +140,7 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
     } else {
         cuda::cp_async_wait<0>();  // K[nb] landed
         __syncthreads();           // every warp is done with V[nb+1]
-        load_kv_tile<Tr, kPaged, true>(p, a, a.s_kv + Tr::kKVBytes, a.vg, nb * kBN, p.v_rs, p.v_bs, p.head_dim_v);
+        load_kv_tile<Tr, kPaged, true>(p, a, a.s_kv + Tr::kKVBytes, a.vg, nb * kBN, p.v_rs, p.v_bs, v_cols<kVariants>(p, a));
         cuda::cp_async_commit();
     }
 
@@ -157,13 +164,19 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
                 int rdiag[2];
 #pragma unroll
                 for (int h = 0; h < 2; ++h) rdiag[h] = row_diag(mt, h);
-                if (p.alibi_slopes != nullptr) {  // ALiBi plans take this body for every tile
-                    float slope[2];
+                if constexpr (kVariants) {
+                    // ALiBi plans take this body for every tile (the kernel marks no tile unmasked):
+                    // as a branch of the other body it made hdim 128's big tile spill (CUDA 13.0).
+                    if (p.alibi_slopes != nullptr) {
+                        float slope[2];
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) slope[h] = p.alibi_slopes[row_head(mt, h)] * p.alibi_to_score;
-                    cuda::alibi_scores(S[mt], rdiag, slope, nb * kBN + 2 * a.t);
+                        for (int h = 0; h < 2; ++h) slope[h] = p.alibi_slopes[row_head(mt, h)] * p.alibi_to_score;
+                        cuda::alibi_scores(S[mt], rdiag, slope, nb * kBN + 2 * a.t);
+                    }
+                    cuda::mask_scores<true>(S[mt], rdiag, nb * kBN + 2 * a.t, a.sk, p.right_i, p.left_i, p.sink_tokens);
+                } else {
+                    cuda::mask_scores(S[mt], rdiag, nb * kBN + 2 * a.t, a.sk, p.right_i, p.left_i);
                 }
-                cuda::mask_scores(S[mt], rdiag, nb * kBN + 2 * a.t, a.sk, p.right_i, p.left_i, p.sink_tokens);
             }
             float alpha[2];
             cuda::softmax_step<E>(S[mt], row_max[mt], row_sum[mt], a.sl2, P[mt], alpha);
@@ -191,33 +204,33 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
 // The whole walk over key tiles nb_last down to a.nb_first (non-empty), accumulating the
 // unnormalised O and the running row max / sum that the epilogue finishes (cuda::finish_rows).
 // with_q: false when the sink tiles (fwd_sink_tiles) ran before and Q is in shared memory already.
-template <class Tr, class E, bool kPaged, class RowDiag, class RowHead>
+template <class Tr, class E, bool kPaged, bool kVariants, class RowDiag, class RowHead>
 __device__ __forceinline__ void fwd_mainloop(const Params &p, const FwdLoopArgs &a, const cuda::KeyTiles &kt,
                                              int nb_last, float (&O)[Tr::kMT][Tr::kDT][4],
                                              float (&row_max)[Tr::kMT][2], float (&row_sum)[Tr::kMT][2],
                                              const RowDiag &row_diag, const RowHead &row_head, bool with_q = true) {
-    load_first_tiles<Tr, kPaged>(p, a, nb_last, with_q);
+    load_first_tiles<Tr, kPaged, kVariants>(p, a, nb_last, with_q);
     int it = 0;
     for (int nb = nb_last; nb >= a.nb_first; --nb, ++it) {
         if (kt.masked(nb))
-            fwd_key_tile<Tr, E, kPaged, true>(p, a, nb, it, O, row_max, row_sum, row_diag, row_head);
+            fwd_key_tile<Tr, E, kPaged, kVariants, true>(p, a, nb, it, O, row_max, row_sum, row_diag, row_head);
         else
-            fwd_key_tile<Tr, E, kPaged, false>(p, a, nb, it, O, row_max, row_sum, row_diag, row_head);
+            fwd_key_tile<Tr, E, kPaged, kVariants, false>(p, a, nb, it, O, row_max, row_sum, row_diag, row_head);
     }
 }
 
 // Sink tokens: key tiles s_last down to 0 (cuda::sink_tile_last; a.nb_first must be 0), all
 // through the masked body, before the window's tiles (fwd_mainloop with with_q = false). The
 // closing barrier: every warp is done with the K/V buffers the window's prologue refills.
-template <class Tr, class E, bool kPaged, class RowDiag, class RowHead>
+template <class Tr, class E, bool kPaged, bool kVariants, class RowDiag, class RowHead>
 __device__ __forceinline__ void fwd_sink_tiles(const Params &p, const FwdLoopArgs &a, int s_last,
                                                float (&O)[Tr::kMT][Tr::kDT][4], float (&row_max)[Tr::kMT][2],
                                                float (&row_sum)[Tr::kMT][2], const RowDiag &row_diag,
                                                const RowHead &row_head) {
-    load_first_tiles<Tr, kPaged>(p, a, s_last, true);
+    load_first_tiles<Tr, kPaged, kVariants>(p, a, s_last, true);
     int it = 0;
     for (int nb = s_last; nb >= 0; --nb, ++it)
-        fwd_key_tile<Tr, E, kPaged, true>(p, a, nb, it, O, row_max, row_sum, row_diag, row_head);
+        fwd_key_tile<Tr, E, kPaged, kVariants, true>(p, a, nb, it, O, row_max, row_sum, row_diag, row_head);
     __syncthreads();
 }
 

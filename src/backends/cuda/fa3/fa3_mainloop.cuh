@@ -68,20 +68,18 @@ __device__ __forceinline__ void issue_pv(float (&O)[Tr::kD / 2], const uint32_t 
     cuda::wgmma_commit();
 }
 
-// Soft cap, then on an edge tile (every tile with ALiBi: cuda::key_tiles; every sink tile) ALiBi
-// and the causal / window / ragged-end / sink-token mask on key tile `nb`.
+// Soft cap, ALiBi, then on an edge tile (every sink tile is one) the causal / window / ragged-end /
+// sink-token mask on key tile `nb`.
 template <class Tr>
 __device__ __forceinline__ void score_mods(const Params &p, const TileCoords &c, float (&S)[Tr::kNT][4], int nb,
                                            const int (&rdiag)[2], int t) {
     if (p.softcap_scale != 0.f) cuda::softcap_scores(S, p.softcap_scale);
-    if (c.kt.masked(nb)) {
-        const int col0 = nb * Tr::kBN + 2 * t;
-        if (p.alibi_slopes != nullptr) {
-            const float s = p.alibi_slopes[c.head] * p.alibi_to_score;
-            cuda::alibi_scores(S, rdiag, {s, s}, col0);
-        }
-        cuda::mask_scores(S, rdiag, col0, c.seq.sk, p.right_i, p.left_i, p.sink_tokens);
+    const int col0 = nb * Tr::kBN + 2 * t;
+    if (p.alibi_slopes != nullptr) {
+        const float s = p.alibi_slopes[c.head] * p.alibi_to_score;
+        cuda::alibi_scores(S, rdiag, {s, s}, col0);
     }
+    if (c.kt.masked(nb)) cuda::mask_scores<true>(S, rdiag, col0, c.seq.sk, p.right_i, p.left_i, p.sink_tokens);
 }
 
 // Consumer warpgroup `w` (0 or 1), rows 64w..64w+63 of a tile with at least one visible key
