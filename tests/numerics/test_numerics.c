@@ -10,8 +10,8 @@
  * finalize, e.g. with NOT_SUPPORTED, fails):
  *   cpu: everything: fp32, fp16, bf16; any head_dim / head_dim_v.
  *   fa1: fp16 (bf16 on sm_80 and newer); head_dim <= 256, a multiple of 8; head_dim_v == head_dim.
- *   fa2: fp16, bf16; head_dim 8..256, a multiple of 8; head_dim_v == head_dim; sm_80 and newer.
- *   fa3: fp16, bf16; head_dim 8..256, a multiple of 8; head_dim_v == head_dim; sm_90 only.
+ *   fa2: fp16, bf16; head_dim and head_dim_v 8..256, multiples of 8; sm_80 and newer.
+ *   fa3: fp16, bf16; head_dim and head_dim_v 8..256, multiples of 8; sm_90 only.
  * All backends run causal, sliding-window, softcap, GQA/MQA, variable-length, strided and LSE
  * cases. GPU backends have no fp32: the grid's fp32 cases run there in bf16 instead, so that
  * every feature combination is still covered. GPU-only cases add long sequences (2048, 4096, 8192)
@@ -61,7 +61,7 @@ static const grid_case grid[] = {
     CASE(1, 128, 217, 2, 2, 256, 0, B16, 0, -1, -1, 0, 0, 0, 0, 1),
     CASE(1, 128, 217, 3, 3, 8, 0, F16, 0, -1, -1, 0, 0, 0, 0, 1),
     CASE(1, 128, 217, 2, 2, 256, 0, F32, 0, -1, -1, 0, 0, 0, 0, 1),
-    /* head_dim_v != head_dim (CPU only by the documented ranges). */
+    /* head_dim_v != head_dim (cpu, fa2, fa3; fa1 refuses it). */
     CASE(2, 113, 203, 4, 2, 64, 128, F16, 0, -1, -1, 0, 0, 0, 0, 1),
     CASE(2, 113, 203, 4, 2, 128, 64, B16, 1, -1, -1, 0, 0, 0, 0, 1),
     CASE(2, 128, 217, 2, 1, 40, 256, F32, 0, -1, -1, 0, 0, 0, 1, 1),
@@ -196,12 +196,12 @@ static const char *outside_range(const grid_case *g) {
     case FLASHATTN_BACKEND_FA2:
         if (dt != FLASHATTN_DTYPE_FP16 && dt != FLASHATTN_DTYPE_BF16) return "fa2: fp16/bf16 only";
         if (d < 8 || d > 256 || d % 8 != 0) return "fa2: head_dim 8..256, multiple of 8";
-        if (dv != d) return "fa2: head_dim_v must equal head_dim";
+        if (dv < 8 || dv > 256 || dv % 8 != 0) return "fa2: head_dim_v 8..256, multiple of 8";
         return NULL;
     case FLASHATTN_BACKEND_FA3:
         if (dt != FLASHATTN_DTYPE_FP16 && dt != FLASHATTN_DTYPE_BF16) return "fa3: fp16/bf16 only";
         if (d < 8 || d > 256 || d % 8 != 0) return "fa3: head_dim 8..256, multiple of 8";
-        if (dv != d) return "fa3: head_dim_v must equal head_dim";
+        if (dv < 8 || dv > 256 || dv % 8 != 0) return "fa3: head_dim_v 8..256, multiple of 8";
         return NULL;
     default:
         return "unknown backend";

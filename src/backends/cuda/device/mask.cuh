@@ -96,6 +96,21 @@ __device__ __forceinline__ KeyTiles key_tiles(const TensorArgs &p, int qlo, int 
     return kt;
 }
 
+// Sink tokens (TensorArgs::sink_tokens): the key tiles 0 .. sink_tile_last that hold sink keys some
+// row of qlo..qhi sees and that lie below the window's tiles kt.first.. (which cover the sink keys
+// inside them); -1 when there are none. Row r sees sink key j iff j < sink_tokens and j <=
+// last_visible_key(r): the last row (qhi) sees the most. The kernels mask these tiles (mask_scores<true>
+// with the sink bound); every row of them is an edge row: kt.masked() holds for each (they lie
+// below kt.first <= kt.l_ok, or, with no window tile, below l_ok > the last row's last key).
+__device__ __forceinline__ int sink_tile_last(const TensorArgs &p, const KeyTiles &kt, int qhi, int sk, int off,
+                                              int kBN) {
+    if (p.sink_tokens <= 0) return -1;
+    const int64_t hi = min(min(static_cast<int64_t>(sk) - 1, qhi + off + p.right), static_cast<int64_t>(p.sink_tokens) - 1);
+    if (hi < 0) return -1;
+    const int last = static_cast<int>(hi / kBN);
+    return kt.first <= kt.last ? min(last, kt.first - 1) : last;
+}
+
 // FA1 (fa1/fa1_kernel.cuh, Seq) applies the same rule in int32 (left_i / right_i) with its own
 // tile bookkeeping, because its loop order differs: its OUTER loop walks key blocks and the inner one
 // query blocks, so instead of one key-tile range per query tile it asks, at every (key block j, query

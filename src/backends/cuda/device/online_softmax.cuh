@@ -24,12 +24,16 @@ __device__ __forceinline__ void softcap_scores(float (&S)[kNT][4], float cap_sca
         for (int e = 0; e < 4; ++e) S[nt][e] = tanh_accurate(S[nt][e] * cap_scale);
 }
 
-// Edge tile: -inf outside each row's visible key interval. rdiag[h] = query position + (sk - sq)
-// of row half h; col0 = key index of this thread's column 0 (tile start + 2t). Key j is visible
-// iff first_visible_key(rdiag, left) <= j <= last_visible_key(rdiag, right, sk) (mask.cuh).
-template <int kNT>
+// Edge tile: -inf outside each row's visible keys. rdiag[h] = query position + (sk - sq) of row
+// half h; col0 = key index of this thread's column 0 (tile start + 2t). Key j is visible iff
+// first_visible_key(rdiag, left) <= j <= last_visible_key(rdiag, right, sk) (mask.cuh), or, with
+// kSinks, j < sinks and j <= last_visible_key (sink tokens escape the left window only:
+// visible_sink_last in problem.h). Without kSinks the sink test is compiled out, so kernels without
+// sink tokens keep the one-interval mask's instructions (FA2's plain kernels; FA3 passes kSinks).
+template <bool kSinks = false, int kNT>
 __device__ __forceinline__ void mask_scores(float (&S)[kNT][4], const int (&rdiag)[2], int col0, int sk,
-                                            int right, int left) {
+                                            int right, int left, int sinks = 0) {
+    const int sink_end = sinks - col0;  // columns below it are sink keys
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int hi = last_visible_key(rdiag[h], right, sk) - col0;
@@ -39,7 +43,31 @@ __device__ __forceinline__ void mask_scores(float (&S)[kNT][4], const int (&rdia
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int c = nt * 8 + e;
-                if (c > hi || c < lo) S[nt][2 * h + e] = -INFINITY;
+                if (c > hi || (c < lo && (!kSinks || c >= sink_end))) S[nt][2 * h + e] = -INFINITY;
+            }
+    }
+}
+
+// ALiBi: S -= slope[h] * |rdiag[h] - j| for the tile's keys j = col0 + c, slope[h] the row's
+// slope in score units (its head's slope times TensorArgs::alibi_to_score). Before the mask, which
+// overwrites the invisible keys with -inf; a NaN or inf score stays one (the bias is finite).
+// As -sign(slope) * |t|, t = slope * (c - base): an FFMA with the column an immediate, then the
+// absolute value and an FFMA, no integer-to-float conversion per score, whose MUFU-rate throughput
+// made the first form (abs, I2F, FFMA) cost ALiBi a third of the forward's speed (H200, hdim 128).
+template <int kNT>
+__device__ __forceinline__ void alibi_scores(float (&S)[kNT][4], const int (&rdiag)[2], const float (&slope)[2],
+                                             int col0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float base = static_cast<float>(rdiag[h] - col0);  // the diagonal key, as a tile column
+        const float sb = -slope[h] * base;
+        const float neg_sign = slope[h] >= 0.f ? -1.f : 1.f;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float t = fmaf(slope[h], static_cast<float>(nt * 8 + e), sb);
+                S[nt][2 * h + e] = fmaf(neg_sign, fabsf(t), S[nt][2 * h + e]);
             }
     }
 }

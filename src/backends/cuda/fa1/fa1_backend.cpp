@@ -185,9 +185,10 @@ flashattn_status_t fa1_execute(const Problem &p, const BackendPlan &base_plan, c
 }
 
 // No backward pass: FA1's kernels are forward-only (auto runs the backward on FA2 where it can).
-// Nor any 0.3 variant: dispatch refuses them by name (merges of its states run on fa2's kernel).
+// Of the 0.3 variants only top-left alignment (its diagonal offset, Seq::off); dispatch refuses the
+// others by name (merges of its states run on fa2's kernel).
 const Backend kFa1Backend = {FLASHATTN_BACKEND_FA1, "fa1", fa1_unsupported, fa1_make_plan, fa1_execute, nullptr,
-                             nullptr, nullptr, nullptr, 0u, 0u};
+                             nullptr, nullptr, nullptr, kVariantTopLeft, 0u};
 
 }  // namespace
 

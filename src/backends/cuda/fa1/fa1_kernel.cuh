@@ -203,7 +203,7 @@ struct Fwd {
         const cuda::SeqInfo si = cuda::seq_info(p, b);
         sg.sq = si.sq;
         sg.sk = si.sk;
-        sg.off = sg.sk - sg.sq;
+        sg.off = cuda::diagonal_offset(p, sg.sq, sg.sk);  // sk - sq, or 0 top-left
         sg.left = p.left_i;
         sg.right = p.right_i;
         const int nqb = (sg.sq + BR - 1) / BR;

@@ -72,7 +72,9 @@ int pack_for(const Problem &p) {
 Variant variant_for(const Problem &p, size_t smem_optin) {
     Variant pl;
     pl.pack = pack_for(p);
-    const int kd = compiled_for(p.head_dim).head_dim;
+    // head_dim_v != head_dim: the kernel of the wider one; the narrower tensor's columns past its
+    // own dim load as zeros (they add nothing to Q K^T, and give O columns that are not stored).
+    const int kd = compiled_for(std::max(p.head_dim, p.head_dim_v)).head_dim;
     const TileConfig big = fa2::prefill_config(kd);
     const bool few_rows = p.seqlen_q * pl.pack <= kSmallMaxRows;
     const bool big_fits = smem_optin == 0 || static_cast<size_t>(fa2::smem_bytes(big)) <= smem_optin;
@@ -111,13 +113,19 @@ std::string fa2_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
         return "the fa2 backend needs compute capability 8.0 or newer (device " +
                std::to_string(dev.device) + " is " + std::to_string(dev.cc_major) + "." +
                std::to_string(dev.cc_minor) + ")";
-    const std::string shape = tensor_core_shape_problem(p, "fa2");
+    const std::string shape = tensor_core_shape_problem(p, "fa2", true);
     if (!shape.empty()) return shape;
+    if (p.head_dim_v != p.head_dim && p.serving.appends())
+        return "the fa2 backend appends to the K/V cache (FLASHATTN_I64_NEW_KV_ROWS) only with head_dim_v equal to head_dim";
     if (p.seqlen_q >= kMaxSeqlen || p.seqlen_k >= kMaxSeqlen)
         return "the fa2 backend supports sequence lengths below 2^28";
     if (p.heads_q > 65535 || p.batch > 65535)
         return "the fa2 backend supports at most 65535 heads and 65535 sequences";
     const Variant pl = variant_for(p, dev.smem_per_block_optin);
+    if (p.serving.paged && (p.sink_tokens > 0 || p.alibi || p.head_dim_v != p.head_dim))
+        return std::string("the fa2 backend runs ") +
+               (p.sink_tokens > 0 ? "sink tokens (FLASHATTN_I64_SINK_TOKENS)" : p.alibi ? "ALiBi (FLASHATTN_I64_ALIBI)" : "head_dim_v != head_dim") +
+               " with a contiguous K/V cache only, not a paged one (FLASHATTN_I64_PAGED_KV)";
     if (p.serving.paged && p.varlen)
         return "the fa2 backend runs a paged K/V cache (FLASHATTN_I64_PAGED_KV) with fixed-length queries only";
     if (p.serving.paged && p.serving.page_size % pl.cfg.block_n != 0)
@@ -132,11 +140,11 @@ std::string fa2_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
     return std::string();
 }
 
-// The split partials: [splits][heads_q][rows][head_dim] outputs and [splits][heads_q][rows] LSEs.
+// The split partials: [splits][heads_q][rows][head_dim_v] outputs and [splits][heads_q][rows] LSEs.
 void add_split_slices(const Problem &p, Fa2Plan *plan) {
     const size_t rows = static_cast<size_t>(plan->splits) * static_cast<size_t>(p.heads_q) *
                         static_cast<size_t>(p.total_query_rows());
-    plan->o_part = plan->workspace.add("fa2 split-KV partial outputs", rows * static_cast<size_t>(p.head_dim) * sizeof(float));
+    plan->o_part = plan->workspace.add("fa2 split-KV partial outputs", rows * static_cast<size_t>(p.head_dim_v) * sizeof(float));
     plan->lse_part = plan->workspace.add("fa2 split-KV partial LSE", rows * sizeof(float));
 }
 
@@ -295,7 +303,8 @@ const Backend *fa2_backend() {
     static const Backend backend{FLASHATTN_BACKEND_FA2, "fa2", fa2_unsupported_reason,
                                  fa2_make_plan, fa2_execute, nullptr,
                                  fa2::backward_unsupported_reason, fa2_execute_backward,
-                                 fa2_merge_states, kVariantTopLeft | kVariantSinkLogits, 0u};
+                                 fa2_merge_states, kVariantTopLeft | kVariantSinkLogits | kVariantAlibi | kVariantSinkTokens | kVariantHeadDimV,
+                                 kVariantTopLeft | kVariantSinkLogits};
     return &backend;
 }
 

@@ -113,7 +113,13 @@ flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const Wor
     DeviceGuard guard(p.device);  // first: every CUDA call below runs on the plan's device
     if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "fa2 backward: cudaSetDevice");
     FLASHATTN_TRY(check_device_tensors(p, t));
-    if (p.batch == 0 || p.heads_q == 0) return FLASHATTN_SUCCESS;
+    if (p.heads_q == 0) return FLASHATTN_SUCCESS;
+    if (p.batch == 0) {  // no rows: the sink logits' gradient is 0
+        if (t.dsink_logits == nullptr) return FLASHATTN_SUCCESS;
+        const cudaError_t err = cudaMemsetAsync(t.dsink_logits, 0, static_cast<size_t>(p.heads_q) * sizeof(float),
+                                                reinterpret_cast<cudaStream_t>(t.stream));
+        return err == cudaSuccess ? FLASHATTN_SUCCESS : cuda_fail(err, "fa2 backward: zeroing dsink_logits");
+    }
     const bool have_q = p.varlen ? p.total_q > 0 : p.seqlen_q > 0;
     const bool have_k = p.varlen ? p.total_k > 0 : p.seqlen_k > 0;
 
@@ -132,6 +138,7 @@ flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const Wor
     k.scale = static_cast<float>(p.scale);
     k.dq_splits = 1;
     k.deterministic = p.deterministic ? 1 : 0;
+    k.dsink_logits = t.dsink_logits;
     if (p.deterministic) {
         k.dq_sem = ws.at<int32_t>(t.workspace, plan.dq_sem);
         k.sem_blocks = plan.sem_blocks;
@@ -144,6 +151,11 @@ flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const Wor
         err = launch_bwd_preprocess(k, bf16, stream);
         if (err != cudaSuccess) return cuda_fail(err, "fa2 backward preprocess");
         FLASHATTN_TRY(check_launch("fa2 backward preprocess kernel"));
+    }
+    if (k.dsink_logits != nullptr) {  // after the preprocess's D (rows of no sequence: dsink = 0)
+        err = launch_bwd_sink_grad(k, stream);
+        if (err != cudaSuccess) return cuda_fail(err, "fa2 backward sink gradient");
+        FLASHATTN_TRY(check_launch("fa2 backward sink gradient kernel"));
     }
     if (have_k && p.deterministic) {
         err = cudaMemsetAsync(k.dq_sem, 0, ws.bytes(plan.dq_sem), stream);

@@ -376,7 +376,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) bwd_kernel(const
     const cuda::SeqInfo si = cuda::seq_info(p, a.b);
     a.sq = si.sq;
     a.sk = si.sk;
-    a.off = si.sk - si.sq;
+    a.off = cuda::diagonal_offset(p, si.sq, si.sk);  // sk - sq, or 0 top-left
     a.q_row0 = si.q_row0;
     a.d = p.head_dim;
     const bool varlen = p.cu_q != nullptr;

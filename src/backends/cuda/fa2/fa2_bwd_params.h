@@ -39,6 +39,7 @@ struct BwdParams : TensorArgs {
     int32_t dq_splits = 1;      // accumulator copies the preprocess zeroes and the convert sums (1 since
                                 // the deterministic mode orders its adds instead of copying)
     int32_t deterministic = 0;  // 1: dQ adds ordered by dq_sem
+    float *dsink_logits = nullptr;  // sink logits' gradient [heads_q] (TensorArgs::sink_logits set)
 };
 
 // Main-kernel tiles. A CTA of `warps` warps owns `bn` keys over the whole head dim (S and dP are
@@ -86,6 +87,8 @@ FLASHATTN_FA2_HEAD_DIMS(FLASHATTN_FA2_DECLARE_BWD_LAUNCH)
 // fa2_bwd_prep.cu: the preprocess (row_dot, zeroed accumulator) and the dQ convert kernels.
 cudaError_t launch_bwd_preprocess(const BwdParams &p, bool bf16, cudaStream_t s);
 cudaError_t launch_bwd_convert_dq(const BwdParams &p, bool bf16, cudaStream_t s);
+// dsink[h] = -sum over h's rows of e^(sink[h] - LSE) * row_dot (one CTA per head, a fixed order).
+cudaError_t launch_bwd_sink_grad(const BwdParams &p, cudaStream_t s);
 
 }  // namespace fa2
 }  // namespace flashattn

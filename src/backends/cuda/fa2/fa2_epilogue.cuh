@@ -51,11 +51,11 @@ __device__ __forceinline__ void store_split_partials(const Params &p, const floa
     const int t = threadIdx.x & 3;
     for_each_own_row<Tr>(m0, prows, G, hbase, [&](int mt, int h, int qpos, int head) {
         const int64_t r = (static_cast<int64_t>(split) * p.heads_q + head) * p.total_rows + grow0 + qpos;
-        float *op = p.o_part + r * p.head_dim;
+        float *op = p.o_part + r * p.head_dim_v;
 #pragma unroll
         for (int dt = 0; dt < Tr::kDT; ++dt) {
             const int col = dt * 8 + 2 * t;
-            if (col < p.head_dim)
+            if (col < p.head_dim_v)
                 *reinterpret_cast<float2 *>(op + col) =
                     make_float2(cuda::normalize_output(O[mt][dt][2 * h], inv[mt][h]),
                                 cuda::normalize_output(O[mt][dt][2 * h + 1], inv[mt][h]));
@@ -106,7 +106,7 @@ __device__ __forceinline__ void store_o(const Params &p, const float (&O)[Tr::kM
     constexpr int kStep = 32 / kCPRp;
     const int c = lane % kCPRp;
     const int lr0 = lane / kCPRp;
-    if (!((kCPR == kCPRp || c < kCPR) && c * 8 < p.head_dim)) return;
+    if (!((kCPR == kCPRp || c < kCPR) && c * 8 < p.head_dim_v)) return;
     og += c * 8;
     const int prow0 = m0 + warp * kWR + lr0;
     if (G == 1) {

@@ -10,7 +10,9 @@
 // Runtime features (no template flags): causal / sliding window (one key interval per row),
 // soft cap, GQA/MQA (and pack-GQA: the query heads of one kv head stacked along M), variable
 // length (cu_seqlens), LSE, split-KV (fp32 partials into the workspace + fa2_merge.cu), seqused_k,
-// top-left causal, sink logits (joined after the key loop). A paged K/V cache is the one template
+// top-left causal, sink logits (joined after the key loop). In the kVariants instantiation: ALiBi
+// (in the edge-tile body, which every tile takes when it is on), sink tokens (their tiles walked
+// before the window's), head_dim_v != head_dim (V's columns past it load as zeros). A paged K/V cache is the one template
 // flag (kPaged): its per-tile page lookup, as a runtime test, cost the contiguous kernels spills.
 //
 // This file only assembles the roles: CTA -> work (fa2_tile_scheduler.cuh), the sequence's offsets
@@ -39,8 +41,10 @@ namespace flashattn {
 namespace fa2 {
 
 // kPaged: K/V through Params::page_table (launch_fwd picks it once per launch, so the key loop of
-// the contiguous kernels carries no page code).
-template <class Tr, class E, bool kPaged = false>
+// the contiguous kernels carries no page code). kVariants: ALiBi, sink tokens, head_dim_v !=
+// head_dim (contiguous K/V only); in the plain kernels their code made hdim 128's big tile spill
+// 16 bytes (CUDA 13.0), so launch_fwd picks this instantiation only for plans that use them.
+template <class Tr, class E, bool kPaged = false, bool kVariants = false>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     fwd_kernel(const __grid_constant__ Params p) {
     constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kMT = Tr::kMT, kDT = Tr::kDT, kWR = Tr::kWarpRows;
@@ -81,7 +85,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const int off = cuda::diagonal_offset(p, sq, sk);
     const int qlo = m0 / G;
     const int qhi = (min(m0 + kBM, prows) - 1) / G;
-    const cuda::KeyTiles kt = cuda::key_tiles(p, qlo, qhi, sk, off, kBN);
+    cuda::KeyTiles kt = cuda::key_tiles(p, qlo, qhi, sk, off, kBN);
+    if (kVariants && p.alibi_slopes != nullptr) kt.r_ok = -1;  // ALiBi: every tile takes the edge body
     const KeyTileRange kr = split_key_tiles(kt, split, p.num_splits);
     const int nb_first = kr.first, nb_last = kr.last;
 
@@ -114,8 +119,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     }
     const float sl2 = p.score_log2;
 
+    // Sink tokens: tiles 0 .. s_last below the window's, walked by split 0 only (it holds the
+    // window's lowest tiles, so the splits still share the keys out without overlap).
+    const int s_last = kVariants && split == 0 ? cuda::sink_tile_last(p, kt, qhi, sk, off, kBN) : -1;
+
     // ---- main loop: key tiles nb_last down to nb_first ----------------------------------------
-    if (nb_first <= nb_last) {
+    if (nb_first <= nb_last || s_last >= 0) {
         FwdLoopArgs a;
         a.qg = qg;
         a.kg = kg;
@@ -145,7 +154,22 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
             unpack_row(m0 + warp * kWR + mt * 16 + h * 8 + g, G, hbase, qpos, head);
             return qpos + off;
         };
-        fwd_mainloop<Tr, E, kPaged>(p, a, kt, nb_last, O, row_max, row_sum, row_diag);
+        // ALiBi slope of the same row: its query head.
+        auto row_head = [&](int mt, int h) {
+            int qpos, head;
+            unpack_row(m0 + warp * kWR + mt * 16 + h * 8 + g, G, hbase, qpos, head);
+            return head;
+        };
+        if constexpr (kVariants) {
+            if (s_last >= 0) {
+                a.nb_first = 0;
+                fwd_sink_tiles<Tr, E, kPaged, kVariants>(p, a, s_last, O, row_max, row_sum, row_diag, row_head);
+                a.nb_first = nb_first;
+            }
+        }
+        if (nb_first <= nb_last)
+            fwd_mainloop<Tr, E, kPaged, kVariants>(p, a, kt, nb_last, O, row_max, row_sum, row_diag, row_head,
+                                                   s_last < 0);
     }
 
     // ---- epilogue ------------------------------------------------------------------------------

@@ -18,10 +18,10 @@
 namespace flashattn {
 namespace fa2 {
 
-template <int kD, bool kSmall, class E, bool kPaged>
+template <int kD, bool kSmall, class E, bool kPaged, bool kVariants = false>
 cudaError_t launch_fwd_kernel(const Params &p, cudaStream_t stream) {
     using Tr = typename TraitsFor<kD, kSmall>::type;
-    auto kernel = fwd_kernel<Tr, E, kPaged>;
+    auto kernel = fwd_kernel<Tr, E, kPaged, kVariants>;
     static unsigned long long optin_done = 0;  // one per instantiation of this function
     cudaError_t e = cuda::ensure_smem_optin(kernel, Tr::kSmemBytes, &optin_done);
     if (e != cudaSuccess) return e;
@@ -31,11 +31,14 @@ cudaError_t launch_fwd_kernel(const Params &p, cudaStream_t stream) {
 
 // A paged K/V cache runs its own instantiation of the same tile: a runtime test per key tile cost
 // the contiguous kernels registers (spills at the big tiles), and a paged plan keeps the tile (and
-// so the bits) that the same problem over a contiguous cache gets.
+// so the bits) that the same problem over a contiguous cache gets. So do ALiBi, sink tokens and
+// head_dim_v != head_dim (kVariants, contiguous caches only: fa2_unsupported_reason).
 template <int kD, bool kSmall, class E>
 cudaError_t launch_fwd(const Params &p, cudaStream_t stream) {
-    return p.page_table != nullptr ? launch_fwd_kernel<kD, kSmall, E, true>(p, stream)
-                                   : launch_fwd_kernel<kD, kSmall, E, false>(p, stream);
+    if (p.page_table != nullptr) return launch_fwd_kernel<kD, kSmall, E, true>(p, stream);
+    if (p.alibi_slopes != nullptr || p.sink_tokens > 0 || p.head_dim_v != p.head_dim)
+        return launch_fwd_kernel<kD, kSmall, E, false, true>(p, stream);
+    return launch_fwd_kernel<kD, kSmall, E, false>(p, stream);
 }
 
 // Launcher body of one compiled head dim (both element types; the small configuration only where

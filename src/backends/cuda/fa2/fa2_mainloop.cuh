@@ -55,11 +55,20 @@ __device__ __forceinline__ int64_t page_shift(const Params &p, int n0, int64_t r
 // cp.async K or V tile [n0, n0 + kBN) of this sequence (g: a.kg or a.vg; page_stride: k_bs or
 // v_bs). Without kPaged it is exactly the contiguous load (a runtime test here, per tile, made
 // ptxas spill in the big-tile kernels); paged only moves the base pointer.
+// cols: K's head dim a.d, or V's p.head_dim_v (read from the parameters where used, so that it
+// takes no register across the loop); columns past it are zero-filled.
 template <class Tr, bool kPaged, bool kAllRows>
 __device__ __forceinline__ void load_kv_tile(const Params &p, const FwdLoopArgs &a, uint32_t s, const uint16_t *g,
-                                             int n0, int64_t rs, int64_t page_stride) {
+                                             int n0, int64_t rs, int64_t page_stride, int cols) {
     if constexpr (kPaged) g += page_shift(p, n0, rs, page_stride);
-    load_tile<Tr, Tr::kBN, kAllRows>(s, g, n0, rs, a.sk - n0, a.d, a.tid);
+    load_tile<Tr, Tr::kBN, kAllRows>(s, g, n0, rs, a.sk - n0, cols, a.tid);
+}
+
+// V's columns: head_dim_v in the variants kernels, the runtime head dim (a register) elsewhere.
+template <bool kVariants>
+__device__ __forceinline__ int v_cols(const Params &p, const FwdLoopArgs &a) {
+    if constexpr (kVariants) return p.head_dim_v;
+    return a.d;
 }
 
 // Single K/V buffer, at the point where every warp is done with K[nb]: wait for V[nb] (the only
@@ -71,25 +80,27 @@ __device__ __forceinline__ void wait_v_load_next_k(const Params &p, const FwdLoo
     __syncthreads();           // every warp is done with K[nb]
     if (nb > a.nb_first) {
         const int n0 = (nb - 1) * Tr::kBN;
-        load_kv_tile<Tr, kPaged, true>(p, a, s_k, a.kg, n0, p.k_rs, p.k_bs);
+        load_kv_tile<Tr, kPaged, true>(p, a, s_k, a.kg, n0, p.k_rs, p.k_bs, a.d);
         cuda::cp_async_commit();
     }
 }
 
 // Prologue: Q, K[nb_last] and V[nb_last] into the first buffer, as two cp.async groups (Q with K,
 // then V). The first V tile goes out with Q and K (both buffer schemes), so that the first
-// iteration waits for one memory round trip, not two.
-template <class Tr, bool kPaged>
-__device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopArgs &a, int nb_last) {
+// iteration waits for one memory round trip, not two. with_q false: Q is in place already (the
+// sink tiles' walk loaded it); K and V still form the same two groups.
+template <class Tr, bool kPaged, bool kVariants>
+__device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopArgs &a, int nb_last, bool with_q) {
     constexpr int kBM = Tr::kBM, kBN = Tr::kBN;
-    if (a.G == 1)
+    if (!with_q) {
+    } else if (a.G == 1)
         load_tile<Tr, kBM>(a.s_q, a.qg + a.hbase * p.q_hs, a.m0, p.q_rs, a.prows - a.m0, a.d, a.tid);
     else
         load_q<Tr>(a.s_q, a.qg, p.q_rs, p.q_hs, a.m0, a.prows, a.G, a.hbase, a.d, a.tid);
     const int n0 = nb_last * kBN;
-    load_kv_tile<Tr, kPaged, false>(p, a, a.s_kv, a.kg, n0, p.k_rs, p.k_bs);
+    load_kv_tile<Tr, kPaged, false>(p, a, a.s_kv, a.kg, n0, p.k_rs, p.k_bs, a.d);
     cuda::cp_async_commit();
-    load_kv_tile<Tr, kPaged, false>(p, a, a.s_kv + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs);
+    load_kv_tile<Tr, kPaged, false>(p, a, a.s_kv + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs, v_cols<kVariants>(p, a));
     cuda::cp_async_commit();
 }
 
@@ -102,11 +113,11 @@ __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopA
 // 64, different scheduling), which this reorganisation was not to do. Tiles loaded here lie
 // below the first one, so all their rows are in range (only a sequence's last key tile can be
 // partial): they are loaded with kAllRows.
-template <class Tr, class E, bool kPaged, bool kMasked, class RowDiag>
+template <class Tr, class E, bool kPaged, bool kVariants, bool kMasked, class RowDiag, class RowHead>
 __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs &a, const int nb,
                                              const int it, float (&O)[Tr::kMT][Tr::kDT][4],
                                              float (&row_max)[Tr::kMT][2], float (&row_sum)[Tr::kMT][2],
-                                             const RowDiag &row_diag) {
+                                             const RowDiag &row_diag, const RowHead &row_head) {
     constexpr int kBN = Tr::kBN, kMT = Tr::kMT, kNT = Tr::kNT, kDT = Tr::kDT;
     const uint32_t st_off = Tr::kStages == 2 ? (it & 1) * 2 * Tr::kKVBytes : 0;
     if constexpr (Tr::kStages == 2) {
@@ -115,9 +126,9 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
         const uint32_t nxt = a.s_kv + (((it + 1) & 1) * 2 * Tr::kKVBytes);
         if (nb > a.nb_first) {
             const int n0 = (nb - 1) * kBN;
-            load_kv_tile<Tr, kPaged, true>(p, a, nxt, a.kg, n0, p.k_rs, p.k_bs);
+            load_kv_tile<Tr, kPaged, true>(p, a, nxt, a.kg, n0, p.k_rs, p.k_bs, a.d);
             cuda::cp_async_commit();
-            load_kv_tile<Tr, kPaged, true>(p, a, nxt + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs);
+            load_kv_tile<Tr, kPaged, true>(p, a, nxt + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs, v_cols<kVariants>(p, a));
             cuda::cp_async_commit();
         } else {
             cuda::cp_async_commit();
@@ -129,7 +140,7 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
     } else {
         cuda::cp_async_wait<0>();  // K[nb] landed
         __syncthreads();           // every warp is done with V[nb+1]
-        load_kv_tile<Tr, kPaged, true>(p, a, a.s_kv + Tr::kKVBytes, a.vg, nb * kBN, p.v_rs, p.v_bs);
+        load_kv_tile<Tr, kPaged, true>(p, a, a.s_kv + Tr::kKVBytes, a.vg, nb * kBN, p.v_rs, p.v_bs, v_cols<kVariants>(p, a));
         cuda::cp_async_commit();
     }
 
@@ -153,7 +164,19 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
                 int rdiag[2];
 #pragma unroll
                 for (int h = 0; h < 2; ++h) rdiag[h] = row_diag(mt, h);
-                cuda::mask_scores(S[mt], rdiag, nb * kBN + 2 * a.t, a.sk, p.right_i, p.left_i);
+                if constexpr (kVariants) {
+                    // ALiBi plans take this body for every tile (the kernel marks no tile unmasked):
+                    // as a branch of the other body it made hdim 128's big tile spill (CUDA 13.0).
+                    if (p.alibi_slopes != nullptr) {
+                        float slope[2];
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) slope[h] = p.alibi_slopes[row_head(mt, h)] * p.alibi_to_score;
+                        cuda::alibi_scores(S[mt], rdiag, slope, nb * kBN + 2 * a.t);
+                    }
+                    cuda::mask_scores<true>(S[mt], rdiag, nb * kBN + 2 * a.t, a.sk, p.right_i, p.left_i, p.sink_tokens);
+                } else {
+                    cuda::mask_scores(S[mt], rdiag, nb * kBN + 2 * a.t, a.sk, p.right_i, p.left_i);
+                }
             }
             float alpha[2];
             cuda::softmax_step<E>(S[mt], row_max[mt], row_sum[mt], a.sl2, P[mt], alpha);
@@ -180,19 +203,35 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
 
 // The whole walk over key tiles nb_last down to a.nb_first (non-empty), accumulating the
 // unnormalised O and the running row max / sum that the epilogue finishes (cuda::finish_rows).
-template <class Tr, class E, bool kPaged, class RowDiag>
+// with_q: false when the sink tiles (fwd_sink_tiles) ran before and Q is in shared memory already.
+template <class Tr, class E, bool kPaged, bool kVariants, class RowDiag, class RowHead>
 __device__ __forceinline__ void fwd_mainloop(const Params &p, const FwdLoopArgs &a, const cuda::KeyTiles &kt,
                                              int nb_last, float (&O)[Tr::kMT][Tr::kDT][4],
                                              float (&row_max)[Tr::kMT][2], float (&row_sum)[Tr::kMT][2],
-                                             const RowDiag &row_diag) {
-    load_first_tiles<Tr, kPaged>(p, a, nb_last);
+                                             const RowDiag &row_diag, const RowHead &row_head, bool with_q = true) {
+    load_first_tiles<Tr, kPaged, kVariants>(p, a, nb_last, with_q);
     int it = 0;
     for (int nb = nb_last; nb >= a.nb_first; --nb, ++it) {
         if (kt.masked(nb))
-            fwd_key_tile<Tr, E, kPaged, true>(p, a, nb, it, O, row_max, row_sum, row_diag);
+            fwd_key_tile<Tr, E, kPaged, kVariants, true>(p, a, nb, it, O, row_max, row_sum, row_diag, row_head);
         else
-            fwd_key_tile<Tr, E, kPaged, false>(p, a, nb, it, O, row_max, row_sum, row_diag);
+            fwd_key_tile<Tr, E, kPaged, kVariants, false>(p, a, nb, it, O, row_max, row_sum, row_diag, row_head);
     }
+}
+
+// Sink tokens: key tiles s_last down to 0 (cuda::sink_tile_last; a.nb_first must be 0), all
+// through the masked body, before the window's tiles (fwd_mainloop with with_q = false). The
+// closing barrier: every warp is done with the K/V buffers the window's prologue refills.
+template <class Tr, class E, bool kPaged, bool kVariants, class RowDiag, class RowHead>
+__device__ __forceinline__ void fwd_sink_tiles(const Params &p, const FwdLoopArgs &a, int s_last,
+                                               float (&O)[Tr::kMT][Tr::kDT][4], float (&row_max)[Tr::kMT][2],
+                                               float (&row_sum)[Tr::kMT][2], const RowDiag &row_diag,
+                                               const RowHead &row_head) {
+    load_first_tiles<Tr, kPaged, kVariants>(p, a, s_last, true);
+    int it = 0;
+    for (int nb = s_last; nb >= 0; --nb, ++it)
+        fwd_key_tile<Tr, E, kPaged, kVariants, true>(p, a, nb, it, O, row_max, row_sum, row_diag, row_head);
+    __syncthreads();
 }
 
 }  // namespace fa2

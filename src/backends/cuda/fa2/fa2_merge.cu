@@ -138,16 +138,16 @@ cudaError_t launch_merge(const Params &p, bool bf16, cudaStream_t stream) {
     const int64_t split_stride = static_cast<int64_t>(p.heads_q) * p.total_rows;
     m.num_partials = p.num_splits;
     for (int s = 0; s < p.num_splits; ++s) {
-        m.o_part[s] = p.o_part + s * split_stride * p.head_dim;
+        m.o_part[s] = p.o_part + s * split_stride * p.head_dim_v;
         m.lse_part[s] = p.lse_part + s * split_stride;
     }
     m.batch = varlen ? 1 : p.batch;
     m.rows = varlen ? static_cast<int32_t>(p.total_rows) : p.seqlen_q;
     m.heads = p.heads_q;
-    m.head_dim = p.head_dim;
-    m.p_bs = static_cast<int64_t>(p.seqlen_q) * p.head_dim;
-    m.p_rs = p.head_dim;
-    m.p_hs = p.total_rows * p.head_dim;
+    m.head_dim = p.head_dim_v;
+    m.p_bs = static_cast<int64_t>(p.seqlen_q) * p.head_dim_v;
+    m.p_rs = p.head_dim_v;
+    m.p_hs = p.total_rows * p.head_dim_v;
     m.l_bs = p.seqlen_q;
     m.l_hs = p.total_rows;
     m.o = p.o;

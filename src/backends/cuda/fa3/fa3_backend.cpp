@@ -71,12 +71,16 @@ std::string tma_stride_problem(const char *name, const Strides &s, int64_t rows,
     return std::string();
 }
 
+// The compiled head dim that runs the problem: that of the wider of head_dim and head_dim_v (the
+// narrower tensor's TMA boxes are zero past its own columns: nothing in Q K^T, O columns not stored).
+int kernel_head_dim(const Problem &p) { return static_cast<int>(std::max(p.head_dim, p.head_dim_v)); }
+
 std::string fa3_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
     if (!dev.present) return "the fa3 backend needs a CUDA device and none is available";
     if (dev.cc_major != 9 || dev.cc_minor != 0)
         return "the fa3 backend runs only on compute capability 9.0 (Hopper; device " + std::to_string(dev.device) +
                " is " + std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor) + ")";
-    const std::string shape = tensor_core_shape_problem(p, "fa3");
+    const std::string shape = tensor_core_shape_problem(p, "fa3", true);
     if (!shape.empty()) return shape;
     if (p.seqlen_q >= kMaxSeqlen || p.seqlen_k >= kMaxSeqlen || p.total_q >= kMaxSeqlen || p.total_k >= kMaxSeqlen)
         return "the fa3 backend supports sequence lengths (and varlen totals) below 2^28";
@@ -89,7 +93,7 @@ std::string fa3_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
                                    tma_stride_problem("k", p.k, p.k_rows(), p.heads_kv, batch),
                                    tma_stride_problem("v", p.v, p.k_rows(), p.heads_kv, batch)})
         if (!why.empty()) return why;
-    const size_t smem = static_cast<size_t>(fa3::smem_bytes(fa3::config_for(static_cast<int>(p.head_dim))));
+    const size_t smem = static_cast<size_t>(fa3::smem_bytes(fa3::config_for(kernel_head_dim(p))));
     if (dev.smem_per_block_optin != 0 && smem > dev.smem_per_block_optin)
         return "the fa3 backend needs " + std::to_string(smem / 1024) + " KB of shared memory per block and the device allows " +
                std::to_string(dev.smem_per_block_optin / 1024) + " KB";
@@ -143,7 +147,7 @@ int causal_section(const Problem &p, int64_t l2_bytes, int num_ctas) {
 
 flashattn_status_t fa3_make_plan(const Problem &p, const DeviceInfo &dev, std::unique_ptr<BackendPlan> *out) {
     auto plan = std::make_unique<Fa3Plan>();
-    plan->cfg = fa3::config_for(static_cast<int>(p.head_dim));
+    plan->cfg = fa3::config_for(kernel_head_dim(p));
     plan->launch = launcher_for(plan->cfg.head_dim);
     if (plan->launch == nullptr)
         return fail(FLASHATTN_ERROR_INTERNAL, "fa3: no compiled kernel for head dim %d", plan->cfg.head_dim);
@@ -187,14 +191,15 @@ flashattn_status_t encode_cached(CachedMap *c, CUtensorMap *out, TmaElement el, 
 
 // One rank-4 map {head_dim, rows, heads, batch}: 64-column boxes of `box_rows` rows. Extent-1
 // dimensions get a filler stride (unused, but the encoder checks it). `slot`: 0, 1, 2 for Q, K, V
-// of the forward, 3..6 for Q, K, V, dO of the backward.
+// of the forward, 3..6 for Q, K, V, dO of the backward. `cols`: the tensor's head dim (head_dim_v
+// for V); the kernel's boxes past it arrive as zeros.
 flashattn_status_t encode_map(int slot, CUtensorMap *out, TmaElement el, const void *base, const Problem &p,
-                              const Strides &s, int64_t rows, int64_t heads, int box_rows) {
+                              const Strides &s, int64_t rows, int64_t heads, int box_rows, int64_t cols) {
     thread_local CachedMap cache[7];
     const int64_t batch = p.batch_extent();
     const uint64_t row_bytes = static_cast<uint64_t>(s.row) * 2;
-    const uint64_t filler = static_cast<uint64_t>(p.head_dim) * 2 * 16;
-    const uint64_t dims[4] = {static_cast<uint64_t>(p.head_dim), static_cast<uint64_t>(rows),
+    const uint64_t filler = static_cast<uint64_t>(cols) * 2 * 16;
+    const uint64_t dims[4] = {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows),
                               static_cast<uint64_t>(heads), static_cast<uint64_t>(batch)};
     const uint64_t strides[3] = {rows > 1 ? row_bytes : filler, heads > 1 ? static_cast<uint64_t>(s.head) * 2 : filler,
                                  batch > 1 ? static_cast<uint64_t>(s.batch) * 2 : filler};
@@ -218,11 +223,11 @@ flashattn_status_t fa3_execute(const Problem &p, const BackendPlan &base_plan, c
     const TmaElement el = p.dtype == FLASHATTN_DTYPE_BF16 ? TmaElement::bf16 : TmaElement::fp16;
     const int64_t rows_k = p.k_rows();
     fa3::TensorMaps maps;
-    FLASHATTN_TRY(encode_map(0, &maps.q, el, t.q, p, p.q, p.q_rows(), p.heads_q, fa3::kBlockM));
+    FLASHATTN_TRY(encode_map(0, &maps.q, el, t.q, p, p.q, p.q_rows(), p.heads_q, fa3::kBlockM, p.head_dim));
     // No keys at all: the kernel loads no K/V tile, but the maps still need a valid base and extent.
     const bool no_keys = rows_k == 0;
-    FLASHATTN_TRY(encode_map(1, &maps.k, el, no_keys ? t.q : t.k, p, p.k, no_keys ? 1 : rows_k, p.heads_kv, plan.cfg.block_n));
-    FLASHATTN_TRY(encode_map(2, &maps.v, el, no_keys ? t.q : t.v, p, p.v, no_keys ? 1 : rows_k, p.heads_kv, plan.cfg.block_n));
+    FLASHATTN_TRY(encode_map(1, &maps.k, el, no_keys ? t.q : t.k, p, p.k, no_keys ? 1 : rows_k, p.heads_kv, plan.cfg.block_n, p.head_dim));
+    FLASHATTN_TRY(encode_map(2, &maps.v, el, no_keys ? t.q : t.v, p, p.v, no_keys ? 1 : rows_k, p.heads_kv, plan.cfg.block_n, p.head_dim_v));
 
     k.num_ctas = plan.num_ctas;
     k.section = plan.section;
@@ -245,13 +250,13 @@ flashattn_status_t fa3_execute_backward(const Problem &p, const BackendPlan &bas
     if (no_q && no_k) return FLASHATTN_SUCCESS;
     fa3::BwdMaps maps;
     FLASHATTN_TRY(encode_map(3, &maps.q, el, no_q ? t.k : t.q, p, no_q ? p.k : p.q, no_q ? 1 : p.q_rows(),
-                             no_q ? p.heads_kv : p.heads_q, fa3::kBwdBM));
+                             no_q ? p.heads_kv : p.heads_q, fa3::kBwdBM, p.head_dim));
     FLASHATTN_TRY(encode_map(6, &maps.dout, el, no_q ? t.k : t.dout, p, no_q ? p.k : p.dout, no_q ? 1 : p.q_rows(),
-                             no_q ? p.heads_kv : p.heads_q, fa3::kBwdBM));
+                             no_q ? p.heads_kv : p.heads_q, fa3::kBwdBM, p.head_dim));
     FLASHATTN_TRY(encode_map(4, &maps.k, el, no_k ? t.q : t.k, p, no_k ? p.q : p.k, no_k ? 1 : p.k_rows(),
-                             no_k ? p.heads_q : p.heads_kv, fa3::kBwdBN));
+                             no_k ? p.heads_q : p.heads_kv, fa3::kBwdBN, p.head_dim));
     FLASHATTN_TRY(encode_map(5, &maps.v, el, no_k ? t.q : t.v, p, no_k ? p.q : p.v, no_k ? 1 : p.k_rows(),
-                             no_k ? p.heads_q : p.heads_kv, fa3::kBwdBN));
+                             no_k ? p.heads_q : p.heads_kv, fa3::kBwdBN, p.head_dim));
     return fa3::run_backward(p, plan.backward, plan.backward_workspace, t, maps);
 }
 
@@ -262,7 +267,9 @@ const Backend *fa3_backend() {
     // dispatch's kFa3BackwardUnderAuto.
     static const Backend backend{FLASHATTN_BACKEND_FA3, "fa3", fa3_unsupported_reason, fa3_make_plan,
                                  fa3_execute, fa3_auto_pass_reason, fa3_backward_unsupported_reason,
-                                 fa3_execute_backward, nullptr, kVariantTopLeft | kVariantSinkLogits, 0u};  // merges run on fa2's kernel (dispatch)
+                                 fa3_execute_backward, nullptr,
+                                 kVariantTopLeft | kVariantSinkLogits | kVariantAlibi | kVariantSinkTokens | kVariantHeadDimV,
+                                 0u};  // merges run on fa2's kernel (dispatch)
     return &backend;
 }
 

@@ -38,7 +38,7 @@ __device__ __forceinline__ void store_output(const Params &p, const TileCoords &
     const bool varlen = p.cu_q != nullptr;
     const int64_t ooff = varlen ? c.seq.q_row0 * p.o_rs : static_cast<int64_t>(c.b) * p.o_bs;
     uint16_t *og = static_cast<uint16_t *>(p.o) + ooff + static_cast<int64_t>(c.head) * p.o_hs;
-    const int d = p.head_dim;
+    const int d = p.head_dim_v;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         if (qpos[h] >= c.seq.sq) continue;

@@ -1,5 +1,6 @@
 // FA3 forward, producer: the one thread of warpgroup 0 that issues every TMA load of a work tile
-// (Q once, then K and V from the last visible key tile down to the first) into the Q buffer and
+// (Q once, then K and V in TileCoords::key_tile order: the window's tiles from the last down, then
+// the sink tokens' tiles) into the Q buffer and
 // the K/V rings of fa3_traits.cuh.
 //
 // Reusable by a backward or FP8 kernel with the same shared-memory layout (Traits) and the same
@@ -39,7 +40,9 @@ __device__ __forceinline__ void produce(const Params &p, const TileCoords &c, co
                                         Barriers *bars, Pipe &pipe) {
     const int32_t bq = batch_coord(p, c);
     const int kvh = c.head / p.group;
-    for (int i = pipe.kv, nb = c.kt.last; nb >= c.kt.first; ++i, --nb) {
+    const int n_tiles = c.n_tiles();
+    for (int j = 0; j < n_tiles; ++j) {
+        const int i = pipe.kv + j, nb = c.key_tile(j);
         const int st = stage_of(i);
         const uint32_t ph = phase_of(i);
         const int32_t krow = kv_row_coord(p, c, nb, Tr::kBN);
@@ -48,7 +51,7 @@ __device__ __forceinline__ void produce(const Params &p, const TileCoords &c, co
         cuda::mbar_wait(&bars->k_empty[st], ph ^ 1u);
         cuda::mbar_arrive_expect_tx(&bars->k_full[st], Tr::kKVBytes);
         tma_tile<Tr>(k_dst, Tr::kKVPage, tm_k, &bars->k_full[st], krow, kvh, bq);
-        if (nb == c.kt.last) {
+        if (j == 0) {
             cuda::mbar_wait(&bars->q_empty, static_cast<uint32_t>(pipe.q & 1) ^ 1u);
             cuda::mbar_arrive_expect_tx(&bars->q_full, Tr::kQBytes);
             const int32_t qrow = q_row_coord(p, c);
@@ -59,7 +62,7 @@ __device__ __forceinline__ void produce(const Params &p, const TileCoords &c, co
         cuda::mbar_arrive_expect_tx(&bars->v_full[st], Tr::kKVBytes);
         tma_tile<Tr>(v_dst, Tr::kKVPage, tm_v, &bars->v_full[st], krow, kvh, bq);
     }
-    pipe.kv += c.kt.last - c.kt.first + 1;
+    pipe.kv += n_tiles;
     pipe.q += 1;
 }
 

@@ -23,8 +23,16 @@ struct TileCoords {
     int m0;             // first query row of the tile within its sequence
     cuda::SeqInfo seq;  // lengths and first rows
     cuda::KeyTiles kt;  // visible key tiles (empty when the tile has no query row)
+    int sink_last = -1;  // sink tokens: tiles 0 .. sink_last below kt.first (cuda::sink_tile_last)
     __device__ bool has_rows() const { return m0 < seq.sq; }
-    __device__ bool has_keys() const { return has_rows() && kt.first <= kt.last; }
+    __device__ int n_tiles() const { return kt.last - kt.first + 1 + sink_last + 1; }
+    __device__ bool has_keys() const { return has_rows() && n_tiles() > 0; }
+    // The i-th key tile of the walk both roles take: the window's from kt.last down, then the sink
+    // tiles from sink_last down.
+    __device__ int key_tile(int i) const {
+        const int nw = kt.last - kt.first + 1;
+        return i < nw ? kt.last - i : sink_last - (i - nw);
+    }
 };
 
 // Work tile `tile` of the persistent schedule. Equal-cost tiles (no causal mask): query tiles
@@ -54,7 +62,9 @@ __device__ __forceinline__ TileCoords tile_coords(const Params &p, int tile, int
     c.seq = cuda::seq_info(p, c.b);
     if (c.has_rows()) {
         const int qhi = min(c.m0 + kBlockM, c.seq.sq) - 1;
-        c.kt = cuda::key_tiles(p, c.m0, qhi, c.seq.sk, cuda::diagonal_offset(p, c.seq.sq, c.seq.sk), kBN);
+        const int off = cuda::diagonal_offset(p, c.seq.sq, c.seq.sk);
+        c.kt = cuda::key_tiles(p, c.m0, qhi, c.seq.sk, off, kBN);
+        c.sink_last = cuda::sink_tile_last(p, c.kt, qhi, c.seq.sk, off, kBN);
     }
     return c;
 }

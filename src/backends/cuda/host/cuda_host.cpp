@@ -94,7 +94,7 @@ DeviceGuard::~DeviceGuard() {
     if (switched_ && saved_ >= 0) cudaSetDevice(saved_);
 }
 
-std::string tensor_core_shape_problem(const Problem &p, const char *backend) {
+std::string tensor_core_shape_problem(const Problem &p, const char *backend, bool any_head_dim_v) {
     const std::string who = std::string("the ") + backend + " backend";
     if (p.fp8())
         return who + " has no FP8 (E4M3) kernel" +
@@ -102,11 +102,13 @@ std::string tensor_core_shape_problem(const Problem &p, const char *backend) {
                                               : "; FP8 tensor cores are Hopper's (fa3); the cpu backend runs FP8 plans");
     if (p.dtype != FLASHATTN_DTYPE_FP16 && p.dtype != FLASHATTN_DTYPE_BF16)
         return who + " supports only fp16 and bf16 tensors";
-    if (p.head_dim_v != p.head_dim)
+    if (p.head_dim_v != p.head_dim && !any_head_dim_v)
         return who + " needs head_dim_v equal to head_dim (got " + std::to_string(p.head_dim) + " and " +
                std::to_string(p.head_dim_v) + ")";
     if (p.head_dim < 8 || p.head_dim > 256 || p.head_dim % 8 != 0)
         return who + " supports head dims 8..256 in multiples of 8 (got " + std::to_string(p.head_dim) + ")";
+    if (p.head_dim_v < 8 || p.head_dim_v > 256 || p.head_dim_v % 8 != 0)
+        return who + " supports head_dim_v 8..256 in multiples of 8 (got " + std::to_string(p.head_dim_v) + ")";
     return std::string();
 }
 

@@ -38,9 +38,9 @@ private:
 };
 
 // The shapes every tensor-core kernel generation (fa1, fa2, fa3) runs: fp16 or bf16, head_dim_v
-// equal to head_dim, head dims 8..256 in multiples of 8. Empty when `p` has them; otherwise one
-// sentence saying why not, naming `backend`.
-std::string tensor_core_shape_problem(const Problem &p, const char *backend);
+// equal to head_dim (any_head_dim_v: any head_dim_v, fa2's forward), head dims 8..256 in multiples
+// of 8. Empty when `p` has them; otherwise one sentence saying why not, naming `backend`.
+std::string tensor_core_shape_problem(const Problem &p, const char *backend, bool any_head_dim_v = false);
 
 // Launch bookkeeping: returns FLASHATTN_ERROR_DEVICE if the last launch failed.
 flashattn_status_t check_launch(const char *kernel_name);

@@ -26,6 +26,7 @@ void fill_tensor_args(const Problem &p, const Tensors &t, TensorArgs *out) {
     a.heads_kv = static_cast<int32_t>(p.heads_kv);
     a.group = static_cast<int32_t>(p.group_size());
     a.head_dim = static_cast<int32_t>(p.head_dim);
+    a.head_dim_v = static_cast<int32_t>(p.head_dim_v);
     a.total_rows = p.total_query_rows();
     // exp2 with log2(e) folded in; with a softcap the kernels compute cap*tanh(raw*scale/cap) and
     // the exp2 multiplier applies to that.
@@ -41,6 +42,11 @@ void fill_tensor_args(const Problem &p, const Tensors &t, TensorArgs *out) {
     a.left_i = static_cast<int32_t>(std::min<int64_t>(a.left, int64_t(1) << 29));
     a.top_left = p.top_left ? 1 : 0;
     a.sink_logits = t.sink_logits;
+    if (p.alibi) {
+        a.alibi_slopes = t.alibi_slopes;
+        a.alibi_to_score = static_cast<float>(1.0 / (p.softcap > 0.0 ? p.softcap : p.scale));
+    }
+    a.sink_tokens = static_cast<int32_t>(std::min<int64_t>(p.sink_tokens, int64_t(1) << 30));
     if (p.serving.seqused_k) {
         a.seqused_k = t.seqused_k;
         a.seqused_add = static_cast<int32_t>(p.serving.new_rows);

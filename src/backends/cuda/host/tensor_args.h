@@ -35,6 +35,7 @@ struct TensorArgs {
     int32_t heads_kv = 0;
     int32_t group = 1;     // heads_q / heads_kv
     int32_t head_dim = 0;  // actual head dim (<= the compiled one, a multiple of 8)
+    int32_t head_dim_v = 0;  // V's and O's (== head_dim unless the backend runs head_dim_v != head_dim)
     int64_t total_rows = 0;  // query rows of all sequences: batch*seqlen_q, or total_q when varlen
 
     float score_log2 = 0.f;     // exp2 multiplier of the stored scores (scale*log2e, or cap*log2e)
@@ -50,6 +51,14 @@ struct TensorArgs {
     int32_t top_left = 0;
     // FLASHATTN_I64_SINK_LOGITS: fp32 [heads_q] on the device (cuda::join_sink), else null. Since 0.3.
     const float *sink_logits = nullptr;
+    // FLASHATTN_I64_ALIBI: fp32 [heads_q] slopes on the device (cuda::alibi_scores), else null; and
+    // the factor taking a natural-unit bias to the kernels' unscaled scores (1 / scale, or 1 / cap
+    // with a soft cap: the exp2 multiplier score_log2 then brings it back). Since 0.3.
+    const float *alibi_slopes = nullptr;
+    float alibi_to_score = 0.f;
+    // FLASHATTN_I64_SINK_TOKENS: keys 0 .. sink_tokens - 1 escape the left window (clamped to
+    // 2^30; 0: none). Since 0.3.
+    int32_t sink_tokens = 0;
 
     // seqused_k (device, batch entries; null when the plan has none): sequence b attends over
     // seqused_k[b] + seqused_add keys (seqused_add: the rows an append wrote before the kernel).
