@@ -36,13 +36,17 @@ for stage in $stages; do
       grep -E 'Failed|Skipped|Not Run|Passed' "$out/ctest.log" | grep -E '^ *[0-9]+/' | sed 's/^/   /'
       ;;
     sanitize)
+      # SANITIZE_TESTS: the suites (test_<name>_<gen> binaries) to run, test_numerics by default.
+      for suite in ${SANITIZE_TESTS:-numerics}; do
       for gen in ${SANITIZE_GENS:-fa1 fa2 fa3}; do
         for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
           # FA3 on 3 persistent CTAs: every CTA walks many tiles (ring phases across tiles).
+          log="$out/sanitize-$suite-$gen-$tool.log"
           FLASHATTN_TEST_REDUCED=1 FLASHATTN_FA3_MAX_CTAS=3 compute-sanitizer --tool $tool --error-exitcode 99 \
-            "$build/tests/test_numerics_$gen" > "$out/sanitize-$gen-$tool.log" 2>&1
-          note "compute-sanitizer $tool $gen rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$gen-$tool.log" | tail -1)"
+            "$build/tests/test_${suite}_$gen" > "$log" 2>&1
+          note "compute-sanitizer $tool $suite $gen rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
         done
+      done
       done
       ;;
     bench)
