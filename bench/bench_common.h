@@ -36,6 +36,10 @@ struct Options {
     int device = 0;
     double budget_s = 230.0;    // wall-clock budget of the whole GPU run; later cells are skipped
     double max_decode_gb = 40.0;
+    // Decode table: paged K/V caches of this many keys per page (0: contiguous), and restrictions
+    // of its grid (empty: the default batches, kv heads and key counts).
+    int64_t page_size = 0;
+    std::vector<int64_t> decode_batches, decode_kv_heads, decode_seqlens;
     std::string markdown;       // also write the tables to this file
     std::string json;           // also write one record per measurement to this file (bench/README.md)
 };

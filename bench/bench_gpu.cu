@@ -27,6 +27,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -155,6 +156,22 @@ __global__ void bshd_to_bhsd_kernel(const uint4 *in, uint4 *out, int64_t b, int6
         const int64_t si = t % s;
         const int64_t bi = t / s;
         out[((bi * h + hi) * s + si) * d16 + x] = in[idx];
+    }
+}
+
+// A paged cache [pages, page, h, d] read through `table` ([b][s / page]) -> [b, h, s, d].
+__global__ void paged_to_bhsd_kernel(const uint4 *in, uint4 *out, const int32_t *table, int64_t b, int64_t s,
+                                     int64_t h, int64_t d16, int64_t page) {
+    const int64_t total = b * s * h * d16;
+    for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+         idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        int64_t t = idx;  // idx walks the logical input, [b, s, h, d16]
+        const int64_t x = t % d16; t /= d16;
+        const int64_t hi = t % h; t /= h;
+        const int64_t si = t % s;
+        const int64_t bi = t / s;
+        const int64_t phys = static_cast<int64_t>(table[bi * (s / page) + si / page]) * page + si % page;
+        out[((bi * h + hi) * s + si) * d16 + x] = in[(phys * h + hi) * d16 + x];
     }
 }
 
@@ -392,6 +409,15 @@ void to_bhsd(const Gpu &g, const void *in, void *out, int64_t b, int64_t s, int6
     CK_LAUNCH("bshd_to_bhsd_kernel");
 }
 
+void paged_to_bhsd(const Gpu &g, const void *in, void *out, const int32_t *table, int64_t b, int64_t s, int64_t h,
+                   int64_t d, size_t es, int64_t page) {
+    const int64_t d16 = d * static_cast<int64_t>(es) / 16;
+    const size_t work = static_cast<size_t>(b * s * h * d16);
+    paged_to_bhsd_kernel<<<grid_for(work, 256, g), 256, 0, g.stream>>>(
+        static_cast<const uint4 *>(in), static_cast<uint4 *>(out), table, b, s, h, d16, page);
+    CK_LAUNCH("paged_to_bhsd_kernel");
+}
+
 struct Diff {
     bool valid = false;
     double rel_l2 = 0.0;
@@ -511,6 +537,7 @@ struct Problem {
     int64_t b, sq, sk, hq, hkv, d;
     flashattn_dtype_t dtype;
     bool causal;
+    int64_t page = 0;  // paged K/V: keys per page (sk a multiple of it), else 0
 };
 
 flashattn_status_t make_plan(flashattn_backend_t be, const Problem &p, int device, flashattn_plan_t **out,
@@ -531,6 +558,11 @@ flashattn_status_t make_plan(flashattn_backend_t be, const Problem &p, int devic
     set(FLASHATTN_I64_CAUSAL, p.causal ? 1 : 0);
     set(FLASHATTN_I64_BACKEND, be);
     set(FLASHATTN_I64_DEVICE, device);
+    if (p.page > 0) {  // [b * sk / page pages, page, hkv, d]; the page table is Buffers::table
+        set(FLASHATTN_I64_PAGED_KV, 1);
+        set(FLASHATTN_I64_PAGE_SIZE, p.page);
+        set(FLASHATTN_I64_NUM_PAGES, p.b * p.sk / p.page);
+    }
     if (st == FLASHATTN_SUCCESS) st = flashattn_plan_finalize(plan);
     if (st == FLASHATTN_SUCCESS) st = flashattn_plan_get_workspace_size(plan, ws_bytes);
     if (st != FLASHATTN_SUCCESS) {
@@ -549,6 +581,7 @@ struct Buffers {
     DevBuf qt, kt, vt, ot, lse_ref;  // baseline ([b, h, s, d] copies and its outputs)
     DevBuf s, p;                     // baseline scores and probabilities
     DevBuf workspace;
+    DevBuf table;  // paged decode: int32 [b][sk / page], a random permutation of the pages
 };
 
 // The unfused baseline on buffers qt/kt/vt (set 0). S is fp32, P the input dtype.
@@ -672,17 +705,30 @@ Cell run_gen(Gpu &g, const Options &opt, flashattn_backend_t be, const Problem &
     float *lse = opt.no_lse ? nullptr : bf.lse.as<float>();
     const size_t sets = bf.q.size();
     const size_t o_bytes = static_cast<size_t>(p.b * p.sq * p.hq * p.d) * elem_size(p.dtype);
+    flashattn_args_t *args = nullptr;  // paged: the execute-arguments call (page table)
+    if (p.page > 0 && flashattn_args_create(&args) != FLASHATTN_SUCCESS) fatal("flashattn_args_create failed");
     auto launch = [&](int run) -> std::string {
         const size_t s = static_cast<size_t>(run) % sets;
-        const flashattn_status_t e =
-            flashattn_plan_execute(plan, bf.q[s].ptr, bf.k[s].ptr, bf.v[s].ptr, bf.o.ptr, lse, bf.workspace.ptr, ws,
-                                   reinterpret_cast<flashattn_stream_t>(g.stream));
+        flashattn_status_t e;
+        if (args != nullptr) {
+            flashattn_args_set(args, FLASHATTN_ARG_Q, bf.q[s].ptr);
+            flashattn_args_set(args, FLASHATTN_ARG_K, bf.k[s].ptr);
+            flashattn_args_set(args, FLASHATTN_ARG_V, bf.v[s].ptr);
+            flashattn_args_set(args, FLASHATTN_ARG_O, bf.o.ptr);
+            flashattn_args_set(args, FLASHATTN_ARG_LSE, lse);
+            flashattn_args_set(args, FLASHATTN_ARG_PAGE_TABLE, bf.table.ptr);
+            e = flashattn_plan_execute_args(plan, args, bf.workspace.ptr, ws, reinterpret_cast<flashattn_stream_t>(g.stream));
+        } else {
+            e = flashattn_plan_execute(plan, bf.q[s].ptr, bf.k[s].ptr, bf.v[s].ptr, bf.o.ptr, lse, bf.workspace.ptr, ws,
+                                       reinterpret_cast<flashattn_stream_t>(g.stream));
+        }
         return e == FLASHATTN_SUCCESS ? std::string() : std::string("execute: ") + lib_error(e);
     };
     CK(cudaMemsetAsync(bf.o.ptr, 0xFF, o_bytes, g.stream));  // NaN in bf16, fp16 and fp32
     Timing t = time_runs(g, warmup, reps, launch, gen_name(be));
     if (!t.ok) {
         flashattn_plan_destroy(plan);
+        flashattn_args_destroy(args);
         c.kind = Cell::ERR;
         c.note = t.error;
         return c;
@@ -709,6 +755,7 @@ Cell run_gen(Gpu &g, const Options &opt, flashattn_backend_t be, const Problem &
         }
     }
     flashattn_plan_destroy(plan);
+    flashattn_args_destroy(args);
     return c;
 }
 
@@ -995,7 +1042,11 @@ void run_decode(Gpu &g, const Options &opt, const std::vector<flashattn_backend_
     Notes notes;
 
     rep.line("");
-    rep.line("## Decode (seqlen_q = 1), bf16, head dim 128: time µs and GB/s = bytes of K and V / time");
+    const int64_t page = opt.page_size;
+    rep.line(page > 0 ? format("## Decode (seqlen_q = 1), bf16, head dim 128, paged K/V (%lld keys per page, shuffled "
+                               "page table): time µs and GB/s = bytes of K and V / time",
+                               static_cast<long long>(page))
+                      : std::string("## Decode (seqlen_q = 1), bf16, head dim 128: time µs and GB/s = bytes of K and V / time"));
     rep.line("");
     rep.line(format("Inputs rotate among enough K/V sets to exceed 3x the %.0f MB L2 (`sets` column); "
                     "shapes whose K+V exceed %.0f GB are skipped. The standard baseline reads one set (copies in "
@@ -1022,11 +1073,13 @@ void run_decode(Gpu &g, const Options &opt, const std::vector<flashattn_backend_
     rep.line(rule);
 
     uint64_t seed = 1000003;
-    for (int64_t hkv : {8, 32}) {
-        for (int64_t b : {1, 8, 32}) {
-            for (int64_t sk : {8192, 32768, 131072}) {
+    auto pick = [](const std::vector<int64_t> &chosen, std::vector<int64_t> dflt) { return chosen.empty() ? dflt : chosen; };
+    for (int64_t hkv : pick(opt.decode_kv_heads, {8, 32})) {
+        for (int64_t b : pick(opt.decode_batches, {1, 8, 32})) {
+            for (int64_t sk : pick(opt.decode_seqlens, {8192, 32768, 131072})) {
                 const int64_t hq = 32;
-                const Problem p{b, 1, sk, hq, hkv, d, dt, false};
+                if (hq % hkv != 0 || (page > 0 && sk % page != 0)) continue;
+                const Problem p{b, 1, sk, hq, hkv, d, dt, false, page};
                 const size_t kv_elems = static_cast<size_t>(b * sk * hkv * d);
                 const size_t kv_bytes = 2 * kv_elems * 2;
                 const std::string where = format("decode b %lld h %lld/%lld sk %lld", static_cast<long long>(b),
@@ -1070,6 +1123,14 @@ void run_decode(Gpu &g, const Options &opt, const std::vector<flashattn_backend_
                 }
                 bf.o.alloc(q_elems * 2);
                 bf.lse.alloc(static_cast<size_t>(b * hq) * 4);
+                if (page > 0) {  // every set's K and V read as [b * sk / page, page, hkv, d] through one table
+                    std::vector<int32_t> table(static_cast<size_t>(b * sk / page));
+                    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+                    std::mt19937_64 rng(seed++);
+                    std::shuffle(table.begin(), table.end(), rng);
+                    bf.table.alloc(table.size() * 4);
+                    CK(cudaMemcpy(bf.table.ptr, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+                }
                 Cell stdc;
                 if (want_std) {
                     bf.qt.alloc(q_elems * 2);
@@ -1079,8 +1140,13 @@ void run_decode(Gpu &g, const Options &opt, const std::vector<flashattn_backend_
                     bf.lse_ref.alloc(static_cast<size_t>(b * hq) * 4);
                     // Q and O with seqlen 1: [b, 1, h, d] is already [b, h, 1, d].
                     CK(cudaMemcpyAsync(bf.qt.ptr, bf.q[0].ptr, q_elems * 2, cudaMemcpyDeviceToDevice, g.stream));
-                    to_bhsd(g, bf.k[0].ptr, bf.kt.ptr, b, sk, hkv, d, 2);
-                    to_bhsd(g, bf.v[0].ptr, bf.vt.ptr, b, sk, hkv, d, 2);
+                    if (page > 0) {
+                        paged_to_bhsd(g, bf.k[0].ptr, bf.kt.ptr, bf.table.as<int32_t>(), b, sk, hkv, d, 2, page);
+                        paged_to_bhsd(g, bf.v[0].ptr, bf.vt.ptr, bf.table.as<int32_t>(), b, sk, hkv, d, 2, page);
+                    } else {
+                        to_bhsd(g, bf.k[0].ptr, bf.kt.ptr, b, sk, hkv, d, 2);
+                        to_bhsd(g, bf.v[0].ptr, bf.vt.ptr, b, sk, hkv, d, 2);
+                    }
                     CK(cudaStreamSynchronize(g.stream));
                     stdc = run_standard(g, opt, p, bf, reps, warmup);
                     note_cell(notes, stdc, "standard", where);

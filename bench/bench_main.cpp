@@ -160,6 +160,10 @@ void usage(FILE *out) {
         "  --device N           CUDA device ordinal (default 0)\n"
         "  --budget-s S         wall-clock budget of the GPU run; cells past it are skipped (default 230)\n"
         "  --max-decode-gb G    skip decode shapes whose K+V exceed G GB (default 40)\n"
+        "  --page-size N        decode table on paged K/V caches of N keys per page, shuffled page table\n"
+        "                       (default 0: contiguous caches)\n"
+        "  --decode-batch LIST --decode-kv-heads LIST --decode-seqlen LIST\n"
+        "                       restrict the decode table (default 1,8,32 / 8,32 / 8192,32768,131072)\n"
         "\n"
         "Both:\n"
         "  --markdown PATH      also write the tables (markdown) to PATH\n"
@@ -269,6 +273,15 @@ int main(int argc, char **argv) {
             char *end = nullptr;
             opt.max_decode_gb = std::strtod(v, &end);
             if (*end != '\0' || !(opt.max_decode_gb > 0)) bad_arg(a, v);
+        } else if (!std::strcmp(a, "--page-size")) {
+            opt.page_size = parse_int(a, value(a));
+            if (opt.page_size < 0) bad_arg(a, argv[i]);
+        } else if (!std::strcmp(a, "--decode-batch")) {
+            opt.decode_batches = parse_list(a, value(a));
+        } else if (!std::strcmp(a, "--decode-kv-heads")) {
+            opt.decode_kv_heads = parse_list(a, value(a));
+        } else if (!std::strcmp(a, "--decode-seqlen")) {
+            opt.decode_seqlens = parse_list(a, value(a));
         } else if (!std::strcmp(a, "--markdown")) {
             opt.markdown = value(a);
         } else if (!std::strcmp(a, "--json")) {

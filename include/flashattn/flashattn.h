@@ -667,11 +667,10 @@ FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward_varlen(
  * cannot read device memory without synchronising: there the same rules are the caller's
  * contract, and breaking them is undefined behaviour.
  *
- * **Backends.** The CPU backend runs every feature, any page size. FA2 runs seqused_k, the append
- * with rotary, and paged caches whose page size is a multiple of its key tile (64 or 128 keys by
- * head dim) with fixed-length queries; FA1 runs seqused_k; FA3 none yet. A GPU backend that lacks
- * a feature answers #FLASHATTN_ERROR_NOT_SUPPORTED at finalize, naming it (under auto, Hopper then
- * runs the plan on FA2).
+ * **Backends.** The CPU, FA2 and FA3 backends run every feature: any page size, fixed-length or
+ * varlen queries. FA1 runs seqused_k and the append with rotary, but no paged cache. A GPU backend
+ * that lacks a feature answers #FLASHATTN_ERROR_NOT_SUPPORTED at finalize, naming it (under auto
+ * another backend then runs the plan).
  * @{
  */
 

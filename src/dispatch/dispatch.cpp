@@ -33,22 +33,16 @@ std::string variant_reason(const Problem &p, const Backend &b, unsigned runs, co
 }
 
 // Which backend runs which serving feature (paged K/V, seqused_k, append with rotary), in one
-// place while the GPU support grows: the CPU all of them; FA1 and FA2 seqused_k (their loads stop
-// at each sequence's key count, cuda::seq_info); FA2 also the append with rotary (a pre-kernel,
-// fa2_append.h) and paged caches (its own unsupported_reason adds the page-size rule). Empty when
-// `b` runs everything `problem` uses; otherwise why not, naming the key.
+// place while the GPU support grows: the CPU, FA2 and FA3 all of them (FA2 and FA3 add their own
+// limits in their unsupported_reason); FA1 seqused_k (its loads stop at each sequence's key count,
+// cuda::seq_info) and the append (the shared pre-kernels, host/cache_append.h), but no paged
+// cache. Empty when `b` runs everything `problem` uses; otherwise why not, naming the key.
 std::string serving_unsupported(const Backend &b, const Problem &problem) {
     const Serving &sv = problem.serving;
-    if (!sv.any() || b.id == FLASHATTN_BACKEND_CPU) return std::string();
+    if (!sv.any() || b.id != FLASHATTN_BACKEND_FA1) return std::string();
     const std::string name = b.name;
-    if (sv.paged && b.id != FLASHATTN_BACKEND_FA2)
-        return name + " does not implement a paged K/V cache (FLASHATTN_I64_PAGED_KV) yet; fa2 (pages of whole key "
-                      "tiles) and the cpu backend do";
-    if (b.id == FLASHATTN_BACKEND_FA3)
-        return "fa3 does not implement per-sequence key counts (FLASHATTN_I64_SEQUSED_K) yet: its TMA loads read "
-               "whole key tiles, past a sequence's used keys; fa2 does";
-    if (sv.appends() && b.id != FLASHATTN_BACKEND_FA2)
-        return name + " does not implement appending to the K/V cache (FLASHATTN_I64_NEW_KV_ROWS) yet; fa2 does";
+    if (sv.paged)
+        return name + " does not implement a paged K/V cache (FLASHATTN_I64_PAGED_KV); fa2, fa3 and the cpu backend do";
     return std::string();
 }
 

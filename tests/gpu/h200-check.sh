@@ -37,18 +37,19 @@ for stage in $stages; do
       grep -E 'Failed|Skipped|Not Run|Passed' "$out/ctest.log" | grep -E '^ *[0-9]+/' | sed 's/^/   /'
       ;;
     sanitize)
+      # SANITIZE_TESTS: the suites (test_<name>_<gen> binaries) to run: the forward numerics and the
+      # backward by default (a generation without the suite's binary is passed over).
+      for suite in ${SANITIZE_TESTS:-numerics backward}; do
       for gen in ${SANITIZE_GENS:-fa1 fa2 fa3}; do
+        [ -x "$build/tests/test_${suite}_$gen" ] || continue
         for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
           # FA3 on 3 persistent CTAs: every CTA walks many tiles (ring phases across tiles).
+          log="$out/sanitize-$suite-$gen-$tool.log"
           FLASHATTN_TEST_REDUCED=1 FLASHATTN_FA3_MAX_CTAS=3 compute-sanitizer --tool $tool --error-exitcode 99 \
-            "$build/tests/test_numerics_$gen" > "$out/sanitize-$gen-$tool.log" 2>&1
-          note "compute-sanitizer $tool $gen rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$gen-$tool.log" | tail -1)"
-          # The backward kernels of the generations that have them (fa2, fa3), on the same reduced grid.
-          [ -x "$build/tests/test_backward_$gen" ] || continue
-          FLASHATTN_TEST_REDUCED=1 compute-sanitizer --tool $tool --error-exitcode 99 \
-            "$build/tests/test_backward_$gen" > "$out/sanitize-backward-$gen-$tool.log" 2>&1
-          note "compute-sanitizer $tool backward $gen rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-backward-$gen-$tool.log" | tail -1)"
+            "$build/tests/test_${suite}_$gen" > "$log" 2>&1
+          note "compute-sanitizer $tool $suite $gen rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
         done
+      done
       done
       ;;
     bench)

@@ -1,6 +1,6 @@
 /* The serving features (issue 18) on one backend (TEST_BACKEND), through
  * flashattn_plan_execute_args(): paged K/V caches (page sizes 1, 3, 16, 256 and shuffled page
- * tables), seqused_k (with empty sequences), and the append of 1 or several new K/V rows with a
+ * tables; 5, 48, 64 and 128 against the GPU key tiles), seqused_k (with empty sequences), and the append of 1 or several new K/V rows with a
  * rotary embedding (interleaved and half-split, rotary dim below the head dim), with causal and
  * window masks, GQA and variable-length queries.
  *
@@ -73,6 +73,15 @@ static const serving_case grid[] = {
     SCASE(4, 9, 70, 4, 2, 32, F32, 1, -1, -1, 16, 1, 0, 0, 0, 1, 0),
     SCASE(3, 6, 50, 4, 2, 64, B16, 1, -1, -1, 3, 1, 2, 32, 1, 1, 1),
     SCASE(3, 6, 50, 4, 4, 32, F16, 0, -1, -1, 1, 0, 0, 0, 0, 1, 0),
+    /* the GPU tiles (fa3: 128 query rows, 128/96/80 keys at head dims 128/192/256; fa2: 64/128 keys):
+       pages of 64 and 128 (whole fa2 tiles), pages that split the tiles (5, 48), several query and key
+       tiles per sequence, seqused_k filling a tile partly */
+    SCASE(2, 130, 700, 8, 2, 128, B16, 1, -1, -1, 64, 1, 0, 0, 0, 0, 0),
+    SCASE(2, 40, 500, 4, 4, 256, F16, 0, -1, -1, 48, 1, 3, 64, 1, 0, 1),
+    SCASE(3, 17, 400, 6, 2, 192, B16, 1, 50, -1, 5, 1, 0, 0, 0, 1, 0),
+    SCASE(2, 64, 300, 4, 2, 64, F16, 1, -1, -1, 128, 0, 0, 0, 0, 0, 0),
+    SCASE(2, 1, 1000, 32, 8, 128, B16, 1, -1, -1, 16, 1, 1, 128, 0, 0, 0), /* paged decode, page 16 */
+    SCASE(2, 200, 600, 4, 2, 128, F16, 1, -1, -1, 0, 1, 8, 128, 1, 0, 1), /* chunked prefill, contiguous */
 };
 #define NUM_CASES (sizeof grid / sizeof grid[0])
 

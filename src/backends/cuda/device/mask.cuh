@@ -27,10 +27,12 @@ struct SeqInfo {
 __device__ __forceinline__ SeqInfo seq_info(const TensorArgs &p, int b) {
     SeqInfo s;
     if (p.cu_q != nullptr) {
-        const int q0 = p.cu_q[b], k0 = p.cu_k[b];
+        const int q0 = p.cu_q[b];
         s.sq = p.cu_q[b + 1] - q0;
-        s.sk = p.cu_k[b + 1] - k0;
         s.q_row0 = q0;
+        // A paged cache has no packed keys (cu_k null): seqlen_k, or seqused_k below, per sequence.
+        const int k0 = p.cu_k != nullptr ? p.cu_k[b] : 0;
+        s.sk = p.cu_k != nullptr ? p.cu_k[b + 1] - k0 : p.seqlen_k;
         s.k_row0 = k0;
     } else {
         s.sq = p.seqlen_q;

@@ -79,6 +79,17 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t *bar, uint32_t parity) {
 #endif
 }
 
+// Orders this thread's completed generic-proxy writes to shared memory (st.shared, finished
+// cp.async copies) before later async-proxy accesses (wgmma operand reads, TMA): a thread that
+// filled a wgmma operand buffer without TMA runs it before signalling the buffer full.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#if FLASHATTN_SM90A_BODY
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#else
+    FLASHATTN_SM90A_TRAP();
+#endif
+}
+
 // Spins until the phase with parity `parity` completes.
 __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
     while (!mbar_try_wait(bar, parity)) {

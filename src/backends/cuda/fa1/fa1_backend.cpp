@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "backends/backend.h"
+#include "backends/cuda/fa1/fa1_append.h"
 #include "backends/cuda/fa1/fa1_params.h"
 #include "backends/cuda/host/cuda_host.h"
 #include "backends/cuda/host/tensor_args.h"
@@ -48,6 +49,7 @@ struct Fa1Plan : BackendPlan {
     int64_t ws_rows = 0;           // workspace rows per head (see workspace_rows)
     int o_acc = -1;                // workspace slices: the running output and (m, l)
     int ml = -1;
+    int rotated_q = -1;            // with a rotary append: Q rotated by the pre-kernel (host/cache_append.h)
 };
 
 // The large tile where the device's per-block shared memory allows it, else the small one; false
@@ -158,6 +160,7 @@ flashattn_status_t fa1_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     plan->splits = static_cast<int32_t>(ceil_div(nqb, plan->q_blocks_per_cta));
     plan->ws_rows = workspace_rows(p, plan->cfg.block_m);
     add_workspace_slices(p, plan.get());
+    if (p.serving.rotary_dim > 0) plan->rotated_q = plan->workspace.add("fa1 rotated queries", rotated_q_bytes(p));
     *out = std::move(plan);
     return FLASHATTN_SUCCESS;
 }
@@ -167,10 +170,22 @@ flashattn_status_t fa1_execute(const Problem &p, const BackendPlan &base_plan, c
     DeviceGuard scope(p.device);  // first: every CUDA call below runs on the plan's device
     if (scope.error() != cudaSuccess) return cuda_fail(scope.error(), "fa1: cudaSetDevice");
     FLASHATTN_TRY(check_device_tensors(p, t));
-    if (p.seqlen_q == 0 || p.batch == 0) return FLASHATTN_SUCCESS;  // nothing to compute
+    const bool no_queries = p.seqlen_q == 0 || p.batch == 0 || p.heads_q == 0 || (p.varlen && p.total_q == 0);
+    if (no_queries && !p.serving.appends()) return FLASHATTN_SUCCESS;  // (an append still writes the caches)
 
     fa1::Params prm;
     fill_tensor_args(p, t, &prm);
+    const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);
+    if (p.serving.appends()) {  // the shared serving pre-kernels (host/cache_append.h)
+        void *q_rot = plan.rotated_q >= 0 ? plan.workspace.at<void>(t.workspace, plan.rotated_q) : nullptr;
+        AppendParams a;
+        fill_append_params(p, t, q_rot, &a);
+        const cudaError_t aerr = fa1::launch_append(a, p.dtype == FLASHATTN_DTYPE_BF16, stream);
+        if (aerr != cudaSuccess) return cuda_fail(aerr, "fa1 serving append");
+        FLASHATTN_TRY(check_launch("fa1 serving append kernels"));
+        if (q_rot != nullptr) use_rotated_q(p, q_rot, &prm);
+    }
+    if (no_queries) return FLASHATTN_SUCCESS;
     prm.o_acc = plan.workspace.at<float>(t.workspace, plan.o_acc);
     prm.ml = plan.workspace.at<float2>(t.workspace, plan.ml);
     prm.ws_rows = plan.ws_rows;
@@ -178,8 +193,7 @@ flashattn_status_t fa1_execute(const Problem &p, const BackendPlan &base_plan, c
     prm.splits = plan.splits;
     prm.reverse = p.causal ? 1 : 0;  // bottom-right causal: the last query ranges do the most work
 
-    const cudaError_t err = plan.kernels->launch(prm, plan.cfg.large, p.dtype == FLASHATTN_DTYPE_BF16,
-                                                 reinterpret_cast<cudaStream_t>(t.stream));
+    const cudaError_t err = plan.kernels->launch(prm, plan.cfg.large, p.dtype == FLASHATTN_DTYPE_BF16, stream);
     if (err != cudaSuccess) return cuda_fail(err, "fa1 forward kernel (setup)");
     return check_launch("fa1 forward kernel");
 }

@@ -1,110 +1,12 @@
-// The serving pre-kernels (fa2_append.h): one CTA per row (a new K/V row of one kv head, or a query
-// row of one head); its threads walk the row's columns. Rotary pairs are computed in double and
-// rounded once (round to odd into fp32, then to the 16-bit type), exactly as the CPU backend does,
-// so both backends write the same cache bits and the result equals "rotate, write, then attend".
-#include <cstdint>
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
+// The fa2 backend's instantiation of the shared serving append (device/cache_append.cuh), compiled
+// for fa2's architectures.
+#include "backends/cuda/device/cache_append.cuh"
 #include "backends/cuda/fa2/fa2_append.h"
 
 namespace flashattn {
 namespace fa2 {
-namespace {
 
-constexpr int kThreads = 128;
-
-struct Half {
-    static __device__ __forceinline__ double load(const uint16_t *p) { return __half2float(__ushort_as_half(*p)); }
-    static __device__ __forceinline__ uint16_t from(float f) { return __half_as_ushort(__float2half_rn(f)); }
-};
-struct Bf16 {
-    static __device__ __forceinline__ double load(const uint16_t *p) {
-        return __bfloat162float(__ushort_as_bfloat16(*p));
-    }
-    static __device__ __forceinline__ uint16_t from(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
-};
-
-// double -> float truncated, with the last bit set when inexact (round to odd): rounding that to a
-// 16-bit type is the correctly rounded double.
-__device__ __forceinline__ float round_to_odd(double x) {
-    float f = __double2float_rz(x);
-    if (static_cast<double>(f) != x) f = __int_as_float(__float_as_int(f) | 1);
-    return f;
-}
-
-// dst = src with its first rotary_dim columns rotated at table row pos; work item i < rd/2 is a
-// pair, the others copy one column each.
-template <class E>
-__device__ __forceinline__ void rotate_row(const AppendParams &a, const uint16_t *src, uint16_t *dst, int pos) {
-    const int half = a.rotary_dim / 2;
-    const int items = half + (a.head_dim - a.rotary_dim);
-    for (int i = threadIdx.x; i < items; i += blockDim.x) {
-        if (i < half) {
-            const int c0 = a.interleaved ? 2 * i : i, c1 = a.interleaved ? 2 * i + 1 : i + half;
-            const double x = E::load(src + c0), y = E::load(src + c1);
-            const double c = a.rotary_cos[static_cast<int64_t>(pos) * half + i];
-            const double s = a.rotary_sin[static_cast<int64_t>(pos) * half + i];
-            dst[c0] = E::from(round_to_odd(x * c - y * s));
-            dst[c1] = E::from(round_to_odd(x * s + y * c));
-        } else {
-            const int c = a.rotary_dim + (i - half);
-            dst[c] = src[c];
-        }
-    }
-}
-
-// Grid (new_rows, heads_kv, batch).
-template <class E>
-__global__ void __launch_bounds__(kThreads) append_kernel(const __grid_constant__ AppendParams a) {
-    const int j = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const int pos = a.seqused_k[b] + j;
-    const uint16_t *ks = static_cast<const uint16_t *>(a.k_new) + b * a.kn_bs + j * a.kn_rs + h * a.kn_hs;
-    const uint16_t *vs = static_cast<const uint16_t *>(a.v_new) + b * a.vn_bs + j * a.vn_rs + h * a.vn_hs;
-    // The cache row of key `pos`: through the page table, the packed row (varlen), or the batch's.
-    int64_t outer, row;  // outer: the page or the batch (its stride k_bs / v_bs), row: within it
-    if (a.page_table != nullptr) {
-        outer = a.page_table[b * a.page_table_stride + pos / a.page_size];
-        row = pos % a.page_size;
-    } else {
-        outer = a.cu_k != nullptr ? 0 : b;
-        row = (a.cu_k != nullptr ? static_cast<int64_t>(a.cu_k[b]) : 0) + pos;
-    }
-    uint16_t *kd = static_cast<uint16_t *>(a.k) + outer * a.k_bs + row * a.k_rs + h * a.k_hs;
-    uint16_t *vd = static_cast<uint16_t *>(a.v) + outer * a.v_bs + row * a.v_rs + h * a.v_hs;
-    rotate_row<E>(a, ks, kd, pos);  // rotary_dim 0: a plain copy
-    for (int c = threadIdx.x; c < a.head_dim; c += blockDim.x) vd[c] = vs[c];
-}
-
-// Grid (seqlen_q, heads_q, batch): query row i of sequence b at position seqused_k[b] + i.
-template <class E>
-__global__ void __launch_bounds__(kThreads) rotate_q_kernel(const __grid_constant__ AppendParams a) {
-    const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const int sq = a.cu_q != nullptr ? a.cu_q[b + 1] - a.cu_q[b] : a.seqlen_q;
-    if (i >= sq) return;
-    const int64_t row = (a.cu_q != nullptr ? static_cast<int64_t>(a.cu_q[b]) : static_cast<int64_t>(b) * a.seqlen_q) + i;
-    const int64_t src_off = a.cu_q != nullptr ? row * a.q_rs : b * a.q_bs + i * a.q_rs;
-    const uint16_t *src = static_cast<const uint16_t *>(a.q) + src_off + h * a.q_hs;
-    uint16_t *dst = static_cast<uint16_t *>(a.q_rot) + (row * a.heads_q + h) * a.head_dim;
-    rotate_row<E>(a, src, dst, a.seqused_k[b] + i);
-}
-
-template <class E>
-cudaError_t launch(const AppendParams &a, cudaStream_t s) {
-    append_kernel<E><<<dim3(a.new_rows, a.heads_kv, a.batch), kThreads, 0, s>>>(a);
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess || a.q_rot == nullptr) return err;
-    rotate_q_kernel<E><<<dim3(a.seqlen_q, a.heads_q, a.batch), kThreads, 0, s>>>(a);
-    return cudaGetLastError();
-}
-
-}  // namespace
-
-cudaError_t launch_append(const AppendParams &a, bool bf16, cudaStream_t s) {
-    return bf16 ? launch<Bf16>(a, s) : launch<Half>(a, s);
-}
+cudaError_t launch_append(const AppendParams &a, bool bf16, cudaStream_t s) { return cuda::launch_cache_append(a, bf16, s); }
 
 }  // namespace fa2
 }  // namespace flashattn

@@ -126,12 +126,6 @@ std::string fa2_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
         return std::string("the fa2 backend runs ") +
                (p.sink_tokens > 0 ? "sink tokens (FLASHATTN_I64_SINK_TOKENS)" : p.alibi ? "ALiBi (FLASHATTN_I64_ALIBI)" : "head_dim_v != head_dim") +
                " with a contiguous K/V cache only, not a paged one (FLASHATTN_I64_PAGED_KV)";
-    if (p.serving.paged && p.varlen)
-        return "the fa2 backend runs a paged K/V cache (FLASHATTN_I64_PAGED_KV) with fixed-length queries only";
-    if (p.serving.paged && p.serving.page_size % pl.cfg.block_n != 0)
-        return "the fa2 backend loads a paged K/V cache (FLASHATTN_I64_PAGED_KV) a whole key tile per page: at head dim " +
-               std::to_string(p.head_dim) + " FLASHATTN_I64_PAGE_SIZE must be a multiple of " +
-               std::to_string(pl.cfg.block_n) + " (got " + std::to_string(p.serving.page_size) + "); the cpu backend takes any";
     const size_t smem = static_cast<size_t>(fa2::smem_bytes(pl.cfg));
     if (dev.smem_per_block_optin != 0 && smem > dev.smem_per_block_optin)
         return "the fa2 backend needs " + std::to_string(smem / 1024) +
@@ -154,58 +148,24 @@ flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     plan->launch = compiled_for(plan->variant.cfg.head_dim).launch;  // a small tile may be a wider head dim
     plan->splits = choose_splits(p, plan->variant, dev.sm_count);
     if (plan->splits > 1) add_split_slices(p, plan.get());
-    if (p.serving.rotary_dim > 0) {
-        const size_t bytes = static_cast<size_t>(p.total_query_rows() * p.heads_q * p.head_dim) * p.element_size();
-        plan->rotated_q = plan->workspace.add("fa2 rotated queries", bytes);
-    }
+    if (p.serving.rotary_dim > 0) plan->rotated_q = plan->workspace.add("fa2 rotated queries", rotated_q_bytes(p));
     if (fa2::backward_unsupported_reason(p, dev).empty())
         plan->backward = fa2::plan_backward(p, dev, &plan->backward_workspace);
     *out = std::move(plan);
     return FLASHATTN_SUCCESS;
 }
 
-// The serving append (issue 18): the new K/V rows into the contiguous caches and, with a rotary
-// embedding, Q rotated into the workspace, which the attention kernel then reads (k's Q pointer
-// and strides are switched to that copy).
+// The serving append (issue 18): the new K/V rows into the caches and, with a rotary embedding,
+// Q rotated into the workspace, which the attention kernel then reads (host/cache_append.h).
 flashattn_status_t enqueue_append(const Problem &p, const Fa2Plan &plan, const Tensors &t, cudaStream_t stream,
                                   fa2::Params *k) {
-    const Serving &sv = p.serving;
-    fa2::AppendParams a;
-    a.k_new = t.k_new, a.v_new = t.v_new;
-    a.k = const_cast<void *>(t.k), a.v = const_cast<void *>(t.v);  // the caches are outputs here
-    a.seqused_k = t.seqused_k;
-    a.cu_q = p.varlen ? t.cu_seqlens_q : nullptr;
-    a.cu_k = p.varlen ? t.cu_seqlens_k : nullptr;
-    a.rotary_cos = t.rotary_cos, a.rotary_sin = t.rotary_sin;
-    a.q = t.q;
-    a.kn_bs = sv.k_new.batch, a.kn_rs = sv.k_new.row, a.kn_hs = sv.k_new.head;
-    a.vn_bs = sv.v_new.batch, a.vn_rs = sv.v_new.row, a.vn_hs = sv.v_new.head;
-    a.k_bs = p.k.batch, a.k_rs = p.k.row, a.k_hs = p.k.head;
-    a.v_bs = p.v.batch, a.v_rs = p.v.row, a.v_hs = p.v.head;
-    a.q_bs = p.q.batch, a.q_rs = p.q.row, a.q_hs = p.q.head;
-    a.batch = static_cast<int32_t>(p.batch);
-    a.new_rows = static_cast<int32_t>(sv.new_rows);
-    a.heads_q = static_cast<int32_t>(p.heads_q);
-    a.heads_kv = static_cast<int32_t>(p.heads_kv);
-    a.seqlen_q = static_cast<int32_t>(p.seqlen_q);
-    a.head_dim = static_cast<int32_t>(p.head_dim);
-    a.rotary_dim = static_cast<int32_t>(sv.rotary_dim);
-    a.interleaved = sv.rotary_interleaved ? 1 : 0;
-    if (plan.rotated_q >= 0) a.q_rot = plan.workspace.at<void>(t.workspace, plan.rotated_q);
-    if (sv.paged) {
-        a.page_table = t.page_table;
-        a.page_table_stride = sv.page_table_stride;
-        a.page_size = static_cast<int32_t>(sv.page_size);
-    }
+    void *q_rot = plan.rotated_q >= 0 ? plan.workspace.at<void>(t.workspace, plan.rotated_q) : nullptr;
+    AppendParams a;
+    fill_append_params(p, t, q_rot, &a);
     const cudaError_t err = fa2::launch_append(a, p.dtype == FLASHATTN_DTYPE_BF16, stream);
     if (err != cudaSuccess) return cuda_fail(err, "fa2 serving append");
     FLASHATTN_TRY(check_launch("fa2 serving append kernels"));
-    if (a.q_rot != nullptr) {
-        k->q = a.q_rot;
-        k->q_hs = p.head_dim;
-        k->q_rs = p.heads_q * p.head_dim;
-        k->q_bs = p.seqlen_q * k->q_rs;
-    }
+    if (q_rot != nullptr) use_rotated_q(p, q_rot, k);
     return FLASHATTN_SUCCESS;
 }
 

@@ -52,15 +52,52 @@ __device__ __forceinline__ int64_t page_shift(const Params &p, int n0, int64_t r
     return pages[page] * page_stride - static_cast<int64_t>(page) * p.page_size * rs;
 }
 
+// Paged K/V with pages that do not hold whole key tiles (any page size from 1 up): each row of
+// key tile [n0, n0 + kBN) is looked up in the page table on its own, like load_q's rows (chunk i
+// of the tile: row i / kCPR, column chunk i % kCPR). Keys >= sk and columns >= d are zero-filled
+// without reading the page table (its entries past a sequence's keys need not be valid pages).
+template <class Tr>
+__device__ __forceinline__ void load_paged_rows(const Params &p, uint32_t sbase, const uint16_t *g, int n0,
+                                                int64_t rs, int64_t page_stride, int sk, int d, int tid) {
+    using Tile = cuda::SwizzledTile<Tr::kBN, Tr::kD>;
+    constexpr int kCPR = Tr::kD / 8;
+    constexpr int kTotal = Tr::kBN * kCPR;
+    constexpr int kIters = (kTotal + Tr::kThreads - 1) / Tr::kThreads;
+    const int b = static_cast<int>(blockIdx.z) / p.num_splits;
+    const int32_t *pages = p.page_table + b * p.page_table_stride;
+#pragma unroll 4
+    for (int j = 0; j < kIters; ++j) {
+        const int i = tid + j * Tr::kThreads;
+        if (kTotal % Tr::kThreads == 0 || i < kTotal) {
+            const int r = i / kCPR;
+            const int c = i - r * kCPR;
+            const int key = n0 + r;
+            const bool ok = c * 8 < d && key < sk;
+            const uint16_t *src = g;
+            if (ok)
+                src = g + static_cast<int64_t>(pages[key / p.page_size]) * page_stride +
+                      static_cast<int64_t>(key % p.page_size) * rs + c * 8;
+            cuda::cp_async_16(sbase + Tile::offset(r, c), src, ok ? 16u : 0u);
+        }
+    }
+}
+
 // cp.async K or V tile [n0, n0 + kBN) of this sequence (g: a.kg or a.vg; page_stride: k_bs or
 // v_bs). Without kPaged it is exactly the contiguous load (a runtime test here, per tile, made
-// ptxas spill in the big-tile kernels); paged only moves the base pointer.
+// ptxas spill in the big-tile kernels); paged pages of whole tiles only move the base pointer,
+// smaller (or unaligned) pages take a row-by-row lookup.
 // cols: K's head dim a.d, or V's p.head_dim_v (read from the parameters where used, so that it
 // takes no register across the loop); columns past it are zero-filled.
 template <class Tr, bool kPaged, bool kAllRows>
 __device__ __forceinline__ void load_kv_tile(const Params &p, const FwdLoopArgs &a, uint32_t s, const uint16_t *g,
                                              int n0, int64_t rs, int64_t page_stride, int cols) {
-    if constexpr (kPaged) g += page_shift(p, n0, rs, page_stride);
+    if constexpr (kPaged) {
+        if (p.page_size % Tr::kBN != 0) {
+            load_paged_rows<Tr>(p, s, g, n0, rs, page_stride, a.sk, cols, a.tid);
+            return;
+        }
+        g += page_shift(p, n0, rs, page_stride);
+    }
     load_tile<Tr, Tr::kBN, kAllRows>(s, g, n0, rs, a.sk - n0, cols, a.tid);
 }
 

@@ -22,8 +22,9 @@ struct Params : TensorArgs {
     int32_t reverse_m = 0;  // launch the heaviest (last, causal) query tiles first
 
     // Paged K/V (page_table null otherwise): key t of sequence b is row t % page_size of page
-    // page_table[b * page_table_stride + t / page_size]; k_bs / v_bs step between pages. A page
-    // holds whole key tiles (page_size is a multiple of the tile's kBN, checked at finalize).
+    // page_table[b * page_table_stride + t / page_size]; k_bs / v_bs step between pages. Any page
+    // size: pages of whole key tiles move the tile's base, others are gathered row by row
+    // (fa2_mainloop.cuh, load_kv_tile).
     const int32_t *page_table = nullptr;
     int64_t page_table_stride = 0;
     int32_t page_size = 0;

@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backends/backend.h"
+#include "backends/cuda/fa3/fa3_append.h"
 #include "backends/cuda/fa3/fa3_bwd_host.h"
 #include "backends/cuda/fa3/fa3_config.h"
 #include "backends/cuda/fa3/fa3_params.h"
@@ -52,6 +53,7 @@ struct Fa3Plan : BackendPlan {
     int num_ctas = 1;       // persistent grid size
     int section = 1;        // causal schedule: (head, sequence) pairs per L2 section
     fa3::BwdPlan backward;  // laid out in backward_workspace when the backward can run
+    int rotated_q = -1;     // with a rotary append: Q rotated by the pre-kernel (host/cache_append.h)
 };
 
 // Why TMA cannot describe one input tensor of `rows` x `heads` x `batch` rows, or empty. A
@@ -75,6 +77,9 @@ std::string tma_stride_problem(const char *name, const Strides &s, int64_t rows,
 // narrower tensor's TMA boxes are zero past its own columns: nothing in Q K^T, O columns not stored).
 int kernel_head_dim(const Problem &p) { return static_cast<int>(std::max(p.head_dim, p.head_dim_v)); }
 
+// Paged caches and seqused_k take the gathering producer (fa3_gather.cuh, Params::gather).
+bool uses_gather(const Problem &p) { return p.serving.paged || p.serving.seqused_k; }
+
 std::string fa3_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
     if (!dev.present) return "the fa3 backend needs a CUDA device and none is available";
     if (dev.cc_major != 9 || dev.cc_minor != 0)
@@ -89,9 +94,20 @@ std::string fa3_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
         tiles >= (int64_t(1) << 31))
         return "the fa3 backend schedules at most 2^31 - 1 query tiles (128 rows x heads x sequences)";
     const int64_t batch = p.batch_extent();
-    for (const std::string &why : {tma_stride_problem("q", p.q, p.q_rows(), p.heads_q, batch),
-                                   tma_stride_problem("k", p.k, p.k_rows(), p.heads_kv, batch),
-                                   tma_stride_problem("v", p.v, p.k_rows(), p.heads_kv, batch)})
+    // A gathering plan (paged, seqused_k) loads K and V with cp.async: 16-byte aligned rows are
+    // enough there, which check_device_tensors enforces at execute. An append's rotated Q is a
+    // contiguous copy in the workspace.
+    const bool gather = uses_gather(p);
+    // The gathering producer and the variants' key walk / V width were written side by side and
+    // never tested together: refused until a test runs them.
+    if (gather && (p.sink_tokens > 0 || p.alibi || p.head_dim_v != p.head_dim))
+        return std::string("the fa3 backend runs ") +
+               (p.sink_tokens > 0 ? "sink tokens (FLASHATTN_I64_SINK_TOKENS)" : p.alibi ? "ALiBi (FLASHATTN_I64_ALIBI)" : "head_dim_v != head_dim") +
+               " without a paged cache or seqused_k (FLASHATTN_I64_PAGED_KV, FLASHATTN_I64_SEQUSED_K) only";
+    for (const std::string &why : {p.serving.rotary_dim > 0 ? std::string()
+                                                          : tma_stride_problem("q", p.q, p.q_rows(), p.heads_q, batch),
+                                   gather ? std::string() : tma_stride_problem("k", p.k, p.k_rows(), p.heads_kv, batch),
+                                   gather ? std::string() : tma_stride_problem("v", p.v, p.k_rows(), p.heads_kv, batch)})
         if (!why.empty()) return why;
     const size_t smem = static_cast<size_t>(fa3::smem_bytes(fa3::config_for(kernel_head_dim(p))));
     if (dev.smem_per_block_optin != 0 && smem > dev.smem_per_block_optin)
@@ -110,7 +126,12 @@ std::string fa3_backward_unsupported_reason(const Problem &p, const DeviceInfo &
 }
 
 // Auto passes fa3 over for decode-shaped problems: it has no split-KV path, fa2's is faster there.
+// And, for now, for every serving plan (paged, seqused_k, append): the gathering producer runs
+// when fa3 is forced (test_serving_fa3), but it has not been timed against fa2 yet.
 std::string fa3_auto_pass_reason(const Problem &p, const DeviceInfo &) {
+    if (p.serving.any())
+        return "fa3's serving path (paged K/V and seqused_k through its cp.async gathering producer) is not yet "
+               "measured against fa2's; auto runs serving plans on fa2 (force fa3 to use it)";
     if (p.seqlen_q <= kDecodeRows && p.seqlen_k > 4 * kDecodeRows)
         return "fa3 has no split-KV path; for " + std::to_string(p.seqlen_q) +
                " query rows per sequence fa2's is faster";
@@ -154,6 +175,7 @@ flashattn_status_t fa3_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     plan->num_ctas = std::max(1, std::min(dev.sm_count, test_cta_limit()));  // one persistent CTA per SM at most
     plan->section = causal_section(p, dev.l2_bytes, plan->num_ctas);
     if (fa3_backward_unsupported_reason(p, dev).empty()) plan->backward = fa3::plan_backward(p, &plan->backward_workspace);
+    if (p.serving.rotary_dim > 0) plan->rotated_q = plan->workspace.add("fa3 rotated queries", rotated_q_bytes(p));
     *out = std::move(plan);
     return FLASHATTN_SUCCESS;
 }
@@ -207,6 +229,20 @@ flashattn_status_t encode_map(int slot, CUtensorMap *out, TmaElement el, const v
     return encode_cached(&cache[slot], out, el, base, dims, strides, box);
 }
 
+// The serving append (issue 18): the new K/V rows into the caches and, with a rotary embedding,
+// Q rotated into the workspace, from which the Q tensor map is then encoded (host/cache_append.h).
+flashattn_status_t enqueue_append(const Problem &p, const Fa3Plan &plan, const Tensors &t, cudaStream_t stream,
+                                  fa3::Params *k) {
+    void *q_rot = plan.rotated_q >= 0 ? plan.workspace.at<void>(t.workspace, plan.rotated_q) : nullptr;
+    AppendParams a;
+    fill_append_params(p, t, q_rot, &a);
+    const cudaError_t err = fa3::launch_append(a, p.dtype == FLASHATTN_DTYPE_BF16, stream);
+    if (err != cudaSuccess) return cuda_fail(err, "fa3 serving append");
+    FLASHATTN_TRY(check_launch("fa3 serving append kernels"));
+    if (q_rot != nullptr) use_rotated_q(p, q_rot, k);
+    return FLASHATTN_SUCCESS;
+}
+
 flashattn_status_t fa3_execute(const Problem &p, const BackendPlan &base_plan, const Tensors &t) {
     const Fa3Plan &plan = static_cast<const Fa3Plan &>(base_plan);
     // First, with the context current: the tensor maps are encoded through the driver, which
@@ -214,24 +250,40 @@ flashattn_status_t fa3_execute(const Problem &p, const BackendPlan &base_plan, c
     DeviceGuard guard(p.device, /*need_context=*/true);
     if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "fa3: cudaSetDevice");
     FLASHATTN_TRY(check_device_tensors(p, t));
-    if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0 || (p.varlen && p.total_q == 0))
-        return FLASHATTN_SUCCESS;
+    const bool no_queries = p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0 || (p.varlen && p.total_q == 0);
+    if (no_queries && !p.serving.appends()) return FLASHATTN_SUCCESS;  // (an append still writes the caches)
     fa3::Params k;
     fill_tensor_args(p, t, &k);
     k.reverse_m = p.causal ? 1 : 0;
+    const bool gather = uses_gather(p);
+    k.gather = gather ? 1 : 0;
+    if (p.serving.paged) {
+        k.page_table = t.page_table;
+        k.page_table_stride = p.serving.page_table_stride;
+        k.page_size = static_cast<int32_t>(p.serving.page_size);
+    }
+    const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);
+    if (p.serving.appends()) FLASHATTN_TRY(enqueue_append(p, plan, t, stream, &k));
+    if (no_queries) return FLASHATTN_SUCCESS;
 
     const TmaElement el = p.dtype == FLASHATTN_DTYPE_BF16 ? TmaElement::bf16 : TmaElement::fp16;
     const int64_t rows_k = p.k_rows();
     fa3::TensorMaps maps;
-    FLASHATTN_TRY(encode_map(0, &maps.q, el, t.q, p, p.q, p.q_rows(), p.heads_q, fa3::kBlockM, p.head_dim));
-    // No keys at all: the kernel loads no K/V tile, but the maps still need a valid base and extent.
-    const bool no_keys = rows_k == 0;
-    FLASHATTN_TRY(encode_map(1, &maps.k, el, no_keys ? t.q : t.k, p, p.k, no_keys ? 1 : rows_k, p.heads_kv, plan.cfg.block_n, p.head_dim));
-    FLASHATTN_TRY(encode_map(2, &maps.v, el, no_keys ? t.q : t.v, p, p.v, no_keys ? 1 : rows_k, p.heads_kv, plan.cfg.block_n, p.head_dim_v));
+    Strides qs = p.q;  // the caller's Q, or the rotated copy (use_rotated_q)
+    qs.batch = k.q_bs, qs.row = k.q_rs, qs.head = k.q_hs;
+    FLASHATTN_TRY(encode_map(0, &maps.q, el, k.q, p, qs, p.q_rows(), p.heads_q, fa3::kBlockM, p.head_dim));
+    // No keys at all, or a gathering plan (no K/V TMA): the kernel loads no K/V box, but the maps
+    // still need a valid base and extent.
+    if (rows_k == 0 || gather) {
+        maps.k = maps.q;
+        maps.v = maps.q;
+    } else {
+        FLASHATTN_TRY(encode_map(1, &maps.k, el, t.k, p, p.k, rows_k, p.heads_kv, plan.cfg.block_n, p.head_dim));
+        FLASHATTN_TRY(encode_map(2, &maps.v, el, t.v, p, p.v, rows_k, p.heads_kv, plan.cfg.block_n, p.head_dim_v));
+    }
 
     k.num_ctas = plan.num_ctas;
     k.section = plan.section;
-    const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);
     const cudaError_t err = plan.launch(k, maps, p.dtype == FLASHATTN_DTYPE_BF16, stream);
     if (err != cudaSuccess) return cuda_fail(err, "fa3 forward kernel setup");
     return check_launch("fa3 forward kernel");

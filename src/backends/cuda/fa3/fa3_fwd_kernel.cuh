@@ -18,6 +18,8 @@
 // Runtime features (no template flags): causal / sliding window (edge tiles masked, the others
 // skipped), soft cap, GQA/MQA (kv head = head / group in the K/V coordinates), variable length
 // (TMA rows offset by cu_seqlens; rows of the next sequence are masked or not stored), LSE.
+// Serving (Params::gather): paged K/V caches of any page size and seqused_k, loaded by the whole
+// producer warpgroup with cp.async (fa3_gather.cuh); the consumers do not know the difference.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,7 @@
 #include "backends/cuda/device/ptx_sm90.cuh"
 #include "backends/cuda/fa3/fa3_config.h"
 #include "backends/cuda/fa3/fa3_epilogue.cuh"
+#include "backends/cuda/fa3/fa3_gather.cuh"
 #include "backends/cuda/fa3/fa3_mainloop.cuh"
 #include "backends/cuda/fa3/fa3_params.h"
 #include "backends/cuda/fa3/fa3_producer.cuh"
@@ -76,12 +79,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     Barriers *bars = reinterpret_cast<Barriers *>(smem + Tr::kBarOffset);
 
     if (threadIdx.x == 0) {
+        // K/V "full": one TMA issuer, or every gathering producer thread (fa3_gather.cuh).
+        const uint32_t kv_arrivals = p.gather ? kProducerThreads : 1;
         cuda::mbar_init(&bars->q_full, 1);
         cuda::mbar_init(&bars->q_empty, kConsumerWarps);
 #pragma unroll
         for (int s = 0; s < kStages; ++s) {
-            cuda::mbar_init(&bars->k_full[s], 1);
-            cuda::mbar_init(&bars->v_full[s], 1);
+            cuda::mbar_init(&bars->k_full[s], kv_arrivals);
+            cuda::mbar_init(&bars->v_full[s], kv_arrivals);
             cuda::mbar_init(&bars->k_empty[s], kConsumerWarps);
             cuda::mbar_init(&bars->v_empty[s], kConsumerWarps);
         }
@@ -97,6 +102,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     Pipe pipe;
     if (wg == 0) {
         cuda::setmaxnreg_dec<40>();
+        if (p.gather) {  // paged caches / seqused_k: the whole warpgroup gathers K and V
+            if (threadIdx.x == 0) cuda::prefetch_tensormap(&tm_q);
+            for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
+                const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
+                if (c.has_keys()) produce_gather<Tr>(p, c, &tm_q, smem, bars, pipe, threadIdx.x);
+            }
+            return;
+        }
         if (threadIdx.x != 0) return;
         cuda::prefetch_tensormap(&tm_q);
         cuda::prefetch_tensormap(&tm_k);

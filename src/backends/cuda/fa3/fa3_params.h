@@ -17,6 +17,17 @@ struct Params : TensorArgs {
     int32_t reverse_m = 0;  // schedule the heaviest (last, causal) query tiles first
     int32_t num_ctas = 1;   // persistent grid: at most one CTA per SM
     int32_t section = 1;    // causal schedule: (head, sequence) pairs per L2 section
+
+    // Serving (issue 18). gather = 1: the whole producer warpgroup loads K and V with cp.async
+    // (fa3_gather.cuh) instead of one thread issuing TMA boxes, so that each row can come from its
+    // own page and the rows past a sequence's used keys arrive as zeros (TMA would load whatever the
+    // cache holds there, and 0 x NaN in P V poisons the row). Set for paged caches and seqused_k.
+    // Paged (page_table non-null): key t of sequence b is row t % page_size of page
+    // page_table[b * page_table_stride + t / page_size]; k_bs / v_bs step between pages.
+    int32_t gather = 0;
+    const int32_t *page_table = nullptr;
+    int64_t page_table_stride = 0;
+    int32_t page_size = 0;
 };
 
 // TMA descriptors of Q, K and V: rank 4 {head_dim, rows, heads, batch} (varlen: rows = total

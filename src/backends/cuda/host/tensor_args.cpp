@@ -14,7 +14,7 @@ void fill_tensor_args(const Problem &p, const Tensors &t, TensorArgs *out) {
     a.o = t.o;
     a.lse = t.lse;
     a.cu_q = p.varlen ? t.cu_seqlens_q : nullptr;
-    a.cu_k = p.varlen ? t.cu_seqlens_k : nullptr;
+    a.cu_k = p.varlen && !p.serving.paged ? t.cu_seqlens_k : nullptr;  // paged: keys are not packed
     a.q_bs = p.q.batch, a.q_rs = p.q.row, a.q_hs = p.q.head;
     a.k_bs = p.k.batch, a.k_rs = p.k.row, a.k_hs = p.k.head;
     a.v_bs = p.v.batch, a.v_rs = p.v.row, a.v_hs = p.v.head;

@@ -1,0 +1,12 @@
+// The fa1 backend's instantiation of the shared serving append (device/cache_append.cuh), compiled
+// for fa1's architectures.
+#include "backends/cuda/device/cache_append.cuh"
+#include "backends/cuda/fa1/fa1_append.h"
+
+namespace flashattn {
+namespace fa1 {
+
+cudaError_t launch_append(const AppendParams &a, bool bf16, cudaStream_t s) { return cuda::launch_cache_append(a, bf16, s); }
+
+}  // namespace fa1
+}  // namespace flashattn

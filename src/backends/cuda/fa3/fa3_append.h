@@ -1,0 +1,16 @@
+// The fa3 backend's launcher of the serving append pre-kernels (host/cache_append.h), defined in
+// fa3_append.cu.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "backends/cuda/host/cache_append.h"
+
+namespace flashattn {
+namespace fa3 {
+
+// Enqueue the append (and with a.q_rot the rotation of Q) on `s`; `bf16` picks the element type.
+cudaError_t launch_append(const AppendParams &a, bool bf16, cudaStream_t s);
+
+}  // namespace fa3
+}  // namespace flashattn
