@@ -717,6 +717,107 @@ static void backward_lse_and_row_dot(void **state) {
     data_free(&x);
 }
 
+/* ---- The merge's NaN rule (flashattn_plan_merge_states) -------------------------------------- */
+
+/* Three fp32 partials into the plan's O and LSE, against the formula in double. Rows of head 0 of
+ * sequence 0: i0 NaN in every partial's LSE; i1 NaN in one, finite in the others; i2 -inf in two
+ * partials whose O is all NaN (they add nothing); i3 -inf in all (O = 0, LSE = -inf); i4 a NaN in
+ * column 5 of a contributing partial's O (that column NaN, the others finite). Every other row
+ * finite. The CPU and every GPU plan (fa2's kernel) follow the same rule. */
+static void merge_nan_rule(void **state) {
+    (void)state;
+    const sv_problem p = {2, 5, 7, 2, 1, 64, low_precision(), 0, -1, -1, 0.0, 0, 0};
+    enum { S = 3 };
+    flashattn_plan_t *plan = make_plan(&p);
+    const int dev = test_on_device(TEST_BACKEND);
+    const size_t es = test_dtype_size(p.dtype);
+    test_mem po[S], pl[S], o, lse;
+    float *ho[S], *hl[S];
+    test_rng rng;
+    test_rng_seed(&rng, 95);
+    for (int s = 0; s < S; ++s) {
+        assert_int_equal(test_mem_alloc(&po[s], nq(&p) * 4, dev), 0);
+        assert_int_equal(test_mem_alloc(&pl[s], nl(&p) * 4, dev), 0);
+        ho[s] = po[s].host;
+        hl[s] = pl[s].host;
+        for (size_t i = 0; i < nq(&p); ++i) ho[s][i] = (float)test_rng_uniform(&rng, -2.0, 2.0);
+        for (size_t i = 0; i < nl(&p); ++i) hl[s][i] = (float)test_rng_uniform(&rng, -4.0, 4.0);
+    }
+    /* LSE [b][hq][sq]: sequence 0, head 0, row i is at i. O [b][sq][hq][d]: row i, head 0 at i*hq*d. */
+    for (int s = 0; s < S; ++s) hl[s][0] = NAN;
+    hl[1][1] = NAN;
+    hl[0][2] = hl[2][2] = -INFINITY;
+    for (int64_t c = 0; c < p.d; ++c) ho[0][at(0, 2, 0, c, p.sq, p.hq, p.d)] = ho[2][at(0, 2, 0, c, p.sq, p.hq, p.d)] = NAN;
+    for (int s = 0; s < S; ++s) hl[s][3] = -INFINITY;
+    ho[2][at(0, 4, 0, 5, p.sq, p.hq, p.d)] = NAN;
+    for (int s = 0; s < S; ++s) {
+        assert_int_equal(test_mem_upload(&po[s]), 0);
+        assert_int_equal(test_mem_upload(&pl[s]), 0);
+    }
+    assert_int_equal(test_mem_alloc(&o, nq(&p) * es, dev), 0);
+    assert_int_equal(test_mem_alloc(&lse, nl(&p) * 4, dev), 0);
+    test_poison(p.dtype, o.host, o.bytes);
+    test_poison(FLASHATTN_DTYPE_FP32, lse.host, lse.bytes);
+    assert_int_equal(test_mem_upload(&o), 0);
+    assert_int_equal(test_mem_upload(&lse), 0);
+    const void *o_ptrs[S];
+    const float *l_ptrs[S];
+    for (int s = 0; s < S; ++s) {
+        o_ptrs[s] = test_mem_ptr(&po[s]);
+        l_ptrs[s] = test_mem_ptr(&pl[s]);
+    }
+    const flashattn_status_t st =
+        flashattn_plan_merge_states(plan, S, o_ptrs, l_ptrs, FLASHATTN_DTYPE_FP32, test_mem_ptr(&o), test_mem_ptr(&lse), NULL);
+    if (st == FLASHATTN_ERROR_NOT_SUPPORTED) { /* a build without fa2's merge kernel */
+        print_message("merge_states: %s: skipped\n", flashattn_last_error());
+        skip();
+    }
+    if (st != FLASHATTN_SUCCESS) fail_msg("merge_states: %s", flashattn_last_error());
+    const char *err = test_device_error();
+    if (err) fail_msg("device error: %s", err);
+    assert_int_equal(test_mem_download(&o), 0);
+    assert_int_equal(test_mem_download(&lse), 0);
+    const float *got_lse = lse.host;
+    for (int64_t b = 0; b < p.b; ++b)
+        for (int64_t h = 0; h < p.hq; ++h)
+            for (int64_t i = 0; i < p.sq; ++i) {
+                const size_t li = (size_t)((b * p.hq + h) * p.sq + i);
+                double m = -INFINITY, sum = 0.0;
+                int nan = 0;
+                for (int s = 0; s < S; ++s) {
+                    nan |= isnan(hl[s][li]);
+                    if (hl[s][li] > m) m = hl[s][li];
+                }
+                for (int s = 0; s < S && !nan && m != -INFINITY; ++s) sum += exp(hl[s][li] - m);
+                const double ref_lse = nan ? NAN : m == -INFINITY ? -INFINITY : m + log(sum);
+                if (nan ? !isnan(got_lse[li]) : !(got_lse[li] == ref_lse || fabs(got_lse[li] - ref_lse) <= 1e-5 * (1.0 + fabs(ref_lse))))
+                    fail_msg("merge b%lld h%lld row %lld: LSE %g, expected %g", (long long)b, (long long)h, (long long)i, got_lse[li], ref_lse);
+                for (int64_t c = 0; c < p.d; ++c) {
+                    const size_t oi = at(b, i, h, c, p.sq, p.hq, p.d);
+                    double ref = 0.0;
+                    int col_nan = nan;
+                    for (int s = 0; s < S && !nan && m != -INFINITY; ++s) {
+                        if (hl[s][li] == -INFINITY) continue;
+                        col_nan |= isnan(ho[s][oi]);
+                        ref += exp(hl[s][li] - ref_lse) * ho[s][oi];
+                    }
+                    const double got = test_load(p.dtype, (const char *)o.host + oi * es);
+                    const int ok = col_nan ? isnan(got) && !test_is_poison(p.dtype, (const unsigned char *)o.host + oi * es)
+                                           : fabs(got - ref) <= tolerance(p.dtype) * 2.0;
+                    if (!ok)
+                        fail_msg("merge b%lld h%lld row %lld col %lld: %g, expected %s%g", (long long)b, (long long)h,
+                                 (long long)i, (long long)c, got, col_nan ? "NaN, not " : "", ref);
+                }
+            }
+    for (int s = 0; s < S; ++s) {
+        test_mem_free(&po[s]);
+        test_mem_free(&pl[s]);
+    }
+    test_mem_free(&o);
+    test_mem_free(&lse);
+    flashattn_plan_destroy(plan);
+}
+
 int main(void) {
     struct CMUnitTest tests[16];
     size_t n = 0;
@@ -732,6 +833,7 @@ int main(void) {
     tests[n++] = test_unit("varlen_declared_maximum", varlen_declared_maximum, NULL);
     tests[n++] = test_unit("tiny_softcap_is_uniform", tiny_softcap_is_uniform, NULL);
     tests[n++] = test_unit("fresh_thread", fresh_thread, NULL);
+    tests[n++] = test_unit("merge_nan_rule", merge_nan_rule, NULL);
     if (IS_CPU) {
         tests[n++] = test_unit("huge_magnitudes", huge_magnitudes, NULL);
         tests[n++] = test_unit("thread_count_invariance", thread_count_invariance, NULL);
