@@ -12,6 +12,8 @@
  *   - CPU only: fp32/bf16 inputs of magnitude 1e20 give the finite exact result; forward and
  *     backward results are bitwise identical for 1, 2, 7, 16 and 33 threads (FLASHATTN_CPU_THREADS);
  *     a NaN in Q, K or dO reaches exactly the gradients of the pairs it takes part in;
+ *   - the merge of partial states: a NaN partial LSE makes the row NaN, a -inf partial adds
+ *     nothing whatever its O holds, a NaN in a contributing partial's O reaches its column;
  *   - the backward (CPU and fa2): only an LSE of -inf marks a row that takes no part (its dQ 0,
  *     nothing of it in dK/dV even with a NaN in its O or dO), a NaN LSE or row_dot (from O)
  *     reaches exactly the gradients of the row's pairs, a NaN in Q reaches its row's pairs.
