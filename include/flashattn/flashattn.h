@@ -796,8 +796,10 @@ FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward_args(const flas
  * Partial s is the output O_s and LSE_s of attention over a subset of the keys (the subsets
  * disjoint, their union the keys wanted), as this library's forward writes them: merging the
  * states of one plan run over key blocks gives, to rounding, one run over all the keys. A row with
- * LSE_s = -inf (it saw no key of that subset) contributes nothing; a row -inf in every partial gets
- * O = 0 and LSE = -inf. Sink logits belong to exactly one of the partials.
+ * LSE_s = -inf (it saw no key of that subset) contributes nothing, whatever its O holds; a row -inf
+ * in every partial gets O = 0 and LSE = -inf. NaN propagates: a NaN LSE_s in any partial makes the
+ * row's O and LSE NaN, and a NaN in O_s of a partial that contributes makes that column of the
+ * row NaN. Sink logits belong to exactly one of the partials.
  *
  * The plan supplies the layout and the place: a finalized plan whose output the partials share
  * (batch, seqlen_q or total_q, heads_q, head_dim_v, the O strides and the LSE layout). The merge

@@ -88,8 +88,8 @@ FLASHATTN_API flashattn_status_t flashattn_args_create(flashattn_args_t **args) 
 FLASHATTN_API void flashattn_args_destroy(flashattn_args_t *args) { delete args; }
 
 FLASHATTN_API flashattn_status_t flashattn_args_set(flashattn_args_t *args, flashattn_arg_t which, const void *ptr) {
-    return guarded(__func__, [&] {
-        if (args == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "args: NULL passed to %s", __func__);
+    return guarded(__func__, [&, entry = __func__] {
+        if (args == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "args: NULL passed to %s", entry);
         const int w = enum_value(&which);
         if (!known_arg(w)) return unknown_arg(w);
         args->ptr[w] = ptr;
@@ -99,8 +99,8 @@ FLASHATTN_API flashattn_status_t flashattn_args_set(flashattn_args_t *args, flas
 
 FLASHATTN_API flashattn_status_t flashattn_args_get(const flashattn_args_t *args, flashattn_arg_t which,
                                                     const void **ptr) {
-    return guarded(__func__, [&] {
-        if (args == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "args: NULL passed to %s", __func__);
+    return guarded(__func__, [&, entry = __func__] {
+        if (args == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "args: NULL passed to %s", entry);
         if (ptr == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "ptr: the out-pointer must not be NULL");
         const int w = enum_value(&which);
         if (!known_arg(w)) return unknown_arg(w);
@@ -112,9 +112,9 @@ FLASHATTN_API flashattn_status_t flashattn_args_get(const flashattn_args_t *args
 FLASHATTN_API flashattn_status_t flashattn_plan_execute_args(const flashattn_plan_t *plan, const flashattn_args_t *args,
                                                              void *workspace, size_t workspace_bytes,
                                                              flashattn_stream_t stream) {
-    return guarded(__func__, [&] {
-        if (plan == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: NULL passed to %s", __func__);
-        if (args == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "args: NULL passed to %s", __func__);
+    return guarded(__func__, [&, entry = __func__] {
+        if (plan == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: NULL passed to %s", entry);
+        if (args == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "args: NULL passed to %s", entry);
         if (!plan->finalized)
             return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: not finalized; call flashattn_plan_finalize after the last setter");
         return execute_plan(plan, tensors_of(*args, workspace, workspace_bytes, stream));
@@ -124,9 +124,9 @@ FLASHATTN_API flashattn_status_t flashattn_plan_execute_args(const flashattn_pla
 FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward_args(const flashattn_plan_t *plan,
                                                                       const flashattn_args_t *args, void *workspace,
                                                                       size_t workspace_bytes, flashattn_stream_t stream) {
-    return guarded(__func__, [&] {
-        if (plan == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: NULL passed to %s", __func__);
-        if (args == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "args: NULL passed to %s", __func__);
+    return guarded(__func__, [&, entry = __func__] {
+        if (plan == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: NULL passed to %s", entry);
+        if (args == nullptr) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "args: NULL passed to %s", entry);
         if (!plan->finalized)
             return fail(FLASHATTN_ERROR_INVALID_STATE, "plan: not finalized; call flashattn_plan_finalize after the last setter");
         return execute_backward_plan(plan, tensors_of(*args, workspace, workspace_bytes, stream));

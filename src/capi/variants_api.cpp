@@ -23,13 +23,18 @@ FLASHATTN_API flashattn_status_t flashattn_plan_merge_states(const flashattn_pla
                                                              const float *const *partial_lse,
                                                              flashattn_dtype_t partial_dtype, void *o, float *lse,
                                                              flashattn_stream_t stream) {
-    return guarded(__func__, [&] {
-        FLASHATTN_TRY(check_plan(plan, __func__));
+    return guarded(__func__, [&, entry = __func__] {
+        FLASHATTN_TRY(check_plan(plan, entry));
         MergeCall m;
         m.num_partials = num_partials;
         m.partial_o = partial_o;
         m.partial_lse = partial_lse;
-        m.partial_dtype = static_cast<flashattn_dtype_t>(enum_value(&partial_dtype));
+        // Range-checked before it becomes the enum type: loading a value outside the enum's range
+        // (99, say) as flashattn_dtype_t is undefined behaviour (UBSan, found by fuzz_capi).
+        const int dtype = enum_value(&partial_dtype);
+        if (dtype < FLASHATTN_DTYPE_FP16 || dtype > FLASHATTN_DTYPE_FP8_E4M3)
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "partial_dtype: %d is not a flashattn_dtype_t value", dtype);
+        m.partial_dtype = static_cast<flashattn_dtype_t>(dtype);
         m.o = o;
         m.lse = lse;
         m.stream = stream;

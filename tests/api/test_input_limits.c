@@ -53,6 +53,21 @@ static void null_plan_messages_name_the_entry_point(void **state) {
     assert_status(flashattn_plan_execute_backward_varlen(NULL, x, x, x, x, x, x, x, x, x, NULL, NULL, NULL, 0, NULL),
                   FLASHATTN_ERROR_INVALID_ARGUMENT);
     assert_names("flashattn_plan_execute_backward_varlen");
+    /* The 0.3 entry points (execute arguments, merge): the same rule. */
+    const void *ptrs[1] = {x};
+    const float *lses[1] = {x};
+    const void *got = NULL;
+    assert_status(flashattn_plan_execute_args(NULL, NULL, NULL, 0, NULL), FLASHATTN_ERROR_INVALID_ARGUMENT);
+    assert_names("flashattn_plan_execute_args");
+    assert_status(flashattn_plan_execute_backward_args(NULL, NULL, NULL, 0, NULL), FLASHATTN_ERROR_INVALID_ARGUMENT);
+    assert_names("flashattn_plan_execute_backward_args");
+    assert_status(flashattn_plan_merge_states(NULL, 1, ptrs, lses, FLASHATTN_DTYPE_FP32, x, NULL, NULL),
+                  FLASHATTN_ERROR_INVALID_ARGUMENT);
+    assert_names("flashattn_plan_merge_states");
+    assert_status(flashattn_args_set(NULL, FLASHATTN_ARG_Q, x), FLASHATTN_ERROR_INVALID_ARGUMENT);
+    assert_names("flashattn_args_set");
+    assert_status(flashattn_args_get(NULL, FLASHATTN_ARG_Q, &got), FLASHATTN_ERROR_INVALID_ARGUMENT);
+    assert_names("flashattn_args_get");
 }
 
 static flashattn_plan_t *small_plan(void) {

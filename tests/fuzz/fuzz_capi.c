@@ -4,7 +4,10 @@
  * keys and values picked from the edges of every range (and keys that do not exist, on a plan of
  * their own), getters, finalize, the workspace queries, and when finalize succeeds the forward
  * (execute or execute_varlen) and the backward (execute_backward or its varlen twin) on host
- * buffers of exactly the bytes the resolved strides reach, some calls with a broken argument.
+ * buffers of exactly the bytes the resolved strides reach, some calls with a broken argument;
+ * either pass also through an argument set (flashattn_args_*, flashattn_plan_execute_args and
+ * _backward_args, with a pointer the pass does not use as one more breakage), and the merge of
+ * partial states (flashattn_plan_merge_states) into the plan's O and LSE layouts.
  *
  * The oracle, independent of the library's code:
  * - a failing call returns a documented status, leaves a message, and writes nothing: outputs are
@@ -16,7 +19,13 @@
  *   the bound widened by how much the library's fp32 scores may move; and a second run is bitwise
  *   identical;
  * - a successful backward writes every element of dQ, dK, dV (zeros exactly where no key or no
- *   query is seen), each within a bound of the double-precision gradient.
+ *   query is seen), each within a bound of the double-precision gradient;
+ * - a successful merge writes every row of O (not its stride gaps) and LSE: the formula in double
+ *   (a partial with LSE -inf adds nothing, whatever its O holds; a row -inf in every partial is
+ *   O = 0, LSE = -inf; a NaN LSE in any partial makes the row's O and LSE NaN; a NaN in the O of a
+ *   partial that adds to the row makes that column NaN);
+ * - an argument set reads back what was set, refuses values that are not flashattn_arg_t ones
+ *   and writes nothing then.
  * Any breach aborts with a message (libFuzzer keeps the input).
  *
  * FLASHATTN_FUZZ_AVOID_KNOWN=1 keeps the inputs away from the defects listed in issue 21 (huge
@@ -118,13 +127,15 @@ static double take_f64_value(input *in) {
 
 static struct {
     long inputs, finalized, forward_ok, forward_failed, backward_ok, backward_failed, rows_checked;
+    long via_args, merge_ok, merge_failed, merge_rows;
 } stats;
 
 static void print_stats(void) {
     fprintf(stderr, "fuzz_capi: %ld inputs, %ld finalized plans run, forward %ld ok / %ld refused, backward %ld ok / %ld "
-                    "refused, %ld rows checked against the reference\n",
+                    "refused (%ld calls through an argument set), %ld rows checked against the reference; merge %ld ok / "
+                    "%ld refused, %ld merged rows checked\n",
             stats.inputs, stats.finalized, stats.forward_ok, stats.forward_failed, stats.backward_ok, stats.backward_failed,
-            stats.rows_checked);
+            stats.via_args, stats.rows_checked, stats.merge_ok, stats.merge_failed, stats.merge_rows);
 }
 
 /* ---- Findings --------------------------------------------------------------------------------- */
@@ -177,6 +188,48 @@ static const flashattn_i64_param_t kKnownKeys[] = {
     FLASHATTN_I64_DK_HEAD_STRIDE, FLASHATTN_I64_DV_BATCH_STRIDE, FLASHATTN_I64_DV_ROW_STRIDE,
     FLASHATTN_I64_DV_HEAD_STRIDE};
 #define N_KNOWN_KEYS ((int64_t)(sizeof kKnownKeys / sizeof kKnownKeys[0]))
+
+/* The 0.3 keys (serving: paged K/V, seqused_k, append with rotary; variants: mask alignment, sink
+ * tokens and logits, ALiBi). The oracle does not model them: the setters, getters, finalize and
+ * the workspace queries are driven with their edge values, and a plan that sets any of them is not
+ * executed. */
+static const flashattn_i64_param_t kFeatureKeys[] = {
+    FLASHATTN_I64_PAGED_KV, FLASHATTN_I64_PAGE_SIZE, FLASHATTN_I64_NUM_PAGES, FLASHATTN_I64_MAX_PAGES_PER_SEQUENCE,
+    FLASHATTN_I64_PAGE_TABLE_STRIDE, FLASHATTN_I64_SEQUSED_K, FLASHATTN_I64_NEW_KV_ROWS,
+    FLASHATTN_I64_K_NEW_BATCH_STRIDE, FLASHATTN_I64_K_NEW_ROW_STRIDE, FLASHATTN_I64_K_NEW_HEAD_STRIDE,
+    FLASHATTN_I64_V_NEW_BATCH_STRIDE, FLASHATTN_I64_V_NEW_ROW_STRIDE, FLASHATTN_I64_V_NEW_HEAD_STRIDE,
+    FLASHATTN_I64_ROTARY_DIM, FLASHATTN_I64_ROTARY_INTERLEAVED, FLASHATTN_I64_MASK_ALIGN, FLASHATTN_I64_SINK_TOKENS,
+    FLASHATTN_I64_SINK_LOGITS, FLASHATTN_I64_ALIBI};
+#define N_FEATURE_KEYS ((int64_t)(sizeof kFeatureKeys / sizeof kFeatureKeys[0]))
+
+/* A key to set: one the model knows, or (one time in four) a 0.3 feature key. */
+static flashattn_i64_param_t take_key(input *in) {
+    if (take8(in) % 4 == 0) return kFeatureKeys[take_below(in, N_FEATURE_KEYS)];
+    return kKnownKeys[take_below(in, N_KNOWN_KEYS)];
+}
+
+static int sets_feature_key(const shadow *sh) {
+    for (int64_t i = 0; i < N_FEATURE_KEYS; ++i)
+        if (sh->set[kFeatureKeys[i]]) return 1;
+    return 0;
+}
+
+static int64_t get_key(const flashattn_plan_t *plan, flashattn_i64_param_t key);
+
+/* A finalized plan with a 0.3 feature key: its queries answer (or refuse with a message), the
+ * getters read every feature key, and nothing is executed. */
+static void probe_feature_plan(const flashattn_plan_t *plan) {
+    size_t bytes = 0;
+    if (flashattn_plan_get_workspace_size(plan, &bytes) != FLASHATTN_SUCCESS) finding("get_workspace_size failed on a finalized plan");
+    flashattn_backend_t bb = (flashattn_backend_t)99;
+    if (flashattn_plan_get_backward_backend(plan, &bb, NULL) == FLASHATTN_SUCCESS) {
+        if (flashattn_plan_get_backward_workspace_size(plan, &bytes) != FLASHATTN_SUCCESS)
+            finding("get_backward_workspace_size failed after get_backward_backend succeeded");
+    } else {
+        expect_message("get_backward_backend");
+    }
+    for (int64_t i = 0; i < N_FEATURE_KEYS; ++i) (void)get_key(plan, kFeatureKeys[i]);
+}
 
 /* set_i64 on the modelled plan: a failure must leave the value that get_i64 reports unchanged. */
 static void set_i64(flashattn_plan_t *plan, shadow *sh, flashattn_i64_param_t key, int64_t value) {
@@ -275,6 +328,15 @@ static void probe_null_arguments(input *in) {
     EXPECT_NULL_PLAN(flashattn_plan_execute(NULL, &i, &i, &i, &f, NULL, NULL, 0, NULL), "execute");
     EXPECT_NULL_PLAN(flashattn_plan_execute_varlen(NULL, &i, &i, &i, &f, NULL, NULL, NULL, NULL, 0, NULL),
                      "execute_varlen");
+    EXPECT_NULL_PLAN(flashattn_plan_execute_backward(NULL, &i, &i, &i, &i, &i, (const float *)&i, &f, &f, &f, NULL, 0, NULL),
+                     "execute_backward");
+    EXPECT_NULL_PLAN(flashattn_plan_execute_args(NULL, NULL, NULL, 0, NULL), "execute_args");
+    EXPECT_NULL_PLAN(flashattn_plan_execute_backward_args(NULL, NULL, NULL, 0, NULL), "execute_backward_args");
+    {
+        const void *po[1] = {&i};
+        const float *pl[1] = {(const float *)&i};
+        EXPECT_NULL_PLAN(flashattn_plan_merge_states(NULL, 1, po, pl, FLASHATTN_DTYPE_FP32, &f, NULL, NULL), "merge_states");
+    }
 #undef EXPECT_NULL_PLAN
     if (i != 7 || f != 7.0 || bytes != 7 || backend != (flashattn_backend_t)77)
         finding("a call with a NULL plan wrote an out-parameter");
@@ -291,6 +353,69 @@ static void probe_null_arguments(input *in) {
     if (size > 0 && (memchr(buf, 0, size) == NULL || strncmp(buf, flashattn_last_error(), size - 1) != 0))
         finding("last_error_copy into %zu bytes: not the NUL-terminated prefix of the message", size);
     free(buf);
+}
+
+/* ---- The argument set ------------------------------------------------------------------------- */
+
+/* The flashattn_arg_t values (flashattn.h): everything else must be refused. */
+static int arg_is_known(int64_t which) {
+    return (which >= FLASHATTN_ARG_Q && which <= FLASHATTN_ARG_ROTARY_SIN) ||
+           (which >= FLASHATTN_ARG_SINK_LOGITS && which <= FLASHATTN_ARG_DSINK_LOGITS) ||
+           (which >= FLASHATTN_ARG_DOUT && which <= FLASHATTN_ARG_DV);
+}
+
+/* A `which` from the known values, their neighbours and the int32 edges. */
+static int32_t take_arg_value(input *in) {
+    static const int32_t edges[] = {INT32_MIN, -1, 0, 14, 19, 23, 29, 34, 39, 40, 63, 64, 65, 256, INT32_MAX};
+    const unsigned how = take8(in) % 4;
+    if (how == 0) return (int32_t)take(in, 4);
+    if (how == 1) return edges[take_below(in, (int64_t)(sizeof edges / sizeof edges[0]))];
+    return (int32_t)take_below(in, 36);
+}
+
+/* An argument set on its own: create, set and get any value with any pointer (nothing is read
+ * through them), NULL objects and out-pointers, destroy. */
+static void probe_args_object(input *in) {
+    expect_status(flashattn_args_create(NULL), FLASHATTN_ERROR_INVALID_ARGUMENT, "args_create(NULL)");
+    flashattn_args_t *a = NULL;
+    if (flashattn_args_create(&a) != FLASHATTN_SUCCESS || a == NULL) finding("flashattn_args_create failed");
+    const void *model[40] = {0}; /* what each known value holds: NULL until set */
+    static const unsigned char targets[4] = {0};
+    const int rounds = (int)take_below(in, 8);
+    for (int r = 0; r < rounds; ++r) {
+        const int32_t which = take_arg_value(in);
+        const unsigned pick = take8(in) % 3;
+        const void *ptr = pick == 0 ? NULL : pick == 1 ? (const void *)&targets[take_below(in, 4)]
+                                                       : (const void *)(uintptr_t)take(in, 8);
+        const int known = arg_is_known(which);
+        const flashattn_status_t s = flashattn_args_set(a, (flashattn_arg_t)which, ptr);
+        if (known) {
+            expect_status(s, FLASHATTN_SUCCESS, "args_set of a flashattn_arg_t value");
+            model[which] = ptr;
+        } else {
+            expect_status(s, FLASHATTN_ERROR_INVALID_ARGUMENT, "args_set of a value that is not a flashattn_arg_t");
+            if (strstr(flashattn_last_error(), "which") == NULL) finding("args_set(%d): message '%s' does not name 'which'", which, flashattn_last_error());
+        }
+        const void *got = (const void *)(uintptr_t)0x5eed;
+        const int32_t probe_which = (take8(in) & 1) ? which : take_arg_value(in);
+        const flashattn_status_t g = flashattn_args_get(a, (flashattn_arg_t)probe_which, &got);
+        if (arg_is_known(probe_which)) {
+            expect_status(g, FLASHATTN_SUCCESS, "args_get of a flashattn_arg_t value");
+            if (got != model[probe_which]) finding("args_get(%d) gives %p, %p was set", probe_which, got, model[probe_which]);
+        } else {
+            expect_status(g, FLASHATTN_ERROR_INVALID_ARGUMENT, "args_get of a value that is not a flashattn_arg_t");
+            if (got != (const void *)(uintptr_t)0x5eed) finding("args_get(%d) failed but wrote its output", probe_which);
+        }
+    }
+    expect_status(flashattn_args_get(a, FLASHATTN_ARG_Q, NULL), FLASHATTN_ERROR_INVALID_ARGUMENT, "args_get(NULL ptr)");
+    const void *untouched = (const void *)(uintptr_t)0x77;
+    expect_status(flashattn_args_get(NULL, FLASHATTN_ARG_Q, &untouched), FLASHATTN_ERROR_INVALID_ARGUMENT, "args_get(NULL args)");
+    expect_status(flashattn_args_set(NULL, FLASHATTN_ARG_Q, NULL), FLASHATTN_ERROR_INVALID_ARGUMENT, "args_set(NULL args)");
+    if (strstr(flashattn_last_error(), "args") == NULL || strstr(flashattn_last_error(), "operator") != NULL)
+        finding("args_set(NULL): message '%s' does not name 'args' or names a C++ operator", flashattn_last_error());
+    if (untouched != (const void *)(uintptr_t)0x77) finding("args_get with NULL args wrote its output");
+    flashattn_args_destroy(a);
+    flashattn_args_destroy(NULL);
 }
 
 /* ---- Layouts and buffers ---------------------------------------------------------------------- */
@@ -683,7 +808,7 @@ static void mutate(flashattn_plan_t *plan, shadow *sh, input *in) {
     for (int64_t m = 0; m < count; ++m) {
         const unsigned op = take8(in) % 4;
         if (op == 0 || op == 1) {
-            const flashattn_i64_param_t key = kKnownKeys[take_below(in, N_KNOWN_KEYS)];
+            const flashattn_i64_param_t key = take_key(in);
             int64_t value = take_i64_value(in);
             if (avoid_known() && key == FLASHATTN_I64_BATCH && value > 64) value = 64;
             set_i64(plan, sh, key, value);
@@ -780,14 +905,26 @@ static void nothing_written(const run_buffers *rb, int backward, const char *cal
 /* What a call is given, and which argument the input chose to break. */
 typedef enum breakage {
     BREAK_NONE, BREAK_WRONG_ENTRY, BREAK_NULL_TENSOR, BREAK_SHORT_WORKSPACE, BREAK_OUTPUT_OVER_INPUT,
-    BREAK_LSE_OVER_OUTPUT, BREAK_CU_SEQLENS, BREAK_NO_LSE, BREAK_COUNT
+    BREAK_LSE_OVER_OUTPUT, BREAK_CU_SEQLENS, BREAK_NO_LSE, BREAK_UNUSED_POINTER, BREAK_COUNT
 } breakage;
 
 static const char *break_name(breakage b) {
     static const char *names[] = {"none", "wrong entry point", "NULL tensor", "short workspace", "output over input",
-                                  "LSE over output", "bad cu_seqlens", "no LSE"};
+                                  "LSE over output", "bad cu_seqlens", "no LSE", "a pointer the pass does not use"};
     return names[b];
 }
+
+/* Pointers a pass of this model's plans never uses (no serving or variant keys are set): the
+ * argument set must refuse them. The forward's list, then the backward's. */
+static const flashattn_arg_t kUnusedForward[] = {
+    FLASHATTN_ARG_DOUT, FLASHATTN_ARG_DQ, FLASHATTN_ARG_DK, FLASHATTN_ARG_DV, FLASHATTN_ARG_DSINK_LOGITS,
+    FLASHATTN_ARG_PAGE_TABLE, FLASHATTN_ARG_SEQUSED_K, FLASHATTN_ARG_K_NEW, FLASHATTN_ARG_V_NEW,
+    FLASHATTN_ARG_ROTARY_COS, FLASHATTN_ARG_ROTARY_SIN, FLASHATTN_ARG_SINK_LOGITS, FLASHATTN_ARG_ALIBI_SLOPES};
+static const flashattn_arg_t kUnusedBackward[] = {
+    FLASHATTN_ARG_PAGE_TABLE, FLASHATTN_ARG_SEQUSED_K, FLASHATTN_ARG_K_NEW, FLASHATTN_ARG_V_NEW,
+    FLASHATTN_ARG_ROTARY_COS, FLASHATTN_ARG_ROTARY_SIN, FLASHATTN_ARG_SINK_LOGITS, FLASHATTN_ARG_ALIBI_SLOPES,
+    FLASHATTN_ARG_DSINK_LOGITS};
+static float g_unused_target[1024]; /* what such a pointer points at (never read or written) */
 
 typedef struct call_args {
     const void *q, *k, *v;
@@ -796,7 +933,10 @@ typedef struct call_args {
     void *ws;
     size_t ws_bytes;
     const int32_t *cu_q, *cu_k;
-    int varlen_entry;
+    int varlen_entry;          /* through an argument set: whether the cu_seqlens are set */
+    int via_args;              /* flashattn_plan_execute_args / _backward_args */
+    int null_args;             /* ... with a NULL argument set */
+    flashattn_arg_t extra;     /* ... with this pointer set too (0: none) */
     flashattn_status_t expect; /* SUCCESS, or the status the breakage must give */
 } call_args;
 
@@ -806,18 +946,31 @@ static void *workspace_alloc(size_t bytes) {
     return p;
 }
 
+/* `backward`: the unused pointer comes from the backward's list. */
 static call_args forward_args(const problem *p, run_buffers *rb, breakage br, void *ws, size_t ws_need, int32_t *bad_q,
-                              int32_t *bad_k, input *in) {
+                              int32_t *bad_k, input *in, int via_args, int backward) {
     call_args a = {rb->q.buf, rb->k.buf, rb->v.buf, rb->o.buf, rb->lse, ws, ws_need, p->cu_q, p->cu_k, p->varlen,
-                   FLASHATTN_SUCCESS};
+                   via_args, 0, (flashattn_arg_t)0, FLASHATTN_SUCCESS};
     switch (br) {
-    case BREAK_WRONG_ENTRY: a.varlen_entry = !p->varlen; a.expect = FLASHATTN_ERROR_INVALID_STATE; break;
+    case BREAK_WRONG_ENTRY:
+        /* Through an argument set: cu_seqlens set on a fixed-length plan, or missing on a varlen one. */
+        a.varlen_entry = !p->varlen;
+        a.expect = via_args ? FLASHATTN_ERROR_INVALID_ARGUMENT : FLASHATTN_ERROR_INVALID_STATE;
+        break;
     case BREAK_NULL_TENSOR: {
-        const int which = (int)take_below(in, 4);
-        if (which == 0) a.q = NULL; else if (which == 1) a.k = NULL; else if (which == 2) a.v = NULL; else a.o = NULL;
+        const int which = (int)take_below(in, 5);
+        if (which == 0) a.q = NULL; else if (which == 1) a.k = NULL; else if (which == 2) a.v = NULL;
+        else if (which == 3 || !via_args) a.o = NULL; else a.null_args = 1;
         a.expect = FLASHATTN_ERROR_INVALID_ARGUMENT;
         break;
     }
+    case BREAK_UNUSED_POINTER:
+        if (via_args) {
+            a.extra = backward ? kUnusedBackward[take_below(in, (int64_t)(sizeof kUnusedBackward / sizeof kUnusedBackward[0]))]
+                               : kUnusedForward[take_below(in, (int64_t)(sizeof kUnusedForward / sizeof kUnusedForward[0]))];
+            a.expect = FLASHATTN_ERROR_INVALID_ARGUMENT;
+        }
+        break;
     case BREAK_SHORT_WORKSPACE:
         if (ws_need > 0) {
             a.ws_bytes = ws_need - 1 - (size_t)take_below(in, (int64_t)(ws_need < 200 ? ws_need : 200));
@@ -857,7 +1010,35 @@ static call_args forward_args(const problem *p, run_buffers *rb, breakage br, vo
     return a;
 }
 
+/* A fresh argument set with the call's pointers (a NULL one is left unset). */
+static flashattn_args_t *args_of(const call_args *a) {
+    flashattn_args_t *x = NULL;
+    if (flashattn_args_create(&x) != FLASHATTN_SUCCESS || x == NULL) finding("flashattn_args_create failed");
+    const struct { flashattn_arg_t which; const void *ptr; } all[] = {
+        {FLASHATTN_ARG_Q, a->q}, {FLASHATTN_ARG_K, a->k}, {FLASHATTN_ARG_V, a->v},
+        {FLASHATTN_ARG_CU_SEQLENS_Q, a->varlen_entry ? a->cu_q : NULL},
+        {FLASHATTN_ARG_CU_SEQLENS_K, a->varlen_entry ? a->cu_k : NULL},
+        {a->extra, a->extra ? (const void *)g_unused_target : NULL}};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
+        if (all[i].ptr != NULL && flashattn_args_set(x, all[i].which, all[i].ptr) != FLASHATTN_SUCCESS)
+            finding("args_set(%d) of a flashattn_arg_t value failed", all[i].which);
+    ++stats.via_args;
+    return x;
+}
+
+static void args_put(flashattn_args_t *x, flashattn_arg_t which, const void *ptr) {
+    if (ptr != NULL && flashattn_args_set(x, which, ptr) != FLASHATTN_SUCCESS) finding("args_set(%d) failed", which);
+}
+
 static flashattn_status_t call_forward(const flashattn_plan_t *plan, const call_args *a) {
+    if (a->via_args) {
+        flashattn_args_t *x = args_of(a);
+        args_put(x, FLASHATTN_ARG_O, a->o);
+        args_put(x, FLASHATTN_ARG_LSE, a->lse);
+        const flashattn_status_t s = flashattn_plan_execute_args(plan, a->null_args ? NULL : x, a->ws, a->ws_bytes, NULL);
+        flashattn_args_destroy(x);
+        return s;
+    }
     if (a->varlen_entry)
         return flashattn_plan_execute_varlen(plan, a->q, a->k, a->v, a->o, a->lse, a->cu_q, a->cu_k, a->ws, a->ws_bytes, NULL);
     return flashattn_plan_execute(plan, a->q, a->k, a->v, a->o, a->lse, a->ws, a->ws_bytes, NULL);
@@ -998,6 +1179,17 @@ static void check_grad(const problem *p, const tensor *t, const double *ref, con
 
 static flashattn_status_t call_backward(const flashattn_plan_t *plan, const problem *p, const run_buffers *rb,
                                         const call_args *a, const float *lse, void *dq) {
+    if (a->via_args) {
+        flashattn_args_t *x = args_of(a);
+        const struct { flashattn_arg_t which; const void *ptr; } grads[] = {
+            {FLASHATTN_ARG_O, rb->o.buf}, {FLASHATTN_ARG_DOUT, rb->dout.buf}, {FLASHATTN_ARG_LSE, lse},
+            {FLASHATTN_ARG_DQ, dq}, {FLASHATTN_ARG_DK, rb->dk.buf}, {FLASHATTN_ARG_DV, rb->dv.buf}};
+        for (size_t i = 0; i < sizeof grads / sizeof grads[0]; ++i) args_put(x, grads[i].which, grads[i].ptr);
+        const flashattn_status_t s =
+            flashattn_plan_execute_backward_args(plan, a->null_args ? NULL : x, a->ws, a->ws_bytes, NULL);
+        flashattn_args_destroy(x);
+        return s;
+    }
     if (a->varlen_entry)
         return flashattn_plan_execute_backward_varlen(plan, a->q, a->k, a->v, rb->o.buf, rb->dout.buf, lse, dq, rb->dk.buf,
                                                       rb->dv.buf, a->cu_q, a->cu_k, a->ws, a->ws_bytes, NULL);
@@ -1019,8 +1211,9 @@ static void run_backward(const flashattn_plan_t *plan, const problem *p, run_buf
     if (need > ((size_t)1 << 28)) return;
     void *ws = workspace_alloc(need);
     const breakage br = (breakage)take_below(in, BREAK_COUNT);
+    const int via_args = take8(in) & 1;
     int32_t bad_q[kMaxBatchRun + 1], bad_k[kMaxBatchRun + 1];
-    call_args a = forward_args(p, rb, br, need ? ws : NULL, need, bad_q, bad_k, in);
+    call_args a = forward_args(p, rb, br, need ? ws : NULL, need, bad_q, bad_k, in, via_args, 1);
     void *dq = rb->dq.buf;
     const float *lse = rb->lse;
     if (br == BREAK_OUTPUT_OVER_INPUT || br == BREAK_LSE_OVER_OUTPUT || br == BREAK_NO_LSE) {
@@ -1036,12 +1229,13 @@ static void run_backward(const flashattn_plan_t *plan, const problem *p, run_buf
             a.expect = FLASHATTN_ERROR_INVALID_ARGUMENT;
         }
     } else if (br == BREAK_NULL_TENSOR && a.o == NULL) {
-        dq = NULL;
+        dq = NULL; /* O is an input of the backward: its NULL output is dQ */
     }
     outputs_poison(p, rb, 1);
     const flashattn_status_t s = call_backward(plan, p, rb, &a, lse, dq);
     char what[96];
-    snprintf(what, sizeof what, "execute_backward%s (%s)", a.varlen_entry ? "_varlen" : "", break_name(br));
+    snprintf(what, sizeof what, "execute_backward%s (%s)", a.via_args ? "_args" : a.varlen_entry ? "_varlen" : "",
+             break_name(br));
     expect_status(s, a.expect, what);
     inputs_unchanged(rb, 1, what);
     if (s != FLASHATTN_SUCCESS) {
@@ -1067,12 +1261,13 @@ static int run_forward(const flashattn_plan_t *plan, const problem *p, run_buffe
     if (need > ((size_t)1 << 28)) finding("forward workspace of %zu bytes for a problem of at most %d elements a tensor", need, kMaxElems);
     void *ws = workspace_alloc(need);
     const breakage br = (breakage)take_below(in, BREAK_COUNT);
+    const int via_args = take8(in) & 1;
     int32_t bad_q[kMaxBatchRun + 1], bad_k[kMaxBatchRun + 1];
-    const call_args a = forward_args(p, rb, br, need ? ws : NULL, need, bad_q, bad_k, in);
+    const call_args a = forward_args(p, rb, br, need ? ws : NULL, need, bad_q, bad_k, in, via_args, 0);
     outputs_poison(p, rb, 0);
     const flashattn_status_t s = call_forward(plan, &a);
     char what[96];
-    snprintf(what, sizeof what, "execute%s (%s)", a.varlen_entry ? "_varlen" : "", break_name(br));
+    snprintf(what, sizeof what, "execute%s (%s)", a.via_args ? "_args" : a.varlen_entry ? "_varlen" : "", break_name(br));
     expect_status(s, a.expect, what);
     inputs_unchanged(rb, 0, what);
     int ok = 0;
@@ -1108,6 +1303,197 @@ static int run_forward(const flashattn_plan_t *plan, const problem *p, run_buffe
     return ok;
 }
 
+/* ---- The merge of partial states ----------------------------------------------------------------- */
+
+enum { kMaxPartials = 4 };
+
+typedef struct merge_case {
+    int n;                           /* partials made (num_partials passed may be broken) */
+    flashattn_dtype_t pdtype;        /* their element type */
+    size_t pes;                      /* its size */
+    unsigned char *o[kMaxPartials];  /* laid out as the plan's O, in pdtype */
+    float *lse[kMaxPartials];        /* laid out as the plan's LSE */
+    unsigned char *o_snap[kMaxPartials];
+    float *lse_snap[kMaxPartials];
+} merge_case;
+
+/* The spacing of the output dtype's subnormals: the absolute rounding floor of a stored value. */
+static double subnormal_step(flashattn_dtype_t dtype) {
+    return ldexp(1.0, dtype == FLASHATTN_DTYPE_FP16 ? -24 : dtype == FLASHATTN_DTYPE_BF16 ? -133 : -149);
+}
+
+/* O offset (elements) of (sequence b, row, head) and the LSE index of the plan's layouts; rows of
+ * a varlen plan are packed (b = 0). */
+static int64_t merge_o_at(const problem *p, const layout *l, int64_t b, int64_t row, int64_t h) {
+    return offset_of(l, p->varlen ? 0 : b, row, h);
+}
+static size_t merge_lse_at(const problem *p, int64_t b, int64_t row, int64_t h) {
+    return p->varlen ? (size_t)(h * p->tq + row) : (size_t)((b * p->hq + h) * p->sq + row);
+}
+
+/* Random partials: LSE -inf (adds nothing; its O may then hold a NaN), NaN now and then, or in
+ * [-30, 30] (weights never underflow float); O in [-2, 2], a NaN in a column now and then. */
+static void merge_make(const run_buffers *rb, merge_case *mc, input *in) {
+    const uint64_t seed = take(in, 4);
+    test_rng rng;
+    test_rng_seed(&rng, seed);
+    const size_t elems = (size_t)rb->o.l.elems;
+    const unsigned nan_bits = take8(in);
+    for (int s = 0; s < mc->n; ++s) {
+        mc->o[s] = malloc(elems * mc->pes + 1);
+        mc->lse[s] = malloc(rb->lse_count * 4 + 1);
+        for (size_t e = 0; e < elems; ++e) test_store(mc->pdtype, mc->o[s] + e * mc->pes, test_rng_uniform(&rng, -2.0, 2.0));
+        for (size_t i = 0; i < rb->lse_count; ++i) {
+            const uint64_t r = test_rng_next(&rng) % 64;
+            mc->lse[s][i] = r < 12 ? -INFINITY : (r == 12 && (nan_bits & 1)) ? NAN : (float)test_rng_uniform(&rng, -30.0, 30.0);
+        }
+        if ((nan_bits >> (1 + s)) & 1 && elems > 0) /* a NaN somewhere in this partial's O (perhaps a gap) */
+            test_store(mc->pdtype, mc->o[s] + (size_t)(test_rng_next(&rng) % elems) * mc->pes, NAN);
+        mc->o_snap[s] = malloc(elems * mc->pes + 1);
+        mc->lse_snap[s] = malloc(rb->lse_count * 4 + 1);
+        memcpy(mc->o_snap[s], mc->o[s], elems * mc->pes);
+        memcpy(mc->lse_snap[s], mc->lse[s], rb->lse_count * 4);
+    }
+}
+
+static void merge_free(merge_case *mc) {
+    for (int s = 0; s < mc->n; ++s) {
+        free(mc->o[s]);
+        free(mc->lse[s]);
+        free(mc->o_snap[s]);
+        free(mc->lse_snap[s]);
+    }
+}
+
+/* Every row against the formula in double, then O's gaps. */
+static void merge_check(const problem *p, const run_buffers *rb, const merge_case *mc, int with_lse) {
+    const int64_t seqs = p->varlen ? 1 : p->batch, rows = p->varlen ? p->tq : p->sq;
+    for (int64_t b = 0; b < seqs; ++b)
+        for (int64_t row = 0; row < rows; ++row)
+            for (int64_t h = 0; h < p->hq; ++h) {
+                const size_t li = merge_lse_at(p, b, row, h);
+                const int64_t oi = merge_o_at(p, &rb->o.l, b, row, h);
+                double m = -INFINITY;
+                int nan = 0;
+                for (int s = 0; s < mc->n; ++s) {
+                    const double l = mc->lse[s][li];
+                    nan |= isnan(l);
+                    if (l > m) m = l;
+                }
+                double ref_lse = nan ? NAN : m;
+                if (!nan && m != -INFINITY) {
+                    double sum = 0.0;
+                    for (int s = 0; s < mc->n; ++s) sum += exp(mc->lse[s][li] - m);
+                    ref_lse = m + log(sum);
+                }
+                const double got_lse = with_lse ? rb->lse[li] : ref_lse;
+                if (nan ? !isnan(got_lse) : !(fabs(got_lse - ref_lse) <= 2e-5 * (1.0 + fabs(ref_lse)) || got_lse == ref_lse))
+                    finding("merge row (b %lld, row %lld, h %lld): LSE %.9g, reference %.9g", (long long)b, (long long)row,
+                            (long long)h, got_lse, ref_lse);
+                for (int64_t c = 0; c < p->dv; ++c) {
+                    const unsigned char *gp = rb->o.buf + (size_t)(oi + c) * test_dtype_size(p->dtype);
+                    const double got = test_load(p->dtype, gp);
+                    double ref = 0.0, vmax = 0.0;
+                    int col_nan = nan;
+                    if (!nan && m != -INFINITY)
+                        for (int s = 0; s < mc->n; ++s) {
+                            if (mc->lse[s][li] == -INFINITY) continue; /* adds nothing, whatever its O */
+                            const double v = test_load(mc->pdtype, mc->o[s] + (size_t)(oi + c) * mc->pes);
+                            col_nan |= isnan(v);
+                            ref += exp(mc->lse[s][li] - ref_lse) * v;
+                            if (fabs(v) > vmax) vmax = fabs(v);
+                        }
+                    if (col_nan) {
+                        if (!isnan(got) || test_is_poison(p->dtype, gp))
+                            finding("merge row (b %lld, row %lld, h %lld) col %lld = %g: a NaN reaches it, expected NaN",
+                                    (long long)b, (long long)row, (long long)h, (long long)c, got);
+                    } else if (m == -INFINITY ? got != 0.0 : !(fabs(got - ref) <= o_rtol(p->dtype) * vmax + subnormal_step(p->dtype))) {
+                        finding("merge row (b %lld, row %lld, h %lld) col %lld = %.9g, reference %.9g (%d partials of %s, "
+                                "output %s)", (long long)b, (long long)row, (long long)h, (long long)c, got, ref, mc->n,
+                                test_dtype_name(mc->pdtype), test_dtype_name(p->dtype));
+                    }
+                }
+                ++stats.merge_rows;
+            }
+    check_gaps(p, &rb->o, "merged O");
+}
+
+/* flashattn_plan_merge_states into the plan's O and LSE, with the argument the input chose to
+ * break; a failure writes nothing and every call leaves the partials as they were. */
+static void run_merge(const flashattn_plan_t *plan, const problem *p, run_buffers *rb, input *in) {
+    merge_case mc;
+    memset(&mc, 0, sizeof mc);
+    mc.n = 1 + (int)take_below(in, kMaxPartials);
+    mc.pdtype = (take8(in) & 1) ? FLASHATTN_DTYPE_FP32 : p->dtype;
+    mc.pes = test_dtype_size(mc.pdtype);
+    merge_make(rb, &mc, in);
+    const void *po[kMaxPartials];
+    const float *pl[kMaxPartials];
+    for (int s = 0; s < mc.n; ++s) {
+        po[s] = mc.o[s];
+        pl[s] = mc.lse[s];
+    }
+    int32_t count = mc.n;
+    const void *const *po_arg = po;
+    const float *const *pl_arg = pl;
+    flashattn_dtype_t dtype = mc.pdtype;
+    void *o = rb->o.buf;
+    float *lse = (take8(in) & 3) ? rb->lse : NULL;
+    flashattn_status_t expect = FLASHATTN_ERROR_INVALID_ARGUMENT;
+    const int64_t part_bytes = rb->o.l.elems * (int64_t)mc.pes;
+    const unsigned br = take8(in) % 16;
+    switch (br) {
+    case 1: {
+        static const int32_t bad[] = {0, -1, 129, INT32_MAX, INT32_MIN};
+        count = bad[take_below(in, 5)];
+        break;
+    }
+    case 2: po_arg = NULL; break;
+    case 3: pl_arg = NULL; break;
+    case 4: o = NULL; break;
+    case 5: po[take_below(in, mc.n)] = NULL; break;
+    case 6: pl[take_below(in, mc.n)] = NULL; break;
+    case 7: {
+        static const int32_t bad[] = {0, -1, 5, 99, FLASHATTN_DTYPE_FP8_E4M3, FLASHATTN_DTYPE_FP16, FLASHATTN_DTYPE_BF16};
+        dtype = (flashattn_dtype_t)bad[take_below(in, 7)];
+        if (dtype == p->dtype || dtype == FLASHATTN_DTYPE_FP32) expect = FLASHATTN_SUCCESS; /* allowed after all */
+        if (expect == FLASHATTN_SUCCESS) dtype = mc.pdtype; /* the partials' real type */
+        break;
+    }
+    case 8: /* O over a partial */
+        if (rb->o.bytes > 0 && part_bytes > 0) o = mc.o[take_below(in, mc.n)]; else expect = FLASHATTN_SUCCESS;
+        break;
+    case 9: /* LSE over O, or over a partial's LSE */
+        if (rb->lse_count > 0 && rb->o.bytes > 0) lse = (take8(in) & 1) ? (float *)rb->o.buf : mc.lse[take_below(in, mc.n)];
+        else expect = FLASHATTN_SUCCESS;
+        break;
+    default: expect = FLASHATTN_SUCCESS; break;
+    }
+    outputs_poison(p, rb, 0);
+    const flashattn_status_t s = flashattn_plan_merge_states(plan, count, po_arg, pl_arg, dtype, o, lse, NULL);
+    char what[96];
+    snprintf(what, sizeof what, "merge_states (%d partials of %s, breakage %u)", mc.n, test_dtype_name(mc.pdtype), br);
+    expect_status(s, expect, what);
+    for (int i = 0; i < mc.n; ++i)
+        if (memcmp(mc.o[i], mc.o_snap[i], (size_t)part_bytes) != 0 || memcmp(mc.lse[i], mc.lse_snap[i], rb->lse_count * 4) != 0)
+            finding("%s: partial %d changed", what, i);
+    if (s != FLASHATTN_SUCCESS) {
+        ++stats.merge_failed;
+        nothing_written(rb, 0, what);
+    } else {
+        ++stats.merge_ok;
+        if (lse != NULL) {
+            for (size_t i = 0; i < rb->lse_count; ++i)
+                if (test_is_poison(FLASHATTN_DTYPE_FP32, (const unsigned char *)&rb->lse[i]))
+                    finding("%s: LSE element %zu was not written", what, i);
+        } else if (memcmp(rb->lse_snapshot, rb->lse, rb->lse_count * 4) != 0) {
+            finding("%s: no LSE was asked for, but the LSE buffer changed", what);
+        }
+        merge_check(p, rb, &mc, lse != NULL);
+    }
+    merge_free(&mc);
+}
+
 /* Finalize failed or was skipped: every entry point must refuse with INVALID_STATE and write nothing. */
 static void probe_unfinalized(const flashattn_plan_t *plan) {
     size_t bytes = 11;
@@ -1125,10 +1511,26 @@ static void probe_unfinalized(const flashattn_plan_t *plan) {
                   FLASHATTN_ERROR_INVALID_STATE, "execute on an unfinalized plan");
     expect_status(flashattn_plan_execute_varlen(plan, tiny, tiny + 4, tiny + 8, tiny + 12, lse, cu, cu, NULL, 0, NULL),
                   FLASHATTN_ERROR_INVALID_STATE, "execute_varlen on an unfinalized plan");
+    const void *po[1] = {tiny};
+    const float *pl[1] = {tiny + 4};
+    expect_status(flashattn_plan_merge_states(plan, 1, po, pl, FLASHATTN_DTYPE_FP32, tiny + 12, lse, NULL),
+                  FLASHATTN_ERROR_INVALID_STATE, "merge_states on an unfinalized plan");
+    flashattn_args_t *args = NULL;
+    if (flashattn_args_create(&args) != FLASHATTN_SUCCESS) finding("flashattn_args_create failed");
+    expect_status(flashattn_plan_execute_args(plan, args, NULL, 0, NULL), FLASHATTN_ERROR_INVALID_STATE,
+                  "execute_args on an unfinalized plan");
+    expect_status(flashattn_plan_execute_backward_args(plan, args, NULL, 0, NULL), FLASHATTN_ERROR_INVALID_STATE,
+                  "execute_backward_args on an unfinalized plan");
+    flashattn_args_destroy(args);
     for (int i = 0; i < 16; ++i) {
         uint32_t u;
         memcpy(&u, &tiny[i], 4);
-        if (u != 0x5a5a5a5au) finding("execute on an unfinalized plan wrote a tensor");
+        if (u != 0x5a5a5a5au) finding("execute or merge on an unfinalized plan wrote a tensor");
+    }
+    for (int i = 0; i < 4; ++i) {
+        uint32_t u;
+        memcpy(&u, &lse[i], 4);
+        if (u != 0x5a5a5a5au) finding("execute or merge on an unfinalized plan wrote an LSE");
     }
 }
 
@@ -1204,6 +1606,10 @@ static void run_plan(const flashattn_plan_t *plan, const shadow *sh, input *in, 
                      const int32_t *lens_k, int64_t base_batch) {
     problem p;
     read_problem(plan, sh, &p);
+    if (sets_feature_key(sh)) {
+        probe_feature_plan(plan);
+        return;
+    }
     if (p.batch > kMaxBatchRun || p.hq > 64 || p.dtype == FLASHATTN_DTYPE_FP8_E4M3) return;
     if (p.varlen) {
         /* The lengths the base drew, if the mutations left batch and totals consistent with them. */
@@ -1254,6 +1660,7 @@ static void run_plan(const flashattn_plan_t *plan, const shadow *sh, input *in, 
         memcpy(rb.lse_snapshot, rb.lse, rb.lse_count * 4);
         run_backward(plan, &p, &rb, in);
     }
+    if (!rb.o.overlaps_itself) run_merge(plan, &p, &rb, in);
     free_run_buffers(&rb);
 }
 
@@ -1262,6 +1669,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (stats.inputs++ == 0 && getenv("FLASHATTN_FUZZ_STATS") != NULL) atexit(print_stats);
     probe_null_arguments(&in);
     probe_unknown_keys(&in);
+    probe_args_object(&in);
     flashattn_plan_t *plan = NULL;
     if (flashattn_plan_create(&plan) != FLASHATTN_SUCCESS || plan == NULL) finding("flashattn_plan_create failed");
     shadow sh;

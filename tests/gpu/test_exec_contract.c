@@ -1,7 +1,8 @@
 /* The execution contract of the GPU backends (docs/mainpage.md, "Threads", "Streams" and "CUDA
  * graphs"), for fa1, fa2 and fa3 and each execute entry point the backend has (forward fixed and
  * variable length on all three; the backward, fixed and variable length, on fa2, the GPU backend
- * with one), every result compared bitwise with a serial run on the calling thread:
+ * with one; flashattn_plan_merge_states on fixed and variable-length plans of all three, fp16 and
+ * fp32 partials), every result compared bitwise with a serial run on the calling thread:
  * - from a fresh thread that never touched CUDA: the whole plan lifecycle there, and an execute of
  *   a plan finalized elsewhere;
  * - from several threads at once, each on its own stream with its own workspace and outputs,
@@ -11,7 +12,8 @@
  * - replayed after the plan that captured it was destroyed (the graph holds its kernel parameters
  *   by value and references only the caller's memory).
  * The serial run itself is checked against an independent double-precision reference (O, LSE,
- * dQ, dK, dV), so bitwise agreement means agreement with a verified result. Plans set
+ * dQ, dK, dV; the merge formula over the partials), so bitwise agreement means agreement with a
+ * verified result. Plans set
  * FLASHATTN_I64_DETERMINISTIC = 1 so the backward is reproducible. Skipped (77) without a GPU.
  * FLASHATTN_TEST_REDUCED=1 (compute-sanitizer runs) uses 2 threads and one graph replay. */
 #include <math.h>
@@ -34,7 +36,7 @@
 
 /* Two sequences, seqlen_q != seqlen_k, GQA 4/2, head dim 64; varlen packs lengths {150, 61} and
  * {230, 177}. Causal (bottom-right), so rows near the top see few keys. */
-enum { B = 2, SQ = 150, SK = 230, HQ = 4, HKV = 2, D = 64, MAX_THREADS = 6 };
+enum { B = 2, SQ = 150, SK = 230, HQ = 4, HKV = 2, D = 64, MAX_THREADS = 6, NUM_PARTIALS = 3 };
 static const int64_t kLenQ[B] = {150, 61}, kLenK[B] = {230, 177};
 
 #define CUDA_OK(call)                                                                          \
@@ -48,17 +50,19 @@ static const int64_t kLenQ[B] = {150, 61}, kLenK[B] = {230, 177};
         if (s_ != FLASHATTN_SUCCESS) fail_msg("%s: %s", #call, flashattn_last_error());       \
     } while (0)
 
-typedef enum entry { FORWARD, FORWARD_VARLEN, BACKWARD, BACKWARD_VARLEN } entry;
+typedef enum entry { FORWARD, FORWARD_VARLEN, BACKWARD, BACKWARD_VARLEN, MERGE, MERGE_VARLEN } entry;
 /* 1: every call goes through the execute-arguments object (flashattn_plan_execute_args /
  * _backward_args, since 0.3) instead of the positional entry points; same contract, same bits. */
 static int g_through_args = 0;
 static const char *entry_name(entry e) {
-    static const char *names[] = {"execute", "execute_varlen", "execute_backward", "execute_backward_varlen"};
+    static const char *names[] = {"execute", "execute_varlen", "execute_backward", "execute_backward_varlen",
+                                  "merge_states", "merge_states (varlen)"};
     static const char *args_names[] = {"execute_args", "execute_args (varlen)", "execute_backward_args",
                                        "execute_backward_args (varlen)"};
-    return g_through_args ? args_names[e] : names[e];
+    return g_through_args && e < MERGE ? args_names[e] : names[e];
 }
-static int is_varlen(entry e) { return e == FORWARD_VARLEN || e == BACKWARD_VARLEN; }
+static int is_varlen(entry e) { return e == FORWARD_VARLEN || e == BACKWARD_VARLEN || e == MERGE_VARLEN; }
+static int is_merge(entry e) { return e == MERGE || e == MERGE_VARLEN; }
 static int is_backward(entry e) { return e == BACKWARD || e == BACKWARD_VARLEN; }
 
 /* Device inputs of one layout (fixed or packed), shared read-only by every call. */
@@ -69,6 +73,12 @@ typedef struct inputs {
     float *lse;
     int32_t *cu_q, *cu_k;
     float *hq, *hk, *hv, *hdout; /* host copies as float, [rows][heads][dim] */
+    /* The merge's partial states, laid out as the plan's O and LSE: fp16 partials for the fixed
+     * layout, fp32 for the packed one; host copies as float. */
+    flashattn_dtype_t part_dtype;
+    void *part_o[NUM_PARTIALS];
+    float *part_lse[NUM_PARTIALS];
+    float *hpart_o[NUM_PARTIALS], *hpart_lse[NUM_PARTIALS];
 } inputs;
 
 /* One call's outputs: O and LSE (forward) or dQ, dK, dV (backward), with its workspace. */
@@ -101,6 +111,42 @@ static void *device_random(size_t n, uint64_t seed, float **host_copy) {
     return d;
 }
 
+static size_t part_elem_bytes(const inputs *in) { return in->part_dtype == FLASHATTN_DTYPE_FP32 ? 4 : 2; }
+
+/* The plan's LSE index of packed query row r (fixed: r = b * SQ + i) and head h. */
+static size_t lse_index(const inputs *in, size_t r, int h) {
+    return in->varlen ? (size_t)h * (size_t)in->rows_q + r : ((r / SQ) * HQ + (size_t)h) * SQ + r % SQ;
+}
+
+/* Partial s: random O in [-1, 1) (exact in the partial dtype), LSE in [-3, 4); some rows -inf in
+ * one partial (they add nothing there), and every 17th row -inf in all of them (O = 0, LSE = -inf). */
+static void make_partials(inputs *in, uint64_t seed) {
+    in->part_dtype = in->varlen ? FLASHATTN_DTYPE_FP32 : FLASHATTN_DTYPE_FP16;
+    const size_t no = elems_q(in), nl = lse_count(in), es = part_elem_bytes(in);
+    test_rng rng;
+    test_rng_seed(&rng, seed);
+    for (int s = 0; s < NUM_PARTIALS; ++s) {
+        unsigned char *h = malloc(no * es);
+        in->hpart_o[s] = malloc(no * sizeof(float));
+        in->hpart_lse[s] = malloc(nl * sizeof(float));
+        for (size_t i = 0; i < no; ++i) {
+            test_store(in->part_dtype, h + i * es, test_rng_uniform(&rng, -1.0, 1.0));
+            in->hpart_o[s][i] = (float)test_load(in->part_dtype, h + i * es);
+        }
+        for (size_t r = 0; r < (size_t)in->rows_q; ++r)
+            for (int hd = 0; hd < HQ; ++hd) {
+                const size_t at = lse_index(in, r, hd);
+                const int none_here = (r + (size_t)hd + (size_t)s) % 5 == 0, none_at_all = r % 17 == 3;
+                in->hpart_lse[s][at] = none_here || none_at_all ? -INFINITY : (float)test_rng_uniform(&rng, -3.0, 4.0);
+            }
+        CUDA_OK(cudaMalloc(&in->part_o[s], no * es));
+        CUDA_OK(cudaMemcpy(in->part_o[s], h, no * es, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMalloc((void **)&in->part_lse[s], nl * sizeof(float)));
+        CUDA_OK(cudaMemcpy(in->part_lse[s], in->hpart_lse[s], nl * sizeof(float), cudaMemcpyHostToDevice));
+        free(h);
+    }
+}
+
 static void inputs_make(inputs *in, int varlen, uint64_t seed) {
     memset(in, 0, sizeof *in);
     in->varlen = varlen;
@@ -118,12 +164,17 @@ static void inputs_make(inputs *in, int varlen, uint64_t seed) {
     CUDA_OK(cudaMalloc((void **)&in->cu_k, sizeof cu_k));
     CUDA_OK(cudaMemcpy(in->cu_q, cu_q, sizeof cu_q, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(in->cu_k, cu_k, sizeof cu_k, cudaMemcpyHostToDevice));
+    make_partials(in, seed + 4);
 }
 
 static void inputs_free(inputs *in) {
     cudaFree(in->q); cudaFree(in->k); cudaFree(in->v); cudaFree(in->o); cudaFree(in->dout); cudaFree(in->lse);
     cudaFree(in->cu_q); cudaFree(in->cu_k);
     free(in->hq); free(in->hk); free(in->hv); free(in->hdout);
+    for (int s = 0; s < NUM_PARTIALS; ++s) {
+        cudaFree(in->part_o[s]); cudaFree(in->part_lse[s]);
+        free(in->hpart_o[s]); free(in->hpart_lse[s]);
+    }
 }
 
 static flashattn_plan_t *make_plan(flashattn_backend_t backend, int varlen) {
@@ -199,6 +250,19 @@ static flashattn_status_t enqueue_args(const flashattn_plan_t *plan, entry e, co
 static flashattn_status_t enqueue(const flashattn_plan_t *plan, entry e, const inputs *in, const outputs *out,
                                   cudaStream_t stream) {
     const flashattn_stream_t s = (flashattn_stream_t)stream;
+    if (is_merge(e)) {
+        /* The pointer arrays are read during the call only: stack copies, scribbled over after it
+         * (a graph replayed later must not read them). */
+        const void *po[NUM_PARTIALS];
+        const float *pl[NUM_PARTIALS];
+        memcpy(po, in->part_o, sizeof po);
+        memcpy(pl, in->part_lse, sizeof pl);
+        const flashattn_status_t st = flashattn_plan_merge_states(plan, NUM_PARTIALS, po, pl, in->part_dtype,
+                                                                  out->buf[0], (float *)out->buf[1], s);
+        memset((void *)po, 0xa5, sizeof po);
+        memset((void *)pl, 0x5a, sizeof pl);
+        return st;
+    }
     if (g_through_args) return enqueue_args(plan, e, in, out, s);
     switch (e) {
     case FORWARD:
@@ -239,12 +303,17 @@ static size_t total_bytes(const outputs *out) {
 static void expect_bitwise(const unsigned char *want, const outputs *out, const char *gen, entry e, const char *how) {
     unsigned char *got = download(out);
     const size_t n = total_bytes(out);
+    size_t first = n, differ = 0, poison = 0;
     for (size_t i = 0; i < n; ++i)
         if (got[i] != want[i]) {
-            free(got);
-            fail_msg("%s %s %s: byte %zu of %zu differs from the serial run", gen, entry_name(e), how, i, n);
+            if (first == n) first = i;
+            ++differ;
+            poison += got[i] == 0xff;
         }
     free(got);
+    if (differ)
+        fail_msg("%s %s %s: %zu of %zu bytes differ from the serial run (from byte %zu; %zu of them still the 0xff "
+                 "poison)", gen, entry_name(e), how, differ, n, first, poison);
     print_message("%s %s %s: bitwise equal to the serial run\n", gen, entry_name(e), how);
 }
 
@@ -280,7 +349,52 @@ static double rel_error(const unsigned char *got16, const double *ref, size_t n)
     return max_err / max_ref;
 }
 
+/* The merge against the formula in double: O = sum_s e^(LSE_s - LSE) O_s, LSE = log sum_s e^LSE_s;
+ * rows -inf in every partial exactly O = 0, LSE = -inf. */
+static void check_serial_merge(const unsigned char *h, const inputs *in, const char *gen, entry e) {
+    const float *lse = (const float *)(h + elems_q(in) * 2);
+    double max_ref = 1e-30, o_err = 0.0, lse_err = 0.0;
+    int empty_rows = 0;
+    for (size_t r = 0; r < (size_t)in->rows_q; ++r)
+        for (int hd = 0; hd < HQ; ++hd) {
+            const size_t li = lse_index(in, r, hd), oi = (r * HQ + (size_t)hd) * D;
+            double m = -INFINITY, sum = 0.0;
+            for (int s = 0; s < NUM_PARTIALS; ++s)
+                if (in->hpart_lse[s][li] > m) m = in->hpart_lse[s][li];
+            if (m == -INFINITY) {
+                ++empty_rows;
+                if (lse[li] != -INFINITY) fail_msg("%s %s: row %zu head %d: LSE %g, expected -inf", gen, entry_name(e), r, hd, lse[li]);
+                for (int c = 0; c < D; ++c)
+                    if (test_load(FLASHATTN_DTYPE_FP16, h + 2 * (oi + (size_t)c)) != 0.0)
+                        fail_msg("%s %s: row %zu head %d col %d: O must be 0 (no partial saw a key)", gen, entry_name(e), r, hd, c);
+                continue;
+            }
+            for (int s = 0; s < NUM_PARTIALS; ++s) sum += exp(in->hpart_lse[s][li] - m);
+            const double ref_lse = m + log(sum);
+            const double le = fabs(lse[li] - ref_lse) / (1.0 + fabs(ref_lse));
+            if (!(le <= lse_err)) lse_err = isnan(le) ? INFINITY : le;
+            for (int c = 0; c < D; ++c) {
+                double ref = 0.0;
+                for (int s = 0; s < NUM_PARTIALS; ++s)
+                    ref += exp(in->hpart_lse[s][li] - ref_lse) * in->hpart_o[s][oi + (size_t)c];
+                const double got = test_load(FLASHATTN_DTYPE_FP16, h + 2 * (oi + (size_t)c));
+                if (fabs(ref) > max_ref) max_ref = fabs(ref);
+                const double err = isnan(got) ? INFINITY : fabs(got - ref);
+                if (err > o_err) o_err = err;
+            }
+        }
+    o_err /= max_ref;
+    print_message("%s %s serial: max |O - ref| / max|ref| = %.2e, LSE relative %.2e, %d rows empty in every partial\n",
+                  gen, entry_name(e), o_err, lse_err, empty_rows);
+    if (empty_rows == 0) fail_msg("no row empty in every partial: the test does not cover them");
+    if (!(o_err < 2e-3) || !(lse_err < 1e-5)) fail_msg("%s %s: the serial run is not the merged state", gen, entry_name(e));
+}
+
 static void check_serial(const unsigned char *h, const inputs *in, entry e, const char *gen) {
+    if (is_merge(e)) {
+        check_serial_merge(h, in, gen, e);
+        return;
+    }
     int64_t lq[B], lk[B], sq[B], sk[B];
     const ref_problem p = reference_problem(in, lq, lk, sq, sk);
     const size_t nq = elems_q(in), nk = elems_k(in);
@@ -382,7 +496,8 @@ static void check_entry(flashattn_backend_t backend, const char *gen, entry e, c
     flashattn_plan_t *plan = make_plan(backend, is_varlen(e));
     FA_OK(flashattn_plan_finalize(plan));
     size_t ws = 0;
-    FA_OK(is_backward(e) ? flashattn_plan_get_backward_workspace_size(plan, &ws) : flashattn_plan_get_workspace_size(plan, &ws));
+    if (is_backward(e)) FA_OK(flashattn_plan_get_backward_workspace_size(plan, &ws));
+    else if (!is_merge(e)) FA_OK(flashattn_plan_get_workspace_size(plan, &ws)); /* the merge takes none */
 
     /* Serial, on the calling thread and the legacy default stream; checked against the reference. */
     outputs serial;
@@ -456,6 +571,9 @@ static void check_entry(flashattn_backend_t backend, const char *gen, entry e, c
         const flashattn_status_t s = enqueue(plan, e, in, &out, stream);
         CUDA_OK(cudaStreamEndCapture(stream, &graph));
         if (s != FLASHATTN_SUCCESS) fail_msg("%s %s under capture: %s", gen, entry_name(e), flashattn_last_error());
+        size_t nodes0 = 0;
+        CUDA_OK(cudaGraphGetNodes(graph, NULL, &nodes0));
+        print_message("%s %s: the captured graph has %zu nodes\n", gen, entry_name(e), nodes0);
         CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
         const int replays = reduced() ? 1 : 2;
         for (int r = 0; r < replays; ++r) {
@@ -464,13 +582,15 @@ static void check_entry(flashattn_backend_t backend, const char *gen, entry e, c
             CUDA_OK(cudaStreamSynchronize(stream));
             expect_bitwise(want, &out, gen, e, "graph replay");
         }
-        /* New values in the same V buffer (Q for the backward would change its LSE input). */
+        /* New values in the same V buffer (Q for the backward would change its LSE input; the
+         * merge: its first partial O). Whole elements permuted. */
         {
-            const size_t nk = elems_k(in);
-            uint16_t *saved = malloc(nk * 2), *fresh = malloc(nk * 2);
-            CUDA_OK(cudaMemcpy(saved, in->v, nk * 2, cudaMemcpyDeviceToHost));
-            for (size_t i = 0; i < nk; ++i) fresh[i] = saved[(i * 7 + 3) % nk];
-            CUDA_OK(cudaMemcpy(in->v, fresh, nk * 2, cudaMemcpyHostToDevice));
+            void *const buf = is_merge(e) ? in->part_o[0] : in->v;
+            const size_t es = is_merge(e) ? part_elem_bytes(in) : 2, n = is_merge(e) ? elems_q(in) : elems_k(in);
+            unsigned char *saved = malloc(n * es), *fresh = malloc(n * es);
+            CUDA_OK(cudaMemcpy(saved, buf, n * es, cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < n; ++i) memcpy(fresh + i * es, saved + ((i * 7 + 3) % n) * es, es);
+            CUDA_OK(cudaMemcpy(buf, fresh, n * es, cudaMemcpyHostToDevice));
             outputs_poison(&serial, NULL);
             FA_OK(enqueue(plan, e, in, &serial, NULL));
             unsigned char *want_new = download(&serial);
@@ -479,8 +599,14 @@ static void check_entry(flashattn_backend_t backend, const char *gen, entry e, c
             CUDA_OK(cudaGraphLaunch(exec, stream));
             CUDA_OK(cudaStreamSynchronize(stream));
             expect_bitwise(want_new, &out, gen, e, "graph replay on changed inputs");
-            CUDA_OK(cudaMemcpy(in->v, saved, nk * 2, cudaMemcpyHostToDevice));
+            CUDA_OK(cudaMemcpy(buf, saved, n * es, cudaMemcpyHostToDevice));
+            CUDA_OK(cudaDeviceSynchronize()); /* a pageable copy may return before its DMA ends */
             free(saved); free(fresh); free(want_new);
+            /* Back on the original inputs, the same graph gives the original bits again. */
+            outputs_poison(&out, stream);
+            CUDA_OK(cudaGraphLaunch(exec, stream));
+            CUDA_OK(cudaStreamSynchronize(stream));
+            expect_bitwise(want, &out, gen, e, "graph replay after the inputs were restored");
         }
         CUDA_OK(cudaGraphExecDestroy(exec));
         CUDA_OK(cudaGraphDestroy(graph));
@@ -491,6 +617,9 @@ static void check_entry(flashattn_backend_t backend, const char *gen, entry e, c
         const flashattn_status_t s2 = enqueue(doomed, e, in, &out, stream);
         CUDA_OK(cudaStreamEndCapture(stream, &graph));
         if (s2 != FLASHATTN_SUCCESS) fail_msg("%s %s under capture: %s", gen, entry_name(e), flashattn_last_error());
+        size_t nodes = 0;
+        CUDA_OK(cudaGraphGetNodes(graph, NULL, &nodes));
+        print_message("%s %s: the graph of the plan to be destroyed has %zu nodes\n", gen, entry_name(e), nodes);
         flashattn_plan_destroy(doomed);
         /* Overwrite the freed plan's memory with other plans' state before the graph runs. */
         for (int i = 0; i < 4; ++i) {
@@ -555,6 +684,7 @@ static void check_backend(flashattn_backend_t backend, const char *gen) {
             } else if (varlen == 0 && !g_through_args) {
                 print_message("%s has no backward pass: its backward entry points are not part of its contract\n", gen);
             }
+            if (!g_through_args) check_entry(backend, gen, varlen ? MERGE_VARLEN : MERGE, &in); /* no args form */
             inputs_free(&in);
         }
     }

@@ -11,7 +11,12 @@
  *   - execute from a thread that never used CUDA (FA3 failed there) gives the main thread's bits;
  *   - CPU only: fp32/bf16 inputs of magnitude 1e20 give the finite exact result; forward and
  *     backward results are bitwise identical for 1, 2, 7, 16 and 33 threads (FLASHATTN_CPU_THREADS);
- *     a NaN in Q, K or dO reaches exactly the gradients of the pairs it takes part in.
+ *     a NaN in Q, K or dO reaches exactly the gradients of the pairs it takes part in;
+ *   - the merge of partial states: a NaN partial LSE makes the row NaN, a -inf partial adds
+ *     nothing whatever its O holds, a NaN in a contributing partial's O reaches its column;
+ *   - the backward (CPU and fa2): only an LSE of -inf marks a row that takes no part (its dQ 0,
+ *     nothing of it in dK/dV even with a NaN in its O or dO), a NaN LSE or row_dot (from O)
+ *     reaches exactly the gradients of the row's pairs, a NaN in Q reaches its row's pairs.
  * Built once per backend (TEST_BACKEND); the GPU builds exit 77 (skipped) without a device. */
 #include <float.h>
 #include <math.h>
@@ -34,6 +39,9 @@ typedef struct sv_problem {
     int varlen;           /* then b = 1 real sequence of sq x sk rows */
     int64_t declared_sq;  /* varlen: FLASHATTN_I64_SEQLEN_Q as set (the real rows are sq) */
 } sv_problem;
+
+/* 1: make_plan sets FLASHATTN_I64_DETERMINISTIC (the backward reproducible bit for bit). */
+static int g_deterministic = 0;
 
 /* Inputs and outputs as logical float arrays [b][s][h][d] (values exactly representable in the
  * dtype); LSE [b][hq][sq]. */
@@ -130,6 +138,8 @@ static flashattn_plan_t *make_plan(const sv_problem *p) {
         {FLASHATTN_I64_TOTAL_Q, p->sq},     {FLASHATTN_I64_TOTAL_K, p->sk},
     };
     set_keys_or_fail(plan, keys, sizeof keys / sizeof keys[0] - (p->varlen ? 0 : 2));
+    if (g_deterministic)
+        assert_int_equal(flashattn_plan_set_i64(plan, FLASHATTN_I64_DETERMINISTIC, 1), FLASHATTN_SUCCESS);
     if (p->softcap > 0.0)
         assert_int_equal(flashattn_plan_set_f64(plan, FLASHATTN_F64_SOFTCAP, p->softcap), FLASHATTN_SUCCESS);
     if (flashattn_plan_finalize(plan) != FLASHATTN_SUCCESS) fail_msg("finalize: %s", flashattn_last_error());
@@ -546,6 +556,270 @@ static void nan_in_backward(void **state) {
     data_free(&x);
 }
 
+/* ---- The backward's rule for LSE and row_dot (CPU and fa2) --------------------------------- */
+
+/* The backward on TEST_BACKEND from host float arrays (in the plan's dtype's values); gradients
+ * back as floats. Outputs are poisoned first. */
+static void backend_backward(const flashattn_plan_t *plan, const sv_problem *p, const sv_data *x, const float *o,
+                             const float *dout, const float *lse, float *dq, float *dk, float *dv) {
+    const int dev = test_on_device(TEST_BACKEND);
+    const size_t es = test_dtype_size(p->dtype);
+    size_t ws = 0;
+    assert_int_equal(flashattn_plan_get_backward_workspace_size(plan, &ws), FLASHATTN_SUCCESS);
+    test_mem in[6], out[3], w;
+    const float *src[6] = {x->q, x->k, x->v, o, dout, lse};
+    const size_t n_in[6] = {nq(p), nk(p), nk(p), nq(p), nq(p), nl(p)};
+    for (int i = 0; i < 6; ++i) {
+        const int is_lse = i == 5;
+        assert_int_equal(test_mem_alloc(&in[i], n_in[i] * (is_lse ? 4 : es), dev), 0);
+        for (size_t j = 0; j < n_in[i]; ++j) {
+            if (is_lse) ((float *)in[i].host)[j] = src[i][j];
+            else test_store(p->dtype, (char *)in[i].host + j * es, src[i][j]);
+        }
+        assert_int_equal(test_mem_upload(&in[i]), 0);
+    }
+    float *dst[3] = {dq, dk, dv};
+    const size_t n_out[3] = {nq(p), nk(p), nk(p)};
+    for (int i = 0; i < 3; ++i) {
+        assert_int_equal(test_mem_alloc(&out[i], n_out[i] * es, dev), 0);
+        test_poison(p->dtype, out[i].host, out[i].bytes);
+        assert_int_equal(test_mem_upload(&out[i]), 0);
+    }
+    assert_int_equal(test_mem_alloc(&w, ws + 1, dev), 0);
+    const flashattn_status_t st = flashattn_plan_execute_backward(
+        plan, test_mem_ptr(&in[0]), test_mem_ptr(&in[1]), test_mem_ptr(&in[2]), test_mem_ptr(&in[3]),
+        test_mem_ptr(&in[4]), test_mem_ptr(&in[5]), test_mem_ptr(&out[0]), test_mem_ptr(&out[1]),
+        test_mem_ptr(&out[2]), ws ? test_mem_ptr(&w) : NULL, ws, NULL);
+    if (st != FLASHATTN_SUCCESS) fail_msg("execute_backward: %s", flashattn_last_error());
+    const char *err = test_device_error();
+    if (err) fail_msg("device error: %s", err);
+    for (int i = 0; i < 3; ++i) {
+        assert_int_equal(test_mem_download(&out[i]), 0);
+        for (size_t j = 0; j < n_out[i]; ++j) dst[i][j] = (float)test_load(p->dtype, (char *)out[i].host + j * es);
+        test_mem_free(&out[i]);
+    }
+    for (int i = 0; i < 6; ++i) test_mem_free(&in[i]);
+    test_mem_free(&w);
+}
+
+/* What the rule says of one gradient row (all its columns). */
+typedef enum grad_rule {
+    SAME,    /* the bits of the NaN-free run */
+    ALL_NAN, /* NaN in every column */
+    ZERO,    /* exactly 0 (a row that takes no part) */
+    NOT_NAN, /* not NaN (a row the rule keeps NaN away from, whose value changed) */
+    ANY      /* GPU backends: may carry a NaN of a Q/K/dO row over a tile (documented) */
+} grad_rule;
+
+static void check_grad(const char *case_name, const char *what, const float *got, const float *clean, int64_t rows,
+                       int64_t heads, int64_t d, grad_rule (*rule)(int64_t row, int64_t head)) {
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t h = 0; h < heads; ++h) {
+            const grad_rule g = rule(r, h);
+            for (int64_t c = 0; c < d; ++c) {
+                const size_t i = (size_t)((r * heads + h) * d + c);
+                const float x = got[i];
+                const int ok = g == SAME      ? memcmp(&x, &clean[i], sizeof x) == 0
+                               : g == ALL_NAN ? isnan(x)
+                               : g == ZERO    ? x == 0.0f
+                               : g == NOT_NAN ? !isnan(x)
+                                              : 1;
+                if (!ok)
+                    fail_msg("%s: %s row %lld head %lld col %lld = %g (clean run %g), expected %s", case_name, what,
+                             (long long)r, (long long)h, (long long)c, x, clean[i],
+                             g == SAME ? "the NaN-free run's bits" : g == ALL_NAN ? "NaN" : g == ZERO ? "0" : "no NaN");
+            }
+        }
+}
+
+/* sq 48, sk 40, causal bottom-right: row i sees keys 0..i-8, rows 0..7 none (LSE -inf). */
+enum { BN_SQ = 48, BN_SK = 40, BN_OFF = BN_SK - BN_SQ };
+static int bn_case;
+static int64_t bn_row, bn_head;
+static int sees(int64_t row, int64_t key) { return key <= row + BN_OFF; }
+
+/* The cases (row bn_row of head bn_head is the special one):
+ * 0 masked row, O NaN (row_dot NaN)   1 masked row, dO NaN       2 visible row, LSE NaN
+ * 3 visible row, O NaN (row_dot NaN)  4 visible row, LSE -inf and O NaN   5 visible row, Q NaN */
+static const char *const bn_names[] = {"row without keys, NaN in O", "row without keys, NaN in dO",
+                                       "NaN LSE",  "NaN in O (row_dot)", "LSE -inf on a row with keys, NaN in O",
+                                       "NaN in Q"};
+static grad_rule bn_rule_dq(int64_t r, int64_t h) {
+    if (r != bn_row || h != bn_head) return SAME; /* dQ = dS K: K holds no NaN here */
+    return bn_case <= 1 || bn_case == 4 ? ZERO : ALL_NAN;
+}
+static grad_rule bn_rule_dkv(int64_t key, int dv) {
+    switch (bn_case) {
+    case 0: return SAME;
+    case 1: return dv && !IS_CPU ? ANY : SAME; /* P = 0 times the NaN row of dO, in a tile product */
+    case 2: return sees(bn_row, key) ? ALL_NAN : SAME;
+    case 3: return dv ? SAME : sees(bn_row, key) ? ALL_NAN : SAME;
+    case 4: return NOT_NAN; /* the row's contribution is gone: other values */
+    default: return sees(bn_row, key) ? ALL_NAN : IS_CPU ? SAME : ANY;
+    }
+}
+static grad_rule bn_rule_dk(int64_t key, int64_t h) { (void)h; return bn_rule_dkv(key, 0); }
+static grad_rule bn_rule_dv(int64_t key, int64_t h) { (void)h; return bn_rule_dkv(key, 1); }
+
+static void backward_lse_and_row_dot(void **state) {
+    (void)state;
+    const sv_problem p = {1, BN_SQ, BN_SK, 2, 1, 64, low_precision(), 1, -1, -1, 0.0, 0, 0};
+    sv_data x;
+    data_alloc(&p, &x);
+    fill_random(&p, &x, 90, 1.0);
+    g_deterministic = 1;
+    flashattn_plan_t *plan = make_plan(&p);
+    g_deterministic = 0;
+    run_plan(plan, &p, &x); /* O and LSE of this backend's forward */
+    for (int64_t h = 0; h < p.hq; ++h)
+        for (int64_t i = 0; i < p.sq; ++i) {
+            const float l = x.lse[h * p.sq + i];
+            if ((i + BN_OFF < 0) != (l == -INFINITY)) fail_msg("forward LSE of row %lld: %g", (long long)i, l);
+        }
+    const size_t ng = nq(&p) + 2 * nk(&p);
+    float *dout = malloc(nq(&p) * sizeof(float)), *o = malloc(nq(&p) * sizeof(float));
+    float *lse = malloc(nl(&p) * sizeof(float)), *g0 = malloc(ng * sizeof(float)), *g1 = malloc(ng * sizeof(float));
+    assert_true(dout && o && lse && g0 && g1);
+    test_rng rng;
+    test_rng_seed(&rng, 91);
+    for (size_t i = 0; i < nq(&p); ++i) dout[i] = (float)test_round(p.dtype, test_rng_uniform(&rng, -1.0, 1.0));
+    backend_backward(plan, &p, &x, x.o, dout, x.lse, g0, g0 + nq(&p), g0 + nq(&p) + nk(&p));
+    for (size_t i = 0; i < ng; ++i)
+        if (isnan(g0[i])) fail_msg("NaN-free run: gradient element %zu is NaN", i);
+    const struct { int64_t row, head; } where[] = {{2, 0}, {5, 1}, {20, 1}, {30, 0}, {25, 1}, {35, 0}};
+    for (bn_case = 0; bn_case < 6; ++bn_case) {
+        bn_row = where[bn_case].row, bn_head = where[bn_case].head;
+        memcpy(o, x.o, nq(&p) * sizeof(float));
+        memcpy(lse, x.lse, nl(&p) * sizeof(float));
+        float *dout_case = malloc(nq(&p) * sizeof(float)), *q_saved = x.q;
+        float *q_case = malloc(nq(&p) * sizeof(float));
+        assert_true(dout_case && q_case);
+        memcpy(dout_case, dout, nq(&p) * sizeof(float));
+        memcpy(q_case, x.q, nq(&p) * sizeof(float));
+        const size_t row_at = at(0, bn_row, bn_head, 0, p.sq, p.hq, p.d);
+        float *const lse_at = &lse[bn_head * p.sq + bn_row];
+        switch (bn_case) {
+        case 0: case 3: o[row_at + 5] = NAN; break;
+        case 1: dout_case[row_at + 7] = NAN; break;
+        case 2: *lse_at = NAN; break;
+        case 4: *lse_at = -INFINITY; o[row_at + 5] = NAN; break;
+        default: q_case[row_at + 3] = NAN; break;
+        }
+        x.q = q_case;
+        backend_backward(plan, &p, &x, o, dout_case, lse, g1, g1 + nq(&p), g1 + nq(&p) + nk(&p));
+        x.q = q_saved;
+        check_grad(bn_names[bn_case], "dQ", g1, g0, p.sq, p.hq, p.d, bn_rule_dq);
+        check_grad(bn_names[bn_case], "dK", g1 + nq(&p), g0 + nq(&p), p.sk, p.hkv, p.d, bn_rule_dk);
+        check_grad(bn_names[bn_case], "dV", g1 + nq(&p) + nk(&p), g0 + nq(&p) + nk(&p), p.sk, p.hkv, p.d, bn_rule_dv);
+        print_message("backward, %s: as the rule says\n", bn_names[bn_case]);
+        free(dout_case), free(q_case);
+    }
+    flashattn_plan_destroy(plan);
+    free(dout), free(o), free(lse), free(g0), free(g1);
+    data_free(&x);
+}
+
+/* ---- The merge's NaN rule (flashattn_plan_merge_states) -------------------------------------- */
+
+/* Three fp32 partials into the plan's O and LSE, against the formula in double. Rows of head 0 of
+ * sequence 0: i0 NaN in every partial's LSE; i1 NaN in one, finite in the others; i2 -inf in two
+ * partials whose O is all NaN (they add nothing); i3 -inf in all (O = 0, LSE = -inf); i4 a NaN in
+ * column 5 of a contributing partial's O (that column NaN, the others finite). Every other row
+ * finite. The CPU and every GPU plan (fa2's kernel) follow the same rule. */
+static void merge_nan_rule(void **state) {
+    (void)state;
+    const sv_problem p = {2, 5, 7, 2, 1, 64, low_precision(), 0, -1, -1, 0.0, 0, 0};
+    enum { S = 3 };
+    flashattn_plan_t *plan = make_plan(&p);
+    const int dev = test_on_device(TEST_BACKEND);
+    const size_t es = test_dtype_size(p.dtype);
+    test_mem po[S], pl[S], o, lse;
+    float *ho[S], *hl[S];
+    test_rng rng;
+    test_rng_seed(&rng, 95);
+    for (int s = 0; s < S; ++s) {
+        assert_int_equal(test_mem_alloc(&po[s], nq(&p) * 4, dev), 0);
+        assert_int_equal(test_mem_alloc(&pl[s], nl(&p) * 4, dev), 0);
+        ho[s] = po[s].host;
+        hl[s] = pl[s].host;
+        for (size_t i = 0; i < nq(&p); ++i) ho[s][i] = (float)test_rng_uniform(&rng, -2.0, 2.0);
+        for (size_t i = 0; i < nl(&p); ++i) hl[s][i] = (float)test_rng_uniform(&rng, -4.0, 4.0);
+    }
+    /* LSE [b][hq][sq]: sequence 0, head 0, row i is at i. O [b][sq][hq][d]: row i, head 0 at i*hq*d. */
+    for (int s = 0; s < S; ++s) hl[s][0] = NAN;
+    hl[1][1] = NAN;
+    hl[0][2] = hl[2][2] = -INFINITY;
+    for (int64_t c = 0; c < p.d; ++c) ho[0][at(0, 2, 0, c, p.sq, p.hq, p.d)] = ho[2][at(0, 2, 0, c, p.sq, p.hq, p.d)] = NAN;
+    for (int s = 0; s < S; ++s) hl[s][3] = -INFINITY;
+    ho[2][at(0, 4, 0, 5, p.sq, p.hq, p.d)] = NAN;
+    for (int s = 0; s < S; ++s) {
+        assert_int_equal(test_mem_upload(&po[s]), 0);
+        assert_int_equal(test_mem_upload(&pl[s]), 0);
+    }
+    assert_int_equal(test_mem_alloc(&o, nq(&p) * es, dev), 0);
+    assert_int_equal(test_mem_alloc(&lse, nl(&p) * 4, dev), 0);
+    test_poison(p.dtype, o.host, o.bytes);
+    test_poison(FLASHATTN_DTYPE_FP32, lse.host, lse.bytes);
+    assert_int_equal(test_mem_upload(&o), 0);
+    assert_int_equal(test_mem_upload(&lse), 0);
+    const void *o_ptrs[S];
+    const float *l_ptrs[S];
+    for (int s = 0; s < S; ++s) {
+        o_ptrs[s] = test_mem_ptr(&po[s]);
+        l_ptrs[s] = test_mem_ptr(&pl[s]);
+    }
+    const flashattn_status_t st =
+        flashattn_plan_merge_states(plan, S, o_ptrs, l_ptrs, FLASHATTN_DTYPE_FP32, test_mem_ptr(&o), test_mem_ptr(&lse), NULL);
+    if (st == FLASHATTN_ERROR_NOT_SUPPORTED) { /* a build without fa2's merge kernel */
+        print_message("merge_states: %s: skipped\n", flashattn_last_error());
+        skip();
+    }
+    if (st != FLASHATTN_SUCCESS) fail_msg("merge_states: %s", flashattn_last_error());
+    const char *err = test_device_error();
+    if (err) fail_msg("device error: %s", err);
+    assert_int_equal(test_mem_download(&o), 0);
+    assert_int_equal(test_mem_download(&lse), 0);
+    const float *got_lse = lse.host;
+    for (int64_t b = 0; b < p.b; ++b)
+        for (int64_t h = 0; h < p.hq; ++h)
+            for (int64_t i = 0; i < p.sq; ++i) {
+                const size_t li = (size_t)((b * p.hq + h) * p.sq + i);
+                double m = -INFINITY, sum = 0.0;
+                int nan = 0;
+                for (int s = 0; s < S; ++s) {
+                    nan |= isnan(hl[s][li]);
+                    if (hl[s][li] > m) m = hl[s][li];
+                }
+                for (int s = 0; s < S && !nan && m != -INFINITY; ++s) sum += exp(hl[s][li] - m);
+                const double ref_lse = nan ? NAN : m == -INFINITY ? -INFINITY : m + log(sum);
+                if (nan ? !isnan(got_lse[li]) : !(got_lse[li] == ref_lse || fabs(got_lse[li] - ref_lse) <= 1e-5 * (1.0 + fabs(ref_lse))))
+                    fail_msg("merge b%lld h%lld row %lld: LSE %g, expected %g", (long long)b, (long long)h, (long long)i, got_lse[li], ref_lse);
+                for (int64_t c = 0; c < p.d; ++c) {
+                    const size_t oi = at(b, i, h, c, p.sq, p.hq, p.d);
+                    double ref = 0.0;
+                    int col_nan = nan;
+                    for (int s = 0; s < S && !nan && m != -INFINITY; ++s) {
+                        if (hl[s][li] == -INFINITY) continue;
+                        col_nan |= isnan(ho[s][oi]);
+                        ref += exp(hl[s][li] - ref_lse) * ho[s][oi];
+                    }
+                    const double got = test_load(p.dtype, (const char *)o.host + oi * es);
+                    const int ok = col_nan ? isnan(got) && !test_is_poison(p.dtype, (const unsigned char *)o.host + oi * es)
+                                           : fabs(got - ref) <= tolerance(p.dtype) * 2.0;
+                    if (!ok)
+                        fail_msg("merge b%lld h%lld row %lld col %lld: %g, expected %s%g", (long long)b, (long long)h,
+                                 (long long)i, (long long)c, got, col_nan ? "NaN, not " : "", ref);
+                }
+            }
+    for (int s = 0; s < S; ++s) {
+        test_mem_free(&po[s]);
+        test_mem_free(&pl[s]);
+    }
+    test_mem_free(&o);
+    test_mem_free(&lse);
+    flashattn_plan_destroy(plan);
+}
+
 int main(void) {
     struct CMUnitTest tests[16];
     size_t n = 0;
@@ -561,10 +835,13 @@ int main(void) {
     tests[n++] = test_unit("varlen_declared_maximum", varlen_declared_maximum, NULL);
     tests[n++] = test_unit("tiny_softcap_is_uniform", tiny_softcap_is_uniform, NULL);
     tests[n++] = test_unit("fresh_thread", fresh_thread, NULL);
+    tests[n++] = test_unit("merge_nan_rule", merge_nan_rule, NULL);
     if (IS_CPU) {
         tests[n++] = test_unit("huge_magnitudes", huge_magnitudes, NULL);
         tests[n++] = test_unit("thread_count_invariance", thread_count_invariance, NULL);
         tests[n++] = test_unit("nan_in_backward", nan_in_backward, NULL);
     }
+    if (IS_CPU || TEST_BACKEND == FLASHATTN_BACKEND_FA2)
+        tests[n++] = test_unit("backward_lse_and_row_dot", backward_lse_and_row_dot, NULL);
     return _cmocka_run_group_tests(test_backend_name(TEST_BACKEND), tests, n, NULL, NULL);
 }

@@ -34,10 +34,17 @@ void merge_rows(const Problem &p, const MergeCall &m, int64_t b, int64_t head, f
     for (int64_t row = 0; row < rows; ++row) {
         const int64_t li = lse_index(p, b, head, row);
         float mx = neg_inf;
-        for (int s = 0; s < S; ++s) mx = std::max(mx, m.partial_lse[s][li]);
+        bool nan = false;  // std::max drops a NaN: a row NaN in every partial came out as an empty one
+        for (int s = 0; s < S; ++s) {
+            const float l = m.partial_lse[s][li];
+            nan = nan || l != l;
+            mx = std::max(mx, l);
+        }
         float lse = neg_inf;
-        std::fill(acc, acc + dv, 0.0f);
-        if (mx != neg_inf) {
+        std::fill(acc, acc + dv, nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
+        if (nan) {
+            lse = std::numeric_limits<float>::quiet_NaN();  // the NaN rule: the row's O and LSE NaN, as on GPUs
+        } else if (mx != neg_inf) {
             float sum = 0.0f;
             for (int s = 0; s < S; ++s) sum += std::exp(m.partial_lse[s][li] - mx);
             lse = mx + std::log(sum);

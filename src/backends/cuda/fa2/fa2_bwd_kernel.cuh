@@ -10,7 +10,9 @@
 //   S = Q K^T and dP = dO V^T over the whole head dim;
 //   P = exp2(S' * score_log2 - LSE * log2 e) with S' the soft-capped score (tanh) when a cap is
 //   set, 0 for masked keys (device/mask.cuh's rule) and for rows past the sequence;
-//   dS = P (dP - row_dot) (x (1 - tanh^2) with a soft cap); P and dS (16-bit) to shared memory;
+//   dS = P (dP - row_dot) (x (1 - tanh^2) with a soft cap), 0 wherever P is (selected, so a NaN
+//   of a pair that takes no part stays out; only LSE = -inf marks a row without keys); P and dS
+//   (16-bit) to shared memory;
 //   dQ += dS K into the fp32 accumulator (vector reductions; in deterministic mode the key
 //   blocks of one query block take turns in ascending order, see turn_of);
 //   dV += P^T dO, dK += dS^T Q in registers.
@@ -63,7 +65,9 @@ __device__ __forceinline__ BwdRows load_rows(const BwdParams &p, const BwdBlockA
         if (qpos < a.sq) {
             const float lse = cuda::ld_shared_f32(s_rows + (qpos - m0) * 4);
             rd = cuda::ld_shared_f32(s_rows + (Tr::kBM + qpos - m0) * 4);
-            if (lse != -INFINITY) {  // -inf: the row sees no key and contributes nothing
+            // -inf, and only -inf, marks a row that saw no key in the forward: it takes no part (an
+            // empty key range). A NaN LSE keeps the row's keys, so exp2(S - NaN) makes them NaN.
+            if (lse != -INFINITY) {
                 lse2 = lse * 1.4426950408889634f;
                 const int rdiag = qpos + a.off;
                 lo = cuda::first_visible_key(rdiag, p.left_i);
@@ -95,11 +99,16 @@ __device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdRow
                 const int c = nt * 8 + e;
                 float x = S[nt][2 * h + e];
                 if (cap != 0.f) x = cuda::tanh_accurate(x * cap);
-                const float pr = (c >= r.lo[h] && c <= r.hi[h]) ? cuda::fast_exp2(fmaf(x, sl2, -r.lse2[h])) : 0.f;
+                // A pair outside the row's keys (masked, past the sequence, or any key of a row
+                // whose LSE is -inf) takes no part: P and dS exactly 0, selected rather than
+                // multiplied by 0, so a NaN or inf in its dP, row_dot or score stays out (as in
+                // the CPU backward). Inside, a NaN in S, LSE, dP or row_dot propagates.
+                const bool pair = c >= r.lo[h] && c <= r.hi[h];
+                const float pr = pair ? cuda::fast_exp2(fmaf(x, sl2, -r.lse2[h])) : 0.f;
                 float ds = pr * (dP[nt][2 * h + e] - r.rd[h]);
                 if (cap != 0.f) ds *= 1.f - x * x;  // d(cap * tanh(raw * scale / cap)) / d(raw * scale)
                 pv[e] = pr;
-                dv[e] = ds;
+                dv[e] = pair ? ds : 0.f;
             }
             P[nt][h] = cuda::pack2<E>(pv[0], pv[1]);
             dS[nt][h] = cuda::pack2<E>(dv[0], dv[1]);
