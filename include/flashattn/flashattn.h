@@ -535,8 +535,8 @@ FLASHATTN_API flashattn_status_t flashattn_plan_execute_varlen(
  * key get dQ = 0.
  *
  * The backend may differ from the forward's: flashattn_plan_get_backward_backend() says which
- * runs and why (on Hopper, auto runs the FA3 forward and the FA2 backward; a plan forced to FA3
- * runs FA3's backward up to head dim 128). With
+ * runs and why (on Hopper, auto runs FA3's forward and backward, FA2's backward above head dim
+ * 128). With
  * #FLASHATTN_I64_DETERMINISTIC = 1 two runs are bitwise identical; the CPU backend always is.
  * @{
  */

@@ -37,11 +37,11 @@ Decision decide_backend(flashattn_backend_t requested, const DeviceSummary &dev,
 // forward's backend runs the backward when it can; otherwise, only under auto, the newest
 // generation for the device that can (on Hopper: the FA3 forward with the FA2 backward), or the
 // CPU where no device exists. A status other than SUCCESS means no backend can: the reason says why.
-// Whether auto runs an fa3 forward's backward on fa3 where fa3's backward can run it. It passes
-// the GPU grid on the H200 and runs 1.3-1.8x fa2's backward at hdim 64/128, but its gradients at
-// hdim 128 sit ~8x further from torch-flash's than fa2's (kernel-notes.md, "FA3 backward"):
-// until that is explained auto keeps fa2's backward; forcing fa3 runs FA3's.
-constexpr bool kFa3BackwardUnderAuto = false;
+// Whether auto runs an fa3 forward's backward on fa3 where fa3's backward can run it: true since it
+// passed the GPU grid and the sanitizers on the H200, measured 1.3-1.8x fa2's backward at hdim
+// 64/128, and its errors against fp64 equal fa2's (kernel-notes.md, "FA3 backward", settled in
+// stop 15). false keeps auto on fa2's (forcing fa3 still runs FA3's backward).
+constexpr bool kFa3BackwardUnderAuto = true;
 Decision decide_backward_backend(flashattn_backend_t requested, flashattn_backend_t forward, const DeviceSummary &dev,
                                  const Candidate candidates[5]);
 

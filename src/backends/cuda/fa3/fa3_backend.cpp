@@ -315,8 +315,8 @@ flashattn_status_t fa3_execute_backward(const Problem &p, const BackendPlan &bas
 }  // namespace
 
 const Backend *fa3_backend() {
-    // The backward (issue 16) runs head dims up to 128; auto takes it over fa2's only with
-    // dispatch's kFa3BackwardUnderAuto.
+    // The backward (issue 16) runs head dims up to 128 (auto runs fa2's above; dispatch's
+    // kFa3BackwardUnderAuto can keep auto on fa2's everywhere).
     static const Backend backend{FLASHATTN_BACKEND_FA3, "fa3", fa3_unsupported_reason, fa3_make_plan,
                                  fa3_execute, fa3_auto_pass_reason, fa3_backward_unsupported_reason,
                                  fa3_execute_backward, nullptr,
