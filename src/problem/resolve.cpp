@@ -85,31 +85,30 @@ flashattn_status_t check_extents(const Problem &p) {
         {rows_k, p.heads_kv, p.head_dim_v, p.v, "V"}, {rows_q, p.heads_q, p.head_dim_v, p.o, "O"},
         {rows_q, p.heads_q, p.head_dim_v, p.dout, "dO"}, {rows_q, p.heads_q, p.head_dim, p.dq, "dQ"},
         {rows_k, p.heads_kv, p.head_dim, p.dk, "dK"}, {rows_k, p.heads_kv, p.head_dim_v, p.dv, "dV"}};
-    for (const auto &t : tensors) {
+    // Size in bytes, and each stride's byte value: a stride of a dimension of extent 1 adds nothing
+    // to the size but is still multiplied by the element size (and by index 0) in the backends.
+    auto check_bytes = [](const char *name, int64_t outer, int64_t rows, int64_t heads, int64_t dim, const Strides &s,
+                          bool packed, int64_t es) -> flashattn_status_t {
         int64_t end, bytes;
-        const bool cache = t.name[0] == 'K' || t.name[0] == 'V';  // paged: pages, not batches
-        const int64_t outer = cache ? p.kv_outer() : p.batch;
-        const int64_t rows = cache ? p.kv_rows() : t.rows;
-        const bool packed = p.varlen && !(cache && p.serving.paged);
-        const int64_t es = t.name[0] == 'O' ? static_cast<int64_t>(p.o_element_size()) : es_in;
-        if (!tensor_end(outer, rows, t.heads, t.dim, t.s, packed, &end) || !mul_add(end, es, 0, &bytes))
-            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: its size in bytes overflows 64 bits", t.name);
-        // A stride of a dimension of extent 1 adds nothing to the size above but is still multiplied
-        // by the element size (and by index 0) in the backends: its byte value must fit too.
-        for (const int64_t stride : {t.s.row, t.s.head, packed ? int64_t{0} : t.s.batch})
+        if (!tensor_end(outer, rows, heads, dim, s, packed, &end) || !mul_add(end, es, 0, &bytes))
+            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: its size in bytes overflows 64 bits", name);
+        for (const int64_t stride : {s.row, s.head, packed ? int64_t{0} : s.batch})
             if (!mul_add(stride, es, 0, &bytes))
                 return fail(FLASHATTN_ERROR_INVALID_ARGUMENT,
-                            "%s strides: a stride of %lld elements overflows 64 bits in bytes", t.name,
-                            (long long)stride);
+                            "%s strides: a stride of %lld elements overflows 64 bits in bytes", name, (long long)stride);
+        return FLASHATTN_SUCCESS;
+    };
+    for (const auto &t : tensors) {
+        const bool cache = t.name[0] == 'K' || t.name[0] == 'V';  // paged: pages, not batches
+        const bool packed = p.varlen && !(cache && p.serving.paged);
+        const int64_t es = t.name[0] == 'O' ? static_cast<int64_t>(p.o_element_size()) : es_in;
+        FLASHATTN_TRY(check_bytes(t.name, cache ? p.kv_outer() : p.batch, cache ? p.kv_rows() : t.rows, t.heads, t.dim,
+                                  t.s, packed, es));
     }
     const Serving &sv = p.serving;
-    const int64_t es = es_in;
     if (sv.appends()) {
-        int64_t end, bytes;
-        if (!tensor_end(p.batch, sv.new_rows, p.heads_kv, p.head_dim, sv.k_new, false, &end) || !mul_add(end, es, 0, &bytes))
-            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "K_new: its size in bytes overflows 64 bits");
-        if (!tensor_end(p.batch, sv.new_rows, p.heads_kv, p.head_dim_v, sv.v_new, false, &end) || !mul_add(end, es, 0, &bytes))
-            return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "V_new: its size in bytes overflows 64 bits");
+        FLASHATTN_TRY(check_bytes("K_new", p.batch, sv.new_rows, p.heads_kv, p.head_dim, sv.k_new, false, es_in));
+        FLASHATTN_TRY(check_bytes("V_new", p.batch, sv.new_rows, p.heads_kv, p.head_dim_v, sv.v_new, false, es_in));
     }
     int64_t table;
     if (sv.paged && (!mul_add(p.batch - 1, sv.page_table_stride, sv.max_pages, &table) || !mul_add(table, 4, 0, &table)))

@@ -232,6 +232,16 @@ static void test_finalize_rules(void **state) {
         assert_message_mentions(rules[i].word);
         flashattn_plan_destroy(plan);
     }
+    /* one appended row whose (unused) row stride overflows 64 bits in bytes: refused, not wrapped */
+    {
+        flashattn_plan_t *plan = serving_plan(0);
+        assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_NEW_KV_ROWS, 1), FLASHATTN_SUCCESS);
+        assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_K_NEW_ROW_STRIDE, INT64_MAX / 2), FLASHATTN_SUCCESS);
+        assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_K_NEW_BATCH_STRIDE, NHKV * ND), FLASHATTN_SUCCESS);
+        assert_status(flashattn_plan_finalize(plan), FLASHATTN_ERROR_INVALID_ARGUMENT);
+        assert_message_mentions("K_new strides");
+        flashattn_plan_destroy(plan);
+    }
     /* required sizes of a paged plan */
     const flashattn_i64_param_t required[] = {FLASHATTN_I64_PAGE_SIZE, FLASHATTN_I64_NUM_PAGES};
     for (size_t i = 0; i < 2; ++i) {
