@@ -316,7 +316,9 @@ static void test_backend_choice(void **state) {
         const char *reason = NULL;
         assert_status(flashattn_plan_get_backend(plan, &backend, &reason), FLASHATTN_SUCCESS);
         assert_int_equal(backend, FLASHATTN_BACKEND_CPU);
-        assert_non_null(strstr(reason, "CUDA"));
+        /* "built without CUDA" style reasons, or the device layer's ("no NVIDIA driver found",
+         * "no CUDA device found", ...) where CUDA is built in. */
+        assert_true(strstr(reason, "CUDA") != NULL || strstr(reason, "NVIDIA") != NULL);
     }
     /* The environment override applies to auto only, and a bad value is named. */
     assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_BACKEND, FLASHATTN_BACKEND_AUTO), FLASHATTN_SUCCESS);

@@ -104,6 +104,9 @@ std::string fa3_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
         return std::string("the fa3 backend runs ") +
                (p.sink_tokens > 0 ? "sink tokens (FLASHATTN_I64_SINK_TOKENS)" : p.alibi ? "ALiBi (FLASHATTN_I64_ALIBI)" : "head_dim_v != head_dim") +
                " without a paged cache or seqused_k (FLASHATTN_I64_PAGED_KV, FLASHATTN_I64_SEQUSED_K) only";
+    if (p.sink_tokens > 0 && fa3::config_for(kernel_head_dim(p)).head_dim >= 256)
+        return "the fa3 backend runs sink tokens (FLASHATTN_I64_SINK_TOKENS) up to head dim 192 (its head dim 256 "
+               "kernel has no registers left for them); fa2 and the cpu backend run them there";
     for (const std::string &why : {p.serving.rotary_dim > 0 ? std::string()
                                                           : tma_stride_problem("q", p.q, p.q_rows(), p.heads_q, batch),
                                    gather ? std::string() : tma_stride_problem("k", p.k, p.k_rows(), p.heads_kv, batch),

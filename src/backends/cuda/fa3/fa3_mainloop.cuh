@@ -68,6 +68,23 @@ __device__ __forceinline__ void issue_pv(float (&O)[Tr::kD / 2], const uint32_t 
     cuda::wgmma_commit();
 }
 
+// Head dim 256 runs no sink tokens (refused in fa3_backend.cpp): its consumer registers are full,
+// and the sink tiles' walk and bound made ptxas spill its mainloop. Its walk is the window's alone.
+template <class Tr>
+constexpr bool kSinkTokens = Tr::kD < 256;
+
+template <class Tr>
+__device__ __forceinline__ int walk_tiles(const TileCoords &c) {
+    if constexpr (kSinkTokens<Tr>) return c.n_tiles();
+    return c.kt.last - c.kt.first + 1;
+}
+
+template <class Tr>
+__device__ __forceinline__ int walk_tile(const TileCoords &c, int i) {
+    if constexpr (kSinkTokens<Tr>) return c.key_tile(i);
+    return c.kt.last - i;
+}
+
 // Soft cap, ALiBi, then on an edge tile (every sink tile is one) the causal / window / ragged-end /
 // sink-token mask on key tile `nb`.
 template <class Tr>
@@ -79,7 +96,12 @@ __device__ __forceinline__ void score_mods(const Params &p, const TileCoords &c,
         const float s = p.alibi_slopes[c.head] * p.alibi_to_score;
         cuda::alibi_scores(S, rdiag, {s, s}, col0);
     }
-    if (c.kt.masked(nb)) cuda::mask_scores<true>(S, rdiag, col0, c.seq.sk, p.right_i, p.left_i, p.sink_tokens);
+    if (c.kt.masked(nb)) {
+        if constexpr (kSinkTokens<Tr>)
+            cuda::mask_scores<true>(S, rdiag, col0, c.seq.sk, p.right_i, p.left_i, p.sink_tokens);
+        else
+            cuda::mask_scores<false>(S, rdiag, col0, c.seq.sk, p.right_i, p.left_i);
+    }
 }
 
 // Consumer warpgroup `w` (0 or 1), rows 64w..64w+63 of a tile with at least one visible key
@@ -103,7 +125,7 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
     // targets registers the in-flight P_i V_i wgmma still reads; a plain copy would be
     // coalesced by ptxas and serialize the wgmmas (C7513).
     const int r0 = pipe.kv;  // ring position of this tile's first key tile
-    const int n_tiles = c.n_tiles();
+    const int n_tiles = walk_tiles<Tr>(c);
     auto step = [&](int i, uint32_t (&P)[kPF][4], uint32_t (&P_next)[kPF][4]) {
         const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
         float S[kNT][4];
@@ -115,7 +137,7 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
         cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
         release(&bars->k_empty[ks], lane);
         if (i == n_tiles - 1) release(&bars->q_empty, lane);  // the last GEMM reading Q retired
-        score_mods<Tr>(p, c, S, c.key_tile(i), rdiag, t);
+        score_mods<Tr>(p, c, S, walk_tile<Tr>(c, i), rdiag, t);
         float alpha[2];
         cuda::softmax_step<E>(S, row_max, row_sum, sl2, P_next, alpha);
         cuda::wgmma_wait<0>();
@@ -144,7 +166,7 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
         cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
         release(&bars->k_empty[ks], lane);
         if (n_tiles == 1) release(&bars->q_empty, lane);
-        score_mods<Tr>(p, c, S, c.key_tile(0), rdiag, t);
+        score_mods<Tr>(p, c, S, walk_tile<Tr>(c, 0), rdiag, t);
         float alpha[2];
         cuda::softmax_step<E>(S, row_max, row_sum, sl2, Pa, alpha);
     }
