@@ -361,16 +361,17 @@ static void probe_null_arguments(input *in) {
 static int arg_is_known(int64_t which) {
     return (which >= FLASHATTN_ARG_Q && which <= FLASHATTN_ARG_ROTARY_SIN) ||
            (which >= FLASHATTN_ARG_SINK_LOGITS && which <= FLASHATTN_ARG_DSINK_LOGITS) ||
-           (which >= FLASHATTN_ARG_DOUT && which <= FLASHATTN_ARG_DV);
+           (which >= FLASHATTN_ARG_DOUT && which <= FLASHATTN_ARG_DV) ||
+           (which >= FLASHATTN_ARG_DESCALE_Q && which <= FLASHATTN_ARG_DESCALE_V);
 }
 
 /* A `which` from the known values, their neighbours and the int32 edges. */
 static int32_t take_arg_value(input *in) {
-    static const int32_t edges[] = {INT32_MIN, -1, 0, 14, 19, 23, 29, 34, 39, 40, 63, 64, 65, 256, INT32_MAX};
+    static const int32_t edges[] = {INT32_MIN, -1, 0, 14, 19, 23, 29, 34, 39, 40, 42, 43, 63, 64, 65, 256, INT32_MAX};
     const unsigned how = take8(in) % 4;
     if (how == 0) return (int32_t)take(in, 4);
     if (how == 1) return edges[take_below(in, (int64_t)(sizeof edges / sizeof edges[0]))];
-    return (int32_t)take_below(in, 36);
+    return (int32_t)take_below(in, 48);
 }
 
 /* An argument set on its own: create, set and get any value with any pointer (nothing is read
@@ -379,7 +380,7 @@ static void probe_args_object(input *in) {
     expect_status(flashattn_args_create(NULL), FLASHATTN_ERROR_INVALID_ARGUMENT, "args_create(NULL)");
     flashattn_args_t *a = NULL;
     if (flashattn_args_create(&a) != FLASHATTN_SUCCESS || a == NULL) finding("flashattn_args_create failed");
-    const void *model[40] = {0}; /* what each known value holds: NULL until set */
+    const void *model[64] = {0}; /* what each known value holds: NULL until set */
     static const unsigned char targets[4] = {0};
     const int rounds = (int)take_below(in, 8);
     for (int r = 0; r < rounds; ++r) {
