@@ -260,6 +260,11 @@ static void test_bad_arguments(void) {
           "finalize without transport: %s", flashattn_cp_last_error());
     flashattn_cp_plan_set_i64(cp, FLASHATTN_CP_I64_TRANSPORT, FLASHATTN_CP_TRANSPORT_NCCL);
     CHECK(flashattn_cp_plan_finalize(cp, local) == FLASHATTN_ERROR_INVALID_ARGUMENT, "NCCL without comm");
+    int not_a_comm = 0;
+    CHECK(flashattn_cp_plan_set_nccl_comm(cp, &not_a_comm) == FLASHATTN_SUCCESS, "set comm");
+    CHECK(flashattn_cp_plan_finalize(cp, local) == FLASHATTN_ERROR_NOT_SUPPORTED &&
+              strstr(flashattn_cp_last_error(), "GPU"),
+          "NCCL with a CPU plan: %s", flashattn_cp_last_error());
     flashattn_cp_plan_set_i64(cp, FLASHATTN_CP_I64_TRANSPORT, FLASHATTN_CP_TRANSPORT_LOOPBACK);
     flashattn_cp_plan_set_i64(cp, FLASHATTN_CP_I64_RANK, 1);
     CHECK(flashattn_cp_plan_finalize(cp, local) == FLASHATTN_ERROR_INVALID_ARGUMENT, "loopback with rank 1");
@@ -267,6 +272,23 @@ static void test_bad_arguments(void) {
     CHECK(flashattn_cp_plan_finalize(cp, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT, "NULL local");
     CHECK(flashattn_cp_plan_finalize(cp, odd) == FLASHATTN_ERROR_INVALID_ARGUMENT && strstr(flashattn_cp_last_error(), "odd"),
           "odd causal L: %s", flashattn_cp_last_error());
+    {
+        flashattn_plan_t *windowed = NULL;
+        flashattn_plan_create(&windowed);
+        flashattn_plan_set_i64(windowed, FLASHATTN_I64_BATCH, 1);
+        flashattn_plan_set_i64(windowed, FLASHATTN_I64_SEQLEN_Q, 4);
+        flashattn_plan_set_i64(windowed, FLASHATTN_I64_SEQLEN_K, 4);
+        flashattn_plan_set_i64(windowed, FLASHATTN_I64_HEADS_Q, 2);
+        flashattn_plan_set_i64(windowed, FLASHATTN_I64_HEAD_DIM, 16);
+        flashattn_plan_set_i64(windowed, FLASHATTN_I64_DTYPE, FLASHATTN_DTYPE_FP32);
+        flashattn_plan_set_i64(windowed, FLASHATTN_I64_WINDOW_LEFT, 1);
+        flashattn_plan_set_i64(windowed, FLASHATTN_I64_BACKEND, FLASHATTN_BACKEND_CPU);
+        CHECK(flashattn_plan_finalize(windowed) == FLASHATTN_SUCCESS, "windowed core plan: %s", flashattn_last_error());
+        CHECK(flashattn_cp_plan_finalize(cp, windowed) == FLASHATTN_ERROR_NOT_SUPPORTED &&
+                  strstr(flashattn_cp_last_error(), "WINDOW_LEFT"),
+              "windowed local plan: %s", flashattn_cp_last_error());
+        flashattn_plan_destroy(windowed);
+    }
     flashattn_plan_t *unfinalized = NULL;
     flashattn_plan_create(&unfinalized);
     CHECK(flashattn_cp_plan_finalize(cp, unfinalized) == FLASHATTN_ERROR_INVALID_STATE, "unfinalized local");
