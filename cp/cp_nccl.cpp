@@ -36,11 +36,28 @@ flashattn_status_t nccl_failed(ncclResult_t result, const char *what) {
         if (cp_result_ != ncclSuccess) return nccl_failed(cp_result_, what);   \
     } while (0)
 
+// The plan's device for the calls that allocate, restored after (the caller's current device is
+// the caller's).
+struct DeviceScope {
+    explicit DeviceScope(int device) {
+        error = cudaGetDevice(&previous);
+        if (error == cudaSuccess && previous != device) error = cudaSetDevice(device);
+        else if (error == cudaSuccess) previous = -1;
+    }
+    ~DeviceScope() {
+        if (previous >= 0) cudaSetDevice(previous);
+    }
+    int previous = -1;
+    cudaError_t error = cudaSuccess;
+};
+
+// One execute at a time per plan: the events below are the plan's (documented in flashattn_cp.h).
 class NcclTransport final : public Transport {
 public:
     NcclTransport(ncclComm_t comm, int world, int rank, int device)
         : comm_(comm), world_(world), rank_(rank), device_(device) {}
     ~NcclTransport() override {
+        const DeviceScope scope(device_);
         if (neg_inf_) cudaFree(neg_inf_);
         if (ready_) cudaEventDestroy(ready_);
         if (done_) cudaEventDestroy(done_);
@@ -55,7 +72,8 @@ public:
             return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT,
                              "comm: has %d ranks and this is rank %d, but the plan says world size %d, rank %d", count,
                              user_rank, world_, rank_);
-        CP_CUDA(cudaSetDevice(device_), "device");
+        const DeviceScope scope(device_);
+        CP_CUDA(scope.error, "device");
         CP_CUDA(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), "comm stream");
         CP_CUDA(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "event");
         CP_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "event");
@@ -90,7 +108,8 @@ public:
 
     flashattn_status_t prepare(size_t rows, size_t cols) override {
         const std::vector<float> host(rows * cols, -std::numeric_limits<float>::infinity());
-        CP_CUDA(cudaSetDevice(device_), "device");
+        const DeviceScope scope(device_);
+        CP_CUDA(scope.error, "device");
         CP_CUDA(cudaMalloc(&neg_inf_, host.size() * sizeof(float)), "-inf block");
         CP_CUDA(cudaMemcpy(neg_inf_, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), "-inf block");
         rows_ = rows;

@@ -146,7 +146,10 @@ FLASHATTN_API flashattn_status_t flashattn_cp_plan_get_workspace_size(const flas
  * @param o Outputs [batch, L, heads_q, head_dim_v]; must not overlap any input.
  * @param lse NULL, or an array whose entries are NULL or fp32 [batch, heads_q, L] outputs.
  * @param workspace, workspace_bytes At least flashattn_cp_plan_get_workspace_size() bytes.
- * @param stream CUDA stream (NCCL); ignored on the CPU.
+ * @param stream CUDA stream (NCCL); ignored on the CPU. The call only enqueues work: the attention
+ * and the merge on @p stream, the exchange on a stream of the plan's own, ordered with @p stream by
+ * events, so it overlaps the attention on the block in hand. One execute of a plan at a time (the
+ * events are the plan's); plans do not share state.
  * @retval FLASHATTN_SUCCESS
  * @retval FLASHATTN_ERROR_INVALID_ARGUMENT a NULL array or tensor, a wrong @p num_ranks, a
  * misaligned workspace, or an argument the core library refuses (message: flashattn_cp_last_error()).

@@ -3,6 +3,7 @@
  * single core call on the gathered sequence, and on a tiny case against a double reference written
  * here; then the argument checks. Every output is poisoned before each run and every element
  * checked. */
+#define _POSIX_C_SOURCE 200112L /* posix_memalign */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
