@@ -27,6 +27,7 @@ static int failures = 0;
 
 typedef struct {
     int batch, world, local_rows, heads_q, heads_kv, dim, dim_v, causal, dtype;
+    double scale, softcap; /* 0: the core's defaults (1/sqrt(dim), no cap) */
 } Case;
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -50,13 +51,37 @@ static float from_bf16(uint16_t h) {
     return x;
 }
 
-static size_t elt(const Case *c) { return c->dtype == FLASHATTN_DTYPE_BF16 ? 2 : 4; }
+/* fp16 of the values this test stores (|x| in [2^-14, 4] or 0): normal numbers only. */
+static uint16_t to_fp16(float x) {
+    if (x == 0) return 0;
+    const uint16_t sign = x < 0 ? 0x8000 : 0;
+    int exponent;
+    const double m = frexp(fabs((double)x), &exponent); /* |x| = m 2^e, m in [0.5, 1) */
+    if (exponent < -13) return sign;                   /* below the normal range: flush (rare here) */
+    long mantissa = lrint(ldexp(m, 11));               /* 11 significant bits, in [1024, 2048] */
+    if (mantissa == 2048) {
+        mantissa = 1024;
+        ++exponent;
+    }
+    return (uint16_t)(sign | (uint16_t)((exponent + 14) << 10) | (uint16_t)(mantissa - 1024));
+}
+static float from_fp16(uint16_t h) {
+    const int exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+    const double magnitude = exponent ? ldexp(1024 + mantissa, exponent - 25) : ldexp(mantissa, -24);
+    return (float)((h & 0x8000) ? -magnitude : magnitude);
+}
+
+static size_t elt(const Case *c) { return c->dtype == FLASHATTN_DTYPE_FP32 ? 4 : 2; }
 static float load(const Case *c, const void *p, size_t i) {
-    return c->dtype == FLASHATTN_DTYPE_BF16 ? from_bf16(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+    if (c->dtype == FLASHATTN_DTYPE_BF16) return from_bf16(((const uint16_t *)p)[i]);
+    if (c->dtype == FLASHATTN_DTYPE_FP16) return from_fp16(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
 }
 static void store(const Case *c, void *p, size_t i, float x) {
     if (c->dtype == FLASHATTN_DTYPE_BF16)
         ((uint16_t *)p)[i] = to_bf16(x);
+    else if (c->dtype == FLASHATTN_DTYPE_FP16)
+        ((uint16_t *)p)[i] = to_fp16(x);
     else
         ((float *)p)[i] = x;
 }
@@ -81,6 +106,8 @@ static flashattn_plan_t *core_plan(const Case *c, int rows) {
     flashattn_plan_set_i64(plan, FLASHATTN_I64_DTYPE, c->dtype);
     flashattn_plan_set_i64(plan, FLASHATTN_I64_CAUSAL, c->causal);
     flashattn_plan_set_i64(plan, FLASHATTN_I64_BACKEND, FLASHATTN_BACKEND_CPU);
+    if (c->scale > 0) flashattn_plan_set_f64(plan, FLASHATTN_F64_SOFTMAX_SCALE, c->scale);
+    if (c->softcap > 0) flashattn_plan_set_f64(plan, FLASHATTN_F64_SOFTCAP, c->softcap);
     if (flashattn_plan_finalize(plan) != FLASHATTN_SUCCESS) {
         fprintf(stderr, "core finalize: %s\n", flashattn_last_error());
         flashattn_plan_destroy(plan);
@@ -101,7 +128,7 @@ static void *poisoned(size_t bytes) {
 static void reference_row(const Case *c, const void *q, const void *k, const void *v, int S, int b, int i, int h,
                           double *out, double *lse) {
     const int hk = h / (c->heads_q / c->heads_kv);
-    const double scale = 1.0 / sqrt((double)c->dim);
+    const double scale = c->scale > 0 ? c->scale : 1.0 / sqrt((double)c->dim);
     double max = -INFINITY, sum = 0;
     for (int j = 0; j < S; ++j) {
         if (c->causal && j > i) break;
@@ -110,6 +137,7 @@ static void reference_row(const Case *c, const void *q, const void *k, const voi
             s += (double)load(c, q, (((size_t)b * S + i) * c->heads_q + h) * c->dim + d) *
                  load(c, k, (((size_t)b * S + j) * c->heads_kv + hk) * c->dim + d);
         s *= scale;
+        if (c->softcap > 0) s = c->softcap * tanh(s / c->softcap);
         if (s > max) max = s;
     }
     for (int d = 0; d < c->dim_v; ++d) out[d] = 0;
@@ -119,7 +147,9 @@ static void reference_row(const Case *c, const void *q, const void *k, const voi
         for (int d = 0; d < c->dim; ++d)
             s += (double)load(c, q, (((size_t)b * S + i) * c->heads_q + h) * c->dim + d) *
                  load(c, k, (((size_t)b * S + j) * c->heads_kv + hk) * c->dim + d);
-        const double p = exp(s * scale - max);
+        s *= scale;
+        if (c->softcap > 0) s = c->softcap * tanh(s / c->softcap);
+        const double p = exp(s - max);
         sum += p;
         for (int d = 0; d < c->dim_v; ++d) out[d] += p * load(c, v, (((size_t)b * S + j) * c->heads_kv + hk) * c->dim_v + d);
     }
@@ -133,8 +163,8 @@ static void run_case(const Case *c, int with_reference) {
     const size_t q_row = (size_t)c->heads_q * c->dim, k_row = (size_t)c->heads_kv * c->dim,
                  v_row = (size_t)c->heads_kv * c->dim_v, o_row = (size_t)c->heads_q * c->dim_v;
     char name[160];
-    snprintf(name, sizeof name, "W=%d L=%d b=%d hq=%d hkv=%d d=%d dv=%d causal=%d dtype=%d", W, L, c->batch,
-             c->heads_q, c->heads_kv, c->dim, c->dim_v, c->causal, c->dtype);
+    snprintf(name, sizeof name, "W=%d L=%d b=%d hq=%d hkv=%d d=%d dv=%d causal=%d dtype=%d scale=%g cap=%g", W, L,
+             c->batch, c->heads_q, c->heads_kv, c->dim, c->dim_v, c->causal, c->dtype, c->scale, c->softcap);
 
     /* Global tensors and the single-call answer. */
     void *q = poisoned((size_t)c->batch * S * q_row * e), *k = poisoned((size_t)c->batch * S * k_row * e),
@@ -185,7 +215,7 @@ static void run_case(const Case *c, int with_reference) {
     CHECK(st == FLASHATTN_SUCCESS, "%s: cp execute: %s", name, flashattn_cp_last_error());
 
     /* Every element of every rank against the single call (and the double reference). */
-    const double tol = c->dtype == FLASHATTN_DTYPE_BF16 ? 2e-2 : 2e-5;
+    const double tol = c->dtype == FLASHATTN_DTYPE_BF16 ? 2e-2 : c->dtype == FLASHATTN_DTYPE_FP16 ? 4e-3 : 2e-5;
     double worst = 0, worst_ref = 0;
     double ref[256];
     for (int r = 0; r < W && st == FLASHATTN_SUCCESS; ++r)
@@ -251,7 +281,7 @@ out_plans:
 }
 
 static void test_bad_arguments(void) {
-    const Case c = {1, 2, 4, 2, 1, 16, 16, 1, FLASHATTN_DTYPE_FP32};
+    const Case c = {1, 2, 4, 2, 1, 16, 16, 1, FLASHATTN_DTYPE_FP32, 0, 0};
     flashattn_plan_t *local = core_plan(&c, 4), *odd = NULL;
     Case odd_case = c;
     odd_case.local_rows = 3;
@@ -356,21 +386,28 @@ static void test_bad_arguments(void) {
 int main(void) {
     /* A tiny case against the double reference, both layouts. */
     for (int causal = 0; causal <= 1; ++causal) {
-        const Case tiny = {2, 3, 6, 4, 2, 16, 8, causal, FLASHATTN_DTYPE_FP32};
+        const Case tiny = {2, 3, 6, 4, 2, 16, 8, causal, FLASHATTN_DTYPE_FP32, 0, 0};
         run_case(&tiny, 1);
+        /* The scale and the softcap travel from the local plan to the ring's plans. */
+        const Case capped = {1, 4, 4, 2, 1, 16, 16, causal, FLASHATTN_DTYPE_FP32, 0.7, 1.5};
+        run_case(&capped, 1);
     }
     /* W = 1..8, both layouts, GQA, odd chunk sizes (c = L/2 odd when causal), fp32. */
     for (int W = 1; W <= 8; ++W)
         for (int causal = 0; causal <= 1; ++causal) {
             const int L = causal ? 2 * (W % 3 + 1) + 4 * (W % 2) + 2 : 3 + 2 * (W % 3); /* 5..7 rows, chunks 1..7 */
-            const Case c = {1 + W % 2, W, L, 6, W % 2 ? 3 : 2, 24, 16, causal, FLASHATTN_DTYPE_FP32};
+            const Case c = {1 + W % 2, W, L, 6, W % 2 ? 3 : 2, 24, 16, causal, FLASHATTN_DTYPE_FP32, 0, 0};
             run_case(&c, W <= 3);
         }
     /* bf16, MHA and multi-query. */
-    const Case bf16_causal = {2, 4, 10, 4, 4, 32, 32, 1, FLASHATTN_DTYPE_BF16};
-    const Case bf16_mqa = {1, 5, 7, 4, 1, 64, 64, 0, FLASHATTN_DTYPE_BF16};
+    const Case bf16_causal = {2, 4, 10, 4, 4, 32, 32, 1, FLASHATTN_DTYPE_BF16, 0, 0};
+    const Case bf16_mqa = {1, 5, 7, 4, 1, 64, 64, 0, FLASHATTN_DTYPE_BF16, 0, 0};
+    const Case fp16_causal = {1, 6, 6, 8, 2, 40, 24, 1, FLASHATTN_DTYPE_FP16, 0, 0};
+    const Case fp16_plain = {2, 2, 9, 2, 2, 128, 128, 0, FLASHATTN_DTYPE_FP16, 0, 0};
     run_case(&bf16_causal, 0);
     run_case(&bf16_mqa, 0);
+    run_case(&fp16_causal, 1);
+    run_case(&fp16_plain, 0);
     test_bad_arguments();
     if (failures) {
         fprintf(stderr, "%d failure(s)\n", failures);
