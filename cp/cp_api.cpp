@@ -160,7 +160,7 @@ FLASHATTN_API flashattn_status_t flashattn_cp_plan_finalize(flashattn_cp_plan_t 
             transport = flashattn_cp::make_nccl_transport(plan->nccl_comm, world, rank, static_cast<int>(device), &status);
             if (!transport) return status;
         }
-        return flashattn_cp::Ring::build(local, world, rank, std::move(transport), &plan->ring);
+        return flashattn_cp::Ring::build(local, world, std::move(transport), &plan->ring);
     });
 }
 

@@ -162,9 +162,8 @@ flashattn_status_t make_core_plan(const LocalShape &s, const PlanSpec &spec, Cor
 
 }  // namespace
 
-flashattn_status_t Ring::build(const flashattn_plan_t *local, int world_size, int rank,
-                               std::unique_ptr<Transport> transport, std::unique_ptr<Ring> *out) {
-    (void)rank;  // the transport knows which ranks this process plays
+flashattn_status_t Ring::build(const flashattn_plan_t *local, int world_size, std::unique_ptr<Transport> transport,
+                               std::unique_ptr<Ring> *out) {
     std::unique_ptr<Ring> ring(new Ring());
     ring->world_ = world_size;
     ring->transport_ = std::move(transport);

@@ -34,7 +34,8 @@ struct RankWorkspace {
 class Ring {
 public:
     // Reads and checks `local`; builds the per-step core plans. Errors through set_error().
-    static flashattn_status_t build(const flashattn_plan_t *local, int world_size, int rank,
+    // The transport knows which ranks this process plays.
+    static flashattn_status_t build(const flashattn_plan_t *local, int world_size,
                                     std::unique_ptr<Transport> transport, std::unique_ptr<Ring> *out);
     size_t workspace_bytes() const;
     int local_ranks() const { return transport_->local_ranks(); }

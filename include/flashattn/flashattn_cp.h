@@ -124,7 +124,9 @@ FLASHATTN_API flashattn_status_t flashattn_cp_plan_finalize(flashattn_cp_plan_t 
 
 /**
  * @brief Bytes of workspace one execute needs (for all the ranks this process plays).
- * Host memory for the CPU backend, device memory otherwise; aligned to 256 bytes.
+ * Host memory for the CPU backend, device memory otherwise; aligned to 256 bytes. Per rank: two
+ * K/V blocks in flight, W partial outputs and LSEs (merged once at the end), and the core's own
+ * workspace, so it grows with W (a running merge that keeps two partials is left for later).
  * @param plan A finalized plan.
  * @param[out] bytes Receives the size.
  * @retval FLASHATTN_SUCCESS
