@@ -66,6 +66,12 @@ bool overlaps(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
     return x < y + b_bytes && y < x + a_bytes;
 }
 
+int64_t local_device(const flashattn_plan_t *local) {
+    int64_t device = 0;
+    flashattn_plan_get_i64(local, FLASHATTN_I64_DEVICE, &device);  // a finalized plan answers every key
+    return device;
+}
+
 }  // namespace
 
 extern "C" {
@@ -145,19 +151,21 @@ FLASHATTN_API flashattn_status_t flashattn_cp_plan_finalize(flashattn_cp_plan_t 
         if (plan->transport == FLASHATTN_CP_TRANSPORT_LOOPBACK) {
             if (rank != 0)
                 return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: the loopback transport plays every rank; rank must be 0");
-            if (backend != FLASHATTN_BACKEND_CPU)
-                return set_error(FLASHATTN_ERROR_NOT_SUPPORTED,
-                                 "local: the loopback transport needs a CPU-backend plan (GPU loopback is not built yet)");
-            transport = flashattn_cp::make_loopback_transport(world);
+            if (backend == FLASHATTN_BACKEND_CPU) {
+                transport = flashattn_cp::make_loopback_transport(world);
+            } else {
+                flashattn_status_t status = FLASHATTN_SUCCESS;
+                transport = flashattn_cp::make_gpu_loopback_transport(world, static_cast<int>(local_device(local)), &status);
+                if (!transport) return status;
+            }
         } else {
             if (plan->nccl_comm == nullptr)
                 return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: NCCL transport without a communicator (flashattn_cp_plan_set_nccl_comm)");
             if (backend == FLASHATTN_BACKEND_CPU)
                 return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "local: the NCCL transport needs a GPU-backend plan");
-            int64_t device = 0;
-            flashattn_plan_get_i64(local, FLASHATTN_I64_DEVICE, &device);
             flashattn_status_t status = FLASHATTN_SUCCESS;
-            transport = flashattn_cp::make_nccl_transport(plan->nccl_comm, world, rank, static_cast<int>(device), &status);
+            transport = flashattn_cp::make_nccl_transport(plan->nccl_comm, world, rank,
+                                                          static_cast<int>(local_device(local)), &status);
             if (!transport) return status;
         }
         return flashattn_cp::Ring::build(local, world, std::move(transport), &plan->ring);

@@ -5,60 +5,31 @@
 //          receive from rank − 1;
 //   finish: the caller's stream waits for the exchange before the next step reads the slot.
 // COMPILED, NOT YET RUN: no multi-GPU machine was available when it was written (issue 23).
-#include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <limits>
-#include <vector>
-
-#include "cp/cp_transport.h"
+#include "cp/cp_device.h"
 
 namespace flashattn_cp {
 
 namespace {
 
-flashattn_status_t cuda_failed(cudaError_t error, const char *what) {
-    return set_error(FLASHATTN_ERROR_DEVICE, "%s: %s", what, cudaGetErrorString(error));
-}
-
 flashattn_status_t nccl_failed(ncclResult_t result, const char *what) {
     return set_error(FLASHATTN_ERROR_DEVICE, "%s: %s", what, ncclGetErrorString(result));
 }
 
-#define CP_CUDA(call, what)                                                   \
-    do {                                                                      \
-        const cudaError_t cp_error_ = (call);                                 \
-        if (cp_error_ != cudaSuccess) return cuda_failed(cp_error_, what);     \
-    } while (0)
 #define CP_NCCL(call, what)                                                   \
     do {                                                                      \
         const ncclResult_t cp_result_ = (call);                               \
         if (cp_result_ != ncclSuccess) return nccl_failed(cp_result_, what);   \
     } while (0)
 
-// The plan's device for the calls that allocate, restored after (the caller's current device is
-// the caller's).
-struct DeviceScope {
-    explicit DeviceScope(int device) {
-        error = cudaGetDevice(&previous);
-        if (error == cudaSuccess && previous != device) error = cudaSetDevice(device);
-        else if (error == cudaSuccess) previous = -1;
-    }
-    ~DeviceScope() {
-        if (previous >= 0) cudaSetDevice(previous);
-    }
-    int previous = -1;
-    cudaError_t error = cudaSuccess;
-};
-
 // One execute at a time per plan: the events below are the plan's (documented in flashattn_cp.h).
 class NcclTransport final : public Transport {
 public:
     NcclTransport(ncclComm_t comm, int world, int rank, int device)
-        : comm_(comm), world_(world), rank_(rank), device_(device) {}
+        : comm_(comm), world_(world), rank_(rank), device_(device), scatter_(device) {}
     ~NcclTransport() override {
         const DeviceScope scope(device_);
-        if (neg_inf_) cudaFree(neg_inf_);
         if (ready_) cudaEventDestroy(ready_);
         if (done_) cudaEventDestroy(done_);
         if (comm_stream_) cudaStreamDestroy(comm_stream_);
@@ -106,28 +77,10 @@ public:
         return FLASHATTN_SUCCESS;
     }
 
-    flashattn_status_t prepare(size_t rows, size_t cols) override {
-        const std::vector<float> host(rows * cols, -std::numeric_limits<float>::infinity());
-        const DeviceScope scope(device_);
-        CP_CUDA(scope.error, "device");
-        CP_CUDA(cudaMalloc(&neg_inf_, host.size() * sizeof(float)), "-inf block");
-        CP_CUDA(cudaMemcpy(neg_inf_, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), "-inf block");
-        rows_ = rows;
-        cols_ = cols;
-        return FLASHATTN_SUCCESS;
-    }
-
+    flashattn_status_t prepare(size_t rows, size_t cols) override { return scatter_.prepare(rows, cols); }
     flashattn_status_t scatter_lse_second_half(float *dst, const float *src, size_t rows, size_t cols,
                                                flashattn_stream_t stream) override {
-        if (rows != rows_ || cols != cols_ || neg_inf_ == nullptr)
-            return set_error(FLASHATTN_ERROR_INTERNAL, "ring: LSE scatter of an unprepared size");
-        const auto s = reinterpret_cast<cudaStream_t>(stream);
-        const size_t row_bytes = cols * sizeof(float);
-        CP_CUDA(cudaMemcpy2DAsync(dst, 2 * row_bytes, neg_inf_, row_bytes, row_bytes, rows, cudaMemcpyDeviceToDevice, s),
-                "LSE scatter");
-        CP_CUDA(cudaMemcpy2DAsync(dst + cols, 2 * row_bytes, src, row_bytes, row_bytes, rows, cudaMemcpyDeviceToDevice, s),
-                "LSE scatter");
-        return FLASHATTN_SUCCESS;
+        return scatter_.scatter(dst, src, rows, cols, reinterpret_cast<cudaStream_t>(stream));
     }
 
 private:
@@ -135,8 +88,7 @@ private:
     int world_, rank_, device_;
     cudaStream_t comm_stream_ = nullptr;
     cudaEvent_t ready_ = nullptr, done_ = nullptr;
-    float *neg_inf_ = nullptr;
-    size_t rows_ = 0, cols_ = 0;
+    DeviceLseScatter scatter_;
 };
 
 }  // namespace

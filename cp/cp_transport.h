@@ -1,8 +1,8 @@
 // The transport seam of the ring: how the K/V block in hand reaches the next rank. The schedule
 // (cp_ring.cpp) is written once against this interface; the loopback transport plays every rank
-// in one process (tests), the NCCL transport one rank per process. Memory operations the schedule
+// in one process (tests; on the host or on one GPU), the NCCL transport one rank per process. Memory operations the schedule
 // needs besides the core library's calls (copies, the LSE scatter) also go through here, since
-// they depend on where the tensors live (host for loopback, device for NCCL).
+// they depend on where the tensors live (host for the CPU loopback, device for the GPU loopback and NCCL).
 #pragma once
 
 #include <cstddef>
@@ -55,7 +55,11 @@ public:
                                                        flashattn_stream_t stream) = 0;
 };
 
+// Loopback on the host (CPU-backend plans).
 std::unique_ptr<Transport> make_loopback_transport(int world_size);
+// Loopback on one GPU (GPU-backend plans: device pointers, the caller's stream); NULL when the
+// build has no CUDA (cp_device_none.cpp), errors recorded through set_error.
+std::unique_ptr<Transport> make_gpu_loopback_transport(int world_size, int device, flashattn_status_t *status);
 // NULL when the build has no NCCL (cp_nccl_none.cpp); errors recorded through set_error.
 std::unique_ptr<Transport> make_nccl_transport(void *comm, int world_size, int rank, int device,
                                                flashattn_status_t *status);
