@@ -8,6 +8,7 @@
 # Env: BUILD_DIR (default /tmp/fa-cp), WORLDS (default "2 4 8"), STAGES (default "check bench"),
 # TOTAL_TOKENS (default 262144). Logs and bench-W.json under $OUT.
 set -uo pipefail
+export PYTHONUNBUFFERED=1  # torchrun workers' output reaches the log even when a timeout kills them
 out=${OUT:-/tmp/cp-out}; mkdir -p "$out"
 export BUILD_DIR=${BUILD_DIR:-/tmp/fa-cp}
 export NCCL_NVLS_ENABLE=0  # required on these machines (device docs: NVLink multicast stays off)
@@ -20,7 +21,7 @@ OUT=$out bash tests/gpu/h200-check.sh build > "$out/build-stage.txt" 2>&1; tail 
 lib=$BUILD_DIR/cp/libflashattn_cp.so
 [ -f "$lib" ] || { echo "no $lib (build failed or NCCL not found)"; exit 1; }
 grep -q "NCCL transport ON" "$out/configure.log" || { echo "libflashattn_cp built without NCCL"; exit 1; }
-ctest --test-dir "$BUILD_DIR" --output-on-failure -R 'test_cp_' > "$out/ctest-cp.log" 2>&1
+ctest --test-dir "$BUILD_DIR" -V -R 'test_cp_' > "$out/ctest-cp.log" 2>&1
 echo "ctest cp rc=$? $(grep -E 'tests passed' "$out/ctest-cp.log")"
 export FLASHATTN_LIBRARY=$BUILD_DIR/src/libflashattn.so FLASHATTN_CP_LIBRARY=$lib PYTHONPATH=$PWD/bindings/python
 gpus=$(nvidia-smi -L | wc -l)

@@ -254,8 +254,10 @@ def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
+    print("rank %d: process group up" % rank, flush=True)
     lib = nccl_library()
     comm = nccl_comm(lib, rank, world)
+    print("rank %d: NCCL communicator of %d rank(s) ready" % (rank, world), flush=True)
     if rank == 0:
         print("W=%d, libflashattn %s, libflashattn_cp %s, torch %s" % (world, flashattn.version_string(),
                                                                         cp.library_path(), torch.__version__))
