@@ -4,7 +4,9 @@
 //          step, which last read the slot about to be overwritten); grouped send to rank + 1 and
 //          receive from rank − 1;
 //   finish: the caller's stream waits for the exchange before the next step reads the slot.
-// COMPILED, NOT YET RUN: no multi-GPU machine was available when it was written (issue 23).
+// Run so far on one GPU only (2026-12-01, H200): a 1-rank communicator, including a send/receive
+// to its own rank (tests/cp/test_cp_nccl.cpp); a ring of several ranks waits for a multi-GPU
+// machine (tests/gpu/cp-multi.sh, issue 23).
 #include <nccl.h>
 
 #include "cp/cp_device.h"

@@ -5,10 +5,17 @@
  * A separate library, libflashattn_cp (pkg-config `flashattn_cp`, CMake `flashattn::flashattn_cp`),
  * so the core library keeps no NCCL dependency. Since 0.3.
  *
- * **Provisional ABI.** The symbols carry the version node FLASHATTN_CP_0, but until the component's
- * first multi-GPU run this header, its enums and its semantics may still change in a later 0.x
- * release. Only the loopback transport (every rank played by one process, CPU backend) has been
- * run; the NCCL transport is compiled but has not run yet.
+ * **Provisional ABI.** The symbols carry a version node of their own, FLASHATTN_CP_0 (not the core's
+ * FLASHATTN_0, so the component can change or leave without touching the core's ABI), and report
+ * the core's #flashattn_status_t codes with a message of their own (flashattn_cp_last_error()).
+ * Until the component's first multi-GPU run this header, its enums and its semantics may still
+ * change in a later 0.x release. What has run (2026-12-01): the loopback transport on the CPU and
+ * on one GPU (H200), and the NCCL transport on a 1-rank communicator (one GPU, including a
+ * send/receive to its own rank); a ring of several NCCL ranks has not run yet.
+ *
+ * **Precision.** Each step's partial output is stored in the plan's dtype before the merge (as a
+ * single call's output is), so a ring of W steps rounds O once per partial and once after the
+ * merge: in bf16 the ring matched one single call to within 4e-3 in the tests.
  *
  * @defgroup flashattn_cp Context parallelism (experimental)
  * @{
@@ -46,7 +53,8 @@ typedef struct flashattn_cp_plan flashattn_cp_plan_t;
 /** @brief How K/V blocks travel between ranks. Values are provisional (see the file's note). */
 typedef enum flashattn_cp_transport {
     /** One process plays all W ranks in turn (tests, debugging): execute takes W sets of tensors.
-     * Needs a core plan on the CPU backend. */
+     * A CPU-backend plan takes host memory; a GPU-backend plan takes device memory on its device,
+     * and the work (copies included) is enqueued on the execute's stream. */
     FLASHATTN_CP_TRANSPORT_LOOPBACK = 1,
     /** The caller's NCCL communicator (flashattn_cp_plan_set_nccl_comm()), one rank per process or
      * thread: execute takes this rank's tensors. Needs a GPU core plan and a build with NCCL. */
@@ -116,8 +124,10 @@ FLASHATTN_API flashattn_status_t flashattn_cp_plan_set_nccl_comm(flashattn_cp_pl
  * @retval FLASHATTN_ERROR_INVALID_ARGUMENT NULL argument; world size or transport unset; rank out of
  * range; odd L with causal; NCCL transport without a communicator.
  * @retval FLASHATTN_ERROR_INVALID_STATE @p local is not finalized.
- * @retval FLASHATTN_ERROR_NOT_SUPPORTED a feature of @p local named above; loopback with a GPU plan;
- * NCCL with a CPU plan or in a build without NCCL.
+ * @retval FLASHATTN_ERROR_NOT_SUPPORTED a feature of @p local named above; NCCL with a CPU plan or
+ * in a build without NCCL.
+ * @retval FLASHATTN_ERROR_DEVICE a CUDA or NCCL call failed (a GPU transport's stream, events or
+ * -inf block; the communicator's size or rank could not be read).
  */
 FLASHATTN_API flashattn_status_t flashattn_cp_plan_finalize(flashattn_cp_plan_t *plan,
                                                             const flashattn_plan_t *local);
@@ -148,7 +158,7 @@ FLASHATTN_API flashattn_status_t flashattn_cp_plan_get_workspace_size(const flas
  * @param o Outputs [batch, L, heads_q, head_dim_v]; must not overlap any input.
  * @param lse NULL, or an array whose entries are NULL or fp32 [batch, heads_q, L] outputs.
  * @param workspace, workspace_bytes At least flashattn_cp_plan_get_workspace_size() bytes.
- * @param stream CUDA stream (NCCL); ignored on the CPU. The call only enqueues work: the attention
+ * @param stream CUDA stream (GPU plans); ignored on the CPU. The call only enqueues work: the attention
  * and the merge on @p stream, the exchange on a stream of the plan's own, ordered with @p stream by
  * events, so it overlaps the attention on the block in hand. One execute of a plan at a time (the
  * events are the plan's); plans do not share state.
