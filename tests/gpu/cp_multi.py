@@ -132,13 +132,14 @@ def attention_flops(S, heads, dim, causal):
     return f / 2 if causal else f
 
 
-def time_cuda(fn, warmup, iters):
-    """Median milliseconds of fn() over iters runs (CUDA events), all ranks starting together."""
+def time_cuda(fn, warmup, iters, collective=True):
+    """Median milliseconds of fn() over iters runs (CUDA events). collective: every rank runs this
+    together (a barrier before each run, the slowest rank's median); False on one rank alone."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(iters):
-        if dist.is_initialized():
+        if collective:
             dist.barrier()
         torch.cuda.synchronize()
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -148,7 +149,7 @@ def time_cuda(fn, warmup, iters):
         stop.synchronize()
         times.append(start.elapsed_time(stop))
     t = torch.tensor([statistics.median(times)], device="cuda")
-    if dist.is_initialized():
+    if collective:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the ring is as slow as its slowest rank
     return float(t)
 
@@ -161,7 +162,7 @@ def bench_single(S, heads, dim, causal, warmup, iters):
     o = torch.empty_like(q)
     ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")
     s = torch.cuda.current_stream().cuda_stream
-    ms = time_cuda(lambda: plan.execute(q, k, v, o, workspace=ws, stream=s), warmup, iters)
+    ms = time_cuda(lambda: plan.execute(q, k, v, o, workspace=ws, stream=s), warmup, iters, collective=False)
     del q, k, v, o, ws
     return ms
 
@@ -192,7 +193,7 @@ def bench(comm, rank, world, args):
     rows = []
     single = {}
     for causal in (True, False):
-        if rank == 0:  # one GPU, whole sequence (the other ranks wait at the barrier-free broadcast)
+        if rank == 0:  # one GPU, whole sequence, timed on rank 0 alone (the others wait in the broadcast)
             single[causal] = bench_single(S, heads, dim, causal, args.warmup, args.iters) if not args.skip_single \
                 else float("nan")
         box = [single.get(causal)]
