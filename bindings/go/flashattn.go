@@ -345,6 +345,15 @@ func (p *Plan) Close() {
 	runtime.SetFinalizer(p, nil)
 }
 
+// Handle is the plan's flashattn_plan_t * for C code and companion packages (bindings/go/cp);
+// nil once closed. The Plan must stay reachable (runtime.KeepAlive) while the handle is in use.
+func (p *Plan) Handle() unsafe.Pointer {
+	if p == nil {
+		return nil
+	}
+	return unsafe.Pointer(p.p)
+}
+
 func (p *Plan) handle(op string) (*C.flashattn_plan_t, error) {
 	if p == nil || p.p == nil {
 		return nil, &Error{Status: StatusInvalidArgument, Message: "the plan is closed", Op: op}

@@ -1095,4 +1095,7 @@ function _backward_call(plan, q, k, v, o, dout, lse, dq, dk, dv, cq, ck)
     return nothing
 end
 
+# Context parallelism (libflashattn_cp, optional, experimental): FlashAttn.Cp.
+include("Cp.jl")
+
 end # module

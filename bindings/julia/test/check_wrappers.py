@@ -34,6 +34,9 @@ SCALARS = {
     "flashattn_args_t": {"flashattn_args_t"},
     "flashattn_stream_t": {"flashattn_stream_t"},
     "flashattn_args_t": {"flashattn_args_t"},
+    # flashattn_cp.h (checked with src/Cp.jl): the core's types it uses, and its own plan.
+    "flashattn_status_t": {"flashattn_status_t", "Cint"},
+    "flashattn_cp_plan_t": {"flashattn_cp_plan_t"},
 }
 
 

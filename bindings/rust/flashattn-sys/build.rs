@@ -124,4 +124,14 @@ fn main() {
         ),
     }
     println!("cargo:rustc-link-lib=dylib=flashattn");
+
+    // Feature "cp": libflashattn_cp (context parallelism), from FLASHATTN_CP_LIB_DIR or beside the
+    // core library (installed together; the search path above).
+    if env::var_os("CARGO_FEATURE_CP").is_some() {
+        println!("cargo:rerun-if-env-changed=FLASHATTN_CP_LIB_DIR");
+        if let Some(dir) = env::var_os("FLASHATTN_CP_LIB_DIR").filter(|d| !d.is_empty()) {
+            println!("cargo:rustc-link-search=native={}", PathBuf::from(dir).display());
+        }
+        println!("cargo:rustc-link-lib=dylib=flashattn_cp");
+    }
 }

@@ -300,3 +300,7 @@ extern "C" {
         stream: flashattn_stream_t,
     ) -> flashattn_status_t;
 }
+
+/// libflashattn_cp's declarations (feature "cp"; its own header, flashattn_cp.h).
+#[cfg(feature = "cp")]
+pub mod cp;

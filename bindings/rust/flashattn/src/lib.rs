@@ -1257,3 +1257,7 @@ pub fn device_compute_capability(device: i32) -> Result<(i32, i32)> {
     check(unsafe { sys::flashattn_device_compute_capability(device, &mut major, &mut minor) })?;
     Ok((major, minor))
 }
+
+/// Context parallelism (ring attention) through libflashattn_cp: feature "cp", experimental.
+#[cfg(feature = "cp")]
+pub mod cp;

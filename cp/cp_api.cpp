@@ -1,0 +1,222 @@
+// The C boundary of libflashattn_cp: argument checks, the component's thread-local error message,
+// and no exception past this file.
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <new>
+#include <cstring>
+
+#include "cp/cp_ring.h"
+#include "flashattn/flashattn_cp.h"
+
+struct flashattn_cp_plan {
+    int64_t world_size = 0;
+    int64_t rank = 0;
+    int64_t transport = 0;
+    void *nccl_comm = nullptr;
+    std::unique_ptr<flashattn_cp::Ring> ring;  // set by finalize; null while unfinalized
+};
+
+namespace flashattn_cp {
+
+namespace {
+thread_local char last_error[512] = "";
+}
+
+flashattn_status_t set_error(flashattn_status_t status, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    std::vsnprintf(last_error, sizeof last_error, format, args);
+    va_end(args);
+    return status;
+}
+
+}  // namespace flashattn_cp
+
+using flashattn_cp::set_error;
+
+namespace {
+
+template <typename F>
+flashattn_status_t guarded(const char *function, F &&body) noexcept {
+    try {
+        flashattn_cp::last_error[0] = '\0';
+        return body();
+    } catch (const std::bad_alloc &) {
+        return set_error(FLASHATTN_ERROR_ALLOCATION, "%s: host allocation failed", function);
+    } catch (const std::exception &e) {
+        return set_error(FLASHATTN_ERROR_INTERNAL, "%s: %s", function, e.what());
+    } catch (...) {
+        return set_error(FLASHATTN_ERROR_INTERNAL, "%s: unknown exception", function);
+    }
+}
+
+flashattn_status_t check_finalized(const flashattn_cp_plan_t *plan, const char *function) {
+    if (plan == nullptr) return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: NULL passed to %s", function);
+    if (!plan->ring)
+        return set_error(FLASHATTN_ERROR_INVALID_STATE, "plan: not finalized; call flashattn_cp_plan_finalize");
+    return FLASHATTN_SUCCESS;
+}
+
+// Byte range [begin, end) of one rank's contiguous tensor.
+bool overlaps(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
+    const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+    return x < y + b_bytes && y < x + a_bytes;
+}
+
+int64_t local_device(const flashattn_plan_t *local) {
+    int64_t device = 0;
+    flashattn_plan_get_i64(local, FLASHATTN_I64_DEVICE, &device);  // a finalized plan answers every key
+    return device;
+}
+
+}  // namespace
+
+extern "C" {
+
+FLASHATTN_API const char *flashattn_cp_last_error(void) { return flashattn_cp::last_error; }
+
+FLASHATTN_API flashattn_status_t flashattn_cp_plan_create(flashattn_cp_plan_t **plan) {
+    return guarded(__func__, [&] {
+        if (plan == nullptr) return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: NULL output pointer");
+        *plan = new flashattn_cp_plan_t();
+        return FLASHATTN_SUCCESS;
+    });
+}
+
+FLASHATTN_API void flashattn_cp_plan_destroy(flashattn_cp_plan_t *plan) { delete plan; }
+
+FLASHATTN_API flashattn_status_t flashattn_cp_plan_set_i64(flashattn_cp_plan_t *plan, flashattn_cp_i64_param_t key,
+                                                           int64_t value) {
+    return guarded(__func__, [&] {
+        if (plan == nullptr) return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: NULL");
+        int key_value = 0;
+        std::memcpy(&key_value, &key, sizeof key_value);  // an out-of-range enum is not loaded as one
+        switch (key_value) {
+        case FLASHATTN_CP_I64_WORLD_SIZE:
+            if (value < 1 || value > flashattn_cp::kMaxWorld)
+                return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: world size %lld is not in 1..%d",
+                                 static_cast<long long>(value), flashattn_cp::kMaxWorld);
+            plan->world_size = value;
+            break;
+        case FLASHATTN_CP_I64_RANK:
+            if (value < 0 || value >= flashattn_cp::kMaxWorld)
+                return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: rank %lld is not in 0..%d",
+                                 static_cast<long long>(value), flashattn_cp::kMaxWorld - 1);
+            plan->rank = value;
+            break;
+        case FLASHATTN_CP_I64_TRANSPORT:
+            if (value != FLASHATTN_CP_TRANSPORT_LOOPBACK && value != FLASHATTN_CP_TRANSPORT_NCCL)
+                return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "value: %lld is not a flashattn_cp_transport_t",
+                                 static_cast<long long>(value));
+            plan->transport = value;
+            break;
+        default:
+            return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "key: %d is not a flashattn_cp_i64_param_t", key_value);
+        }
+        plan->ring.reset();
+        return FLASHATTN_SUCCESS;
+    });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_cp_plan_set_nccl_comm(flashattn_cp_plan_t *plan, void *comm) {
+    return guarded(__func__, [&] {
+        if (plan == nullptr) return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: NULL");
+        if (comm == nullptr) return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "comm: NULL");
+        plan->nccl_comm = comm;
+        plan->ring.reset();
+        return FLASHATTN_SUCCESS;
+    });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_cp_plan_finalize(flashattn_cp_plan_t *plan, const flashattn_plan_t *local) {
+    return guarded(__func__, [&]() -> flashattn_status_t {
+        if (plan == nullptr) return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: NULL");
+        if (local == nullptr) return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "local: NULL");
+        plan->ring.reset();
+        flashattn_backend_t backend = FLASHATTN_BACKEND_AUTO;
+        if (flashattn_plan_get_backend(local, &backend, nullptr) != FLASHATTN_SUCCESS)
+            return set_error(FLASHATTN_ERROR_INVALID_STATE, "local: %s", flashattn_last_error());
+        if (plan->world_size == 0)
+            return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: FLASHATTN_CP_I64_WORLD_SIZE is not set");
+        if (plan->transport == 0)
+            return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: FLASHATTN_CP_I64_TRANSPORT is not set");
+        if (plan->rank >= plan->world_size)
+            return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: rank %lld is not below the world size %lld",
+                             static_cast<long long>(plan->rank), static_cast<long long>(plan->world_size));
+        const int world = static_cast<int>(plan->world_size), rank = static_cast<int>(plan->rank);
+        std::unique_ptr<flashattn_cp::Transport> transport;
+        if (plan->transport == FLASHATTN_CP_TRANSPORT_LOOPBACK) {
+            if (rank != 0)
+                return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: the loopback transport plays every rank; rank must be 0");
+            if (backend == FLASHATTN_BACKEND_CPU) {
+                transport = flashattn_cp::make_loopback_transport(world);
+            } else {
+                flashattn_status_t status = FLASHATTN_SUCCESS;
+                transport = flashattn_cp::make_gpu_loopback_transport(world, static_cast<int>(local_device(local)), &status);
+                if (!transport) return status;
+            }
+        } else {
+            if (plan->nccl_comm == nullptr)
+                return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "plan: NCCL transport without a communicator (flashattn_cp_plan_set_nccl_comm)");
+            if (backend == FLASHATTN_BACKEND_CPU)
+                return set_error(FLASHATTN_ERROR_NOT_SUPPORTED, "local: the NCCL transport needs a GPU-backend plan");
+            flashattn_status_t status = FLASHATTN_SUCCESS;
+            transport = flashattn_cp::make_nccl_transport(plan->nccl_comm, world, rank,
+                                                          static_cast<int>(local_device(local)), &status);
+            if (!transport) return status;
+        }
+        return flashattn_cp::Ring::build(local, world, std::move(transport), &plan->ring);
+    });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_cp_plan_get_workspace_size(const flashattn_cp_plan_t *plan, size_t *bytes) {
+    return guarded(__func__, [&, entry = __func__] {
+        FLASHATTN_CP_TRY(check_finalized(plan, entry));
+        if (bytes == nullptr) return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "bytes: NULL");
+        *bytes = plan->ring->workspace_bytes();
+        return FLASHATTN_SUCCESS;
+    });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_cp_plan_execute(const flashattn_cp_plan_t *plan, int32_t num_ranks,
+                                                           const void *const *q, const void *const *k,
+                                                           const void *const *v, void *const *o, float *const *lse,
+                                                           void *workspace, size_t workspace_bytes,
+                                                           flashattn_stream_t stream) {
+    return guarded(__func__, [&, entry = __func__] {
+        FLASHATTN_CP_TRY(check_finalized(plan, entry));
+        const flashattn_cp::Ring &ring = *plan->ring;
+        if (num_ranks != ring.local_ranks())
+            return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "num_ranks: %d, but this plan's process plays %d rank(s)",
+                             static_cast<int>(num_ranks), ring.local_ranks());
+        const struct {
+            const void *array;
+            const char *name;
+        } arrays[] = {{q, "q"}, {k, "k"}, {v, "v"}, {o, "o"}};
+        for (const auto &a : arrays)
+            if (a.array == nullptr) return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: NULL array", a.name);
+        for (int p = 0; p < num_ranks; ++p) {
+            if (!q[p] || !k[p] || !v[p] || !o[p])
+                return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s[%d]: NULL tensor",
+                                 !q[p] ? "q" : !k[p] ? "k" : !v[p] ? "v" : "o", p);
+        }
+        const size_t need = ring.workspace_bytes();
+        if (workspace_bytes < need)
+            return set_error(FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE, "workspace_bytes: %zu, the plan needs %zu",
+                             workspace_bytes, need);
+        if (need > 0 && workspace == nullptr) return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: NULL");
+        if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+            return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: not aligned to 256 bytes");
+        // Outputs must not overlap the workspace: the core checks each call's own tensors, but not
+        // the partials it is handed later.
+        for (int p = 0; p < num_ranks; ++p)
+            if (overlaps(o[p], 1, workspace, need) || (lse && lse[p] && overlaps(lse[p], 1, workspace, need)))
+                return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "o[%d] or lse[%d]: inside the workspace", p, p);
+        return ring.execute(q, k, v, o, lse, static_cast<char *>(workspace), stream);
+    });
+}
+
+}  // extern "C"

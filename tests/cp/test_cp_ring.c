@@ -1,0 +1,540 @@
+/* libflashattn_cp through the loopback transport (W ranks in one process): the ring for W = 1..8,
+ * causal zigzag and non-causal, GQA, odd chunk sizes, several dtypes, against one single core call
+ * on the gathered sequence, and on small cases against a double reference written here; then the
+ * argument checks. Every output is poisoned before each run and every element checked.
+ *
+ * Built twice: test_cp_ring runs the CPU backend on host memory; test_cp_ring_gpu (CP_TEST_GPU)
+ * runs the GPU backend chosen by auto on device memory, the single call on the same GPU, and
+ * exits 77 (skipped) without a GPU. */
+#define _POSIX_C_SOURCE 200112L /* posix_memalign */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flashattn/flashattn.h"
+#include "flashattn/flashattn_cp.h"
+
+#ifdef CP_TEST_GPU
+#include <cuda_runtime_api.h>
+#define TEST_BACKEND FLASHATTN_BACKEND_AUTO
+#else
+#define TEST_BACKEND FLASHATTN_BACKEND_CPU
+#endif
+
+static int failures = 0;
+
+#define CHECK(cond, ...)                                          \
+    do {                                                          \
+        if (!(cond)) {                                            \
+            ++failures;                                           \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);  \
+            fprintf(stderr, __VA_ARGS__);                         \
+            fprintf(stderr, "\n");                                \
+        }                                                         \
+    } while (0)
+
+typedef struct {
+    int batch, world, local_rows, heads_q, heads_kv, dim, dim_v, causal, dtype;
+    double scale, softcap; /* 0: the core's defaults (1/sqrt(dim), no cap) */
+} Case;
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static float uniform(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+static uint16_t to_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u += 0x7fff + ((u >> 16) & 1); /* round to nearest even; inputs are finite */
+    return (uint16_t)(u >> 16);
+}
+static float from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* fp16 of the values this test stores (|x| in [2^-14, 4] or 0): normal numbers only. */
+static uint16_t to_fp16(float x) {
+    if (x == 0) return 0;
+    const uint16_t sign = x < 0 ? 0x8000 : 0;
+    int exponent;
+    const double m = frexp(fabs((double)x), &exponent); /* |x| = m 2^e, m in [0.5, 1) */
+    if (exponent < -13) return sign;                   /* below the normal range: flush (rare here) */
+    long mantissa = lrint(ldexp(m, 11));               /* 11 significant bits, in [1024, 2048] */
+    if (mantissa == 2048) {
+        mantissa = 1024;
+        ++exponent;
+    }
+    return (uint16_t)(sign | (uint16_t)((exponent + 14) << 10) | (uint16_t)(mantissa - 1024));
+}
+static float from_fp16(uint16_t h) {
+    const int exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+    const double magnitude = exponent ? ldexp(1024 + mantissa, exponent - 25) : ldexp(mantissa, -24);
+    return (float)((h & 0x8000) ? -magnitude : magnitude);
+}
+
+static size_t elt(const Case *c) { return c->dtype == FLASHATTN_DTYPE_FP32 ? 4 : 2; }
+static float load(const Case *c, const void *p, size_t i) {
+    if (c->dtype == FLASHATTN_DTYPE_BF16) return from_bf16(((const uint16_t *)p)[i]);
+    if (c->dtype == FLASHATTN_DTYPE_FP16) return from_fp16(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+static void store(const Case *c, void *p, size_t i, float x) {
+    if (c->dtype == FLASHATTN_DTYPE_BF16)
+        ((uint16_t *)p)[i] = to_bf16(x);
+    else if (c->dtype == FLASHATTN_DTYPE_FP16)
+        ((uint16_t *)p)[i] = to_fp16(x);
+    else
+        ((float *)p)[i] = x;
+}
+
+/* Global row of a rank's local row (the layout flashattn_cp.h documents). */
+static int global_row(const Case *c, int rank, int local) {
+    if (!c->causal) return rank * c->local_rows + local;
+    const int chunk = c->local_rows / 2;
+    return local < chunk ? rank * chunk + local : (2 * c->world - 1 - rank) * chunk + (local - chunk);
+}
+
+static flashattn_plan_t *core_plan(const Case *c, int rows) {
+    flashattn_plan_t *plan = NULL;
+    if (flashattn_plan_create(&plan) != FLASHATTN_SUCCESS) return NULL;
+    flashattn_plan_set_i64(plan, FLASHATTN_I64_BATCH, c->batch);
+    flashattn_plan_set_i64(plan, FLASHATTN_I64_SEQLEN_Q, rows);
+    flashattn_plan_set_i64(plan, FLASHATTN_I64_SEQLEN_K, rows);
+    flashattn_plan_set_i64(plan, FLASHATTN_I64_HEADS_Q, c->heads_q);
+    flashattn_plan_set_i64(plan, FLASHATTN_I64_HEADS_KV, c->heads_kv);
+    flashattn_plan_set_i64(plan, FLASHATTN_I64_HEAD_DIM, c->dim);
+    flashattn_plan_set_i64(plan, FLASHATTN_I64_HEAD_DIM_V, c->dim_v);
+    flashattn_plan_set_i64(plan, FLASHATTN_I64_DTYPE, c->dtype);
+    flashattn_plan_set_i64(plan, FLASHATTN_I64_CAUSAL, c->causal);
+    flashattn_plan_set_i64(plan, FLASHATTN_I64_BACKEND, TEST_BACKEND);
+    if (c->scale > 0) flashattn_plan_set_f64(plan, FLASHATTN_F64_SOFTMAX_SCALE, c->scale);
+    if (c->softcap > 0) flashattn_plan_set_f64(plan, FLASHATTN_F64_SOFTCAP, c->softcap);
+    if (flashattn_plan_finalize(plan) != FLASHATTN_SUCCESS) {
+        fprintf(stderr, "core finalize: %s\n", flashattn_last_error());
+        flashattn_plan_destroy(plan);
+        return NULL;
+    }
+    return plan;
+}
+
+/* Poisoned (NaN bytes) allocation with a 256-byte aligned start. */
+static void *poisoned(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 256, bytes ? bytes : 1) != 0) return NULL;
+    memset(p, 0xff, bytes);
+    return p;
+}
+
+/* Buffers the library reads and writes: host memory on the CPU, device memory on the GPU. They
+ * start poisoned (all bytes 0xff: NaN in every dtype). */
+static void *buffer_new(size_t bytes) {
+#ifdef CP_TEST_GPU
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) return NULL;
+    cudaMemset(p, 0xff, bytes);
+    return p;
+#else
+    return poisoned(bytes);
+#endif
+}
+static void buffer_free(void *p) {
+#ifdef CP_TEST_GPU
+    cudaFree(p);
+#else
+    free(p);
+#endif
+}
+static void buffer_upload(void *dst, const void *host, size_t bytes) {
+#ifdef CP_TEST_GPU
+    cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice);
+#else
+    memcpy(dst, host, bytes);
+#endif
+}
+static void buffer_download(void *host, const void *src, size_t bytes) {
+#ifdef CP_TEST_GPU
+    CHECK(cudaDeviceSynchronize() == cudaSuccess, "device: %s", cudaGetErrorString(cudaGetLastError()));
+    cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost);
+#else
+    memcpy(host, src, bytes);
+#endif
+}
+static void buffer_poison(void *p, size_t bytes) {
+#ifdef CP_TEST_GPU
+    cudaMemset(p, 0xff, bytes);
+#else
+    memset(p, 0xff, bytes);
+#endif
+}
+/* A buffer holding a copy of host data. */
+static void *buffer_from(const void *host, size_t bytes) {
+    void *p = buffer_new(bytes);
+    if (p) buffer_upload(p, host, bytes);
+    return p;
+}
+
+/* Double reference of global query row i, head h, batch b: O row and LSE. */
+static void reference_row(const Case *c, const void *q, const void *k, const void *v, int S, int b, int i, int h,
+                          double *out, double *lse) {
+    const int hk = h / (c->heads_q / c->heads_kv);
+    const double scale = c->scale > 0 ? c->scale : 1.0 / sqrt((double)c->dim);
+    double max = -INFINITY, sum = 0;
+    for (int j = 0; j < S; ++j) {
+        if (c->causal && j > i) break;
+        double s = 0;
+        for (int d = 0; d < c->dim; ++d)
+            s += (double)load(c, q, (((size_t)b * S + i) * c->heads_q + h) * c->dim + d) *
+                 load(c, k, (((size_t)b * S + j) * c->heads_kv + hk) * c->dim + d);
+        s *= scale;
+        if (c->softcap > 0) s = c->softcap * tanh(s / c->softcap);
+        if (s > max) max = s;
+    }
+    for (int d = 0; d < c->dim_v; ++d) out[d] = 0;
+    for (int j = 0; j < S; ++j) {
+        if (c->causal && j > i) break;
+        double s = 0;
+        for (int d = 0; d < c->dim; ++d)
+            s += (double)load(c, q, (((size_t)b * S + i) * c->heads_q + h) * c->dim + d) *
+                 load(c, k, (((size_t)b * S + j) * c->heads_kv + hk) * c->dim + d);
+        s *= scale;
+        if (c->softcap > 0) s = c->softcap * tanh(s / c->softcap);
+        const double p = exp(s - max);
+        sum += p;
+        for (int d = 0; d < c->dim_v; ++d) out[d] += p * load(c, v, (((size_t)b * S + j) * c->heads_kv + hk) * c->dim_v + d);
+    }
+    for (int d = 0; d < c->dim_v; ++d) out[d] /= sum;
+    *lse = max + log(sum);
+}
+
+static void run_case(const Case *c, int with_reference) {
+    const int W = c->world, L = c->local_rows, S = W * L;
+    const size_t e = elt(c);
+    const size_t q_row = (size_t)c->heads_q * c->dim, k_row = (size_t)c->heads_kv * c->dim,
+                 v_row = (size_t)c->heads_kv * c->dim_v, o_row = (size_t)c->heads_q * c->dim_v;
+    const size_t q_bytes = (size_t)c->batch * S * q_row * e, k_bytes = (size_t)c->batch * S * k_row * e,
+                 v_bytes = (size_t)c->batch * S * v_row * e, o_bytes = (size_t)c->batch * S * o_row * e,
+                 lse_bytes = (size_t)c->batch * c->heads_q * S * sizeof(float);
+    char name[160];
+    snprintf(name, sizeof name, "W=%d L=%d b=%d hq=%d hkv=%d d=%d dv=%d causal=%d dtype=%d scale=%g cap=%g", W, L,
+             c->batch, c->heads_q, c->heads_kv, c->dim, c->dim_v, c->causal, c->dtype, c->scale, c->softcap);
+
+    /* Global tensors (host) and the single-call answer (on the backend under test). */
+    void *q = poisoned(q_bytes), *k = poisoned(k_bytes), *v = poisoned(v_bytes), *o = poisoned(o_bytes);
+    float *lse = poisoned(lse_bytes);
+    for (size_t i = 0; i < (size_t)c->batch * S * q_row; ++i) store(c, q, i, 2 * uniform());
+    for (size_t i = 0; i < (size_t)c->batch * S * k_row; ++i) store(c, k, i, 2 * uniform());
+    for (size_t i = 0; i < (size_t)c->batch * S * v_row; ++i) store(c, v, i, uniform());
+    flashattn_plan_t *global = core_plan(c, S), *local = core_plan(c, L);
+    CHECK(global && local, "%s: core plans", name);
+    if (!global || !local) goto out_plans;
+    {
+        size_t ws_bytes = 0;
+        flashattn_plan_get_workspace_size(global, &ws_bytes);
+        void *ws = buffer_new(ws_bytes), *dq = buffer_from(q, q_bytes), *dk = buffer_from(k, k_bytes),
+             *dv = buffer_from(v, v_bytes), *dout = buffer_new(o_bytes), *dlse = buffer_new(lse_bytes);
+        CHECK(flashattn_plan_execute(global, dq, dk, dv, dout, dlse, ws, ws_bytes, NULL) == FLASHATTN_SUCCESS,
+              "%s: single call: %s", name, flashattn_last_error());
+        buffer_download(o, dout, o_bytes);
+        buffer_download(lse, dlse, lse_bytes);
+        buffer_free(ws);
+        buffer_free(dq);
+        buffer_free(dk);
+        buffer_free(dv);
+        buffer_free(dout);
+        buffer_free(dlse);
+    }
+
+    /* Shard by the documented layout (host), then hand the shards to the backend's memory. */
+    const size_t rq_bytes = (size_t)c->batch * L * q_row * e, rk_bytes = (size_t)c->batch * L * k_row * e,
+                 rv_bytes = (size_t)c->batch * L * v_row * e, ro_bytes = (size_t)c->batch * L * o_row * e,
+                 rl_bytes = (size_t)c->batch * c->heads_q * L * sizeof(float);
+    void *rq[8], *rk[8], *rv[8], *ro[8], *ho[8];
+    float *rl[8], *hl[8];
+    for (int r = 0; r < W; ++r) {
+        void *sq = poisoned(rq_bytes), *sk = poisoned(rk_bytes), *sv = poisoned(rv_bytes);
+        for (int b = 0; b < c->batch; ++b)
+            for (int i = 0; i < L; ++i) {
+                const size_t g = (size_t)b * S + global_row(c, r, i), l = (size_t)b * L + i;
+                memcpy((char *)sq + l * q_row * e, (char *)q + g * q_row * e, q_row * e);
+                memcpy((char *)sk + l * k_row * e, (char *)k + g * k_row * e, k_row * e);
+                memcpy((char *)sv + l * v_row * e, (char *)v + g * v_row * e, v_row * e);
+            }
+        rq[r] = buffer_from(sq, rq_bytes);
+        rk[r] = buffer_from(sk, rk_bytes);
+        rv[r] = buffer_from(sv, rv_bytes);
+        free(sq);
+        free(sk);
+        free(sv);
+        ro[r] = buffer_new(ro_bytes);
+        rl[r] = buffer_new(rl_bytes);
+        ho[r] = poisoned(ro_bytes);
+        hl[r] = poisoned(rl_bytes);
+    }
+
+    flashattn_cp_plan_t *cp = NULL;
+    CHECK(flashattn_cp_plan_create(&cp) == FLASHATTN_SUCCESS, "%s: create", name);
+    flashattn_cp_plan_set_i64(cp, FLASHATTN_CP_I64_WORLD_SIZE, W);
+    flashattn_cp_plan_set_i64(cp, FLASHATTN_CP_I64_TRANSPORT, FLASHATTN_CP_TRANSPORT_LOOPBACK);
+    flashattn_status_t st = flashattn_cp_plan_finalize(cp, local);
+    CHECK(st == FLASHATTN_SUCCESS, "%s: cp finalize: %s", name, flashattn_cp_last_error());
+    size_t cp_bytes = 0;
+    flashattn_cp_plan_get_workspace_size(cp, &cp_bytes);
+    void *cp_ws = buffer_new(cp_bytes);
+    st = flashattn_cp_plan_execute(cp, W, (const void *const *)rq, (const void *const *)rk, (const void *const *)rv,
+                                   ro, rl, cp_ws, cp_bytes, NULL);
+    CHECK(st == FLASHATTN_SUCCESS, "%s: cp execute: %s", name, flashattn_cp_last_error());
+    for (int r = 0; r < W; ++r) {
+        buffer_download(ho[r], ro[r], ro_bytes);
+        buffer_download(hl[r], rl[r], rl_bytes);
+    }
+
+    /* Every element of every rank against the single call (and the double reference). */
+    const double tol = c->dtype == FLASHATTN_DTYPE_BF16 ? 2e-2 : c->dtype == FLASHATTN_DTYPE_FP16 ? 4e-3 : 2e-5;
+    double worst = 0, worst_ref = 0;
+    double ref[256];
+    for (int r = 0; r < W && st == FLASHATTN_SUCCESS; ++r)
+        for (int b = 0; b < c->batch; ++b)
+            for (int i = 0; i < L; ++i) {
+                const int gi = global_row(c, r, i);
+                for (int h = 0; h < c->heads_q; ++h) {
+                    const size_t lo = ((size_t)b * L + i) * o_row + (size_t)h * c->dim_v;
+                    const size_t go = ((size_t)b * S + gi) * o_row + (size_t)h * c->dim_v;
+                    double ref_lse = 0;
+                    if (with_reference) reference_row(c, q, k, v, S, b, gi, h, ref, &ref_lse);
+                    for (int d = 0; d < c->dim_v; ++d) {
+                        const double got = load(c, ho[r], lo + d), want = load(c, o, go + d);
+                        const double diff = fabs(got - want);
+                        if (!(diff <= worst)) worst = diff; /* NaN sticks */
+                        if (with_reference && !(fabs(got - ref[d]) <= worst_ref)) worst_ref = fabs(got - ref[d]);
+                    }
+                    const double got_lse = hl[r][((size_t)b * c->heads_q + h) * L + i];
+                    const double want_lse = lse[((size_t)b * c->heads_q + h) * S + gi];
+                    if (!(fabs(got_lse - want_lse) <= worst)) worst = fabs(got_lse - want_lse);
+                    if (with_reference && !(fabs(got_lse - ref_lse) <= worst_ref)) worst_ref = fabs(got_lse - ref_lse);
+                }
+            }
+    CHECK(worst <= tol, "%s: ring vs single call: max error %g > %g", name, worst, tol);
+    CHECK(worst_ref <= tol, "%s: ring vs double reference: max error %g > %g", name, worst_ref, tol);
+    /* Again with no LSE asked for, on the dirty workspace: O bitwise the same (the forward and the
+     * merge are deterministic, and nothing may depend on the workspace's old contents). */
+    if (st == FLASHATTN_SUCCESS) {
+        void *again = poisoned(ro_bytes);
+        for (int r = 0; r < W; ++r) buffer_poison(ro[r], ro_bytes);
+        st = flashattn_cp_plan_execute(cp, W, (const void *const *)rq, (const void *const *)rk,
+                                       (const void *const *)rv, ro, NULL, cp_ws, cp_bytes, NULL);
+        CHECK(st == FLASHATTN_SUCCESS, "%s: cp execute without LSE: %s", name, flashattn_cp_last_error());
+        for (int r = 0; r < W && st == FLASHATTN_SUCCESS; ++r) {
+            buffer_download(again, ro[r], ro_bytes);
+            CHECK(memcmp(again, ho[r], ro_bytes) == 0, "%s: rank %d: O differs between two runs", name, r);
+        }
+        free(again);
+    }
+    printf("%-70s ring-vs-single %.2e%s\n", name, worst, with_reference ? "  (double reference checked)" : "");
+
+    flashattn_cp_plan_destroy(cp);
+    buffer_free(cp_ws);
+    for (int r = 0; r < W; ++r) {
+        buffer_free(rq[r]);
+        buffer_free(rk[r]);
+        buffer_free(rv[r]);
+        buffer_free(ro[r]);
+        buffer_free(rl[r]);
+        free(ho[r]);
+        free(hl[r]);
+    }
+out_plans:
+    flashattn_plan_destroy(global);
+    flashattn_plan_destroy(local);
+    free(q);
+    free(k);
+    free(v);
+    free(o);
+    free(lse);
+}
+
+#ifndef CP_TEST_GPU
+/* The argument checks (host buffers: they are refused before anything is read). */
+static void test_bad_arguments(void) {
+    const Case c = {1, 2, 4, 2, 1, 16, 16, 1, FLASHATTN_DTYPE_FP32, 0, 0};
+    flashattn_plan_t *local = core_plan(&c, 4), *odd = NULL;
+    Case odd_case = c;
+    odd_case.local_rows = 3;
+    odd = core_plan(&odd_case, 3);
+    flashattn_cp_plan_t *cp = NULL;
+    CHECK(flashattn_cp_plan_create(NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT, "create(NULL)");
+    CHECK(flashattn_cp_plan_create(&cp) == FLASHATTN_SUCCESS, "create");
+    CHECK(flashattn_cp_plan_finalize(cp, local) == FLASHATTN_ERROR_INVALID_ARGUMENT &&
+              strstr(flashattn_cp_last_error(), "WORLD_SIZE"),
+          "finalize without world size: %s", flashattn_cp_last_error());
+    CHECK(flashattn_cp_plan_set_i64(cp, FLASHATTN_CP_I64_WORLD_SIZE, 0) == FLASHATTN_ERROR_INVALID_ARGUMENT, "world 0");
+    CHECK(flashattn_cp_plan_set_i64(cp, FLASHATTN_CP_I64_WORLD_SIZE, FLASHATTN_MAX_MERGE_PARTIALS + 1) ==
+              FLASHATTN_ERROR_INVALID_ARGUMENT,
+          "world too large");
+    CHECK(flashattn_cp_plan_set_i64(cp, (flashattn_cp_i64_param_t)99, 1) == FLASHATTN_ERROR_INVALID_ARGUMENT &&
+              strstr(flashattn_cp_last_error(), "key"),
+          "bad key");
+    CHECK(flashattn_cp_plan_set_i64(cp, FLASHATTN_CP_I64_TRANSPORT, 7) == FLASHATTN_ERROR_INVALID_ARGUMENT, "bad transport");
+    CHECK(flashattn_cp_plan_set_i64(cp, FLASHATTN_CP_I64_RANK, -1) == FLASHATTN_ERROR_INVALID_ARGUMENT, "rank -1");
+    CHECK(flashattn_cp_plan_set_i64(NULL, FLASHATTN_CP_I64_RANK, 0) == FLASHATTN_ERROR_INVALID_ARGUMENT, "NULL plan");
+    CHECK(flashattn_cp_plan_set_nccl_comm(cp, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT, "NULL comm");
+    flashattn_cp_plan_set_i64(cp, FLASHATTN_CP_I64_WORLD_SIZE, 2);
+    CHECK(flashattn_cp_plan_finalize(cp, local) == FLASHATTN_ERROR_INVALID_ARGUMENT &&
+              strstr(flashattn_cp_last_error(), "TRANSPORT"),
+          "finalize without transport: %s", flashattn_cp_last_error());
+    flashattn_cp_plan_set_i64(cp, FLASHATTN_CP_I64_TRANSPORT, FLASHATTN_CP_TRANSPORT_NCCL);
+    CHECK(flashattn_cp_plan_finalize(cp, local) == FLASHATTN_ERROR_INVALID_ARGUMENT, "NCCL without comm");
+    int not_a_comm = 0;
+    CHECK(flashattn_cp_plan_set_nccl_comm(cp, &not_a_comm) == FLASHATTN_SUCCESS, "set comm");
+    CHECK(flashattn_cp_plan_finalize(cp, local) == FLASHATTN_ERROR_NOT_SUPPORTED &&
+              strstr(flashattn_cp_last_error(), "GPU"),
+          "NCCL with a CPU plan: %s", flashattn_cp_last_error());
+    flashattn_cp_plan_set_i64(cp, FLASHATTN_CP_I64_TRANSPORT, FLASHATTN_CP_TRANSPORT_LOOPBACK);
+    flashattn_cp_plan_set_i64(cp, FLASHATTN_CP_I64_RANK, 1);
+    CHECK(flashattn_cp_plan_finalize(cp, local) == FLASHATTN_ERROR_INVALID_ARGUMENT, "loopback with rank 1");
+    flashattn_cp_plan_set_i64(cp, FLASHATTN_CP_I64_RANK, 0);
+    CHECK(flashattn_cp_plan_finalize(cp, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT, "NULL local");
+    CHECK(flashattn_cp_plan_finalize(cp, odd) == FLASHATTN_ERROR_INVALID_ARGUMENT && strstr(flashattn_cp_last_error(), "odd"),
+          "odd causal L: %s", flashattn_cp_last_error());
+    {
+        flashattn_plan_t *windowed = NULL;
+        flashattn_plan_create(&windowed);
+        flashattn_plan_set_i64(windowed, FLASHATTN_I64_BATCH, 1);
+        flashattn_plan_set_i64(windowed, FLASHATTN_I64_SEQLEN_Q, 4);
+        flashattn_plan_set_i64(windowed, FLASHATTN_I64_SEQLEN_K, 4);
+        flashattn_plan_set_i64(windowed, FLASHATTN_I64_HEADS_Q, 2);
+        flashattn_plan_set_i64(windowed, FLASHATTN_I64_HEAD_DIM, 16);
+        flashattn_plan_set_i64(windowed, FLASHATTN_I64_DTYPE, FLASHATTN_DTYPE_FP32);
+        flashattn_plan_set_i64(windowed, FLASHATTN_I64_WINDOW_LEFT, 1);
+        flashattn_plan_set_i64(windowed, FLASHATTN_I64_BACKEND, FLASHATTN_BACKEND_CPU);
+        CHECK(flashattn_plan_finalize(windowed) == FLASHATTN_SUCCESS, "windowed core plan: %s", flashattn_last_error());
+        CHECK(flashattn_cp_plan_finalize(cp, windowed) == FLASHATTN_ERROR_NOT_SUPPORTED &&
+                  strstr(flashattn_cp_last_error(), "WINDOW_LEFT"),
+              "windowed local plan: %s", flashattn_cp_last_error());
+        flashattn_plan_destroy(windowed);
+    }
+    flashattn_plan_t *unfinalized = NULL;
+    flashattn_plan_create(&unfinalized);
+    CHECK(flashattn_cp_plan_finalize(cp, unfinalized) == FLASHATTN_ERROR_INVALID_STATE, "unfinalized local");
+    flashattn_plan_destroy(unfinalized);
+    size_t bytes = 0;
+    CHECK(flashattn_cp_plan_get_workspace_size(cp, &bytes) == FLASHATTN_ERROR_INVALID_STATE, "workspace before finalize");
+    CHECK(flashattn_cp_plan_finalize(cp, local) == FLASHATTN_SUCCESS, "finalize: %s", flashattn_cp_last_error());
+    CHECK(flashattn_cp_plan_get_workspace_size(cp, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT, "NULL bytes");
+    CHECK(flashattn_cp_plan_get_workspace_size(cp, &bytes) == FLASHATTN_SUCCESS && bytes > 0, "workspace size");
+    float buf[4][64];
+    const void *in[2] = {buf[0], buf[1]};
+    void *out[2] = {buf[2], buf[3]};
+    void *ws = poisoned(bytes);
+    CHECK(flashattn_cp_plan_execute(cp, 1, in, in, in, out, NULL, ws, bytes, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT &&
+              strstr(flashattn_cp_last_error(), "num_ranks"),
+          "num_ranks 1 for loopback W=2");
+    CHECK(flashattn_cp_plan_execute(cp, 2, NULL, in, in, out, NULL, ws, bytes, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT &&
+              strstr(flashattn_cp_last_error(), "q"),
+          "NULL q");
+    const void *holey[2] = {buf[0], NULL};
+    CHECK(flashattn_cp_plan_execute(cp, 2, in, holey, in, out, NULL, ws, bytes, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT &&
+              strstr(flashattn_cp_last_error(), "k[1]"),
+          "NULL k[1]: %s", flashattn_cp_last_error());
+    CHECK(flashattn_cp_plan_execute(cp, 2, in, in, in, out, NULL, ws, bytes - 1, NULL) ==
+              FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE,
+          "small workspace");
+    CHECK(flashattn_cp_plan_execute(cp, 2, in, in, in, out, NULL, (char *)ws + 8, bytes, NULL) ==
+              FLASHATTN_ERROR_INVALID_ARGUMENT,
+          "misaligned workspace");
+    void *inside[2] = {ws, buf[3]};
+    CHECK(flashattn_cp_plan_execute(cp, 2, in, in, in, inside, NULL, ws, bytes, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT,
+          "o inside the workspace");
+    CHECK(flashattn_cp_plan_execute(NULL, 2, in, in, in, out, NULL, ws, bytes, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT,
+          "NULL plan");
+    /* Setting a parameter unfinalizes. */
+    flashattn_cp_plan_set_i64(cp, FLASHATTN_CP_I64_WORLD_SIZE, 3);
+    CHECK(flashattn_cp_plan_execute(cp, 3, in, in, in, out, NULL, ws, bytes, NULL) == FLASHATTN_ERROR_INVALID_STATE,
+          "execute after a setter");
+    free(ws);
+    flashattn_cp_plan_destroy(cp);
+    flashattn_cp_plan_destroy(NULL);
+    flashattn_plan_destroy(local);
+    flashattn_plan_destroy(odd);
+}
+
+#endif
+
+#ifdef CP_TEST_GPU
+/* GPU backends: fp16 and bf16, head dims in multiples of 8. */
+static void run_cases(void) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        printf("no CUDA device: skipped\n");
+        exit(77);
+    }
+    for (int causal = 0; causal <= 1; ++causal) {
+        const Case tiny = {2, 3, 6, 4, 2, 64, 64, causal, FLASHATTN_DTYPE_FP16, 0, 0};
+        run_case(&tiny, 1);
+        const Case capped = {1, 4, 8, 2, 1, 128, 128, causal, FLASHATTN_DTYPE_BF16, 0.07, 1.5};
+        run_case(&capped, 1);
+    }
+    /* W = 1..8, both layouts, GQA, odd chunk sizes, bf16 hdim 128 and fp16 hdim 64 in turn. */
+    for (int W = 1; W <= 8; ++W)
+        for (int causal = 0; causal <= 1; ++causal) {
+            const int L = causal ? 2 * (W % 3 + 1) + 4 * (W % 2) + 2 : 3 + 2 * (W % 3);
+            const int dim = W % 2 ? 128 : 64;
+            const Case c = {1 + W % 2, W, L, 6, W % 2 ? 3 : 2, dim, dim, causal,
+                            W % 2 ? FLASHATTN_DTYPE_BF16 : FLASHATTN_DTYPE_FP16, 0, 0};
+            run_case(&c, W <= 3);
+        }
+    /* Chunks of several kernel tiles (odd c: tile edges inside a chunk), a small V head dim, MQA. */
+    const Case big_causal = {1, 4, 2 * 197, 8, 2, 128, 128, 1, FLASHATTN_DTYPE_BF16, 0, 0};
+    const Case big_plain = {2, 3, 261, 4, 4, 64, 64, 0, FLASHATTN_DTYPE_FP16, 0, 0};
+    const Case mqa = {1, 5, 130, 8, 1, 128, 64, 1, FLASHATTN_DTYPE_BF16, 0, 0};
+    run_case(&big_causal, 0);
+    run_case(&big_plain, 0);
+    run_case(&mqa, 1);
+}
+#else
+static void run_cases(void) {
+    /* A tiny case against the double reference, both layouts. */
+    for (int causal = 0; causal <= 1; ++causal) {
+        const Case tiny = {2, 3, 6, 4, 2, 16, 8, causal, FLASHATTN_DTYPE_FP32, 0, 0};
+        run_case(&tiny, 1);
+        /* The scale and the softcap travel from the local plan to the ring's plans. */
+        const Case capped = {1, 4, 4, 2, 1, 16, 16, causal, FLASHATTN_DTYPE_FP32, 0.7, 1.5};
+        run_case(&capped, 1);
+    }
+    /* W = 1..8, both layouts, GQA, odd chunk sizes (c = L/2 odd when causal), fp32. */
+    for (int W = 1; W <= 8; ++W)
+        for (int causal = 0; causal <= 1; ++causal) {
+            const int L = causal ? 2 * (W % 3 + 1) + 4 * (W % 2) + 2 : 3 + 2 * (W % 3); /* 5..7 rows, chunks 1..7 */
+            const Case c = {1 + W % 2, W, L, 6, W % 2 ? 3 : 2, 24, 16, causal, FLASHATTN_DTYPE_FP32, 0, 0};
+            run_case(&c, W <= 3);
+        }
+    /* bf16, MHA and multi-query. */
+    const Case bf16_causal = {2, 4, 10, 4, 4, 32, 32, 1, FLASHATTN_DTYPE_BF16, 0, 0};
+    const Case bf16_mqa = {1, 5, 7, 4, 1, 64, 64, 0, FLASHATTN_DTYPE_BF16, 0, 0};
+    const Case fp16_causal = {1, 6, 6, 8, 2, 40, 24, 1, FLASHATTN_DTYPE_FP16, 0, 0};
+    const Case fp16_plain = {2, 2, 9, 2, 2, 128, 128, 0, FLASHATTN_DTYPE_FP16, 0, 0};
+    run_case(&bf16_causal, 0);
+    run_case(&bf16_mqa, 0);
+    run_case(&fp16_causal, 1);
+    run_case(&fp16_plain, 0);
+    test_bad_arguments();
+}
+#endif
+
+int main(void) {
+    run_cases();
+    if (failures) {
+        fprintf(stderr, "%d failure(s)\n", failures);
+        return 1;
+    }
+    printf("all cp ring tests passed\n");
+    return 0;
+}
