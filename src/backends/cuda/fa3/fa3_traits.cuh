@@ -21,9 +21,9 @@ template <int kD_, int kBN_, int kDV_ = kD_>
 struct Traits {
     static constexpr int kD = kD_;    // padded head dim of Q and K, a multiple of 64
     static constexpr int kBN = kBN_;  // keys per tile
-    static constexpr int kDV = kDV_;  // padded width of V and O, a multiple of 64
     static constexpr int kPages = kD / 64;       // 64-column swizzle pages per row
-    static constexpr int kVPages = kDV / 64;     // ... per V row
+    static constexpr int kDV = kDV_;             // padded width of V and O, a multiple of 64
+    static constexpr int kVPages = kDV / 64;     // ... pages per V row
     static constexpr int kQPage = kBlockM * 128;  // bytes of one page of the Q tile
     static constexpr int kKVPage = kBN * 128;     // ... of a K or V tile
     static constexpr int kQBytes = kPages * kQPage;
