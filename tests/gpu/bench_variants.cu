@@ -153,7 +153,7 @@ int main(int argc, char **argv) {
     const std::string backends = argc > 3 ? argv[3] : "fa2,fa3";
     const int64_t dv = argc > 4 ? std::atoll(argv[4]) : 0;  // 0: no head_dim_v rows
     const int64_t b = 2, h = 16;
-    const size_t n = static_cast<size_t>(b * s * h * d);
+    const size_t n = static_cast<size_t>(b * s * h * std::max(d, dv));  // Q, K and V (dv > d: V's width)
     Buffers buf;
     CHECK_CUDA(cudaMalloc(&buf.q, n * 2));
     CHECK_CUDA(cudaMalloc(&buf.k, n * 2));

@@ -30,6 +30,18 @@ for role in fwd bwd; do
     exit 1
   fi
 done
+# The forward kernels with V of its own width (P(D, DV) rows of the head-dim table, the optional
+# third argument, FA3_HEAD_DIMS_H): both element types of each must be there (and pass the checks below).
+if [ -n "${3:-}" ]; then
+  for pair in $(grep -oE 'P\([0-9]+, *[0-9]+\)' "$3" | tr -d 'P() ' ); do
+    d=${pair%,*} dv=${pair#*,}
+    n=$(grep -cE "fa310fwd_kernelINS0_6TraitsILi${d}ELi[0-9]+ELi${dv}EEE" <<<"$report" || true)
+    if [ "$n" != 2 ]; then
+      echo "expected 2 fa3 forward kernels of head dim $d with V $dv wide, found $n" >&2
+      exit 1
+    fi
+  done
+fi
 echo "$report"
 bad=$(awk '$2 != "arch=sm_90a" || $3 == "hgmma=0" || $4 != "local=0"' <<<"$report")
 if [ -n "$bad" ]; then

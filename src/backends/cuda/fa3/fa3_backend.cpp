@@ -28,22 +28,45 @@ constexpr int64_t kMaxSeqlen = int64_t(1) << 28;  // keeps the int32 mask and TM
 constexpr int64_t kMaxStrideBytes = int64_t(1) << 40;
 constexpr int64_t kDecodeRows = 64;  // at most this many query rows: fa2's split-KV path is faster
 
-// One row per compiled head dim (fa3_head_dims.h): its launcher.
+// One row per compiled forward kernel (fa3_head_dims.h: the square X rows, then the P rows with
+// V of its own width): its head dim, V width and launcher.
 struct CompiledHeadDim {
-    int head_dim;
+    int head_dim, head_dim_v;
     fa3::LaunchFwd launch;
 };
-#define FLASHATTN_FA3_ROW(D) {D, fa3::launch_fwd_hdim##D},
-constexpr CompiledHeadDim kHeadDims[] = {FLASHATTN_FA3_HEAD_DIMS(FLASHATTN_FA3_ROW)};
+#define FLASHATTN_FA3_ROW(D) {D, D, fa3::launch_fwd_hdim##D},
+#define FLASHATTN_FA3_PAIR_ROW(D, DV) {D, DV, fa3::launch_fwd_hdim##D##x##DV},
+constexpr CompiledHeadDim kHeadDims[] = {FLASHATTN_FA3_HEAD_DIMS(FLASHATTN_FA3_ROW)
+                                             FLASHATTN_FA3_HEAD_DIM_PAIRS(FLASHATTN_FA3_PAIR_ROW)};
+#undef FLASHATTN_FA3_PAIR_ROW
 #undef FLASHATTN_FA3_ROW
 #define FLASHATTN_FA3_CHECK(D) static_assert(fa3::config_for(D).head_dim == D, "fa3_config.h has no tile for head dim " #D);
 FLASHATTN_FA3_HEAD_DIMS(FLASHATTN_FA3_CHECK)
 #undef FLASHATTN_FA3_CHECK
+#define FLASHATTN_FA3_PAIR_CHECK(D, DV)                                                                  \
+    static_assert(D != DV && D % 64 == 0 && DV % 64 == 0 &&                                              \
+                      fa3::smem_bytes(fa3::config_for(D, DV)) <= fa3::kMaxSmemBytes,                      \
+                  "fa3_head_dims.h: P(" #D ", " #DV ") must be two different multiples of 64 whose tile fits");
+FLASHATTN_FA3_HEAD_DIM_PAIRS(FLASHATTN_FA3_PAIR_CHECK)
+#undef FLASHATTN_FA3_PAIR_CHECK
 
-fa3::LaunchFwd launcher_for(int compiled_head_dim) {
+// The compiled kernel that runs (head_dim, head_dim_v): the cheapest row holding both (fewest
+// D + DV: the GEMMs' width), the columns past them zeros. Every pair up to 256 has one (the square
+// 256 holds all: nullptr only past what tensor_core_shape_problem accepts); a square problem runs
+// its square row (any other row holding it is wider).
+const CompiledHeadDim *kernel_for(const Problem &p) {
+    const CompiledHeadDim *best = nullptr;
     for (const CompiledHeadDim &row : kHeadDims)
-        if (row.head_dim == compiled_head_dim) return row.launch;
-    return nullptr;
+        if (row.head_dim >= p.head_dim && row.head_dim_v >= p.head_dim_v &&
+            (best == nullptr || row.head_dim + row.head_dim_v < best->head_dim + best->head_dim_v))
+            best = &row;
+    return best;
+}
+
+// The tile of kernel_for's row (called after tensor_core_shape_problem: the row exists).
+fa3::TileConfig tile_for(const Problem &p) {
+    const CompiledHeadDim *k = kernel_for(p);
+    return k != nullptr ? fa3::config_for(k->head_dim, k->head_dim_v) : fa3::config_for(256);
 }
 
 // Everything execute needs, decided at finalize. The FA3 forward needs no workspace.
@@ -73,10 +96,6 @@ std::string tma_stride_problem(const char *name, const Strides &s, int64_t rows,
     return std::string();
 }
 
-// The compiled head dim that runs the problem: that of the wider of head_dim and head_dim_v (the
-// narrower tensor's TMA boxes are zero past its own columns: nothing in Q K^T, O columns not stored).
-int kernel_head_dim(const Problem &p) { return static_cast<int>(std::max(p.head_dim, p.head_dim_v)); }
-
 // Paged caches and seqused_k take the gathering producer (fa3_gather.cuh, Params::gather).
 bool uses_gather(const Problem &p) { return p.serving.paged || p.serving.seqused_k; }
 
@@ -104,7 +123,7 @@ std::string fa3_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
         return std::string("the fa3 backend runs ") +
                (p.sink_tokens > 0 ? "sink tokens (FLASHATTN_I64_SINK_TOKENS)" : p.alibi ? "ALiBi (FLASHATTN_I64_ALIBI)" : "head_dim_v != head_dim") +
                " without a paged cache or seqused_k (FLASHATTN_I64_PAGED_KV, FLASHATTN_I64_SEQUSED_K) only";
-    if (p.sink_tokens > 0 && fa3::config_for(kernel_head_dim(p)).head_dim >= 256)
+    if (p.sink_tokens > 0 && tile_for(p).head_dim >= 256)
         return "the fa3 backend runs sink tokens (FLASHATTN_I64_SINK_TOKENS) up to head dim 192 (its head dim 256 "
                "kernel has no registers left for them); fa2 and the cpu backend run them there";
     for (const std::string &why : {p.serving.rotary_dim > 0 ? std::string()
@@ -112,7 +131,7 @@ std::string fa3_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
                                    gather ? std::string() : tma_stride_problem("k", p.k, p.k_rows(), p.heads_kv, batch),
                                    gather ? std::string() : tma_stride_problem("v", p.v, p.k_rows(), p.heads_kv, batch)})
         if (!why.empty()) return why;
-    const size_t smem = static_cast<size_t>(fa3::smem_bytes(fa3::config_for(kernel_head_dim(p))));
+    const size_t smem = static_cast<size_t>(fa3::smem_bytes(tile_for(p)));
     if (dev.smem_per_block_optin != 0 && smem > dev.smem_per_block_optin)
         return "the fa3 backend needs " + std::to_string(smem / 1024) + " KB of shared memory per block and the device allows " +
                std::to_string(dev.smem_per_block_optin / 1024) + " KB";
@@ -171,10 +190,12 @@ int causal_section(const Problem &p, int64_t l2_bytes, int num_ctas) {
 
 flashattn_status_t fa3_make_plan(const Problem &p, const DeviceInfo &dev, std::unique_ptr<BackendPlan> *out) {
     auto plan = std::make_unique<Fa3Plan>();
-    plan->cfg = fa3::config_for(kernel_head_dim(p));
-    plan->launch = launcher_for(plan->cfg.head_dim);
-    if (plan->launch == nullptr)
-        return fail(FLASHATTN_ERROR_INTERNAL, "fa3: no compiled kernel for head dim %d", plan->cfg.head_dim);
+    const CompiledHeadDim *kernel = kernel_for(p);
+    if (kernel == nullptr)
+        return fail(FLASHATTN_ERROR_INTERNAL, "fa3: no compiled kernel for head dims %lld / %lld",
+                    static_cast<long long>(p.head_dim), static_cast<long long>(p.head_dim_v));
+    plan->cfg = fa3::config_for(kernel->head_dim, kernel->head_dim_v);
+    plan->launch = kernel->launch;
     plan->num_ctas = std::max(1, std::min(dev.sm_count, test_cta_limit()));  // one persistent CTA per SM at most
     plan->section = causal_section(p, dev.l2_bytes, plan->num_ctas);
     if (fa3_backward_unsupported_reason(p, dev).empty()) plan->backward = fa3::plan_backward(p, &plan->backward_workspace);

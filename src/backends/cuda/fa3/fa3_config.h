@@ -18,6 +18,9 @@ constexpr int kMaxSmemBytes = 232448; // 227 KB: what an H100/H200 block may opt
 struct TileConfig {
     int head_dim;  // compiled (padded) head dim: 64, 128, 192 or 256
     int block_n;   // keys per K/V tile
+    // V's compiled width (a P row of fa3_head_dims.h); a config written with two fields is square
+    // (a default member initializer may read the member initialized before it).
+    int head_dim_v = head_dim;
 };
 
 // block_n keeps the consumer's registers (O: d/2, S: n/2, P twice: n/4 each) under its 232 and
@@ -31,8 +34,21 @@ constexpr TileConfig config_for(int head_dim) {
 
 constexpr int q_bytes(const TileConfig &c) { return kBlockM * c.head_dim * 2; }
 constexpr int kv_bytes(const TileConfig &c) { return c.block_n * c.head_dim * 2; }
+constexpr int v_bytes(const TileConfig &c) { return c.block_n * c.head_dim_v * 2; }
 // Q, K and V stages, 1 KB of barriers (padded) and 1 KB to align the dynamic base to 1024 B.
-constexpr int smem_bytes(const TileConfig &c) { return q_bytes(c) + 2 * kStages * kv_bytes(c) + 2048; }
+constexpr int smem_bytes(const TileConfig &c) { return q_bytes(c) + kStages * (kv_bytes(c) + v_bytes(c)) + 2048; }
+
+// A kernel with V of its own width (head_dim_v != head_dim, a P row of fa3_head_dims.h): the
+// widest key tile of 128, 112, ... 64 keys whose registers match the square kernels' budget
+// (O: dv/2, S: n/2, P twice: n/4 each, so dv/2 + n <= 192, as square 128 and 192 have) and whose
+// stages fit in 227 KB. (192, 128): 128 keys (square 192 runs 96); (256, 128): 96 (smem).
+constexpr TileConfig config_for(int head_dim, int head_dim_v) {
+    if (head_dim_v == head_dim) return config_for(head_dim);
+    int n = 128;
+    while (n > 64 && (head_dim_v / 2 + n > 192 || smem_bytes(TileConfig{head_dim, n, head_dim_v}) > kMaxSmemBytes))
+        n -= 16;
+    return TileConfig{head_dim, n, head_dim_v};
+}
 
 static_assert(smem_bytes(config_for(256)) <= kMaxSmemBytes, "head dim 256 tile does not fit");
 static_assert(smem_bytes(config_for(192)) <= kMaxSmemBytes, "head dim 192 tile does not fit");

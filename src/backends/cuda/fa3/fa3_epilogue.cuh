@@ -17,6 +17,7 @@
 #include "backends/cuda/device/sink.cuh"
 #include "backends/cuda/fa3/fa3_params.h"
 #include "backends/cuda/fa3/fa3_tile_scheduler.cuh"
+#include "backends/cuda/fa3/fa3_traits.cuh"
 
 namespace flashattn {
 namespace fa3 {
@@ -24,10 +25,10 @@ namespace fa3 {
 // Consumer thread's rows qpos[] of the tile: O / l as 16-bit pairs from the accumulators, and the
 // LSE by the quad leader (t == 0; finish_rows leaves the reduced row sum in every lane of a quad).
 template <class Tr, class E>
-__device__ __forceinline__ void store_output(const Params &p, const TileCoords &c, const float (&O)[Tr::kD / 2],
+__device__ __forceinline__ void store_output(const Params &p, const TileCoords &c, const float (&O)[kWidthV<Tr> / 2],
                                              const float (&row_max)[2], const float (&row_sum)[2], float sl2,
                                              const int (&qpos)[2], int t) {
-    constexpr int kD = Tr::kD;
+    constexpr int kD = kWidthV<Tr>;  // O's columns: V's width
     float inv[2], lse[2];
     cuda::finish_rows(row_max, row_sum, sl2, inv, lse);
     if (p.sink_logits != nullptr) {  // the head's sink joins both row halves (cuda::join_sink)

@@ -45,7 +45,7 @@ namespace fa3 {
 template <class Tr, class E>
 __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, unsigned char *smem, Barriers *bars,
                                         int w, Pipe &pipe) {
-    constexpr int kD = Tr::kD;
+    constexpr int kDV = Tr::kDV;  // O's columns: V's width
     const int tid = threadIdx.x - 128 * (w + 1);
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int sq = c.seq.sq, sk = c.seq.sk;
@@ -56,9 +56,9 @@ __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, un
         rdiag[h] = qpos[h] + cuda::diagonal_offset(p, sq, sk);
     }
 
-    float O[kD / 2];
+    float O[kDV / 2];
 #pragma unroll
-    for (int i = 0; i < kD / 2; ++i) O[i] = 0.f;
+    for (int i = 0; i < kDV / 2; ++i) O[i] = 0.f;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
     const float sl2 = p.score_log2;
 
@@ -102,7 +102,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     Pipe pipe;
     if (wg == 0) {
         cuda::setmaxnreg_dec<40>();
-        if (p.gather) {  // paged caches / seqused_k: the whole warpgroup gathers K and V
+        // Paged caches / seqused_k: the whole warpgroup gathers K and V. Square kernels only: the
+        // backend refuses a gathering plan with head_dim_v != head_dim (fa3_unsupported_reason).
+        if (Tr::kDV == Tr::kD && p.gather) {
             if (threadIdx.x == 0) cuda::prefetch_tensormap(&tm_q);
             for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
                 const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);

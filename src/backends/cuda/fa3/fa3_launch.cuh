@@ -17,11 +17,12 @@
 namespace flashattn {
 namespace fa3 {
 
-template <int kD, class E>
+// kDV: V's width (a P row of fa3_head_dims.h), kD for the square kernels.
+template <int kD, class E, int kDV = kD>
 cudaError_t launch_fwd(const Params &p, const TensorMaps &maps, cudaStream_t stream) {
-    constexpr TileConfig cfg = config_for(kD);
-    static_assert(cfg.head_dim == kD, "no such compiled head dim");
-    using Tr = Traits<cfg.head_dim, cfg.block_n>;
+    constexpr TileConfig cfg = config_for(kD, kDV);
+    static_assert(cfg.head_dim == kD && cfg.head_dim_v == kDV, "no such compiled head dim");
+    using Tr = Traits<cfg.head_dim, cfg.block_n, cfg.head_dim_v>;
     auto kernel = fwd_kernel<Tr, E>;
     static unsigned long long optin_done = 0;  // one per instantiation
     cudaError_t e = cuda::ensure_smem_optin(kernel, Tr::kSmemBytes, &optin_done);

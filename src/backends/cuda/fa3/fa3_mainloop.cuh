@@ -55,16 +55,16 @@ __device__ __forceinline__ void issue_qk(float (&S)[Tr::kNT][4], uint64_t dq, ui
 }
 
 // Issues O += P V for V ring stage `st` (not waited for): P from registers, 16 keys (16 rows of
-// 128 B of V) per wgmma.
+// 128 B of V) per wgmma, N = V's width (kDV).
 template <class Tr, class E>
-__device__ __forceinline__ void issue_pv(float (&O)[Tr::kD / 2], const uint32_t (&P)[Tr::kPF][4], uint64_t dv,
+__device__ __forceinline__ void issue_pv(float (&O)[Tr::kDV / 2], const uint32_t (&P)[Tr::kPF][4], uint64_t dv,
                                          int st) {
-    const uint64_t dvs = dv + static_cast<uint64_t>((st * Tr::kKVBytes) >> 4);
+    const uint64_t dvs = dv + static_cast<uint64_t>((st * Tr::kVBytes) >> 4);
     cuda::fence_operands(O);
     cuda::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Tr::kPF; ++kk)
-        cuda::wgmma_rs<E, Tr::kD>(O, P[kk], dvs + static_cast<uint64_t>((kk * 16 * 128) >> 4), 1);
+        cuda::wgmma_rs<E, Tr::kDV>(O, P[kk], dvs + static_cast<uint64_t>((kk * 16 * 128) >> 4), 1);
     cuda::wgmma_commit();
 }
 
@@ -111,9 +111,9 @@ __device__ __forceinline__ void score_mods(const Params &p, const TileCoords &c,
 template <class Tr, class E>
 __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoords &c, unsigned char *smem,
                                                   Barriers *bars, int w, int lane, int t, const int (&rdiag)[2],
-                                                  float sl2, float (&O)[Tr::kD / 2], float (&row_max)[2],
+                                                  float sl2, float (&O)[Tr::kDV / 2], float (&row_max)[2],
                                                   float (&row_sum)[2], Pipe &pipe) {
-    constexpr int kD = Tr::kD, kBN = Tr::kBN, kNT = Tr::kNT, kPF = Tr::kPF;
+    constexpr int kDV = Tr::kDV, kBN = Tr::kBN, kNT = Tr::kNT, kPF = Tr::kPF;
     // Descriptors: Q rows 64w.. (K-major), K (K-major), V (MN-major: LBO = one 64-column page).
     const uint32_t s_base = cuda::smem_addr(smem);
     const uint64_t dq = cuda::make_desc_sw128(s_base + 64 * w * 128);
@@ -144,7 +144,7 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
         cuda::fence_operands(O);
         release(&bars->v_empty[vs], lane);
 #pragma unroll
-        for (int j = 0; j < kD / 2; ++j) O[j] *= alpha[(j % 4) / 2];
+        for (int j = 0; j < kDV / 2; ++j) O[j] *= alpha[(j % 4) / 2];
     };
     auto last_pv = [&](uint32_t (&P)[kPF][4], int i) {
         const int vs = stage_of(r0 + i);

@@ -42,6 +42,11 @@ using LaunchFwd = cudaError_t (*)(const Params &p, const TensorMaps &maps, bool 
     cudaError_t launch_fwd_hdim##D(const Params &p, const TensorMaps &maps, bool bf16, cudaStream_t s);
 FLASHATTN_FA3_HEAD_DIMS(FLASHATTN_FA3_DECLARE_LAUNCH)
 #undef FLASHATTN_FA3_DECLARE_LAUNCH
+// ... and per P row (generated fa3_fwd_pairDxDV.cu): V of its own width.
+#define FLASHATTN_FA3_DECLARE_PAIR_LAUNCH(D, DV) \
+    cudaError_t launch_fwd_hdim##D##x##DV(const Params &p, const TensorMaps &maps, bool bf16, cudaStream_t s);
+FLASHATTN_FA3_HEAD_DIM_PAIRS(FLASHATTN_FA3_DECLARE_PAIR_LAUNCH)
+#undef FLASHATTN_FA3_DECLARE_PAIR_LAUNCH
 
 }  // namespace fa3
 }  // namespace flashattn

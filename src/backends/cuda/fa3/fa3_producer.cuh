@@ -57,10 +57,11 @@ __device__ __forceinline__ void produce(const Params &p, const TileCoords &c, co
             const int32_t qrow = q_row_coord(p, c);
             tma_tile<Tr>(smem, Tr::kQPage, tm_q, &bars->q_full, qrow, c.head, bq);
         }
-        unsigned char *v_dst = smem + Tr::kVOffset + st * Tr::kKVBytes;
+        using V = VSide<Tr>;  // V's own width where the traits have one (kDV)
+        unsigned char *v_dst = smem + Tr::kVOffset + st * V::kVBytes;
         cuda::mbar_wait(&bars->v_empty[st], ph ^ 1u);
-        cuda::mbar_arrive_expect_tx(&bars->v_full[st], Tr::kKVBytes);
-        tma_tile<Tr>(v_dst, Tr::kKVPage, tm_v, &bars->v_full[st], krow, kvh, bq);
+        cuda::mbar_arrive_expect_tx(&bars->v_full[st], V::kVBytes);
+        tma_tile<V>(v_dst, Tr::kKVPage, tm_v, &bars->v_full[st], krow, kvh, bq);
     }
     pipe.kv += n_tiles;
     pipe.q += 1;

@@ -10,30 +10,48 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backends/cuda/fa3/fa3_config.h"
 
 namespace flashattn {
 namespace fa3 {
 
-template <int kD_, int kBN_>
+template <int kD_, int kBN_, int kDV_ = kD_>
 struct Traits {
-    static constexpr int kD = kD_;    // padded head dim, a multiple of 64
+    static constexpr int kD = kD_;    // padded head dim of Q and K, a multiple of 64
     static constexpr int kBN = kBN_;  // keys per tile
     static constexpr int kPages = kD / 64;       // 64-column swizzle pages per row
+    static constexpr int kDV = kDV_;             // padded width of V and O, a multiple of 64
+    static constexpr int kVPages = kDV / 64;     // ... pages per V row
     static constexpr int kQPage = kBlockM * 128;  // bytes of one page of the Q tile
     static constexpr int kKVPage = kBN * 128;     // ... of a K or V tile
     static constexpr int kQBytes = kPages * kQPage;
-    static constexpr int kKVBytes = kPages * kKVPage;
+    static constexpr int kKVBytes = kPages * kKVPage;  // a K tile (and V's when kDV == kD)
+    static constexpr int kVBytes = kVPages * kKVPage;  // a V tile
     static constexpr int kKOffset = kQBytes;
     static constexpr int kVOffset = kQBytes + kStages * kKVBytes;
-    static constexpr int kBarOffset = kQBytes + 2 * kStages * kKVBytes;
-    static constexpr int kSmemBytes = smem_bytes(TileConfig{kD, kBN});
+    static constexpr int kBarOffset = kVOffset + kStages * kVBytes;
+    static constexpr int kSmemBytes = smem_bytes(TileConfig{kD, kBN, kDV});
     static constexpr int kNT = kBN / 8;   // n8 tiles of S per thread's rows
     static constexpr int kPF = kBN / 16;  // k16 fragments of P
-    static_assert(kD % 64 == 0 && kBN % 16 == 0 && kBN <= 256, "unsupported tile");
+    static_assert(kD % 64 == 0 && kDV % 64 == 0 && kBN % 16 == 0 && kBN <= 256, "unsupported tile");
     static_assert(kKVPage % 1024 == 0, "K/V pages must keep the 1 KB swizzle alignment");
 };
+
+// The V side of a traits class, for the roles shared with kernels whose traits have no V width of
+// their own (V then as wide as K): the traits with kPages and kD of V, kVBytes per V tile.
+template <class Tr, class = void>
+struct VSide : Tr {
+    static constexpr int kVBytes = Tr::kKVBytes;
+};
+template <class Tr>
+struct VSide<Tr, std::void_t<decltype(Tr::kDV)>> : Tr {
+    static constexpr int kPages = Tr::kVPages;
+    static constexpr int kD = Tr::kDV;
+};
+template <class Tr>
+constexpr int kWidthV = VSide<Tr>::kD;  // columns of V and O
 
 // At Traits::kBarOffset in shared memory. "full": the producer's TMA bytes landed (count 1 plus
 // the transaction bytes); "empty": every consumer warp has finished reading the buffer.
