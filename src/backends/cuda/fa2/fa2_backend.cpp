@@ -61,6 +61,9 @@ struct Fa2Plan : BackendPlan {
     int o_part = -1;    // workspace slices of the split partials (when splits > 1)
     int lse_part = -1;
     int rotated_q = -1;  // with a rotary append: Q rotated by the pre-kernel (fa2_append.h)
+    // sm_90+: the kernels after the first of an execute (attention after the append, the combine
+    // after the attention) are programmatic dependent launches (cuda/device/pdl.cuh).
+    bool pdl = false;
     fa2::BwdPlan backward;  // laid out in backward_workspace when the backward can run
 };
 
@@ -156,6 +159,7 @@ flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     plan->variant = variant_for(p, dev.smem_per_block_optin);
     plan->launch = compiled_for(plan->variant.cfg.head_dim).launch;  // a small tile may be a wider head dim
     plan->num_splits = choose_splits(p, plan->variant, dev.sm_count);
+    plan->pdl = dev.cc_major >= 9;
     if (plan->num_splits > 1) add_split_slices(p, plan.get());
     if (p.serving.rotary_dim > 0) plan->rotated_q = plan->workspace.add("fa2 rotated queries", rotated_q_bytes(p));
     if (fa2::backward_unsupported_reason(p, dev).empty())
@@ -205,11 +209,12 @@ flashattn_status_t fa2_execute(const Problem &p, const BackendPlan &base_plan, c
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);
     if (p.serving.appends()) FLASHATTN_TRY(enqueue_append(p, plan, t, stream, &k));
     if (no_queries) return FLASHATTN_SUCCESS;
+    k.launch_pdl = plan.pdl && p.serving.appends() ? 1 : 0;
     cudaError_t err = plan.launch(k, bf16, plan.variant.small, stream);
     if (err != cudaSuccess) return cuda_fail(err, "fa2 forward kernel setup");
     FLASHATTN_TRY(check_launch("fa2 forward kernel"));
     if (plan.num_splits > 1) {
-        err = fa2::launch_merge(k, bf16, stream);
+        err = fa2::launch_merge(k, bf16, plan.pdl, stream);
         if (err != cudaSuccess) return cuda_fail(err, "fa2 split-KV combine");
         FLASHATTN_TRY(check_launch("fa2 split-KV combine kernel"));
     }
