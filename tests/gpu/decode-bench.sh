@@ -4,7 +4,8 @@
 # contiguous caches and pages of 16 and 256, a sweep of FLASHATTN_I64_NUM_SPLITS at batch 1, the
 # append + rotary step, bench/compare_torch.py (PyTorch flash and cuDNN) on the same grid, and
 # per-kernel times from ncu at batch 1 / 32k keys. Logs and tables go to $OUT.
-# Env: STAGES (default "grid splits append torch ncu"), SPLITS (the sweep's values).
+# Env: STAGES (default "grid splits append torch ncu"), SPLITS (the sweep's values, 0 = auto),
+# SPLIT_BATCH and SPLIT_SEQLEN (its shapes).
 set -uo pipefail
 out=${OUT:-/tmp/decode-out}
 build=${BUILD_DIR:-/tmp/fa-build}
@@ -22,7 +23,8 @@ for stage in ${STAGES:-grid splits append torch ncu}; do
       done ;;
     splits)
       for s in ${SPLITS:-16 33 48 66 99 128}; do
-        "$bench" "${common[@]}" --decode-batch 1 --decode-seqlen 32768,131072 --num-splits $s > "$out/splits-$s.txt" 2>&1
+        "$bench" "${common[@]}" --decode-batch ${SPLIT_BATCH:-1} --decode-seqlen ${SPLIT_SEQLEN:-32768,131072} \
+          --num-splits $s > "$out/splits-$s.txt" 2>&1
         echo "== splits $s rc=$?"; grep -E '^\| [0-9]' "$out/splits-$s.txt"
       done ;;
     append)
