@@ -40,6 +40,8 @@ struct Options {
     // of its grid (empty: the default batches, kv heads and key counts).
     int64_t page_size = 0;
     std::vector<int64_t> decode_batches, decode_kv_heads, decode_seqlens;
+    int64_t num_splits = 0;      // --num-splits: FLASHATTN_I64_NUM_SPLITS of every decode plan (0: auto)
+    bool append_rotary = false;  // --append-rotary: each decode step also appends its K/V row with rotary
     std::string markdown;       // also write the tables to this file
     std::string json;           // also write one record per measurement to this file (bench/README.md)
 };

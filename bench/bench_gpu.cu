@@ -538,6 +538,8 @@ struct Problem {
     flashattn_dtype_t dtype;
     bool causal;
     int64_t page = 0;  // paged K/V: keys per page (sk a multiple of it), else 0
+    int64_t splits = 0;   // FLASHATTN_I64_NUM_SPLITS (0: auto)
+    bool append = false;  // decode step with an append of one K/V row and rotary (Buffers::seqused ...)
 };
 
 flashattn_status_t make_plan(flashattn_backend_t be, const Problem &p, int device, flashattn_plan_t **out,
@@ -563,6 +565,12 @@ flashattn_status_t make_plan(flashattn_backend_t be, const Problem &p, int devic
         set(FLASHATTN_I64_PAGE_SIZE, p.page);
         set(FLASHATTN_I64_NUM_PAGES, p.b * p.sk / p.page);
     }
+    if (p.splits > 0) set(FLASHATTN_I64_NUM_SPLITS, p.splits);
+    if (p.append) {  // the cache holds sk - 1 keys; the step appends the sk-th with a full-width rotary
+        set(FLASHATTN_I64_SEQUSED_K, 1);
+        set(FLASHATTN_I64_NEW_KV_ROWS, 1);
+        set(FLASHATTN_I64_ROTARY_DIM, p.d);
+    }
     if (st == FLASHATTN_SUCCESS) st = flashattn_plan_finalize(plan);
     if (st == FLASHATTN_SUCCESS) st = flashattn_plan_get_workspace_size(plan, ws_bytes);
     if (st != FLASHATTN_SUCCESS) {
@@ -582,6 +590,7 @@ struct Buffers {
     DevBuf s, p;                     // baseline scores and probabilities
     DevBuf workspace;
     DevBuf table;  // paged decode: int32 [b][sk / page], a random permutation of the pages
+    DevBuf seqused, k_new, v_new, cos, sin;  // --append-rotary: int32 [b] = sk - 1, [b, 1, hkv, d], fp32 [sk, d/2]
 };
 
 // The unfused baseline on buffers qt/kt/vt (set 0). S is fp32, P the input dtype.
@@ -706,7 +715,7 @@ Cell run_gen(Gpu &g, const Options &opt, flashattn_backend_t be, const Problem &
     const size_t sets = bf.q.size();
     const size_t o_bytes = static_cast<size_t>(p.b * p.sq * p.hq * p.d) * elem_size(p.dtype);
     flashattn_args_t *args = nullptr;  // paged: the execute-arguments call (page table)
-    if (p.page > 0 && flashattn_args_create(&args) != FLASHATTN_SUCCESS) fatal("flashattn_args_create failed");
+    if ((p.page > 0 || p.append) && flashattn_args_create(&args) != FLASHATTN_SUCCESS) fatal("flashattn_args_create failed");
     auto launch = [&](int run) -> std::string {
         const size_t s = static_cast<size_t>(run) % sets;
         flashattn_status_t e;
@@ -716,7 +725,14 @@ Cell run_gen(Gpu &g, const Options &opt, flashattn_backend_t be, const Problem &
             flashattn_args_set(args, FLASHATTN_ARG_V, bf.v[s].ptr);
             flashattn_args_set(args, FLASHATTN_ARG_O, bf.o.ptr);
             flashattn_args_set(args, FLASHATTN_ARG_LSE, lse);
-            flashattn_args_set(args, FLASHATTN_ARG_PAGE_TABLE, bf.table.ptr);
+            if (p.page > 0) flashattn_args_set(args, FLASHATTN_ARG_PAGE_TABLE, bf.table.ptr);
+            if (p.append) {
+                flashattn_args_set(args, FLASHATTN_ARG_SEQUSED_K, bf.seqused.ptr);
+                flashattn_args_set(args, FLASHATTN_ARG_K_NEW, bf.k_new.ptr);
+                flashattn_args_set(args, FLASHATTN_ARG_V_NEW, bf.v_new.ptr);
+                flashattn_args_set(args, FLASHATTN_ARG_ROTARY_COS, bf.cos.ptr);
+                flashattn_args_set(args, FLASHATTN_ARG_ROTARY_SIN, bf.sin.ptr);
+            }
             e = flashattn_plan_execute_args(plan, args, bf.workspace.ptr, ws, reinterpret_cast<flashattn_stream_t>(g.stream));
         } else {
             e = flashattn_plan_execute(plan, bf.q[s].ptr, bf.k[s].ptr, bf.v[s].ptr, bf.o.ptr, lse, bf.workspace.ptr, ws,
@@ -1047,6 +1063,10 @@ void run_decode(Gpu &g, const Options &opt, const std::vector<flashattn_backend_
                                "page table): time µs and GB/s = bytes of K and V / time",
                                static_cast<long long>(page))
                       : std::string("## Decode (seqlen_q = 1), bf16, head dim 128: time µs and GB/s = bytes of K and V / time"));
+    if (opt.num_splits > 0) rep.line(format("Split-KV forced: FLASHATTN_I64_NUM_SPLITS = %lld.", static_cast<long long>(opt.num_splits)));
+    if (opt.append_rotary)
+        rep.line("Each step appends one K/V row per sequence (seqused_k = seqlen_k - 1) with a rotary embedding over "
+                 "the whole head dim, then attends over seqlen_k keys (no reference check).");
     rep.line("");
     rep.line(format("Inputs rotate among enough K/V sets to exceed 3x the %.0f MB L2 (`sets` column); "
                     "shapes whose K+V exceed %.0f GB are skipped. The standard baseline reads one set (copies in "
@@ -1079,7 +1099,7 @@ void run_decode(Gpu &g, const Options &opt, const std::vector<flashattn_backend_
             for (int64_t sk : pick(opt.decode_seqlens, {8192, 32768, 131072})) {
                 const int64_t hq = 32;
                 if (hq % hkv != 0 || (page > 0 && sk % page != 0)) continue;
-                const Problem p{b, 1, sk, hq, hkv, d, dt, false, page};
+                const Problem p{b, 1, sk, hq, hkv, d, dt, false, page, opt.num_splits, opt.append_rotary};
                 const size_t kv_elems = static_cast<size_t>(b * sk * hkv * d);
                 const size_t kv_bytes = 2 * kv_elems * 2;
                 const std::string where = format("decode b %lld h %lld/%lld sk %lld", static_cast<long long>(b),
@@ -1131,8 +1151,29 @@ void run_decode(Gpu &g, const Options &opt, const std::vector<flashattn_backend_
                     bf.table.alloc(table.size() * 4);
                     CK(cudaMemcpy(bf.table.ptr, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
                 }
+                if (p.append) {  // appending row sk - 1 (every set's last key is overwritten: no reference)
+                    std::vector<int32_t> used(static_cast<size_t>(b), static_cast<int32_t>(sk - 1));
+                    bf.seqused.alloc(used.size() * 4);
+                    CK(cudaMemcpy(bf.seqused.ptr, used.data(), used.size() * 4, cudaMemcpyHostToDevice));
+                    const size_t new_elems = static_cast<size_t>(b * hkv * d);
+                    bf.k_new.alloc(new_elems * 2);
+                    bf.v_new.alloc(new_elems * 2);
+                    fill_normal(g, bf.k_new.ptr, new_elems, dt, seed++);
+                    fill_normal(g, bf.v_new.ptr, new_elems, dt, seed++);
+                    std::vector<float> cs(static_cast<size_t>(sk * d / 2)), sn(cs.size());
+                    for (int64_t t = 0; t < sk; ++t)
+                        for (int64_t i = 0; i < d / 2; ++i) {
+                            const double ang = static_cast<double>(t) * std::pow(10000.0, -2.0 * i / d);
+                            cs[t * (d / 2) + i] = static_cast<float>(std::cos(ang));
+                            sn[t * (d / 2) + i] = static_cast<float>(std::sin(ang));
+                        }
+                    bf.cos.alloc(cs.size() * 4);
+                    bf.sin.alloc(sn.size() * 4);
+                    CK(cudaMemcpy(bf.cos.ptr, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
+                    CK(cudaMemcpy(bf.sin.ptr, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice));
+                }
                 Cell stdc;
-                if (want_std) {
+                if (want_std && !p.append) {
                     bf.qt.alloc(q_elems * 2);
                     bf.kt.alloc(kv_elems * 2);
                     bf.vt.alloc(kv_elems * 2);

@@ -463,7 +463,7 @@ def decode_table(bench, lib, gens, out_lines, notes):
     emit(out_lines, "")
     emit(out_lines, "| " + " | ".join(head) + " |")
     emit(out_lines, "|" + "---|" * len(head))
-    for hkv in (8, 32):
+    for hkv in args.decode_kv_heads:
         for b in args.decode_batch:
             for sk in args.decode_seqlen:
                 kv_bytes = 2 * b * sk * hkv * d * 2
@@ -570,6 +570,8 @@ def main():
                     help="wall-clock budget; later cells are skipped (default 240)")
     ap.add_argument("--max-decode-gb", type=float, default=40.0)
     ap.add_argument("--decode-batch", default="1,8,32", type=parse_list, help="decode batches (default 1,8,32)")
+    ap.add_argument("--decode-kv-heads", default="8,32", type=parse_list,
+                    help="decode key/value heads, of 32 query heads (default 8,32)")
     ap.add_argument("--decode-seqlen", default="8192,32768,131072", type=parse_list,
                     help="decode seqlen_k values (default 8192,32768,131072)")
     ap.add_argument("--hidden", type=int, default=2048, help="grid: heads = hidden/hdim (default 2048)")

@@ -218,6 +218,9 @@ const (
 	OutputDType        I64Param = C.FLASHATTN_I64_OUTPUT_DTYPE
 	DescaleBatchStride I64Param = C.FLASHATTN_I64_DESCALE_BATCH_STRIDE
 	DescaleHeadStride  I64Param = C.FLASHATTN_I64_DESCALE_HEAD_STRIDE
+	// Split-KV parts (since 0.3): 0 = auto (default) to 128; after Finalize, the number the plan
+	// runs (1 on backends without split-KV).
+	NumSplits I64Param = C.FLASHATTN_I64_NUM_SPLITS
 )
 
 // MaskAlign is a flashattn_mask_align_t (since 0.3): where query i's diagonal key lies.

@@ -173,3 +173,40 @@ func TestServingBadSequsedWritesNothing(t *testing.T) {
 		}
 	}
 }
+
+// NumSplits (since 0.3): 0..128; before Finalize what was set, after it the plan's count (the CPU
+// backend has no split-KV: 1).
+func TestNumSplitsKey(t *testing.T) {
+	p, err := NewPlan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for _, kv := range [][2]int64{{int64(Batch), 1}, {int64(SeqlenQ), 1}, {int64(SeqlenK), 300}, {int64(HeadsQ), 4},
+		{int64(HeadsKV), 1}, {int64(HeadDim), 16}, {int64(Dtype), int64(FP32)}, {int64(BackendParam), int64(BackendCPU)}} {
+		if err := p.SetI64(I64Param(kv[0]), kv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v, err := p.GetI64(NumSplits); err != nil || v != 0 {
+		t.Fatalf("NumSplits before setting = %d, %v; want 0", v, err)
+	}
+	for _, bad := range []int64{-1, 129} {
+		err := p.SetI64(NumSplits, bad)
+		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "FLASHATTN_I64_NUM_SPLITS") {
+			t.Fatalf("NumSplits = %d: %v", bad, err)
+		}
+	}
+	if err := p.SetI64(NumSplits, 7); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := p.GetI64(NumSplits); v != 7 {
+		t.Fatalf("NumSplits before Finalize = %d, want 7", v)
+	}
+	if err := p.Finalize(); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := p.GetI64(NumSplits); v != 1 {
+		t.Fatalf("NumSplits after Finalize on the CPU = %d, want 1", v)
+	}
+}

@@ -162,7 +162,15 @@ typedef enum flashattn_i64_param {
     FLASHATTN_I64_DESCALE_BATCH_STRIDE = 65,
     /** FP8 plans: fp32 elements between key/value heads in each descale array; 0 or more. Default 1.
      * Only FP8 plans may set it. Since 0.3. */
-    FLASHATTN_I64_DESCALE_HEAD_STRIDE = 66
+    FLASHATTN_I64_DESCALE_HEAD_STRIDE = 66,
+    /** Split-KV: the number of parts the keys of each (sequence, head) are cut into, run as
+     * separate CTAs and merged by a second kernel (decode and other few-query problems). 0 = auto
+     * (default): the backend picks it from the shape and the SM count. 1 to 128: that many, where
+     * the backend has split-KV (fa2); it uses fewer when there are fewer key tiles (or, with a large
+     * batch, at most 65535 / batch). Backends without split-KV (cpu, fa1, fa3) run unsplit. After
+     * finalize, flashattn_plan_get_i64() returns the number the plan runs (1: unsplit). Meant for
+     * tests and tuning; results differ from the unsplit ones by rounding only. Since 0.3. */
+    FLASHATTN_I64_NUM_SPLITS = 70
 } flashattn_i64_param_t;
 
 /**

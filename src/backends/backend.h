@@ -23,6 +23,7 @@ struct BackendPlan {
     virtual ~BackendPlan() = default;
     WorkspaceLayout workspace;           // checked by the C boundary before execute runs
     WorkspaceLayout backward_workspace;  // the same for execute_backward (empty without one)
+    int num_splits = 1;                  // split-KV parts the forward runs (FLASHATTN_I64_NUM_SPLITS after finalize)
 };
 
 struct Backend {

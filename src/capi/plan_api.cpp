@@ -173,6 +173,7 @@ FLASHATTN_API flashattn_status_t flashattn_plan_get_i64(const flashattn_plan_t *
             case FLASHATTN_I64_V_NEW_HEAD_STRIDE: *value = p.serving.v_new.head; break;
             case FLASHATTN_I64_ROTARY_DIM: *value = p.serving.rotary_dim; break;
             case FLASHATTN_I64_ROTARY_INTERLEAVED: *value = p.serving.rotary_interleaved; break;
+            case FLASHATTN_I64_NUM_SPLITS: *value = plan->backend_plan->num_splits; break;
         }
         return FLASHATTN_SUCCESS;
     });

@@ -45,6 +45,18 @@ const KeyInfo *fp8_key_info(int key) {
     return &table[index];
 }
 
+// The decode keys (70..74, since 0.3).
+constexpr int kFirstDecodeKey = FLASHATTN_I64_NUM_SPLITS;
+constexpr int64_t kMaxNumSplits = 128;  // the split-KV combine reduces at most 128 partials
+const KeyInfo *decode_key_info(int key) {
+    static const KeyInfo table[] = {
+        /* NUM_SPLITS */ {"FLASHATTN_I64_NUM_SPLITS", 0, kMaxNumSplits, 0},
+    };
+    const int index = key - kFirstDecodeKey;
+    if (index < 0 || index >= static_cast<int>(sizeof table / sizeof table[0]) || key >= kMaxI64Key) return nullptr;
+    return &table[index];
+}
+
 // Indexed by key value; entries with a null name are not keys.
 const KeyInfo *key_info(int key) {
     static const KeyInfo table[kFirstVariantKey] = {
@@ -109,6 +121,7 @@ const KeyInfo *key_info(int key) {
         /* ROTARY_DIM */ {"FLASHATTN_I64_ROTARY_DIM", 0, 256, 0},
         /* ROTARY_INTERLEAVED */ {"FLASHATTN_I64_ROTARY_INTERLEAVED", 0, 1, 0},
     };
+    if (key >= kFirstDecodeKey) return decode_key_info(key);
     if (key >= kFirstFp8Key) return fp8_key_info(key);
     if (key >= kFirstVariantKey) return variant_key_info(key);
     if (key < 0 || table[key].name == nullptr) return nullptr;

@@ -8,7 +8,7 @@
 
 namespace flashattn {
 
-constexpr int kMaxI64Key = 70;  // one past the largest flashattn_i64_param_t value (keys up to 69 allocated)
+constexpr int kMaxI64Key = 75;  // one past the largest flashattn_i64_param_t value (keys up to 74 allocated)
 
 struct PlanParams {
     int64_t i64[kMaxI64Key] = {};

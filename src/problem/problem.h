@@ -62,6 +62,7 @@ struct Problem {
     Strides q, k, v, o;
     Strides dout, dq, dk, dv;  // backward: the layouts of O, Q, K, V with their own strides
     bool deterministic = false;  // backward: reduce in a fixed order (bitwise-reproducible)
+    int64_t num_splits = 0;      // FLASHATTN_I64_NUM_SPLITS: split-KV parts asked for (0: the backend decides)
     Serving serving;
     TensorExtents extents;  // resolved once: what every execute's overlap checks read
     int32_t device = 0;

@@ -281,6 +281,7 @@ flashattn_status_t resolve_problem(const PlanParams &params, Problem *out) {
     };
     for (const auto &t : tensors) FLASHATTN_TRY(resolve_strides(params, t.keys, t.rows, t.heads, t.dim, t.out));
     p.deterministic = params.get(FLASHATTN_I64_DETERMINISTIC, 0) != 0;
+    p.num_splits = params.get(FLASHATTN_I64_NUM_SPLITS, 0);
     resolve_variants(params, &p);
     FLASHATTN_TRY(resolve_fp8(params, &p));
     FLASHATTN_TRY(resolve_append(params, &p));

@@ -13,7 +13,10 @@
  *     of one fails;
  *   - "rotate, write, then attend": a second plan without the append, over the caches the first
  *     call wrote and the Q rotated by the test, gives bitwise the same O and LSE;
- *   - paged = contiguous: the same keys gathered into a contiguous cache give bitwise the same O.
+ *   - paged = contiguous: the same keys gathered into a contiguous cache give bitwise the same O;
+ *   - split-KV forced (FLASHATTN_I64_NUM_SPLITS 2, 3 and 128) on the few-query cases: every element
+ *     against the reference again, and the number of splits the plan reports (1 without split-KV).
+ * A last test checks the key's range and what get_i64 reports before and after finalize.
  * GPU backends that lack a feature must refuse it at finalize with NOT_SUPPORTED naming its key. */
 #include <math.h>
 #include <stdio.h>
@@ -386,7 +389,7 @@ typedef enum plan_kind { FUSED, ATTEND_ONLY, CONTIGUOUS } plan_kind;
 /* seqused_k: the case's, or (after an append) the lengths the caller advanced. */
 static int uses_seqused(const serving_case *c, plan_kind kind) { return c->seqused || (kind != FUSED && c->new_rows > 0); }
 
-static flashattn_status_t set_plan(flashattn_plan_t *plan, const case_data *d, plan_kind kind) {
+static flashattn_status_t set_plan_splits(flashattn_plan_t *plan, const case_data *d, plan_kind kind, int64_t splits) {
     const serving_case *c = d->c;
     const int paged = c->page_size > 0 && kind != CONTIGUOUS;
     const int seqused = uses_seqused(c, kind);
@@ -445,12 +448,17 @@ static flashattn_status_t set_plan(flashattn_plan_t *plan, const case_data *d, p
             KEY(FLASHATTN_I64_ROTARY_INTERLEAVED, c->interleaved);
         }
     }
+    if (splits > 0) KEY(FLASHATTN_I64_NUM_SPLITS, splits);
 #undef KEY
     for (i = 0; i < n; ++i) {
         const flashattn_status_t st = flashattn_plan_set_i64(plan, kv[i].key, kv[i].value);
         if (st != FLASHATTN_SUCCESS) return st;
     }
     return flashattn_plan_finalize(plan);
+}
+
+static flashattn_status_t set_plan(flashattn_plan_t *plan, const case_data *d, plan_kind kind) {
+    return set_plan_splits(plan, d, kind, 0);
 }
 
 /* A buffer holding `src`, or (src NULL: an output) the NaN poison of `dt`. */
@@ -685,14 +693,85 @@ static void run_case(void **state) {
         test_mem_free(&vc);
     }
 
+    /* 4. split-KV forced (few queries: the decode-like cases) over the same keys: the reference again */
+    if (c->seqlen_q <= 9) {
+        static const int64_t asked[] = {2, 3, 128};
+        const plan_kind kind = c->new_rows > 0 ? ATTEND_ONLY : FUSED; /* FUSED without an append: same inputs */
+        size_t a;
+        for (b = 0; b < c->batch; ++b) seqused[b] = (int32_t)(c->new_rows > 0 ? d.len[b] : d.used[b]);
+        for (a = 0; a < sizeof asked / sizeof asked[0]; ++a) {
+            int64_t got = -1;
+            assert_int_equal(flashattn_plan_create(&plan), FLASHATTN_SUCCESS);
+            assert_int_equal(set_plan_splits(plan, &d, kind, asked[a]), FLASHATTN_SUCCESS);
+            assert_int_equal(flashattn_plan_get_i64(plan, FLASHATTN_I64_NUM_SPLITS, &got), FLASHATTN_SUCCESS);
+            if (TEST_BACKEND == FLASHATTN_BACKEND_FA2) {
+                if (got < 1 || got > asked[a]) fail_msg("NUM_SPLITS %lld asked, the plan runs %lld", (long long)asked[a], (long long)got);
+                if (asked[a] <= 3 && c->seqlen_k >= 512 && got != asked[a])
+                    fail_msg("NUM_SPLITS %lld asked with %lld keys, the plan runs %lld", (long long)asked[a],
+                             (long long)c->seqlen_k, (long long)got);
+            } else if (got != 1) {
+                fail_msg("a backend without split-KV reports NUM_SPLITS = %lld", (long long)got);
+            }
+            st = run_plan(plan, &d, kind, &k, &v, kind == FUSED ? d.q_host : d.q_rot_host, seqused, o2, lse2);
+            if (st != FLASHATTN_SUCCESS) fail_msg("execute (%lld splits): %s", (long long)got, flashattn_last_error());
+            check_outputs(&d, o2, lse2, oref, lref);
+            flashattn_plan_destroy(plan);
+        }
+    }
+
     test_mem_free(&k);
     test_mem_free(&v);
     free(o), free(o2), free(lse), free(lse2), free(oref), free(lref), free(seqused);
     data_free(&d);
 }
 
+/* FLASHATTN_I64_NUM_SPLITS: 0 (auto) to 128; before finalize get_i64 returns what was set, after
+ * it the number of parts the plan runs (fa2: the one split-KV backend, at most one per key tile). */
+static void num_splits_key(void **state) {
+    static const test_key_value decode[] = {
+        {FLASHATTN_I64_BATCH, 1},    {FLASHATTN_I64_SEQLEN_Q, 1},  {FLASHATTN_I64_SEQLEN_K, 1000},
+        {FLASHATTN_I64_HEADS_Q, 8},  {FLASHATTN_I64_HEADS_KV, 2},  {FLASHATTN_I64_HEAD_DIM, 64},
+        {FLASHATTN_I64_DTYPE, FLASHATTN_DTYPE_FP16}, {FLASHATTN_I64_BACKEND, TEST_BACKEND},
+    };
+    flashattn_plan_t *plan = NULL;
+    flashattn_status_t st;
+    int64_t value = -7;
+    (void)state;
+    assert_int_equal(flashattn_plan_create(&plan), FLASHATTN_SUCCESS);
+    assert_int_equal(flashattn_plan_get_i64(plan, FLASHATTN_I64_NUM_SPLITS, &value), FLASHATTN_SUCCESS);
+    assert_int_equal(value, 0);
+    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_NUM_SPLITS, -1), FLASHATTN_ERROR_INVALID_ARGUMENT);
+    assert_message_mentions("FLASHATTN_I64_NUM_SPLITS");
+    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_NUM_SPLITS, 129), FLASHATTN_ERROR_INVALID_ARGUMENT);
+    assert_message_mentions("FLASHATTN_I64_NUM_SPLITS");
+    assert_int_equal(flashattn_plan_get_i64(plan, FLASHATTN_I64_NUM_SPLITS, &value), FLASHATTN_SUCCESS);
+    assert_int_equal(value, 0); /* the refused values changed nothing */
+    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_NUM_SPLITS, 128), FLASHATTN_SUCCESS);
+    assert_int_equal(flashattn_plan_get_i64(plan, FLASHATTN_I64_NUM_SPLITS, &value), FLASHATTN_SUCCESS);
+    assert_int_equal(value, 128);
+    set_keys_or_fail(plan, decode, sizeof decode / sizeof decode[0]);
+    st = flashattn_plan_finalize(plan);
+    if (st == FLASHATTN_ERROR_NOT_SUPPORTED && TEST_BACKEND != FLASHATTN_BACKEND_CPU) {
+        print_message("decode plan not supported here: %s\n", flashattn_last_error());
+        flashattn_plan_destroy(plan);
+        return;
+    }
+    assert_int_equal(st, FLASHATTN_SUCCESS);
+    assert_int_equal(flashattn_plan_get_i64(plan, FLASHATTN_I64_NUM_SPLITS, &value), FLASHATTN_SUCCESS);
+    if (TEST_BACKEND == FLASHATTN_BACKEND_FA2) {
+        if (value < 2 || value > 16) fail_msg("128 splits asked over 1000 keys: the plan runs %lld", (long long)value);
+    } else {
+        assert_int_equal(value, 1);
+    }
+    assert_status(flashattn_plan_set_i64(plan, FLASHATTN_I64_NUM_SPLITS, 5), FLASHATTN_SUCCESS);
+    assert_status(flashattn_plan_finalize(plan), FLASHATTN_SUCCESS);
+    assert_int_equal(flashattn_plan_get_i64(plan, FLASHATTN_I64_NUM_SPLITS, &value), FLASHATTN_SUCCESS);
+    assert_int_equal(value, TEST_BACKEND == FLASHATTN_BACKEND_FA2 ? 5 : 1);
+    flashattn_plan_destroy(plan);
+}
+
 static char names[NUM_CASES][160];
-static struct CMUnitTest tests[NUM_CASES];
+static struct CMUnitTest tests[NUM_CASES + 1];
 
 static void name_case(char *buf, size_t size, const serving_case *c) {
     snprintf(buf, size, "b%lld_q%lld_k%lld_h%lld-%lld_d%lld_%s%s%s_page%lld%s_new%lld_rot%lld%s%s%s",
@@ -718,5 +797,6 @@ int main(void) {
         tests[n] = test_unit(names[n], run_case, &grid[i]);
         ++n;
     }
+    tests[n++] = test_unit("num_splits_key", num_splits_key, NULL);
     return _cmocka_run_group_tests(test_backend_name(TEST_BACKEND), tests, n, NULL, NULL);
 }

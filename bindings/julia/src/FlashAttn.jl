@@ -116,6 +116,7 @@ const FLASHATTN_I64_ALIBI = flashattn_i64_param_t(63)
 const FLASHATTN_I64_OUTPUT_DTYPE = flashattn_i64_param_t(64)
 const FLASHATTN_I64_DESCALE_BATCH_STRIDE = flashattn_i64_param_t(65)
 const FLASHATTN_I64_DESCALE_HEAD_STRIDE = flashattn_i64_param_t(66)
+const FLASHATTN_I64_NUM_SPLITS = flashattn_i64_param_t(70)
 
 const flashattn_mask_align_t = Cint
 const FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT = flashattn_mask_align_t(0)
@@ -382,7 +383,7 @@ const I64_KEYS = Dict{Symbol,flashattn_i64_param_t}(
     :mask_align => FLASHATTN_I64_MASK_ALIGN, :sink_tokens => FLASHATTN_I64_SINK_TOKENS,
     :sink_logits => FLASHATTN_I64_SINK_LOGITS, :alibi => FLASHATTN_I64_ALIBI,
     :output_dtype => FLASHATTN_I64_OUTPUT_DTYPE, :descale_batch_stride => FLASHATTN_I64_DESCALE_BATCH_STRIDE,
-    :descale_head_stride => FLASHATTN_I64_DESCALE_HEAD_STRIDE)
+    :descale_head_stride => FLASHATTN_I64_DESCALE_HEAD_STRIDE, :num_splits => FLASHATTN_I64_NUM_SPLITS)
 const F64_KEYS = Dict{Symbol,flashattn_f64_param_t}(
     :softmax_scale => FLASHATTN_F64_SOFTMAX_SCALE, :scale => FLASHATTN_F64_SOFTMAX_SCALE,
     :softcap => FLASHATTN_F64_SOFTCAP)

@@ -102,6 +102,7 @@ class I64(enum.IntEnum):
     OUTPUT_DTYPE = 64  # since 0.3: FP8 inputs
     DESCALE_BATCH_STRIDE = 65
     DESCALE_HEAD_STRIDE = 66
+    NUM_SPLITS = 70  # since 0.3: split-KV parts (0 = auto; after finalize: what the plan runs)
 
 
 class MaskAlign(enum.IntEnum):

@@ -115,3 +115,18 @@ def test_errors_write_nothing(rng):
             plan.execute(c["q"], c["k_cache"], c["v_cache"], o)
         assert (o == 7.0).all()
         np.testing.assert_array_equal(np.isnan(c["k_cache"]), np.isnan(k_before))
+
+
+def test_num_splits_key():
+    """I64.NUM_SPLITS (since 0.3): 0..128, what was set before finalize, the plan's count after it
+    (the CPU backend has no split-KV: 1)."""
+    with flashattn.Plan(batch=1, seqlen_q=1, seqlen_k=300, heads_q=4, heads_kv=1, head_dim=16, dtype="fp32",
+                        backend="cpu") as plan:
+        assert plan.get_i64(I64.NUM_SPLITS) == 0
+        for bad in (-1, 129):
+            with pytest.raises(flashattn.InvalidArgumentError, match="FLASHATTN_I64_NUM_SPLITS"):
+                plan.set_i64(I64.NUM_SPLITS, bad)
+        plan.set_i64(I64.NUM_SPLITS, 7)
+        assert plan.get_i64(I64.NUM_SPLITS) == 7
+        plan.finalize()
+        assert plan.get_i64(I64.NUM_SPLITS) == 1

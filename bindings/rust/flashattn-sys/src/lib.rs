@@ -105,6 +105,7 @@ pub const FLASHATTN_I64_ALIBI: flashattn_i64_param_t = 63;
 pub const FLASHATTN_I64_OUTPUT_DTYPE: flashattn_i64_param_t = 64;
 pub const FLASHATTN_I64_DESCALE_BATCH_STRIDE: flashattn_i64_param_t = 65;
 pub const FLASHATTN_I64_DESCALE_HEAD_STRIDE: flashattn_i64_param_t = 66;
+pub const FLASHATTN_I64_NUM_SPLITS: flashattn_i64_param_t = 70;
 
 pub type flashattn_mask_align_t = c_int;
 pub const FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT: flashattn_mask_align_t = 0;

@@ -261,6 +261,9 @@ pub enum I64Param {
     DescaleBatchStride = sys::FLASHATTN_I64_DESCALE_BATCH_STRIDE,
     /// FP8 plans: f32 elements between key/value heads in each descale array (default 1) (since 0.3).
     DescaleHeadStride = sys::FLASHATTN_I64_DESCALE_HEAD_STRIDE,
+    /// Split-KV parts, 0 (auto, default) to 128; after finalize, the number the plan runs (1 on
+    /// backends without split-KV) (since 0.3).
+    NumSplits = sys::FLASHATTN_I64_NUM_SPLITS,
 }
 
 /// The tensors of [`Plan::execute_args`] (`flashattn_arg_t`, since 0.3).

@@ -144,3 +144,25 @@ impl Case {
         (self.k.clone(), self.seqused.clone())
     }
 }
+
+// I64Param::NumSplits (since 0.3): 0..=128; before finalize what was set, after it the plan's
+// count (the CPU backend has no split-KV: 1).
+#[test]
+fn num_splits_key() {
+    let mut p = Plan::with(&[
+        (I64Param::Batch, 1), (I64Param::SeqlenQ, 1), (I64Param::SeqlenK, 300), (I64Param::HeadsQ, 4),
+        (I64Param::HeadsKv, 1), (I64Param::HeadDim, 16), (I64Param::Dtype, DType::Fp32.raw() as i64),
+        (I64Param::Backend, Backend::Cpu.raw() as i64),
+    ])
+    .unwrap();
+    assert_eq!(p.get_i64(I64Param::NumSplits).unwrap(), 0);
+    for bad in [-1i64, 129] {
+        let err = p.set_i64(I64Param::NumSplits, bad).err().unwrap();
+        assert_eq!(err.status, Status::InvalidArgument);
+        assert!(err.message.contains("FLASHATTN_I64_NUM_SPLITS"), "{}", err.message);
+    }
+    p.set_i64(I64Param::NumSplits, 7).unwrap();
+    assert_eq!(p.get_i64(I64Param::NumSplits).unwrap(), 7);
+    p.finalize().unwrap();
+    assert_eq!(p.get_i64(I64Param::NumSplits).unwrap(), 1);
+}

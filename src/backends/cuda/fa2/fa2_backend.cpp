@@ -57,10 +57,13 @@ struct Variant {
 struct Fa2Plan : BackendPlan {
     Variant variant;
     fa2::LaunchFwd launch = nullptr;
-    int splits = 1;     // split-KV factor; > 1 adds the two partial slices and the combine kernel
+    // num_splits (BackendPlan): the split-KV factor; > 1 adds the two partial slices and the combine
     int o_part = -1;    // workspace slices of the split partials (when splits > 1)
     int lse_part = -1;
     int rotated_q = -1;  // with a rotary append: Q rotated by the pre-kernel (fa2_append.h)
+    // sm_90+: the kernels after the first of an execute (attention after the append, the combine
+    // after the attention) are programmatic dependent launches (cuda/device/pdl.cuh).
+    bool pdl = false;
     fa2::BwdPlan backward;  // laid out in backward_workspace when the backward can run
 };
 
@@ -84,7 +87,16 @@ Variant variant_for(const Problem &p, size_t smem_optin) {
     return pl;
 }
 
+// The split-KV factor FLASHATTN_I64_NUM_SPLITS asked for, within what the kernels take: at most
+// kMaxSplits partials, one key tile per split, 65535 grid z.
+int forced_splits(const Problem &p, const Variant &pl) {
+    const int64_t n_tiles = std::max<int64_t>(1, (p.seqlen_k + pl.cfg.block_n - 1) / pl.cfg.block_n);
+    const int64_t limit = std::min<int64_t>({kMaxSplits, n_tiles, 65535 / std::max<int64_t>(p.batch, 1)});
+    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(p.num_splits, limit)));
+}
+
 int choose_splits(const Problem &p, const Variant &pl, int sm_count) {
+    if (p.num_splits > 0) return forced_splits(p, pl);
     if (sm_count <= 0) return 1;
     const int64_t m_blocks = (p.seqlen_q * pl.pack + pl.cfg.block_m - 1) / pl.cfg.block_m;
     const int64_t heads = pl.pack > 1 ? p.heads_kv : p.heads_q;
@@ -136,7 +148,7 @@ std::string fa2_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
 
 // The split partials: [splits][heads_q][rows][head_dim_v] outputs and [splits][heads_q][rows] LSEs.
 void add_split_slices(const Problem &p, Fa2Plan *plan) {
-    const size_t rows = static_cast<size_t>(plan->splits) * static_cast<size_t>(p.heads_q) *
+    const size_t rows = static_cast<size_t>(plan->num_splits) * static_cast<size_t>(p.heads_q) *
                         static_cast<size_t>(p.total_query_rows());
     plan->o_part = plan->workspace.add("fa2 split-KV partial outputs", rows * static_cast<size_t>(p.head_dim_v) * sizeof(float));
     plan->lse_part = plan->workspace.add("fa2 split-KV partial LSE", rows * sizeof(float));
@@ -146,8 +158,9 @@ flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     auto plan = std::make_unique<Fa2Plan>();
     plan->variant = variant_for(p, dev.smem_per_block_optin);
     plan->launch = compiled_for(plan->variant.cfg.head_dim).launch;  // a small tile may be a wider head dim
-    plan->splits = choose_splits(p, plan->variant, dev.sm_count);
-    if (plan->splits > 1) add_split_slices(p, plan.get());
+    plan->num_splits = choose_splits(p, plan->variant, dev.sm_count);
+    plan->pdl = dev.cc_major >= 9;
+    if (plan->num_splits > 1) add_split_slices(p, plan.get());
     if (p.serving.rotary_dim > 0) plan->rotated_q = plan->workspace.add("fa2 rotated queries", rotated_q_bytes(p));
     if (fa2::backward_unsupported_reason(p, dev).empty())
         plan->backward = fa2::plan_backward(p, dev, &plan->backward_workspace);
@@ -180,14 +193,14 @@ flashattn_status_t fa2_execute(const Problem &p, const BackendPlan &base_plan, c
     fa2::Params k;
     fill_tensor_args(p, t, &k);
     k.pack = plan.variant.pack;
-    k.num_splits = plan.splits;
+    k.num_splits = plan.num_splits;
     k.reverse_m = p.causal ? 1 : 0;
     if (p.serving.paged) {
         k.page_table = t.page_table;
         k.page_table_stride = p.serving.page_table_stride;
         k.page_size = static_cast<int32_t>(p.serving.page_size);
     }
-    if (plan.splits > 1) {
+    if (plan.num_splits > 1) {
         k.o_part = plan.workspace.at<float>(t.workspace, plan.o_part);
         k.lse_part = plan.workspace.at<float>(t.workspace, plan.lse_part);
     }
@@ -196,11 +209,12 @@ flashattn_status_t fa2_execute(const Problem &p, const BackendPlan &base_plan, c
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);
     if (p.serving.appends()) FLASHATTN_TRY(enqueue_append(p, plan, t, stream, &k));
     if (no_queries) return FLASHATTN_SUCCESS;
+    k.launch_pdl = plan.pdl && p.serving.appends() ? 1 : 0;
     cudaError_t err = plan.launch(k, bf16, plan.variant.small, stream);
     if (err != cudaSuccess) return cuda_fail(err, "fa2 forward kernel setup");
     FLASHATTN_TRY(check_launch("fa2 forward kernel"));
-    if (plan.splits > 1) {
-        err = fa2::launch_merge(k, bf16, stream);
+    if (plan.num_splits > 1) {
+        err = fa2::launch_merge(k, bf16, plan.pdl, stream);
         if (err != cudaSuccess) return cuda_fail(err, "fa2 split-KV combine");
         FLASHATTN_TRY(check_launch("fa2 split-KV combine kernel"));
     }

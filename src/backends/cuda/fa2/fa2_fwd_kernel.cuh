@@ -29,6 +29,7 @@
 
 #include "backends/cuda/device/mask.cuh"
 #include "backends/cuda/device/online_softmax.cuh"
+#include "backends/cuda/device/pdl.cuh"
 #include "backends/cuda/device/ptx.cuh"
 #include "backends/cuda/device/sink.cuh"
 #include "backends/cuda/fa2/fa2_epilogue.cuh"
@@ -57,6 +58,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const int warp = tid >> 5;
     const int g = lane >> 2;
     const int t = lane & 3;
+
+    // After the serving append (a programmatic dependent launch, cuda/device/pdl.cuh): its cache
+    // rows and rotated Q are visible past this point. The split-KV combine may launch now.
+    cuda::pdl_wait();
+    cuda::pdl_launch_dependents();
 
     const FwdWork work = fwd_work(p);
     const int mblk = work.mblk, hh = work.hh, b = work.b, split = work.split;

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include "backends/cuda/device/pdl.cuh"
 #include "backends/cuda/device/ptx.cuh"
 #include "backends/cuda/fa2/fa2_config.h"
 #include "backends/cuda/fa2/fa2_fwd_kernel.cuh"
@@ -25,8 +26,7 @@ cudaError_t launch_fwd_kernel(const Params &p, cudaStream_t stream) {
     static unsigned long long optin_done = 0;  // one per instantiation of this function
     cudaError_t e = cuda::ensure_smem_optin(kernel, Tr::kSmemBytes, &optin_done);
     if (e != cudaSuccess) return e;
-    kernel<<<fwd_grid<Tr>(p), Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-    return cudaSuccess;
+    return cuda::launch_kernel(p.launch_pdl != 0, kernel, fwd_grid<Tr>(p), dim3(Tr::kThreads), Tr::kSmemBytes, stream, p);
 }
 
 // A paged K/V cache runs its own instantiation of the same tile: a runtime test per key tile cost

@@ -20,6 +20,7 @@ struct Params : TensorArgs {
     int32_t pack = 1;       // pack-GQA: query heads of one kv head share the M dimension (group), else 1
     int32_t num_splits = 1;
     int32_t reverse_m = 0;  // launch the heaviest (last, causal) query tiles first
+    int32_t launch_pdl = 0;  // host only: launch as a programmatic dependent (after the serving append; sm_90+)
 
     // Paged K/V (page_table null otherwise): key t of sequence b is row t % page_size of page
     // page_table[b * page_table_stride + t / page_size]; k_bs / v_bs step between pages. Any page
@@ -37,8 +38,9 @@ using LaunchFwd = cudaError_t (*)(const Params &p, bool bf16, bool small, cudaSt
 FLASHATTN_FA2_HEAD_DIMS(FLASHATTN_FA2_DECLARE_LAUNCH)
 #undef FLASHATTN_FA2_DECLARE_LAUNCH
 
-// Split-KV combine (fa2_merge.cu).
-cudaError_t launch_merge(const Params &p, bool bf16, cudaStream_t s);
+// Split-KV combine (fa2_merge.cu); pdl: launched as a programmatic dependent of the attention
+// kernel (sm_90+, cuda/device/pdl.cuh).
+cudaError_t launch_merge(const Params &p, bool bf16, bool pdl, cudaStream_t s);
 
 // The merge of partial states (fa2_merge.cu): partial s's element (sequence b, row, head, col) at
 // o_part[s] + b*p_bs + row*p_rs + head*p_hs + col (elements of its type), its LSE at
