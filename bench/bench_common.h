@@ -25,6 +25,9 @@ struct Options {
     bool no_standard = false;   // --no-standard: leave the unfused baseline out (GPU)
     bool no_lse = false;        // --no-lse: pass lse = NULL to execute
     bool host_cost = false;     // --host-cost: only the host enqueue time per execute (GPU)
+    bool backward = false;      // --backward: also the backward and forward+backward table
+    bool backward_only = false; // --backward-only: the backward table alone (GPU: no forward grid, no decode)
+    bool deterministic = false; // --deterministic: also time the backward with FLASHATTN_I64_DETERMINISTIC = 1
     int warmup = -1;            // -1: default of the benchmark (CPU 1, GPU 3)
     int reps = -1;              // -1: default of the benchmark (CPU 5, GPU 10)
     // CPU benchmark shape.
@@ -50,7 +53,8 @@ struct Options {
 // ("flashattn-bench-results/1") is documented in bench/README.md; bench/compare_torch.py writes the
 // same. NaN numbers are written as null.
 struct Record {
-    std::string kind;         // "prefill", "decode", "cpu" or "copy" (the device's copy bandwidth)
+    std::string kind;         // "prefill", "decode", "cpu" or "copy" (the device's copy bandwidth);
+                              // --backward: "backward", "fwd-bwd", "cpu-backward", "cpu-fwd-bwd"
     std::string backend;      // fa1, fa2, fa3, cpu, naive, standard, memcpy (compare_torch: torch-flash, ...)
     std::string dtype;        // bf16, fp16, fp32 ("" for copy)
     int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
@@ -62,6 +66,7 @@ struct Record {
     double bytes = std::nan("");   // the bytes behind gbps
     bool reduced = false;       // the first run took over 1 s: median of 3 after 1 warm-up
     std::string note;           // why a cell is not "ok"
+    bool deterministic = false; // backward kinds: run with FLASHATTN_I64_DETERMINISTIC = 1
 };
 
 
@@ -96,6 +101,20 @@ const char *dtype_name(flashattn_dtype_t dt);
 std::string lib_error(flashattn_status_t st);
 // Attention FLOPs as the FlashAttention papers count them: 4*b*h*sq*sk*d, halved when causal.
 double attention_flops(int64_t b, int64_t h, int64_t sq, int64_t sk, int64_t d, bool causal);
+// FLOPs of the backward pass and of forward + backward as FlashAttention counts them: 2.5x and
+// 3.5x the forward's (the backward's five matrix products against the forward's two).
+constexpr double kBackwardFlopsFactor = 2.5;
+constexpr double kFwdBwdFlopsFactor = 3.5;
+
+// The keys every benchmark's plan sets. create_shaped_plan creates a plan with them (not yet
+// finalized); on a failure it destroys the plan, leaves *out NULL and returns the status.
+struct PlanKeys {
+    int64_t b, sq, sk, hq, hkv, d;
+    flashattn_dtype_t dtype;
+    bool causal;
+    flashattn_backend_t backend;
+};
+flashattn_status_t create_shaped_plan(const PlanKeys &keys, flashattn_plan_t **out);
 
 int run_cpu(const Options &opt);
 int run_gpu(const Options &opt);  // only when built with CUDA; otherwise reports that and fails

@@ -122,27 +122,94 @@ bool has_avx2_fma() {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
-// The naive method over all (batch, head) pairs on `threads` threads; `scratch` holds one
-// (S, K^T) pair per thread.
-void naive_attention(const Shape &s, const float *q, const float *k, const float *v, float *o, float *lse,
-                     int threads, std::vector<Buffer> &scratch_s, std::vector<Buffer> &scratch_kt) {
-    static const bool avx2 = has_avx2_fma();
+// Runs head(t, batch index, head index) for every (batch, head) pair on `threads` threads, each
+// pair once; t is the worker (0 .. threads-1), for its private scratch.
+template <typename HeadFn> void for_each_head(const Shape &s, int threads, const HeadFn &head) {
     const int64_t items = s.b * s.h;
     std::atomic<int64_t> next{0};
     auto work = [&](int t) {
-        float *S = scratch_s[static_cast<size_t>(t)].get();
-        float *kt = scratch_kt[static_cast<size_t>(t)].get();
         for (;;) {
             const int64_t it = next.fetch_add(1);
             if (it >= items) break;
-            if (avx2) naive_head_avx2(s, q, k, v, o, lse, it / s.h, it % s.h, S, kt);
-            else naive_head_generic(s, q, k, v, o, lse, it / s.h, it % s.h, S, kt);
+            head(static_cast<size_t>(t), it / s.h, it % s.h);
         }
     };
     std::vector<std::thread> pool;
     for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
     work(0);
     for (auto &th : pool) th.join();
+}
+
+// The naive method over all (batch, head) pairs on `threads` threads; `scratch` holds one
+// (S, K^T) pair per thread.
+void naive_attention(const Shape &s, const float *q, const float *k, const float *v, float *o, float *lse,
+                     int threads, std::vector<Buffer> &scratch_s, std::vector<Buffer> &scratch_kt) {
+    static const bool avx2 = has_avx2_fma();
+    for_each_head(s, threads, [&](size_t t, int64_t bi, int64_t hi) {
+        float *S = scratch_s[t].get();
+        float *kt = scratch_kt[t].get();
+        if (avx2) naive_head_avx2(s, q, k, v, o, lse, bi, hi, S, kt);
+        else naive_head_generic(s, q, k, v, o, lse, bi, hi, S, kt);
+    });
+}
+
+// Gradients of one (batch, head) by the naive method: the forward's three phases recompute P into
+// S (and O into `o`, which the backward does not read), then, a query row at a time,
+// dV += P^T dO, dP = dO V^T (one row, in `dp`), D = rowsum(P * dP), dS = P * (dP - D),
+// dQ = scale dS K, dK += scale dS^T Q. dQ/dK/dV: [b, s, h, d] like Q/K/V. `kt` holds d*sk floats,
+// `dp` sk floats.
+__attribute__((always_inline)) inline void naive_backward_body(const Shape &s, const float *q, const float *k,
+                                                               const float *v, const float *dout, float *o,
+                                                               float *dq, float *dk, float *dv, int64_t bi,
+                                                               int64_t hi, float *S, float *kt, float *dp) {
+    naive_head_body(s, q, k, v, o, nullptr, bi, hi, S, kt);
+    const int64_t row = s.h * s.d;
+    const int64_t base_q = bi * s.sq * row + hi * s.d, base_k = bi * s.sk * row + hi * s.d;
+    const int64_t sq = s.sq, sk = s.sk, d = s.d;
+    for (int64_t j = 0; j < sk; ++j)
+        for (int64_t x = 0; x < d; ++x) dk[base_k + j * row + x] = dv[base_k + j * row + x] = 0.0f;
+    float acc[256];
+    for (int64_t i = 0; i < sq; ++i) {
+        const float *prow = S + i * sk;
+        const float *doi = dout + base_q + i * row;
+        const float *qi = q + base_q + i * row;
+        float dsum = 0.0f;
+        for (int64_t j = 0; j < sk; ++j) {
+            const float *vj = v + base_k + j * row;
+            float *dvj = dv + base_k + j * row;
+            float dot = 0.0f;
+            for (int64_t x = 0; x < d; ++x) {
+                dvj[x] += prow[j] * doi[x];
+                dot += doi[x] * vj[x];
+            }
+            dp[j] = dot;
+            dsum += prow[j] * dot;
+        }
+        for (int64_t x = 0; x < d; ++x) acc[x] = 0.0f;
+        for (int64_t j = 0; j < sk; ++j) {
+            const float ds = prow[j] * (dp[j] - dsum) * s.scale;
+            const float *kj = k + base_k + j * row;
+            float *dkj = dk + base_k + j * row;
+            for (int64_t x = 0; x < d; ++x) {
+                acc[x] += ds * kj[x];
+                dkj[x] += ds * qi[x];
+            }
+        }
+        for (int64_t x = 0; x < d; ++x) dq[base_q + i * row + x] = acc[x];
+    }
+}
+
+__attribute__((target("avx2,fma"))) void naive_backward_avx2(const Shape &s, const float *q, const float *k,
+                                                             const float *v, const float *dout, float *o, float *dq,
+                                                             float *dk, float *dv, int64_t bi, int64_t hi, float *S,
+                                                             float *kt, float *dp) {
+    naive_backward_body(s, q, k, v, dout, o, dq, dk, dv, bi, hi, S, kt, dp);
+}
+
+void naive_backward_generic(const Shape &s, const float *q, const float *k, const float *v, const float *dout,
+                            float *o, float *dq, float *dk, float *dv, int64_t bi, int64_t hi, float *S, float *kt,
+                            float *dp) {
+    naive_backward_body(s, q, k, v, dout, o, dq, dk, dv, bi, hi, S, kt, dp);
 }
 
 double now_s() {
@@ -195,6 +262,215 @@ std::string bytes_text(double bytes) {
     if (bytes >= 1024.0 * 1024.0) return format("%.2f MiB", bytes / (1024.0 * 1024.0));
     if (bytes >= 1024.0) return format("%.1f KiB", bytes / 1024.0);
     return format("%.0f B", bytes);
+}
+
+// The CPU grid, as run_cpu reads it from the options.
+struct CpuGrid {
+    int64_t b, h, d;
+    std::vector<int64_t> seqlens;
+    std::vector<int> causal_list;
+    int warmup, reps, naive_threads;
+};
+
+// One method of the backward table: its timings (backward alone, forward + backward back to back)
+// and its gradients.
+struct BwdMethod {
+    const char *name;        // "naive" or "cpu" (the library)
+    bool deterministic;      // the library with FLASHATTN_I64_DETERMINISTIC = 1
+    flashattn_plan_t *plan;  // null for naive
+    size_t ws_bytes;
+    Buffer ws, o, lse, dq, dk, dv;
+    std::vector<double> t_bwd, t_fwd_bwd;
+};
+
+// A finalized fp32 plan of the CPU backend for shape s.
+flashattn_status_t make_cpu_plan(const Shape &s, bool deterministic, flashattn_plan_t **out) {
+    flashattn_status_t st =
+        create_shaped_plan(PlanKeys{s.b, s.sq, s.sk, s.h, s.h, s.d, FLASHATTN_DTYPE_FP32, s.causal, FLASHATTN_BACKEND_CPU}, out);
+    if (st == FLASHATTN_SUCCESS && deterministic) st = flashattn_plan_set_i64(*out, FLASHATTN_I64_DETERMINISTIC, 1);
+    if (st == FLASHATTN_SUCCESS) st = flashattn_plan_finalize(*out);
+    if (st != FLASHATTN_SUCCESS) {
+        flashattn_plan_destroy(*out);
+        *out = nullptr;
+    }
+    return st;
+}
+
+// A record of the CPU benchmark: the shape of one cell, the rest left to the caller.
+Record cpu_cell_record(const char *kind, const char *method, const Shape &s) {
+    Record r;
+    r.kind = kind;
+    r.backend = method;
+    r.dtype = "fp32";
+    r.batch = s.b;
+    r.seqlen_q = s.sq;
+    r.seqlen_k = s.sk;
+    r.heads_q = r.heads_kv = s.h;
+    r.head_dim = s.d;
+    r.causal = s.causal;
+    return r;
+}
+
+// Relative L2 error of the worst of dQ, dK, dV against the reference's; non-finite counts as +inf.
+double worst_grad_error(const BwdMethod &m, const BwdMethod &ref, size_t elems) {
+    double worst = 0.0;
+    const float *mine[3] = {m.dq.get(), m.dk.get(), m.dv.get()};
+    const float *theirs[3] = {ref.dq.get(), ref.dk.get(), ref.dv.get()};
+    for (int g = 0; g < 3; ++g) {
+        const Diff diff = compare(mine[g], theirs[g], elems);
+        worst = std::max(worst, diff.nonfinite ? std::numeric_limits<double>::infinity() : diff.rel_l2);
+    }
+    return worst;
+}
+
+// The --backward table: the library's backward (and, with --deterministic, its deterministic mode)
+// against the naive backward on the forward table's shapes. Returns false on a failure.
+bool run_cpu_backward(const Options &opt, const CpuGrid &grid, Report &rep, std::mt19937_64 &rng) {
+    static const bool avx2 = has_avx2_fma();
+    rep.line("");
+    rep.line("## Backward (--backward)");
+    rep.line("");
+    rep.line(format("Same shapes, fp32. bwd GFLOP/s = %.1f x the forward's FLOPs / backward time, fwd+bwd = %.1f x / "
+                    "(forward + backward, run back to back); FlashAttention's count. naive = the forward's three "
+                    "phases recompute P (N x N), then per query row dV += P^T dO, dP = dO V^T, dS = P (dP - "
+                    "rowsum(P dP)), dQ = scale dS K, dK += scale dS^T Q. flash = flashattn_plan_execute_backward "
+                    "(det: FLASHATTN_I64_DETERMINISTIC = 1) after flashattn_plan_execute. Error: the worst relative "
+                    "L2 error of dQ, dK, dV against naive's (above 1e-4 fails the run).",
+                    kBackwardFlopsFactor, kFwdBwdFlopsFactor));
+    rep.line("");
+    rep.line("| causal | seqlen | method | bwd ms | bwd GFLOP/s | fwd+bwd ms | fwd+bwd GFLOP/s | bwd speedup vs naive | "
+             "extra memory | dQ/dK/dV rel L2 err |");
+    rep.line("|---|---|---|---|---|---|---|---|---|---|");
+    bool ok = true;
+    const int64_t b = grid.b, h = grid.h, d = grid.d;
+    for (int causal : grid.causal_list) {
+        for (int64_t n : grid.seqlens) {
+            const Shape s{b, n, n, h, d, causal != 0, static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)))};
+            const size_t elems = static_cast<size_t>(b * n * h * d);
+            const size_t lse_elems = static_cast<size_t>(b * h * n);
+            Buffer q = alloc_floats(elems), k = alloc_floats(elems), v = alloc_floats(elems), dout = alloc_floats(elems);
+            for (float *x : {q.get(), k.get(), v.get(), dout.get()}) fill_random(x, elems, rng);
+            const double fwd_flops = attention_flops(b, h, n, n, d, causal != 0);
+            const std::string where = format("| %s | %lld |", causal ? "yes" : "no", static_cast<long long>(n));
+
+            std::vector<BwdMethod> methods;
+            methods.push_back(BwdMethod{"naive", false, nullptr, 0, {}, {}, {}, {}, {}, {}, {}, {}});
+            for (int det = 0; det <= (opt.deterministic ? 1 : 0); ++det) {
+                BwdMethod m{"cpu", det != 0, nullptr, 0, {}, {}, {}, {}, {}, {}, {}, {}};
+                flashattn_status_t st = make_cpu_plan(s, det != 0, &m.plan);
+                size_t fwd_ws = 0;
+                if (st == FLASHATTN_SUCCESS) st = flashattn_plan_get_workspace_size(m.plan, &fwd_ws);
+                if (st == FLASHATTN_SUCCESS) st = flashattn_plan_get_backward_workspace_size(m.plan, &m.ws_bytes);
+                if (st != FLASHATTN_SUCCESS) {
+                    rep.line(where + format(" flash%s | ERROR: %s | | | | | | |", det ? " det" : "",
+                                            lib_error(st).c_str()));
+                    flashattn_plan_destroy(m.plan);
+                    ok = false;
+                    continue;
+                }
+                m.ws_bytes = std::max(m.ws_bytes, fwd_ws);  // one buffer serves both passes
+                m.ws = alloc_floats((m.ws_bytes + 3) / 4);
+                methods.push_back(std::move(m));
+            }
+            std::vector<Buffer> sc_s, sc_kt;
+            for (int t = 0; t < grid.naive_threads; ++t) {
+                sc_s.push_back(alloc_floats(static_cast<size_t>(n * n)));
+                sc_kt.push_back(alloc_floats(static_cast<size_t>((d + 1) * n)));
+            }
+            for (BwdMethod &m : methods) {
+                m.o = alloc_floats(elems);
+                m.lse = alloc_floats(lse_elems);
+                m.dq = alloc_floats(elems);
+                m.dk = alloc_floats(elems);
+                m.dv = alloc_floats(elems);
+            }
+            auto naive_forward = [&](BwdMethod &m) {
+                naive_attention(s, q.get(), k.get(), v.get(), m.o.get(), m.lse.get(), grid.naive_threads, sc_s, sc_kt);
+                return FLASHATTN_SUCCESS;
+            };
+            auto naive_backward = [&](BwdMethod &m) {
+                for_each_head(s, grid.naive_threads, [&](size_t t, int64_t bi, int64_t hi) {
+                    float *S = sc_s[t].get(), *kt = sc_kt[t].get(), *dp = kt + d * n;
+                    if (avx2)
+                        naive_backward_avx2(s, q.get(), k.get(), v.get(), dout.get(), m.o.get(), m.dq.get(),
+                                            m.dk.get(), m.dv.get(), bi, hi, S, kt, dp);
+                    else
+                        naive_backward_generic(s, q.get(), k.get(), v.get(), dout.get(), m.o.get(), m.dq.get(),
+                                               m.dk.get(), m.dv.get(), bi, hi, S, kt, dp);
+                });
+                return FLASHATTN_SUCCESS;
+            };
+            auto flash_forward = [&](BwdMethod &m) {
+                return flashattn_plan_execute(m.plan, q.get(), k.get(), v.get(), m.o.get(), m.lse.get(), m.ws.get(),
+                                              m.ws_bytes, nullptr);
+            };
+            auto flash_backward = [&](BwdMethod &m) {
+                return flashattn_plan_execute_backward(m.plan, q.get(), k.get(), v.get(), m.o.get(), dout.get(),
+                                                       m.lse.get(), m.dq.get(), m.dk.get(), m.dv.get(), m.ws.get(),
+                                                       m.ws_bytes, nullptr);
+            };
+            // Each run: the forward then the backward, each timed; methods alternate within a run so
+            // that load from other processes falls on all alike.
+            flashattn_status_t st = FLASHATTN_SUCCESS;
+            for (int r = 0; r < grid.warmup + grid.reps && st == FLASHATTN_SUCCESS; ++r) {
+                for (BwdMethod &m : methods) {
+                    for (float *x : {m.dq.get(), m.dk.get(), m.dv.get()}) poison(x, elems);
+                    const double t0 = now_s();
+                    st = m.plan ? flash_forward(m) : naive_forward(m);
+                    const double t1 = now_s();
+                    if (st == FLASHATTN_SUCCESS) st = m.plan ? flash_backward(m) : naive_backward(m);
+                    const double t2 = now_s();
+                    if (st != FLASHATTN_SUCCESS) {
+                        rep.line(where + format(" flash%s | ERROR: %s | | | | | | |", m.deterministic ? " det" : "",
+                                                lib_error(st).c_str()));
+                        ok = false;
+                        break;
+                    }
+                    if (r >= grid.warmup) {
+                        m.t_bwd.push_back(t2 - t1);
+                        m.t_fwd_bwd.push_back(t2 - t0);
+                    }
+                }
+            }
+            sc_s.clear();
+            sc_kt.clear();
+            const double naive_bwd_ms = median(methods[0].t_bwd) * 1e3;
+            for (BwdMethod &m : methods) {
+                const bool lib = m.plan != nullptr;
+                flashattn_plan_destroy(m.plan);
+                m.plan = nullptr;
+                if (st != FLASHATTN_SUCCESS) continue;
+                const double bwd_ms = median(m.t_bwd) * 1e3, fb_ms = median(m.t_fwd_bwd) * 1e3;
+                const double bwd_flops = kBackwardFlopsFactor * fwd_flops, fb_flops = kFwdBwdFlopsFactor * fwd_flops;
+                const double extra = lib ? static_cast<double>(m.ws_bytes)
+                                            : 4.0 * grid.naive_threads * (static_cast<double>(n) * n + (d + 1.0) * n);
+                const double err = lib ? worst_grad_error(m, methods[0], elems) : 0.0;
+                const bool bad = lib && !(err <= 1e-4);
+                rep.line(where + format(" %s%s | %.2f | %.1f | %.2f | %.1f | %s | %s | %s |", lib ? "flash" : "naive",
+                                        m.deterministic ? " det" : "", bwd_ms, bwd_flops / (bwd_ms * 1e-3) / 1e9, fb_ms,
+                                        fb_flops / (fb_ms * 1e-3) / 1e9,
+                                        lib ? format("**%.2f**", naive_bwd_ms / bwd_ms).c_str() : "1.00",
+                                        bytes_text(extra).c_str(),
+                                        lib ? format("%.2e%s", err, bad ? " BAD" : "").c_str() : "(reference)"));
+                for (int pass = 0; pass < 2; ++pass) {
+                    Record rec = cpu_cell_record(pass == 0 ? "cpu-backward" : "cpu-fwd-bwd", m.name, s);
+                    rec.deterministic = m.deterministic;
+                    rec.status = bad ? "bad" : "ok";
+                    rec.note = bad ? format("dQ/dK/dV rel L2 %.3e vs naive", err) : "";
+                    rec.ms = pass == 0 ? bwd_ms : fb_ms;
+                    rec.tflops = (pass == 0 ? bwd_flops : fb_flops) / (rec.ms * 1e-3) / 1e12;
+                    rep.record(rec);
+                }
+                if (bad) {
+                    rep.line(format("MISMATCH: flash%s backward and naive disagree at causal %d seqlen %lld (rel L2 "
+                                    "%.3e, tolerance 1e-4)",
+                                    m.deterministic ? " det" : "", causal, static_cast<long long>(n), err));
+                    ok = false;
+                }
+            }
+        }
+    }
+    return ok;
 }
 
 }  // namespace
@@ -265,20 +541,7 @@ int run_cpu(const Options &opt) {
 
             // --- flash plan (the library's CPU backend)
             flashattn_plan_t *plan = nullptr;
-            flashattn_status_t st = flashattn_plan_create(&plan);
-            auto set = [&](flashattn_i64_param_t key, int64_t value) {
-                if (st == FLASHATTN_SUCCESS) st = flashattn_plan_set_i64(plan, key, value);
-            };
-            set(FLASHATTN_I64_BATCH, b);
-            set(FLASHATTN_I64_SEQLEN_Q, n);
-            set(FLASHATTN_I64_SEQLEN_K, n);
-            set(FLASHATTN_I64_HEADS_Q, h);
-            set(FLASHATTN_I64_HEADS_KV, h);
-            set(FLASHATTN_I64_HEAD_DIM, d);
-            set(FLASHATTN_I64_DTYPE, FLASHATTN_DTYPE_FP32);
-            set(FLASHATTN_I64_CAUSAL, causal);
-            set(FLASHATTN_I64_BACKEND, FLASHATTN_BACKEND_CPU);
-            if (st == FLASHATTN_SUCCESS) st = flashattn_plan_finalize(plan);
+            flashattn_status_t st = make_cpu_plan(s, false, &plan);
             size_t ws_bytes = 0;
             if (st == FLASHATTN_SUCCESS) st = flashattn_plan_get_workspace_size(plan, &ws_bytes);
             if (st != FLASHATTN_SUCCESS) {
@@ -330,15 +593,7 @@ int run_cpu(const Options &opt) {
             sc_s.clear();
             sc_kt.clear();
             auto cpu_record = [&](const char *method, double ms, const char *status, const std::string &note) {
-                Record r;
-                r.kind = "cpu";
-                r.backend = method;
-                r.dtype = "fp32";
-                r.batch = b;
-                r.seqlen_q = r.seqlen_k = n;
-                r.heads_q = r.heads_kv = h;
-                r.head_dim = d;
-                r.causal = causal != 0;
+                Record r = cpu_cell_record("cpu", method, s);
                 r.status = status;
                 r.note = note;
                 if (std::isfinite(ms)) {
@@ -396,6 +651,9 @@ int run_cpu(const Options &opt) {
         rep.line(format("Bar (flash >= 2x naive at seqlen 4096, causal off, %d cores): wall-time speedup %.2fx -> %s "
                         "(CPU-time speedup %.2fx).",
                         cores, speedup_4096, speedup_4096 >= 2.0 ? "met" : "NOT met", cpu_speedup_4096));
+    if (opt.backward &&
+        !run_cpu_backward(opt, CpuGrid{b, h, d, seqlens, causal_list, warmup, reps, naive_threads}, rep, rng))
+        failed = true;
     if (!opt.markdown.empty() && !rep.write(opt.markdown)) {
         std::fprintf(stderr, "flashattn-bench: cannot write %s\n", opt.markdown.c_str());
         failed = true;

@@ -540,25 +540,21 @@ struct Problem {
     int64_t page = 0;  // paged K/V: keys per page (sk a multiple of it), else 0
     int64_t splits = 0;   // FLASHATTN_I64_NUM_SPLITS (0: auto)
     bool append = false;  // decode step with an append of one K/V row and rotary (Buffers::seqused ...)
+    bool deterministic = false;  // FLASHATTN_I64_DETERMINISTIC (the backward table)
 };
 
 flashattn_status_t make_plan(flashattn_backend_t be, const Problem &p, int device, flashattn_plan_t **out,
                              size_t *ws_bytes, std::string *why) {
     *out = nullptr;
     flashattn_plan_t *plan = nullptr;
-    flashattn_status_t st = flashattn_plan_create(&plan);
+    flashattn_status_t st = create_shaped_plan(PlanKeys{p.b, p.sq, p.sk, p.hq, p.hkv, p.d, p.dtype, p.causal, be}, &plan);
+    if (st != FLASHATTN_SUCCESS) {
+        *why = flashattn_last_error();
+        return st;
+    }
     auto set = [&](flashattn_i64_param_t key, int64_t v) {
         if (st == FLASHATTN_SUCCESS) st = flashattn_plan_set_i64(plan, key, v);
     };
-    set(FLASHATTN_I64_BATCH, p.b);
-    set(FLASHATTN_I64_SEQLEN_Q, p.sq);
-    set(FLASHATTN_I64_SEQLEN_K, p.sk);
-    set(FLASHATTN_I64_HEADS_Q, p.hq);
-    set(FLASHATTN_I64_HEADS_KV, p.hkv);
-    set(FLASHATTN_I64_HEAD_DIM, p.d);
-    set(FLASHATTN_I64_DTYPE, p.dtype);
-    set(FLASHATTN_I64_CAUSAL, p.causal ? 1 : 0);
-    set(FLASHATTN_I64_BACKEND, be);
     set(FLASHATTN_I64_DEVICE, device);
     if (p.page > 0) {  // [b * sk / page pages, page, hkv, d]; the page table is Buffers::table
         set(FLASHATTN_I64_PAGED_KV, 1);
@@ -571,6 +567,7 @@ flashattn_status_t make_plan(flashattn_backend_t be, const Problem &p, int devic
         set(FLASHATTN_I64_NEW_KV_ROWS, 1);
         set(FLASHATTN_I64_ROTARY_DIM, p.d);
     }
+    if (p.deterministic) set(FLASHATTN_I64_DETERMINISTIC, 1);
     if (st == FLASHATTN_SUCCESS) st = flashattn_plan_finalize(plan);
     if (st == FLASHATTN_SUCCESS) st = flashattn_plan_get_workspace_size(plan, ws_bytes);
     if (st != FLASHATTN_SUCCESS) {
@@ -885,6 +882,45 @@ struct Clock {
 // ---------------------------------------------------------------------------------------------
 // The prefill grid (FlashAttention-3 paper).
 
+// One cell of the prefill grid: heads = 2048/hdim, batch = 16384/seqlen, its forward FLOPs, its
+// name in notes and the start of its table row.
+struct PrefillCell {
+    int64_t b, h;
+    double flops;
+    std::string where, row;
+};
+
+PrefillCell prefill_cell(flashattn_dtype_t dt, int64_t d, int causal, int64_t s) {
+    PrefillCell c;
+    c.h = std::max<int64_t>(1, 2048 / d);
+    c.b = std::max<int64_t>(1, 16384 / s);
+    c.flops = attention_flops(c.b, c.h, s, s, d, causal != 0);
+    c.where = format("%s hdim %lld causal %d seqlen %lld", dtype_name(dt), static_cast<long long>(d), causal,
+                     static_cast<long long>(s));
+    c.row = format("| %lld | %s | %lld | %lld x %lld |", static_cast<long long>(d), causal ? "yes" : "no",
+                   static_cast<long long>(s), static_cast<long long>(c.b), static_cast<long long>(c.h));
+    return c;
+}
+
+// All prefill cells share one size: b*s*h*d = 16384 * 2048 elements per tensor (more when a
+// --seqlen above 16384 or one that does not divide it is asked for). Allocates bf's one input set,
+// O and LSE for the largest cell (2-byte elements) and returns the sizes, in elements.
+void alloc_prefill_buffers(const std::vector<int64_t> &hdims, const std::vector<int64_t> &seqlens, Buffers &bf,
+                           size_t *max_elems, size_t *max_lse) {
+    *max_elems = *max_lse = 0;
+    for (int64_t d : hdims)
+        for (int64_t s : seqlens) {
+            const int64_t h = std::max<int64_t>(1, 2048 / d), b = std::max<int64_t>(1, 16384 / s);
+            *max_elems = std::max(*max_elems, static_cast<size_t>(b * s * h * d));
+            *max_lse = std::max(*max_lse, static_cast<size_t>(b * h * s));
+        }
+    bf.q.resize(1);
+    bf.k.resize(1);
+    bf.v.resize(1);
+    for (auto *x : {&bf.q[0], &bf.k[0], &bf.v[0], &bf.o}) x->alloc(*max_elems * 2);
+    bf.lse.alloc(*max_lse * 4);
+}
+
 void run_grid(Gpu &g, const Options &opt, const std::vector<flashattn_backend_t> &gens, Report &rep, Notes &all_notes,
               const Clock &clock, double deadline_s) {
     const std::vector<flashattn_dtype_t> dtypes =
@@ -899,22 +935,10 @@ void run_grid(Gpu &g, const Options &opt, const std::vector<flashattn_backend_t>
     bool has[5] = {false, false, false, false, false};
     for (auto be : gens) has[be] = true;
 
-    // All prefill cells share one size: b*s*h*d = 16384 * 2048 elements per tensor (more when a
-    // --seqlen above 16384 or one that does not divide it is asked for).
-    size_t max_elems = 0, max_lse = 0;
-    for (int64_t d : hdims)
-        for (int64_t s : seqlens) {
-            const int64_t h = std::max<int64_t>(1, 2048 / d), b = std::max<int64_t>(1, 16384 / s);
-            max_elems = std::max(max_elems, static_cast<size_t>(b * s * h * d));
-            max_lse = std::max(max_lse, static_cast<size_t>(b * h * s));
-        }
     Buffers bf;
-    bf.q.resize(1);
-    bf.k.resize(1);
-    bf.v.resize(1);
+    size_t max_elems = 0, max_lse = 0;
+    alloc_prefill_buffers(hdims, seqlens, bf, &max_elems, &max_lse);
     const size_t es_max = 2;
-    for (auto *x : {&bf.q[0], &bf.k[0], &bf.v[0], &bf.o}) x->alloc(max_elems * es_max);
-    bf.lse.alloc(max_lse * 4);
     if (want_std) {
         for (auto *x : {&bf.qt, &bf.kt, &bf.vt, &bf.ot}) x->alloc(max_elems * es_max);
         bf.lse_ref.alloc(max_lse * 4);
@@ -953,14 +977,12 @@ void run_grid(Gpu &g, const Options &opt, const std::vector<flashattn_backend_t>
         for (int64_t d : hdims) {
             for (int causal : causals) {
                 for (int64_t s : seqlens) {
-                    const int64_t h = std::max<int64_t>(1, 2048 / d), b = std::max<int64_t>(1, 16384 / s);
+                    const PrefillCell cell = prefill_cell(dt, d, causal, s);
+                    const int64_t h = cell.h, b = cell.b;
                     const Problem p{b, s, s, h, h, d, dt, causal != 0};
-                    const double flops = attention_flops(b, h, s, s, d, causal != 0);
-                    const std::string where = format("%s hdim %lld causal %d seqlen %lld", dtype_name(dt),
-                                                     static_cast<long long>(d), causal, static_cast<long long>(s));
-                    std::string row = format("| %lld | %s | %lld | %lld x %lld |", static_cast<long long>(d),
-                                             causal ? "yes" : "no", static_cast<long long>(s),
-                                             static_cast<long long>(b), static_cast<long long>(h));
+                    const double flops = cell.flops;
+                    const std::string &where = cell.where;
+                    std::string row = cell.row;
                     const bool skip = clock.elapsed() > deadline_s;
                     const size_t n = static_cast<size_t>(b * s * h * d);
                     if (!skip) {
@@ -1001,6 +1023,244 @@ void run_grid(Gpu &g, const Options &opt, const std::vector<flashattn_backend_t>
                     if (has[FLASHATTN_BACKEND_FA1] && has[FLASHATTN_BACKEND_FA2]) ratio(FLASHATTN_BACKEND_FA2, FLASHATTN_BACKEND_FA1);
                     if (has[FLASHATTN_BACKEND_FA2] && has[FLASHATTN_BACKEND_FA3]) ratio(FLASHATTN_BACKEND_FA3, FLASHATTN_BACKEND_FA2);
                     row += " " + (skip ? std::string("skipped (time budget)") : check_text(cells, have_ref)) + " |";
+                    rep.line(row);
+                }
+            }
+        }
+        rep.line("");
+        print_notes(rep, notes);
+        all_notes.failed = all_notes.failed || notes.failed;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The backward table (--backward): the prefill grid's shapes, the backward alone and forward +
+// backward of each generation (and its deterministic mode with --deterministic).
+
+struct BwdBuffers {
+    DevBuf dout, dq, dk, dv;        // [b, s, h, d]
+    DevBuf dq_ref, dk_ref, dv_ref;  // the first method's gradients of the cell: the others are checked against them
+    DevBuf bwd_ws;
+};
+
+struct BwdCell {
+    Cell bwd, fwd_bwd;
+    Diff grad_diff;       // worst of dQ, dK, dV against the reference method's (or its own finiteness)
+    bool is_ref = false;  // this method's gradients are the cell's reference
+};
+
+// The worst relative L2 error of dQ, dK, dV against bb's reference copies (same layout).
+Diff compare_grads(const Gpu &g, const BwdBuffers &bb, const Problem &p) {
+    const int64_t n = p.b * p.sq * p.hq * p.d;
+    const DevBuf *mine[3] = {&bb.dq, &bb.dk, &bb.dv};
+    const DevBuf *theirs[3] = {&bb.dq_ref, &bb.dk_ref, &bb.dv_ref};
+    Diff worst;
+    for (int i = 0; i < 3; ++i) {
+        // Flat comparison: as [1, 1, 1, n] both layouts are the same.
+        const Diff d = compare_o(g, mine[i]->ptr, theirs[i]->ptr, 1, 1, 1, n, p.dtype);
+        if (!worst.valid || d.bad > worst.bad || d.rel_l2 > worst.rel_l2) worst = d;
+    }
+    return worst;
+}
+
+// Backward of generation `be` on set 0 of bf with dO = bb.dout: the backward alone, then forward
+// + backward, each as one timed launch; then one more run into poisoned gradients, checked
+// against the cell's reference (the first method to get here becomes it).
+BwdCell run_gen_backward(Gpu &g, flashattn_backend_t be, const Problem &p, Buffers &bf, BwdBuffers &bb, int device,
+                         int reps, int warmup, bool *have_ref) {
+    BwdCell out;
+    flashattn_plan_t *plan = nullptr;
+    size_t ws = 0, bws = 0;
+    std::string why;
+    flashattn_status_t st = make_plan(be, p, device, &plan, &ws, &why);
+    flashattn_backend_t bwd_be = FLASHATTN_BACKEND_AUTO;
+    const char *reason = nullptr;
+    if (st == FLASHATTN_SUCCESS) st = flashattn_plan_get_backward_backend(plan, &bwd_be, &reason);
+    if (st == FLASHATTN_SUCCESS) st = flashattn_plan_get_backward_workspace_size(plan, &bws);
+    if (st == FLASHATTN_SUCCESS && bwd_be != be) {
+        st = FLASHATTN_ERROR_NOT_SUPPORTED;
+        why = format("the backward runs on %s (%s)", gen_name(bwd_be), reason ? reason : "");
+    } else if (st != FLASHATTN_SUCCESS && plan != nullptr) {
+        why = flashattn_last_error();
+    }
+    Cell fail;
+    if (st != FLASHATTN_SUCCESS) {
+        fail.kind = st == FLASHATTN_ERROR_NOT_SUPPORTED ? Cell::NA : Cell::ERR;
+        fail.note = fail.kind == Cell::NA ? why : std::string("plan: ") + flashattn_status_string(st) + ": " + why;
+    } else if (!bf.workspace.reserve(ws) || !bb.bwd_ws.reserve(bws)) {
+        fail.kind = Cell::OOM;
+        fail.note = format("workspaces of %.0f + %.0f MB", ws / 1e6, bws / 1e6);
+    }
+    if (fail.kind != Cell::SKIP) {
+        flashattn_plan_destroy(plan);
+        out.bwd = out.fwd_bwd = fail;
+        return out;
+    }
+    const auto stream = reinterpret_cast<flashattn_stream_t>(g.stream);
+    float *lse = bf.lse.as<float>();
+    auto forward = [&]() -> std::string {
+        const flashattn_status_t e = flashattn_plan_execute(plan, bf.q[0].ptr, bf.k[0].ptr, bf.v[0].ptr, bf.o.ptr, lse,
+                                                            bf.workspace.ptr, ws, stream);
+        return e == FLASHATTN_SUCCESS ? std::string() : std::string("execute: ") + lib_error(e);
+    };
+    auto backward = [&]() -> std::string {
+        const flashattn_status_t e =
+            flashattn_plan_execute_backward(plan, bf.q[0].ptr, bf.k[0].ptr, bf.v[0].ptr, bf.o.ptr, bb.dout.ptr, lse,
+                                            bb.dq.ptr, bb.dk.ptr, bb.dv.ptr, bb.bwd_ws.ptr, bws, stream);
+        return e == FLASHATTN_SUCCESS ? std::string() : std::string("execute_backward: ") + lib_error(e);
+    };
+    auto as_cell = [](const Timing &t) {
+        Cell c;
+        c.kind = t.ok ? Cell::OK : Cell::ERR;
+        c.ms = t.ms;
+        c.reduced = t.reduced;
+        c.note = t.error;
+        return c;
+    };
+    std::string e = forward();  // O and LSE for the backward-alone runs
+    out.bwd = e.empty() ? as_cell(time_runs(g, warmup, reps, [&](int) { return backward(); }, gen_name(be)))
+                        : as_cell(Timing{false, 0.0, false, e});
+    if (out.bwd.kind == Cell::OK)
+        out.fwd_bwd = as_cell(time_runs(g, warmup, reps, [&](int) {
+            const std::string fe = forward();
+            return fe.empty() ? backward() : fe;
+        }, gen_name(be)));
+    else
+        out.fwd_bwd = out.bwd;
+    if (out.fwd_bwd.kind == Cell::OK) {
+        const size_t bytes = static_cast<size_t>(p.b * p.sq * p.hq * p.d) * elem_size(p.dtype);
+        for (DevBuf *x : {&bb.dq, &bb.dk, &bb.dv}) CK(cudaMemsetAsync(x->ptr, 0xFF, bytes, g.stream));  // NaN
+        e = forward();
+        if (e.empty()) e = backward();
+        if (!e.empty()) {
+            out.bwd.kind = out.fwd_bwd.kind = Cell::ERR;
+            out.bwd.note = out.fwd_bwd.note = e;
+        } else if (!*have_ref) {
+            // The reference: its own gradients must at least be finite.
+            out.grad_diff = compare_o(g, bb.dq.ptr, bb.dq.ptr, 1, 1, 1, p.b * p.sq * p.hq * p.d, p.dtype);
+            for (const DevBuf *x : {&bb.dk, &bb.dv}) {
+                const Diff d = compare_o(g, x->ptr, x->ptr, 1, 1, 1, p.b * p.sq * p.hq * p.d, p.dtype);
+                out.grad_diff.bad += d.bad;
+            }
+            CK(cudaMemcpyAsync(bb.dq_ref.ptr, bb.dq.ptr, bytes, cudaMemcpyDeviceToDevice, g.stream));
+            CK(cudaMemcpyAsync(bb.dk_ref.ptr, bb.dk.ptr, bytes, cudaMemcpyDeviceToDevice, g.stream));
+            CK(cudaMemcpyAsync(bb.dv_ref.ptr, bb.dv.ptr, bytes, cudaMemcpyDeviceToDevice, g.stream));
+            out.is_ref = out.grad_diff.bad == 0;
+            *have_ref = out.is_ref;
+        } else {
+            out.grad_diff = compare_grads(g, bb, p);
+        }
+        out.bwd.o_diff = out.fwd_bwd.o_diff = out.grad_diff;  // cell_bad() reads o_diff
+    }
+    flashattn_plan_destroy(plan);
+    return out;
+}
+
+void run_backward_grid(Gpu &g, const Options &opt, const std::vector<flashattn_backend_t> &gens, Report &rep,
+                       Notes &all_notes, const Clock &clock, double deadline_s) {
+    const std::vector<flashattn_dtype_t> dtypes =
+        opt.dtypes.empty() ? std::vector<flashattn_dtype_t>{FLASHATTN_DTYPE_BF16} : opt.dtypes;
+    const std::vector<int64_t> hdims = opt.hdims.empty() ? std::vector<int64_t>{64, 128, 256} : opt.hdims;
+    const std::vector<int64_t> seqlens =
+        opt.seqlens.empty() ? std::vector<int64_t>{1024, 2048, 4096, 8192, 16384} : opt.seqlens;
+    const std::vector<int> causals = opt.causal.empty() ? std::vector<int>{0, 1} : opt.causal;
+    const int warmup = opt.warmup >= 0 ? opt.warmup : 3;
+    const int reps = opt.reps > 0 ? opt.reps : 10;
+    std::vector<std::pair<flashattn_backend_t, bool>> methods;  // (generation, deterministic)
+    for (auto be : gens)
+        for (int det = 0; det <= (opt.deterministic ? 1 : 0); ++det) methods.emplace_back(be, det != 0);
+    auto method_name = [](const std::pair<flashattn_backend_t, bool> &m) {
+        return std::string(gen_name(m.first)) + (m.second ? " det" : "");
+    };
+
+    Buffers bf;
+    size_t max_elems = 0, max_lse = 0;
+    alloc_prefill_buffers(hdims, seqlens, bf, &max_elems, &max_lse);
+    BwdBuffers bb;
+    for (DevBuf *x : {&bb.dout, &bb.dq, &bb.dk, &bb.dv, &bb.dq_ref, &bb.dk_ref, &bb.dv_ref}) x->alloc(max_elems * 2);
+
+    uint64_t seed = 1000003;
+    for (flashattn_dtype_t dt : dtypes) {
+        Notes notes;
+        rep.line("");
+        rep.line(format("## Backward and forward + backward, %s: TFLOP/s (hidden 2048, heads = 2048/hdim, batch = "
+                        "16384/seqlen; bwd FLOPs = %.1f x the forward's, fwd+bwd = %.1f x)",
+                        dtype_name(dt), kBackwardFlopsFactor, kFwdBwdFlopsFactor));
+        rep.line("");
+        rep.line(format("bwd: flashattn_plan_execute_backward alone; fwd+bwd: flashattn_plan_execute then "
+                        "flashattn_plan_execute_backward, timed as one run. det: FLASHATTN_I64_DETERMINISTIC = 1. Check: "
+                        "a fresh run into NaN-poisoned dQ, dK, dV, compared with the first method's of the cell "
+                        "(`ref`: finite everywhere), worst relative L2 error of the three; BAD above 2e-2."));
+        rep.line("");
+        std::string head = "| hdim | causal | seqlen | batch x heads |";
+        std::string rule = "|---|---|---|---|";
+        for (const char *pass : {"bwd", "fwd+bwd"})
+            for (const auto &m : methods) {
+                head += " " + method_name(m) + " " + pass + " |";
+                rule += "---|";
+            }
+        if (opt.deterministic) {
+            for (auto be : gens) head += format(" %s det/default bwd |", gen_name(be));
+            for (size_t i = 0; i < gens.size(); ++i) rule += "---|";
+        }
+        rep.line(head + " check (dQ/dK/dV rel L2) |");
+        rep.line(rule + "---|");
+        for (int64_t d : hdims) {
+            for (int causal : causals) {
+                for (int64_t s : seqlens) {
+                    const PrefillCell cell = prefill_cell(dt, d, causal, s);
+                    const int64_t h = cell.h, b = cell.b;
+                    const double flops = cell.flops;
+                    const std::string &where = cell.where;
+                    std::string row = cell.row;
+                    const bool skip = clock.elapsed() > deadline_s;
+                    const size_t n = static_cast<size_t>(b * s * h * d);
+                    if (!skip)
+                        for (DevBuf *x : {&bf.q[0], &bf.k[0], &bf.v[0], &bb.dout}) fill_normal(g, x->ptr, n, dt, seed++);
+                    bool have_ref = false;
+                    std::vector<BwdCell> cells;
+                    std::string check = skip ? "skipped (time budget)" : "-";
+                    double worst = 0.0;
+                    for (const auto &m : methods) {
+                        Problem p{b, s, s, h, h, d, dt, causal != 0};
+                        p.deterministic = m.second;
+                        BwdCell c = skip ? BwdCell{} : run_gen_backward(g, m.first, p, bf, bb, opt.device, reps, warmup,
+                                                                      &have_ref);
+                        const std::string name = method_name(m);
+                        Record r1 = cell_record(c.bwd, "backward", gen_name(m.first), p, kBackwardFlopsFactor * flops, 0);
+                        Record r2 = cell_record(c.fwd_bwd, "fwd-bwd", gen_name(m.first), p, kFwdBwdFlopsFactor * flops, 0);
+                        r1.deterministic = r2.deterministic = m.second;
+                        rep.record(r1);
+                        rep.record(r2);
+                        Cell noted = c.bwd;  // note_cell words a bad cell as a forward's; say it here
+                        noted.o_diff.valid = false;
+                        note_cell(notes, noted, name, where);
+                        if (cell_bad(c.bwd)) {
+                            notes.errors.push_back(format("%s at %s: WRONG GRADIENTS: worst dQ/dK/dV rel L2 %.3e "
+                                                          "vs the cell's reference (%llu non-finite)",
+                                                          name.c_str(), where.c_str(), c.grad_diff.rel_l2,
+                                                          c.grad_diff.bad));
+                            notes.failed = true;
+                        }
+                        if (c.is_ref) check = "ref " + name;
+                        else if (c.bwd.kind == Cell::OK && c.grad_diff.valid) worst = std::max(worst, c.grad_diff.rel_l2);
+                        if (cell_bad(c.bwd)) check = "BAD";
+                        cells.push_back(c);
+                    }
+                    if (check.compare(0, 4, "ref ") == 0 && cells.size() > 1) check += format(", others %.1e", worst);
+                    for (int pass = 0; pass < 2; ++pass)
+                        for (const BwdCell &c : cells) {
+                            const Cell &x = pass == 0 ? c.bwd : c.fwd_bwd;
+                            const double f = (pass == 0 ? kBackwardFlopsFactor : kFwdBwdFlopsFactor) * flops;
+                            row += " " + cell_text(x, x.kind == Cell::OK ? f / (x.ms * 1e-3) / 1e12 : 0.0, "%.1f") + " |";
+                        }
+                    if (opt.deterministic)
+                        for (size_t i = 0; i + 1 < cells.size(); i += 2) {
+                            const Cell &def = cells[i].bwd, &det = cells[i + 1].bwd;
+                            row += def.kind == Cell::OK && det.kind == Cell::OK ? format(" %.2f |", def.ms / det.ms)
+                                                                                 : std::string(" - |");
+                        }
+                    row += " " + check + " |";
                     rep.line(row);
                 }
             }
@@ -1378,8 +1638,11 @@ int run_gpu(const Options &opt) {
     const bool grid = !opt.decode;
     const bool decode = opt.decode || !opt.no_decode;
     const double grid_deadline = decode && grid ? 0.8 * opt.budget_s : opt.budget_s;
-    if (grid && !opt.host_cost) run_grid(g, opt, gens, rep, notes, clock, grid_deadline);
-    if (decode && !opt.host_cost) run_decode(g, opt, gens, rep, notes, clock, opt.budget_s);
+    // With --backward the forward grid gets half of the grid's time, the backward table the rest.
+    const double fwd_deadline = opt.backward ? 0.5 * grid_deadline : grid_deadline;
+    if (grid && !opt.host_cost && !opt.backward_only) run_grid(g, opt, gens, rep, notes, clock, fwd_deadline);
+    if (opt.backward && grid && !opt.host_cost) run_backward_grid(g, opt, gens, rep, notes, clock, grid_deadline);
+    if (decode && !opt.host_cost && !opt.backward_only) run_decode(g, opt, gens, rep, notes, clock, opt.budget_s);
     run_host_cost(g, opt, gens, rep);
 
     rep.line("");

@@ -66,14 +66,14 @@ std::string json_record(const Record &r) {
     return format("{\"kind\": %s, \"backend\": %s, \"dtype\": %s, \"batch\": %lld, \"seqlen_q\": %lld, "
                   "\"seqlen_k\": %lld, \"heads_q\": %lld, \"heads_kv\": %lld, \"head_dim\": %lld, \"causal\": %s, "
                   "\"status\": %s, \"ms\": %s, \"tflops\": %s, \"gbps\": %s, \"bytes\": %s, \"reduced\": %s, "
-                  "\"note\": %s}",
+                  "\"note\": %s, \"deterministic\": %s}",
                   json_string(r.kind).c_str(), json_string(r.backend).c_str(), json_string(r.dtype).c_str(),
                   static_cast<long long>(r.batch), static_cast<long long>(r.seqlen_q),
                   static_cast<long long>(r.seqlen_k), static_cast<long long>(r.heads_q),
                   static_cast<long long>(r.heads_kv), static_cast<long long>(r.head_dim), r.causal ? "true" : "false",
                   json_string(r.status).c_str(), json_number(r.ms).c_str(), json_number(r.tflops).c_str(),
                   json_number(r.gbps).c_str(), json_number(r.bytes).c_str(), r.reduced ? "true" : "false",
-                  json_string(r.note).c_str());
+                  json_string(r.note).c_str(), r.deterministic ? "true" : "false");
 }
 
 }  // namespace
@@ -115,6 +115,24 @@ double attention_flops(int64_t b, int64_t h, int64_t sq, int64_t sk, int64_t d, 
     const double f = 4.0 * static_cast<double>(b) * static_cast<double>(h) * static_cast<double>(sq) *
                      static_cast<double>(sk) * static_cast<double>(d);
     return causal ? 0.5 * f : f;
+}
+
+flashattn_status_t create_shaped_plan(const PlanKeys &keys, flashattn_plan_t **out) {
+    flashattn_plan_t *plan = nullptr;
+    flashattn_status_t st = flashattn_plan_create(&plan);
+    const std::pair<flashattn_i64_param_t, int64_t> values[] = {
+        {FLASHATTN_I64_BATCH, keys.b},        {FLASHATTN_I64_SEQLEN_Q, keys.sq},  {FLASHATTN_I64_SEQLEN_K, keys.sk},
+        {FLASHATTN_I64_HEADS_Q, keys.hq},     {FLASHATTN_I64_HEADS_KV, keys.hkv}, {FLASHATTN_I64_HEAD_DIM, keys.d},
+        {FLASHATTN_I64_DTYPE, keys.dtype},    {FLASHATTN_I64_CAUSAL, keys.causal ? 1 : 0},
+        {FLASHATTN_I64_BACKEND, keys.backend}};
+    for (const auto &kv : values)
+        if (st == FLASHATTN_SUCCESS) st = flashattn_plan_set_i64(plan, kv.first, kv.second);
+    if (st != FLASHATTN_SUCCESS) {
+        flashattn_plan_destroy(plan);
+        plan = nullptr;
+    }
+    *out = plan;
+    return st;
 }
 
 #ifndef FLASHATTN_BENCH_WITH_CUDA
@@ -169,6 +187,11 @@ void usage(FILE *out) {
         "                       with a rotary embedding over the whole head dim (no reference check)\n"
         "\n"
         "Both:\n"
+        "  --backward           also the backward and forward+backward table (FLOPs 2.5x and 3.5x the\n"
+        "                       forward's; CPU: against a naive backward, GPU: methods checked against\n"
+        "                       each other)\n"
+        "  --backward-only      GPU: the backward table alone (no forward grid, no decode table)\n"
+        "  --deterministic      with --backward: also the backward with FLASHATTN_I64_DETERMINISTIC = 1\n"
         "  --markdown PATH      also write the tables (markdown) to PATH\n"
         "  --json PATH          also write one JSON record per measurement to PATH (schema in\n"
         "                       bench/README.md; bench/plot.py draws charts from it)\n"
@@ -249,6 +272,12 @@ int main(int argc, char **argv) {
             opt.no_standard = true;
         } else if (!std::strcmp(a, "--no-lse")) {
             opt.no_lse = true;
+        } else if (!std::strcmp(a, "--backward")) {
+            opt.backward = true;
+        } else if (!std::strcmp(a, "--backward-only")) {
+            opt.backward = opt.backward_only = true;
+        } else if (!std::strcmp(a, "--deterministic")) {
+            opt.deterministic = true;
         } else if (!std::strcmp(a, "--host-cost")) {
             opt.host_cost = true;
         } else if (!std::strcmp(a, "--warmup")) {
@@ -300,10 +329,12 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    if (opt.deterministic && !opt.backward) bad_arg("--deterministic (goes with --backward)", "alone");
     if (opt.backend == "cpu") {
         if (opt.hdims.size() > 1) bad_arg("--hdim (CPU: one value)", "list");
         if (opt.hdims.size() == 1) opt.cpu_hdim = opt.hdims[0];
         if (opt.decode) bad_arg("--decode (GPU only)", "with --backend cpu");
+        if (opt.backward_only) bad_arg("--backward-only (GPU only; use --backward)", "with --backend cpu");
         return bench::run_cpu(opt);
     }
     return bench::run_gpu(opt);

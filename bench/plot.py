@@ -12,6 +12,10 @@ Charts (one file each, written to --outdir, default the current directory):
                        per head layout, with the device's copy bandwidth (bytes read + written /
                        time) drawn as the memory limit (a read-only kernel can pass it a little);
   cpu-<dtype>.png      the CPU benchmark: GFLOP/s against sequence length, library vs naive.
+  backward-<dtype>.png, fwd-bwd-<dtype>.png, cpu-backward-<dtype>.png, cpu-fwd-bwd-<dtype>.png
+                       flashattn-bench --backward: the backward and forward + backward (FLOPs 2.5x and
+                       3.5x the forward's) like prefill/cpu; the deterministic mode as "<method> det",
+                       dotted.
 Only records with status "ok" are drawn; "bad" (a wrong result), "n/a", "error", "oom" and
 "skipped" ones are counted in the summary line of their chart. Where several files hold the same
 method for the same kind of run, the first file given is used and the later one's records of it are
@@ -77,9 +81,14 @@ def method_key(name):
     return (ORDER.index(name) if name in ORDER else len(ORDER), name)
 
 
+DET = " det"  # the name suffix of a record with "deterministic": true (a backward kind)
+
+
 def style(name):
-    ours = name in OURS
-    return dict(color=COLOURS.get(name), linestyle="-" if ours else "--", linewidth=2.0 if ours else 1.4,
+    base = name[:-len(DET)] if name.endswith(DET) else name
+    ours = base in OURS
+    line = ":" if base != name else "-" if ours else "--"
+    return dict(color=COLOURS.get(base), linestyle=line, linewidth=2.0 if ours else 1.4,
                 marker="o" if ours else "s", markersize=4 if ours else 3, label=name)
 
 
@@ -209,14 +218,18 @@ def main(argv=None):
     def out(name):
         return os.path.join(args.outdir, args.prefix + name)
 
-    for kind, value, ylabel, unit in (("prefill", "tflops", "TFLOP/s", 1.0), ("cpu", "tflops", "GFLOP/s", 1e3)):
+    titles = {"prefill": "forward", "cpu": "CPU forward", "backward": "backward", "fwd-bwd": "forward + backward",
+              "cpu-backward": "CPU backward", "cpu-fwd-bwd": "CPU forward + backward"}
+    for kind, what in titles.items():
+        value, ylabel, unit = ("tflops", "GFLOP/s", 1e3) if kind.startswith("cpu") else ("tflops", "TFLOP/s", 1.0)
         for dtype in sorted({r["dtype"] for r in records if r["kind"] == kind}):
             recs = [dict(r) for r in records if r["kind"] == kind and r["dtype"] == dtype]
             for r in recs:
                 if r.get(value) is not None:
                     r[value] *= unit
+                if r.get("deterministic"):
+                    r["backend"] += DET
             path = out(f"{kind}-{dtype}.png")
-            what = "forward" if kind == "prefill" else "CPU forward"
             drawn = plot_seqlen_panels(plt, recs, value, ylabel, f"{what}, {dtype}: {where}", path, args.dpi)
             print(f"{path}: {drawn} points drawn from {len(recs)} records ({counts_text(recs)})")
             written += 1
@@ -231,7 +244,7 @@ def main(argv=None):
         print(f"{path}: {drawn} points drawn from {len(decode)} records ({counts_text(decode)}); {limit}")
         written += 1
     if written == 0:
-        die("no prefill, decode or cpu records to draw")
+        die("no prefill, decode, cpu or backward records to draw")
     return 0
 
 

@@ -6,6 +6,8 @@
 1. flashattn-bench --backend cpu --json: the document follows the schema of bench/README.md, has one
    record per (method, mask, seqlen), and each record's TFLOP/s matches its time and shape by the
    FLOP count computed here.
+   With --backward --deterministic: the records of the backward kinds (cpu-backward, cpu-fwd-bwd)
+   for naive, the library and its deterministic mode, TFLOP/s from 2.5x / 3.5x the forward's FLOPs.
 2. plot.py on that file and on a synthetic GPU run (prefill with PyTorch's backends, decode with a
    copy limit, a wrong-result record, an n/a record, a second file repeating a method): exit 0, valid
    PNG files of a plausible size, and per chart the number of points drawn that the records imply
@@ -96,6 +98,37 @@ def check_cpu_json(bench, work):
     return path
 
 
+def check_cpu_backward_json(bench, work):
+    """flashattn-bench --backward --deterministic: (method, deterministic, causal, seqlen) records of
+    both backward kinds, each TFLOP/s matching 2.5x (backward) or 3.5x (fwd-bwd) the forward FLOPs."""
+    path = os.path.join(work, "cpu-bwd.json")
+    seqlens, b, h, d = (48, 72), 1, 2, 16
+    p = subprocess.run([bench, "--backend", "cpu", "--seqlen", ",".join(map(str, seqlens)), "--causal", "both",
+                        "--heads", str(h), "--hdim", str(d), "--warmup", "0", "--reps", "1", "--backward",
+                        "--deterministic", "--json", path], capture_output=True, text=True)
+    check(p.returncode == 0, f"flashattn-bench --backward exit {p.returncode}: {p.stderr[-400:]}")
+    with open(path) as f:
+        recs = json.load(f).get("records", [])
+    factor = {"cpu-backward": 2.5, "cpu-fwd-bwd": 3.5}
+    seen = set()
+    for r in recs:
+        check(isinstance(r.get("deterministic"), bool), f"record field deterministic is bool: {r}")
+        if r["kind"] not in factor:
+            check(r["kind"] == "cpu" and r["deterministic"] is False, f"forward record: {r}")
+            continue
+        check(r["status"] == "ok" and r["dtype"] == "fp32", f"backward record ok: {r}")
+        check(r["backend"] in ("cpu", "naive") and not (r["backend"] == "naive" and r["deterministic"]),
+              f"backward method: {r}")
+        seen.add((r["kind"], r["backend"], r["deterministic"], r["causal"], r["seqlen_q"]))
+        flops = factor[r["kind"]] * 4.0 * b * h * r["seqlen_q"] * r["seqlen_k"] * d * (0.5 if r["causal"] else 1.0)
+        want = flops / (r["ms"] * 1e-3) / 1e12
+        check(abs(r["tflops"] - want) <= 1e-3 * want, f"backward tflops {r['tflops']} vs {want}")
+    want = {(k, m, det, c, s) for k in factor for (m, det) in (("naive", False), ("cpu", False), ("cpu", True))
+            for c in (False, True) for s in seqlens}
+    check(seen == want, f"backward records cover {sorted(seen)}")
+    return path, len(want) // 2
+
+
 def gpu_docs(work):
     """Two synthetic documents as compare_torch.py and flashattn-bench write them; the expected
     points per chart."""
@@ -165,6 +198,13 @@ def main():
         check(p.returncode == 0, f"plot.py on the cpu JSON: exit {p.returncode}: {p.stderr}")
         check(drawn(p.stdout, "t-cpu-fp32.png") == (8, 8), f"cpu chart points: {p.stdout}")
         check_png(os.path.join(out, "t-cpu-fp32.png"))
+
+        bwd_json, bwd_pts = check_cpu_backward_json(bench, work)
+        p = run(["-o", out, "--prefix", "b-", bwd_json])
+        check(p.returncode == 0, f"plot.py on the backward JSON: exit {p.returncode}: {p.stderr}")
+        for name in ("b-cpu-backward-fp32.png", "b-cpu-fwd-bwd-fp32.png"):
+            check(drawn(p.stdout, name) == (bwd_pts, bwd_pts), f"{name} points: {p.stdout}")
+            check_png(os.path.join(out, name))
 
         paths, prefill_pts, decode_pts = gpu_docs(work)
         p = run(["-o", out] + paths)

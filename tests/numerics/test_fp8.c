@@ -23,25 +23,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "test_expect.h"
 #include "test_support.h"
 
-#ifndef TEST_BACKEND
-#define TEST_BACKEND FLASHATTN_BACKEND_CPU
-#endif
-
-static int g_failures = 0;
 static int g_checked = 0;
 static int g_refused = 0;
-
-#define EXPECT(cond, ...)                               \
-    do {                                                \
-        if (!(cond)) {                                  \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                        \
-            printf("\n");                               \
-            ++g_failures;                               \
-        }                                               \
-    } while (0)
 
 /* E4M3 by its definition: (-1)^s · 2^(e-7) · (1 + m/8) for e > 0, (-1)^s · 2^-6 · m/8 for e = 0;
  * e = 15, m = 7 is NaN. */
@@ -421,12 +407,6 @@ static flashattn_plan_t *small_plan(flashattn_dtype_t dtype, flashattn_backend_t
     flashattn_plan_set_i64(plan, FLASHATTN_I64_BACKEND, backend);
     if (finalize) EXPECT(flashattn_plan_finalize(plan) == FLASHATTN_SUCCESS, "small plan: %s", flashattn_last_error());
     return plan;
-}
-
-static void expect_message(flashattn_status_t st, flashattn_status_t want, const char *needle, const char *what) {
-    const char *msg = flashattn_last_error();
-    EXPECT(st == want, "%s: status %d, want %d (%s)", what, (int)st, (int)want, msg);
-    EXPECT(strstr(msg, needle) != NULL, "%s: message '%s' does not name '%s'", what, msg, needle);
 }
 
 static void check_bad_arguments(void) {

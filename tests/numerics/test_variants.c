@@ -25,25 +25,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "test_expect.h"
 #include "test_support.h"
 
-#ifndef TEST_BACKEND
-#define TEST_BACKEND FLASHATTN_BACKEND_CPU
-#endif
-
-static int g_failures = 0;
 static int g_checked = 0;
 static int g_refused = 0;
-
-#define EXPECT(cond, ...)                              \
-    do {                                               \
-        if (!(cond)) {                                 \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                       \
-            printf("\n");                              \
-            ++g_failures;                              \
-        }                                              \
-    } while (0)
 
 /* One problem with its variants. Sequences: fixed length, or (varlen) lengths len_q/len_k. */
 typedef struct vcase {

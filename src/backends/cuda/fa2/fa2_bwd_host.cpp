@@ -23,7 +23,7 @@
 
 #include "backends/cuda/fa2/fa2_bwd_params.h"
 #include "backends/cuda/host/cuda_host.h"
-#include "backends/cuda/host/tensor_args.h"
+#include "backends/cuda/host/bwd_args.h"
 #include "base/checked_math.h"
 #include "base/status.h"
 
@@ -96,16 +96,10 @@ BwdPlan plan_backward(const Problem &p, const DeviceInfo &dev, WorkspaceLayout *
     plan.head_dim = bwd_compiled_for(p.head_dim).head_dim;
     plan.fallback = use_fallback(plan.head_dim, dev.smem_per_block_optin);
     const BwdTile tile = tile_of(plan.head_dim, plan.fallback);
-    const size_t rows = static_cast<size_t>(p.heads_q) * static_cast<size_t>(p.total_query_rows());
-    if (p.deterministic) {
-        plan.sem_blocks = static_cast<int>(query_blocks(p, tile));
-        plan.dq_sem = ws->add("fa2 backward dQ order counters", static_cast<size_t>(p.batch) *
-                                                                    static_cast<size_t>(p.heads_q) *
-                                                                    static_cast<size_t>(plan.sem_blocks) * sizeof(int32_t));
-    }
-    plan.row_dot = ws->add("fa2 backward dO.O row sums", rows * sizeof(float));
-    plan.dq_accum = ws->add("fa2 backward dQ accumulator",
-                            rows * static_cast<size_t>(p.head_dim) * sizeof(float));
+    static_cast<BwdSlices &>(plan) =
+        add_backward_slices(p, query_blocks(p, tile),
+                            {"fa2 backward dQ order counters", "fa2 backward dO.O row sums", "fa2 backward dQ accumulator"},
+                            ws);
     return plan;
 }
 
@@ -124,25 +118,8 @@ flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const Wor
     const bool have_k = p.varlen ? p.total_k > 0 : p.seqlen_k > 0;
 
     BwdParams k;
-    fill_tensor_args(p, t, &k);
-    k.dout = t.dout;
-    k.dq = t.dq;
-    k.dk = t.dk;
-    k.dv = t.dv;
-    k.do_bs = p.dout.batch, k.do_rs = p.dout.row, k.do_hs = p.dout.head;
-    k.dq_bs = p.dq.batch, k.dq_rs = p.dq.row, k.dq_hs = p.dq.head;
-    k.dk_bs = p.dk.batch, k.dk_rs = p.dk.row, k.dk_hs = p.dk.head;
-    k.dv_bs = p.dv.batch, k.dv_rs = p.dv.row, k.dv_hs = p.dv.head;
-    k.row_dot = ws.at<float>(t.workspace, plan.row_dot);
-    k.dq_accum = ws.at<float>(t.workspace, plan.dq_accum);
-    k.scale = static_cast<float>(p.scale);
-    k.dq_splits = 1;
-    k.deterministic = p.deterministic ? 1 : 0;
+    fill_backward_args(p, t, ws, plan, &k);
     k.dsink_logits = t.dsink_logits;
-    if (p.deterministic) {
-        k.dq_sem = ws.at<int32_t>(t.workspace, plan.dq_sem);
-        k.sem_blocks = plan.sem_blocks;
-    }
 
     const bool bf16 = p.dtype == FLASHATTN_DTYPE_BF16;
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);

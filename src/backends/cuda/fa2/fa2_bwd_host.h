@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backends/cuda/host/bwd_args.h"
 #include "base/workspace.h"
 #include "device/device.h"
 #include "problem/problem.h"
@@ -13,14 +14,10 @@
 namespace flashattn {
 namespace fa2 {
 
-// What the backward decided at finalize.
-struct BwdPlan {
-    int dq_accum = -1;  // workspace slices: [heads_q][rows][head_dim] fp32 dQ accumulator
-    int row_dot = -1;   // [heads_q][rows] fp32 dO.O row sums (rows: batch*seqlen_q, or total_q)
+// What the backward decided at finalize: the workspace slices (host/bwd_args.h) and FA2's own.
+struct BwdPlan : BwdSlices {
     int head_dim = 0;   // the compiled head dim that runs the problem (fa2_head_dims.h)
     bool fallback = false;  // the fallback tile (fa2_bwd_params.h): the main one exceeds the device's opt-in
-    int dq_sem = -1;    // deterministic: [batch][heads_q][sem_blocks] int32 dQ order counters
-    int sem_blocks = 0; // query blocks of the longest sequence (deterministic)
 };
 
 // Empty when FA2 can run the backward pass of `p` on `dev`; otherwise one sentence saying why not.

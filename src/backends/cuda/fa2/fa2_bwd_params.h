@@ -15,30 +15,13 @@
 #include <cuda_runtime_api.h>
 
 #include "backends/cuda/fa2/fa2_head_dims.h"
-#include "backends/cuda/host/tensor_args.h"
+#include "backends/cuda/host/bwd_args.h"
 
 namespace flashattn {
 namespace fa2 {
 
-struct BwdParams : TensorArgs {
-    const void *dout = nullptr;  // dO: layout of O
-    void *dq = nullptr;          // layouts of Q, K, V
-    void *dk = nullptr;
-    void *dv = nullptr;
-    int64_t do_bs = 0, do_rs = 0, do_hs = 0;
-    int64_t dq_bs = 0, dq_rs = 0, dq_hs = 0;
-    int64_t dk_bs = 0, dk_rs = 0, dk_hs = 0;
-    int64_t dv_bs = 0, dv_rs = 0, dv_hs = 0;
-
-    float *row_dot = nullptr;   // workspace: [heads_q][total_rows] fp32, D_i = dO_i . O_i
-    float *dq_accum = nullptr;  // workspace: [heads_q][total_rows][head_dim] fp32
-    int32_t *dq_sem = nullptr;  // deterministic: [batch][heads_q][sem_blocks] zeroed counters that
-                                // order the dQ adds of one query block (key blocks ascending)
-    int32_t sem_blocks = 0;     // query blocks of the longest sequence
-    float scale = 0.f;          // softmax scale (dK and dQ are multiplied by it at the end)
-    int32_t dq_splits = 1;      // accumulator copies the preprocess zeroes and the convert sums (1 since
-                                // the deterministic mode orders its adds instead of copying)
-    int32_t deterministic = 0;  // 1: dQ adds ordered by dq_sem
+// The shared backward arguments (host/bwd_args.h) and FA2's own.
+struct BwdParams : BwdTensorArgs {
     float *dsink_logits = nullptr;  // sink logits' gradient [heads_q] (TensorArgs::sink_logits set)
 };
 

@@ -16,7 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backends/cuda/host/cuda_host.h"
-#include "backends/cuda/host/tensor_args.h"
+#include "backends/cuda/host/bwd_args.h"
 #include "base/checked_math.h"
 #include "base/status.h"
 
@@ -70,15 +70,10 @@ BwdPlan plan_backward(const Problem &p, WorkspaceLayout *ws) {
     BwdPlan plan;
     plan.head_dim = compiled_for(p.head_dim).head_dim;
     plan.launch = compiled_for(p.head_dim).launch;
-    const size_t rows = static_cast<size_t>(p.heads_q) * static_cast<size_t>(p.total_query_rows());
-    if (p.deterministic) {
-        plan.sem_blocks = static_cast<int>(ceil_div(p.seqlen_q, kBwdBM));
-        plan.dq_sem = ws->add("fa3 backward dQ order counters", static_cast<size_t>(p.batch) *
-                                                                    static_cast<size_t>(p.heads_q) *
-                                                                    static_cast<size_t>(plan.sem_blocks) * sizeof(int32_t));
-    }
-    plan.row_dot = ws->add("fa3 backward dO.O row sums", rows * sizeof(float));
-    plan.dq_accum = ws->add("fa3 backward dQ accumulator", rows * static_cast<size_t>(p.head_dim) * sizeof(float));
+    static_cast<BwdSlices &>(plan) =
+        add_backward_slices(p, ceil_div(p.seqlen_q, kBwdBM),
+                            {"fa3 backward dQ order counters", "fa3 backward dO.O row sums", "fa3 backward dQ accumulator"},
+                            ws);
     return plan;
 }
 
@@ -89,24 +84,7 @@ flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const Wor
     const bool have_k = p.varlen ? p.total_k > 0 : p.seqlen_k > 0;
 
     BwdParams k;
-    fill_tensor_args(p, t, &k);
-    k.dout = t.dout;
-    k.dq = t.dq;
-    k.dk = t.dk;
-    k.dv = t.dv;
-    k.do_bs = p.dout.batch, k.do_rs = p.dout.row, k.do_hs = p.dout.head;
-    k.dq_bs = p.dq.batch, k.dq_rs = p.dq.row, k.dq_hs = p.dq.head;
-    k.dk_bs = p.dk.batch, k.dk_rs = p.dk.row, k.dk_hs = p.dk.head;
-    k.dv_bs = p.dv.batch, k.dv_rs = p.dv.row, k.dv_hs = p.dv.head;
-    k.row_dot = ws.at<float>(t.workspace, plan.row_dot);
-    k.dq_accum = ws.at<float>(t.workspace, plan.dq_accum);
-    k.scale = static_cast<float>(p.scale);
-    k.dq_splits = 1;
-    k.deterministic = p.deterministic ? 1 : 0;
-    if (p.deterministic) {
-        k.dq_sem = ws.at<int32_t>(t.workspace, plan.dq_sem);
-        k.sem_blocks = plan.sem_blocks;
-    }
+    fill_backward_args(p, t, ws, plan, &k);
 
     const bool bf16 = p.dtype == FLASHATTN_DTYPE_BF16;
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);

@@ -14,14 +14,11 @@
 namespace flashattn {
 namespace fa3 {
 
-// What the backward decided at finalize.
-struct BwdPlan {
+// What the backward decided at finalize: the workspace slices (host/bwd_args.h; sem_blocks counts
+// query blocks of kBwdBM rows) and the kernel.
+struct BwdPlan : BwdSlices {
     int head_dim = 0;    // the compiled head dim that runs the problem (fa3_head_dims.h)
     LaunchBwd launch = nullptr;
-    int dq_accum = -1;   // workspace slices: [heads_q][rows][head_dim] fp32 dQ accumulator
-    int row_dot = -1;    // [heads_q][rows] fp32 dO.O row sums (rows: batch*seqlen_q, or total_q)
-    int dq_sem = -1;     // deterministic: [batch][heads_q][sem_blocks] int32 dQ order counters
-    int sem_blocks = 0;  // query blocks of kBwdBM rows of the longest sequence (deterministic)
 };
 
 // Empty when the FA3 backward kernels can run `p` on `dev` (the forward's own conditions, TMA

@@ -16,30 +16,15 @@
 #include <cstdint>
 
 #include "backends/cuda/fa3/fa3_head_dims.h"
-#include "backends/cuda/host/tensor_args.h"
+#include "backends/cuda/host/bwd_args.h"
 
 namespace flashattn {
 namespace fa3 {
 
-// The field names are those device/bwd_prep.cuh reads (as fa2::BwdParams has them).
-struct BwdParams : TensorArgs {
-    const void *dout = nullptr;  // dO: layout of O
-    void *dq = nullptr;          // layouts of Q, K, V
-    void *dk = nullptr;
-    void *dv = nullptr;
-    int64_t do_bs = 0, do_rs = 0, do_hs = 0;
-    int64_t dq_bs = 0, dq_rs = 0, dq_hs = 0;
-    int64_t dk_bs = 0, dk_rs = 0, dk_hs = 0;
-    int64_t dv_bs = 0, dv_rs = 0, dv_hs = 0;
-
-    float *row_dot = nullptr;   // workspace: [heads_q][total_rows] fp32, D_i = dO_i . O_i
-    float *dq_accum = nullptr;  // workspace: [heads_q][total_rows][head_dim] fp32
-    int32_t *dq_sem = nullptr;  // deterministic: [batch][heads_q][sem_blocks] zeroed counters
-    int32_t sem_blocks = 0;     // query blocks (kBwdBM rows) of the longest sequence
-    float scale = 0.f;          // softmax scale (dK and dQ are multiplied by it at the end)
-    int32_t dq_splits = 1;      // accumulator copies (always 1: the preprocess and convert read it)
-    int32_t deterministic = 0;  // 1: the dQ adds of one query block take turns (fa3_bwd_kernel.cuh)
-};
+// The shared backward arguments (host/bwd_args.h, the fields device/bwd_prep.cuh reads); FA3 adds
+// none (sem_blocks counts query blocks of kBwdBM rows; the dQ adds of one query block take turns
+// in deterministic mode: fa3_bwd_kernel.cuh).
+struct BwdParams : BwdTensorArgs {};
 
 // TMA descriptors: rank 4 {head_dim, rows, heads, batch} like the forward's, 64-column boxes of
 // kBwdBM rows (Q, dO) or kBwdBN rows (K, V), 128-byte swizzle.

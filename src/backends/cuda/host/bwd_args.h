@@ -1,0 +1,61 @@
+// What the FA2 and FA3 backward passes share on the host side: the kernels' backward arguments
+// (the gradient tensors, their strides, the workspace slices and the mode) on top of TensorArgs,
+// the workspace slices themselves, and the filling of both. Each generation's BwdParams extends
+// BwdTensorArgs with its own fields; device/bwd_prep.cuh reads these fields by name. Plain C++,
+// shared by host and device code (the .cpp half is host only).
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cuda/host/tensor_args.h"
+
+namespace flashattn {
+
+class WorkspaceLayout;
+
+struct BwdTensorArgs : TensorArgs {
+    const void *dout = nullptr;  // dO: layout of O
+    void *dq = nullptr;          // layouts of Q, K, V
+    void *dk = nullptr;
+    void *dv = nullptr;
+    int64_t do_bs = 0, do_rs = 0, do_hs = 0;
+    int64_t dq_bs = 0, dq_rs = 0, dq_hs = 0;
+    int64_t dk_bs = 0, dk_rs = 0, dk_hs = 0;
+    int64_t dv_bs = 0, dv_rs = 0, dv_hs = 0;
+
+    float *row_dot = nullptr;   // workspace: [heads_q][total_rows] fp32, D_i = dO_i . O_i
+    float *dq_accum = nullptr;  // workspace: [heads_q][total_rows][head_dim] fp32
+    int32_t *dq_sem = nullptr;  // deterministic: [batch][heads_q][sem_blocks] zeroed counters that
+                                // order the dQ adds of one query block (key blocks ascending)
+    int32_t sem_blocks = 0;     // query blocks of the longest sequence (the generation's block rows)
+    float scale = 0.f;          // softmax scale (dK and dQ are multiplied by it at the end)
+    int32_t dq_splits = 1;      // accumulator copies the preprocess zeroes and the convert sums (1 since
+                                // the deterministic mode orders its adds instead of copying)
+    int32_t deterministic = 0;  // 1: dQ adds ordered by dq_sem
+};
+
+// The backward's workspace slices (indices into the plan's WorkspaceLayout, -1 when absent), as
+// decided at finalize. Every generation's BwdPlan extends it.
+struct BwdSlices {
+    int dq_accum = -1;   // [heads_q][rows][head_dim] fp32 dQ accumulator
+    int row_dot = -1;    // [heads_q][rows] fp32 dO.O row sums (rows: batch*seqlen_q, or total_q)
+    int dq_sem = -1;     // deterministic: [batch][heads_q][sem_blocks] int32 dQ order counters
+    int sem_blocks = 0;  // query blocks of the longest sequence (deterministic)
+};
+
+// The slices' names in the layout (string literals: the layout keeps the pointers).
+struct BwdSliceNames {
+    const char *dq_sem, *row_dot, *dq_accum;
+};
+
+// Adds the slices to `ws` (the order counters only in deterministic mode, one per query block of
+// `query_blocks` per sequence and query head) and returns their indices.
+BwdSlices add_backward_slices(const Problem &p, int64_t query_blocks, const BwdSliceNames &names,
+                              WorkspaceLayout *ws);
+
+// TensorArgs of the call, then the gradients with their strides, the workspace slices' addresses,
+// the scale and the mode. The generation's own fields are left to the caller.
+void fill_backward_args(const Problem &p, const Tensors &t, const WorkspaceLayout &ws, const BwdSlices &slices,
+                        BwdTensorArgs *out);
+
+}  // namespace flashattn
