@@ -5,8 +5,12 @@
 # repository root with .devdeps carried (../shared/tools/device-deps.sh); T = per-job timeout (s).
 set -uo pipefail
 final_out=${OUT:-/tmp/out}; out=/tmp/flog; rm -rf $out; mkdir -p "$out" "$final_out"
-export BUILD_DIR=/tmp/fa-final
+export BUILD_DIR=/tmp/fa-final NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 b=$BUILD_DIR
+# libflashattn_cp's NCCL transport: NCCL from /usr/local/cuda, else torch's nvidia/nccl wheel.
+if [ -z "${NCCL_ROOT:-}" ] && ! [ -f /usr/local/cuda/include/nccl.h ]; then
+  NCCL_ROOT=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null); export NCCL_ROOT
+fi
 OUT=$out bash tests/gpu/h200-check.sh build > "$out/build-stage.txt" 2>&1
 tail -3 "$out/build-stage.txt"
 [ -f "$b/src/libflashattn.so" ] || { echo BUILD FAILED; tail -60 "$out/build.log" 2>/dev/null; tar czf "$final_out/logs.tgz" -C "$out" .; exit 1; }
@@ -22,14 +26,17 @@ for tool in memcheck racecheck synccheck; do
     run $tool-$t env $S compute-sanitizer --tool $tool --error-exitcode 99 $b/tests/test_$t
   done
 done
-for t in special_values_fa2 special_values_fa3 hadamard_fa2; do
+for t in special_values_fa2 special_values_fa3 hadamard_fa2 fp8_fa3; do
   run memcheck-$t env $S compute-sanitizer --tool memcheck --error-exitcode 99 $b/tests/test_$t
 done
+for tool in racecheck synccheck; do run $tool-fp8_fa3 env $S compute-sanitizer --tool $tool --error-exitcode 99 $b/tests/test_fp8_fa3; done
+[ -x $b/cp/test_cp_ring_gpu ] && run memcheck-cp_ring_gpu compute-sanitizer --tool memcheck --error-exitcode 99 $b/cp/test_cp_ring_gpu
 run racecheck-bwd-fallback env $S FLASHATTN_FA2_BWD_TILE=fallback compute-sanitizer --tool racecheck --error-exitcode 99 $b/tests/test_backward_fa2
 run bwd-verbose-fa2 env FLASHATTN_TEST_VERBOSE=1 $b/tests/test_backward_fa2
 run bwd-verbose-fa3 env FLASHATTN_TEST_VERBOSE=1 $b/tests/test_backward_fa3
 run pytest env FLASHATTN_LIBRARY=$b/src/libflashattn.so PYTHONPATH=bindings/python python3 -m pytest -q -x bindings/python/tests
 wait
+timeout 90 $b/bench/flashattn-bench --backend all-gpu --backward-only --deterministic --hdim 64,128 --seqlen 2048,8192 > "$out/backward.txt" 2>&1
 $b/bench/flashattn-bench --backend all-gpu --host-cost > "$out/hostcost.txt" 2>&1
 for ps in 0 16 256; do
   timeout 40 $b/bench/flashattn-bench --backend all-gpu --decode --decode-batch 1 --decode-kv-heads 8 --decode-seqlen 32768,131072 --page-size $ps > "$out/decode-page$ps.txt" 2>&1
@@ -37,6 +44,7 @@ done
 grep -E 'Failed|Skipped|Not Run|Passed|\*\*\*' "$out/ctest.log" | grep -E '^ *[0-9]+/' > "$out/ctest-summary.txt"
 tar czf "$final_out/logs.tgz" -C "$out" . 2>/dev/null
 echo; echo "==== ctest"; grep -vE ' Passed ' "$out/ctest-summary.txt"; tail -3 "$out/ctest.log"
+echo "==== backward"; tail -14 "$out/backward.txt"
 echo "==== host cost"; tail -8 "$out/hostcost.txt"
 echo "==== decode"; for ps in 0 16 256; do tail -6 "$out/decode-page$ps.txt"; done
 echo "==== summary (non-zero rc first)"; cat "$out"/*.rc | sort -t= -k2 -r | grep -v "rc=0 " ; echo "--- rc=0:"; cat "$out"/*.rc | grep -c "rc=0 "
