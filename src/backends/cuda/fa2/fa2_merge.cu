@@ -1,9 +1,9 @@
 // Merge of partial attention states: O = sum_s exp(LSE_s - LSE) O_s, LSE = log sum_s exp(LSE_s).
 // One kernel serves FA2's split-KV combine (fp32 partials in the workspace) and the public
 // flashattn_plan_merge_states (fp32, fp16 or bf16 partials laid out as the plan's O, on the plans
-// of every GPU generation: dispatch.cpp). One warp per (query row, head); each lane owns 8 columns
-// (head_dim_v <= 256), so every partial row is read with 16-byte loads once and O written once:
-// the kernel is bandwidth-bound. Rows -inf in every partial get O = 0 and LSE = -inf. A NaN
+// of every GPU generation: dispatch.cpp). One warp per (query row, head); a lane owns 8 columns
+// (head_dim_v <= 256) of a share of the partials (merge_kernel), so every partial row is read with
+// 16-byte loads once and O written once: the kernel is bandwidth-bound. Rows -inf in every partial get O = 0 and LSE = -inf. A NaN
 // partial LSE (a NaN reached the row in that partial) makes the row's O and LSE NaN: fmaxf would
 // drop it, and a row NaN in every partial then came out as a fully masked one.
 #include <cstdint>
@@ -57,8 +57,30 @@ __device__ __forceinline__ void load8<cuda::Bf16>(const void *base, int64_t offs
     unpack8(*reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(base) + offset), true, x);
 }
 
+// Zero x without reading (a partial that does not contribute: its O may be unwritten).
+__device__ __forceinline__ void zero8(float (&x)[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = 0.f;
+}
+
+// The weight e^(LSE_s - lse) of partial s: from lane s's register when there are at most 32
+// partials (every lane calls this: it is a shuffle), else read again (an L1 hit).
+__device__ __forceinline__ float partial_weight(const MergeParams &p, int64_t li, int s, float lse, float w_lane) {
+    const int S = p.num_partials;
+    const float w = __shfl_sync(0xffffffffu, w_lane, min(s, S - 1) & 31);
+    if (S <= 32) return s < S ? w : 0.f;
+    return s < S ? expf(p.lse_part[s][li] - lse) : 0.f;
+}
+
+// A warp merges one row. Lane l owns columns 8*(l % L) .. +7, L = the lanes a row's columns need
+// (a power of two: 8 up to head dim 64, 16 up to 128, 32 up to 256); the warp's 32 / L lane
+// groups split the partials (group q takes s = q, q + 32/L, ...) and add theirs up through
+// shuffles at the end, so that every lane has loads in flight: with one lane per 8 columns, half
+// the warp idled at head dim 128 and each lane waited for one partial's load after the other.
+// The partials' loads are issued kUnroll at a time before any is used.
 template <class In, class Out>
 __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_constant__ MergeParams p) {
+    constexpr int kUnroll = 4;
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * kMergeWarps + warp;
@@ -70,7 +92,10 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
 
     float mx = -INFINITY;
     bool nan = false;
-    for (int s = lane; s < S; s += 32) {
+    const float x_lane = lane < S ? p.lse_part[lane][li] : -INFINITY;
+    nan = x_lane != x_lane;
+    mx = fmaxf(mx, x_lane);
+    for (int s = lane + 32; s < S; s += 32) {
         const float x = p.lse_part[s][li];
         nan = nan || x != x;
         mx = fmaxf(mx, x);
@@ -79,28 +104,50 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float sum = 0.f;
-    if (mx != -INFINITY)
-        for (int s = lane; s < S; s += 32) sum += expf(p.lse_part[s][li] - mx);
+    if (mx != -INFINITY) {
+        sum = lane < S ? expf(x_lane - mx) : 0.f;
+        for (int s = lane + 32; s < S; s += 32) sum += expf(p.lse_part[s][li] - mx);
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const float lse = nan ? NAN : sum == 0.f ? -INFINITY : mx + logf(sum);
+    const float w_lane = lane < S && lse != -INFINITY && !nan ? expf(x_lane - lse) : 0.f;
 
-    const int c = lane * 8;
-    if (c < p.head_dim) {
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        if (nan) {
-            for (int i = 0; i < 8; ++i) acc[i] = NAN;
-        } else if (lse != -INFINITY) {
-            const int64_t po = b * p.p_bs + row * p.p_rs + head * p.p_hs + c;
-            for (int s = 0; s < S; ++s) {
-                const float w = expf(p.lse_part[s][li] - lse);
-                if (w == 0.f) continue;  // an empty partial's O is 0 (or, from a split, unwritten)
-                float x[8];
-                load8<In>(p.o_part[s], po, x);
+    // Lanes per row: the power of two covering head_dim / 8 columns groups (8 at least).
+    const int need = (p.head_dim + 7) / 8;
+    const int L = need <= 8 ? 8 : need <= 16 ? 16 : 32;
+    const int groups = 32 / L;
+    const int group = lane / L;
+    const int c = (lane % L) * 8;
+    const bool cols = c < p.head_dim;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (!nan && lse != -INFINITY) {
+        const int64_t po = b * p.p_bs + row * p.p_rs + head * p.p_hs + c;
+        for (int s0 = group; s0 < S + group; s0 += kUnroll * groups) {  // warp-uniform trip count
+            float w[kUnroll], x[kUnroll][8];
 #pragma unroll
-                for (int i = 0; i < 8; ++i) acc[i] = fmaf(w, x[i], acc[i]);
+            for (int u = 0; u < kUnroll; ++u) {
+                const int s = s0 + u * groups;
+                w[u] = partial_weight(p, li, s, lse, w_lane);
+                // w = 0: an empty partial's O is 0 (or, from a split, unwritten): not read.
+                if (cols && w[u] != 0.f)
+                    load8<In>(p.o_part[s], po, x[u]);
+                else
+                    zero8(x[u]);
             }
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[i] = fmaf(w[u], x[u][i], acc[i]);
         }
+        for (int o = 16; o >= L; o >>= 1)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+    }
+    if (nan)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] = NAN;
+    if (group == 0 && cols) {
         uint4 out;
         out.x = cuda::pack2<Out>(acc[0], acc[1]);
         out.y = cuda::pack2<Out>(acc[2], acc[3]);
