@@ -8,6 +8,7 @@
 //   LD_LIBRARY_PATH=$BUILD/src /tmp/bv [seqlen] [head_dim] [backends: fa2,fa3]
 //
 //   ... /tmp/bv 8192 192 fa2,fa3 128     (only head_dim_v 128 rows, against the square head dim 192)
+//   ... /tmp/bv 8192 128 merge           (merge of 8 partial states against a device copy)
 //
 // Prints a markdown table: backend, variant, its baseline, ms of both, TFLOP/s of the variant
 // (2 (d + d_v) FLOPs per visible (query, key) pair of its baseline: FlashAttention's
@@ -145,6 +146,94 @@ double visible_pairs(const Variant &v, int64_t s) {
     return n;
 }
 
+// Merge of 8 partial states (flashattn_plan_merge_states) at this shape against a device-to-device
+// copy of the same buffer size (issue 19's bar: at least 80% of copy bandwidth). Bandwidth counts
+// the bytes every merge must move: each partial's O and LSE read once, O and LSE written once; the
+// copy's bytes are read + written.
+void bench_merge(int64_t b, int64_t h, int64_t s, int64_t d) {
+    constexpr int kParts = 8, kReps = 20;
+    const size_t rows = static_cast<size_t>(b * s * h);
+    flashattn_plan_t *plan = nullptr;
+    flashattn_plan_create(&plan);
+    const struct { flashattn_i64_param_t key; int64_t value; } keys[] = {
+        {FLASHATTN_I64_BATCH, b}, {FLASHATTN_I64_SEQLEN_Q, s}, {FLASHATTN_I64_SEQLEN_K, s},
+        {FLASHATTN_I64_HEADS_Q, h}, {FLASHATTN_I64_HEADS_KV, h}, {FLASHATTN_I64_HEAD_DIM, d},
+        {FLASHATTN_I64_DTYPE, FLASHATTN_DTYPE_BF16}, {FLASHATTN_I64_BACKEND, FLASHATTN_BACKEND_FA2}};
+    for (const auto &kv : keys) flashattn_plan_set_i64(plan, kv.key, kv.value);
+    if (flashattn_plan_finalize(plan) != FLASHATTN_SUCCESS) {
+        std::printf("<!-- merge plan: %s -->\n", flashattn_last_error());
+        flashattn_plan_destroy(plan);
+        return;
+    }
+    void *part = nullptr, *o = nullptr, *copy_src = nullptr, *copy_dst = nullptr;
+    float *lse_part = nullptr, *lse = nullptr;
+    const size_t part_bytes = rows * d * 4;  // room for fp32 partials
+    CHECK_CUDA(cudaMalloc(&part, kParts * part_bytes));
+    CHECK_CUDA(cudaMalloc(&lse_part, kParts * rows * 4));
+    CHECK_CUDA(cudaMalloc(&o, rows * d * 2));
+    CHECK_CUDA(cudaMalloc(&lse, rows * 4));
+    CHECK_CUDA(cudaMemset(part, 0, kParts * part_bytes));
+    {  // finite LSEs that differ per partial, so that every partial contributes
+        std::vector<float> host(kParts * rows);
+        for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f;
+        CHECK_CUDA(cudaMemcpy(lse_part, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+    }
+    cudaEvent_t e0, e1;
+    CHECK_CUDA(cudaEventCreate(&e0));
+    CHECK_CUDA(cudaEventCreate(&e1));
+    auto time_ms = [&](auto &&fn) {
+        for (int i = 0; i < 3; ++i) fn();
+        std::vector<double> t;
+        for (int r = 0; r < 5; ++r) {
+            CHECK_CUDA(cudaEventRecord(e0));
+            for (int i = 0; i < kReps; ++i) fn();
+            CHECK_CUDA(cudaEventRecord(e1));
+            CHECK_CUDA(cudaEventSynchronize(e1));
+            float ms = 0.f;
+            CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+            t.push_back(ms / kReps);
+        }
+        std::sort(t.begin(), t.end());
+        return t[2];
+    };
+    // The copy: as many bytes as the bf16 merge reads (src) and writes (dst), one buffer of each.
+    const size_t copy_bytes = kParts * rows * d * 2;
+    CHECK_CUDA(cudaMalloc(&copy_src, copy_bytes));
+    CHECK_CUDA(cudaMalloc(&copy_dst, copy_bytes));
+    const double copy_ms = time_ms([&] { CHECK_CUDA(cudaMemcpyAsync(copy_dst, copy_src, copy_bytes, cudaMemcpyDeviceToDevice)); });
+    const double copy_bw = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e12;
+    std::printf("\n## Merge of %d partials: batch %lld, heads %lld, seqlen %lld, head dim %lld, bf16 output\n\n", kParts,
+                static_cast<long long>(b), static_cast<long long>(h), static_cast<long long>(s),
+                static_cast<long long>(d));
+    std::printf("| partials | ms | TB/s (bytes moved) | fraction of copy |\n|---|---|---|---|\n");
+    std::printf("| (device-to-device copy, %.0f MiB) | %.3f | %.2f | 1 |\n", copy_bytes / 1048576.0, copy_ms, copy_bw);
+    for (const flashattn_dtype_t dt : {FLASHATTN_DTYPE_BF16, FLASHATTN_DTYPE_FP32}) {
+        const size_t elt = dt == FLASHATTN_DTYPE_FP32 ? 4 : 2;
+        const void *po[kParts];
+        const float *pl[kParts];
+        for (int i = 0; i < kParts; ++i) {
+            po[i] = static_cast<const char *>(part) + i * rows * d * elt;
+            pl[i] = lse_part + i * rows;
+        }
+        flashattn_status_t st = FLASHATTN_SUCCESS;
+        const double ms = time_ms([&] {
+            if (st == FLASHATTN_SUCCESS) st = flashattn_plan_merge_states(plan, kParts, po, pl, dt, o, lse, nullptr);
+        });
+        if (st != FLASHATTN_SUCCESS) {
+            std::printf("<!-- merge: %s -->\n", flashattn_last_error());
+            continue;
+        }
+        const double bytes = kParts * rows * (d * elt + 4.0) + rows * (d * 2 + 4.0);
+        const double bw = bytes / (ms * 1e-3) / 1e12;
+        std::printf("| %s | %.3f | %.2f | %.3f |\n", elt == 4 ? "fp32" : "bf16", ms, bw, bw / copy_bw);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    for (void *ptr : {part, o, copy_src, copy_dst, static_cast<void *>(lse_part), static_cast<void *>(lse)})
+        CHECK_CUDA(cudaFree(ptr));
+    flashattn_plan_destroy(plan);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -190,6 +279,10 @@ int main(int argc, char **argv) {
         const size_t comma = std::min(backends.find(',', pos), backends.size());
         const std::string be = backends.substr(pos, comma - pos);
         pos = comma + 1;
+        if (be == "merge") {
+            bench_merge(b, h, s, d);
+            continue;
+        }
         for (int vi = 0; vi < kCount; ++vi) {
             const Variant &v = kVariants[vi], &base = kVariants[v.baseline];
             if ((v.use_dv != 0) != (dv != 0)) continue;  // with dv: only the head_dim_v rows

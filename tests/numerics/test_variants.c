@@ -437,15 +437,18 @@ static void to_fp32(flashattn_dtype_t dt, const void *src, size_t n, test_mem *m
 /* Split `whole`'s keys at `cuts` (n_chunks + 1 entries from 0 to sk) and run each chunk with
  * `chunk_cases[i]`'s mask; merge (fp32 partials when `fp32_partials`) on the first chunk's plan and
  * compare with the reference of `whole`. */
+/* Up to 40 chunks: more than one warp's lanes of partials (the GPU merge kernel reads their LSEs
+ * once per lane, and a second time beyond 32). */
+#define MAX_MERGE_CHUNKS 40
 static void run_merge_case(const vcase *whole, const int64_t *cuts, const vcase *chunk_masks, int n_chunks,
                            int fp32_partials, uint64_t seed) {
     char what[480], head[400];
     describe(head, sizeof head, whole);
     snprintf(what, sizeof what, "merge of %d%s %s", n_chunks, fp32_partials ? " fp32" : "", head);
-    run_data r, parts[4];
+    run_data r, parts[MAX_MERGE_CHUNKS];
     data_init(&r, whole, seed);
-    flashattn_plan_t *plans[4] = {NULL, NULL, NULL, NULL};
-    test_mem f32[4];
+    flashattn_plan_t *plans[MAX_MERGE_CHUNKS] = {NULL};
+    test_mem f32[MAX_MERGE_CHUNKS];
     memset(f32, 0, sizeof f32);
     int ready = 1;
     for (int i = 0; i < n_chunks; ++i) {
@@ -464,8 +467,8 @@ static void run_merge_case(const vcase *whole, const int64_t *cuts, const vcase 
         if (s != FLASHATTN_SUCCESS) ready = 0;
     }
     if (ready) {
-        const void *po[4];
-        const float *pl[4];
+        const void *po[MAX_MERGE_CHUNKS];
+        const float *pl[MAX_MERGE_CHUNKS];
         const size_t no = (size_t)(r.total_q * whole->hq * whole->dv);
         for (int i = 0; i < n_chunks; ++i) {
             if (fp32_partials) {
@@ -765,6 +768,11 @@ static const vcase forward_grid[] = {
     {1, 1, 3000, 8, 1, 128, 128, B16, 1, 0, 256, -1, 4, 0, 1, 0, 0},
     {2, 5, 2500, 4, 2, 64, 64, F16, 0, 0, 300, 0, 16, 1, 0, 0, 0},
     {1, 3, 4000, 16, 2, 128, 128, F16, 1, 0, -1, -1, 0, 1, 1, 0, 0},
+    /* ALiBi tiles wholly left or right of every row's diagonal (FA2/FA3 give their bias as a row
+     * offset to the softmax): long rows both ways, pack-GQA, sq > sk, sink tokens with ALiBi. */
+    {1, 257, 2100, 4, 1, 128, 128, B16, 0, 0, -1, -1, 0, 0, 1, 0, 0},
+    {2, 700, 300, 2, 2, 64, 64, F16, 0, 0, -1, -1, 0, 0, 1, 0, 1},
+    {1, 500, 1500, 4, 2, 128, 128, B16, 1, 0, 300, -1, 4, 0, 1, 0, 0},
     /* head_dim_v != head_dim: (192, 128), (128, 64), (256, 128), (64, 128). */
     {2, 77, 93, 4, 2, 192, 128, B16, 1, 0, -1, -1, 0, 0, 0, 0, 0},
     {2, 50, 65, 4, 4, 128, 64, F16, 0, 0, -1, -1, 0, 0, 0, 0, 0},
@@ -844,6 +852,20 @@ int main(void) {
         full.batch = 3;
         run_merge_case(&full, cuts3, masks3, 3, 0, seed + 80);
         run_merge_case(&full, cuts3, masks3, 3, 1, seed + 90);
+        /* (c) many chunks, uneven (one key up to 30): 9 at head dim 128 (the kernel's lane groups
+         * split the partials unevenly), 36 at head dim 64, varlen. */
+        vcase many = {2, 41, 200, 4, 2, 128, 128, mdt, 0, 0, -1, -1, 0, 0, 0, 0, 0};
+        const int64_t cuts9[] = {0, 1, 30, 31, 60, 90, 100, 130, 170, 200};
+        vcase masks9[9];
+        for (int i = 0; i < 9; ++i) masks9[i] = many;
+        run_merge_case(&many, cuts9, masks9, 9, 0, seed + 100);
+        run_merge_case(&many, cuts9, masks9, 9, 1, seed + 110);
+        vcase lots = {3, 60, 150, 4, 4, 64, 64, mdt, 0, 0, -1, -1, 0, 0, 0, 0, 2};
+        int64_t cuts36[37];
+        vcase masks36[36];
+        for (int i = 0; i <= 36; ++i) cuts36[i] = i < 36 ? (int64_t)(i * 4) : 150;
+        for (int i = 0; i < 36; ++i) masks36[i] = lots;
+        run_merge_case(&lots, cuts36, masks36, 36, 0, seed + 120);
     }
     merge_argument_checks();
 

@@ -72,34 +72,87 @@ __device__ __forceinline__ void alibi_scores(float (&S)[kNT][4], const int (&rdi
     }
 }
 
+// ALiBi on a key tile that lies wholly on one side of each of the thread's two rows' diagonals
+// (every key j <= rdiag[h], or every j >= rdiag[h]), where |rdiag - j| has a known sign: the bias
+// is s*(j - rdiag) with s = slope (keys left of the diagonal) or -slope (right of it), that is
+// s*c per tile column c (one FFMA with c an immediate, shared by all tiles) plus the per-row
+// constant shift[h] = s*(col0 - rdiag), which the softmax takes as a row offset
+// (softmax_step_shifted) instead of adding it to every score. The general form above costs an
+// FFMA, an absolute value and an FFMA per score; FA2 ran every ALiBi tile through its edge body
+// with it (0.73x the plain speed at hdim 128, H200). col0 as for alibi_scores.
+template <int kNT>
+__device__ __forceinline__ bool alibi_one_side(const int (&rdiag)[2], int col0) {
+    // The thread's columns are col0 + nt*8 + e (e = 0, 1): first col0, last col0 + 8*kNT - 7.
+    const int last = col0 + 8 * kNT - 7;
+    return (last <= rdiag[0] || col0 >= rdiag[0]) && (last <= rdiag[1] || col0 >= rdiag[1]);
+}
+
+template <int kNT>
+__device__ __forceinline__ void alibi_scores_one_side(float (&S)[kNT][4], const int (&rdiag)[2],
+                                                      const float (&slope)[2], int col0, float (&shift)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        // Left of the diagonal col0 < rdiag (the thread's last column is col0 + 8*kNT - 7 <= rdiag);
+        // right of it col0 >= rdiag.
+        const float s = col0 < rdiag[h] ? slope[h] : -slope[h];
+        shift[h] = s * static_cast<float>(col0 - rdiag[h]);
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) S[nt][2 * h + e] = fmaf(s, static_cast<float>(nt * 8 + e), S[nt][2 * h + e]);
+    }
+}
+
 // One online-softmax step: the new running max per row, alpha = exp2((m_old - m_new) * sl2) for
 // the caller's rescale of O, P = exp2(S*sl2 - m_new*sl2) packed to 16 bits as m16k16 A fragments
 // (n8 tiles 2k and 2k+1 form fragment k: no data movement), and the running sums. A row with
 // every key masked so far keeps max -inf and gets P = 0, alpha = 1.
-template <class E, int kNT>
-__device__ __forceinline__ void softmax_step(float (&S)[kNT][4], float (&row_max)[2], float (&row_sum)[2],
-                                             float sl2, uint32_t (&P)[kNT / 2][4], float (&alpha)[2]) {
+// kShift: the tile's scores are S + shift[h] per row half (alibi_scores_one_side; the shift is
+// the thread's own, the four threads of a row differ): the row max is taken in the row's frame
+// (max of S, plus shift, then the quad's max), and P = exp2(S*sl2 + (shift*sl2 - m*sl2)).
+// A row max that does not move keeps its value exactly (alpha = 1), so the shift adds no drift.
+template <class E, bool kShift, int kNT>
+__device__ __forceinline__ void softmax_step_impl(float (&S)[kNT][4], float (&row_max)[2], float (&row_sum)[2],
+                                                  float sl2, uint32_t (&P)[kNT / 2][4], float (&alpha)[2],
+                                                  const float (&shift)[2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        float mx = row_max[h];
+        float mx = kShift ? -INFINITY : row_max[h];
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(S[nt][2 * h], S[nt][2 * h + 1]));
+        // Each thread's shift is its own (its columns start at 2t): into the row's frame before
+        // the quad's reduction.
+        if constexpr (kShift) mx = fmaxf(row_max[h], mx + shift[h]);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float ms = mx == -INFINITY ? 0.f : mx * sl2;
         alpha[h] = fast_exp2(row_max[h] * sl2 - ms);
         row_max[h] = mx;
+        const float bias = kShift ? fmaf(shift[h], sl2, -ms) : -ms;
         float rs = 0.f;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
-            const float p0 = fast_exp2(fmaf(S[nt][2 * h], sl2, -ms));
-            const float p1 = fast_exp2(fmaf(S[nt][2 * h + 1], sl2, -ms));
+            const float p0 = fast_exp2(fmaf(S[nt][2 * h], sl2, bias));
+            const float p1 = fast_exp2(fmaf(S[nt][2 * h + 1], sl2, bias));
             rs += p0 + p1;
             // n8 tile nt, row half h -> fragment nt/2, register h + 2*(nt%2)
             P[nt >> 1][h + 2 * (nt & 1)] = pack2<E>(p0, p1);
         }
         row_sum[h] = fmaf(row_sum[h], alpha[h], rs);
     }
+}
+
+template <class E, int kNT>
+__device__ __forceinline__ void softmax_step(float (&S)[kNT][4], float (&row_max)[2], float (&row_sum)[2],
+                                             float sl2, uint32_t (&P)[kNT / 2][4], float (&alpha)[2]) {
+    softmax_step_impl<E, false>(S, row_max, row_sum, sl2, P, alpha, {0.f, 0.f});
+}
+
+template <class E, int kNT>
+__device__ __forceinline__ void softmax_step_shifted(float (&S)[kNT][4], float (&row_max)[2], float (&row_sum)[2],
+                                                     float sl2, uint32_t (&P)[kNT / 2][4], float (&alpha)[2],
+                                                     const float (&shift)[2]) {
+    softmax_step_impl<E, true>(S, row_max, row_sum, sl2, P, alpha, shift);
 }
 
 // After the last key tile: 1/l per row (0 for a row that saw no key) and the natural-log LSE

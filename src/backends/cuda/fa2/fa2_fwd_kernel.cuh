@@ -11,8 +11,9 @@
 // soft cap, GQA/MQA (and pack-GQA: the query heads of one kv head stacked along M), variable
 // length (cu_seqlens), LSE, split-KV (fp32 partials into the workspace + fa2_merge.cu), seqused_k,
 // top-left causal, sink logits (joined after the key loop). In the kVariants instantiation: ALiBi
-// (in the edge-tile body, which every tile takes when it is on), sink tokens (their tiles walked
-// before the window's), head_dim_v != head_dim (V's columns past it load as zeros). A paged K/V cache is the one template
+// (general form in the edge-tile body, for the tiles that cross a row's diagonal; one FFMA per
+// score plus a softmax row offset in a third body elsewhere), sink tokens (their tiles walked
+// after the window's, in the same pipeline, with GEMMs bounded to the sink keys), head_dim_v != head_dim (V's columns past it load as zeros). A paged K/V cache is the one template
 // flag (kPaged): its per-tile page lookup, as a runtime test, cost the contiguous kernels spills.
 //
 // This file only assembles the roles: CTA -> work (fa2_tile_scheduler.cuh), the sequence's offsets
@@ -91,8 +92,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const int off = cuda::diagonal_offset(p, sq, sk);
     const int qlo = m0 / G;
     const int qhi = (min(m0 + kBM, prows) - 1) / G;
-    cuda::KeyTiles kt = cuda::key_tiles(p, qlo, qhi, sk, off, kBN);
-    if (kVariants && p.alibi_slopes != nullptr) kt.r_ok = -1;  // ALiBi: every tile takes the edge body
+    const cuda::KeyTiles kt = cuda::key_tiles(p, qlo, qhi, sk, off, kBN);
     const KeyTileRange kr = split_key_tiles(kt, split, p.num_splits);
     const int nb_first = kr.first, nb_last = kr.last;
 
@@ -166,16 +166,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
             unpack_row(m0 + warp * kWR + mt * 16 + h * 8 + g, G, hbase, qpos, head);
             return head;
         };
-        if constexpr (kVariants) {
-            if (s_last >= 0) {
-                a.nb_first = 0;
-                fwd_sink_tiles<Tr, E, kPaged, kVariants>(p, a, s_last, O, row_max, row_sum, row_diag, row_head);
-                a.nb_first = nb_first;
-            }
-        }
-        if (nb_first <= nb_last)
-            fwd_mainloop<Tr, E, kPaged, kVariants>(p, a, kt, nb_last, O, row_max, row_sum, row_diag, row_head,
-                                                   s_last < 0);
+        // ALiBi: only the tiles crossing a row's diagonal take the edge body (AlibiBand). Sink
+        // tiles follow the window's in the same walk.
+        AlibiBand band;
+        if (kVariants && p.alibi_slopes != nullptr) band = alibi_band(qlo + off, qhi + off, kBN);
+        fwd_mainloop<Tr, E, kPaged, kVariants>(p, a, kt, nb_last, O, row_max, row_sum, row_diag, row_head, s_last,
+                                               band);
     }
 
     // ---- epilogue ------------------------------------------------------------------------------

@@ -18,9 +18,11 @@ namespace fa2 {
 
 // S = Q K^T for this warp's rows. q_f/q_h: lane bases of the Q tile (full / half page),
 // k_f/k_h: lane bases of the current K buffer.
-template <class Tr, class E>
+// kBounded: only the first np_end 16-key chunks of the tile (a sink-token tile's sink keys,
+// np_end warp-uniform); the other scores stay 0 for the caller's mask.
+template <class Tr, class E, bool kBounded = false>
 __device__ __forceinline__ void gemm_qk(float (&S)[Tr::kMT][Tr::kNT][4], uint32_t q_f,
-                                        uint32_t q_h, uint32_t k_f, uint32_t k_h) {
+                                        uint32_t q_h, uint32_t k_f, uint32_t k_h, int np_end = 0) {
     using QT = typename Tr::QTile;
     using KT = typename Tr::KVTile;
 #pragma unroll
@@ -41,6 +43,7 @@ __device__ __forceinline__ void gemm_qk(float (&S)[Tr::kMT][Tr::kNT][4], uint32_
         }
 #pragma unroll
         for (int np = 0; np < Tr::kNT / 2; ++np) {
+            if (kBounded && np >= np_end) break;
             uint32_t kb[4];
             const uint32_t a = KT::in_full_page(ks)
                                    ? (k_f ^ KT::xor_term(ks)) + KT::const_term(np * 16, ks)
@@ -57,13 +60,15 @@ __device__ __forceinline__ void gemm_qk(float (&S)[Tr::kMT][Tr::kNT][4], uint32_
 
 // O += P V. P holds the softmaxed scores already packed as m16k16 A fragments (the S accumulators
 // of two adjacent n8 tiles form one k16 fragment: no shared-memory round trip).
-template <class Tr, class E>
+// kBounded: only the first vs_end 16-key chunks (their P is all the tile has; gemm_qk's bound).
+template <class Tr, class E, bool kBounded = false>
 __device__ __forceinline__ void gemm_pv(float (&O)[Tr::kMT][Tr::kDT][4],
                                         const uint32_t (&P)[Tr::kMT][Tr::kVS][4], uint32_t v_f,
-                                        uint32_t v_h) {
+                                        uint32_t v_h, int vs_end = 0) {
     using VT = typename Tr::KVTile;
 #pragma unroll
     for (int vs = 0; vs < Tr::kVS; ++vs) {
+        if (kBounded && vs >= vs_end) break;
 #pragma unroll
         for (int dp = 0; dp < Tr::kD / 16; ++dp) {
             uint32_t vb[4];

@@ -108,15 +108,25 @@ __device__ __forceinline__ int v_cols(const Params &p, const FwdLoopArgs &a) {
     return a.d;
 }
 
+// Whether the walk has a tile after nb, and which (`next`): nb - 1 down to a.nb_first in the plain
+// kernels; in the kVariants ones the walk goes on from the window's lowest tile to the sink tiles
+// (fwd_mainloop), so the caller says which tile comes next (-1: none).
+template <bool kVariants>
+__device__ __forceinline__ bool has_next_tile(const FwdLoopArgs &a, int nb, int next) {
+    if constexpr (kVariants) return next >= 0;
+    return nb > a.nb_first;
+}
+
 // Single K/V buffer, at the point where every warp is done with K[nb]: wait for V[nb] (the only
-// copy in flight), then refill the buffer with K[nb-1]. Traits::kEarlyK places this before the
+// copy in flight), then refill the buffer with K[next]. Traits::kEarlyK places this before the
 // softmax (as FlashAttention-2 does), otherwise it comes after it.
-template <class Tr, bool kPaged>
-__device__ __forceinline__ void wait_v_load_next_k(const Params &p, const FwdLoopArgs &a, uint32_t s_k, int nb) {
+template <class Tr, bool kPaged, bool kVariants>
+__device__ __forceinline__ void wait_v_load_next_k(const Params &p, const FwdLoopArgs &a, uint32_t s_k, int nb,
+                                                   int next) {
     cuda::cp_async_wait<0>();  // V[nb] landed
     __syncthreads();           // every warp is done with K[nb]
-    if (nb > a.nb_first) {
-        const int n0 = (nb - 1) * Tr::kBN;
+    if (has_next_tile<kVariants>(a, nb, next)) {
+        const int n0 = next * Tr::kBN;
         load_kv_tile<Tr, kPaged, true>(p, a, s_k, a.kg, n0, p.k_rs, p.k_bs, a.d);
         cuda::cp_async_commit();
     }
@@ -124,13 +134,11 @@ __device__ __forceinline__ void wait_v_load_next_k(const Params &p, const FwdLoo
 
 // Prologue: Q, K[nb_last] and V[nb_last] into the first buffer, as two cp.async groups (Q with K,
 // then V). The first V tile goes out with Q and K (both buffer schemes), so that the first
-// iteration waits for one memory round trip, not two. with_q false: Q is in place already (the
-// sink tiles' walk loaded it); K and V still form the same two groups.
+// iteration waits for one memory round trip, not two.
 template <class Tr, bool kPaged, bool kVariants>
-__device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopArgs &a, int nb_last, bool with_q) {
+__device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopArgs &a, int nb_last) {
     constexpr int kBM = Tr::kBM, kBN = Tr::kBN;
-    if (!with_q) {
-    } else if (a.G == 1)
+    if (a.G == 1)
         load_tile<Tr, kBM>(a.s_q, a.qg + a.hbase * p.q_hs, a.m0, p.q_rs, a.prows - a.m0, a.d, a.tid);
     else
         load_q<Tr>(a.s_q, a.qg, p.q_rs, p.q_hs, a.m0, a.prows, a.G, a.hbase, a.d, a.tid);
@@ -150,9 +158,17 @@ __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopA
 // 64, different scheduling), which this reorganisation was not to do. Tiles loaded here lie
 // below the first one, so all their rows are in range (only a sequence's last key tile can be
 // partial): they are loaded with kAllRows.
-template <class Tr, class E, bool kPaged, bool kVariants, bool kMasked, class RowDiag, class RowHead>
+// next: the walk's next tile (has_next_tile).
+// kAlibi (kVariants, not kMasked): an ALiBi tile wholly on one side of every row's diagonal
+// (AlibiBand): the bias as one FFMA per score and a row offset to the softmax
+// (cuda::alibi_scores_one_side), in a third copy of the body so that the other two stay as they are.
+// kSink (kVariants, kMasked): a sink-token tile, whose only visible keys are sink keys: the GEMMs
+// stop after the 16-key chunks that hold them (a whole tile's GEMMs for 4 sink keys cost FA2 a
+// key tile per query tile).
+template <class Tr, class E, bool kPaged, bool kVariants, bool kMasked, class RowDiag, class RowHead,
+          bool kAlibi = false, bool kSink = false>
 __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs &a, const int nb,
-                                             const int it, float (&O)[Tr::kMT][Tr::kDT][4],
+                                             const int it, const int next, float (&O)[Tr::kMT][Tr::kDT][4],
                                              float (&row_max)[Tr::kMT][2], float (&row_sum)[Tr::kMT][2],
                                              const RowDiag &row_diag, const RowHead &row_head) {
     constexpr int kBN = Tr::kBN, kMT = Tr::kMT, kNT = Tr::kNT, kDT = Tr::kDT;
@@ -161,8 +177,8 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
         cuda::cp_async_wait<1>();  // K[nb] landed (V[nb] may still be in flight)
         __syncthreads();           // ... for every thread; the other buffer is free
         const uint32_t nxt = a.s_kv + (((it + 1) & 1) * 2 * Tr::kKVBytes);
-        if (nb > a.nb_first) {
-            const int n0 = (nb - 1) * kBN;
+        if (has_next_tile<kVariants>(a, nb, next)) {
+            const int n0 = next * kBN;
             load_kv_tile<Tr, kPaged, true>(p, a, nxt, a.kg, n0, p.k_rs, p.k_bs, a.d);
             cuda::cp_async_commit();
             load_kv_tile<Tr, kPaged, true>(p, a, nxt + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs, v_cols<kVariants>(p, a));
@@ -184,12 +200,14 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
     // A warp past the last query row (warp_active false) skips the math. With kEarlyK it must
     // still reach the barrier between the S GEMM and the softmax; it then leaves the tile, whose
     // remaining steps have no barrier.
+    // kSink: the 16-key chunks up to the last sink key (warp-uniform).
+    const int sink_chunks = kSink ? min(Tr::kVS, (p.sink_tokens - nb * kBN + 15) / 16) : 0;
     uint32_t P[kMT][Tr::kVS][4];
     if (a.warp_active || Tr::kEarlyK) {
         float S[kMT][kNT][4];
-        if (a.warp_active) gemm_qk<Tr, E>(S, a.q_f, a.q_h, a.k_f0 + st_off, a.k_h0 + st_off);
+        if (a.warp_active) gemm_qk<Tr, E, kSink>(S, a.q_f, a.q_h, a.k_f0 + st_off, a.k_h0 + st_off, sink_chunks);
         if constexpr (Tr::kEarlyK) {
-            wait_v_load_next_k<Tr, kPaged>(p, a, a.s_kv, nb);
+            wait_v_load_next_k<Tr, kPaged, kVariants>(p, a, a.s_kv, nb, next);
             if (!a.warp_active) return;
         }
         if (p.softcap_scale != 0.f)
@@ -202,8 +220,8 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
 #pragma unroll
                 for (int h = 0; h < 2; ++h) rdiag[h] = row_diag(mt, h);
                 if constexpr (kVariants) {
-                    // ALiBi plans take this body for every tile (the kernel marks no tile unmasked):
-                    // as a branch of the other body it made hdim 128's big tile spill (CUDA 13.0).
+                    // ALiBi plans take this body for the tiles that cross a row's diagonal
+                    // (AlibiBand) besides the edge tiles: the general bias, then the mask.
                     if (p.alibi_slopes != nullptr) {
                         float slope[2];
 #pragma unroll
@@ -216,7 +234,19 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
                 }
             }
             float alpha[2];
-            cuda::softmax_step<E>(S[mt], row_max[mt], row_sum[mt], a.sl2, P[mt], alpha);
+            if constexpr (kAlibi) {
+                int rdiag[2];
+                float slope[2], shift[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    rdiag[h] = row_diag(mt, h);
+                    slope[h] = p.alibi_slopes[row_head(mt, h)] * p.alibi_to_score;
+                }
+                cuda::alibi_scores_one_side(S[mt], rdiag, slope, nb * kBN + 2 * a.t, shift);
+                cuda::softmax_step_shifted<E>(S[mt], row_max[mt], row_sum[mt], a.sl2, P[mt], alpha, shift);
+            } else {
+                cuda::softmax_step<E>(S[mt], row_max[mt], row_sum[mt], a.sl2, P[mt], alpha);
+            }
             // (Skipping this when no row's max moved, behind a warp vote, measured 2-3% slower at
             // head dim 64 and no better elsewhere on the H200.)
 #pragma unroll
@@ -233,42 +263,78 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
         cuda::cp_async_wait<2>();  // V[nb] landed
         __syncthreads();
     } else if constexpr (!Tr::kEarlyK) {
-        wait_v_load_next_k<Tr, kPaged>(p, a, a.s_kv, nb);
+        wait_v_load_next_k<Tr, kPaged, kVariants>(p, a, a.s_kv, nb, next);
     }
-    if (a.warp_active) gemm_pv<Tr, E>(O, P, a.v_f0 + st_off, a.v_h0 + st_off);
+    if (a.warp_active) gemm_pv<Tr, E, kSink>(O, P, a.v_f0 + st_off, a.v_h0 + st_off, sink_chunks);
 }
 
-// The whole walk over key tiles nb_last down to a.nb_first (non-empty), accumulating the
-// unnormalised O and the running row max / sum that the epilogue finishes (cuda::finish_rows).
-// with_q: false when the sink tiles (fwd_sink_tiles) ran before and Q is in shared memory already.
+// ALiBi (kVariants): the key tiles lo..hi that cross some row's diagonal (a row sees keys on both
+// sides of it), which take the edge body; the others lie wholly on one side of every row's
+// diagonal and take the one-FFMA form (fwd_key_tile with kAlibi). Empty (lo > hi) without ALiBi.
+struct AlibiBand {
+    int lo = 1, hi = 0;
+    bool on = false;
+};
+
+__device__ __forceinline__ int floor_div(int a, int b) { return a >= 0 ? a / b : -((b - 1 - a) / b); }
+
+// Rows' diagonal keys rdiag_lo .. rdiag_hi (query position + offset of the first and last row):
+// tile nb lies wholly left of every row's diagonal iff nb*kBN + kBN - 1 <= rdiag_lo, wholly right
+// of it iff nb*kBN >= rdiag_hi.
+__device__ __forceinline__ AlibiBand alibi_band(int rdiag_lo, int rdiag_hi, int kBN) {
+    AlibiBand band;
+    band.on = true;
+    band.lo = floor_div(rdiag_lo + 1, kBN);
+    band.hi = -floor_div(-rdiag_hi, kBN) - 1;
+    return band;
+}
+
+// The whole walk over key tiles nb_last down to a.nb_first, accumulating the unnormalised O and
+// the running row max / sum that the epilogue finishes (cuda::finish_rows). kVariants: then the
+// sink tiles s_last down to 0 (cuda::sink_tile_last; -1: none; all below a.nb_first) in the same
+// pipeline: each tile's prefetch is the walk's next tile, so the switch costs no drain (walked
+// first, with a prologue of their own, they cost FA2 a memory round trip per query tile). Either
+// part may be empty, not both. Sink tiles take the masked body (kt.masked holds for each) with
+// their GEMMs bounded (kSink).
 template <class Tr, class E, bool kPaged, bool kVariants, class RowDiag, class RowHead>
 __device__ __forceinline__ void fwd_mainloop(const Params &p, const FwdLoopArgs &a, const cuda::KeyTiles &kt,
                                              int nb_last, float (&O)[Tr::kMT][Tr::kDT][4],
                                              float (&row_max)[Tr::kMT][2], float (&row_sum)[Tr::kMT][2],
-                                             const RowDiag &row_diag, const RowHead &row_head, bool with_q = true) {
-    load_first_tiles<Tr, kPaged, kVariants>(p, a, nb_last, with_q);
-    int it = 0;
-    for (int nb = nb_last; nb >= a.nb_first; --nb, ++it) {
-        if (kt.masked(nb))
-            fwd_key_tile<Tr, E, kPaged, kVariants, true>(p, a, nb, it, O, row_max, row_sum, row_diag, row_head);
-        else
-            fwd_key_tile<Tr, E, kPaged, kVariants, false>(p, a, nb, it, O, row_max, row_sum, row_diag, row_head);
+                                             const RowDiag &row_diag, const RowHead &row_head, int s_last = -1,
+                                             const AlibiBand band = AlibiBand()) {
+    if constexpr (!kVariants) {
+        load_first_tiles<Tr, kPaged, kVariants>(p, a, nb_last);
+        int it = 0;
+        for (int nb = nb_last; nb >= a.nb_first; --nb, ++it) {
+            if (kt.masked(nb))
+                fwd_key_tile<Tr, E, kPaged, kVariants, true>(p, a, nb, it, nb - 1, O, row_max, row_sum, row_diag,
+                                                             row_head);
+            else
+                fwd_key_tile<Tr, E, kPaged, kVariants, false>(p, a, nb, it, nb - 1, O, row_max, row_sum, row_diag,
+                                                              row_head);
+        }
+    } else {
+        const bool window = nb_last >= a.nb_first;
+        load_first_tiles<Tr, kPaged, kVariants>(p, a, window ? nb_last : s_last);
+        int it = 0;
+        for (int nb = window ? nb_last : s_last; nb >= 0; ++it) {
+            const bool sink = nb < a.nb_first || !window;
+            const int next = sink ? nb - 1 : nb > a.nb_first ? nb - 1 : s_last;
+            if (sink)
+                fwd_key_tile<Tr, E, kPaged, kVariants, true, RowDiag, RowHead, false, true>(
+                    p, a, nb, it, next, O, row_max, row_sum, row_diag, row_head);
+            else if (kt.masked(nb) || (nb >= band.lo && nb <= band.hi))
+                fwd_key_tile<Tr, E, kPaged, kVariants, true>(p, a, nb, it, next, O, row_max, row_sum, row_diag,
+                                                             row_head);
+            else if (band.on)
+                fwd_key_tile<Tr, E, kPaged, kVariants, false, RowDiag, RowHead, true>(p, a, nb, it, next, O, row_max,
+                                                                                      row_sum, row_diag, row_head);
+            else
+                fwd_key_tile<Tr, E, kPaged, kVariants, false>(p, a, nb, it, next, O, row_max, row_sum, row_diag,
+                                                              row_head);
+            nb = next;
+        }
     }
-}
-
-// Sink tokens: key tiles s_last down to 0 (cuda::sink_tile_last; a.nb_first must be 0), all
-// through the masked body, before the window's tiles (fwd_mainloop with with_q = false). The
-// closing barrier: every warp is done with the K/V buffers the window's prologue refills.
-template <class Tr, class E, bool kPaged, bool kVariants, class RowDiag, class RowHead>
-__device__ __forceinline__ void fwd_sink_tiles(const Params &p, const FwdLoopArgs &a, int s_last,
-                                               float (&O)[Tr::kMT][Tr::kDT][4], float (&row_max)[Tr::kMT][2],
-                                               float (&row_sum)[Tr::kMT][2], const RowDiag &row_diag,
-                                               const RowHead &row_head) {
-    load_first_tiles<Tr, kPaged, kVariants>(p, a, s_last, true);
-    int it = 0;
-    for (int nb = s_last; nb >= 0; --nb, ++it)
-        fwd_key_tile<Tr, E, kPaged, kVariants, true>(p, a, nb, it, O, row_max, row_sum, row_diag, row_head);
-    __syncthreads();
 }
 
 }  // namespace fa2

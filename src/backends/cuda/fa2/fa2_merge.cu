@@ -1,12 +1,13 @@
 // Merge of partial attention states: O = sum_s exp(LSE_s - LSE) O_s, LSE = log sum_s exp(LSE_s).
 // One kernel serves FA2's split-KV combine (fp32 partials in the workspace) and the public
 // flashattn_plan_merge_states (fp32, fp16 or bf16 partials laid out as the plan's O, on the plans
-// of every GPU generation: dispatch.cpp). One warp per (query row, head); each lane owns 8 columns
-// (head_dim_v <= 256), so every partial row is read with 16-byte loads once and O written once:
-// the kernel is bandwidth-bound. Rows -inf in every partial get O = 0 and LSE = -inf. A NaN
+// of every GPU generation: dispatch.cpp). One warp per (query row, head); a lane owns 8 columns
+// (head_dim_v <= 256) of a share of the partials (merge_kernel), so every partial row is read with
+// 16-byte loads once and O written once: the kernel is bandwidth-bound. Rows -inf in every partial get O = 0 and LSE = -inf. A NaN
 // partial LSE (a NaN reached the row in that partial) makes the row's O and LSE NaN: fmaxf would
 // drop it, and a row NaN in every partial then came out as a fully masked one.
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -21,43 +22,91 @@ namespace {
 
 constexpr int kMergeWarps = 4;
 
-// Eight consecutive partial values as fp32 (16-byte aligned: strides are multiples of 8 elements).
+// Eight consecutive partial values, loaded raw (16-byte aligned: strides are multiples of 8
+// elements): two 16-byte words for fp32, one for fp16/bf16. They are converted to fp32 only where
+// used (to_float8), so that no conversion waits for a load that is meant to stay in flight.
+// (In: float, or the tag types cuda::Fp16 / cuda::Bf16 of 16-bit elements.)
 template <class In>
-__device__ __forceinline__ void load8(const void *base, int64_t offset, float (&x)[8]);
+struct Raw8 {
+    static constexpr bool kFp32 = std::is_same_v<In, float>;
+    static constexpr int kWords = kFp32 ? 2 : 1;
+    uint4 w[kWords];
+};
 
-template <>
-__device__ __forceinline__ void load8<float>(const void *base, int64_t offset, float (&x)[8]) {
-    const float4 *src = reinterpret_cast<const float4 *>(static_cast<const float *>(base) + offset);
-    const float4 a = src[0], b = src[1];
-    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+template <class In>
+__device__ __forceinline__ void load_raw8(const void *base, int64_t offset, Raw8<In> &r) {
+    const uint4 *src = reinterpret_cast<const uint4 *>(static_cast<const char *>(base) +
+                                                       offset * (Raw8<In>::kFp32 ? 4 : 2));
+#pragma unroll
+    for (int i = 0; i < Raw8<In>::kWords; ++i) r.w[i] = src[i];
 }
 
-__device__ __forceinline__ void unpack8(uint4 u, bool bf16, float (&x)[8]) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+template <class In>
+__device__ __forceinline__ void zero_raw8(Raw8<In> &r) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        if (bf16) {
-            x[2 * i] = __uint_as_float(w[i] << 16);
-            x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-        } else {
-            const __half2 h = *reinterpret_cast<const __half2 *>(&w[i]);
-            const float2 f = __half22float2(h);
-            x[2 * i] = f.x;
-            x[2 * i + 1] = f.y;
+    for (int i = 0; i < Raw8<In>::kWords; ++i) r.w[i] = make_uint4(0u, 0u, 0u, 0u);
+}
+
+template <class In>
+__device__ __forceinline__ void to_float8(const Raw8<In> &r, float (&x)[8]) {
+    if constexpr (Raw8<In>::kFp32) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            x[4 * i] = __uint_as_float(r.w[i].x), x[4 * i + 1] = __uint_as_float(r.w[i].y);
+            x[4 * i + 2] = __uint_as_float(r.w[i].z), x[4 * i + 3] = __uint_as_float(r.w[i].w);
+        }
+    } else {
+        const uint32_t w[4] = {r.w[0].x, r.w[0].y, r.w[0].z, r.w[0].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            if constexpr (std::is_same_v<In, cuda::Bf16>) {
+                x[2 * i] = __uint_as_float(w[i] << 16);
+                x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+            } else {
+                const __half2 h = *reinterpret_cast<const __half2 *>(&w[i]);
+                const float2 f = __half22float2(h);
+                x[2 * i] = f.x;
+                x[2 * i + 1] = f.y;
+            }
         }
     }
 }
 
-template <>
-__device__ __forceinline__ void load8<cuda::Fp16>(const void *base, int64_t offset, float (&x)[8]) {
-    unpack8(*reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(base) + offset), false, x);
+// The weight e^(LSE_s - lse) of partial s: from lane s's register when there are at most 32
+// partials (every lane calls this: it is a shuffle), else read again (an L1 hit).
+__device__ __forceinline__ float partial_weight(const MergeParams &p, int64_t li, int s, float lse, float w_lane) {
+    const int S = p.num_partials;
+    const float w = __shfl_sync(0xffffffffu, w_lane, min(s, S - 1) & 31);
+    if (S <= 32) return s < S ? w : 0.f;
+    return s < S ? expf(p.lse_part[s][li] - lse) : 0.f;
 }
 
-template <>
-__device__ __forceinline__ void load8<cuda::Bf16>(const void *base, int64_t offset, float (&x)[8]) {
-    unpack8(*reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(base) + offset), true, x);
+constexpr int kUnroll = 4;  // partials a lane loads before it uses any
+
+// Loads the lane's 8 columns of partials s0, s0 + step, ... (kUnroll of them; zeros past the last
+// partial and for lanes past the head dim).
+template <class In>
+__device__ __forceinline__ void load_chunk(const MergeParams &p, int64_t po, int s0, int step, bool cols,
+                                           Raw8<In> (&x)[kUnroll]) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+        const int s = s0 + u * step;
+        if (cols && s < p.num_partials)
+            load_raw8<In>(p.o_part[s], po, x[u]);
+        else
+            zero_raw8<In>(x[u]);
+    }
 }
 
+// A warp merges one row. Lane l owns columns 8*(l % L) .. +7, L = the lanes a row's columns need
+// (a power of two: 8 up to head dim 64, 16 up to 128, 32 up to 256); the warp's 32 / L lane
+// groups split the partials (group q takes s = q, q + 32/L, ...) and add theirs up through
+// shuffles at the end, so that every lane has loads in flight: with one lane per 8 columns, half
+// the warp idled at head dim 128 and each lane waited for one partial's load after the other.
+// The first kUnroll partials' O are loaded before the LSEs are known, so that a row costs one
+// memory round trip, not two (LSEs, then O: the merge of 8 bf16 partials ran at 0.54 of copy
+// bandwidth so, H200); a partial that turns out not to contribute (weight 0) is selected away, not
+// multiplied, so whatever its O holds (an empty split's is unwritten) cannot reach the output.
 template <class In, class Out>
 __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_constant__ MergeParams p) {
     const int warp = threadIdx.x >> 5;
@@ -69,39 +118,63 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
     const int S = p.num_partials;
     const int64_t li = b * p.l_bs + head * p.l_hs + row;
 
+    // Lanes per row: the power of two covering head_dim / 8 columns groups (8 at least).
+    const int need = (p.head_dim + 7) / 8;
+    const int L = need <= 8 ? 8 : need <= 16 ? 16 : 32;
+    const int groups = 32 / L;
+    const int group = lane / L;
+    const int c = (lane % L) * 8;
+    const bool cols = c < p.head_dim;
+    const int64_t po = b * p.p_bs + row * p.p_rs + head * p.p_hs + c;
+    Raw8<In> x[kUnroll];
+    load_chunk<In>(p, po, group, groups, cols, x);
+
     float mx = -INFINITY;
     bool nan = false;
-    for (int s = lane; s < S; s += 32) {
-        const float x = p.lse_part[s][li];
-        nan = nan || x != x;
-        mx = fmaxf(mx, x);
+    const float x_lane = lane < S ? p.lse_part[lane][li] : -INFINITY;
+    nan = x_lane != x_lane;
+    mx = fmaxf(mx, x_lane);
+    for (int s = lane + 32; s < S; s += 32) {
+        const float v = p.lse_part[s][li];
+        nan = nan || v != v;
+        mx = fmaxf(mx, v);
     }
     nan = __any_sync(0xffffffffu, nan);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float sum = 0.f;
-    if (mx != -INFINITY)
-        for (int s = lane; s < S; s += 32) sum += expf(p.lse_part[s][li] - mx);
+    if (mx != -INFINITY) {
+        sum = lane < S ? expf(x_lane - mx) : 0.f;
+        for (int s = lane + 32; s < S; s += 32) sum += expf(p.lse_part[s][li] - mx);
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const float lse = nan ? NAN : sum == 0.f ? -INFINITY : mx + logf(sum);
+    const float w_lane = lane < S && lse != -INFINITY && !nan ? expf(x_lane - lse) : 0.f;
 
-    const int c = lane * 8;
-    if (c < p.head_dim) {
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        if (nan) {
-            for (int i = 0; i < 8; ++i) acc[i] = NAN;
-        } else if (lse != -INFINITY) {
-            const int64_t po = b * p.p_bs + row * p.p_rs + head * p.p_hs + c;
-            for (int s = 0; s < S; ++s) {
-                const float w = expf(p.lse_part[s][li] - lse);
-                if (w == 0.f) continue;  // an empty partial's O is 0 (or, from a split, unwritten)
-                float x[8];
-                load8<In>(p.o_part[s], po, x);
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (!nan && lse != -INFINITY) {
+        for (int s0 = group;;) {  // warp-uniform trip count: s0 - group is the same in every group
 #pragma unroll
-                for (int i = 0; i < 8; ++i) acc[i] = fmaf(w, x[i], acc[i]);
+            for (int u = 0; u < kUnroll; ++u) {
+                const float w = partial_weight(p, li, s0 + u * groups, lse, w_lane);
+                float v[8];
+                to_float8<In>(x[u], v);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[i] = w != 0.f ? fmaf(w, v[i], acc[i]) : acc[i];
             }
+            s0 += kUnroll * groups;
+            if (s0 - group >= S) break;
+            load_chunk<In>(p, po, s0, groups, cols, x);
         }
+        for (int o = 16; o >= L; o >>= 1)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+    }
+    if (nan)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] = NAN;
+    if (group == 0 && cols) {
         uint4 out;
         out.x = cuda::pack2<Out>(acc[0], acc[1]);
         out.y = cuda::pack2<Out>(acc[2], acc[3]);

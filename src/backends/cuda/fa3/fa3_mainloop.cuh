@@ -85,16 +85,28 @@ __device__ __forceinline__ int walk_tile(const TileCoords &c, int i) {
     return c.kt.last - i;
 }
 
+// ALiBi's one-sided form (cuda::alibi_scores_one_side and the softmax's row offset): not at head
+// dim 256, whose consumer spilled 123 LDL/STL with the offset's registers (test_fa3_sass, H200 run
+// of 2026-12-01): there every tile takes the general bias and the plain softmax step.
+template <class Tr>
+constexpr bool kAlibiOneSide = Tr::kD < 256;
+
 // Soft cap, ALiBi, then on an edge tile (every sink tile is one) the causal / window / ragged-end /
-// sink-token mask on key tile `nb`.
+// sink-token mask on key tile `nb`. shift: the row offset of the scores for the softmax (0 but
+// for ALiBi on a tile wholly on one side of the thread's rows' diagonals, which adds one FFMA per
+// score and leaves the row part of the bias to the softmax: cuda::alibi_scores_one_side).
 template <class Tr>
 __device__ __forceinline__ void score_mods(const Params &p, const TileCoords &c, float (&S)[Tr::kNT][4], int nb,
-                                           const int (&rdiag)[2], int t) {
+                                           const int (&rdiag)[2], int t, float (&shift)[2]) {
     if (p.softcap_scale != 0.f) cuda::softcap_scores(S, p.softcap_scale);
     const int col0 = nb * Tr::kBN + 2 * t;
+    shift[0] = shift[1] = 0.f;
     if (p.alibi_slopes != nullptr) {
         const float s = p.alibi_slopes[c.head] * p.alibi_to_score;
-        cuda::alibi_scores(S, rdiag, {s, s}, col0);
+        if (kAlibiOneSide<Tr> && cuda::alibi_one_side<Tr::kNT>(rdiag, col0))
+            cuda::alibi_scores_one_side(S, rdiag, {s, s}, col0, shift);
+        else
+            cuda::alibi_scores(S, rdiag, {s, s}, col0);
     }
     if (c.kt.masked(nb)) {
         if constexpr (kSinkTokens<Tr>)
@@ -137,9 +149,13 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
         cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
         release(&bars->k_empty[ks], lane);
         if (i == n_tiles - 1) release(&bars->q_empty, lane);  // the last GEMM reading Q retired
-        score_mods<Tr>(p, c, S, walk_tile<Tr>(c, i), rdiag, t);
+        float shift[2];
+        score_mods<Tr>(p, c, S, walk_tile<Tr>(c, i), rdiag, t, shift);
         float alpha[2];
-        cuda::softmax_step<E>(S, row_max, row_sum, sl2, P_next, alpha);
+        if constexpr (kAlibiOneSide<Tr>)
+            cuda::softmax_step_shifted<E>(S, row_max, row_sum, sl2, P_next, alpha, shift);
+        else
+            cuda::softmax_step<E>(S, row_max, row_sum, sl2, P_next, alpha);
         cuda::wgmma_wait<0>();
         cuda::fence_operands(O);
         release(&bars->v_empty[vs], lane);
@@ -166,9 +182,13 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
         cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
         release(&bars->k_empty[ks], lane);
         if (n_tiles == 1) release(&bars->q_empty, lane);
-        score_mods<Tr>(p, c, S, walk_tile<Tr>(c, 0), rdiag, t);
+        float shift[2];
+        score_mods<Tr>(p, c, S, walk_tile<Tr>(c, 0), rdiag, t, shift);
         float alpha[2];
-        cuda::softmax_step<E>(S, row_max, row_sum, sl2, Pa, alpha);
+        if constexpr (kAlibiOneSide<Tr>)
+            cuda::softmax_step_shifted<E>(S, row_max, row_sum, sl2, Pa, alpha, shift);
+        else
+            cuda::softmax_step<E>(S, row_max, row_sum, sl2, Pa, alpha);
     }
     int i = 1;
     for (; i + 1 < n_tiles; i += 2) {
