@@ -20,6 +20,7 @@ template <int kD_, int kBN_>
 struct Traits {
     static constexpr int kD = kD_;    // padded head dim, a multiple of 64
     static constexpr int kBN = kBN_;  // keys per tile
+    static constexpr int kPageCols = 64;          // columns per 128-byte swizzle page (16-bit elements)
     static constexpr int kPages = kD / 64;       // 64-column swizzle pages per row
     static constexpr int kQPage = kBlockM * 128;  // bytes of one page of the Q tile
     static constexpr int kKVPage = kBN * 128;     // ... of a K or V tile
