@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The first device check of the FA3 FP8 (E4M3) forward kernel (issue 17), in one call on the H200,
+# from the repository root: build for sm_90 (tests/gpu/h200-check.sh's build stage), then
+#   1. ctest: the SASS check (QGMMA E4M3, no spills), the FP8 wgmma primitives, test_fp8_fa3 with
+#      the kernel off (refusals) and on (test_fp8_fa3_kernel, and on 3 persistent CTAs), and the
+#      16-bit FA3 forward's numerics (the producer and the TMA maps changed under it);
+#   2. compute-sanitizer memcheck, racecheck and synccheck on the FP8 kernel's reduced grid
+#      (FLASHATTN_TEST_FP8_QUICK=1: six cases, both head dims, 3 CTAs);
+#   3. accuracy under outliers on the kernel (flashattn-fp8-accuracy --fp8-backend fa3: RMSE of
+#      bf16 and of FP8 per-tensor / per-head + Hadamard against fp64, hdim 128 and 256) and the
+#      FP8 vs bf16 speed at a size that fills the GPU (seqlen 8192, 16 heads, no reference).
+# The kernel is reachable only with FLASHATTN_FA3_FP8=on, which every step here sets itself.
+# Logs under $OUT (or /tmp/fp8-out); a summary last. Env: BUILD_DIR (default /tmp/fa-fp8k).
+#
+# On the device tool, from this worktree copied to the lead's excluded folder:
+#   mkdir -p /work/main/.xfer && rsync -a --delete --exclude '/build*' --exclude .git \
+#     /work/wt/fp8k/ /work/main/.xfer/fp8k/
+#   run: carry [".xfer/fp8k", ".devdeps"], command
+#   cd .xfer/fp8k && ln -sfn ../../.devdeps .devdeps && bash tests/gpu/fp8-check.sh
+set -uo pipefail
+out=${OUT:-/tmp/fp8-out}
+mkdir -p "$out"
+build=${BUILD_DIR:-/tmp/fa-fp8k}
+summary=()
+note() { summary+=("$1"); echo "== $1"; }
+
+OUT=$out BUILD_DIR=$build bash tests/gpu/h200-check.sh build > "$out/build-stage.log" 2>&1
+if ! [ -x "$build/tests/test_fp8_fa3" ]; then
+  tail -40 "$out/build-stage.log"
+  echo "build failed (logs in $out)"
+  exit 1
+fi
+note "$(grep -m1 '^== build' "$out/build-stage.log")"
+# The registers and spills ptxas reports for the FP8 kernels (compiled again with -Xptxas -v).
+for d in 128 256; do
+  obj=$(find "$build" -name "fa3_fp8_hdim$d.cu.o" | head -1)
+  cmd=$(cd "$build" && ninja -t commands "${obj#$build/}" 2>/dev/null | tail -1)
+  if [ -n "$cmd" ]; then
+    (cd "$build" && bash -c "$cmd -Xptxas -v") > "$out/ptxas-$d.log" 2>&1  # the same object again
+    note "ptxas hdim $d: $(grep -E 'registers|spill' "$out/ptxas-$d.log" | tr -s ' ' | paste -sd ' ' | cut -c1-200)"
+  fi
+done
+
+# 1. Tests (the SASS test needs no GPU; the rest are gpu-labelled).
+ctest --test-dir "$build" --output-on-failure -j 4 \
+  -R '^(test_fa3_sass|test_fp8_primitives|test_fp8_fa3|test_fp8_fa3_kernel|test_fp8_fa3_kernel_few_ctas|test_numerics_fa3|test_numerics_fa3_few_ctas|test_fp8_cpu)$' \
+  > "$out/ctest.log" 2>&1
+note "ctest rc=$? $(grep -E 'tests passed' "$out/ctest.log")"
+grep -E '^ *[0-9]+/[0-9]+ Test' "$out/ctest.log" | sed 's/^/   /'
+FLASHATTN_FA3_FP8=on "$build/tests/test_fp8_fa3" > "$out/test_fp8_fa3_kernel-direct.log" 2>&1
+note "test_fp8_fa3 (kernel): $(grep -E 'cases checked|largest' "$out/test_fp8_fa3_kernel-direct.log" | paste -sd ' ')"
+
+# 2. Sanitizers on the reduced grid.
+for tool in memcheck racecheck synccheck; do
+  FLASHATTN_FA3_FP8=on FLASHATTN_TEST_FP8_QUICK=1 FLASHATTN_FA3_MAX_CTAS=3 \
+    compute-sanitizer --tool $tool --error-exitcode 99 "$build/tests/test_fp8_fa3" > "$out/sanitize-fp8-$tool.log" 2>&1
+  note "compute-sanitizer $tool fp8 rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-fp8-$tool.log" | tail -1)"
+done
+
+# 3. Accuracy (the issue's RMSE table, on the kernel) and speed against bf16 on fa3.
+acc="$build/bench/flashattn-fp8-accuracy"
+for d in 128 256; do
+  FLASHATTN_FA3_FP8=on "$acc" --backend fa3 --fp8-backend fa3 --seqlen 1024 --heads 8 --dim $d \
+    > "$out/fp8-accuracy-d$d.md" 2>&1
+  note "fp8 accuracy d$d rc=$?"
+  FLASHATTN_FA3_FP8=on "$acc" --backend fa3 --fp8-backend fa3 --reference 0 --seqlen 8192 --heads 16 --dim $d \
+    > "$out/fp8-speed-d$d.md" 2>&1
+  note "fp8 speed d$d rc=$?"
+done
+
+echo
+echo "==== FP8 accuracy and speed (RMSE vs fp64; TFLOP/s of the fa3 rows)"
+for f in "$out"/fp8-accuracy-d*.md "$out"/fp8-speed-d*.md; do echo "-- $(basename "$f")"; grep '^|' "$f"; done
+echo
+echo "==== summary"
+printf '%s\n' "${summary[@]}"
