@@ -178,7 +178,8 @@ __device__ __forceinline__ void softmax_step_fp8(float (&S)[kNT][4], float (&row
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float ms = mx == -INFINITY ? 0.f : mx * sl2;
-        alpha[h] = cuda::fast_exp2(row_max[h] * sl2 - ms);
+        // (-inf * sl2 is NaN when a descale is 0, so a row with no key yet gets alpha = 0 by test.)
+        alpha[h] = row_max[h] == -INFINITY ? 0.f : cuda::fast_exp2(row_max[h] * sl2 - ms);
         row_max[h] = mx;
         const float offset = kPScaleLog2 - ms;
         float rs = 0.f;
