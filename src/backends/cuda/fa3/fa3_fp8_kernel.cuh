@@ -88,14 +88,16 @@ __device__ __forceinline__ int sw128_offset(int row, int byte) {
 // ([kD][kBN keys]) with the keys of each 32-key step permuted: slot 32s + 16h + 4q + u holds key
 // 32s + fp8_p_column(16h + 4q + u) = 32s + 16h + 2q + {0, 1, 8, 9}[u]. One item: those four keys
 // by four columns, four 32-bit loads, eight byte permutes, four 32-bit stores. `tid`: 0..95.
-// (A later step: LDSM.T/STSM, as FlashAttention-3; this plain form is for correctness first.)
+// A warp's 32 items: q (4 lanes) x 8 consecutive column quads, so each load reads 4 rows x 32
+// bytes that the swizzle spreads over all 32 banks; the stores (32 rows, 16 bytes each) conflict
+// 4-way. (A later step: LDSM.T/STSM, as FlashAttention-3; this plain form is correctness first.)
 template <class Tr>
 __device__ __forceinline__ void transpose_v_tile(const unsigned char *src, unsigned char *dst, int tid) {
     constexpr int kItems = 32 * (Tr::kD / 4);
 #pragma unroll 1
     for (int it = tid; it < kItems; it += 32 * kTransposeWarps) {
-        const int kq = it & 31, d0 = 4 * (it >> 5);
-        const int s = kq >> 3, h = (kq >> 2) & 1, q = kq & 3;
+        const int q = it & 3, h = (it >> 5) & 1, s = (it >> 6) & 3;
+        const int d0 = 4 * (8 * (it >> 8) + ((it >> 2) & 7));
         const int key = 32 * s + 16 * h + 2 * q;
         const unsigned char *page = src + (d0 >> 7) * Tr::kKVPage;
         const int col = d0 & 127;
