@@ -10,7 +10,9 @@
 #      bf16 and of FP8 per-tensor / per-head + Hadamard against fp64, hdim 128 and 256) and the
 #      FP8 vs bf16 speed at a size that fills the GPU (seqlen 8192, 16 heads, no reference).
 # The kernel is reachable only with FLASHATTN_FA3_FP8=on, which every step here sets itself.
-# Logs under $OUT (or /tmp/fp8-out); a summary last. Env: BUILD_DIR (default /tmp/fa-fp8k).
+# Logs under $OUT (or /tmp/fp8-out); a summary last. Env: BUILD_DIR (default /tmp/fa-fp8k). Every
+# step has a timeout (a hang of the new kernel must not eat the call): about 6-8 minutes in all,
+# so give the run its 600 s. A timed-out step shows rc=124 (or ctest's "Timeout").
 #
 # On the device tool, from this worktree copied to the lead's excluded folder:
 #   mkdir -p /work/main/.xfer && rsync -a --delete --exclude '/build*' --exclude .git \
@@ -43,27 +45,27 @@ done
 
 # 1. Tests (the SASS test needs no GPU; the rest are gpu-labelled).
 ctest --test-dir "$build" --output-on-failure -j 4 \
-  -R '^(test_fa3_sass|test_fp8_primitives|test_fp8_fa3|test_fp8_fa3_kernel|test_fp8_fa3_kernel_few_ctas|test_numerics_fa3|test_numerics_fa3_few_ctas|test_fp8_cpu)$' \
+    --timeout 240 -R '^(test_fa3_sass|test_fp8_primitives|test_fp8_fa3|test_fp8_fa3_kernel|test_fp8_fa3_kernel_few_ctas|test_numerics_fa3|test_fp8_cpu)$' \
   > "$out/ctest.log" 2>&1
 note "ctest rc=$? $(grep -E 'tests passed' "$out/ctest.log")"
 grep -E '^ *[0-9]+/[0-9]+ Test' "$out/ctest.log" | sed 's/^/   /'
-FLASHATTN_FA3_FP8=on "$build/tests/test_fp8_fa3" > "$out/test_fp8_fa3_kernel-direct.log" 2>&1
+FLASHATTN_FA3_FP8=on FLASHATTN_TEST_VERBOSE=1 timeout 120 "$build/tests/test_fp8_fa3" > "$out/test_fp8_fa3_kernel-direct.log" 2>&1
 note "test_fp8_fa3 (kernel): $(grep -E 'cases checked|largest' "$out/test_fp8_fa3_kernel-direct.log" | paste -sd ' ')"
 
 # 2. Sanitizers on the reduced grid.
 for tool in memcheck racecheck synccheck; do
   FLASHATTN_FA3_FP8=on FLASHATTN_TEST_FP8_QUICK=1 FLASHATTN_FA3_MAX_CTAS=3 \
-    compute-sanitizer --tool $tool --error-exitcode 99 "$build/tests/test_fp8_fa3" > "$out/sanitize-fp8-$tool.log" 2>&1
+    timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 "$build/tests/test_fp8_fa3" > "$out/sanitize-fp8-$tool.log" 2>&1
   note "compute-sanitizer $tool fp8 rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-fp8-$tool.log" | tail -1)"
 done
 
 # 3. Accuracy (the issue's RMSE table, on the kernel) and speed against bf16 on fa3.
 acc="$build/bench/flashattn-fp8-accuracy"
 for d in 128 256; do
-  FLASHATTN_FA3_FP8=on "$acc" --backend fa3 --fp8-backend fa3 --seqlen 1024 --heads 8 --dim $d \
+  FLASHATTN_FA3_FP8=on timeout 60 "$acc" --backend fa3 --fp8-backend fa3 --seqlen 1024 --heads 8 --dim $d \
     > "$out/fp8-accuracy-d$d.md" 2>&1
   note "fp8 accuracy d$d rc=$?"
-  FLASHATTN_FA3_FP8=on "$acc" --backend fa3 --fp8-backend fa3 --reference 0 --seqlen 8192 --heads 16 --dim $d \
+  FLASHATTN_FA3_FP8=on timeout 60 "$acc" --backend fa3 --fp8-backend fa3 --reference 0 --seqlen 8192 --heads 16 --dim $d \
     > "$out/fp8-speed-d$d.md" 2>&1
   note "fp8 speed d$d rc=$?"
 done
