@@ -196,7 +196,8 @@ int test_cta_limit() {
 int causal_section(const Problem &p, int64_t l2_bytes, int num_ctas) {
     const int64_t pairs = p.heads_q * p.batch;
     const int64_t m_blocks = (p.seqlen_q + fa3::kBlockM - 1) / fa3::kBlockM;
-    const int64_t kv_per_pair = std::max<int64_t>(1, p.seqlen_k * p.head_dim * 2 * 2 / p.group_size());
+    const int64_t elem_bytes = p.fp8() ? 1 : 2;  // K and V: E4M3 or 16-bit
+    const int64_t kv_per_pair = std::max<int64_t>(1, p.seqlen_k * p.head_dim * elem_bytes * 2 / p.group_size());
     const int64_t budget = l2_bytes > 0 ? l2_bytes / 2 : (int64_t(16) << 20);
     const int64_t for_l2 = std::max<int64_t>(1, budget / kv_per_pair);
     const int64_t for_balance = (int64_t(12) * num_ctas + m_blocks - 1) / std::max<int64_t>(1, m_blocks);
