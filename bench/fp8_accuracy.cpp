@@ -20,7 +20,9 @@
 // --emulate 1 adds an emulation (in double, no library call) of a kernel that also rounds P to
 // E4M3, with and without FA3's multiplication of P by a power of two before the cast.
 //
-// Usage: flashattn-fp8-accuracy [--backend cpu|fa3] [--fp8-backend cpu|fa3] [--reference 0|1] [--seqlen N] [--heads H] [--dim D] [--seed S] [--emulate 0|1]
+// --speed-grid 64,128,256 runs only the performance grid of the issue on FA3 (speed_grid below).
+//
+// Usage: flashattn-fp8-accuracy [--speed-grid D,D..] [--backend cpu|fa3] [--fp8-backend cpu|fa3] [--reference 0|1] [--seqlen N] [--heads H] [--dim D] [--seed S] [--emulate 0|1]
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -365,6 +367,97 @@ double emulate_kernel(const Shape &s, bool per_head, bool hadamard, double p_sca
     return std::sqrt(sum / static_cast<double>(ref.size()));
 }
 
+#ifdef FLASHATTN_BENCH_WITH_CUDA
+// --speed-grid: the issue's performance grid (the FlashAttention-3 paper's: hidden 2048, 16k tokens
+// in all: batch = 16384 / seqlen, heads = 2048 / dim) for every dim of --dims, seqlen 2k..16k,
+// non-causal and causal, bf16 FA3 against the FP8 kernel in the same process on the same shapes.
+// Inputs: random bf16 in [-2, 2) and random E4M3 codes of magnitude <= 2 (speed does not depend
+// on them; they keep the softmax away from inf), descales 1 per (sequence, head), no LSE. Each
+// cell: the median of 20 runs after a warm-up; TFLOP/s at 4 seq^2 heads dim batch flops (half of
+// it causal). Prints a markdown table.
+int speed_grid(const std::vector<int64_t> &dims) {
+    const int64_t tokens = 16384, hidden = 2048;
+    const size_t elems = static_cast<size_t>(tokens * hidden);
+    std::mt19937_64 rng(99);
+    std::vector<uint16_t> hb(elems);
+    std::vector<uint8_t> h8(elems);
+    std::uniform_real_distribution<float> u(-2.f, 2.f);
+    for (size_t i = 0; i < elems; ++i) {
+        hb[i] = to_bf16(u(rng));
+        h8[i] = to_e4m3(u(rng));
+    }
+    void *b16[4] = {}, *f8[3] = {}, *desc = nullptr, *dws = nullptr;
+    for (int i = 0; i < 4; ++i) cudaMalloc(&b16[i], elems * 2);
+    for (int i = 0; i < 3; ++i) cudaMalloc(&f8[i], elems);
+    for (int i = 0; i < 3; ++i) cudaMemcpy(b16[i], hb.data(), elems * 2, cudaMemcpyHostToDevice);
+    for (int i = 0; i < 3; ++i) cudaMemcpy(f8[i], h8.data(), elems, cudaMemcpyHostToDevice);
+    const std::vector<float> ones(4096, 1.0f);
+    cudaMalloc(&desc, ones.size() * 4);
+    cudaMemcpy(desc, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice);
+    size_t ws_cap = 0;
+    std::printf("FA3 bf16 vs FP8 forward, H200, hidden %lld, %lld tokens (batch = %lld / seqlen), TFLOP/s\n",
+                (long long)hidden, (long long)tokens, (long long)tokens);
+    std::printf("| dim | causal | seqlen | batch x heads | bf16 fa3 | FP8 fa3 | FP8 / bf16 |\n|---|---|---|---|---|---|---|\n");
+    for (const int64_t dim : dims)
+        for (const int causal : {0, 1})
+            for (const int64_t seq : {2048, 4096, 8192, 16384}) {
+                const int64_t batch = tokens / seq, heads = hidden / dim;
+                double tf[2] = {0, 0};
+                for (int fp8 = 0; fp8 < 2; ++fp8) {
+                    flashattn_plan_t *plan = nullptr;
+                    flashattn_plan_create(&plan);
+                    const struct { flashattn_i64_param_t k; int64_t v; } keys[] = {
+                        {FLASHATTN_I64_BATCH, batch}, {FLASHATTN_I64_SEQLEN_Q, seq}, {FLASHATTN_I64_SEQLEN_K, seq},
+                        {FLASHATTN_I64_HEADS_Q, heads}, {FLASHATTN_I64_HEAD_DIM, dim},
+                        {FLASHATTN_I64_DTYPE, fp8 ? FLASHATTN_DTYPE_FP8_E4M3 : FLASHATTN_DTYPE_BF16},
+                        {FLASHATTN_I64_BACKEND, FLASHATTN_BACKEND_FA3}, {FLASHATTN_I64_CAUSAL, causal}};
+                    for (const auto &kv : keys) flashattn_plan_set_i64(plan, kv.k, kv.v);
+                    if (!ok(flashattn_plan_finalize(plan), fp8 ? "finalize (FP8)" : "finalize (bf16)")) {
+                        flashattn_plan_destroy(plan);
+                        continue;
+                    }
+                    size_t ws = 0;
+                    flashattn_plan_get_workspace_size(plan, &ws);
+                    if (ws > ws_cap) {
+                        cudaFree(dws);
+                        cudaMalloc(&dws, ws);
+                        ws_cap = ws;
+                    }
+                    flashattn_args_t *args = nullptr;
+                    flashattn_args_create(&args);
+                    flashattn_args_set(args, FLASHATTN_ARG_Q, fp8 ? f8[0] : b16[0]);
+                    flashattn_args_set(args, FLASHATTN_ARG_K, fp8 ? f8[1] : b16[1]);
+                    flashattn_args_set(args, FLASHATTN_ARG_V, fp8 ? f8[2] : b16[2]);
+                    flashattn_args_set(args, FLASHATTN_ARG_O, b16[3]);
+                    if (fp8) {
+                        flashattn_args_set(args, FLASHATTN_ARG_DESCALE_Q, desc);
+                        flashattn_args_set(args, FLASHATTN_ARG_DESCALE_K, desc);
+                        flashattn_args_set(args, FLASHATTN_ARG_DESCALE_V, desc);
+                    }
+                    const Shape one{seq, heads * batch, dim};
+                    tf[fp8] = time_tflops(one, [&] {
+                        return ok(flashattn_plan_execute_args(plan, args, dws, ws, nullptr), "execute");
+                    }) * (causal ? 0.5 : 1.0);
+                    const cudaError_t e = cudaDeviceSynchronize();
+                    if (e != cudaSuccess) {
+                        std::fprintf(stderr, "CUDA error: %s\n", cudaGetErrorString(e));
+                        return 1;
+                    }
+                    flashattn_args_destroy(args);
+                    flashattn_plan_destroy(plan);
+                }
+                std::printf("| %lld | %d | %lld | %lld x %lld | %.0f | %.0f | %.2f |\n", (long long)dim, causal,
+                            (long long)seq, (long long)batch, (long long)heads, tf[0], tf[1],
+                            tf[0] > 0 ? tf[1] / tf[0] : 0.0);
+                std::fflush(stdout);
+            }
+    for (void *p : b16) cudaFree(p);
+    for (void *p : f8) cudaFree(p);
+    cudaFree(desc), cudaFree(dws);
+    return 0;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -382,7 +475,20 @@ int main(int argc, char **argv) {
         else if (key == "--emulate") emulate = value != 0;
         else if (key == "--reference") with_reference = value != 0;
         else if (key == "--fp8-backend") fp8_backend = std::string(argv[i + 1]) == "fa3" ? FLASHATTN_BACKEND_FA3 : FLASHATTN_BACKEND_CPU;
-        else if (key == "--backend") bf16_backend = std::string(argv[i + 1]) == "fa3" ? FLASHATTN_BACKEND_FA3 : FLASHATTN_BACKEND_CPU;
+        else if (key == "--speed-grid") {  // a comma-separated list of head dims
+            std::vector<int64_t> dims;
+            for (const char *c = argv[i + 1]; *c;) {
+                dims.push_back(std::atoll(c));
+                while (*c && *c != ',') ++c;
+                if (*c == ',') ++c;
+            }
+#ifdef FLASHATTN_BENCH_WITH_CUDA
+            return speed_grid(dims);
+#else
+            std::fprintf(stderr, "built without CUDA: no --speed-grid\n");
+            return 2;
+#endif
+        } else if (key == "--backend") bf16_backend = std::string(argv[i + 1]) == "fa3" ? FLASHATTN_BACKEND_FA3 : FLASHATTN_BACKEND_CPU;
         else {
             std::fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;

@@ -103,6 +103,8 @@ std::string fp8_shape_problem(const Problem &p) {
     if (p.head_dim < 16 || p.head_dim > 256 || p.head_dim % 16 != 0)
         return "the fa3 FP8 kernel supports head dims 16..256 in multiples of 16 (got " + std::to_string(p.head_dim) + ")";
     if (p.sink_logits) return "the fa3 FP8 kernel does not take sink logits (FLASHATTN_I64_SINK_LOGITS) yet";
+    if (p.sink_tokens > 0) return "the fa3 FP8 kernel does not take sink tokens (FLASHATTN_I64_SINK_TOKENS) yet";
+    if (p.alibi) return "the fa3 FP8 kernel does not take ALiBi (FLASHATTN_I64_ALIBI) yet";
     if (p.serving.any()) return "the fa3 FP8 kernel does not take a paged cache, seqused_k or appends yet";
     return std::string();
 }
