@@ -6,12 +6,12 @@
 //   (c) FP8 per-head + Hadamard: Q and K rotated by flashattn_rotate_hadamard (one seed), then
 //       Q, K, V quantized with one scale per (sequence, key/value head);
 // and, to separate the two effects, per-head without the rotation and per-tensor with it.
-// The FP8 rows run on the CPU backend, which dequantizes exactly and computes in fp32: they
-// measure the error of quantizing the inputs, not the extra error of a kernel that also quantizes
-// P to E4M3 (FA3's FP8 kernel; not in this library yet).
+// By default the FP8 rows run on the CPU backend, which dequantizes exactly and computes in fp32:
+// they measure the error of quantizing the inputs, not the extra error of a kernel that also
+// quantizes P to E4M3 (FA3's FP8 kernel: --fp8-backend fa3).
 //
-// --fp8-backend fa3 runs the FP8 rows (b) and (c) on the FA3 FP8 kernel instead (issue 17; it
-// needs FLASHATTN_FA3_FP8=on while that kernel is unverified): the RMSE then includes the
+// --fp8-backend fa3 runs the FP8 rows (b) and (c) on the FA3 FP8 kernel instead (issue 17): the
+// RMSE then includes the
 // kernel's own rounding of P to E4M3, and each fa3 row (bf16 too, with --backend fa3) is timed
 // (the median of 20 runs after a warm-up, in TFLOP/s at 4 seq^2 heads dim flops). --reference 0
 // skips the fp64 reference (its cost grows as seq^2; the RMSE column then reads "-"): for timing

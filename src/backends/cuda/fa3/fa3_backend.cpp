@@ -55,7 +55,7 @@ struct Fa3Plan : BackendPlan {
     int section = 1;        // causal schedule: (head, sequence) pairs per L2 section
     fa3::BwdPlan backward;  // laid out in backward_workspace when the backward can run
     int rotated_q = -1;     // with a rotary append: Q rotated by the pre-kernel (host/cache_append.h)
-    fa3::LaunchFp8Fwd launch_fp8 = nullptr;  // FP8 plans (FLASHATTN_FA3_FP8=on): the E4M3 kernel
+    fa3::LaunchFp8Fwd launch_fp8 = nullptr;  // FP8 plans: the E4M3 kernel
 };
 
 // Why TMA cannot describe one input tensor of `rows` x `heads` x `batch` rows, or empty. A
@@ -85,15 +85,8 @@ int kernel_head_dim(const Problem &p) { return static_cast<int>(std::max(p.head_
 // Paged caches and seqused_k take the gathering producer (fa3_gather.cuh, Params::gather).
 bool uses_gather(const Problem &p) { return p.serving.paged || p.serving.seqused_k; }
 
-// The FP8 (E4M3) forward (issue 17) is written and compiled but has never run on a device: a
-// developer's knob, FLASHATTN_FA3_FP8=on (read at finalize), lets a plan reach it; without it
-// fa3 refuses FP8 as before (tensor_core_shape_problem), so auto never picks it.
-bool fp8_knob_on() {
-    const char *knob = std::getenv("FLASHATTN_FA3_FP8");
-    return knob != nullptr && std::string(knob) == "on";
-}
-
-// What the FP8 kernel does not do (yet), or empty. Runs instead of tensor_core_shape_problem.
+// What the FP8 (E4M3) kernel (issue 17, fa3_fp8_kernel.cuh) does not do (yet), or empty. Runs
+// instead of tensor_core_shape_problem, so fa3 (and auto on sm_90) takes FP8 plans.
 std::string fp8_shape_problem(const Problem &p) {
     if (p.o_dtype != FLASHATTN_DTYPE_BF16 && p.o_dtype != FLASHATTN_DTYPE_FP16)
         return "the fa3 FP8 kernel writes O in bf16 or fp16 only";
@@ -114,7 +107,7 @@ std::string fa3_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
     if (dev.cc_major != 9 || dev.cc_minor != 0)
         return "the fa3 backend runs only on compute capability 9.0 (Hopper; device " + std::to_string(dev.device) +
                " is " + std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor) + ")";
-    const bool fp8 = p.fp8() && fp8_knob_on();
+    const bool fp8 = p.fp8();
     const std::string shape = fp8 ? fp8_shape_problem(p) : tensor_core_shape_problem(p, "fa3", true);
     if (!shape.empty()) return shape;
     if (p.seqlen_q >= kMaxSeqlen || p.seqlen_k >= kMaxSeqlen || p.total_q >= kMaxSeqlen || p.total_k >= kMaxSeqlen)
@@ -210,7 +203,7 @@ int causal_section(const Problem &p, int64_t l2_bytes, int num_ctas) {
 
 flashattn_status_t fa3_make_plan(const Problem &p, const DeviceInfo &dev, std::unique_ptr<BackendPlan> *out) {
     auto plan = std::make_unique<Fa3Plan>();
-    if (p.fp8()) {  // reached only with the knob on (fa3_unsupported_reason)
+    if (p.fp8()) {  // the E4M3 kernel (fa3_fp8_kernel.cuh)
         const int kd = fa3::fp8_compiled_head_dim(static_cast<int>(p.head_dim));
         plan->cfg = fa3::TileConfig{kd, fa3::kFp8BlockN};
         plan->launch_fp8 = kd == 128 ? fa3::launch_fp8_fwd_hdim128 : fa3::launch_fp8_fwd_hdim256;

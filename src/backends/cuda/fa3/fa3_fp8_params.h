@@ -1,6 +1,5 @@
 // FA3 FP8 (E4M3) forward (issue 17): its kernel parameters and launchers, shared by the host
-// (fa3_backend.cpp) and the kernel units (fa3_fp8_hdim128.cu, fa3_fp8_hdim256.cu). Reachable only
-// behind the developer knob FLASHATTN_FA3_FP8=on (fa3_backend.cpp) until it has run on an H200.
+// (fa3_backend.cpp) and the kernel units (fa3_fp8_hdim128.cu, fa3_fp8_hdim256.cu).
 #pragma once
 
 #include <cstdint>
