@@ -6,19 +6,30 @@
 //   (c) FP8 per-head + Hadamard: Q and K rotated by flashattn_rotate_hadamard (one seed), then
 //       Q, K, V quantized with one scale per (sequence, key/value head);
 // and, to separate the two effects, per-head without the rotation and per-tensor with it.
-// The FP8 rows run on the CPU backend, which dequantizes exactly and computes in fp32: they
-// measure the error of quantizing the inputs, not the extra error of a kernel that also quantizes
-// P to E4M3 (FA3's FP8 kernel; not in this library yet).
+// By default the FP8 rows run on the CPU backend, which dequantizes exactly and computes in fp32:
+// they measure the error of quantizing the inputs, not the extra error of a kernel that also
+// quantizes P to E4M3 (FA3's FP8 kernel: --fp8-backend fa3).
+//
+// --fp8-backend fa3 runs the FP8 rows (b) and (c) on the FA3 FP8 kernel instead (issue 17): the
+// RMSE then includes the
+// kernel's own rounding of P to E4M3, and each fa3 row (bf16 too, with --backend fa3) is timed
+// (the median of 20 runs after a warm-up, in TFLOP/s at 4 seq^2 heads dim flops). --reference 0
+// skips the fp64 reference (its cost grows as seq^2; the RMSE column then reads "-"): for timing
+// at sizes that fill the GPU.
 //
 // --emulate 1 adds an emulation (in double, no library call) of a kernel that also rounds P to
 // E4M3, with and without FA3's multiplication of P by a power of two before the cast.
 //
-// Usage: flashattn-fp8-accuracy [--backend cpu|fa3] [--seqlen N] [--heads H] [--dim D] [--seed S] [--emulate 0|1]
+// --speed-grid 64,128,256 runs only the performance grid of the issue on FA3 (speed_grid below).
+//
+// Usage: flashattn-fp8-accuracy [--speed-grid D,D..] [--backend cpu|fa3] [--fp8-backend cpu|fa3] [--reference 0|1] [--seqlen N] [--heads H] [--dim D] [--seed S] [--emulate 0|1]
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -140,6 +151,34 @@ flashattn_plan_t *make_plan(const Shape &s, flashattn_dtype_t dtype, flashattn_b
     return plan;
 }
 
+#ifdef FLASHATTN_BENCH_WITH_CUDA
+// The speed of an fa3 plan's execute (its arguments set): the median of 20 runs after a warm-up,
+// as TFLOP/s (4 seq^2 heads dim flops), or 0 on an error.
+double time_tflops(const Shape &s, const std::function<bool()> &execute) {
+    if (!execute()) return 0;
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    std::vector<float> ms;
+    bool good = true;
+    for (int r = 0; r < 20 && good; ++r) {
+        cudaEventRecord(e0);
+        good = execute();
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float t = 0;
+        cudaEventElapsedTime(&t, e0, e1);
+        ms.push_back(t);
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    if (!good) return 0;
+    std::sort(ms.begin(), ms.end());
+    const double flops = 4.0 * static_cast<double>(s.seq) * static_cast<double>(s.seq) * s.heads * s.dim;
+    return flops / (ms[ms.size() / 2] * 1e-3) / 1e12;
+}
+#endif
+
+double g_last_tflops = 0;  // the timing of the last fa3 row, printed beside its RMSE
+
 double rmse(const std::vector<uint16_t> &o, const std::vector<double> &ref) {
     double sum = 0;
     for (size_t i = 0; i < ref.size(); ++i) sum += std::pow(bf16_value(o[i]) - ref[i], 2);
@@ -177,6 +216,9 @@ double run_bf16(const Shape &s, flashattn_backend_t backend, const std::vector<d
         cudaMemcpy(dv, hv.data(), bytes, cudaMemcpyHostToDevice);
         good = ok(flashattn_plan_execute(plan, dq, dk, dv, dout, nullptr, dws, ws, nullptr), "bf16 execute");
         cudaMemcpy(ho.data(), dout, bytes, cudaMemcpyDeviceToHost);
+        g_last_tflops = time_tflops(s, [&] {
+            return flashattn_plan_execute(plan, dq, dk, dv, dout, nullptr, dws, ws, nullptr) == FLASHATTN_SUCCESS;
+        });
         cudaFree(dq), cudaFree(dk), cudaFree(dv), cudaFree(dout), cudaFree(dws);
 #else
         (void)bytes;
@@ -220,9 +262,9 @@ std::vector<double> rotated(const Shape &s, const std::vector<double> &x, uint64
     return std::vector<double>(f.begin(), f.end());
 }
 
-// FP8 on the CPU backend (exact dequantization); RMSE against ref.
-double run_fp8(const Shape &s, bool per_head, bool hadamard, const std::vector<double> &q, const std::vector<double> &k,
-               const std::vector<double> &v, const std::vector<double> &ref) {
+// FP8 on `backend`: the CPU (exact dequantization) or fa3 (the FP8 kernel); RMSE against ref.
+double run_fp8(const Shape &s, flashattn_backend_t backend, bool per_head, bool hadamard, const std::vector<double> &q,
+               const std::vector<double> &k, const std::vector<double> &v, const std::vector<double> &ref) {
     const std::vector<double> qx = hadamard ? rotated(s, q, 2024) : q;
     const std::vector<double> kx = hadamard ? rotated(s, k, 2024) : k;
     std::vector<uint8_t> cq, ck, cv;
@@ -230,10 +272,39 @@ double run_fp8(const Shape &s, bool per_head, bool hadamard, const std::vector<d
     quantize(s, qx, per_head, &cq, &dq);
     quantize(s, kx, per_head, &ck, &dk);
     quantize(s, v, per_head, &cv, &dv);
-    flashattn_plan_t *plan = make_plan(s, FLASHATTN_DTYPE_FP8_E4M3, FLASHATTN_BACKEND_CPU, per_head);
+    flashattn_plan_t *plan = make_plan(s, FLASHATTN_DTYPE_FP8_E4M3, backend, per_head);
     if (plan == nullptr) return NAN;
     size_t ws = 0;
     flashattn_plan_get_workspace_size(plan, &ws);
+    if (backend != FLASHATTN_BACKEND_CPU) {
+        std::vector<uint16_t> o(q.size());
+        bool good = false;
+#ifdef FLASHATTN_BENCH_WITH_CUDA
+        void *d[7] = {}, *dws = nullptr;
+        const void *host[7] = {cq.data(), ck.data(), cv.data(), nullptr, dq.data(), dk.data(), dv.data()};
+        const size_t bytes[7] = {cq.size(), ck.size(), cv.size(), o.size() * 2, dq.size() * 4, dk.size() * 4, dv.size() * 4};
+        for (int i = 0; i < 7; ++i) {
+            cudaMalloc(&d[i], bytes[i]);
+            if (host[i] != nullptr) cudaMemcpy(d[i], host[i], bytes[i], cudaMemcpyHostToDevice);
+        }
+        if (ws) cudaMalloc(&dws, ws);
+        flashattn_args_t *args = nullptr;
+        flashattn_args_create(&args);
+        const flashattn_arg_t which[7] = {FLASHATTN_ARG_Q, FLASHATTN_ARG_K, FLASHATTN_ARG_V, FLASHATTN_ARG_O,
+                                          FLASHATTN_ARG_DESCALE_Q, FLASHATTN_ARG_DESCALE_K, FLASHATTN_ARG_DESCALE_V};
+        for (int i = 0; i < 7; ++i) flashattn_args_set(args, which[i], d[i]);
+        good = ok(flashattn_plan_execute_args(plan, args, dws, ws, nullptr), "fp8 execute (fa3)");
+        cudaMemcpy(o.data(), d[3], bytes[3], cudaMemcpyDeviceToHost);
+        g_last_tflops = time_tflops(s, [&] { return flashattn_plan_execute_args(plan, args, dws, ws, nullptr) == FLASHATTN_SUCCESS; });
+        flashattn_args_destroy(args);
+        for (void *p : d) cudaFree(p);
+        cudaFree(dws);
+#else
+        std::fprintf(stderr, "built without CUDA: only --fp8-backend cpu\n");
+#endif
+        flashattn_plan_destroy(plan);
+        return good ? rmse(o, ref) : NAN;
+    }
     std::vector<unsigned char> w(ws + 256);
     void *wp = reinterpret_cast<void *>((reinterpret_cast<uintptr_t>(w.data()) + 255) & ~uintptr_t{255});
     std::vector<uint16_t> o(q.size());
@@ -296,13 +367,104 @@ double emulate_kernel(const Shape &s, bool per_head, bool hadamard, double p_sca
     return std::sqrt(sum / static_cast<double>(ref.size()));
 }
 
+#ifdef FLASHATTN_BENCH_WITH_CUDA
+// --speed-grid: the issue's performance grid (the FlashAttention-3 paper's: hidden 2048, 16k tokens
+// in all: batch = 16384 / seqlen, heads = 2048 / dim) for every dim of --dims, seqlen 2k..16k,
+// non-causal and causal, bf16 FA3 against the FP8 kernel in the same process on the same shapes.
+// Inputs: random bf16 in [-2, 2) and random E4M3 codes of magnitude <= 2 (speed does not depend
+// on them; they keep the softmax away from inf), descales 1 per (sequence, head), no LSE. Each
+// cell: the median of 20 runs after a warm-up; TFLOP/s at 4 seq^2 heads dim batch flops (half of
+// it causal). Prints a markdown table.
+int speed_grid(const std::vector<int64_t> &dims) {
+    const int64_t tokens = 16384, hidden = 2048;
+    const size_t elems = static_cast<size_t>(tokens * hidden);
+    std::mt19937_64 rng(99);
+    std::vector<uint16_t> hb(elems);
+    std::vector<uint8_t> h8(elems);
+    std::uniform_real_distribution<float> u(-2.f, 2.f);
+    for (size_t i = 0; i < elems; ++i) {
+        hb[i] = to_bf16(u(rng));
+        h8[i] = to_e4m3(u(rng));
+    }
+    void *b16[4] = {}, *f8[3] = {}, *desc = nullptr, *dws = nullptr;
+    for (int i = 0; i < 4; ++i) cudaMalloc(&b16[i], elems * 2);
+    for (int i = 0; i < 3; ++i) cudaMalloc(&f8[i], elems);
+    for (int i = 0; i < 3; ++i) cudaMemcpy(b16[i], hb.data(), elems * 2, cudaMemcpyHostToDevice);
+    for (int i = 0; i < 3; ++i) cudaMemcpy(f8[i], h8.data(), elems, cudaMemcpyHostToDevice);
+    const std::vector<float> ones(4096, 1.0f);
+    cudaMalloc(&desc, ones.size() * 4);
+    cudaMemcpy(desc, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice);
+    size_t ws_cap = 0;
+    std::printf("FA3 bf16 vs FP8 forward, H200, hidden %lld, %lld tokens (batch = %lld / seqlen), TFLOP/s\n",
+                (long long)hidden, (long long)tokens, (long long)tokens);
+    std::printf("| dim | causal | seqlen | batch x heads | bf16 fa3 | FP8 fa3 | FP8 / bf16 |\n|---|---|---|---|---|---|---|\n");
+    for (const int64_t dim : dims)
+        for (const int causal : {0, 1})
+            for (const int64_t seq : {2048, 4096, 8192, 16384}) {
+                const int64_t batch = tokens / seq, heads = hidden / dim;
+                double tf[2] = {0, 0};
+                for (int fp8 = 0; fp8 < 2; ++fp8) {
+                    flashattn_plan_t *plan = nullptr;
+                    flashattn_plan_create(&plan);
+                    const struct { flashattn_i64_param_t k; int64_t v; } keys[] = {
+                        {FLASHATTN_I64_BATCH, batch}, {FLASHATTN_I64_SEQLEN_Q, seq}, {FLASHATTN_I64_SEQLEN_K, seq},
+                        {FLASHATTN_I64_HEADS_Q, heads}, {FLASHATTN_I64_HEAD_DIM, dim},
+                        {FLASHATTN_I64_DTYPE, fp8 ? FLASHATTN_DTYPE_FP8_E4M3 : FLASHATTN_DTYPE_BF16},
+                        {FLASHATTN_I64_BACKEND, FLASHATTN_BACKEND_FA3}, {FLASHATTN_I64_CAUSAL, causal}};
+                    for (const auto &kv : keys) flashattn_plan_set_i64(plan, kv.k, kv.v);
+                    if (!ok(flashattn_plan_finalize(plan), fp8 ? "finalize (FP8)" : "finalize (bf16)")) {
+                        flashattn_plan_destroy(plan);
+                        continue;
+                    }
+                    size_t ws = 0;
+                    flashattn_plan_get_workspace_size(plan, &ws);
+                    if (ws > ws_cap) {
+                        cudaFree(dws);
+                        cudaMalloc(&dws, ws);
+                        ws_cap = ws;
+                    }
+                    flashattn_args_t *args = nullptr;
+                    flashattn_args_create(&args);
+                    flashattn_args_set(args, FLASHATTN_ARG_Q, fp8 ? f8[0] : b16[0]);
+                    flashattn_args_set(args, FLASHATTN_ARG_K, fp8 ? f8[1] : b16[1]);
+                    flashattn_args_set(args, FLASHATTN_ARG_V, fp8 ? f8[2] : b16[2]);
+                    flashattn_args_set(args, FLASHATTN_ARG_O, b16[3]);
+                    if (fp8) {
+                        flashattn_args_set(args, FLASHATTN_ARG_DESCALE_Q, desc);
+                        flashattn_args_set(args, FLASHATTN_ARG_DESCALE_K, desc);
+                        flashattn_args_set(args, FLASHATTN_ARG_DESCALE_V, desc);
+                    }
+                    const Shape one{seq, heads * batch, dim};
+                    tf[fp8] = time_tflops(one, [&] {
+                        return ok(flashattn_plan_execute_args(plan, args, dws, ws, nullptr), "execute");
+                    }) * (causal ? 0.5 : 1.0);
+                    const cudaError_t e = cudaDeviceSynchronize();
+                    if (e != cudaSuccess) {
+                        std::fprintf(stderr, "CUDA error: %s\n", cudaGetErrorString(e));
+                        return 1;
+                    }
+                    flashattn_args_destroy(args);
+                    flashattn_plan_destroy(plan);
+                }
+                std::printf("| %lld | %d | %lld | %lld x %lld | %.0f | %.0f | %.2f |\n", (long long)dim, causal,
+                            (long long)seq, (long long)batch, (long long)heads, tf[0], tf[1],
+                            tf[0] > 0 ? tf[1] / tf[0] : 0.0);
+                std::fflush(stdout);
+            }
+    for (void *p : b16) cudaFree(p);
+    for (void *p : f8) cudaFree(p);
+    cudaFree(desc), cudaFree(dws);
+    return 0;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char **argv) {
     Shape s;
     uint64_t seed = 17;
-    flashattn_backend_t bf16_backend = FLASHATTN_BACKEND_CPU;
-    bool emulate = false;
+    flashattn_backend_t bf16_backend = FLASHATTN_BACKEND_CPU, fp8_backend = FLASHATTN_BACKEND_CPU;
+    bool emulate = false, with_reference = true;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string key = argv[i];
         const long long value = std::atoll(argv[i + 1]);
@@ -311,7 +473,22 @@ int main(int argc, char **argv) {
         else if (key == "--dim") s.dim = value;
         else if (key == "--seed") seed = static_cast<uint64_t>(value);
         else if (key == "--emulate") emulate = value != 0;
-        else if (key == "--backend") bf16_backend = std::string(argv[i + 1]) == "fa3" ? FLASHATTN_BACKEND_FA3 : FLASHATTN_BACKEND_CPU;
+        else if (key == "--reference") with_reference = value != 0;
+        else if (key == "--fp8-backend") fp8_backend = std::string(argv[i + 1]) == "fa3" ? FLASHATTN_BACKEND_FA3 : FLASHATTN_BACKEND_CPU;
+        else if (key == "--speed-grid") {  // a comma-separated list of head dims
+            std::vector<int64_t> dims;
+            for (const char *c = argv[i + 1]; *c;) {
+                dims.push_back(std::atoll(c));
+                while (*c && *c != ',') ++c;
+                if (*c == ',') ++c;
+            }
+#ifdef FLASHATTN_BENCH_WITH_CUDA
+            return speed_grid(dims);
+#else
+            std::fprintf(stderr, "built without CUDA: no --speed-grid\n");
+            return 2;
+#endif
+        } else if (key == "--backend") bf16_backend = std::string(argv[i + 1]) == "fa3" ? FLASHATTN_BACKEND_FA3 : FLASHATTN_BACKEND_CPU;
         else {
             std::fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -327,17 +504,29 @@ int main(int argc, char **argv) {
     }
     std::mt19937_64 rng(seed);
     const std::vector<double> q = outlier_normal(s, rng), k = outlier_normal(s, rng), v = outlier_normal(s, rng);
-    const std::vector<double> ref = reference(s, q, k, v);
+    const std::vector<double> ref = with_reference ? reference(s, q, k, v) : std::vector<double>(q.size(), 0.0);
     std::printf("FP8 accuracy: 1 x %lld tokens x %lld heads x dim %lld, N(0,1) with 0.1%% N(0,10), non-causal; "
                 "RMSE of O vs fp64\n",
                 (long long)s.seq, (long long)s.heads, (long long)s.dim);
-    std::printf("| case | RMSE |\n|---|---|\n");
-    std::printf("| (a) bf16 inputs, %s | %.3e |\n", bf16_backend == FLASHATTN_BACKEND_FA3 ? "fa3" : "cpu (fp32 compute)",
-                run_bf16(s, bf16_backend, q, k, v, ref));
-    std::printf("| (b) FP8 per-tensor (cpu, exact dequantization) | %.3e |\n", run_fp8(s, false, false, q, k, v, ref));
-    std::printf("| FP8 per-head, no rotation (cpu) | %.3e |\n", run_fp8(s, true, false, q, k, v, ref));
-    std::printf("| FP8 per-tensor + Hadamard (cpu) | %.3e |\n", run_fp8(s, false, true, q, k, v, ref));
-    std::printf("| (c) FP8 per-head + Hadamard (cpu, exact dequantization) | %.3e |\n", run_fp8(s, true, true, q, k, v, ref));
+    std::printf("| case | RMSE | TFLOP/s (fa3 rows) |\n|---|---|---|\n");
+    auto row = [&](const char *name, double err) {
+        char e[32] = "-";
+        if (with_reference) std::snprintf(e, sizeof e, "%.3e", err);
+        std::printf("| %s | %s | %s |\n", name, e,
+                    g_last_tflops > 0 ? std::to_string(static_cast<int>(g_last_tflops + 0.5)).c_str() : "");
+        g_last_tflops = 0;
+    };
+    const bool fp8_gpu = fp8_backend == FLASHATTN_BACKEND_FA3;
+    row(bf16_backend == FLASHATTN_BACKEND_FA3 ? "(a) bf16 inputs, fa3" : "(a) bf16 inputs, cpu (fp32 compute)",
+        run_bf16(s, bf16_backend, q, k, v, ref));
+    row(fp8_gpu ? "(b) FP8 per-tensor (fa3 FP8 kernel)" : "(b) FP8 per-tensor (cpu, exact dequantization)",
+        run_fp8(s, fp8_backend, false, false, q, k, v, ref));
+    row(fp8_gpu ? "FP8 per-head, no rotation (fa3)" : "FP8 per-head, no rotation (cpu)",
+        run_fp8(s, fp8_backend, true, false, q, k, v, ref));
+    row(fp8_gpu ? "FP8 per-tensor + Hadamard (fa3)" : "FP8 per-tensor + Hadamard (cpu)",
+        run_fp8(s, fp8_backend, false, true, q, k, v, ref));
+    row(fp8_gpu ? "(c) FP8 per-head + Hadamard (fa3 FP8 kernel)" : "(c) FP8 per-head + Hadamard (cpu, exact dequantization)",
+        run_fp8(s, fp8_backend, true, true, q, k, v, ref));
     if (emulate) {
         for (const double p_scale : {1.0, 256.0}) {
             std::printf("| (b) per-tensor, P in E4M3 x %g (emulated kernel) | %.3e |\n", p_scale,

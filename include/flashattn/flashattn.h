@@ -873,10 +873,14 @@ FLASHATTN_API flashattn_status_t flashattn_plan_merge_states(const flashattn_pla
  * caller's contract there).
  *
  * **Backends.** The CPU backend converts E4M3 exactly to fp32 (every E4M3 value is an fp32 value),
- * multiplies by the descale in fp32 and computes as for fp32 inputs; it is the reference. FA1 and
- * FA2 have no FP8 path (#FLASHATTN_ERROR_NOT_SUPPORTED, with the reason); FA3's FP8 kernel is not
- * in this release yet, so FA3 refuses FP8 plans too: on a machine with a GPU,
- * #FLASHATTN_BACKEND_AUTO then fails with #FLASHATTN_ERROR_NOT_SUPPORTED (set #FLASHATTN_BACKEND_CPU
+ * multiplies by the descale in fp32 and computes as for fp32 inputs; it is the reference. FA3 runs
+ * FP8 plans on Hopper (sm_90) with an E4M3 tensor-core kernel, and #FLASHATTN_BACKEND_AUTO picks it
+ * there: Q·Kᵀ and P·V in E4M3 with fp32 accumulation, P scaled by 256 before its E4M3 rounding;
+ * head dims up to 256 in multiples of 16, head_dim_v equal to head_dim, causal, windows, soft cap,
+ * GQA/MQA, variable lengths, strides and the LSE; not ALiBi, sink tokens or sink logits
+ * (#FLASHATTN_ERROR_NOT_SUPPORTED naming them). Its descales must be positive (or zero). FA1 and
+ * FA2 have no FP8 path (#FLASHATTN_ERROR_NOT_SUPPORTED, with the reason), so on other GPUs
+ * #FLASHATTN_BACKEND_AUTO fails with #FLASHATTN_ERROR_NOT_SUPPORTED (set #FLASHATTN_BACKEND_CPU
  * to run on the host, as for any plan no GPU backend runs). The serving features that write or page the caches
  * (#FLASHATTN_I64_PAGED_KV, #FLASHATTN_I64_NEW_KV_ROWS) are refused with FP8; there is no backward
  * pass for FP8 plans (flashattn_plan_get_backward_backend() says why), and

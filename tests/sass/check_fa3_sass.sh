@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Checks the compiled FA3 kernels in libflashattn without running them (no GPU needed): every
 # fa3::fwd_kernel and fa3::bwd_kernel (the backward, issue 16) instantiation must be sm_90a code
-# whose SASS uses HGMMA (wgmma: the tensor-core path of Hopper, not HMMA/FFMA) and has no
-# local-memory traffic (LDL/STL: register spills or
-# arrays indexed at run time). Usage: check_fa3_sass.sh CUOBJDUMP LIBRARY
+# whose SASS uses HGMMA (wgmma: the tensor-core path of Hopper, not HMMA/FFMA), every
+# fa3::fp8_fwd_kernel (the FP8 forward, issue 17) QGMMA with E4M3 operands (FP8 wgmma's SASS
+# name: QGMMA.64xNx32.F32.E4M3.E4M3), and none may have local-memory traffic (LDL/STL: register
+# spills or arrays indexed at run time). Usage: check_fa3_sass.sh CUOBJDUMP LIBRARY
 set -euo pipefail
 cuobjdump=$1
 lib=$2
@@ -14,18 +15,18 @@ report=$(awk '
   /arch = / { arch = $3 }
   /Function : / {
     fn = $3
-    if (fn ~ /fa310(fwd|bwd)_kernel/) { kernels[fn] = arch; hgmma[fn] = 0; local[fn] = 0 }
+    if (fn ~ /fa310(fwd|bwd)_kernel|fa314fp8_fwd_kernel/) { kernels[fn] = arch; hgmma[fn] = 0; local[fn] = 0 }
     next
   }
   fn != "" && (fn in kernels) {
-    if ($0 ~ /HGMMA/) hgmma[fn]++
+    if (fn ~ /fp8_fwd/ ? $0 ~ /QGMMA\.[0-9x]+\.F32\.E4M3\.E4M3/ : $0 ~ /HGMMA/) hgmma[fn]++
     if ($0 ~ /[^A-Z](LDL|STL)[. ]/) local[fn]++
   }
   END {
     for (k in kernels) printf "%s arch=%s hgmma=%d local=%d\n", k, kernels[k], hgmma[k], local[k]
   }' <<<"$sass")
-for role in fwd bwd; do
-  if ! grep -q "fa310${role}_kernel" <<<"$report"; then
+for role in 10fwd 10bwd 14fp8_fwd; do
+  if ! grep -q "fa3${role}_kernel" <<<"$report"; then
     echo "no fa3 ${role} kernel found in $lib" >&2
     exit 1
   fi
@@ -45,8 +46,8 @@ fi
 echo "$report"
 bad=$(awk '$2 != "arch=sm_90a" || $3 == "hgmma=0" || $4 != "local=0"' <<<"$report")
 if [ -n "$bad" ]; then
-  echo "FA3 kernels failing the SASS check (need arch sm_90a, HGMMA > 0, no LDL/STL):" >&2
+  echo "FA3 kernels failing the SASS check (need arch sm_90a, HGMMA (FP8: QGMMA E4M3) > 0, no LDL/STL):" >&2
   echo "$bad" >&2
   exit 1
 fi
-echo "all $(wc -l <<<"$report") fa3 kernels: sm_90a, HGMMA, no local memory"
+echo "all $(wc -l <<<"$report") fa3 kernels: sm_90a, HGMMA (FP8: QGMMA E4M3), no local memory"

@@ -14,6 +14,7 @@
 #include "backends/cuda/fa3/fa3_append.h"
 #include "backends/cuda/fa3/fa3_bwd_host.h"
 #include "backends/cuda/fa3/fa3_config.h"
+#include "backends/cuda/fa3/fa3_fp8_params.h"
 #include "backends/cuda/fa3/fa3_params.h"
 #include "backends/cuda/host/cuda_host.h"
 #include "backends/cuda/host/tensor_args.h"
@@ -77,21 +78,25 @@ struct Fa3Plan : BackendPlan {
     int section = 1;        // causal schedule: (head, sequence) pairs per L2 section
     fa3::BwdPlan backward;  // laid out in backward_workspace when the backward can run
     int rotated_q = -1;     // with a rotary append: Q rotated by the pre-kernel (host/cache_append.h)
+    fa3::LaunchFp8Fwd launch_fp8 = nullptr;  // FP8 plans: the E4M3 kernel
 };
 
 // Why TMA cannot describe one input tensor of `rows` x `heads` x `batch` rows, or empty. A
 // dimension of extent 1 never uses its stride (the tensor map gets a filler); every other stride
 // must be a positive multiple of 16 bytes below 2^40.
-std::string tma_stride_problem(const char *name, const Strides &s, int64_t rows, int64_t heads, int64_t batch) {
+std::string tma_stride_problem(const char *name, const Strides &s, int64_t rows, int64_t heads, int64_t batch,
+                               int64_t elem_bytes = 2) {
+    const int64_t align = 16 / elem_bytes;  // elements per 16 bytes
     const struct {
         const char *what;
         int64_t stride, extent;
     } dims[] = {{"row", s.row, rows}, {"head", s.head, heads}, {"batch", s.batch, batch}};
     for (const auto &d : dims) {
         if (d.extent <= 1) continue;
-        if (d.stride <= 0 || d.stride % 8 != 0 || d.stride * 2 >= kMaxStrideBytes)
+        if (d.stride <= 0 || d.stride % align != 0 || d.stride * elem_bytes >= kMaxStrideBytes)
             return std::string("the fa3 backend loads ") + name + " with TMA, which needs its " + d.what +
-                   " stride to be a positive multiple of 8 elements below 2^39 (got " + std::to_string(d.stride) + ")";
+                   " stride to be a positive multiple of " + std::to_string(align) + " elements (16 bytes) below 2^" +
+                   (elem_bytes == 2 ? "39" : "40") + " (got " + std::to_string(d.stride) + ")";
     }
     return std::string();
 }
@@ -99,12 +104,30 @@ std::string tma_stride_problem(const char *name, const Strides &s, int64_t rows,
 // Paged caches and seqused_k take the gathering producer (fa3_gather.cuh, Params::gather).
 bool uses_gather(const Problem &p) { return p.serving.paged || p.serving.seqused_k; }
 
+// What the FP8 (E4M3) kernel (issue 17, fa3_fp8_kernel.cuh) does not do (yet), or empty. Runs
+// instead of tensor_core_shape_problem, so fa3 (and auto on sm_90) takes FP8 plans.
+std::string fp8_shape_problem(const Problem &p) {
+    if (p.o_dtype != FLASHATTN_DTYPE_BF16 && p.o_dtype != FLASHATTN_DTYPE_FP16)
+        return "the fa3 FP8 kernel writes O in bf16 or fp16 only";
+    if (p.head_dim_v != p.head_dim)
+        return "the fa3 FP8 kernel needs head_dim_v equal to head_dim (got " + std::to_string(p.head_dim) + " and " +
+               std::to_string(p.head_dim_v) + ")";
+    if (p.head_dim < 16 || p.head_dim > 256 || p.head_dim % 16 != 0)
+        return "the fa3 FP8 kernel supports head dims 16..256 in multiples of 16 (got " + std::to_string(p.head_dim) + ")";
+    if (p.sink_logits) return "the fa3 FP8 kernel does not take sink logits (FLASHATTN_I64_SINK_LOGITS) yet";
+    if (p.sink_tokens > 0) return "the fa3 FP8 kernel does not take sink tokens (FLASHATTN_I64_SINK_TOKENS) yet";
+    if (p.alibi) return "the fa3 FP8 kernel does not take ALiBi (FLASHATTN_I64_ALIBI) yet";
+    if (p.serving.any()) return "the fa3 FP8 kernel does not take a paged cache, seqused_k or appends yet";
+    return std::string();
+}
+
 std::string fa3_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
     if (!dev.present) return "the fa3 backend needs a CUDA device and none is available";
     if (dev.cc_major != 9 || dev.cc_minor != 0)
         return "the fa3 backend runs only on compute capability 9.0 (Hopper; device " + std::to_string(dev.device) +
                " is " + std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor) + ")";
-    const std::string shape = tensor_core_shape_problem(p, "fa3", true);
+    const bool fp8 = p.fp8();
+    const std::string shape = fp8 ? fp8_shape_problem(p) : tensor_core_shape_problem(p, "fa3", true);
     if (!shape.empty()) return shape;
     if (p.seqlen_q >= kMaxSeqlen || p.seqlen_k >= kMaxSeqlen || p.total_q >= kMaxSeqlen || p.total_k >= kMaxSeqlen)
         return "the fa3 backend supports sequence lengths (and varlen totals) below 2^28";
@@ -113,6 +136,13 @@ std::string fa3_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
         tiles >= (int64_t(1) << 31))
         return "the fa3 backend schedules at most 2^31 - 1 query tiles (128 rows x heads x sequences)";
     const int64_t batch = p.batch_extent();
+    if (fp8) {  // no gather, rotary or head_dim_v != head_dim (fp8_shape_problem); one byte per element
+        for (const std::string &why : {tma_stride_problem("q", p.q, p.q_rows(), p.heads_q, batch, 1),
+                                       tma_stride_problem("k", p.k, p.k_rows(), p.heads_kv, batch, 1),
+                                       tma_stride_problem("v", p.v, p.k_rows(), p.heads_kv, batch, 1)})
+            if (!why.empty()) return why;
+        return std::string();  // its shared memory (at most 226 KB) is checked at compile time
+    }
     // A gathering plan (paged, seqused_k) loads K and V with cp.async: 16-byte aligned rows are
     // enough there, which check_device_tensors enforces at execute. An append's rotated Q is a
     // contiguous copy in the workspace.
@@ -141,6 +171,7 @@ std::string fa3_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
 // The backward: the forward's conditions (TMA reads Q, K, V again), dO's strides (TMA too), then
 // the backward kernels' own (fa3_bwd_host.cpp).
 std::string fa3_backward_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
+    if (p.fp8()) return "the fa3 backend has no FP8 backward pass";
     std::string why = fa3_unsupported_reason(p, dev);
     if (why.empty()) why = tma_stride_problem("dout", p.dout, p.q_rows(), p.heads_q, p.batch_extent());
     if (why.empty()) why = fa3::backward_unsupported_reason(p, dev);
@@ -179,7 +210,8 @@ int test_cta_limit() {
 int causal_section(const Problem &p, int64_t l2_bytes, int num_ctas) {
     const int64_t pairs = p.heads_q * p.batch;
     const int64_t m_blocks = (p.seqlen_q + fa3::kBlockM - 1) / fa3::kBlockM;
-    const int64_t kv_per_pair = std::max<int64_t>(1, p.seqlen_k * p.head_dim * 2 * 2 / p.group_size());
+    const int64_t elem_bytes = p.fp8() ? 1 : 2;  // K and V: E4M3 or 16-bit
+    const int64_t kv_per_pair = std::max<int64_t>(1, p.seqlen_k * p.head_dim * elem_bytes * 2 / p.group_size());
     const int64_t budget = l2_bytes > 0 ? l2_bytes / 2 : (int64_t(16) << 20);
     const int64_t for_l2 = std::max<int64_t>(1, budget / kv_per_pair);
     const int64_t for_balance = (int64_t(12) * num_ctas + m_blocks - 1) / std::max<int64_t>(1, m_blocks);
@@ -190,6 +222,15 @@ int causal_section(const Problem &p, int64_t l2_bytes, int num_ctas) {
 
 flashattn_status_t fa3_make_plan(const Problem &p, const DeviceInfo &dev, std::unique_ptr<BackendPlan> *out) {
     auto plan = std::make_unique<Fa3Plan>();
+    if (p.fp8()) {  // the E4M3 kernel (fa3_fp8_kernel.cuh)
+        const int kd = fa3::fp8_compiled_head_dim(static_cast<int>(p.head_dim));
+        plan->cfg = fa3::TileConfig{kd, fa3::kFp8BlockN};
+        plan->launch_fp8 = kd == 128 ? fa3::launch_fp8_fwd_hdim128 : fa3::launch_fp8_fwd_hdim256;
+        plan->num_ctas = std::max(1, std::min(dev.sm_count, test_cta_limit()));
+        plan->section = causal_section(p, dev.l2_bytes, plan->num_ctas);
+        *out = std::move(plan);
+        return FLASHATTN_SUCCESS;
+    }
     const CompiledHeadDim *kernel = kernel_for(p);
     if (kernel == nullptr)
         return fail(FLASHATTN_ERROR_INTERNAL, "fa3: no compiled kernel for head dims %lld / %lld",
@@ -235,7 +276,8 @@ flashattn_status_t encode_cached(CachedMap *c, CUtensorMap *out, TmaElement el, 
     return FLASHATTN_SUCCESS;
 }
 
-// One rank-4 map {head_dim, rows, heads, batch}: 64-column boxes of `box_rows` rows. Extent-1
+// One rank-4 map {head_dim, rows, heads, batch}: 128-byte boxes (64 16-bit or 128 E4M3 columns)
+// of `box_rows` rows. Extent-1
 // dimensions get a filler stride (unused, but the encoder checks it). `slot`: 0, 1, 2 for Q, K, V
 // of the forward, 3..6 for Q, K, V, dO of the backward. `cols`: the tensor's head dim (head_dim_v
 // for V); the kernel's boxes past it arrive as zeros.
@@ -243,13 +285,14 @@ flashattn_status_t encode_map(int slot, CUtensorMap *out, TmaElement el, const v
                               const Strides &s, int64_t rows, int64_t heads, int box_rows, int64_t cols) {
     thread_local CachedMap cache[7];
     const int64_t batch = p.batch_extent();
-    const uint64_t row_bytes = static_cast<uint64_t>(s.row) * 2;
-    const uint64_t filler = static_cast<uint64_t>(cols) * 2 * 16;
+    const uint64_t eb = static_cast<uint64_t>(tma_element_bytes(el));
+    const uint64_t row_bytes = static_cast<uint64_t>(s.row) * eb;
+    const uint64_t filler = (static_cast<uint64_t>(cols) * eb + 15) / 16 * 16 * 16;
     const uint64_t dims[4] = {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows),
                               static_cast<uint64_t>(heads), static_cast<uint64_t>(batch)};
-    const uint64_t strides[3] = {rows > 1 ? row_bytes : filler, heads > 1 ? static_cast<uint64_t>(s.head) * 2 : filler,
-                                 batch > 1 ? static_cast<uint64_t>(s.batch) * 2 : filler};
-    const uint32_t box[4] = {64, static_cast<uint32_t>(box_rows), 1, 1};
+    const uint64_t strides[3] = {rows > 1 ? row_bytes : filler, heads > 1 ? static_cast<uint64_t>(s.head) * eb : filler,
+                                 batch > 1 ? static_cast<uint64_t>(s.batch) * eb : filler};
+    const uint32_t box[4] = {static_cast<uint32_t>(128 / eb), static_cast<uint32_t>(box_rows), 1, 1};
     return encode_cached(&cache[slot], out, el, base, dims, strides, box);
 }
 
@@ -267,6 +310,31 @@ flashattn_status_t enqueue_append(const Problem &p, const Fa3Plan &plan, const T
     return FLASHATTN_SUCCESS;
 }
 
+// The FP8 forward: E4M3 maps (128-column boxes), the descales, the E4M3 kernel.
+flashattn_status_t fa3_execute_fp8(const Problem &p, const Fa3Plan &plan, const Tensors &t) {
+    fa3::Fp8Params k;
+    fill_tensor_args(p, t, &k);
+    k.reverse_m = p.causal ? 1 : 0;
+    k.descale_q = t.descale_q;
+    k.descale_k = t.descale_k;
+    k.descale_v = t.descale_v;
+    k.descale_bs = p.descale_batch_stride;
+    k.descale_hs = p.descale_head_stride;
+    const TmaElement el = TmaElement::e4m3;
+    const int64_t rows_k = p.k_rows();
+    const bool no_keys = rows_k == 0;
+    fa3::TensorMaps maps;
+    FLASHATTN_TRY(encode_map(0, &maps.q, el, t.q, p, p.q, p.q_rows(), p.heads_q, fa3::kBlockM, p.head_dim));
+    FLASHATTN_TRY(encode_map(1, &maps.k, el, no_keys ? t.q : t.k, p, p.k, no_keys ? 1 : rows_k, p.heads_kv, plan.cfg.block_n, p.head_dim));
+    FLASHATTN_TRY(encode_map(2, &maps.v, el, no_keys ? t.q : t.v, p, p.v, no_keys ? 1 : rows_k, p.heads_kv, plan.cfg.block_n, p.head_dim));
+    k.num_ctas = plan.num_ctas;
+    k.section = plan.section;
+    const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);
+    const cudaError_t err = plan.launch_fp8(k, maps, p.o_dtype == FLASHATTN_DTYPE_BF16, stream);
+    if (err != cudaSuccess) return cuda_fail(err, "fa3 FP8 forward kernel setup");
+    return check_launch("fa3 FP8 forward kernel");
+}
+
 flashattn_status_t fa3_execute(const Problem &p, const BackendPlan &base_plan, const Tensors &t) {
     const Fa3Plan &plan = static_cast<const Fa3Plan &>(base_plan);
     // First, with the context current: the tensor maps are encoded through the driver, which
@@ -276,6 +344,7 @@ flashattn_status_t fa3_execute(const Problem &p, const BackendPlan &base_plan, c
     FLASHATTN_TRY(check_device_tensors(p, t));
     const bool no_queries = p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0 || (p.varlen && p.total_q == 0);
     if (no_queries && !p.serving.appends()) return FLASHATTN_SUCCESS;  // (an append still writes the caches)
+    if (plan.launch_fp8 != nullptr) return fa3_execute_fp8(p, plan, t);  // (FP8 plans have no appends)
     fa3::Params k;
     fill_tensor_args(p, t, &k);
     k.reverse_m = p.causal ? 1 : 0;

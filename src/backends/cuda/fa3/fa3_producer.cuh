@@ -21,13 +21,14 @@
 namespace flashattn {
 namespace fa3 {
 
-// One [rows x kD] tile as kPages TMA boxes of 64 columns (one swizzle page each), all signalling
+// One [rows x kD] tile as kPages TMA boxes of Tr::kPageCols columns (one 128-byte swizzle page
+// each: 64 16-bit or 128 FP8 columns), all signalling
 // `bar`; `page_bytes` apart in shared memory.
 template <class Tr>
 __device__ __forceinline__ void tma_tile(unsigned char *dst, int page_bytes, const CUtensorMap *tm, uint64_t *bar,
                                          int32_t row, int32_t head, int32_t batch) {
 #pragma unroll
-    for (int pg = 0; pg < Tr::kPages; ++pg) cuda::tma_load_4d(dst + pg * page_bytes, tm, bar, 64 * pg, row, head, batch);
+    for (int pg = 0; pg < Tr::kPages; ++pg) cuda::tma_load_4d(dst + pg * page_bytes, tm, bar, Tr::kPageCols * pg, row, head, batch);
 }
 
 // Producer: one thread. Per tile the first K tile goes out before the wait for the Q buffer

@@ -21,6 +21,7 @@ template <int kD_, int kBN_, int kDV_ = kD_>
 struct Traits {
     static constexpr int kD = kD_;    // padded head dim of Q and K, a multiple of 64
     static constexpr int kBN = kBN_;  // keys per tile
+    static constexpr int kPageCols = 64;          // columns per 128-byte swizzle page (16-bit elements)
     static constexpr int kPages = kD / 64;       // 64-column swizzle pages per row
     static constexpr int kDV = kDV_;             // padded width of V and O, a multiple of 64
     static constexpr int kVPages = kDV / 64;     // ... pages per V row

@@ -43,7 +43,7 @@ flashattn_status_t encode_tensor_map_sw128(CUtensorMap *out, TmaElement element,
     if (rank < 2 || rank > 4) return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "tensor map: rank %d (2..4)", rank);
     if (base == nullptr || (reinterpret_cast<uintptr_t>(base) & 15u) != 0)
         return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "tensor map: base address %p is not 16-byte aligned", base);
-    const uint64_t elem_bytes = 2;
+    const uint64_t elem_bytes = static_cast<uint64_t>(tma_element_bytes(element));
     for (int i = 0; i < rank; ++i) {
         if (dims[i] == 0 || dims[i] > (uint64_t{1} << 32))
             return fail(FLASHATTN_ERROR_INVALID_ARGUMENT, "tensor map: dim %d extent %" PRIu64 " out of range", i,
@@ -83,8 +83,9 @@ flashattn_status_t encode_tensor_map_sw128(CUtensorMap *out, TmaElement element,
     for (int i = 0; i + 1 < rank; ++i) gstride[i] = strides_bytes[i];
 
     std::memset(out, 0, sizeof *out);
-    const CUtensorMapDataType dtype =
-        element == TmaElement::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    const CUtensorMapDataType dtype = element == TmaElement::bf16   ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                      : element == TmaElement::e4m3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                                                    : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     const CUresult r = entry.fn(out, dtype, static_cast<cuuint32_t>(rank), const_cast<void *>(base), gdim, gstride,
                                 bdim, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                 CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
