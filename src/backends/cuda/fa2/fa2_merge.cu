@@ -273,7 +273,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32) split_combine_kernel(const
                 w[j] = s < S ? expf(lse_s - lse) : 0.f;
                 // w == 0: an empty split's partial is unwritten, so it is not read at all.
                 if (w[j] != 0.f && col_ok) {
-                    load8<float>(po, s * p.o_split, v[j]);
+                    Raw8<float> raw;
+                    load_raw8<float>(po, s * p.o_split, raw);
+                    to_float8<float>(raw, v[j]);
                 } else {
 #pragma unroll
                     for (int e = 0; e < 8; ++e) v[j][e] = 0.f;
