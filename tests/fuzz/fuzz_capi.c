@@ -49,7 +49,7 @@ enum {
     kMaxBatchRun = 8,                 /* sequences of a problem that is run */
     kMaxElems = 1 << 16,              /* elements a tensor buffer may span */
     kMaxWork = 1 << 20,               /* reference multiply-adds of the forward */
-    kMaxKey = 64,                     /* i64 keys this model knows lie below */
+    kMaxKey = 80,                     /* i64 keys this model knows lie below */
     kMaxMutations = 8,
 };
 
@@ -189,8 +189,8 @@ static const flashattn_i64_param_t kKnownKeys[] = {
     FLASHATTN_I64_DV_HEAD_STRIDE};
 #define N_KNOWN_KEYS ((int64_t)(sizeof kKnownKeys / sizeof kKnownKeys[0]))
 
-/* The 0.3 keys (serving: paged K/V, seqused_k, append with rotary; variants: mask alignment, sink
- * tokens and logits, ALiBi). The oracle does not model them: the setters, getters, finalize and
+/* The 0.3 keys (serving: paged K/V, seqused_k, append with rotary, split count; variants: mask
+ * alignment, sink tokens and logits, ALiBi; FP8: output dtype, descale strides). The oracle does not model them: the setters, getters, finalize and
  * the workspace queries are driven with their edge values, and a plan that sets any of them is not
  * executed. */
 static const flashattn_i64_param_t kFeatureKeys[] = {
@@ -199,7 +199,8 @@ static const flashattn_i64_param_t kFeatureKeys[] = {
     FLASHATTN_I64_K_NEW_BATCH_STRIDE, FLASHATTN_I64_K_NEW_ROW_STRIDE, FLASHATTN_I64_K_NEW_HEAD_STRIDE,
     FLASHATTN_I64_V_NEW_BATCH_STRIDE, FLASHATTN_I64_V_NEW_ROW_STRIDE, FLASHATTN_I64_V_NEW_HEAD_STRIDE,
     FLASHATTN_I64_ROTARY_DIM, FLASHATTN_I64_ROTARY_INTERLEAVED, FLASHATTN_I64_MASK_ALIGN, FLASHATTN_I64_SINK_TOKENS,
-    FLASHATTN_I64_SINK_LOGITS, FLASHATTN_I64_ALIBI};
+    FLASHATTN_I64_SINK_LOGITS, FLASHATTN_I64_ALIBI, FLASHATTN_I64_OUTPUT_DTYPE, FLASHATTN_I64_DESCALE_BATCH_STRIDE,
+    FLASHATTN_I64_DESCALE_HEAD_STRIDE, FLASHATTN_I64_NUM_SPLITS};
 #define N_FEATURE_KEYS ((int64_t)(sizeof kFeatureKeys / sizeof kFeatureKeys[0]))
 
 /* A key to set: one the model knows, or (one time in four) a 0.3 feature key. */
