@@ -2,7 +2,11 @@
  * graphs"), for fa1, fa2 and fa3 and each execute entry point the backend has (forward fixed and
  * variable length on all three; the backward, fixed and variable length, on fa2, the GPU backend
  * with one; flashattn_plan_merge_states on fixed and variable-length plans of all three, fp16 and
- * fp32 partials), every result compared bitwise with a serial run on the calling thread:
+ * fp32 partials; and a decode step through flashattn_plan_execute_args that appends a rotated K/V
+ * row to the cache and attends: contiguous with 3 forced splits, and paged with pages of 16, so
+ * the append kernel, the split attention and the split-KV combine, launched on sm_90 as
+ * programmatic dependent launches, are covered too), every result compared bitwise with a serial
+ * run on the calling thread (for the decode step: O, LSE and every byte of both caches):
  * - from a fresh thread that never touched CUDA: the whole plan lifecycle there, and an execute of
  *   a plan finalized elsewhere;
  * - from several threads at once, each on its own stream with its own workspace and outputs,
@@ -50,13 +54,22 @@ static const int64_t kLenQ[B] = {150, 61}, kLenK[B] = {230, 177};
         if (s_ != FLASHATTN_SUCCESS) fail_msg("%s: %s", #call, flashattn_last_error());       \
     } while (0)
 
-typedef enum entry { FORWARD, FORWARD_VARLEN, BACKWARD, BACKWARD_VARLEN, MERGE, MERGE_VARLEN } entry;
+typedef enum entry { FORWARD, FORWARD_VARLEN, BACKWARD, BACKWARD_VARLEN, MERGE, MERGE_VARLEN, DECODE, DECODE_PAGED } entry;
+
+/* The decode step: B sequences of one query each over caches holding kUsed[b] keys of DSK, one new
+ * K/V row appended at kUsed[b] with a half-split rotary embedding over the first ROT columns (Q
+ * rotated at the same position); DECODE: contiguous caches [B, DSK, HKV, D] and DECODE_SPLITS
+ * forced; DECODE_PAGED: pages of PAGE keys through a shuffled page table, splits chosen by the plan. */
+enum { DSQ = 1, DN = 1, DSK = 1000, ROT = 32, PAGE = 16, MAXP = (DSK + PAGE - 1) / PAGE, DECODE_SPLITS = 3 };
+static const int32_t kUsed[B] = {700, 333};
 /* 1: every call goes through the execute-arguments object (flashattn_plan_execute_args /
  * _backward_args, since 0.3) instead of the positional entry points; same contract, same bits. */
 static int g_through_args = 0;
 static const char *entry_name(entry e) {
     static const char *names[] = {"execute", "execute_varlen", "execute_backward", "execute_backward_varlen",
-                                  "merge_states", "merge_states (varlen)"};
+                                  "merge_states", "merge_states (varlen)",
+                                  "execute_args (decode: append + rotary, contiguous cache, 3 splits)",
+                                  "execute_args (decode: append + rotary, pages of 16)"};
     static const char *args_names[] = {"execute_args", "execute_args (varlen)", "execute_backward_args",
                                        "execute_backward_args (varlen)"};
     return g_through_args && e < MERGE ? args_names[e] : names[e];
@@ -64,6 +77,7 @@ static const char *entry_name(entry e) {
 static int is_varlen(entry e) { return e == FORWARD_VARLEN || e == BACKWARD_VARLEN || e == MERGE_VARLEN; }
 static int is_merge(entry e) { return e == MERGE || e == MERGE_VARLEN; }
 static int is_backward(entry e) { return e == BACKWARD || e == BACKWARD_VARLEN; }
+static int is_decode(entry e) { return e == DECODE || e == DECODE_PAGED; }
 
 /* Device inputs of one layout (fixed or packed), shared read-only by every call. */
 typedef struct inputs {
@@ -79,12 +93,22 @@ typedef struct inputs {
     void *part_o[NUM_PARTIALS];
     float *part_lse[NUM_PARTIALS];
     float *hpart_o[NUM_PARTIALS], *hpart_lse[NUM_PARTIALS];
+    /* The decode step (decode != 0): pristine caches (every call's outputs start from copies of
+     * them), the new rows, seqused_k, the page table (paged) and the rotary tables. */
+    int decode, paged;
+    int64_t cache_rows;
+    void *kcache, *vcache, *knew, *vnew;
+    int32_t *seqused, *page_table, htable[B * MAXP];
+    float *cos, *sin;
+    float *hkcache, *hvcache, *hknew, *hvnew, hcos[DSK * ROT / 2], hsin[DSK * ROT / 2];
 } inputs;
 
-/* One call's outputs: O and LSE (forward) or dQ, dK, dV (backward), with its workspace. */
+/* One call's outputs: O and LSE (forward), dQ, dK, dV (backward), or O, LSE and the K and V
+ * caches the call appends to (decode), with its workspace. */
 typedef struct outputs {
     void *buf[4];
     size_t bytes[4];
+    const void *restore[4]; /* non-NULL: reset from this copy instead of poisoned (the caches) */
     int count;
     void *workspace;
     size_t workspace_bytes;
@@ -93,6 +117,8 @@ typedef struct outputs {
 static size_t elems_q(const inputs *in) { return (size_t)in->rows_q * HQ * D; }
 static size_t elems_k(const inputs *in) { return (size_t)in->rows_k * HKV * D; }
 static size_t lse_count(const inputs *in) { return (size_t)in->rows_q * HQ; }
+static size_t cache_elems(const inputs *in) { return (size_t)in->cache_rows * HKV * D; }
+static size_t new_elems(void) { return (size_t)B * DN * HKV * D; }
 
 static void *device_random(size_t n, uint64_t seed, float **host_copy) {
     uint16_t *h = malloc(n * 2);
@@ -167,6 +193,54 @@ static void inputs_make(inputs *in, int varlen, uint64_t seed) {
     make_partials(in, seed + 4);
 }
 
+static void *device_copy(const void *host, size_t bytes) {
+    void *d = NULL;
+    CUDA_OK(cudaMalloc(&d, bytes));
+    CUDA_OK(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+/* Cache row of key t of sequence b: through the page table, or [b][t] contiguous. */
+static int64_t cache_row(const inputs *in, int b, int64_t t) {
+    return in->paged ? (int64_t)in->htable[b * MAXP + t / PAGE] * PAGE + t % PAGE : (int64_t)b * DSK + t;
+}
+
+/* The decode step's inputs: every cache slot random (the append slots too, so a slot the call
+ * fails to write is seen), pages handed out in a shuffled order, rotary tables of position p and
+ * frequency i (theta = p * 10000^(-2i/ROT)). */
+static void inputs_make_decode(inputs *in, int paged, uint64_t seed) {
+    memset(in, 0, sizeof *in);
+    in->decode = 1;
+    in->paged = paged;
+    in->rows_q = (int64_t)B * DSQ;
+    in->cache_rows = paged ? (int64_t)B * MAXP * PAGE : (int64_t)B * DSK;
+    in->q = device_random(elems_q(in), seed, &in->hq);
+    in->kcache = device_random(cache_elems(in), seed + 1, &in->hkcache);
+    in->vcache = device_random(cache_elems(in), seed + 2, &in->hvcache);
+    in->knew = device_random(new_elems(), seed + 3, &in->hknew);
+    in->vnew = device_random(new_elems(), seed + 4, &in->hvnew);
+    int32_t order[B * MAXP];
+    for (int i = 0; i < B * MAXP; ++i) order[i] = i;
+    test_rng rng;
+    test_rng_seed(&rng, seed + 5);
+    for (int i = B * MAXP - 1; i > 0; --i) {
+        const int j = (int)(test_rng_next(&rng) % (uint64_t)(i + 1)), t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    memcpy(in->htable, order, sizeof order);
+    if (paged) in->page_table = device_copy(in->htable, sizeof in->htable);
+    in->seqused = device_copy(kUsed, sizeof kUsed);
+    for (int p = 0; p < DSK; ++p)
+        for (int i = 0; i < ROT / 2; ++i) {
+            const double theta = p * pow(10000.0, -2.0 * i / ROT);
+            in->hcos[p * ROT / 2 + i] = (float)cos(theta);
+            in->hsin[p * ROT / 2 + i] = (float)sin(theta);
+        }
+    in->cos = device_copy(in->hcos, sizeof in->hcos);
+    in->sin = device_copy(in->hsin, sizeof in->hsin);
+}
+
 static void inputs_free(inputs *in) {
     cudaFree(in->q); cudaFree(in->k); cudaFree(in->v); cudaFree(in->o); cudaFree(in->dout); cudaFree(in->lse);
     cudaFree(in->cu_q); cudaFree(in->cu_k);
@@ -175,24 +249,57 @@ static void inputs_free(inputs *in) {
         cudaFree(in->part_o[s]); cudaFree(in->part_lse[s]);
         free(in->hpart_o[s]); free(in->hpart_lse[s]);
     }
+    cudaFree(in->kcache); cudaFree(in->vcache); cudaFree(in->knew); cudaFree(in->vnew);
+    cudaFree(in->seqused); cudaFree(in->page_table); cudaFree(in->cos); cudaFree(in->sin);
+    free(in->hkcache); free(in->hvcache); free(in->hknew); free(in->hvnew);
 }
 
-static flashattn_plan_t *make_plan(flashattn_backend_t backend, int varlen) {
+typedef struct key_value { flashattn_i64_param_t key; int64_t value; } key_value;
+
+/* The plan's keys for entry e (no CUDA call, no cmocka call: thread_main uses it too). */
+static flashattn_status_t set_plan_keys(flashattn_plan_t *plan, flashattn_backend_t backend, entry e) {
+    const key_value common[] = {
+        {FLASHATTN_I64_BATCH, B}, {FLASHATTN_I64_HEADS_Q, HQ}, {FLASHATTN_I64_HEADS_KV, HKV},
+        {FLASHATTN_I64_HEAD_DIM, D}, {FLASHATTN_I64_DTYPE, FLASHATTN_DTYPE_FP16}, {FLASHATTN_I64_CAUSAL, 1},
+        {FLASHATTN_I64_DETERMINISTIC, 1}, {FLASHATTN_I64_BACKEND, backend}};
+    const key_value attention[] = {
+        {FLASHATTN_I64_SEQLEN_Q, SQ}, {FLASHATTN_I64_SEQLEN_K, SK}, {FLASHATTN_I64_VARLEN, is_varlen(e)},
+        {FLASHATTN_I64_TOTAL_Q, kLenQ[0] + kLenQ[1]}, {FLASHATTN_I64_TOTAL_K, kLenK[0] + kLenK[1]}};
+    const key_value decode[] = {
+        {FLASHATTN_I64_SEQLEN_Q, DSQ}, {FLASHATTN_I64_SEQLEN_K, DSK}, {FLASHATTN_I64_SEQUSED_K, 1},
+        {FLASHATTN_I64_NEW_KV_ROWS, DN}, {FLASHATTN_I64_ROTARY_DIM, ROT}, {FLASHATTN_I64_ROTARY_INTERLEAVED, 0},
+        {FLASHATTN_I64_NUM_SPLITS, e == DECODE ? DECODE_SPLITS : 0}};
+    const key_value pages[] = {
+        {FLASHATTN_I64_PAGED_KV, 1}, {FLASHATTN_I64_PAGE_SIZE, PAGE}, {FLASHATTN_I64_NUM_PAGES, B * MAXP}};
+    const struct { const key_value *kv; size_t n; int on; } groups[] = {
+        {common, sizeof common / sizeof *common, 1},
+        {attention, sizeof attention / sizeof *attention, !is_decode(e)},
+        {decode, sizeof decode / sizeof *decode, is_decode(e)},
+        {pages, sizeof pages / sizeof *pages, e == DECODE_PAGED}};
+    flashattn_status_t st = FLASHATTN_SUCCESS;
+    for (size_t g = 0; g < sizeof groups / sizeof *groups; ++g)
+        for (size_t i = 0; groups[g].on && i < groups[g].n && st == FLASHATTN_SUCCESS; ++i)
+            st = flashattn_plan_set_i64(plan, groups[g].kv[i].key, groups[g].kv[i].value);
+    return st;
+}
+
+static flashattn_plan_t *make_plan(flashattn_backend_t backend, entry e) {
     flashattn_plan_t *plan = NULL;
     FA_OK(flashattn_plan_create(&plan));
-    const struct { flashattn_i64_param_t key; int64_t value; } sets[] = {
-        {FLASHATTN_I64_BATCH, B}, {FLASHATTN_I64_SEQLEN_Q, SQ}, {FLASHATTN_I64_SEQLEN_K, SK},
-        {FLASHATTN_I64_HEADS_Q, HQ}, {FLASHATTN_I64_HEADS_KV, HKV}, {FLASHATTN_I64_HEAD_DIM, D},
-        {FLASHATTN_I64_DTYPE, FLASHATTN_DTYPE_FP16}, {FLASHATTN_I64_CAUSAL, 1}, {FLASHATTN_I64_DETERMINISTIC, 1},
-        {FLASHATTN_I64_BACKEND, backend}, {FLASHATTN_I64_VARLEN, varlen},
-        {FLASHATTN_I64_TOTAL_Q, kLenQ[0] + kLenQ[1]}, {FLASHATTN_I64_TOTAL_K, kLenK[0] + kLenK[1]}};
-    for (size_t i = 0; i < sizeof sets / sizeof *sets; ++i) FA_OK(flashattn_plan_set_i64(plan, sets[i].key, sets[i].value));
+    FA_OK(set_plan_keys(plan, backend, e));
     return plan;
 }
 
 static void outputs_make(outputs *out, const inputs *in, entry e, size_t workspace_bytes) {
     memset(out, 0, sizeof *out);
-    if (is_backward(e)) {
+    if (is_decode(e)) {
+        out->count = 4;
+        out->bytes[0] = elems_q(in) * 2;
+        out->bytes[1] = lse_count(in) * 4;
+        out->bytes[2] = out->bytes[3] = cache_elems(in) * 2;
+        out->restore[2] = in->kcache;
+        out->restore[3] = in->vcache;
+    } else if (is_backward(e)) {
         out->count = 3;
         out->bytes[0] = elems_q(in) * 2;
         out->bytes[1] = out->bytes[2] = elems_k(in) * 2;
@@ -211,9 +318,14 @@ static void outputs_free(outputs *out) {
     if (out->workspace) cudaFree(out->workspace);
 }
 
-/* NaN poison, so an element the call does not write is seen. */
+/* NaN poison, so an element the call does not write is seen; the caches back to their pristine
+ * contents (whose append slots hold other values than the append writes). */
 static void outputs_poison(const outputs *out, cudaStream_t stream) {
-    for (int i = 0; i < out->count; ++i) CUDA_OK(cudaMemsetAsync(out->buf[i], 0xff, out->bytes[i], stream));
+    for (int i = 0; i < out->count; ++i)
+        if (out->restore[i])
+            CUDA_OK(cudaMemcpyAsync(out->buf[i], out->restore[i], out->bytes[i], cudaMemcpyDeviceToDevice, stream));
+        else
+            CUDA_OK(cudaMemsetAsync(out->buf[i], 0xff, out->bytes[i], stream));
 }
 
 /* The same call through an args object (created and destroyed here: host memory only, so it is
@@ -246,10 +358,29 @@ static flashattn_status_t enqueue_args(const flashattn_plan_t *plan, entry e, co
     return st;
 }
 
+/* The decode step: append + rotary + attention into this call's own caches (out->buf[2], [3]). */
+static flashattn_status_t enqueue_decode(const flashattn_plan_t *plan, const inputs *in, const outputs *out,
+                                         flashattn_stream_t s) {
+    flashattn_args_t *a = NULL;
+    flashattn_status_t st = flashattn_args_create(&a);
+    if (st != FLASHATTN_SUCCESS) return st;
+    const struct { flashattn_arg_t which; const void *ptr; } set[] = {
+        {FLASHATTN_ARG_Q, in->q}, {FLASHATTN_ARG_K, out->buf[2]}, {FLASHATTN_ARG_V, out->buf[3]},
+        {FLASHATTN_ARG_O, out->buf[0]}, {FLASHATTN_ARG_LSE, out->buf[1]}, {FLASHATTN_ARG_SEQUSED_K, in->seqused},
+        {FLASHATTN_ARG_K_NEW, in->knew}, {FLASHATTN_ARG_V_NEW, in->vnew}, {FLASHATTN_ARG_ROTARY_COS, in->cos},
+        {FLASHATTN_ARG_ROTARY_SIN, in->sin}, {FLASHATTN_ARG_PAGE_TABLE, in->page_table}};
+    for (size_t i = 0; i < sizeof set / sizeof set[0] && st == FLASHATTN_SUCCESS; ++i)
+        st = flashattn_args_set(a, set[i].which, set[i].ptr);
+    if (st == FLASHATTN_SUCCESS) st = flashattn_plan_execute_args(plan, a, out->workspace, out->workspace_bytes, s);
+    flashattn_args_destroy(a);
+    return st;
+}
+
 /* The call under test; it only enqueues. */
 static flashattn_status_t enqueue(const flashattn_plan_t *plan, entry e, const inputs *in, const outputs *out,
                                   cudaStream_t stream) {
     const flashattn_stream_t s = (flashattn_stream_t)stream;
+    if (is_decode(e)) return enqueue_decode(plan, in, out, s);
     if (is_merge(e)) {
         /* The pointer arrays are read during the call only: stack copies, scribbled over after it
          * (a graph replayed later must not read them). */
@@ -390,7 +521,121 @@ static void check_serial_merge(const unsigned char *h, const inputs *in, const c
     if (!(o_err < 2e-3) || !(lse_err < 1e-5)) fail_msg("%s %s: the serial run is not the merged state", gen, entry_name(e));
 }
 
+static double to_fp16(double x) {
+    uint16_t h;
+    test_store(FLASHATTN_DTYPE_FP16, &h, x);
+    return test_load(FLASHATTN_DTYPE_FP16, &h);
+}
+
+/* Row x (D values) rotated at position pos over its first ROT columns (pairs (i, i + ROT/2)),
+ * each value rounded once to fp16 as the library promises. */
+static void rotate_row(const inputs *in, const float *x, double *out, int64_t pos) {
+    for (int c = 0; c < D; ++c) out[c] = x[c];
+    for (int i = 0; i < ROT / 2; ++i) {
+        const double cs = in->hcos[pos * ROT / 2 + i], sn = in->hsin[pos * ROT / 2 + i];
+        out[i] = to_fp16(x[i] * cs - x[i + ROT / 2] * sn);
+        out[i + ROT / 2] = to_fp16(x[i] * sn + x[i + ROT / 2] * cs);
+    }
+}
+
+/* Key t of sequence b, head kh, as attention sees it after the append: the rotated new row or the
+ * pristine cache row. */
+static void decode_key(const inputs *in, int b, int kh, int64_t t, double *k, double *v) {
+    if (t >= kUsed[b]) {
+        const size_t at = (((size_t)b * DN + (size_t)(t - kUsed[b])) * HKV + (size_t)kh) * D;
+        rotate_row(in, in->hknew + at, k, t);
+        for (int c = 0; c < D; ++c) v[c] = in->hvnew[at + (size_t)c];
+        return;
+    }
+    const size_t at = ((size_t)cache_row(in, b, t) * HKV + (size_t)kh) * D;
+    for (int c = 0; c < D; ++c) { k[c] = in->hkcache[at + (size_t)c]; v[c] = in->hvcache[at + (size_t)c]; }
+}
+
+/* Every cache byte: the appended slots hold the rotated K (within one fp16 ulp of the double
+ * reference: the library rotates in fp32) and V exactly; every other slot is untouched. */
+static void check_decode_caches(const unsigned char *kc, const unsigned char *vc, const inputs *in, const char *gen) {
+    size_t appended = 0;
+    double k[D], v[D];
+    for (int64_t r = 0; r < in->cache_rows; ++r)
+        for (int kh = 0; kh < HKV; ++kh) {
+            const size_t at = ((size_t)r * HKV + (size_t)kh) * D;
+            int owner = -1;
+            int64_t t = -1;
+            for (int b = 0; b < B && owner < 0; ++b)
+                for (int j = 0; j < DN; ++j)
+                    if (cache_row(in, b, kUsed[b] + j) == r) { owner = b; t = kUsed[b] + j; }
+            if (owner >= 0) decode_key(in, owner, kh, t, k, v);
+            appended += owner >= 0;
+            for (int c = 0; c < D; ++c) {
+                const double gk = test_load(FLASHATTN_DTYPE_FP16, kc + 2 * (at + (size_t)c));
+                const double gv = test_load(FLASHATTN_DTYPE_FP16, vc + 2 * (at + (size_t)c));
+                if (owner < 0) {
+                    if (gk != in->hkcache[at + (size_t)c] || gv != in->hvcache[at + (size_t)c])
+                        fail_msg("%s decode: cache row %lld head %d col %d was written (no append goes there)", gen,
+                                 (long long)r, kh, c);
+                    continue;
+                }
+                int ex;
+                frexp(k[c], &ex);
+                const double ulp = ldexp(1.0, (ex - 1 > -14 ? ex - 1 : -14) - 10);
+                if (!(fabs(gk - k[c]) <= ulp) || gv != v[c])
+                    fail_msg("%s decode: appended key %lld of sequence %d head %d col %d: K %g (want %g), V %g (want %g)", gen,
+                             (long long)t, owner, kh, c, gk, k[c], gv, v[c]);
+            }
+        }
+    if (appended != (size_t)B * DN * HKV) fail_msg("%s decode: %zu appended slots found", gen, appended);
+}
+
+/* O and LSE of the decode step against attention in double over the keys after the append. */
+static void check_serial_decode(const unsigned char *h, const inputs *in, const char *gen, entry e) {
+    const size_t nq = elems_q(in);
+    const float *lse = (const float *)(h + nq * 2);
+    double max_ref = 1e-30, o_err = 0.0, lse_err = 0.0, q[D], k[D], o[D];
+    double *s = malloc(sizeof(double) * DSK), (*vs)[D] = malloc(sizeof(double[D]) * DSK);
+    for (int b = 0; b < B; ++b)
+        for (int hd = 0; hd < HQ; ++hd)
+            for (int i = 0; i < DSQ; ++i) {
+                const int kh = hd / (HQ / HKV);
+                const int64_t keys = kUsed[b] + DN, last = i + keys - DSQ; /* causal, bottom-right */
+                const size_t qi = (((size_t)b * DSQ + (size_t)i) * HQ + (size_t)hd) * D;
+                rotate_row(in, in->hq + qi, q, kUsed[b] + i);
+                double m = -INFINITY, sum = 0.0;
+                for (int64_t t = 0; t <= last; ++t) {
+                    decode_key(in, b, kh, t, k, vs[t]);
+                    double dot = 0.0;
+                    for (int c = 0; c < D; ++c) dot += q[c] * k[c];
+                    s[t] = dot / sqrt((double)D);
+                    if (s[t] > m) m = s[t];
+                }
+                for (int c = 0; c < D; ++c) o[c] = 0.0;
+                for (int64_t t = 0; t <= last; ++t) {
+                    const double p = exp(s[t] - m);
+                    sum += p;
+                    for (int c = 0; c < D; ++c) o[c] += p * vs[t][c];
+                }
+                for (int c = 0; c < D; ++c) {
+                    const double ref = o[c] / sum, got = test_load(FLASHATTN_DTYPE_FP16, h + 2 * (qi + (size_t)c));
+                    if (fabs(ref) > max_ref) max_ref = fabs(ref);
+                    const double err = isnan(got) ? INFINITY : fabs(got - ref);
+                    if (err > o_err) o_err = err;
+                }
+                const double ref_lse = m + log(sum), got_lse = lse[((size_t)b * HQ + (size_t)hd) * DSQ + (size_t)i];
+                const double le = fabs(got_lse - ref_lse) / (1.0 + fabs(ref_lse));
+                if (!(le <= lse_err)) lse_err = isnan(le) ? INFINITY : le;
+            }
+    free(s);
+    free(vs);
+    o_err /= max_ref;
+    print_message("%s %s serial: max |O - ref| / max|ref| = %.2e, LSE relative %.2e\n", gen, entry_name(e), o_err, lse_err);
+    if (!(o_err < 4e-3) || !(lse_err < 1e-4)) fail_msg("%s %s: the serial run is not the attention result", gen, entry_name(e));
+    check_decode_caches(h + nq * 2 + lse_count(in) * 4, h + nq * 2 + lse_count(in) * 4 + cache_elems(in) * 2, in, gen);
+}
+
 static void check_serial(const unsigned char *h, const inputs *in, entry e, const char *gen) {
+    if (is_decode(e)) {
+        check_serial_decode(h, in, gen, e);
+        return;
+    }
     if (is_merge(e)) {
         check_serial_merge(h, in, gen, e);
         return;
@@ -460,14 +705,7 @@ static void *thread_main(void *arg) {
     job->status = FLASHATTN_SUCCESS;
     if (plan == NULL) {
         flashattn_status_t s = flashattn_plan_create(&own);
-        const struct { flashattn_i64_param_t key; int64_t value; } sets[] = {
-            {FLASHATTN_I64_BATCH, B}, {FLASHATTN_I64_SEQLEN_Q, SQ}, {FLASHATTN_I64_SEQLEN_K, SK},
-            {FLASHATTN_I64_HEADS_Q, HQ}, {FLASHATTN_I64_HEADS_KV, HKV}, {FLASHATTN_I64_HEAD_DIM, D},
-            {FLASHATTN_I64_DTYPE, FLASHATTN_DTYPE_FP16}, {FLASHATTN_I64_CAUSAL, 1}, {FLASHATTN_I64_DETERMINISTIC, 1},
-            {FLASHATTN_I64_BACKEND, job->backend}, {FLASHATTN_I64_VARLEN, is_varlen(job->e)},
-            {FLASHATTN_I64_TOTAL_Q, kLenQ[0] + kLenQ[1]}, {FLASHATTN_I64_TOTAL_K, kLenK[0] + kLenK[1]}};
-        for (size_t i = 0; s == FLASHATTN_SUCCESS && i < sizeof sets / sizeof *sets; ++i)
-            s = flashattn_plan_set_i64(own, sets[i].key, sets[i].value);
+        if (s == FLASHATTN_SUCCESS) s = set_plan_keys(own, job->backend, job->e);
         if (s == FLASHATTN_SUCCESS) s = flashattn_plan_finalize(own);
         job->status = s;
         plan = own;
@@ -493,7 +731,7 @@ static int reduced(void) {
 /* ---- One backend, one entry point ------------------------------------------------------------ */
 
 static void check_entry(flashattn_backend_t backend, const char *gen, entry e, const inputs *in) {
-    flashattn_plan_t *plan = make_plan(backend, is_varlen(e));
+    flashattn_plan_t *plan = make_plan(backend, e);
     FA_OK(flashattn_plan_finalize(plan));
     size_t ws = 0;
     if (is_backward(e)) FA_OK(flashattn_plan_get_backward_workspace_size(plan, &ws));
@@ -585,8 +823,9 @@ static void check_entry(flashattn_backend_t backend, const char *gen, entry e, c
         /* New values in the same V buffer (Q for the backward would change its LSE input; the
          * merge: its first partial O). Whole elements permuted. */
         {
-            void *const buf = is_merge(e) ? in->part_o[0] : in->v;
-            const size_t es = is_merge(e) ? part_elem_bytes(in) : 2, n = is_merge(e) ? elems_q(in) : elems_k(in);
+            void *const buf = is_merge(e) ? in->part_o[0] : is_decode(e) ? in->vnew : in->v;
+            const size_t es = is_merge(e) ? part_elem_bytes(in) : 2;
+            const size_t n = is_merge(e) ? elems_q(in) : is_decode(e) ? new_elems() : elems_k(in);
             unsigned char *saved = malloc(n * es), *fresh = malloc(n * es);
             CUDA_OK(cudaMemcpy(saved, buf, n * es, cudaMemcpyDeviceToHost));
             for (size_t i = 0; i < n; ++i) memcpy(fresh + i * es, saved + ((i * 7 + 3) % n) * es, es);
@@ -611,7 +850,7 @@ static void check_entry(flashattn_backend_t backend, const char *gen, entry e, c
         CUDA_OK(cudaGraphExecDestroy(exec));
         CUDA_OK(cudaGraphDestroy(graph));
 
-        flashattn_plan_t *doomed = make_plan(backend, is_varlen(e));
+        flashattn_plan_t *doomed = make_plan(backend, e);
         FA_OK(flashattn_plan_finalize(doomed));
         CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
         const flashattn_status_t s2 = enqueue(doomed, e, in, &out, stream);
@@ -623,7 +862,7 @@ static void check_entry(flashattn_backend_t backend, const char *gen, entry e, c
         flashattn_plan_destroy(doomed);
         /* Overwrite the freed plan's memory with other plans' state before the graph runs. */
         for (int i = 0; i < 4; ++i) {
-            flashattn_plan_t *other = make_plan(backend, !is_varlen(e));
+            flashattn_plan_t *other = make_plan(backend, is_varlen(e) ? FORWARD : FORWARD_VARLEN);
             FA_OK(flashattn_plan_finalize(other));
             flashattn_plan_destroy(other);
         }
@@ -646,7 +885,7 @@ static void check_entry(flashattn_backend_t backend, const char *gen, entry e, c
 /* The forward's O and LSE of `in` on fa2 (or the CPU-verified forward of whichever backend runs):
  * the backward's inputs. */
 static void prepare_backward_inputs(inputs *in, flashattn_backend_t backend) {
-    flashattn_plan_t *plan = make_plan(backend, in->varlen);
+    flashattn_plan_t *plan = make_plan(backend, in->varlen ? FORWARD_VARLEN : FORWARD);
     FA_OK(flashattn_plan_finalize(plan));
     size_t ws = 0;
     FA_OK(flashattn_plan_get_workspace_size(plan, &ws));
@@ -661,8 +900,32 @@ static void prepare_backward_inputs(inputs *in, flashattn_backend_t backend) {
     flashattn_plan_destroy(plan);
 }
 
+/* The decode step where the backend runs it (fa1 has no paged cache: it must say so). On fa2, the
+ * backend with split-KV, the contiguous plan must run the splits it asked for (else the combine
+ * would go untested); the paged plan reports what the plan chose. */
+static void check_decode(flashattn_backend_t backend, const char *gen, entry e) {
+    flashattn_plan_t *probe = make_plan(backend, e);
+    const flashattn_status_t s = flashattn_plan_finalize(probe);
+    if (s == FLASHATTN_ERROR_NOT_SUPPORTED && backend == FLASHATTN_BACKEND_FA1 && e == DECODE_PAGED) {
+        print_message("%s %s: not supported (%s)\n", gen, entry_name(e), flashattn_last_error());
+        flashattn_plan_destroy(probe);
+        return;
+    }
+    FA_OK(s);
+    int64_t splits = -1;
+    FA_OK(flashattn_plan_get_i64(probe, FLASHATTN_I64_NUM_SPLITS, &splits));
+    print_message("%s %s: the plan runs %lld split(s)\n", gen, entry_name(e), (long long)splits);
+    flashattn_plan_destroy(probe);
+    if (backend == FLASHATTN_BACKEND_FA2 && e == DECODE && splits != DECODE_SPLITS)
+        fail_msg("fa2 %s runs %lld split(s): the split-KV path is not under test", entry_name(e), (long long)splits);
+    inputs in;
+    inputs_make_decode(&in, e == DECODE_PAGED, 3000 + (uint64_t)e);
+    check_entry(backend, gen, e, &in);
+    inputs_free(&in);
+}
+
 static void check_backend(flashattn_backend_t backend, const char *gen) {
-    flashattn_plan_t *probe = make_plan(backend, 0);
+    flashattn_plan_t *probe = make_plan(backend, FORWARD);
     const flashattn_status_t s = flashattn_plan_finalize(probe);
     if (s == FLASHATTN_ERROR_NOT_SUPPORTED) {
         print_message("%s: %s: skipped\n", gen, flashattn_last_error());
@@ -689,6 +952,8 @@ static void check_backend(flashattn_backend_t backend, const char *gen) {
         }
     }
     g_through_args = 0;
+    check_decode(backend, gen, DECODE);
+    check_decode(backend, gen, DECODE_PAGED);
 }
 
 static void test_fa1(void **state) { (void)state; check_backend(FLASHATTN_BACKEND_FA1, "fa1"); }
