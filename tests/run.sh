@@ -16,7 +16,7 @@ if ! python3 -c 'import matplotlib' >/dev/null 2>&1; then
 fi
 
 jobs=$(nproc)
-# With CUDA, test_fa3_sass must run: a missing cuobjdump fails it instead of skipping it.
+# With CUDA, test_fa3_sass and test_fa2_sass must run: a missing cuobjdump fails it instead of skipping it.
 sass_required=OFF
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then sass_required=ON; fi
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_BUILD_DOCS=ON \

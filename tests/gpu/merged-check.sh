@@ -23,7 +23,7 @@ run() { local name=$1; shift; local limit=$T; [ "$name" = ctest ] && limit=$TC
         ( timeout $limit "$@" > "$out/$name.log" 2>&1; echo "$name rc=$? $(grep -aE 'ERROR SUMMARY|RACECHECK SUMMARY|passed|failures|tests passed' "$out/$name.log" | tail -1)" > "$out/$name.rc" ) & }
 run ctest ctest --test-dir $b --output-on-failure -j 8 -L gpu
 # The SASS check is labelled cpu (it needs no GPU) but a merge can break it (stop 15: a spill).
-run sass ctest --test-dir $b --output-on-failure -R test_fa3_sass
+run sass ctest --test-dir $b --output-on-failure -R "test_fa[23]_sass"
 S="FLASHATTN_TEST_REDUCED=1 FLASHATTN_FA3_MAX_CTAS=3"
 for tool in memcheck racecheck synccheck; do
   for t in numerics_fa1 numerics_fa2 numerics_fa3 backward_fa2 backward_fa3 serving_fa1 serving_fa2 serving_fa3 variants_fa1 variants_fa2 variants_fa3; do
