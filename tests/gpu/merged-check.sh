@@ -35,6 +35,9 @@ for t in special_values_fa2 special_values_fa3 hadamard_fa2 fp8_fa3; do
 done
 for tool in racecheck synccheck; do run $tool-fp8_fa3 env $S compute-sanitizer --tool $tool --error-exitcode 99 $b/tests/test_fp8_fa3; done
 [ -x $b/cp/test_cp_ring_gpu ] && run memcheck-cp_ring_gpu compute-sanitizer --tool memcheck --error-exitcode 99 $b/cp/test_cp_ring_gpu
+# The execution contract (fresh threads, concurrent streams, graph capture; the decode step's
+# PDL chain included) under memcheck.
+run memcheck-exec_contract env FLASHATTN_TEST_REDUCED=1 compute-sanitizer --tool memcheck --error-exitcode 99 $b/tests/test_exec_contract
 run racecheck-bwd-fallback env $S FLASHATTN_FA2_BWD_TILE=fallback compute-sanitizer --tool racecheck --error-exitcode 99 $b/tests/test_backward_fa2
 run bwd-verbose-fa2 env FLASHATTN_TEST_VERBOSE=1 $b/tests/test_backward_fa2
 run bwd-verbose-fa3 env FLASHATTN_TEST_VERBOSE=1 $b/tests/test_backward_fa3
