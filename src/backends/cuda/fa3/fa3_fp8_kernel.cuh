@@ -47,6 +47,22 @@ constexpr int kTransposeWarps = 3;      // warps 1..3 of the producer warpgroup
 constexpr float kPScaleLog2 = 8.f;      // P is stored times 2^8 = 256 before the E4M3 cast
 constexpr float kInvPScale = 1.f / 256.f;
 
+// Ping-pong of the two consumer warpgroups (as FlashAttention-3): each wgmma issue point (S, P V,
+// or both) is a turn; warpgroup w takes its turn on named barrier 1 + w and passes it to the other
+// by arriving on 2 - w (256 threads: its 128 waiting, the other's 128 arriving). The GEMMs of the
+// two warpgroups then alternate on the tensor cores and each softmax runs under the other's GEMMs,
+// where without it both wait on the same K tile and run S, softmax and P V in lockstep (the tensor
+// cores idle during both softmaxes). Warpgroup 1 passes once at the start so that 0 goes first;
+// 0 takes one extra turn at the end to consume 1's last pass (no barrier left half-arrived).
+// Both warpgroups walk the same work tiles and key tiles, so the turns pair up. (Barrier 0 is
+// __syncthreads; the FP8 kernel names no other barrier.)
+__device__ __forceinline__ void take_turn(int w) {
+    asm volatile("bar.sync %0, 256;" ::"r"(1 + w) : "memory");
+}
+__device__ __forceinline__ void pass_turn(int w) {
+    asm volatile("bar.arrive %0, 256;" ::"r"(2 - w) : "memory");
+}
+
 // The shared-memory layout of the FP8 kernel, with the names produce() and store_output() read.
 // Q and K pages are 128 E4M3 columns (128 bytes) of 128 rows; V has a staging ring (TMA target,
 // the K layout) and a transposed ring (kD rows of kBN = 128 keys: one 128-byte row each).
@@ -246,9 +262,11 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
         const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
         float S[kNT][4];
         cuda::mbar_wait(&bars->ring.k_full[ks], phase_of(r0 + i));
-        issue_qk_fp8<Tr>(S, dq, dk, ks);
         cuda::mbar_wait(&bars->vt_full[vs], phase_of(r0 + i - 1));
+        take_turn(w);
+        issue_qk_fp8<Tr>(S, dq, dk, ks);
         issue_pv_fp8<Tr>(O, P, dvt, vs);
+        pass_turn(w);
         cuda::wgmma_wait<1>();  // S_i is ready; P_{i-1} V_{i-1} may still run
         cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
         release(&bars->ring.k_empty[ks], lane);
@@ -265,7 +283,9 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
     auto last_pv = [&](uint32_t (&P)[kKS][4], int i) {
         const int vs = stage_of(r0 + i);
         cuda::mbar_wait(&bars->vt_full[vs], phase_of(r0 + i));
+        take_turn(w);
         issue_pv_fp8<Tr>(O, P, dvt, vs);
+        pass_turn(w);
         cuda::wgmma_wait<0>();
         cuda::fence_operands(O);
         release(&bars->vt_empty[vs], lane);
@@ -280,7 +300,9 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
             const uint32_t ph = phase_of(r0 + i);
             float S[kNT][4];
             cuda::mbar_wait(&bars->ring.k_full[st], ph);
+            take_turn(w);
             issue_qk_fp8<Tr>(S, dq, dk, st);
+            pass_turn(w);
             cuda::wgmma_wait<0>();
             cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
             release(&bars->ring.k_empty[st], lane);
@@ -291,7 +313,9 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
 #pragma unroll
             for (int j = 0; j < kD / 2; ++j) O[j] *= alpha[(j % 4) / 2];
             cuda::mbar_wait(&bars->vt_full[st], ph);
+            take_turn(w);
             issue_pv_fp8<Tr>(O, P, dvt, st);
+            pass_turn(w);
             cuda::wgmma_wait<0>();
             cuda::fence_operands(O);
             release(&bars->vt_empty[st], lane);
@@ -304,7 +328,9 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
             const int ks = stage_of(r0);
             float S[kNT][4];
             cuda::mbar_wait(&bars->ring.k_full[ks], phase_of(r0));
+            take_turn(w);
             issue_qk_fp8<Tr>(S, dq, dk, ks);
+            pass_turn(w);
             cuda::wgmma_wait<0>();
             cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
             release(&bars->ring.k_empty[ks], lane);
@@ -424,10 +450,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
     } else {
         cuda::setmaxnreg_inc<232>();
+        if (wg == 2) pass_turn(1);  // warpgroup 0 (wg 1) issues first
         for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
             const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
             if (c.has_rows()) consume_fp8<Tr, E>(p, c, smem, bars, wg - 1, pipe);
         }
+        if (wg == 1) take_turn(0);  // warpgroup 1's last pass
     }
 }
 
