@@ -31,10 +31,10 @@
 #include "backends/cuda/device/ptx.cuh"
 #include "backends/cuda/device/ptx_sm90.cuh"
 #include "backends/cuda/device/ptx_sm90_fp8.cuh"
-#include "backends/cuda/host/smem_optin.h"
 #include "backends/cuda/fa3/fa3_config.h"
 #include "backends/cuda/fa3/fa3_epilogue.cuh"
 #include "backends/cuda/fa3/fa3_fp8_params.h"
+#include "backends/cuda/fa3/fa3_launch.cuh"
 #include "backends/cuda/fa3/fa3_mainloop.cuh"
 #include "backends/cuda/fa3/fa3_producer.cuh"
 #include "backends/cuda/fa3/fa3_tile_scheduler.cuh"
@@ -459,18 +459,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 }
 
-// Host launcher: the persistent grid of launch_fwd (fa3_launch.cuh) for the FP8 kernel.
+// Host launcher: the persistent grid of launch_fwd (launch_persistent, fa3_launch.cuh).
 template <int kD, class E>
 cudaError_t launch_fp8_fwd(const Fp8Params &p, const TensorMaps &maps, cudaStream_t stream) {
     using Tr = Fp8Traits<kD>;
-    auto kernel = fp8_fwd_kernel<Tr, E>;
     static unsigned long long optin_done = 0;  // one per instantiation
-    cudaError_t e = cuda::ensure_smem_optin(kernel, Tr::kSmemBytes, &optin_done);
-    if (e != cudaSuccess) return e;
-    const int64_t n_work = (static_cast<int64_t>(p.seqlen_q) + kBlockM - 1) / kBlockM * p.heads_q * p.batch;
-    const unsigned grid = static_cast<unsigned>(n_work < p.num_ctas ? n_work : p.num_ctas);
-    kernel<<<grid, kThreads, Tr::kSmemBytes, stream>>>(maps.q, maps.k, maps.v, p);
-    return cudaSuccess;
+    return launch_persistent(fp8_fwd_kernel<Tr, E>, Tr::kSmemBytes, &optin_done, p, maps, stream);
 }
 
 }  // namespace fa3
