@@ -8,7 +8,8 @@
 # (seqlen 2048, 8 x 2048/d heads; stall sampling and source counters, summarised by
 # ncu-source-summary.py). tests/gpu/fp8-check.sh is the full check (all backends, the RMSE table).
 # Logs in /tmp/fp8-logs (a tarball under $OUT); summary last.
-# Env: BUILD_DIR (default /tmp/fa-fp8k), NCU (1: profile), GRID_DIMS (default 128,256).
+# Env: BUILD_DIR (default /tmp/fa-fp8k), NCU (1: profile), GRID_DIMS (default 128,256), NUMERICS (set:
+# also test_numerics_fa3, for changes the 16-bit forward shares; it alone takes over a minute).
 set -uo pipefail
 out=${OUT:-/tmp/fp8-out}
 logs=/tmp/fp8-logs
@@ -33,7 +34,7 @@ if [ -d .devdeps ]; then  # cmocka from Debian, carried
 fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_FA1_ARCHS= -DFLASHATTN_FA2_ARCHS= \
   -DFLASHATTN_FA3_ARCHS=90a-real -DFLASHATTN_BENCH_CUDA_ARCHS=90-real > "$logs/configure.log" 2>&1 &&
-  cmake --build "$build" -j 16 --target flashattn test_fp8_fa3 test_fp8_primitives flashattn-fp8-accuracy \
+  cmake --build "$build" -j 16 --target flashattn test_fp8_fa3 test_fp8_primitives flashattn-fp8-accuracy ${NUMERICS:+test_numerics_fa3} \
     > "$logs/build.log" 2>&1
 rc=$?
 note "build rc=$rc ($(stamp))"
@@ -51,7 +52,7 @@ note "speed grid rc=$? ($(stamp))"
 
 # The correctness gate in the background.
 ctest --test-dir "$build" --output-on-failure -j 4 --timeout 120 \
-  -R '^(test_fp8_fa3|test_fp8_fa3_kernel_few_ctas|test_fp8_primitives|test_fa3_sass)$' > "$logs/ctest.log" 2>&1 &
+  -R "^(test_fp8_fa3|test_fp8_fa3_kernel_few_ctas|test_fp8_primitives|test_fa3_sass${NUMERICS:+|test_numerics_fa3})\$" > "$logs/ctest.log" 2>&1 &
 ct=$!
 pids=()
 for tool in memcheck racecheck synccheck; do
