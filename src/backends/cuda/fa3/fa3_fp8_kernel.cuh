@@ -18,8 +18,9 @@
 //   * Descales: dq * dk of the (sequence, kv head) folds into the score scale (or the soft cap's
 //     pre-tanh scale), so the LSE includes them as the CPU reference defines it; dv / 256 scales
 //     O and 1/256 the row sums before the shared epilogue.
-// Register split as in the 16-bit kernel: producer warpgroup 40 (the transposers need few: four
-// words in, four out per step), consumers 232.
+// Register split as in the 16-bit kernel: producer warpgroup 40 (the transposers need few: one
+// LDSM.x4.T, four byte permutes and one STSM.x4 per step), consumers 232. The two consumer
+// warpgroups ping-pong their GEMM issues (take_turn / pass_turn).
 #pragma once
 
 #include <cstdint>
