@@ -18,8 +18,9 @@
 //   * Descales: dq * dk of the (sequence, kv head) folds into the score scale (or the soft cap's
 //     pre-tanh scale), so the LSE includes them as the CPU reference defines it; dv / 256 scales
 //     O and 1/256 the row sums before the shared epilogue.
-// Register split as in the 16-bit kernel: producer warpgroup 40 (the transposers need few: four
-// words in, four out per step), consumers 232.
+// Register split as in the 16-bit kernel: producer warpgroup 40 (the transposers need few: one
+// LDSM.x4.T, four byte permutes and one STSM.x4 per step), consumers 232. The two consumer
+// warpgroups ping-pong their GEMM issues (take_turn / pass_turn).
 #pragma once
 
 #include <cstdint>
@@ -31,10 +32,10 @@
 #include "backends/cuda/device/ptx.cuh"
 #include "backends/cuda/device/ptx_sm90.cuh"
 #include "backends/cuda/device/ptx_sm90_fp8.cuh"
-#include "backends/cuda/host/smem_optin.h"
 #include "backends/cuda/fa3/fa3_config.h"
 #include "backends/cuda/fa3/fa3_epilogue.cuh"
 #include "backends/cuda/fa3/fa3_fp8_params.h"
+#include "backends/cuda/fa3/fa3_launch.cuh"
 #include "backends/cuda/fa3/fa3_mainloop.cuh"
 #include "backends/cuda/fa3/fa3_producer.cuh"
 #include "backends/cuda/fa3/fa3_tile_scheduler.cuh"
@@ -46,6 +47,22 @@ namespace fa3 {
 constexpr int kTransposeWarps = 3;      // warps 1..3 of the producer warpgroup
 constexpr float kPScaleLog2 = 8.f;      // P is stored times 2^8 = 256 before the E4M3 cast
 constexpr float kInvPScale = 1.f / 256.f;
+
+// Ping-pong of the two consumer warpgroups (as FlashAttention-3): each wgmma issue point (S, P V,
+// or both) is a turn; warpgroup w takes its turn on named barrier 1 + w and passes it to the other
+// by arriving on 2 - w (256 threads: its 128 waiting, the other's 128 arriving). The GEMMs of the
+// two warpgroups then alternate on the tensor cores and each softmax runs under the other's GEMMs,
+// where without it both wait on the same K tile and run S, softmax and P V in lockstep (the tensor
+// cores idle during both softmaxes). Warpgroup 1 passes once at the start so that 0 goes first;
+// 0 takes one extra turn at the end to consume 1's last pass (no barrier left half-arrived).
+// Both warpgroups walk the same work tiles and key tiles, so the turns pair up. (Barrier 0 is
+// __syncthreads; the FP8 kernel names no other barrier.)
+__device__ __forceinline__ void take_turn(int w) {
+    asm volatile("bar.sync %0, 256;" ::"r"(1 + w) : "memory");
+}
+__device__ __forceinline__ void pass_turn(int w) {
+    asm volatile("bar.arrive %0, 256;" ::"r"(2 - w) : "memory");
+}
 
 // The shared-memory layout of the FP8 kernel, with the names produce() and store_output() read.
 // Q and K pages are 128 E4M3 columns (128 bytes) of 128 rows; V has a staging ring (TMA target,
@@ -78,49 +95,60 @@ struct Fp8Barriers {
     uint64_t vt_full[kStages], vt_empty[kStages];
 };
 
-// Byte offset of (row, byte) in a tile of 128-byte rows with the 128-byte swizzle (16-byte chunk
-// c of row r stored at chunk c ^ (r % 8); the tile base is 1024-byte aligned).
-__device__ __forceinline__ int sw128_offset(int row, int byte) {
-    return row * 128 + ((((byte >> 4) ^ row) & 7) << 4) + (byte & 15);
-}
-
 // Transposes one staged V tile ([kBN keys][kD] E4M3, kD/128 pages) into the K-major operand
 // ([kD][kBN keys]) with the keys of each 32-key step permuted: slot 32s + 16h + 4q + u holds key
-// 32s + fp8_p_column(16h + 4q + u) = 32s + 16h + 2q + {0, 1, 8, 9}[u]. One item: those four keys
-// by four columns, four 32-bit loads, eight byte permutes, four 32-bit stores. `tid`: 0..95.
-// A warp's 32 items: q (4 lanes) x 8 consecutive column quads, so each load reads 4 rows x 32
-// bytes that the swizzle spreads over all 32 banks; the stores (32 rows, 16 bytes each) conflict
-// 4-way. (A later step: LDSM.T/STSM, as FlashAttention-3; this plain form is correctness first.)
+// 32s + fp8_p_column(16h + 4q + u) = 32s + 16h + 2q + {0, 1, 8, 9}[u]. `warp`: 0..2, `lane`.
+// One unit (a warp's step): 16 keys (K0 = 16 kg) x 32 columns (C0 = 32 cg), 512 bytes, by one
+// LDSM.x4.T, four PRMT and one STSM.x4:
+//  * ldmatrix .trans on b16 (byte pairs): matrix i = keys K0 + 8 (i & 1) + 0..7 by the 16 bytes at
+//    column C0 + 16 (i >> 1). Lane (g, q) receives [key K0+2q: c, c+1 | key K0+2q+1: c, c+1] with
+//    c = C0 + 2g (+16 for i >= 2) from matrix 0 (2), the same keys + 8 from matrix 1 (3).
+//  * one byte permute per column: column c = [K0+2q, K0+2q+1, K0+2q+8, K0+2q+9] at c, which are
+//    exactly slots 16h + 4q + 0..3 (K0 = 32s + 16h): the permuted order costs nothing.
+//  * stmatrix (b16, not transposed): lane (g, q) gives 4 bytes at byte 4q of row g of each 8x8
+//    matrix; the matrix rows are the output rows (head-dim columns) c or c + 1 of lane g, 16 bytes
+//    at key byte K0. Rows 2g then 2g + 1 for g < 4 and the other way round for g >= 4, so that the
+//    eight rows of each matrix fall in eight distinct swizzle chunks (no bank conflicts).
+// The loads read 8 consecutive keys at one chunk (conflict-free under the swizzle as well). Every
+// lane's swizzle terms depend on the lane only (K0 and C0 are multiples of 16 and 32), so the
+// addresses are a per-lane base plus a per-unit offset.
 template <class Tr>
-__device__ __forceinline__ void transpose_v_tile(const unsigned char *src, unsigned char *dst, int tid) {
-    constexpr int kItems = 32 * (Tr::kD / 4);
-#pragma unroll 1
-    for (int it = tid; it < kItems; it += 32 * kTransposeWarps) {
-        const int q = it & 3, h = (it >> 5) & 1, s = (it >> 6) & 3;
-        const int d0 = 4 * (8 * (it >> 8) + ((it >> 2) & 7));
-        const int key = 32 * s + 16 * h + 2 * q;
-        const unsigned char *page = src + (d0 >> 7) * Tr::kKVPage;
-        const int col = d0 & 127;
-        const uint32_t w0 = *reinterpret_cast<const uint32_t *>(page + sw128_offset(key, col));
-        const uint32_t w1 = *reinterpret_cast<const uint32_t *>(page + sw128_offset(key + 1, col));
-        const uint32_t w2 = *reinterpret_cast<const uint32_t *>(page + sw128_offset(key + 8, col));
-        const uint32_t w3 = *reinterpret_cast<const uint32_t *>(page + sw128_offset(key + 9, col));
-        // lo01 = [w0.b0, w1.b0, w0.b1, w1.b1], hi01 = [w0.b2, w1.b2, w0.b3, w1.b3]; same for w2, w3.
-        const uint32_t lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
-        const uint32_t lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
-        const int slot = 32 * s + 16 * h + 4 * q;
-        // Column d0 + r: [w0.br, w1.br, w2.br, w3.br], the lowest byte the lowest slot.
-        *reinterpret_cast<uint32_t *>(dst + sw128_offset(d0 + 0, slot)) = __byte_perm(lo01, lo23, 0x5410);
-        *reinterpret_cast<uint32_t *>(dst + sw128_offset(d0 + 1, slot)) = __byte_perm(lo01, lo23, 0x7632);
-        *reinterpret_cast<uint32_t *>(dst + sw128_offset(d0 + 2, slot)) = __byte_perm(hi01, hi23, 0x5410);
-        *reinterpret_cast<uint32_t *>(dst + sw128_offset(d0 + 3, slot)) = __byte_perm(hi01, hi23, 0x7632);
+__device__ __forceinline__ void transpose_v_tile(uint32_t src, uint32_t dst, int warp, int lane) {
+    constexpr int kUnits = (Tr::kBN / 16) * (Tr::kD / 32);
+    const int j = lane & 7, mi = lane >> 3;
+    // Source: key K0 + 8 (mi & 1) + j, 16-byte chunk 2 (cg % 4) + (mi >> 1) of page cg / 4.
+    const uint32_t src_lane = src + static_cast<uint32_t>((8 * (mi & 1) + j) * 128);
+    const int src_chunk = mi >> 1;
+    // Destination: row C0 + 16 (mi >> 1) + 2 j + flip, chunk kg (byte K0 = 16 kg).
+    const int flip = (mi & 1) ^ (j >= 4 ? 1 : 0);
+    const int dst_row = 16 * (mi >> 1) + 2 * j + flip;  // + C0 (a multiple of 32: row % 8 unchanged)
+    const uint32_t dst_lane = dst + static_cast<uint32_t>(dst_row * 128);
+    const int dst_sw = dst_row & 7;
+    // Lane (g, q)'s byte selectors: its first store matrix holds column c (0x6420: bytes 0, 2 of
+    // each register) for g < 4, c + 1 (0x7531) for g >= 4; the second the other.
+    const bool hi_g = (lane >> 2) >= 4;
+    const uint32_t sel_a = hi_g ? 0x7531u : 0x6420u, sel_b = hi_g ? 0x6420u : 0x7531u;
+#pragma unroll 2
+    for (int u = warp; u < kUnits; u += kTransposeWarps) {
+        const int kg = u & 7, cg = u >> 3;
+        const uint32_t s_addr = src_lane + static_cast<uint32_t>((cg >> 2) * Tr::kKVPage + kg * 16 * 128 +
+                                                                  ((((2 * (cg & 3) + src_chunk) ^ j) & 7) << 4));
+        uint32_t r[4];
+        cuda::ldmatrix_x4_trans(r, s_addr);
+        uint32_t w[4];
+        w[0] = __byte_perm(r[0], r[1], sel_a);
+        w[1] = __byte_perm(r[0], r[1], sel_b);
+        w[2] = __byte_perm(r[2], r[3], sel_a);
+        w[3] = __byte_perm(r[2], r[3], sel_b);
+        const uint32_t d_addr = dst_lane + static_cast<uint32_t>(cg * 32 * 128 + (((kg ^ dst_sw) & 7) << 4));
+        cuda::stmatrix_x4(w, d_addr);
     }
 }
 
 // Transposer warps (1..3 of the producer warpgroup): every key tile of a work tile, in the
 // producer's order, from the staging ring into the transposed ring.
 template <class Tr>
-__device__ __forceinline__ void transpose_tiles(const TileCoords &c, unsigned char *smem, Fp8Barriers *bars, int tid,
+__device__ __forceinline__ void transpose_tiles(const TileCoords &c, unsigned char *smem, Fp8Barriers *bars, int warp,
                                                 int lane, Pipe &pipe) {
     const int n_tiles = c.kt.last - c.kt.first + 1;
     for (int i = pipe.kv; i < pipe.kv + n_tiles; ++i) {
@@ -128,7 +156,8 @@ __device__ __forceinline__ void transpose_tiles(const TileCoords &c, unsigned ch
         const uint32_t ph = phase_of(i);
         cuda::mbar_wait(&bars->ring.v_full[st], ph);
         cuda::mbar_wait(&bars->vt_empty[st], ph ^ 1u);
-        transpose_v_tile<Tr>(smem + Tr::kVOffset + st * Tr::kKVBytes, smem + Tr::kVtOffset + st * Tr::kVtBytes, tid);
+        transpose_v_tile<Tr>(cuda::smem_addr(smem + Tr::kVOffset + st * Tr::kKVBytes),
+                             cuda::smem_addr(smem + Tr::kVtOffset + st * Tr::kVtBytes), warp, lane);
         cuda::fence_proxy_async_shared();  // this thread's stores, visible to the consumers' wgmma
         __syncwarp();
         if (lane == 0) {
@@ -234,9 +263,11 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
         const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
         float S[kNT][4];
         cuda::mbar_wait(&bars->ring.k_full[ks], phase_of(r0 + i));
-        issue_qk_fp8<Tr>(S, dq, dk, ks);
         cuda::mbar_wait(&bars->vt_full[vs], phase_of(r0 + i - 1));
+        take_turn(w);
+        issue_qk_fp8<Tr>(S, dq, dk, ks);
         issue_pv_fp8<Tr>(O, P, dvt, vs);
+        pass_turn(w);
         cuda::wgmma_wait<1>();  // S_i is ready; P_{i-1} V_{i-1} may still run
         cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
         release(&bars->ring.k_empty[ks], lane);
@@ -253,7 +284,9 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
     auto last_pv = [&](uint32_t (&P)[kKS][4], int i) {
         const int vs = stage_of(r0 + i);
         cuda::mbar_wait(&bars->vt_full[vs], phase_of(r0 + i));
+        take_turn(w);
         issue_pv_fp8<Tr>(O, P, dvt, vs);
+        pass_turn(w);
         cuda::wgmma_wait<0>();
         cuda::fence_operands(O);
         release(&bars->vt_empty[vs], lane);
@@ -268,7 +301,9 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
             const uint32_t ph = phase_of(r0 + i);
             float S[kNT][4];
             cuda::mbar_wait(&bars->ring.k_full[st], ph);
+            take_turn(w);
             issue_qk_fp8<Tr>(S, dq, dk, st);
+            pass_turn(w);
             cuda::wgmma_wait<0>();
             cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
             release(&bars->ring.k_empty[st], lane);
@@ -279,7 +314,9 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
 #pragma unroll
             for (int j = 0; j < kD / 2; ++j) O[j] *= alpha[(j % 4) / 2];
             cuda::mbar_wait(&bars->vt_full[st], ph);
+            take_turn(w);
             issue_pv_fp8<Tr>(O, P, dvt, st);
+            pass_turn(w);
             cuda::wgmma_wait<0>();
             cuda::fence_operands(O);
             release(&bars->vt_empty[st], lane);
@@ -292,7 +329,9 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
             const int ks = stage_of(r0);
             float S[kNT][4];
             cuda::mbar_wait(&bars->ring.k_full[ks], phase_of(r0));
+            take_turn(w);
             issue_qk_fp8<Tr>(S, dq, dk, ks);
+            pass_turn(w);
             cuda::wgmma_wait<0>();
             cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
             release(&bars->ring.k_empty[ks], lane);
@@ -404,33 +443,29 @@ __global__ void __launch_bounds__(kThreads, 1)
                 if (c.has_keys()) produce<Tr>(p, c, &tm_q, &tm_k, &tm_v, smem, &bars->ring, pipe);
             }
         } else {
-            const int tid = threadIdx.x - 32, lane = threadIdx.x & 31;
+            const int lane = threadIdx.x & 31;
             for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
                 const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
-                if (c.has_keys()) transpose_tiles<Tr>(c, smem, bars, tid, lane, pipe);
+                if (c.has_keys()) transpose_tiles<Tr>(c, smem, bars, warp - 1, lane, pipe);
             }
         }
     } else {
         cuda::setmaxnreg_inc<232>();
+        if (wg == 2) pass_turn(1);  // warpgroup 0 (wg 1) issues first
         for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
             const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
             if (c.has_rows()) consume_fp8<Tr, E>(p, c, smem, bars, wg - 1, pipe);
         }
+        if (wg == 1) take_turn(0);  // warpgroup 1's last pass
     }
 }
 
-// Host launcher: the persistent grid of launch_fwd (fa3_launch.cuh) for the FP8 kernel.
+// Host launcher: the persistent grid of launch_fwd (launch_persistent, fa3_launch.cuh).
 template <int kD, class E>
 cudaError_t launch_fp8_fwd(const Fp8Params &p, const TensorMaps &maps, cudaStream_t stream) {
     using Tr = Fp8Traits<kD>;
-    auto kernel = fp8_fwd_kernel<Tr, E>;
     static unsigned long long optin_done = 0;  // one per instantiation
-    cudaError_t e = cuda::ensure_smem_optin(kernel, Tr::kSmemBytes, &optin_done);
-    if (e != cudaSuccess) return e;
-    const int64_t n_work = (static_cast<int64_t>(p.seqlen_q) + kBlockM - 1) / kBlockM * p.heads_q * p.batch;
-    const unsigned grid = static_cast<unsigned>(n_work < p.num_ctas ? n_work : p.num_ctas);
-    kernel<<<grid, kThreads, Tr::kSmemBytes, stream>>>(maps.q, maps.k, maps.v, p);
-    return cudaSuccess;
+    return launch_persistent(fp8_fwd_kernel<Tr, E>, Tr::kSmemBytes, &optin_done, p, maps, stream);
 }
 
 }  // namespace fa3

@@ -1,6 +1,6 @@
 // FA3 forward, host launcher: picks the compiled tile of a head dim (fa3_config.h), opts the
 // kernel in to its dynamic shared memory once, and sizes the persistent grid (at most one CTA
-// per work tile, at most p.num_ctas). Included by the fa3_fwd_hdim*.cu units through
+// per work tile, at most p.num_ctas; launch_persistent, shared with the FP8 kernel). Included by the fa3_fwd_hdim*.cu units through
 // fa3_kernel.cuh, one head dim per unit.
 #pragma once
 
@@ -17,21 +17,30 @@
 namespace flashattn {
 namespace fa3 {
 
+// The persistent launch of every FA3 forward kernel (launch_fwd below, launch_fp8_fwd in
+// fa3_fp8_kernel.cuh): opts `kernel` in to `smem_bytes` of dynamic shared memory once per device
+// (`optin_done`: the caller's flag word, one per kernel instantiation), then launches one CTA per
+// work tile (query block x head x sequence, the kernel's n_work, counted here in 64 bits), at
+// most p.num_ctas, of kThreads threads. `P`: the kernel's parameter block (Params or derived).
+template <class Kernel, class P>
+cudaError_t launch_persistent(Kernel kernel, int smem_bytes, unsigned long long *optin_done, const P &p,
+                              const TensorMaps &maps, cudaStream_t stream) {
+    const cudaError_t e = cuda::ensure_smem_optin(kernel, smem_bytes, optin_done);
+    if (e != cudaSuccess) return e;
+    const int64_t n_work = (static_cast<int64_t>(p.seqlen_q) + kBlockM - 1) / kBlockM * p.heads_q * p.batch;
+    const unsigned grid = static_cast<unsigned>(n_work < p.num_ctas ? n_work : p.num_ctas);
+    kernel<<<grid, kThreads, smem_bytes, stream>>>(maps.q, maps.k, maps.v, p);
+    return cudaSuccess;
+}
+
 // kDV: V's width (a P row of fa3_head_dims.h), kD for the square kernels.
 template <int kD, class E, int kDV = kD>
 cudaError_t launch_fwd(const Params &p, const TensorMaps &maps, cudaStream_t stream) {
     constexpr TileConfig cfg = config_for(kD, kDV);
     static_assert(cfg.head_dim == kD && cfg.head_dim_v == kDV, "no such compiled head dim");
     using Tr = Traits<cfg.head_dim, cfg.block_n, cfg.head_dim_v>;
-    auto kernel = fwd_kernel<Tr, E>;
     static unsigned long long optin_done = 0;  // one per instantiation
-    cudaError_t e = cuda::ensure_smem_optin(kernel, Tr::kSmemBytes, &optin_done);
-    if (e != cudaSuccess) return e;
-    // The same tile count as the kernel's n_work, in 64 bits: the grid is min(tiles, num_ctas).
-    const int64_t n_work = (static_cast<int64_t>(p.seqlen_q) + kBlockM - 1) / kBlockM * p.heads_q * p.batch;
-    const unsigned grid = static_cast<unsigned>(n_work < p.num_ctas ? n_work : p.num_ctas);
-    kernel<<<grid, kThreads, Tr::kSmemBytes, stream>>>(maps.q, maps.k, maps.v, p);
-    return cudaSuccess;
+    return launch_persistent(fwd_kernel<Tr, E>, Tr::kSmemBytes, &optin_done, p, maps, stream);
 }
 
 }  // namespace fa3
