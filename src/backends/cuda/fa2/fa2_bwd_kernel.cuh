@@ -349,18 +349,25 @@ __device__ __forceinline__ void bwd_key_block(const BwdParams &p, BwdBlockArgs &
             }
             cuda::cp_async_wait<0>();  // this step's Q, dO (and K, V at the first step)
             __syncthreads();  // ... from every thread; every warp is done with the previous step
-            if (p.deterministic && s > 0 && threadIdx.x == 0)  // the previous step's dQ adds are fenced
+            if (p.deterministic && s > 0 && threadIdx.x == 0) {
+                // The previous step's dQ adds of every thread precede this barrier; one gpu-scope
+                // fence here orders them all before the counter moves (a grid barrier's pattern),
+                // where a fence per thread after each step stalled every warp on its own adds.
+                __threadfence();
                 atomicAdd(turn_of<Tr>(p, a, step_of<Tr>(s - 1, kvh, p.group, mb_first, nmb), nb).sem, 1);
+            }
             if (Tr::kStages == 2 && s + 1 < nsteps) {  // the other buffer was the previous step's
                 load_q_do<Tr>(p, a, step_of<Tr>(s + 1, kvh, p.group, mb_first, nmb), buf ^ 1);
                 cuda::cp_async_commit();
             }
             bwd_query_block<Tr, E>(p, a, st, buf, dK, dV);
-            if (p.deterministic) __threadfence();  // this thread's dQ adds land before the counter moves
         }
         if (p.deterministic) {
             __syncthreads();
-            if (threadIdx.x == 0) atomicAdd(turn_of<Tr>(p, a, step_of<Tr>(nsteps - 1, kvh, p.group, mb_first, nmb), nb).sem, 1);
+            if (threadIdx.x == 0) {  // as at the step top
+                __threadfence();
+                atomicAdd(turn_of<Tr>(p, a, step_of<Tr>(nsteps - 1, kvh, p.group, mb_first, nmb), nb).sem, 1);
+            }
         }
     }
     // Read again (not kept from the prologue): the loop holds no registers for these offsets.

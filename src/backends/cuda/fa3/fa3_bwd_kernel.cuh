@@ -29,7 +29,9 @@
 // At the end dK * scale and dV are stored (zeros for keys no query sees). The dQ scale is the
 // convert kernel's (device/bwd_prep.cuh). GQA needs no dK/dV reduction across CTAs: the CTA walks
 // its whole query-head group. Deterministic mode: the 64-key halves that add to one query block's
-// dQ take turns in ascending key order (a counter per (query head, query block), as FA2's).
+// dQ take turns in ascending key order (a counter per (query head, query block), as FA2's); a
+// warpgroup waits for its turn only once its dQ tile is computed, issues its adds, and releases
+// the turn during its next step's S/dP GEMMs; warpgroup 1 (the follower) refills the ring.
 //
 // No producer warp yet: both warpgroups compute and thread 0 also issues the TMA loads (waiting,
 // before its own step, for both warpgroups to have released the buffer it refills). The
@@ -239,9 +241,10 @@ __device__ __forceinline__ void load_rows(const BwdParams &p, const BwdBlock &a,
                      ok ? 4u : 0u);
 }
 
-// S^T and dP^T of warpgroup `wg`'s 64 keys against the step's queries (issued and waited for).
+// S^T and dP^T of warpgroup `wg`'s 64 keys against the step's queries (issued and committed; the
+// caller waits, so that the deterministic mode's release of the previous step runs under them).
 template <class Tr, class E>
-__device__ __forceinline__ void scores_and_dp(float (&S)[kBwdBM / 2], float (&dP)[kBwdBM / 2], uint32_t s_k,
+__device__ __forceinline__ void scores_and_dp_issue(float (&S)[kBwdBM / 2], float (&dP)[kBwdBM / 2], uint32_t s_k,
                                               uint32_t s_v, uint32_t s_q, uint32_t s_do) {
     const uint64_t dk = cuda::make_desc_sw128(s_k), dv = cuda::make_desc_sw128(s_v);
     const uint64_t dq = cuda::make_desc_sw128(s_q), ddo = cuda::make_desc_sw128(s_do);
@@ -255,9 +258,6 @@ __device__ __forceinline__ void scores_and_dp(float (&S)[kBwdBM / 2], float (&dP
     for (int ks = 0; ks < Tr::kD / 16; ++ks)
         cuda::wgmma_ss<E, kBwdBM>(dP, dv + k_step(ks, Tr::kKPage), ddo + k_step(ks, Tr::kQPage), ks > 0);
     cuda::wgmma_commit();
-    cuda::wgmma_wait<0>();
-    cuda::fence_operands(S);
-    cuda::fence_operands(dP);
 }
 
 // In place: S^T -> P^T and dP^T -> dS^T. Accumulator register i of the thread holds key row
@@ -357,6 +357,23 @@ __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a
     return BwdTurn{sem, 2 * (a.nb - nb_first) + wg};
 }
 
+// Deterministic mode: the end of warpgroup wg's turn for step s (thread 0 of the warpgroup). A
+// warpgroup adds its dQ in its turn without waiting for the adds to land, and releases the turn
+// one step later, under the next step's S/dP GEMMs (so the reduction's latency, the fences and
+// the atomic stay off its critical path). Red path: the caller has passed a warpgroup barrier
+// after every thread's reductions (bar.sync orders them before this thread's gpu-scope fence, as
+// a grid barrier does); bulk path: this thread issued the reduction and waits for it here.
+template <class Tr>
+__device__ __forceinline__ void release_turn(const BwdParams &p, const BwdBlock &a, int s, int wg) {
+    if ((threadIdx.x & 127) != 0) return;
+    if constexpr (Tr::kBulkDQ) {
+        bulk_wait_all();
+        fence_proxy_async_global();
+    }
+    __threadfence();  // the adds land before the counter moves
+    atomicAdd(turn_of(p, a, bwd_step(p, a, s), wg).sem, 1);
+}
+
 // dQ += dS K_w for the step's 64 queries, head dims above 64 (bwd_bulk_dq), 64 head-dim columns
 // at a time: wgmma with dS^T and K both key-major in shared memory, into the warpgroup's fp32 tile
 // (rows of head_dim floats, as the accumulator's rows), then one bulk reduction of the sequence's
@@ -404,11 +421,7 @@ __device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const Bwd
             }
             fence_proxy_async_global();  // the predecessors' adds, before this one
             bulk_reduce_add_f32(dst, s_dq, static_cast<uint32_t>(rows * d * 4));
-            bulk_commit();
-            bulk_wait_all();
-            fence_proxy_async_global();
-            __threadfence();  // the adds land before the counter moves
-            atomicAdd(turn.sem, 1);
+            bulk_commit();  // completed and released at the next step (release_turn)
         } else {
             bulk_reduce_add_f32(dst, s_dq, static_cast<uint32_t>(rows * d * 4));
             bulk_commit();
@@ -433,18 +446,9 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
         rows[h] = p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + (row_ok[h] ? qpos : 0)) *
                                    p.head_dim + 2 * t;
     }
-    const bool ordered = p.deterministic != 0;
-    BwdTurn turn{nullptr, 0};
-    if (ordered) {
-        turn = turn_of(p, a, st, wg);
-        if (wtid == 0)
-            while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
-            }
-        warpgroup_sync(wg);
-    }
-#pragma unroll
-    for (int half = 0; half < Tr::kPages; ++half) {
-        const uint64_t dk = cuda::make_desc_sw128(s_k + half * Tr::kKPage, 1024, Tr::kKPage);
+    static_assert(Tr::kPages == 1, "the red path computes the whole dQ tile before its turn");
+    {
+        const uint64_t dk = cuda::make_desc_sw128(s_k, 1024, Tr::kKPage);
         float acc[32];
         cuda::fence_operands(acc);
         cuda::wgmma_fence();
@@ -455,26 +459,30 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
         cuda::wgmma_commit();
         cuda::wgmma_wait<0>();
         cuda::fence_operands(acc);
+        if (p.deterministic) {  // the turn is waited for only now that the tile is computed
+            if (wtid == 0) {
+                const BwdTurn turn = turn_of(p, a, st, wg);
+                while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
+                }
+            }
+            warpgroup_sync(wg);
+        }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            const int col = half * 64 + 8 * j;  // + 2t: head_dim is a multiple of 8, the pair is in or out
+            const int col = 8 * j;  // + 2t: head_dim is a multiple of 8, the pair is in or out
             if (col >= p.head_dim) continue;
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 if (row_ok[h]) cuda::red_add_f32x2(rows[h] + col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
         }
     }
-    if (ordered) {
-        __threadfence();  // this thread's adds land before the counter moves
-        warpgroup_sync(wg);
-        if (wtid == 0) atomicAdd(turn.sem, 1);
-    }
+    // Deterministic: released at the next step (release_turn), after its step-top barrier.
 }
 
 // One step (query block st, buffer buf) for warpgroup wg.
 template <class Tr, class E>
-__device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBlock &a, BwdStep st, int buf, int wg,
-                                                 float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2]) {
+__device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBlock &a, int s, BwdStep st, int buf,
+                                                 int wg, float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2]) {
     const uint32_t base = cuda::smem_addr(a.smem);
     const uint32_t s_k = base + Tr::kKOff + 64 * wg * 128, s_v = base + Tr::kVOff + 64 * wg * 128;
     const uint32_t s_q = base + Tr::kQOff + buf * 2 * Tr::kQBytes, s_do = s_q + Tr::kQBytes;
@@ -483,7 +491,11 @@ __device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBl
     const uint32_t s_rows = base + Tr::kRowsOff + (buf * 2 + wg) * Tr::kRowsBytes;
 
     float S[kBwdBM / 2], dP[kBwdBM / 2];
-    scores_and_dp<Tr, E>(S, dP, s_k, s_v, s_q, s_do);
+    scores_and_dp_issue<Tr, E>(S, dP, s_k, s_v, s_q, s_do);
+    if (p.deterministic && s > 0) release_turn<Tr>(p, a, s - 1, wg);
+    cuda::wgmma_wait<0>();
+    cuda::fence_operands(S);
+    cuda::fence_operands(dP);
     probs_and_grads<Tr>(p, a, st, wg, s_rows, S, dP);
     uint32_t Pf[Tr::kKF][4], dSf[Tr::kKF][4];
     to_fragments<Tr, E>(S, Pf);
@@ -598,15 +610,19 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             cuda::cp_async_commit();
         }
         cuda::mbar_wait(&a.bars->kv_full, 0);
+        // The thread that refills the ring. In deterministic mode warpgroup 1 adds after warpgroup
+        // 0 (the turns) and so runs behind it: its thread 0 refills, never waiting there for the
+        // leader, which would otherwise stall each step until the follower is done (2 stages).
+        const unsigned loader = p.deterministic ? 128u : 0u;
         for (int s = 0; s < nsteps; ++s) {
             const BwdStep st = bwd_step(p, a, s);
             const int buf = ring_buf<Tr>(s);
-            // Step r = s + kStages - 1 refills the buffer of step s - 1: thread 0 waits for both
+            // Step r = s + kStages - 1 refills the buffer of step s - 1: the loader waits for both
             // warpgroups to release it; this warpgroup's own copy of the rows was last read before
             // the warpgroup barrier of its step s - 1.
             const int r = s + Tr::kStages - 1;
             if (r < nsteps) {
-                if (threadIdx.x == 0) {
+                if (threadIdx.x == loader) {
                     if (s >= 1) cuda::mbar_wait(&a.bars->qdo_empty[ring_buf<Tr>(s - 1)], ring_phase<Tr>(s - 1));
                     load_q_do<Tr>(p, &tm_q, &tm_do, a, bwd_step(p, a, r), ring_buf<Tr>(r));
                 }
@@ -617,7 +633,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) bulk_wait_read_all();  // the previous dQ reduction read its tile
             warpgroup_sync(wg);                      // ... and from every thread of the warpgroup
             cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
-            bwd_step_compute<Tr, E>(p, a, st, buf, wg, dK, dV);
+            bwd_step_compute<Tr, E>(p, a, s, st, buf, wg, dK, dV);
+        }
+        if (p.deterministic) {  // the last step's turn
+            warpgroup_sync(wg);
+            release_turn<Tr>(p, a, nsteps - 1, wg);
         }
         if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) bulk_wait_all();  // the last reduction, before shared memory goes away
     }
