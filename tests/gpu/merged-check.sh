@@ -3,6 +3,8 @@
 # every gpu test and the SASS test, sanitizers on reduced grids,
 # pytest (torch), host cost, a short paged-decode table; all in parallel after the build. Run from the
 # repository root with .devdeps carried (../shared/tools/device-deps.sh); T = per-job timeout (s).
+# Short of device time: SAN_TESTS (the tests under all three sanitizers), SAN_MEMCHECK_ONLY (more
+# under memcheck; test_fp8_fa3 always), BENCH=0 (no backward table), DECODE_PAGES (page sizes).
 set -uo pipefail
 final_out=${OUT:-/tmp/out}; out=/tmp/flog; rm -rf $out; mkdir -p "$out" "$final_out"
 export BUILD_DIR=/tmp/fa-final NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -26,11 +28,11 @@ run ctest ctest --test-dir $b --output-on-failure -j 8 -L gpu
 run sass ctest --test-dir $b --output-on-failure -R "test_fa[23]_sass"
 S="FLASHATTN_TEST_REDUCED=1 FLASHATTN_FA3_MAX_CTAS=3"
 for tool in memcheck racecheck synccheck; do
-  for t in numerics_fa1 numerics_fa2 numerics_fa3 backward_fa2 backward_fa3 serving_fa1 serving_fa2 serving_fa3 variants_fa1 variants_fa2 variants_fa3; do
+  for t in ${SAN_TESTS:-numerics_fa1 numerics_fa2 numerics_fa3 backward_fa2 backward_fa3 serving_fa1 serving_fa2 serving_fa3 variants_fa1 variants_fa2 variants_fa3}; do
     run $tool-$t env $S compute-sanitizer --tool $tool --error-exitcode 99 $b/tests/test_$t
   done
 done
-for t in special_values_fa2 special_values_fa3 hadamard_fa2 fp8_fa3; do
+for t in ${SAN_MEMCHECK_ONLY:-special_values_fa2 special_values_fa3 hadamard_fa2} fp8_fa3; do
   run memcheck-$t env $S compute-sanitizer --tool memcheck --error-exitcode 99 $b/tests/test_$t
 done
 for tool in racecheck synccheck; do run $tool-fp8_fa3 env $S compute-sanitizer --tool $tool --error-exitcode 99 $b/tests/test_fp8_fa3; done
@@ -43,9 +45,9 @@ run bwd-verbose-fa2 env FLASHATTN_TEST_VERBOSE=1 $b/tests/test_backward_fa2
 run bwd-verbose-fa3 env FLASHATTN_TEST_VERBOSE=1 $b/tests/test_backward_fa3
 run pytest env FLASHATTN_LIBRARY=$b/src/libflashattn.so PYTHONPATH=bindings/python python3 -m pytest -q -x bindings/python/tests
 wait
-timeout 60 $b/bench/flashattn-bench --backend all-gpu --backward-only --deterministic --hdim 64,128 --seqlen 4096 > "$out/backward.txt" 2>&1
+[ "${BENCH:-1}" = 1 ] && timeout 60 $b/bench/flashattn-bench --backend all-gpu --backward-only --deterministic --hdim 64,128 --seqlen 4096 > "$out/backward.txt" 2>&1
 $b/bench/flashattn-bench --backend all-gpu --host-cost > "$out/hostcost.txt" 2>&1
-for ps in 0 16 256; do
+for ps in ${DECODE_PAGES-0 16 256}; do
   timeout 40 $b/bench/flashattn-bench --backend all-gpu --decode --decode-batch 1 --decode-kv-heads 8 --decode-seqlen 32768,131072 --page-size $ps > "$out/decode-page$ps.txt" 2>&1
 done
 grep -E 'Failed|Skipped|Not Run|Passed|\*\*\*' "$out/ctest.log" | grep -E '^ *[0-9]+/' > "$out/ctest-summary.txt"
