@@ -192,21 +192,43 @@ __device__ __forceinline__ void wait_v_load_next_k(const Params &p, const FwdLoo
     }
 }
 
+// Whether the kernel waits for a serving append late (load_first_tiles): the decode tiles (one
+// m16 tile per warp, two K/V buffers: the small configurations up to head dim 128).
+template <class Tr>
+constexpr bool kLateWait = Tr::kStages == 2 && Tr::kMT == 1;
+
+template <class Tr>
+__device__ __forceinline__ void load_first_q(const Params &p, const FwdLoopArgs &a) {
+    if (a.G == 1)
+        load_tile<Tr, Tr::kBM>(a.s_q, a.qg + a.hbase * p.q_hs, a.m0, p.q_rs, a.prows - a.m0, a.d, a.tid);
+    else
+        load_q<Tr>(a.s_q, a.qg, p.q_rs, p.q_hs, a.m0, a.prows, a.G, a.hbase, a.d, a.tid);
+}
+
 // Prologue: Q, K[nb_last] and V[nb_last] into the first buffer, as two cp.async groups (Q with K,
 // then V). The first V tile goes out with Q and K (both buffer schemes), so that the first
 // iteration waits for one memory round trip, not two.
+// kLateWait (the decode tiles): the wait for a serving append (programmatic dependent launch)
+// comes here, not at the kernel's start: a first tile below the appended rows [sk - seqused_add,
+// sk) (every split of a long decode but the last) has its K issued before the wait, overlapping
+// the append; Q (rotated by the append) after it. In the big-tile kernels this order spilled.
 template <class Tr, bool kPaged, bool kVariants>
 __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopArgs &a, int nb_last) {
-    constexpr int kBM = Tr::kBM, kBN = Tr::kBN;
-    if (a.G == 1)
-        load_tile<Tr, kBM>(a.s_q, a.qg + a.hbase * p.q_hs, a.m0, p.q_rs, a.prows - a.m0, a.d, a.tid);
-    else
-        load_q<Tr>(a.s_q, a.qg, p.q_rs, p.q_hs, a.m0, a.prows, a.G, a.hbase, a.d, a.tid);
+    constexpr int kBN = Tr::kBN;
     const int n0 = nb_last * kBN;
+    if constexpr (kLateWait<Tr>) {
+        if (n0 + kBN > a.sk - p.seqused_add) cuda::pdl_wait();
+    } else {
+        load_first_q<Tr>(p, a);
+    }
     if constexpr (kPaged) {
         if (p.page_size % kBN != 0) stage_page_entries_now<Tr>(p, nb_last, a.sk, a.tid);
     }
     load_k_tile<Tr, kPaged, false>(p, a, a.s_kv, n0);
+    if constexpr (kLateWait<Tr>) {
+        cuda::pdl_wait();
+        load_first_q<Tr>(p, a);
+    }
     cuda::cp_async_commit();
     load_kv_tile<Tr, kPaged, false>(p, a, a.s_kv + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs, v_cols<kVariants>(p, a));
     cuda::cp_async_commit();
