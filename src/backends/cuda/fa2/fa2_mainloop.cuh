@@ -41,6 +41,12 @@ struct FwdLoopArgs {
     uint32_t k_f0, k_h0, v_f0, v_h0;  // ... and of the first K and V buffer
 };
 
+// The decode tiles (64 query rows, one m16 tile per warp, two K/V buffers: the small
+// configurations up to head dim 128), which take the serving decode's own choices
+// (load_paged_row_runs, kLateWait); the other kernels keep main's code.
+template <class Tr>
+constexpr bool kDecodeTile = Tr::kBM == 64 && Tr::kStages == 2 && Tr::kMT == 1;
+
 // Paged K/V (kPaged): how far the page holding key tile n0 lies from where a contiguous sequence
 // would put it (g + n0*rs), so that load_tile(g + shift, n0, ...) reads that page (a page holds
 // whole tiles: Params::page_size). The page-table row is found from blockIdx each time rather than
@@ -130,6 +136,56 @@ __device__ __forceinline__ void load_paged_rows(const Params &p, uint32_t sbase,
     }
 }
 
+// Off until it has run on a GPU (written and compiled, not yet tested or timed: see
+// docs/kernel-notes.md, "Decode speed"): test_serving_fa2, compute-sanitizer and
+// tests/gpu/decode-bench.sh decide whether it replaces load_paged_rows in the decode tiles.
+constexpr bool kPagedRowRuns = false;
+
+// The decode tiles' gather (kDecodeTile): each thread copies a run of kCPT chunks of one row (row
+// tid / kTPR), so that it resolves one page-table entry and row address per tile rather than one
+// per chunk (load_paged_rows' mapping, a chunk column per thread over 8 rows, costs 8 page
+// lookups and 64-bit address computations per thread and tile: ncu showed that gather
+// issue-bound, 37 % of cycles issuing, DRAM at 29 %, the same with pages in order or of 1 key).
+// Only in the decode tiles: in the 128 x 64 kernel at head dim 128 it spilled 20 bytes.
+template <class Tr>
+__device__ __forceinline__ void load_paged_row_runs(const Params &p, uint32_t sbase, const uint16_t *g, int n0,
+                                                    int64_t rs, int64_t page_stride, int sk, int d, int tid) {
+    using Tile = cuda::SwizzledTile<Tr::kBN, Tr::kD>;
+    constexpr int kCPR = Tr::kD / 8;
+    constexpr int kTPR = Tr::kThreads / Tr::kBN;  // threads per row
+    static_assert(Tr::kThreads % Tr::kBN == 0 && kCPR % kTPR == 0, "whole rows, equal chunk runs");
+    constexpr int kCPT = kCPR / kTPR;  // chunks per thread
+    const int r = tid / kTPR;
+    const int c0 = (tid - r * kTPR) * kCPT;
+    const int key = n0 + r;
+    // Source of the run's first chunk (a copy of 0 bytes reads nothing: g past the sequence's
+    // keys), and how many of its columns exist (0 past the keys).
+    const uint16_t *src = g;
+    int cols = 0;
+    if (key < sk) {
+        const unsigned ps = static_cast<unsigned>(p.page_size);
+        const unsigned pg = static_cast<unsigned>(key) / ps;
+        const int32_t page = paged_entries<Tr>(n0 / Tr::kBN)[pg - static_cast<unsigned>(n0) / ps];
+        src = g + static_cast<int64_t>(page) * page_stride + static_cast<int64_t>(key - pg * ps) * rs + c0 * 8;
+        cols = d - c0 * 8;
+    }
+    if constexpr (kCPT % 8 == 0 && !Tile::kHalfPage) {
+        // Runs of whole 128-byte swizzle pages: chunk j lands at the run's page j / 8, row r, slot
+        // (j % 8) ^ (r % 8): one XOR and one add per chunk (Tile::offset's general form, with the
+        // run's start known only at run time, took more registers).
+        const uint32_t row_base = sbase + (c0 / 8) * Tile::kPageBytes + r * 128;
+        const uint32_t x = static_cast<uint32_t>(r & 7) << 4;
+#pragma unroll
+        for (int j = 0; j < kCPT; ++j)
+            cuda::cp_async_16(row_base + (j / 8) * Tile::kPageBytes + ((static_cast<uint32_t>(j & 7) << 4) ^ x),
+                              src + j * 8, j * 8 < cols ? 16u : 0u);
+    } else {
+#pragma unroll
+        for (int j = 0; j < kCPT; ++j)
+            cuda::cp_async_16(sbase + Tile::offset(r, c0 + j), src + j * 8, j * 8 < cols ? 16u : 0u);
+    }
+}
+
 // cp.async K or V tile [n0, n0 + kBN) of this sequence (g: a.kg or a.vg; page_stride: k_bs or
 // v_bs). Without kPaged it is exactly the contiguous load (a runtime test here, per tile, made
 // ptxas spill in the big-tile kernels); paged pages of whole tiles only move the base pointer,
@@ -141,7 +197,10 @@ __device__ __forceinline__ void load_kv_tile(const Params &p, const FwdLoopArgs 
                                              int n0, int64_t rs, int64_t page_stride, int cols) {
     if constexpr (kPaged) {
         if (p.page_size % Tr::kBN != 0) {
-            load_paged_rows<Tr>(p, s, g, n0, rs, page_stride, a.sk, cols, a.tid);
+            if constexpr (kDecodeTile<Tr> && kPagedRowRuns)
+                load_paged_row_runs<Tr>(p, s, g, n0, rs, page_stride, a.sk, cols, a.tid);
+            else
+                load_paged_rows<Tr>(p, s, g, n0, rs, page_stride, a.sk, cols, a.tid);
             return;
         }
         g += page_shift(p, n0, rs, page_stride);
@@ -192,10 +251,9 @@ __device__ __forceinline__ void wait_v_load_next_k(const Params &p, const FwdLoo
     }
 }
 
-// Whether the kernel waits for a serving append late (load_first_tiles): the decode tiles (one
-// m16 tile per warp, two K/V buffers: the small configurations up to head dim 128).
+// Whether the kernel waits for a serving append late (load_first_tiles): the decode tiles.
 template <class Tr>
-constexpr bool kLateWait = Tr::kStages == 2 && Tr::kMT == 1;
+constexpr bool kLateWait = kDecodeTile<Tr>;
 
 template <class Tr>
 __device__ __forceinline__ void load_first_q(const Params &p, const FwdLoopArgs &a) {
