@@ -1407,7 +1407,10 @@ void run_decode(Gpu &g, const Options &opt, const std::vector<flashattn_backend_
                     std::vector<int32_t> table(static_cast<size_t>(b * sk / page));
                     for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
                     std::mt19937_64 rng(seed++);
-                    std::shuffle(table.begin(), table.end(), rng);
+                    // FLASHATTN_BENCH_PAGES_IN_ORDER=1: an identity table (the gather's cost without
+                    // the scattered pages' DRAM and TLB locality).
+                    const char *in_order = std::getenv("FLASHATTN_BENCH_PAGES_IN_ORDER");
+                    if (in_order == nullptr || std::string(in_order) != "1") std::shuffle(table.begin(), table.end(), rng);
                     bf.table.alloc(table.size() * 4);
                     CK(cudaMemcpy(bf.table.ptr, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
                 }

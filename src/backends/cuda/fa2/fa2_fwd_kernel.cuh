@@ -61,8 +61,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const int t = lane & 3;
 
     // After the serving append (a programmatic dependent launch, cuda/device/pdl.cuh): its cache
-    // rows and rotated Q are visible past this point. The split-KV combine may launch now.
-    cuda::pdl_wait();
+    // rows and rotated Q are visible past the wait; the decode tiles (kLateWait) wait in
+    // load_first_tiles instead. The split-KV combine may launch now.
+    if constexpr (!kLateWait<Tr>) cuda::pdl_wait();
     cuda::pdl_launch_dependents();
 
     const FwdWork work = fwd_work(p);
@@ -79,7 +80,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const int G = p.pack;
     const int prows = sq * G;
     const int m0 = mblk * kBM;
-    if (m0 >= prows) return;
+    if (m0 >= prows) {
+        if constexpr (kLateWait<Tr>) cuda::pdl_wait();  // every CTA waits: this grid's end implies the append's
+        return;
+    }
     const int kvh = G > 1 ? hh : hh / p.group;
     const int hbase = G > 1 ? hh * G : hh;
     const int d = p.head_dim;
@@ -175,6 +179,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     }
 
     // ---- epilogue ------------------------------------------------------------------------------
+    if constexpr (kLateWait<Tr>) cuda::pdl_wait();  // (done in load_first_tiles unless no key tile)
     // Read again (not kept from the prologue): the loop holds no registers for these offsets.
     const cuda::SeqInfo se = cuda::seq_info(p, b);
     const int64_t grow0 = se.q_row0;

@@ -41,6 +41,12 @@ struct FwdLoopArgs {
     uint32_t k_f0, k_h0, v_f0, v_h0;  // ... and of the first K and V buffer
 };
 
+// The decode tiles (64 query rows, one m16 tile per warp, two K/V buffers: the small
+// configurations up to head dim 128), which take the serving decode's own choices
+// (load_paged_row_runs, kLateWait); the other kernels keep main's code.
+template <class Tr>
+constexpr bool kDecodeTile = Tr::kBM == 64 && Tr::kStages == 2 && Tr::kMT == 1;
+
 // Paged K/V (kPaged): how far the page holding key tile n0 lies from where a contiguous sequence
 // would put it (g + n0*rs), so that load_tile(g + shift, n0, ...) reads that page (a page holds
 // whole tiles: Params::page_size). The page-table row is found from blockIdx each time rather than
@@ -56,6 +62,51 @@ __device__ __forceinline__ int64_t page_shift(const Params &p, int n0, int64_t r
 // key tile [n0, n0 + kBN) is looked up in the page table on its own, like load_q's rows (chunk i
 // of the tile: row i / kCPR, column chunk i % kCPR). Keys >= sk and columns >= d are zero-filled
 // without reading the page table (its entries past a sequence's keys need not be valid pages).
+// The tile's page-table entries are read from shared memory (paged_entries), where they were
+// staged ahead (stage_page_entries*): read from global memory per chunk, each 16-byte copy
+// waited on its own page-table read (0.38-0.49x the contiguous decode at pages of 16).
+template <class Tr>
+__device__ __forceinline__ int32_t *paged_entries(int nb) {
+    static_assert(Tr::kBN <= Tr::kThreads, "one thread per page entry of a tile");
+    // Two tiles' entries (this tile's and the walk's next), at most one per key row: only the
+    // kPaged kernels reference it, so the contiguous kernels' shared memory does not change.
+    __shared__ int32_t entries[2][Tr::kBN];
+    return entries[nb & 1];
+}
+
+// Page-table entries of key tile nb (rows below sk): the first page and how many there are.
+__device__ __forceinline__ void tile_pages(const Params &p, int nb, int kBN, int sk, int &first, int &count) {
+    const int n0 = nb * kBN;
+    first = n0 / p.page_size;
+    count = (min(n0 + kBN, sk) - 1) / p.page_size - first + 1;
+}
+
+__device__ __forceinline__ const int32_t *page_row(const Params &p) {
+    const int b = static_cast<int>(blockIdx.z) / p.num_splits;
+    return p.page_table + b * p.page_table_stride;
+}
+
+// The walk's first tile: entries read now (one load per thread, all in parallel) and published
+// with a barrier before any of its rows is copied.
+template <class Tr>
+__device__ __forceinline__ void stage_page_entries_now(const Params &p, int nb, int sk, int tid) {
+    int first, count;
+    tile_pages(p, nb, Tr::kBN, sk, first, count);
+    if (tid < count) paged_entries<Tr>(nb)[tid] = page_row(p)[first + tid];
+    __syncthreads();
+}
+
+// Tile nb's entries by cp.async, issued in the cp.async group of the K tile before it in the walk:
+// the main loop waits for that group (and passes a barrier) before it issues tile nb's K and V,
+// so they are in place then. The other buffer's entries (the tile being issued now) were read
+// before that barrier, which every thread has passed when this is issued.
+template <class Tr>
+__device__ __forceinline__ void stage_page_entries_async(const Params &p, int nb, int sk, int tid) {
+    int first, count;
+    tile_pages(p, nb, Tr::kBN, sk, first, count);
+    if (tid < count) cuda::cp_async_4(cuda::smem_addr(paged_entries<Tr>(nb) + tid), page_row(p) + first + tid, 4u);
+}
+
 template <class Tr>
 __device__ __forceinline__ void load_paged_rows(const Params &p, uint32_t sbase, const uint16_t *g, int n0,
                                                 int64_t rs, int64_t page_stride, int sk, int d, int tid) {
@@ -63,8 +114,9 @@ __device__ __forceinline__ void load_paged_rows(const Params &p, uint32_t sbase,
     constexpr int kCPR = Tr::kD / 8;
     constexpr int kTotal = Tr::kBN * kCPR;
     constexpr int kIters = (kTotal + Tr::kThreads - 1) / Tr::kThreads;
-    const int b = static_cast<int>(blockIdx.z) / p.num_splits;
-    const int32_t *pages = p.page_table + b * p.page_table_stride;
+    const int32_t *entries = paged_entries<Tr>(n0 / Tr::kBN);
+    const unsigned ps = static_cast<unsigned>(p.page_size);
+    const unsigned first = static_cast<unsigned>(n0) / ps;
 #pragma unroll 4
     for (int j = 0; j < kIters; ++j) {
         const int i = tid + j * Tr::kThreads;
@@ -74,11 +126,63 @@ __device__ __forceinline__ void load_paged_rows(const Params &p, uint32_t sbase,
             const int key = n0 + r;
             const bool ok = c * 8 < d && key < sk;
             const uint16_t *src = g;
-            if (ok)
-                src = g + static_cast<int64_t>(pages[key / p.page_size]) * page_stride +
-                      static_cast<int64_t>(key % p.page_size) * rs + c * 8;
+            if (ok) {
+                const unsigned pg = static_cast<unsigned>(key) / ps;
+                src = g + static_cast<int64_t>(entries[pg - first]) * page_stride +
+                      static_cast<int64_t>(key - pg * ps) * rs + c * 8;
+            }
             cuda::cp_async_16(sbase + Tile::offset(r, c), src, ok ? 16u : 0u);
         }
+    }
+}
+
+// Off until it has run on a GPU (written and compiled, not yet tested or timed: see
+// docs/kernel-notes.md, "Decode speed"): test_serving_fa2, compute-sanitizer and
+// tests/gpu/decode-bench.sh decide whether it replaces load_paged_rows in the decode tiles.
+constexpr bool kPagedRowRuns = false;
+
+// The decode tiles' gather (kDecodeTile): each thread copies a run of kCPT chunks of one row (row
+// tid / kTPR), so that it resolves one page-table entry and row address per tile rather than one
+// per chunk (load_paged_rows' mapping, a chunk column per thread over 8 rows, costs 8 page
+// lookups and 64-bit address computations per thread and tile: ncu showed that gather
+// issue-bound, 37 % of cycles issuing, DRAM at 29 %, the same with pages in order or of 1 key).
+// Only in the decode tiles: in the 128 x 64 kernel at head dim 128 it spilled 20 bytes.
+template <class Tr>
+__device__ __forceinline__ void load_paged_row_runs(const Params &p, uint32_t sbase, const uint16_t *g, int n0,
+                                                    int64_t rs, int64_t page_stride, int sk, int d, int tid) {
+    using Tile = cuda::SwizzledTile<Tr::kBN, Tr::kD>;
+    constexpr int kCPR = Tr::kD / 8;
+    constexpr int kTPR = Tr::kThreads / Tr::kBN;  // threads per row
+    static_assert(Tr::kThreads % Tr::kBN == 0 && kCPR % kTPR == 0, "whole rows, equal chunk runs");
+    constexpr int kCPT = kCPR / kTPR;  // chunks per thread
+    const int r = tid / kTPR;
+    const int c0 = (tid - r * kTPR) * kCPT;
+    const int key = n0 + r;
+    // Source of the run's first chunk (a copy of 0 bytes reads nothing: g past the sequence's
+    // keys), and how many of its columns exist (0 past the keys).
+    const uint16_t *src = g;
+    int cols = 0;
+    if (key < sk) {
+        const unsigned ps = static_cast<unsigned>(p.page_size);
+        const unsigned pg = static_cast<unsigned>(key) / ps;
+        const int32_t page = paged_entries<Tr>(n0 / Tr::kBN)[pg - static_cast<unsigned>(n0) / ps];
+        src = g + static_cast<int64_t>(page) * page_stride + static_cast<int64_t>(key - pg * ps) * rs + c0 * 8;
+        cols = d - c0 * 8;
+    }
+    if constexpr (kCPT % 8 == 0 && !Tile::kHalfPage) {
+        // Runs of whole 128-byte swizzle pages: chunk j lands at the run's page j / 8, row r, slot
+        // (j % 8) ^ (r % 8): one XOR and one add per chunk (Tile::offset's general form, with the
+        // run's start known only at run time, took more registers).
+        const uint32_t row_base = sbase + (c0 / 8) * Tile::kPageBytes + r * 128;
+        const uint32_t x = static_cast<uint32_t>(r & 7) << 4;
+#pragma unroll
+        for (int j = 0; j < kCPT; ++j)
+            cuda::cp_async_16(row_base + (j / 8) * Tile::kPageBytes + ((static_cast<uint32_t>(j & 7) << 4) ^ x),
+                              src + j * 8, j * 8 < cols ? 16u : 0u);
+    } else {
+#pragma unroll
+        for (int j = 0; j < kCPT; ++j)
+            cuda::cp_async_16(sbase + Tile::offset(r, c0 + j), src + j * 8, j * 8 < cols ? 16u : 0u);
     }
 }
 
@@ -93,12 +197,27 @@ __device__ __forceinline__ void load_kv_tile(const Params &p, const FwdLoopArgs 
                                              int n0, int64_t rs, int64_t page_stride, int cols) {
     if constexpr (kPaged) {
         if (p.page_size % Tr::kBN != 0) {
-            load_paged_rows<Tr>(p, s, g, n0, rs, page_stride, a.sk, cols, a.tid);
+            if constexpr (kDecodeTile<Tr> && kPagedRowRuns)
+                load_paged_row_runs<Tr>(p, s, g, n0, rs, page_stride, a.sk, cols, a.tid);
+            else
+                load_paged_rows<Tr>(p, s, g, n0, rs, page_stride, a.sk, cols, a.tid);
             return;
         }
         g += page_shift(p, n0, rs, page_stride);
     }
     load_tile<Tr, Tr::kBN, kAllRows>(s, g, n0, rs, a.sk - n0, cols, a.tid);
+}
+
+// K tile nb (n0 = nb * kBN). With pages smaller than a tile it also stages the page-table entries
+// of the walk's next tile, nb - 1 (paged plans take the plain walk only: no kVariants), in the same
+// cp.async group; V tile nb reads the entries that K tile nb read.
+template <class Tr, bool kPaged, bool kAllRows>
+__device__ __forceinline__ void load_k_tile(const Params &p, const FwdLoopArgs &a, uint32_t s, int n0) {
+    if constexpr (kPaged) {
+        if (p.page_size % Tr::kBN != 0 && n0 / Tr::kBN > a.nb_first)
+            stage_page_entries_async<Tr>(p, n0 / Tr::kBN - 1, a.sk, a.tid);
+    }
+    load_kv_tile<Tr, kPaged, kAllRows>(p, a, s, a.kg, n0, p.k_rs, p.k_bs, a.d);
 }
 
 // V's columns: head_dim_v in the variants kernels, the runtime head dim (a register) elsewhere.
@@ -127,23 +246,47 @@ __device__ __forceinline__ void wait_v_load_next_k(const Params &p, const FwdLoo
     __syncthreads();           // every warp is done with K[nb]
     if (has_next_tile<kVariants>(a, nb, next)) {
         const int n0 = next * Tr::kBN;
-        load_kv_tile<Tr, kPaged, true>(p, a, s_k, a.kg, n0, p.k_rs, p.k_bs, a.d);
+        load_k_tile<Tr, kPaged, true>(p, a, s_k, n0);
         cuda::cp_async_commit();
     }
+}
+
+// Whether the kernel waits for a serving append late (load_first_tiles): the decode tiles.
+template <class Tr>
+constexpr bool kLateWait = kDecodeTile<Tr>;
+
+template <class Tr>
+__device__ __forceinline__ void load_first_q(const Params &p, const FwdLoopArgs &a) {
+    if (a.G == 1)
+        load_tile<Tr, Tr::kBM>(a.s_q, a.qg + a.hbase * p.q_hs, a.m0, p.q_rs, a.prows - a.m0, a.d, a.tid);
+    else
+        load_q<Tr>(a.s_q, a.qg, p.q_rs, p.q_hs, a.m0, a.prows, a.G, a.hbase, a.d, a.tid);
 }
 
 // Prologue: Q, K[nb_last] and V[nb_last] into the first buffer, as two cp.async groups (Q with K,
 // then V). The first V tile goes out with Q and K (both buffer schemes), so that the first
 // iteration waits for one memory round trip, not two.
+// kLateWait (the decode tiles): the wait for a serving append (programmatic dependent launch)
+// comes here, not at the kernel's start: a first tile below the appended rows [sk - seqused_add,
+// sk) (every split of a long decode but the last) has its K issued before the wait, overlapping
+// the append; Q (rotated by the append) after it. In the big-tile kernels this order spilled.
 template <class Tr, bool kPaged, bool kVariants>
 __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopArgs &a, int nb_last) {
-    constexpr int kBM = Tr::kBM, kBN = Tr::kBN;
-    if (a.G == 1)
-        load_tile<Tr, kBM>(a.s_q, a.qg + a.hbase * p.q_hs, a.m0, p.q_rs, a.prows - a.m0, a.d, a.tid);
-    else
-        load_q<Tr>(a.s_q, a.qg, p.q_rs, p.q_hs, a.m0, a.prows, a.G, a.hbase, a.d, a.tid);
+    constexpr int kBN = Tr::kBN;
     const int n0 = nb_last * kBN;
-    load_kv_tile<Tr, kPaged, false>(p, a, a.s_kv, a.kg, n0, p.k_rs, p.k_bs, a.d);
+    if constexpr (kLateWait<Tr>) {
+        if (n0 + kBN > a.sk - p.seqused_add) cuda::pdl_wait();
+    } else {
+        load_first_q<Tr>(p, a);
+    }
+    if constexpr (kPaged) {
+        if (p.page_size % kBN != 0) stage_page_entries_now<Tr>(p, nb_last, a.sk, a.tid);
+    }
+    load_k_tile<Tr, kPaged, false>(p, a, a.s_kv, n0);
+    if constexpr (kLateWait<Tr>) {
+        cuda::pdl_wait();
+        load_first_q<Tr>(p, a);
+    }
     cuda::cp_async_commit();
     load_kv_tile<Tr, kPaged, false>(p, a, a.s_kv + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs, v_cols<kVariants>(p, a));
     cuda::cp_async_commit();
@@ -179,7 +322,7 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
         const uint32_t nxt = a.s_kv + (((it + 1) & 1) * 2 * Tr::kKVBytes);
         if (has_next_tile<kVariants>(a, nb, next)) {
             const int n0 = next * kBN;
-            load_kv_tile<Tr, kPaged, true>(p, a, nxt, a.kg, n0, p.k_rs, p.k_bs, a.d);
+            load_k_tile<Tr, kPaged, true>(p, a, nxt, n0);
             cuda::cp_async_commit();
             load_kv_tile<Tr, kPaged, true>(p, a, nxt + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs, v_cols<kVariants>(p, a));
             cuda::cp_async_commit();
