@@ -81,12 +81,7 @@ Variant variant_for(const Problem &p, size_t smem_optin) {
     const TileConfig big = fa2::prefill_config(kd);
     const bool few_rows = p.seqlen_q * pl.pack <= kSmallMaxRows;
     const bool big_fits = smem_optin == 0 || static_cast<size_t>(fa2::smem_bytes(big)) <= smem_optin;
-    // The variants' instantiation (kVariants: ALiBi, sink tokens, head_dim_v != head_dim; contiguous
-    // caches) of head dim 64's big tile spills (ptxas, CUDA 13.0: 64-byte stack, 120 bytes of
-    // spill stores); its 64-row small tile holds them in 204 registers.
-    const bool variants = p.alibi || p.sink_tokens > 0 || p.head_dim_v != p.head_dim;
-    const bool variants_spill = kd == 64 && variants;
-    pl.small = (few_rows || !big_fits || variants_spill) && fa2::has_small_variant(fa2::small_config(kd).head_dim) &&
+    pl.small = (few_rows || !big_fits) && fa2::has_small_variant(fa2::small_config(kd).head_dim) &&
                fa2::small_config(kd).head_dim >= kd;
     pl.cfg = pl.small ? fa2::small_config(kd) : big;
     return pl;

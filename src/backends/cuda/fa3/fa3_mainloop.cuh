@@ -63,19 +63,23 @@ constexpr bool kSinkTokens = Tr::kD < 256;
 // 16 columns (4 sink tokens: tile 0). Its other keys are invisible to every row (sink tiles lie
 // below the window's first tile), so P is 0 past its first 16 columns and P V needs only its first
 // k16 step (issue_pv's `narrow`). Full-width GEMMs on it cost FA3 about a key tile per query tile
-// (0.915x at window 1024). S = Q K^T stays full width: an m64n16 wgmma for it, in a branch beside
-// the full one, made ptxas serialize every wgmma of the kernel (C7511, "insufficient register
-// resources for the wgmma pipeline"; with the n16 accumulator in S's first registers, in an array
-// of its own, or with S's other columns set to -inf before it alike, CUDA 13.0).
+// (0.915x at window 1024). Only the walk's first sink tile (sink_last, the one holding the last
+// sink key) can be narrow, the ones below it being all sink keys: its walk index, or -1, is
+// computed once per work tile so that the loop pays one compare per key tile. S = Q K^T stays full width: an m64n16 wgmma
+// for it, in a branch beside the full one, made ptxas serialize every wgmma of the kernel (C7511,
+// "insufficient register resources for the wgmma pipeline"; with the n16 accumulator in S's first
+// registers, in an array of its own, or with S's other columns set to -inf before it alike, CUDA
+// 13.0).
 template <class Tr>
-__device__ __forceinline__ bool narrow_tile(const Params &p, const TileCoords &c, int nb) {
-    if constexpr (!kSinkTokens<Tr>) return false;
-    return nb <= c.sink_last && p.sink_tokens - nb * Tr::kBN <= 16;
+__device__ __forceinline__ int narrow_walk_index(const Params &p, const TileCoords &c) {
+    if constexpr (!kSinkTokens<Tr>) return -1;
+    const bool narrow = c.sink_last >= 0 && p.sink_tokens - c.sink_last * Tr::kBN <= 16;
+    return narrow ? c.kt.last - c.kt.first + 1 : -1;  // the walk's first tile after the window's
 }
 
 // Issues O += P V for V ring stage `st` (not waited for): P from registers, 16 keys (16 rows of
-// 128 B of V) per wgmma, N = V's width (kDV). narrow: only the first 16 keys (narrow_tile), in a
-// copy of the issue sequence of its own (the loop's count a runtime bound inside one fence /
+// 128 B of V) per wgmma, N = V's width (kDV). narrow: only the first 16 keys (narrow_walk_index),
+// in a copy of the issue sequence of its own (the loop's count a runtime bound inside one fence /
 // commit window made ptxas inject warpgroup.arrive around the wgmmas, C7519).
 template <class Tr, class E>
 __device__ __forceinline__ void issue_pv(float (&O)[Tr::kDV / 2], const uint32_t (&P)[Tr::kPF][4], uint64_t dv,
@@ -118,16 +122,14 @@ constexpr bool kAlibiOneSide = Tr::kD < 256;
 // sink-token mask on key tile `nb`. shift: the row offset of the scores for the softmax (0 but
 // for ALiBi on a tile wholly on one side of the thread's rows' diagonals, which adds one FFMA per
 // score and leaves the row part of the bias to the softmax: cuda::alibi_scores_one_side).
-// s: the head's ALiBi slope in score units, loaded once per work tile (consumer_mainloop): read
-// here, after the wgmma wait and the barriers' memory clobbers, it was a global load per key tile
-// on the softmax's critical path.
 template <class Tr>
 __device__ __forceinline__ void score_mods(const Params &p, const TileCoords &c, float (&S)[Tr::kNT][4], int nb,
-                                           const int (&rdiag)[2], int t, float s, float (&shift)[2]) {
+                                           const int (&rdiag)[2], int t, float (&shift)[2]) {
     if (p.softcap_scale != 0.f) cuda::softcap_scores(S, p.softcap_scale);
     const int col0 = nb * Tr::kBN + 2 * t;
     shift[0] = shift[1] = 0.f;
     if (p.alibi_slopes != nullptr) {
+        const float s = p.alibi_slopes[c.head] * p.alibi_to_score;
         if (kAlibiOneSide<Tr> && cuda::alibi_one_side<Tr::kNT>(rdiag, col0))
             cuda::alibi_scores_one_side(S, rdiag, {s, s}, col0, shift);
         else
@@ -162,22 +164,21 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
     // targets registers the in-flight P_i V_i wgmma still reads; a plain copy would be
     // coalesced by ptxas and serialize the wgmmas (C7513).
     const int r0 = pipe.kv;  // ring position of this tile's first key tile
-    const float alibi_s = p.alibi_slopes != nullptr ? p.alibi_slopes[c.head] * p.alibi_to_score : 0.f;
     const int n_tiles = walk_tiles<Tr>(c);
+    const int narrow_i = narrow_walk_index<Tr>(p, c);
     auto step = [&](int i, uint32_t (&P)[kPF][4], uint32_t (&P_next)[kPF][4]) {
         const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
         float S[kNT][4];
-        const int nb = walk_tile<Tr>(c, i);
         cuda::mbar_wait(&bars->k_full[ks], phase_of(r0 + i));
         issue_qk<Tr, E>(S, dq, dk, ks);
         cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i - 1));
-        issue_pv<Tr, E>(O, P, dv, vs, narrow_tile<Tr>(p, c, walk_tile<Tr>(c, i - 1)));
+        issue_pv<Tr, E>(O, P, dv, vs, i - 1 == narrow_i);
         cuda::wgmma_wait<1>();  // S_i is ready; P_{i-1} V_{i-1} may still run
         cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
         release(&bars->k_empty[ks], lane);
         if (i == n_tiles - 1) release(&bars->q_empty, lane);  // the last GEMM reading Q retired
         float shift[2];
-        score_mods<Tr>(p, c, S, nb, rdiag, t, alibi_s, shift);
+        score_mods<Tr>(p, c, S, walk_tile<Tr>(c, i), rdiag, t, shift);
         float alpha[2];
         if constexpr (kAlibiOneSide<Tr>)
             cuda::softmax_step_shifted<E>(S, row_max, row_sum, sl2, P_next, alpha, shift);
@@ -192,7 +193,7 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
     auto last_pv = [&](uint32_t (&P)[kPF][4], int i) {
         const int vs = stage_of(r0 + i);
         cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i));
-        issue_pv<Tr, E>(O, P, dv, vs, narrow_tile<Tr>(p, c, walk_tile<Tr>(c, i)));
+        issue_pv<Tr, E>(O, P, dv, vs, i == narrow_i);
         cuda::wgmma_wait<0>();
         cuda::fence_operands(O);
         release(&bars->v_empty[vs], lane);
@@ -210,7 +211,7 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
         release(&bars->k_empty[ks], lane);
         if (n_tiles == 1) release(&bars->q_empty, lane);
         float shift[2];
-        score_mods<Tr>(p, c, S, walk_tile<Tr>(c, 0), rdiag, t, alibi_s, shift);
+        score_mods<Tr>(p, c, S, walk_tile<Tr>(c, 0), rdiag, t, shift);
         float alpha[2];
         if constexpr (kAlibiOneSide<Tr>)
             cuda::softmax_step_shifted<E>(S, row_max, row_sum, sl2, Pa, alpha, shift);
