@@ -54,44 +54,12 @@ __device__ __forceinline__ void issue_qk(float (&S)[Tr::kNT][4], uint64_t dq, ui
     cuda::wgmma_commit();
 }
 
-// Head dim 256 runs no sink tokens (refused in fa3_backend.cpp): its consumer registers are full,
-// and the sink tiles' walk and bound made ptxas spill its mainloop. Its walk is the window's alone.
-template <class Tr>
-constexpr bool kSinkTokens = Tr::kD < 256;
-
-// A narrow tile: a sink-token tile whose visible keys (the sink keys in it) all lie in its first
-// 16 columns (4 sink tokens: tile 0). Its other keys are invisible to every row (sink tiles lie
-// below the window's first tile), so P is 0 past its first 16 columns and P V needs only its first
-// k16 step (issue_pv's `narrow`). Full-width GEMMs on it cost FA3 about a key tile per query tile
-// (0.915x at window 1024). Only the walk's first sink tile (sink_last, the one holding the last
-// sink key) can be narrow, the ones below it being all sink keys: its walk index, or -1, is
-// computed once per work tile so that the loop pays one compare per key tile. S = Q K^T stays full width: an m64n16 wgmma
-// for it, in a branch beside the full one, made ptxas serialize every wgmma of the kernel (C7511,
-// "insufficient register resources for the wgmma pipeline"; with the n16 accumulator in S's first
-// registers, in an array of its own, or with S's other columns set to -inf before it alike, CUDA
-// 13.0).
-template <class Tr>
-__device__ __forceinline__ int narrow_walk_index(const Params &p, const TileCoords &c) {
-    if constexpr (!kSinkTokens<Tr>) return -1;
-    const bool narrow = c.sink_last >= 0 && p.sink_tokens - c.sink_last * Tr::kBN <= 16;
-    return narrow ? c.kt.last - c.kt.first + 1 : -1;  // the walk's first tile after the window's
-}
-
 // Issues O += P V for V ring stage `st` (not waited for): P from registers, 16 keys (16 rows of
-// 128 B of V) per wgmma, N = V's width (kDV). narrow: only the first 16 keys (narrow_walk_index),
-// in a copy of the issue sequence of its own (the loop's count a runtime bound inside one fence /
-// commit window made ptxas inject warpgroup.arrive around the wgmmas, C7519).
+// 128 B of V) per wgmma, N = V's width (kDV).
 template <class Tr, class E>
 __device__ __forceinline__ void issue_pv(float (&O)[Tr::kDV / 2], const uint32_t (&P)[Tr::kPF][4], uint64_t dv,
-                                         int st, bool narrow = false) {
+                                         int st) {
     const uint64_t dvs = dv + static_cast<uint64_t>((st * Tr::kVBytes) >> 4);
-    if (narrow) {
-        cuda::fence_operands(O);
-        cuda::wgmma_fence();
-        cuda::wgmma_rs<E, Tr::kDV>(O, P[0], dvs, 1);
-        cuda::wgmma_commit();
-        return;
-    }
     cuda::fence_operands(O);
     cuda::wgmma_fence();
 #pragma unroll
@@ -99,6 +67,11 @@ __device__ __forceinline__ void issue_pv(float (&O)[Tr::kDV / 2], const uint32_t
         cuda::wgmma_rs<E, Tr::kDV>(O, P[kk], dvs + static_cast<uint64_t>((kk * 16 * 128) >> 4), 1);
     cuda::wgmma_commit();
 }
+
+// Head dim 256 runs no sink tokens (refused in fa3_backend.cpp): its consumer registers are full,
+// and the sink tiles' walk and bound made ptxas spill its mainloop. Its walk is the window's alone.
+template <class Tr>
+constexpr bool kSinkTokens = Tr::kD < 256;
 
 template <class Tr>
 __device__ __forceinline__ int walk_tiles(const TileCoords &c) {
@@ -165,14 +138,13 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
     // coalesced by ptxas and serialize the wgmmas (C7513).
     const int r0 = pipe.kv;  // ring position of this tile's first key tile
     const int n_tiles = walk_tiles<Tr>(c);
-    const int narrow_i = narrow_walk_index<Tr>(p, c);
     auto step = [&](int i, uint32_t (&P)[kPF][4], uint32_t (&P_next)[kPF][4]) {
         const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
         float S[kNT][4];
         cuda::mbar_wait(&bars->k_full[ks], phase_of(r0 + i));
         issue_qk<Tr, E>(S, dq, dk, ks);
         cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i - 1));
-        issue_pv<Tr, E>(O, P, dv, vs, i - 1 == narrow_i);
+        issue_pv<Tr, E>(O, P, dv, vs);
         cuda::wgmma_wait<1>();  // S_i is ready; P_{i-1} V_{i-1} may still run
         cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
         release(&bars->k_empty[ks], lane);
@@ -193,7 +165,7 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
     auto last_pv = [&](uint32_t (&P)[kPF][4], int i) {
         const int vs = stage_of(r0 + i);
         cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i));
-        issue_pv<Tr, E>(O, P, dv, vs, i == narrow_i);
+        issue_pv<Tr, E>(O, P, dv, vs);
         cuda::wgmma_wait<0>();
         cuda::fence_operands(O);
         release(&bars->v_empty[vs], lane);
