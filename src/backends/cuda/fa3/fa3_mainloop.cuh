@@ -55,19 +55,11 @@ __device__ __forceinline__ void issue_qk(float (&S)[Tr::kNT][4], uint64_t dq, ui
 }
 
 // Issues O += P V for V ring stage `st` (not waited for): P from registers, 16 keys (16 rows of
-// 128 B of V) per wgmma, N = V's width (kDV). narrow (the walk's last P V only, issued after the
-// key-tile loop: last_pv_narrow): only the first 16 keys, in an issue sequence of its own.
+// 128 B of V) per wgmma, N = V's width (kDV).
 template <class Tr, class E>
 __device__ __forceinline__ void issue_pv(float (&O)[Tr::kDV / 2], const uint32_t (&P)[Tr::kPF][4], uint64_t dv,
-                                         int st, bool narrow = false) {
+                                         int st) {
     const uint64_t dvs = dv + static_cast<uint64_t>((st * Tr::kVBytes) >> 4);
-    if (narrow) {
-        cuda::fence_operands(O);
-        cuda::wgmma_fence();
-        cuda::wgmma_rs<E, Tr::kDV>(O, P[0], dvs, 1);
-        cuda::wgmma_commit();
-        return;
-    }
     cuda::fence_operands(O);
     cuda::wgmma_fence();
 #pragma unroll
@@ -80,18 +72,6 @@ __device__ __forceinline__ void issue_pv(float (&O)[Tr::kDV / 2], const uint32_t
 // and the sink tiles' walk and bound made ptxas spill its mainloop. Its walk is the window's alone.
 template <class Tr>
 constexpr bool kSinkTokens = Tr::kD < 256;
-
-// Whether the walk's last key tile is a sink-token tile whose visible keys all lie in its first 16
-// columns (up to 16 sink tokens below the window: one sink tile, tile 0, walked last). Its other
-// keys are invisible to every row, so P is 0 past them and its P V, the walk's last GEMM, issued
-// after the key-tile loop, needs only the first k16 step. (Bounding every sink tile's P V inside the
-// loop gained as much but its branch cost the plain kernels 1-2 %; its S = Q K^T as m64n16
-// wgmmas made ptxas serialize the kernel: kernel-notes.md.)
-template <class Tr>
-__device__ __forceinline__ bool last_pv_narrow(const Params &p, const TileCoords &c) {
-    if constexpr (Tr::kD >= 256) return false;  // kSinkTokens<Tr>, defined below
-    return c.sink_last == 0 && p.sink_tokens <= 16;
-}
 
 template <class Tr>
 __device__ __forceinline__ int walk_tiles(const TileCoords &c) {
@@ -185,7 +165,7 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
     auto last_pv = [&](uint32_t (&P)[kPF][4], int i) {
         const int vs = stage_of(r0 + i);
         cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i));
-        issue_pv<Tr, E>(O, P, dv, vs, last_pv_narrow<Tr>(p, c));
+        issue_pv<Tr, E>(O, P, dv, vs);
         cuda::wgmma_wait<0>();
         cuda::fence_operands(O);
         release(&bars->v_empty[vs], lane);
