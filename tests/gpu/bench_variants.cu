@@ -2,13 +2,14 @@
 // (issue 19's bar: at least 0.95x). One shape (default batch 2, 16 heads, seqlen 8192, head dim
 // 128, bf16), each pair timed in alternating rounds (median of the rounds' means) so that clock
 // drift falls on both. The baselines' rows also serve an A/B of two library builds (run it with
-// each on LD_LIBRARY_PATH). Built by hand on the GPU machine next to a library build:
+// each on LD_LIBRARY_PATH). The opt-in CMake target flashattn-bench-variants builds it (not part
+// of `all`); tests/gpu/variants-check.sh builds and runs it on the GPU machine, A/B included:
 //
-//   nvcc -O2 -std=c++17 tests/gpu/bench_variants.cu -Iinclude -L$BUILD/src -lflashattn -o /tmp/bv
-//   LD_LIBRARY_PATH=$BUILD/src /tmp/bv [seqlen] [head_dim] [backends: fa2,fa3]
+//   cmake --build $BUILD --target flashattn-bench-variants
+//   LD_LIBRARY_PATH=$BUILD/src $BUILD/bench/flashattn-bench-variants [seqlen] [head_dim] [backends: fa2,fa3]
 //
-//   ... /tmp/bv 8192 192 fa2,fa3 128     (only head_dim_v 128 rows, against the square head dim 192)
-//   ... /tmp/bv 8192 128 merge           (merge of 8 partial states against a device copy)
+//   ... flashattn-bench-variants 8192 192 fa2,fa3 128   (only head_dim_v 128 rows, against the square 192)
+//   ... flashattn-bench-variants 8192 128 merge         (merge of 8 partial states against a device copy)
 //
 // Prints a markdown table: backend, variant, its baseline, ms of both, TFLOP/s of the variant
 // (2 (d + d_v) FLOPs per visible (query, key) pair of its baseline: FlashAttention's
