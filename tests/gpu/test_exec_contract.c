@@ -224,7 +224,7 @@ static void inputs_make_decode(inputs *in, int paged, uint64_t seed) {
     test_rng rng;
     test_rng_seed(&rng, seed + 5);
     for (int i = B * MAXP - 1; i > 0; --i) {
-        const int j = (int)(test_rng_next(&rng) % (uint64_t)(i + 1)), t = order[i];
+        const int j = (int)test_rng_range(&rng, 0, i), t = order[i];
         order[i] = order[j];
         order[j] = t;
     }
@@ -521,20 +521,14 @@ static void check_serial_merge(const unsigned char *h, const inputs *in, const c
     if (!(o_err < 2e-3) || !(lse_err < 1e-5)) fail_msg("%s %s: the serial run is not the merged state", gen, entry_name(e));
 }
 
-static double to_fp16(double x) {
-    uint16_t h;
-    test_store(FLASHATTN_DTYPE_FP16, &h, x);
-    return test_load(FLASHATTN_DTYPE_FP16, &h);
-}
-
 /* Row x (D values) rotated at position pos over its first ROT columns (pairs (i, i + ROT/2)),
  * each value rounded once to fp16 as the library promises. */
 static void rotate_row(const inputs *in, const float *x, double *out, int64_t pos) {
     for (int c = 0; c < D; ++c) out[c] = x[c];
     for (int i = 0; i < ROT / 2; ++i) {
         const double cs = in->hcos[pos * ROT / 2 + i], sn = in->hsin[pos * ROT / 2 + i];
-        out[i] = to_fp16(x[i] * cs - x[i + ROT / 2] * sn);
-        out[i + ROT / 2] = to_fp16(x[i] * sn + x[i + ROT / 2] * cs);
+        out[i] = test_round(FLASHATTN_DTYPE_FP16, x[i] * cs - x[i + ROT / 2] * sn);
+        out[i + ROT / 2] = test_round(FLASHATTN_DTYPE_FP16, x[i] * sn + x[i + ROT / 2] * cs);
     }
 }
 
