@@ -15,12 +15,8 @@ lib=$2
 #    them in the epilogue);
 #  - variants forward (ALiBi, sink tokens, V of its own width; template flag kVariants): 80
 #    (hdim 64 with its 128x128 tile: 71 today, docs/kernel-notes.md "Attention variants").
-#  - known exceptions, each with its own budget (mangled-name pattern, arch, budget), to be mended:
-#    the paged head-dim-256 single-stage kernel (64 x 64 tile) on sm_86/sm_89 spills 12 since stop
-#    17's page-table staging in shared memory (0 before; 0 on sm_90, the arch the H200 runs).
 budget_plain=${FA2_LOCAL_BUDGET_PLAIN:-8}
 budget_variants=${FA2_LOCAL_BUDGET_VARIANTS:-80}
-exceptions='KernelTraitsILi256ELi64ELi64ELi4ELi1ELi2EEENS_4cuda4(Fp16|Bf16)ELb1ELb0E sm_8[69] 12'
 # cuobjdump disassembles through nvdisasm, found on PATH: the one beside it (toolkit or wheel).
 PATH=$(dirname "$cuobjdump"):$PATH
 report=$("$cuobjdump" -sass "$lib" | awk '
@@ -42,13 +38,11 @@ if ! grep -q "fa210fwd_kernel" <<<"$report"; then
 fi
 echo "$report"
 # fwd_kernel<Traits, Elem, kPaged, kVariants>: the mangled name ends ...ELb<paged>ELb<variants>EEEv.
-bad=$(awk -v plain="$budget_plain" -v variants="$budget_variants" -v exceptions="$exceptions" '
-  BEGIN { split(exceptions, ex, " ") }
+bad=$(awk -v plain="$budget_plain" -v variants="$budget_variants" '
   {
     split($4, l, "="); split($3, h, "=")
     is_variants = $1 ~ /ELb[01]ELb1EEEv/
     limit = is_variants ? variants : plain
-    if ($1 ~ ex[1] && $2 ~ ("arch=" ex[2] "$")) limit = ex[3]
     # sm_75 has no bf16 mma: FA1 compiles its bf16 kernels there as empty stubs the host never launches.
     needs_mma = $1 ~ /fa210fwd_kernel|fa210bwd_kernel|fa114fa1_fwd_kernel/ && !($2 == "arch=sm_75" && $1 ~ /4Bf16/)
     if (l[2] + 0 > limit || (needs_mma && h[2] + 0 == 0)) print

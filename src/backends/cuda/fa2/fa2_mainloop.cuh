@@ -47,15 +47,19 @@ struct FwdLoopArgs {
 template <class Tr>
 constexpr bool kDecodeTile = Tr::kBM == 64 && Tr::kStages == 2 && Tr::kMT == 1;
 
+// This CTA's sequence's row of the page table.
+__device__ __forceinline__ const int32_t *page_row(const Params &p) {
+    const int b = static_cast<int>(blockIdx.z) / p.num_splits;
+    return p.page_table + b * p.page_table_stride;
+}
+
 // Paged K/V (kPaged): how far the page holding key tile n0 lies from where a contiguous sequence
 // would put it (g + n0*rs), so that load_tile(g + shift, n0, ...) reads that page (a page holds
 // whole tiles: Params::page_size). The page-table row is found from blockIdx each time rather than
 // kept in registers across the key loop.
 __device__ __forceinline__ int64_t page_shift(const Params &p, int n0, int64_t rs, int64_t page_stride) {
-    const int b = static_cast<int>(blockIdx.z) / p.num_splits;
-    const int32_t *pages = p.page_table + b * p.page_table_stride;
     const int page = n0 / p.page_size;
-    return pages[page] * page_stride - static_cast<int64_t>(page) * p.page_size * rs;
+    return page_row(p)[page] * page_stride - static_cast<int64_t>(page) * p.page_size * rs;
 }
 
 // Paged K/V with pages that do not hold whole key tiles (any page size from 1 up): each row of
@@ -65,6 +69,12 @@ __device__ __forceinline__ int64_t page_shift(const Params &p, int n0, int64_t r
 // The tile's page-table entries are read from shared memory (paged_entries), where they were
 // staged ahead (stage_page_entries*): read from global memory per chunk, each 16-byte copy
 // waited on its own page-table read (0.38-0.49x the contiguous decode at pages of 16).
+// Only the two-buffer kernels stage the entries: in the single-buffer ones (head dims 224/256 on
+// sm_86/sm_89, whose shared memory holds one K/V buffer) the staging made the paged hdim-256
+// kernel spill 12 bytes (0 without), so they read each row's entry from global memory as before.
+template <class Tr>
+constexpr bool kStagedPageEntries = Tr::kStages == 2;
+
 template <class Tr>
 __device__ __forceinline__ int32_t *paged_entries(int nb) {
     static_assert(Tr::kBN <= Tr::kThreads, "one thread per page entry of a tile");
@@ -79,11 +89,6 @@ __device__ __forceinline__ void tile_pages(const Params &p, int nb, int kBN, int
     const int n0 = nb * kBN;
     first = n0 / p.page_size;
     count = (min(n0 + kBN, sk) - 1) / p.page_size - first + 1;
-}
-
-__device__ __forceinline__ const int32_t *page_row(const Params &p) {
-    const int b = static_cast<int>(blockIdx.z) / p.num_splits;
-    return p.page_table + b * p.page_table_stride;
 }
 
 // The walk's first tile: entries read now (one load per thread, all in parallel) and published
@@ -114,9 +119,9 @@ __device__ __forceinline__ void load_paged_rows(const Params &p, uint32_t sbase,
     constexpr int kCPR = Tr::kD / 8;
     constexpr int kTotal = Tr::kBN * kCPR;
     constexpr int kIters = (kTotal + Tr::kThreads - 1) / Tr::kThreads;
-    const int32_t *entries = paged_entries<Tr>(n0 / Tr::kBN);
     const unsigned ps = static_cast<unsigned>(p.page_size);
     const unsigned first = static_cast<unsigned>(n0) / ps;
+    const int32_t *entries = kStagedPageEntries<Tr> ? paged_entries<Tr>(n0 / Tr::kBN) : page_row(p) + first;
 #pragma unroll 4
     for (int j = 0; j < kIters; ++j) {
         const int i = tid + j * Tr::kThreads;
@@ -213,7 +218,7 @@ __device__ __forceinline__ void load_kv_tile(const Params &p, const FwdLoopArgs 
 // cp.async group; V tile nb reads the entries that K tile nb read.
 template <class Tr, bool kPaged, bool kAllRows>
 __device__ __forceinline__ void load_k_tile(const Params &p, const FwdLoopArgs &a, uint32_t s, int n0) {
-    if constexpr (kPaged) {
+    if constexpr (kPaged && kStagedPageEntries<Tr>) {
         if (p.page_size % Tr::kBN != 0 && n0 / Tr::kBN > a.nb_first)
             stage_page_entries_async<Tr>(p, n0 / Tr::kBN - 1, a.sk, a.tid);
     }
@@ -279,7 +284,7 @@ __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopA
     } else {
         load_first_q<Tr>(p, a);
     }
-    if constexpr (kPaged) {
+    if constexpr (kPaged && kStagedPageEntries<Tr>) {
         if (p.page_size % kBN != 0) stage_page_entries_now<Tr>(p, nb_last, a.sk, a.tid);
     }
     load_k_tile<Tr, kPaged, false>(p, a, a.s_kv, n0);
