@@ -16,7 +16,7 @@ el() { echo $(( $(date +%s) - t_start )); }
 root=$(cd "$(dirname "$0")/../.." && pwd)
 base_src=$1
 out=${OUT:-/tmp/decode-ab}
-deadline=${AB_DEADLINE:-245}
+deadline=${AB_DEADLINE:-258}
 reps=${AB_REPS:-30}
 mkdir -p "$out/bench"
 summary=()
@@ -48,29 +48,31 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 for tag in base new; do
   bld=$base_bld; [ $tag = new ] && bld=$new_bld
   lib=$(ls $bld/src/libflashattn.so 2>/dev/null) || continue
-  cuobjdump --dump-resource-usage "$lib" 2>/dev/null | awk '/Function/ { fn = $2 } /REG:/ && fn ~ /fwd_kernel/ { print fn, $2, $3 }' \
+  cuobjdump --dump-resource-usage "$lib" 2>/dev/null | awk '/Function/ { fn = $2 } /REG:/ && fn ~ /fwd_kernel/ { print $1, $2, $4, fn }' \
     > "$out/regs-$tag.txt"
 done
 
 common=(--backend fa2 --decode --decode-kv-heads 8 --no-standard --decode-batch 1,8,64
         --decode-seqlen 16384,32768,131072 --warmup 5 --reps "$reps")
-bench_round() {  # round number: configurations in order of importance, libraries alternated
-  local round=$1 order
+bench_round() {  # round, stop (seconds from the start): configurations by importance, libraries alternated
+  local round=$1 stop=$2 order left
   order=(base new); [ $((round % 2)) = 0 ] && order=(new base)
   for conf in "0 append" "0 plain" "16 append" "16 plain"; do
     set -- $conf
     for tag in "${order[@]}"; do
-      [ "$(el)" -lt "$deadline" ] || { note "bench round $round stopped at the deadline"; return; }
+      left=$(( stop - $(el) ))
+      [ $left -ge 10 ] || { note "bench round $round stopped at ${stop}s"; return; }
+      [ $left -le 40 ] || left=40
       bld=$base_bld; [ $tag = new ] && bld=$new_bld
       [ -x $bld/bench/flashattn-bench ] || continue
       extra=(); [ "$2" = append ] && extra=(--append-rotary)
-      timeout 40 $bld/bench/flashattn-bench "${common[@]}" --page-size "$1" "${extra[@]}" \
+      timeout $left $bld/bench/flashattn-bench "${common[@]}" --page-size "$1" "${extra[@]}" \
         > "$out/bench/r$round-$tag-p$1-$2.txt" 2>&1
     done
   done
   note "bench round $round done"
 }
-[ $rb = 0 ] && [ $rn = 0 ] && bench_round 1
+[ $rb = 0 ] && [ $rn = 0 ] && bench_round 1 "${AB_ROUND1_STOP:-150}"
 
 if [ $rn = 0 ]; then
   ( timeout 75 ctest --test-dir $new_bld -R 'test_serving_fa2|test_exec_contract|test_fa2_sass' \
@@ -86,7 +88,7 @@ if [ $rn = 0 ]; then
     note "compute-sanitizer $tool $(tail -1 "$out/sanitize-$tool.log") $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$tool.log" | tail -1)"
   done
 fi
-[ $rb = 0 ] && [ $rn = 0 ] && bench_round 2
+[ $rb = 0 ] && [ $rn = 0 ] && bench_round 2 "$deadline"
 
 python3 - "$out/bench" > "$out/decode-ab.md" <<'PY'
 import collections, glob, os, re, statistics, sys
@@ -113,7 +115,8 @@ for page in (0, 16):
             print(f"| {page} | {b} | {sk} | {f(bp)} | {f(np_)} | {f(ba)} | {f(na)} | {cost(ba, bp)} | {cost(na, np_)} | {ratio} (n={n}) |")
 PY
 cat "$out/decode-ab.md"
-cat "$out/regs-new.txt" 2>/dev/null | head -0
+echo "fwd_kernel resources, base then new, where they differ:"
+diff "$out/regs-base.txt" "$out/regs-new.txt" | cut -c1-150 | head -30
 echo
 echo "==== summary"
 printf '%s\n' "${summary[@]}"
