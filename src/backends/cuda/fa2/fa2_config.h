@@ -62,7 +62,10 @@ constexpr bool is_decode_tile(const TileConfig &c) {
 // they load them (Params::rotate_q_dim) instead of reading a copy the append kernel rotated. Q then
 // does not depend on the append, and only the split whose key tiles hold the appended rows waits
 // for it before loading them; the others wait just before their epilogue (every CTA still waits,
-// so the grid's completion implies the append's for the launches after it).
+// so the grid's completion implies the append's for the launches after it). Off: its first order
+// (the rotation before the first K tile) measured 1-3 % slower than main on the H200 (tests and
+// sanitizers passed); the present order (K, Q, V, then the rotation) is compiled, not yet run
+// (docs/kernel-notes.md, "Decode speed", third pass).
 constexpr bool kDecodeRotatesQ = false;
 constexpr bool decode_rotates_q(const TileConfig &c) { return kDecodeRotatesQ && is_decode_tile(c); }
 

@@ -267,24 +267,25 @@ __device__ __forceinline__ void load_first_q(const Params &p, const FwdLoopArgs 
 }
 
 // The decode tiles' Q with a rotary embedding (Params::rotate_q_dim > 0, fa2_config.h's
-// kDecodeRotatesQ): the columns below rotate_q_dim (rounded up to a chunk) of the CTA's packed rows
-// are read with plain loads, rotated as cache_append.cuh rotates them (device/rotary.cuh, the same
-// bits) and stored to the Q tile; every other chunk (columns past them, rows past the last packed
-// row) is the cp.async of load_q, so the two never write the same bytes. The stores are seen by
-// every warp after the first key tile's barrier, like the cp.async data. A decode CTA has a few
-// packed rows (4 at 32 / 8 heads): a few elements per thread, once per CTA.
-template <class Tr, class E>
-__device__ __forceinline__ void load_q_rotated(const Params &p, const FwdLoopArgs &a) {
+// kDecodeRotatesQ), in two parts. load_q_plain_chunks: the cp.async of load_q for every chunk but
+// the rotated ones (columns past rotate_q_dim rounded up to a chunk, rows past the last packed
+// row: zero-filled), in the cp.async group of the first K tile. rotate_q_rows: the columns below
+// it of the CTA's packed rows, read with plain loads, rotated as cache_append.cuh rotates them
+// (device/rotary.cuh: the same bits) and stored to the Q tile; issued after the first K and V
+// tiles, so that its loads overlap them (before them, every CTA's first K waited a round trip for
+// it: measured 1-2 % slower than main). The two never write the same bytes; the stores are seen
+// by every warp after the first key tile's barrier, like the cp.async data. A decode CTA has a
+// few packed rows (4 at 32 / 8 heads): a few elements per thread, once per CTA.
+template <class Tr>
+__device__ __forceinline__ void load_q_plain_chunks(const Params &p, const FwdLoopArgs &a) {
     using Tile = typename Tr::QTile;
-    constexpr bool kBf16 = std::is_same<E, cuda::Bf16>::value;
     constexpr int kCPR = Tr::kD / 8;
-    const int rd = p.rotate_q_dim, half = rd / 2;
-    const int rd8 = (rd + 7) & ~7;  // <= d: head dims are multiples of 8
+    const int rd8 = (p.rotate_q_dim + 7) & ~7;  // <= d: head dims are multiples of 8
     for (int i = a.tid; i < Tr::kBM * kCPR; i += Tr::kThreads) {
         const int r = i / kCPR, c = i - r * kCPR;
         const int prow = a.m0 + r;
         const bool ok = c * 8 < a.d && prow < a.prows;
-        if (ok && c * 8 < rd8) continue;  // rotated below
+        if (ok && c * 8 < rd8) continue;  // rotate_q_rows
         const uint16_t *src = a.qg;
         if (ok) {
             int qpos, head;
@@ -293,6 +294,14 @@ __device__ __forceinline__ void load_q_rotated(const Params &p, const FwdLoopArg
         }
         cuda::cp_async_16(a.s_q + Tile::offset(r, c), src, ok ? 16u : 0u);
     }
+}
+
+template <class Tr, class E>
+__device__ __forceinline__ void rotate_q_rows(const Params &p, const FwdLoopArgs &a) {
+    using Tile = typename Tr::QTile;
+    constexpr bool kBf16 = std::is_same<E, cuda::Bf16>::value;
+    const int rd = p.rotate_q_dim, half = rd / 2;
+    const int rd8 = (rd + 7) & ~7;
     const int rows = min(Tr::kBM, a.prows - a.m0);
     const int pos0 = a.sk - p.seqused_add;  // seqused_k[b]: the cache's keys before the append
     for (int i = a.tid; i < rows * rd8; i += Tr::kThreads) {
@@ -326,20 +335,14 @@ __device__ __forceinline__ void load_q_rotated(const Params &p, const FwdLoopArg
 // comes here, not at the kernel's start: a first tile below the appended rows [sk - seqused_add,
 // sk) (every split of a long decode but the last) has its K issued before the wait, overlapping
 // the append; Q (rotated by the append) after it. In the big-tile kernels this order spilled.
-// kDecodeRotatesQ: Q does not depend on the append either (the kernel rotates it: load_q_rotated),
-// so it goes first, and only a split whose first tile holds appended rows waits here, before its
-// K; the others wait before the epilogue (fwd_kernel).
+// kDecodeRotatesQ: Q does not depend on the append either (the kernel rotates it: rotate_q_rows),
+// so only a split whose first tile holds appended rows waits here, before its K; the others wait
+// before the epilogue (fwd_kernel). The order stays K, Q, V as without it.
 template <class Tr, class E, bool kPaged, bool kVariants>
 __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopArgs &a, int nb_last) {
     constexpr int kBN = Tr::kBN;
     const int n0 = nb_last * kBN;
-    if constexpr (kLateWait<Tr> && kDecodeRotatesQ) {
-        if (p.rotate_q_dim > 0)
-            load_q_rotated<Tr, E>(p, a);
-        else
-            load_first_q<Tr>(p, a);
-        if (n0 + kBN > a.sk - p.seqused_add) cuda::pdl_wait();
-    } else if constexpr (kLateWait<Tr>) {
+    if constexpr (kLateWait<Tr>) {
         if (n0 + kBN > a.sk - p.seqused_add) cuda::pdl_wait();
     } else {
         load_first_q<Tr>(p, a);
@@ -348,13 +351,21 @@ __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopA
         if (p.page_size % kBN != 0) stage_page_entries_now<Tr>(p, nb_last, a.sk, a.tid);
     }
     load_k_tile<Tr, kPaged, false>(p, a, a.s_kv, n0);
-    if constexpr (kLateWait<Tr> && !kDecodeRotatesQ) {
+    if constexpr (kLateWait<Tr> && kDecodeRotatesQ) {
+        if (p.rotate_q_dim > 0)
+            load_q_plain_chunks<Tr>(p, a);
+        else
+            load_first_q<Tr>(p, a);
+    } else if constexpr (kLateWait<Tr>) {
         cuda::pdl_wait();
         load_first_q<Tr>(p, a);
     }
     cuda::cp_async_commit();
     load_kv_tile<Tr, kPaged, false>(p, a, a.s_kv + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs, v_cols<kVariants>(p, a));
     cuda::cp_async_commit();
+    if constexpr (kLateWait<Tr> && kDecodeRotatesQ) {
+        if (p.rotate_q_dim > 0) rotate_q_rows<Tr, E>(p, a);
+    }
 }
 
 // One K/V tile nb, the it-th of the walk. kMasked: an edge tile that needs the element mask (a
