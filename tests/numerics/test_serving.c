@@ -85,6 +85,11 @@ static const serving_case grid[] = {
     SCASE(2, 64, 300, 4, 2, 64, F16, 1, -1, -1, 128, 0, 0, 0, 0, 0, 0),
     SCASE(2, 1, 1000, 32, 8, 128, B16, 1, -1, -1, 16, 1, 1, 128, 0, 0, 0), /* paged decode, page 16 */
     SCASE(2, 200, 600, 4, 2, 128, F16, 1, -1, -1, 0, 1, 8, 128, 1, 0, 1), /* chunked prefill, contiguous */
+    /* rotary dims that end inside a 16-byte chunk (fa2's decode tiles rotate Q as they load it, the
+       columns past the rotary dim of that chunk copied), GQA-packed rows, several query rows */
+    SCASE(2, 3, 70, 8, 2, 64, B16, 1, -1, -1, 16, 1, 3, 20, 0, 0, 0),
+    SCASE(2, 2, 130, 8, 2, 128, B16, 1, -1, -1, 5, 1, 2, 100, 0, 0, 0),
+    SCASE(3, 1, 300, 12, 4, 96, F16, 0, -1, -1, 0, 1, 1, 42, 1, 0, 1),
 };
 #define NUM_CASES (sizeof grid / sizeof grid[0])
 

@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include "backends/cuda/device/pdl.cuh"
+#include "backends/cuda/device/rotary.cuh"
 #include "backends/cuda/host/cache_append.h"
 
 namespace flashattn {
@@ -26,23 +27,11 @@ namespace {
 constexpr int kAppendThreads = 128;
 
 struct AppendHalf {
-    static __device__ __forceinline__ double load(const uint16_t *p) { return __half2float(__ushort_as_half(*p)); }
-    static __device__ __forceinline__ uint16_t from(float f) { return __half_as_ushort(__float2half_rn(f)); }
+    static constexpr bool kBf16 = false;
 };
 struct AppendBf16 {
-    static __device__ __forceinline__ double load(const uint16_t *p) {
-        return __bfloat162float(__ushort_as_bfloat16(*p));
-    }
-    static __device__ __forceinline__ uint16_t from(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+    static constexpr bool kBf16 = true;
 };
-
-// double -> float truncated, with the last bit set when inexact (round to odd): rounding that to a
-// 16-bit type is the correctly rounded double.
-__device__ __forceinline__ float round_to_odd(double x) {
-    float f = __double2float_rz(x);
-    if (static_cast<double>(f) != x) f = __int_as_float(__float_as_int(f) | 1);
-    return f;
-}
 
 // dst = src with its first rotary_dim columns rotated at table row pos; work item i < rd/2 is a
 // pair, the others copy one column each.
@@ -53,11 +42,11 @@ __device__ __forceinline__ void rotate_row(const AppendParams &a, const uint16_t
     for (int i = threadIdx.x; i < items; i += blockDim.x) {
         if (i < half) {
             const int c0 = a.interleaved ? 2 * i : i, c1 = a.interleaved ? 2 * i + 1 : i + half;
-            const double x = E::load(src + c0), y = E::load(src + c1);
+            const double x = rotary_load(src[c0], E::kBf16), y = rotary_load(src[c1], E::kBf16);
             const double c = a.rotary_cos[static_cast<int64_t>(pos) * half + i];
             const double s = a.rotary_sin[static_cast<int64_t>(pos) * half + i];
-            dst[c0] = E::from(round_to_odd(x * c - y * s));
-            dst[c1] = E::from(round_to_odd(x * s + y * c));
+            dst[c0] = rotary_store(rotary_output(x, y, c, s, false), E::kBf16);
+            dst[c1] = rotary_store(rotary_output(x, y, c, s, true), E::kBf16);
         } else {
             const int c = a.rotary_dim + (i - half);
             dst[c] = src[c];

@@ -161,7 +161,9 @@ flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     plan->num_splits = choose_splits(p, plan->variant, dev.sm_count);
     plan->pdl = dev.cc_major >= 9;
     if (plan->num_splits > 1) add_split_slices(p, plan.get());
-    if (p.serving.rotary_dim > 0) plan->rotated_q = plan->workspace.add("fa2 rotated queries", rotated_q_bytes(p));
+    // (The decode tiles rotate Q themselves: Params::rotate_q_dim.)
+    if (p.serving.rotary_dim > 0 && !fa2::decode_rotates_q(plan->variant.cfg))
+        plan->rotated_q = plan->workspace.add("fa2 rotated queries", rotated_q_bytes(p));
     if (fa2::backward_unsupported_reason(p, dev).empty())
         plan->backward = fa2::plan_backward(p, dev, &plan->backward_workspace);
     *out = std::move(plan);
@@ -169,7 +171,8 @@ flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::u
 }
 
 // The serving append (issue 18): the new K/V rows into the caches and, with a rotary embedding,
-// Q rotated into the workspace, which the attention kernel then reads (host/cache_append.h).
+// Q rotated into the workspace, which the attention kernel then reads (host/cache_append.h); in
+// the decode tiles the attention kernel rotates Q itself (no workspace slice: q_rot is null).
 flashattn_status_t enqueue_append(const Problem &p, const Fa2Plan &plan, const Tensors &t, cudaStream_t stream,
                                   fa2::Params *k) {
     void *q_rot = plan.rotated_q >= 0 ? plan.workspace.at<void>(t.workspace, plan.rotated_q) : nullptr;
@@ -208,6 +211,12 @@ flashattn_status_t fa2_execute(const Problem &p, const BackendPlan &base_plan, c
     const bool bf16 = p.dtype == FLASHATTN_DTYPE_BF16;
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);
     if (p.serving.appends()) FLASHATTN_TRY(enqueue_append(p, plan, t, stream, &k));
+    if (p.serving.rotary_dim > 0 && fa2::decode_rotates_q(plan.variant.cfg)) {  // no rotated copy: see finalize
+        k.rotary_cos = t.rotary_cos;
+        k.rotary_sin = t.rotary_sin;
+        k.rotate_q_dim = static_cast<int32_t>(p.serving.rotary_dim);
+        k.rotary_interleaved = p.serving.rotary_interleaved ? 1 : 0;
+    }
     if (no_queries) return FLASHATTN_SUCCESS;
     k.launch_pdl = plan.pdl && p.serving.appends() ? 1 : 0;
     cudaError_t err = plan.launch(k, bf16, plan.variant.small, stream);

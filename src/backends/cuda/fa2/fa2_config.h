@@ -51,6 +51,24 @@ constexpr bool has_small_variant(int kD) {
     return small_config(kD).head_dim == kD && !same_config(small_config(kD), prefill_config(kD));
 }
 
+// The decode tiles (64 query rows, one m16 tile per warp, two K/V buffers: the small
+// configurations up to head dim 128), which take the serving decode's own choices in the kernel
+// (fa2_mainloop.cuh, kDecodeTile) and here on the host.
+constexpr bool is_decode_tile(const TileConfig &c) {
+    return c.block_m == 64 && c.stages == 2 && c.block_m == 16 * c.warps;
+}
+
+// A/B switch of issue 18: with an append + rotary, the decode tiles rotate their own query rows as
+// they load them (Params::rotate_q_dim) instead of reading a copy the append kernel rotated. Q then
+// does not depend on the append, and only the split whose key tiles hold the appended rows waits
+// for it before loading them; the others wait just before their epilogue (every CTA still waits,
+// so the grid's completion implies the append's for the launches after it). Off: its first order
+// (the rotation before the first K tile) measured 1-3 % slower than main on the H200 (tests and
+// sanitizers passed); the present order (K, Q, V, then the rotation) is compiled, not yet run
+// (docs/kernel-notes.md, "Decode speed", third pass).
+constexpr bool kDecodeRotatesQ = false;
+constexpr bool decode_rotates_q(const TileConfig &c) { return kDecodeRotatesQ && is_decode_tile(c); }
+
 constexpr int smem_bytes(const TileConfig &c) {
     return c.block_m * c.head_dim * 2 + 2 * c.stages * c.block_n * c.head_dim * 2;
 }

@@ -179,7 +179,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     }
 
     // ---- epilogue ------------------------------------------------------------------------------
-    if constexpr (kLateWait<Tr>) cuda::pdl_wait();  // (done in load_first_tiles unless no key tile)
+    // (Done in load_first_tiles by the split that reads appended rows, or with kDecodeRotatesQ off;
+    // every other decode CTA waits here, so that this grid's end still implies the append's.)
+    if constexpr (kLateWait<Tr>) cuda::pdl_wait();
     // Read again (not kept from the prologue): the loop holds no registers for these offsets.
     const cuda::SeqInfo se = cuda::seq_info(p, b);
     const int64_t grow0 = se.q_row0;

@@ -22,6 +22,8 @@ namespace fa2 {
 template <int kD, bool kSmall, class E, bool kPaged, bool kVariants = false>
 cudaError_t launch_fwd_kernel(const Params &p, cudaStream_t stream) {
     using Tr = typename TraitsFor<kD, kSmall>::type;
+    static_assert(kDecodeTile<Tr> == is_decode_tile(TraitsFor<kD, kSmall>::c),
+                  "the host's decode-tile choices (fa2_config.h) follow the kernel's");
     auto kernel = fwd_kernel<Tr, E, kPaged, kVariants>;
     static unsigned long long optin_done = 0;  // one per instantiation of this function
     cudaError_t e = cuda::ensure_smem_optin(kernel, Tr::kSmemBytes, &optin_done);

@@ -12,10 +12,13 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backends/cuda/device/mask.cuh"
 #include "backends/cuda/device/online_softmax.cuh"
 #include "backends/cuda/device/ptx.cuh"
+#include "backends/cuda/device/rotary.cuh"
+#include "backends/cuda/fa2/fa2_config.h"
 #include "backends/cuda/fa2/fa2_gemm.cuh"
 #include "backends/cuda/fa2/fa2_load.cuh"
 #include "backends/cuda/fa2/fa2_params.h"
@@ -268,6 +271,68 @@ __device__ __forceinline__ void load_first_q(const Params &p, const FwdLoopArgs 
         load_q<Tr>(a.s_q, a.qg, p.q_rs, p.q_hs, a.m0, a.prows, a.G, a.hbase, a.d, a.tid);
 }
 
+// The decode tiles' Q with a rotary embedding (Params::rotate_q_dim > 0, fa2_config.h's
+// kDecodeRotatesQ), in two parts. load_q_plain_chunks: the cp.async of load_q for every chunk but
+// the rotated ones (columns past rotate_q_dim rounded up to a chunk, rows past the last packed
+// row: zero-filled), in the cp.async group of the first K tile. rotate_q_rows: the columns below
+// it of the CTA's packed rows, read with plain loads, rotated as cache_append.cuh rotates them
+// (device/rotary.cuh: the same bits) and stored to the Q tile; issued after the first K and V
+// tiles, so that its loads overlap them (before them, every CTA's first K waited a round trip for
+// it: measured 1-2 % slower than main). The two never write the same bytes; the stores are seen
+// by every warp after the first key tile's barrier, like the cp.async data. A decode CTA has a
+// few packed rows (4 at 32 / 8 heads): a few elements per thread, once per CTA.
+template <class Tr>
+__device__ __forceinline__ void load_q_plain_chunks(const Params &p, const FwdLoopArgs &a) {
+    using Tile = typename Tr::QTile;
+    constexpr int kCPR = Tr::kD / 8;
+    const int rd8 = (p.rotate_q_dim + 7) & ~7;  // <= d: head dims are multiples of 8
+    for (int i = a.tid; i < Tr::kBM * kCPR; i += Tr::kThreads) {
+        const int r = i / kCPR, c = i - r * kCPR;
+        const int prow = a.m0 + r;
+        const bool ok = c * 8 < a.d && prow < a.prows;
+        if (ok && c * 8 < rd8) continue;  // rotate_q_rows
+        const uint16_t *src = a.qg;
+        if (ok) {
+            int qpos, head;
+            unpack_row(prow, a.G, a.hbase, qpos, head);
+            src = a.qg + qpos * p.q_rs + head * p.q_hs + c * 8;
+        }
+        cuda::cp_async_16(a.s_q + Tile::offset(r, c), src, ok ? 16u : 0u);
+    }
+}
+
+template <class Tr, class E>
+__device__ __forceinline__ void rotate_q_rows(const Params &p, const FwdLoopArgs &a) {
+    using Tile = typename Tr::QTile;
+    constexpr bool kBf16 = std::is_same<E, cuda::Bf16>::value;
+    const int rd = p.rotate_q_dim, half = rd / 2;
+    const int rd8 = (rd + 7) & ~7;
+    const int rows = min(Tr::kBM, a.prows - a.m0);
+    const int pos0 = a.sk - p.seqused_add;  // seqused_k[b]: the cache's keys before the append
+    for (int i = a.tid; i < rows * rd8; i += Tr::kThreads) {
+        const int r = i / rd8, col = i - r * rd8;
+        int qpos, head;
+        unpack_row(a.m0 + r, a.G, a.hbase, qpos, head);
+        const uint16_t *src = a.qg + qpos * p.q_rs + head * p.q_hs;
+        uint16_t v;
+        if (col < rd) {
+            // Pair k = (c0, c1): adjacent columns (interleaved) or k and k + half; col is its second
+            // member when col == c1.
+            const bool second = p.rotary_interleaved ? (col & 1) != 0 : col >= half;
+            const int k = p.rotary_interleaved ? col >> 1 : second ? col - half : col;
+            const int c0 = p.rotary_interleaved ? 2 * k : k, c1 = p.rotary_interleaved ? 2 * k + 1 : k + half;
+            const int64_t t = static_cast<int64_t>(pos0 + qpos) * half + k;
+            const float o = cuda::rotary_output(cuda::rotary_load(src[c0], kBf16), cuda::rotary_load(src[c1], kBf16),
+                                                p.rotary_cos[t], p.rotary_sin[t], second);
+            v = cuda::rotary_store(o, kBf16);
+        } else {
+            v = src[col];
+        }
+        const uint32_t addr = a.s_q + Tile::offset(r, col >> 3) + (col & 7) * 2;
+        asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
+    }
+}
+
 // Prologue: Q, K[nb_last] and V[nb_last] into the first buffer, as two cp.async groups (Q with K,
 // then V). The first V tile goes out with Q and K (both buffer schemes), so that the first
 // iteration waits for one memory round trip, not two.
@@ -275,7 +340,10 @@ __device__ __forceinline__ void load_first_q(const Params &p, const FwdLoopArgs 
 // comes here, not at the kernel's start: a first tile below the appended rows [sk - seqused_add,
 // sk) (every split of a long decode but the last) has its K issued before the wait, overlapping
 // the append; Q (rotated by the append) after it. In the big-tile kernels this order spilled.
-template <class Tr, bool kPaged, bool kVariants>
+// kDecodeRotatesQ: Q does not depend on the append either (the kernel rotates it: rotate_q_rows),
+// so only a split whose first tile holds appended rows waits here, before its K; the others wait
+// before the epilogue (fwd_kernel). The order stays K, Q, V as without it.
+template <class Tr, class E, bool kPaged, bool kVariants>
 __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopArgs &a, int nb_last) {
     constexpr int kBN = Tr::kBN;
     const int n0 = nb_last * kBN;
@@ -288,13 +356,21 @@ __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopA
         if (p.page_size % kBN != 0) stage_page_entries_now<Tr>(p, nb_last, a.sk, a.tid);
     }
     load_k_tile<Tr, kPaged, false>(p, a, a.s_kv, n0);
-    if constexpr (kLateWait<Tr>) {
+    if constexpr (kLateWait<Tr> && kDecodeRotatesQ) {
+        if (p.rotate_q_dim > 0)
+            load_q_plain_chunks<Tr>(p, a);
+        else
+            load_first_q<Tr>(p, a);
+    } else if constexpr (kLateWait<Tr>) {
         cuda::pdl_wait();
         load_first_q<Tr>(p, a);
     }
     cuda::cp_async_commit();
     load_kv_tile<Tr, kPaged, false>(p, a, a.s_kv + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs, v_cols<kVariants>(p, a));
     cuda::cp_async_commit();
+    if constexpr (kLateWait<Tr> && kDecodeRotatesQ) {
+        if (p.rotate_q_dim > 0) rotate_q_rows<Tr, E>(p, a);
+    }
 }
 
 // One K/V tile nb, the it-th of the walk. kMasked: an edge tile that needs the element mask (a
@@ -451,7 +527,7 @@ __device__ __forceinline__ void fwd_mainloop(const Params &p, const FwdLoopArgs 
                                              const RowDiag &row_diag, const RowHead &row_head, int s_last = -1,
                                              const AlibiBand band = AlibiBand()) {
     if constexpr (!kVariants) {
-        load_first_tiles<Tr, kPaged, kVariants>(p, a, nb_last);
+        load_first_tiles<Tr, E, kPaged, kVariants>(p, a, nb_last);
         int it = 0;
         for (int nb = nb_last; nb >= a.nb_first; --nb, ++it) {
             if (kt.masked(nb))
@@ -463,7 +539,7 @@ __device__ __forceinline__ void fwd_mainloop(const Params &p, const FwdLoopArgs 
         }
     } else {
         const bool window = nb_last >= a.nb_first;
-        load_first_tiles<Tr, kPaged, kVariants>(p, a, window ? nb_last : s_last);
+        load_first_tiles<Tr, E, kPaged, kVariants>(p, a, window ? nb_last : s_last);
         int it = 0;
         for (int nb = window ? nb_last : s_last; nb >= 0; ++it) {
             const bool sink = nb < a.nb_first || !window;

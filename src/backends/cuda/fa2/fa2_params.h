@@ -29,6 +29,13 @@ struct Params : TensorArgs {
     const int32_t *page_table = nullptr;
     int64_t page_table_stride = 0;
     int32_t page_size = 0;
+
+    // Rotary embedding of Q done by the attention kernel itself (decode tiles only, fa2_config.h's
+    // decode_rotates_q; rotate_q_dim 0 otherwise, and then Q is read as given): query row i of
+    // sequence b is rotated at table row seqused_k[b] + i, as the append kernel would have.
+    const float *rotary_cos = nullptr, *rotary_sin = nullptr;  // [positions][rotate_q_dim / 2]
+    int32_t rotate_q_dim = 0;
+    int32_t rotary_interleaved = 0;
 };
 
 // Launchers, one per row of fa2_head_dims.h (generated fa2_fwd_hdimD.cu). `bf16` picks the

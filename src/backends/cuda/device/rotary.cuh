@@ -1,0 +1,42 @@
+// Rotary embedding arithmetic of the serving path, one definition for every kernel that rotates:
+// the append pre-kernel (cache_append.cuh: new K rows, and Q where the attention kernel does not
+// rotate it) and FA2's decode tiles, which rotate their packed query rows as they load them
+// (fa2_mainloop.cuh, load_q_rotated). Each output is computed in double with every product and sum
+// rounded on its own (no fused multiply-add, as the CPU backend computes it) and rounded once to
+// fp32 with round to odd, so that rounding that to a 16-bit type is the correctly rounded double:
+// both kernels, and the CPU backend, produce the same bits.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace flashattn {
+namespace cuda {
+
+// double -> float truncated, with the last bit set when inexact (round to odd).
+__device__ __forceinline__ float rotary_round_to_odd(double x) {
+    float f = __double2float_rz(x);
+    if (static_cast<double>(f) != x) f = __int_as_float(__float_as_int(f) | 1);
+    return f;
+}
+
+// The pair (x, y) rotated by the angle whose cosine and sine are c and s: the first output
+// x*c - y*s, the second x*s + y*c (second picks which).
+__device__ __forceinline__ float rotary_output(double x, double y, double c, double s, bool second) {
+    return rotary_round_to_odd(second ? __dadd_rn(__dmul_rn(x, s), __dmul_rn(y, c))
+                                      : __dsub_rn(__dmul_rn(x, c), __dmul_rn(y, s)));
+}
+
+// 16-bit element bits <-> values, by element type.
+__device__ __forceinline__ double rotary_load(uint16_t bits, bool bf16) {
+    return bf16 ? static_cast<double>(__bfloat162float(__ushort_as_bfloat16(bits)))
+                : static_cast<double>(__half2float(__ushort_as_half(bits)));
+}
+__device__ __forceinline__ uint16_t rotary_store(float f, bool bf16) {
+    return bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(f)) : __half_as_ushort(__float2half_rn(f));
+}
+
+}  // namespace cuda
+}  // namespace flashattn
