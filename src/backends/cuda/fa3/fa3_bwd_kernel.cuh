@@ -101,6 +101,21 @@ __device__ __forceinline__ void warpgroup_sync(int wg) {
 __device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
+// ... and back, and four at a time (16-byte aligned): deterministic mode's dQ hand-over.
+__device__ __forceinline__ float2 ld_shared_v2_f32(uint32_t addr) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_shared_v4_f32(uint32_t addr, float x, float y, float z, float w) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
+}
+__device__ __forceinline__ float4 ld_shared_v4_f32(uint32_t addr) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr)
+                 : "memory");
+    return v;
+}
 
 // Bulk asynchronous reduction of `bytes` (a multiple of 16, both addresses 16-byte aligned) of
 // fp32 from shared memory into global memory (+=), and its bulk-group bookkeeping.
@@ -152,6 +167,11 @@ struct BwdBarriers {
     uint64_t kv_full;                 // K and V landed (one phase: loaded once per CTA)
     uint64_t qdo_full[kBwdMaxStages];   // Q and dO of the buffer's step landed
     uint64_t qdo_empty[kBwdMaxStages];  // every consumer warp (8) is done with the buffer's Q and dO
+    // Deterministic mode's hand-over of warpgroup 0's dQ to warpgroup 1 (accumulate_dq_*), one
+    // phase per step: every thread of warpgroup 0 has stored its part of the step's tile ...
+    uint64_t dq_ready;
+    // ... and every thread of warpgroup 1 has read it (warpgroup 0 may overwrite it).
+    uint64_t dq_read;
 };
 
 template <int kD_>
@@ -175,6 +195,11 @@ struct BwdTraits {
     static constexpr int kRowsOff = kDQOff + 2 * kDQBytes;
     static constexpr int kBarOff = kRowsOff + kStages * 2 * kRowsBytes;  // stage s, warpgroup w: s * 2 + w
     static constexpr int kSmemBytes = bwd_smem_bytes(kD);
+    // Deterministic mode, red path (head dim 64): warpgroup 0's fp32 dQ accumulators for warpgroup
+    // 1, past the layout (where the 1 KB of alignment slack starts: the launch adds kPairBytes to
+    // the dynamic shared memory in that mode only). The bulk path hands over its dQ tile instead.
+    static constexpr int kPairOff = kSmemBytes - 1024;
+    static constexpr int kPairBytes = kBulkDQ ? 0 : kBwdBM * kD * 4;
     static constexpr int kNT = kBwdBM / 8;   // n8 tiles of S^T per thread row
     static constexpr int kKF = kBwdBM / 16;  // k16 fragments of P^T
     static_assert(kD % 64 == 0 && kBwdBM == 64, "one 64-column page holds dS^T of a step");
@@ -343,46 +368,66 @@ __device__ __forceinline__ void issue_dkv(float (&dK)[Tr::kD / 2], float (&dV)[T
 }
 
 // Deterministic mode: the counter of the step's (query head, query block) and the number of
-// 64-key halves that add to its dQ before this warpgroup's. The key blocks that see a query block
-// are contiguous from the one holding key m0 + off - left (mask.cuh's rule for its first row);
-// each adds in two turns, warpgroup 0 then 1.
+// key blocks that add to its dQ before this one. The key blocks that see a query block are
+// contiguous from the one holding key m0 + off - left (mask.cuh's rule for its first row); each
+// adds in one turn, warpgroup 1 adding both warpgroups' dQ (warpgroup 0 hands its part over in
+// shared memory: dq_ready / dq_read), so warpgroup 0 never waits for a turn and each CTA makes
+// one reduction per step instead of two (0.70-0.76x of the default mode -> docs/performance.md,
+// 2026-12-02).
 struct BwdTurn {
     int *sem;
     int before;
 };
-__device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg) {
+__device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a, BwdStep st) {
     const int64_t first_key = st.m0 + a.off - p.left;
     const int nb_first = first_key > 0 ? static_cast<int>(first_key / kBwdBN) : 0;
     int *sem = p.dq_sem + (static_cast<int64_t>(a.b) * p.heads_q + st.hq) * p.sem_blocks + st.m0 / kBwdBM;
-    return BwdTurn{sem, 2 * (a.nb - nb_first) + wg};
+    return BwdTurn{sem, a.nb - nb_first};
 }
 
-// Deterministic mode: the end of warpgroup wg's turn for step s (thread 0 of the warpgroup). A
-// warpgroup adds its dQ in its turn without waiting for the adds to land, and releases the turn
-// one step later, under the next step's S/dP GEMMs (so the reduction's latency, the fences and
-// the atomic stay off its critical path). Red path: the caller has passed a warpgroup barrier
+// Deterministic mode: the end of the key block's turn for step s (thread 0 of warpgroup 1). The
+// warpgroup adds the dQ in its turn without waiting for the adds to land, and releases the turn
+// one step later, once the next step's dK/dV GEMMs are issued (so the reduction's latency, the
+// fences and the atomic stay off its critical path; released after the S/dP issue instead, it
+// ran 1-3 % slower at head dim 128). Red path: the caller has passed a warpgroup barrier
 // after every thread's reductions (bar.sync orders them before this thread's gpu-scope fence, as
 // a grid barrier does); bulk path: this thread issued the reduction and waits for it here.
 template <class Tr>
-__device__ __forceinline__ void release_turn(const BwdParams &p, const BwdBlock &a, int s, int wg) {
-    if ((threadIdx.x & 127) != 0) return;
+__device__ __forceinline__ void release_turn(const BwdParams &p, const BwdBlock &a, int s) {
+    if (threadIdx.x != 128) return;  // thread 0 of warpgroup 1, which takes the turns
     if constexpr (Tr::kBulkDQ) {
         bulk_wait_all();
         fence_proxy_async_global();
     }
     __threadfence();  // the adds land before the counter moves
-    atomicAdd(turn_of(p, a, bwd_step(p, a, s), wg).sem, 1);
+    atomicAdd(turn_of(p, a, bwd_step(p, a, s)).sem, 1);
+}
+
+// Deterministic mode's hand-over of warpgroup 0's dQ part to warpgroup 1, one mbarrier phase per
+// step s (at most one phase apart: each side waits for the other's previous one). Warpgroup 0,
+// before it stores step s's part: warpgroup 1 has read step s - 1's.
+__device__ __forceinline__ void pair_wait_read(const BwdBlock &a, int s) {
+    if (s > 0) cuda::mbar_wait(&a.bars->dq_read, static_cast<uint32_t>((s - 1) & 1));
+}
+// Warpgroup 1, before it reads step s's part: warpgroup 0 has stored it.
+__device__ __forceinline__ void pair_wait_ready(const BwdBlock &a, int s) {
+    cuda::mbar_wait(&a.bars->dq_ready, static_cast<uint32_t>(s & 1));
+}
+// Warpgroup 1 is done reading step s's part (nobody waits for the last step's).
+__device__ __forceinline__ void pair_done_reading(const BwdBlock &a, int s, int nsteps) {
+    if (s + 1 < nsteps) cuda::mbar_arrive(&a.bars->dq_read);
 }
 
 // dQ += dS K_w for the step's 64 queries, head dims above 64 (bwd_bulk_dq), 64 head-dim columns
 // at a time: wgmma with dS^T and K both key-major in shared memory, into the warpgroup's fp32 tile
 // (rows of head_dim floats, as the accumulator's rows), then one bulk reduction of the sequence's
-// rows by thread 0 of the warpgroup (in deterministic mode inside the warpgroup's turn). The
-// caller made sure that the previous step's reduction has finished reading the tile (the
-// step-top barrier).
-template <class Tr, class E>
-__device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
-                                                   uint32_t s_ds, uint32_t s_k, uint32_t s_dq) {
+// rows by thread 0 of the warpgroup. kPair (deterministic mode): warpgroup 0 only stores its tile;
+// warpgroup 1 adds it to its own and reduces the sum inside the key block's turn. The caller made
+// sure that the previous step's reduction has finished reading the tile (the step-top barrier).
+template <class Tr, class E, bool kPair>
+__device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const BwdBlock &a, BwdStep st, int s,
+                                                   int nsteps, int wg, uint32_t s_ds, uint32_t s_k, uint32_t s_dq) {
+    const uint32_t s_dq0 = s_dq - wg * Tr::kDQBytes;  // warpgroup 0's tile
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
     const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
     const int d = p.head_dim;
@@ -399,6 +444,12 @@ __device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const Bwd
         cuda::wgmma_commit();
         cuda::wgmma_wait<0>();
         cuda::fence_operands(acc);
+        if (kPair && half == 0) {
+            if (wg == 0)
+                pair_wait_read(a, s);
+            else
+                pair_wait_ready(a, s);
+        }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const int col = half * 64 + 8 * j + 2 * t;  // head_dim is a multiple of 8: the pair is in or out
@@ -406,17 +457,30 @@ __device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const Bwd
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = 16 * warp + g + 8 * h;
-                st_shared_v2_f32(s_dq + (row * d + col) * 4, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+                float x = acc[4 * j + 2 * h], y = acc[4 * j + 2 * h + 1];
+                if (kPair && wg == 1) {  // the same element of warpgroup 0's tile
+                    const float2 o = ld_shared_v2_f32(s_dq0 + (row * d + col) * 4);
+                    x += o.x;
+                    y += o.y;
+                }
+                st_shared_v2_f32(s_dq + (row * d + col) * 4, x, y);
             }
         }
+    }
+    if constexpr (kPair) {
+        if (wg == 0) {
+            cuda::mbar_arrive(&a.bars->dq_ready);
+            return;
+        }
+        pair_done_reading(a, s, nsteps);
     }
     fence_proxy_async_smem();  // the tile, before the bulk reduction reads it
     warpgroup_sync(wg);
     if (wtid == 0) {
         const int rows = min(kBwdBM, a.sq - st.m0);
         float *dst = p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + st.m0) * d;
-        if (p.deterministic) {
-            const BwdTurn turn = turn_of(p, a, st, wg);
+        if constexpr (kPair) {
+            const BwdTurn turn = turn_of(p, a, st);
             while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
             }
             fence_proxy_async_global();  // the predecessors' adds, before this one
@@ -430,11 +494,14 @@ __device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const Bwd
 }
 
 // dQ += dS K_w, head dims up to 64 (bwd_bulk_dq): the wgmma as accumulate_dq_bulk's, then
-// vector reductions from registers into the fp32 accumulator (in deterministic mode inside the
-// warpgroup's turn). At head dim 64 this measured 1.1-1.2x faster than the bulk reduction.
-template <class Tr, class E>
-__device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
-                                                  uint32_t s_ds, uint32_t s_k) {
+// vector reductions from registers into the fp32 accumulator. At head dim 64 this measured
+// 1.1-1.2x faster than the bulk reduction. kPair (deterministic mode): warpgroup 0 hands its
+// accumulators to warpgroup 1 through shared memory (s_pair: each thread's 32 floats as 8 float4,
+// interleaved across the warpgroup), which adds them to its own and reduces the sum inside the
+// key block's turn.
+template <class Tr, class E, bool kPair>
+__device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdBlock &a, BwdStep st, int s, int nsteps,
+                                                  int wg, uint32_t s_ds, uint32_t s_k, uint32_t s_pair) {
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
     const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
     float *rows[2];
@@ -459,9 +526,29 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
         cuda::wgmma_commit();
         cuda::wgmma_wait<0>();
         cuda::fence_operands(acc);
-        if (p.deterministic) {  // the turn is waited for only now that the tile is computed
+        if constexpr (kPair) {
+            if (wg == 0) {
+                pair_wait_read(a, s);
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    st_shared_v4_f32(s_pair + (i * 128 + wtid) * 16, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2],
+                                     acc[4 * i + 3]);
+                cuda::mbar_arrive(&a.bars->dq_ready);
+                return;
+            }
+            pair_wait_ready(a, s);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const float4 o = ld_shared_v4_f32(s_pair + (i * 128 + wtid) * 16);
+                acc[4 * i] += o.x;
+                acc[4 * i + 1] += o.y;
+                acc[4 * i + 2] += o.z;
+                acc[4 * i + 3] += o.w;
+            }
+            pair_done_reading(a, s, nsteps);
+            // The turn is waited for only now that the tile is computed.
             if (wtid == 0) {
-                const BwdTurn turn = turn_of(p, a, st, wg);
+                const BwdTurn turn = turn_of(p, a, st);
                 while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
                 }
             }
@@ -480,9 +567,9 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
 }
 
 // One step (query block st, buffer buf) for warpgroup wg.
-template <class Tr, class E>
-__device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBlock &a, int s, BwdStep st, int buf,
-                                                 int wg, float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2]) {
+template <class Tr, class E, bool kPair>
+__device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBlock &a, int s, int nsteps, BwdStep st,
+                                                 int buf, int wg, float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2]) {
     const uint32_t base = cuda::smem_addr(a.smem);
     const uint32_t s_k = base + Tr::kKOff + 64 * wg * 128, s_v = base + Tr::kVOff + 64 * wg * 128;
     const uint32_t s_q = base + Tr::kQOff + buf * 2 * Tr::kQBytes, s_do = s_q + Tr::kQBytes;
@@ -492,7 +579,6 @@ __device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBl
 
     float S[kBwdBM / 2], dP[kBwdBM / 2];
     scores_and_dp_issue<Tr, E>(S, dP, s_k, s_v, s_q, s_do);
-    if (p.deterministic && s > 0) release_turn<Tr>(p, a, s - 1, wg);
     cuda::wgmma_wait<0>();
     cuda::fence_operands(S);
     cuda::fence_operands(dP);
@@ -504,10 +590,11 @@ __device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBl
     fence_proxy_async_smem();  // the generic-proxy stores, before the wgmma reads them
     warpgroup_sync(wg);
     issue_dkv<Tr, E>(dK, dV, Pf, dSf, s_q, s_do);
+    if (kPair && wg == 1 && s > 0) release_turn<Tr>(p, a, s - 1);
     if constexpr (Tr::kBulkDQ)  // both wait for every wgmma of the step
-        accumulate_dq_bulk<Tr, E>(p, a, st, wg, s_ds, s_k, s_dq);
+        accumulate_dq_bulk<Tr, E, kPair>(p, a, st, s, nsteps, wg, s_ds, s_k, s_dq);
     else
-        accumulate_dq_red<Tr, E>(p, a, st, wg, s_ds, s_k);
+        accumulate_dq_red<Tr, E, kPair>(p, a, st, s, nsteps, wg, s_ds, s_k, base + Tr::kPairOff);
     cuda::fence_operands(dK);
     cuda::fence_operands(dV);
     __syncwarp();  // every lane's wgmmas reading Q and dO have retired
@@ -539,7 +626,9 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams &p, const BwdBlock &
     }
 }
 
-template <class Tr, class E>
+// kPair: the deterministic mode (p.deterministic), whose dQ hand-over and turns are compiled only
+// into its own instantiation, so the default mode's kernel keeps its code and registers.
+template <class Tr, class E, bool kPair>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -571,6 +660,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             cuda::mbar_init(&a.bars->qdo_full[s], 1);
             cuda::mbar_init(&a.bars->qdo_empty[s], kBwdThreads / 32);
         }
+        cuda::mbar_init(&a.bars->dq_ready, 128);  // every thread of the warpgroup arrives
+        cuda::mbar_init(&a.bars->dq_read, 128);
         cuda::fence_mbar_init();
     }
     __syncthreads();
@@ -633,11 +724,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) bulk_wait_read_all();  // the previous dQ reduction read its tile
             warpgroup_sync(wg);                      // ... and from every thread of the warpgroup
             cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
-            bwd_step_compute<Tr, E>(p, a, s, st, buf, wg, dK, dV);
+            bwd_step_compute<Tr, E, kPair>(p, a, s, nsteps, st, buf, wg, dK, dV);
         }
-        if (p.deterministic) {  // the last step's turn
+        if (kPair) {  // the last step's turn
             warpgroup_sync(wg);
-            release_turn<Tr>(p, a, nsteps - 1, wg);
+            release_turn<Tr>(p, a, nsteps - 1);
         }
         if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) bulk_wait_all();  // the last reduction, before shared memory goes away
     }
@@ -646,17 +737,23 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
 // Grid: kv heads x batch x key blocks of the longest sequence, in one dimension (the host checks
 // that it fits).
-template <int kD, class E>
-cudaError_t launch_bwd(const BwdParams &p, const BwdMaps &maps, cudaStream_t stream) {
+template <int kD, class E, bool kPair>
+cudaError_t launch_bwd_kernel(const BwdParams &p, const BwdMaps &maps, cudaStream_t stream) {
     using Tr = BwdTraits<kD>;
-    auto kernel = bwd_kernel<Tr, E>;
+    auto kernel = bwd_kernel<Tr, E, kPair>;
+    constexpr int kSmem = Tr::kSmemBytes + (kPair ? Tr::kPairBytes : 0);
     static unsigned long long optin_done = 0;  // one per instantiation
-    cudaError_t e = cuda::ensure_smem_optin(kernel, Tr::kSmemBytes, &optin_done);
+    cudaError_t e = cuda::ensure_smem_optin(kernel, kSmem, &optin_done);
     if (e != cudaSuccess) return e;
     const int64_t nkb = (static_cast<int64_t>(p.seqlen_k) + kBwdBN - 1) / kBwdBN;
     const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(p.heads_kv) * p.batch * nkb));
-    kernel<<<grid, kBwdThreads, Tr::kSmemBytes, stream>>>(maps.q, maps.k, maps.v, maps.dout, p);
+    kernel<<<grid, kBwdThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, maps.dout, p);
     return cudaSuccess;
+}
+template <int kD, class E>
+cudaError_t launch_bwd(const BwdParams &p, const BwdMaps &maps, cudaStream_t stream) {
+    return p.deterministic ? launch_bwd_kernel<kD, E, true>(p, maps, stream)
+                           : launch_bwd_kernel<kD, E, false>(p, maps, stream);
 }
 
 // Launcher body of one row of fa3_head_dims.h: both element types where a backward is compiled.
