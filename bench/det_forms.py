@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """The FA3 backward's deterministic mode against its default mode, one library, every form of the
-deterministic mode that the library has (FLASHATTN_FA3_BWD_DET_FORM, read at finalize, exists only
-with tests/gpu/det-forms.patch applied; form 0 is main's kernel, and without the patch every form
-runs it) in one process, rounds alternated (even rounds in the listed order, odd rounds
-reversed) so that clock drift at the power limit falls on all alike.
+deterministic mode that the library has (FLASHATTN_FA3_BWD_DET_FORM, read at finalize, existed only
+with the experiment patch of commit 53947b8; without it every form runs the library's one
+deterministic kernel, so `--forms 0` times the deterministic mode against the default) in one
+process, rounds alternated (even rounds in the listed order, odd rounds reversed) so that clock
+drift at the power limit falls on all alike.
 
-  python3 bench/det_forms.py --lib build/src/libflashattn.so --forms 0,1,3 --markdown det.md
+  python3 bench/det_forms.py --lib build/src/libflashattn.so --forms 0 --markdown det.md
 
 Grid as backward_torch.py's (heads = hidden/hdim, batch = tokens/seqlen, bf16). Per cell: the
 backward's TFLOP/s (2.5 x the forward's FLOPs) of the default mode and of each form (median over
