@@ -37,15 +37,7 @@ def main():
     ap.add_argument("--a", required=True, help="library A (the reference, e.g. the old build)")
     ap.add_argument("--b", required=True, help="library B (the candidate)")
     ap.add_argument("--gens", default="fa1,fa2,fa3")
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
-    ap.add_argument("--hdim", default="64,128,256", type=ct.parse_list)
-    ap.add_argument("--seqlen", default="512,1024,2048,4096,8192,16384", type=ct.parse_list)
-    ap.add_argument("--causal", default="both", choices=["0", "1", "both"])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--tokens", type=int, default=16384)
+    ct.add_grid_args(ap, hdim="64,128,256", seqlen="512,1024,2048,4096,8192,16384", warmup=3, reps=10, rounds=3)
     ap.add_argument("--markdown", help="also write the table here")
     args = ap.parse_args()
     args.no_lse = False
@@ -109,11 +101,7 @@ def main():
         if rs:
             geo = math.exp(sum(math.log(x) for x in rs) / len(rs))
             ct.emit(lines, f"- {gen}: B/A lowest {min(rs):.3f}, geometric mean {geo:.3f} over {len(rs)} cells")
-    ct.emit(lines, f"Total wall time {bench.elapsed():.1f} s.")
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write("\n".join(lines) + "\n")
-    return 1 if failed else 0
+    return ct.finish_report(lines, bench, args.markdown, failed)
 
 
 if __name__ == "__main__":

@@ -133,14 +133,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", help="path of libflashattn.so (default: $FLASHATTN_LIBRARY)")
     ap.add_argument("--gens", default="fa2")
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
-    ap.add_argument("--hdim", default="64,128,256", type=ct.parse_list)
-    ap.add_argument("--seqlen", default="1024,2048,4096,8192,16384", type=ct.parse_list)
-    ap.add_argument("--causal", default="both", choices=["0", "1", "both"])
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--tokens", type=int, default=16384)
+    ct.add_grid_args(ap, hdim="64,128,256", seqlen="1024,2048,4096,8192,16384", warmup=2, reps=5)
     ap.add_argument("--markdown")
     args = ap.parse_args()
     args.no_lse = False
@@ -197,11 +190,7 @@ def main():
                 del q, k, v, do, res, ref
                 torch.cuda.empty_cache()
     ct.emit(lines, "")
-    ct.emit(lines, f"Total wall time {bench.elapsed():.1f} s." + (" SOME CELLS FAILED." if failed else ""))
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write("\n".join(lines) + "\n")
-    return 1 if failed else 0
+    return ct.finish_report(lines, bench, args.markdown, failed, "SOME CELLS FAILED.")
 
 
 if __name__ == "__main__":

@@ -553,6 +553,30 @@ def parse_list(text):
     return [int(x) for x in text.split(",") if x]
 
 
+def finish_report(lines, bench, markdown, failed, failure_note=""):
+    """The bench scripts' last lines: the wall time (and failure_note when failed), the markdown
+    copy of the report; returns the exit status."""
+    emit(lines, f"Total wall time {bench.elapsed():.1f} s." + (f" {failure_note}" if failed and failure_note else ""))
+    if markdown:
+        with open(markdown, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 1 if failed else 0
+
+def add_grid_args(ap, hdim, seqlen, warmup, reps, rounds=None):
+    """The FA3-paper grid's options shared by the bench scripts (heads = hidden / hdim, batch =
+    tokens / seqlen) and their timing options; rounds only where the script alternates rounds."""
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--hdim", default=hdim, type=parse_list)
+    ap.add_argument("--seqlen", default=seqlen, type=parse_list)
+    ap.add_argument("--causal", default="both", choices=["0", "1", "both"])
+    if rounds is not None:
+        ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--warmup", type=int, default=warmup)
+    ap.add_argument("--reps", type=int, default=reps)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--tokens", type=int, default=16384)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", help="path of libflashattn.so (default: $FLASHATTN_LIBRARY, then build*/src)")

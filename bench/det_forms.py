@@ -74,15 +74,7 @@ def main():
     ap.add_argument("--lib", help="path of libflashattn.so (default: $FLASHATTN_LIBRARY)")
     ap.add_argument("--forms", default="0", type=ct.parse_list, help="deterministic forms to time")
     ap.add_argument("--forms64", type=ct.parse_list, help="forms at head dim 64 (default: --forms)")
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
-    ap.add_argument("--hdim", default="64,128", type=ct.parse_list)
-    ap.add_argument("--seqlen", default="2048,4096", type=ct.parse_list)
-    ap.add_argument("--causal", default="both", choices=["0", "1", "both"])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--tokens", type=int, default=16384)
+    ct.add_grid_args(ap, hdim="64,128", seqlen="2048,4096", warmup=2, reps=10, rounds=3)
     ap.add_argument("--markdown")
     args = ap.parse_args()
     args.no_lse = False
@@ -140,11 +132,7 @@ def main():
                 del q, k, v, do, cfgs, ref
                 torch.cuda.empty_cache()
     ct.emit(lines, "")
-    ct.emit(lines, f"Total wall time {bench.elapsed():.1f} s." + (" SOME CHECKS FAILED." if failed else ""))
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write("\n".join(lines) + "\n")
-    return 1 if failed else 0
+    return ct.finish_report(lines, bench, args.markdown, failed, "SOME CHECKS FAILED.")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@
 # comma-separated), BASE_KERNEL (optional), GRID_DIMS (128,256), SPEED_DEADLINE (150: seconds
 # after which no further speed round starts).
 set -uo pipefail
+source "$(dirname "$0")/fp8-gate.sh"  # fp8_gate_start / fp8_gate_wait / fp8_res_usage
 out=${OUT:-/tmp/fp8ab-out}
 logs=$out/logs
 mkdir -p "$out" "$logs"
@@ -154,20 +155,6 @@ PY
 
 # The correctness gate on the working tree's form.
 use_lib new
-ctest --test-dir "$build" --output-on-failure -j 4 --timeout 120 \
-  -R "^(test_fp8_fa3|test_fp8_fa3_kernel_few_ctas|test_fp8_primitives|test_fa3_sass)\$" > "$logs/ctest.log" 2>&1 &
-ct=$!
-pids=()
-for tool in memcheck racecheck synccheck; do
-  FLASHATTN_TEST_FP8_QUICK=1 FLASHATTN_FA3_MAX_CTAS=3 timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 \
-    "$build/tests/test_fp8_fa3" > "$logs/sanitize-$tool.log" 2>&1 &
-  pids+=($!)
-done
-wait $ct; note "ctest rc=$? $(grep -E 'tests passed' "$logs/ctest.log") ($(stamp))"
-grep -E '^ *[0-9]+/[0-9]+ Test' "$logs/ctest.log" | sed 's/^/   /' >> "$out/summary.txt"
-i=0
-for tool in memcheck racecheck synccheck; do
-  wait ${pids[$i]}; note "sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitize-$tool.log" | tail -1) ($(stamp))"
-  i=$((i + 1))
-done
-note "fp8 kernels res-usage (new): $(cuobjdump -res-usage "$lib" 2>/dev/null | grep -A1 fp8_fwd | grep -oE 'REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+' | paste -sd ' ')"
+fp8_gate_start "" 120
+fp8_gate_wait
+fp8_res_usage "$lib" " (new)"

@@ -11,6 +11,7 @@
 # Env: BUILD_DIR (default /tmp/fa-fp8k), NCU (1: profile), GRID_DIMS (default 128,256), NUMERICS (set:
 # also test_numerics_fa3, for changes the 16-bit forward shares; it alone takes over a minute).
 set -uo pipefail
+source "$(dirname "$0")/fp8-gate.sh"  # fp8_gate_start / fp8_gate_wait / fp8_res_usage
 out=${OUT:-/tmp/fp8-out}
 logs=/tmp/fp8-logs
 mkdir -p "$out" "$logs"
@@ -51,15 +52,7 @@ timeout 60 "$acc" --speed-grid "${GRID_DIMS:-128,256}" > "$out/fp8-speed-grid.md
 note "speed grid rc=$? ($(stamp))"
 
 # The correctness gate in the background.
-ctest --test-dir "$build" --output-on-failure -j 4 --timeout 120 \
-  -R "^(test_fp8_fa3|test_fp8_fa3_kernel_few_ctas|test_fp8_primitives|test_fa3_sass${NUMERICS:+|test_numerics_fa3})\$" > "$logs/ctest.log" 2>&1 &
-ct=$!
-pids=()
-for tool in memcheck racecheck synccheck; do
-  FLASHATTN_TEST_FP8_QUICK=1 FLASHATTN_FA3_MAX_CTAS=3 timeout 150 compute-sanitizer --tool $tool --error-exitcode 99 \
-    "$build/tests/test_fp8_fa3" > "$logs/sanitize-$tool.log" 2>&1 &
-  pids+=($!)
-done
+fp8_gate_start "${NUMERICS:+test_numerics_fa3}" 150
 
 if [ "${NCU:-0}" = 1 ]; then
   for d in 128 256; do
@@ -74,12 +67,5 @@ if [ "${NCU:-0}" = 1 ]; then
   done
 fi
 
-wait $ct; note "ctest rc=$? $(grep -E 'tests passed' "$logs/ctest.log") ($(stamp))"
-grep -E '^ *[0-9]+/[0-9]+ Test' "$logs/ctest.log" | sed 's/^/   /' >> "$out/summary.txt"
-i=0
-for tool in memcheck racecheck synccheck; do
-  wait ${pids[$i]}; note "sanitizer $tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$logs/sanitize-$tool.log" | tail -1)"
-  i=$((i + 1))
-done
-lib=$(find "$build" -name "libflashattn.so*" -type f | head -1)
-note "fp8 kernels res-usage: $(cuobjdump -res-usage "$lib" 2>/dev/null | grep -A1 fp8_fwd | grep -oE 'REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+' | paste -sd ' ')"
+fp8_gate_wait
+fp8_res_usage "$(find "$build" -name "libflashattn.so*" -type f | head -1)" ""
