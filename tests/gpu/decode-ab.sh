@@ -22,12 +22,7 @@ mkdir -p "$out/bench"
 summary=()
 note() { summary+=("[$(el)s] $1"); echo "== [$(el)s] $1"; }
 
-if [ -d "$root/.devdeps" ]; then  # cmocka from Debian, carried (as tests/gpu/h200-check.sh)
-  mkdir -p "$root/.devdeps/root"
-  for f in "$root"/.devdeps/*.deb; do dpkg -x "$f" "$root/.devdeps/root"; done
-  export CMAKE_PREFIX_PATH=$root/.devdeps/root/usr
-  export LD_LIBRARY_PATH=$root/.devdeps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-fi
+source "$root/tests/gpu/devdeps-env.sh" && use_devdeps "$root"  # cmocka from Debian, carried
 
 base_bld=/tmp/fa-dec-base
 new_bld=/tmp/fa-dec

@@ -27,12 +27,7 @@ finish() {
 }
 trap finish EXIT
 
-if [ -d .devdeps ]; then  # cmocka from Debian, carried
-  mkdir -p .devdeps/root
-  for f in .devdeps/*.deb; do dpkg -x "$f" .devdeps/root; done
-  export CMAKE_PREFIX_PATH=$PWD/.devdeps/root/usr
-  export LD_LIBRARY_PATH=$PWD/.devdeps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-fi
+source "$(dirname "$0")/devdeps-env.sh" && use_devdeps "$PWD"  # cmocka from Debian, carried
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_FA1_ARCHS= -DFLASHATTN_FA2_ARCHS= \
   -DFLASHATTN_FA3_ARCHS=90a-real -DFLASHATTN_BENCH_CUDA_ARCHS=90-real > "$logs/configure.log" 2>&1 &&
   cmake --build "$build" -j 16 --target flashattn test_fp8_fa3 test_fp8_primitives flashattn-fp8-accuracy ${NUMERICS:+test_numerics_fa3} \

@@ -12,12 +12,7 @@ build=${BUILD_DIR:-/tmp/fa-build}
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
 
-if [ -d .devdeps ]; then  # cmocka from Debian, carried (see ../shared/tools/device-deps.sh)
-  mkdir -p .devdeps/root
-  for f in .devdeps/*.deb; do dpkg -x "$f" .devdeps/root; done
-  export CMAKE_PREFIX_PATH=$PWD/.devdeps/root/usr
-  export LD_LIBRARY_PATH=$PWD/.devdeps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-fi
+source "$(dirname "$0")/devdeps-env.sh" && use_devdeps "$PWD"  # cmocka from Debian, carried
 
 for stage in $stages; do
   case $stage in

@@ -1,0 +1,11 @@
+# Sourced by the device scripts: Debian's cmocka packages, carried in DIR/.devdeps
+# (../shared/tools/device-deps.sh), unpacked there and put on CMake's and the loader's paths, so
+# that the tests build and run on the GPU machine (which has no cmocka). No .devdeps: nothing.
+use_devdeps() {  # DIR (the repository root)
+  local dir=$1 f
+  [ -d "$dir/.devdeps" ] || return 0
+  mkdir -p "$dir/.devdeps/root"
+  for f in "$dir"/.devdeps/*.deb; do dpkg -x "$f" "$dir/.devdeps/root"; done
+  export CMAKE_PREFIX_PATH=$dir/.devdeps/root/usr
+  export LD_LIBRARY_PATH=$dir/.devdeps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+}
