@@ -15,6 +15,19 @@ constexpr int kThreads = 3 * 128;     // producer + 2 consumer warpgroups
 constexpr int kStages = 2;            // K and V shared-memory buffers (separate rings)
 constexpr int kMaxSmemBytes = 232448; // 227 KB: what an H100/H200 block may opt in to
 
+// setmaxnreg moves registers between a CTA's warpgroups but adds none: the producer's count and
+// the two consumers' must fit what __launch_bounds__(kThreads, 1) gives the CTA at launch, 64K /
+// kThreads per thread in steps of 8 (168 at 384 threads). A split that asks for more makes
+// setmaxnreg.inc wait forever, and neither ptxas nor the SASS test sees it (stop 18: every FP8
+// form at 32 / 240 hung). Check a kernel's split with this (the FP8 kernel's is the same 40 / 232).
+constexpr bool setmaxnreg_split_fits(int producer_regs, int consumer_regs) {
+    return producer_regs * 128 + consumer_regs * (kThreads - 128) <= 65536 / kThreads / 8 * 8 * kThreads;
+}
+constexpr int kProducerRegs = 40;   // the bf16/fp16 forward's split (fa3_fwd_kernel.cuh)
+constexpr int kConsumerRegs = 232;
+static_assert(setmaxnreg_split_fits(kProducerRegs, kConsumerRegs), "the forward's register split exceeds the launch's");
+static_assert(!setmaxnreg_split_fits(32, 240), "the rule above no longer rejects stop 18's hanging split");
+
 struct TileConfig {
     int head_dim;  // compiled (padded) head dim: 64, 128, 192 or 256
     int block_n;   // keys per K/V tile

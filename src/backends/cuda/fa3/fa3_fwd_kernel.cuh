@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int wg = threadIdx.x / 128;
     Pipe pipe;
     if (wg == 0) {
-        cuda::setmaxnreg_dec<40>();
+        cuda::setmaxnreg_dec<kProducerRegs>();
         // Paged caches / seqused_k: the whole warpgroup gathers K and V. Square kernels only: the
         // backend refuses a gathering plan with head_dim_v != head_dim (fa3_unsupported_reason).
         if (Tr::kDV == Tr::kD && p.gather) {
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (c.has_keys()) produce<Tr>(p, c, &tm_q, &tm_k, &tm_v, smem, bars, pipe);
         }
     } else {
-        cuda::setmaxnreg_inc<232>();
+        cuda::setmaxnreg_inc<kConsumerRegs>();
         for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
             const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
             if (c.has_rows()) consume<Tr, E>(p, c, smem, bars, wg - 1, pipe);
