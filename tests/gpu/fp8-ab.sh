@@ -11,15 +11,17 @@
 # compute-sanitizer memcheck / racecheck / synccheck on the reduced grid. A quick kernel test runs
 # on every variant before it is timed. Summary last; logs in $OUT.
 #
-#   git show main:src/backends/cuda/fa3/fa3_fp8_kernel.cuh > tests/gpu/fp8-ab/main-kernel.cuh  # untracked
-#   git apply tests/gpu/fp8-overlap.patch   # the knobbed kernel of 2026-12-02 (docs/kernel-notes.md)
+#   git show 6ce9c73:src/backends/cuda/fa3/fa3_fp8_kernel.cuh > tests/gpu/fp8-ab/main-kernel.cuh  # untracked
 #   VARIANTS="nolazy:-DFLASHATTN_FP8_LAZY_RESCALE=false" BASE_KERNEL=tests/gpu/fp8-ab/main-kernel.cuh \
 #     OUT=$OUT bash tests/gpu/fp8-ab.sh
-# A variant whose quick test fails or hangs is not timed; only "new" goes through the gate.
+# (the knobs: FLASHATTN_FP8_* at the top of fa3_fp8_kernel.cuh). A variant whose quick test fails
+# or hangs is not timed; only "new" goes through the gate, and only if its quick test passed.
+# Order: build, quick tests, one speed round, the gate, then further speed rounds while time is left.
 #
 # Env: BUILD_DIR (default /tmp/fa-fp8), ROUNDS (2), VARIANTS (space-separated NAME:FLAGS, FLAGS
 # comma-separated), BASE_KERNEL (optional), GRID_DIMS (128,256), SPEED_DEADLINE (150: seconds
-# after which no further speed round starts).
+# after which no further speed round starts), CALL_LIMIT (225: seconds the whole script may take;
+# the gate gets what the first round left of it, at least 60 s).
 set -uo pipefail
 source "$(dirname "$0")/fp8-gate.sh"  # fp8_gate_start / fp8_gate_wait / fp8_res_usage
 out=${OUT:-/tmp/fp8ab-out}
@@ -112,18 +114,8 @@ for n in "${all[@]}"; do
 done
 
 acc="$build/bench/flashattn-fp8-accuracy"
-for r in $(seq 1 "$rounds"); do
-  # Leave the correctness gate its time: no new round after SPEED_DEADLINE seconds (default 150).
-  if [ "$r" -gt 1 ] && [ $(( $(date +%s) - t_start )) -gt "${SPEED_DEADLINE:-150}" ]; then
-    note "speed rounds $r.. skipped (time)"; break
-  fi
-  for n in "${ok[@]}"; do
-    use_lib "$n"
-    timeout 60 "$acc" --speed-grid "${GRID_DIMS:-128,256}" > "$out/grid-$n-$r.md" 2>&1
-  done
-  note "speed round $r done ($(stamp))"
-done
-python3 - "$out" "$rounds" "${ok[@]}" > "$out/speed.md" <<'PY'
+summarize() {  # the medians so far into speed.md (after every round: the call may be cut short)
+python3 - "$out" "${rounds}" "${ok[@]}" > "$out/speed.md" <<'PY'
 import os, statistics, sys
 out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 cells, order = {}, []
@@ -147,9 +139,39 @@ for key in order:
     rat = [f"{med[n][1] / med[names[0]][1]:.3f}" if n in med and names[0] in med else "-" for n in names[1:]]
     print("| " + " | ".join(list(key) + cols + rat) + " |")
 PY
+}
+speed_round() {
+  local n
+  for n in "${ok[@]}"; do
+    use_lib "$n"
+    timeout 60 "$acc" --speed-grid "${GRID_DIMS:-128,256}" > "$out/grid-$n-$1.md" 2>&1
+  done
+  note "speed round $1 done ($(stamp))"
+  summarize
+}
+speed_round 1
 
-# The correctness gate on the working tree's form.
+# The correctness gate on the working tree's form (only if its quick test passed: a hang would
+# take the rest of the call), with what the first round left of CALL_LIMIT.
 use_lib new
-fp8_gate_start "" 120
-fp8_gate_wait
+if [[ " ${ok[*]} " == *" new "* ]]; then
+  left=$(( ${CALL_LIMIT:-225} - ($(date +%s) - t_start) - 10 ))
+  [ $left -lt 60 ] && left=60
+  note "gate limit ${left}s"
+  fp8_gate_start "" "$left"
+  fp8_gate_wait
+else
+  note "gate skipped: new failed its quick test"
+fi
 fp8_res_usage "$lib" " (new)"
+
+for r in $(seq 2 "$rounds"); do
+  # No new round after SPEED_DEADLINE seconds (default 150).
+  if [ $(( $(date +%s) - t_start )) -gt "${SPEED_DEADLINE:-150}" ]; then
+    note "speed rounds $r.. skipped (time)"; break
+  fi
+  speed_round "$r"
+done
+use_lib new
+summarize
+

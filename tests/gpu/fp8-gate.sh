@@ -5,7 +5,8 @@
 # background; fp8_gate_wait waits for them and notes each result; fp8_res_usage LIB LABEL notes
 # the FP8 kernels' registers, stack and local memory.
 fp8_gate_start() {
-  ctest --test-dir "$build" --output-on-failure -j 4 --timeout 120 \
+  # (timeout around ctest too: a kernel that hangs must not eat the device call)
+  timeout "${2:-150}" ctest --test-dir "$build" --output-on-failure -j 4 --timeout "${2:-150}" \
     -R "^(test_fp8_fa3|test_fp8_fa3_kernel_few_ctas|test_fp8_primitives|test_fa3_sass${1:+|$1})\$" > "$logs/ctest.log" 2>&1 &
   fp8_gate_ctest=$!
   fp8_gate_pids=()

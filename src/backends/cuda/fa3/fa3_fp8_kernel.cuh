@@ -3,8 +3,9 @@
 // docs/kernel-notes.md, "FP8 (E4M3) forward", and docs/performance.md for its speed.
 //
 // The same composition as fa3_fwd_kernel.cuh over the same shared pieces: the persistent tile
-// scheduler (fa3_tile_scheduler.cuh), the TMA producer (fa3_producer.cuh, with 128-column E4M3
-// pages) and the epilogue (fa3_epilogue.cuh, O as bf16/fp16 pairs and the LSE). What differs:
+// scheduler (fa3_tile_scheduler.cuh; the producer warpgroup walks it through produce_fp8, the TMA
+// producer of fa3_producer.cuh rewritten for 24 registers, with 128-column E4M3 pages) and the
+// epilogue (fa3_epilogue.cuh, O as bf16/fp16 pairs and the LSE). What differs:
 //   * E4M3 wgmma has no transpose flag, so V must be K-major (keys contiguous) for O += P V.
 //     TMA loads each V tile as it is stored ([keys][head dim]) into a staging ring; warps 1..3
 //     of the producer warpgroup transpose it into a second ring ([head dim][keys], 128-byte
@@ -18,11 +19,14 @@
 //   * Descales: dq * dk of the (sequence, kv head) folds into the score scale (or the soft cap's
 //     pre-tanh scale), so the LSE includes them as the CPU reference defines it; dv / 256 scales
 //     O and 1/256 the row sums before the shared epilogue.
-// Register split as in the 16-bit kernel: producer warpgroup 40 (the transposers need few: one
-// LDSM.x4.T, four byte permutes and one STSM.x4 per step), consumers 232. The two consumer
-// warpgroups ping-pong their GEMM issues (take_turn / pass_turn).
+// Register split: producer warpgroup kFp8ProducerRegs (24: the TMA thread and the transposers
+// keep only ring counters live across a work tile), consumers the rest of the launch's 168 x 384
+// (240), which the in-warpgroup overlaps need (kFp8PrefetchS at head dim 128, kFp8OverlapWide at
+// 256; -Xptxas -v: 0 spill, no C75xx, every knob setting, 2026-12-02).
+// The two consumer warpgroups ping-pong their GEMM issues (take_turn / pass_turn).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda.h>
@@ -41,12 +45,51 @@
 #include "backends/cuda/fa3/fa3_tile_scheduler.cuh"
 #include "backends/cuda/fa3/fa3_traits.cuh"
 
+// The speed knobs' settings (below); a -D on the compiler line overrides them for an A/B build
+// (tests/gpu/fp8-ab.sh).
+#ifndef FLASHATTN_FP8_OVERLAP_WIDE
+#define FLASHATTN_FP8_OVERLAP_WIDE true
+#endif
+#ifndef FLASHATTN_FP8_PRODUCER_REGS
+#define FLASHATTN_FP8_PRODUCER_REGS 24
+#endif
+#ifndef FLASHATTN_FP8_PREFETCH_S
+#define FLASHATTN_FP8_PREFETCH_S true
+#endif
+#ifndef FLASHATTN_FP8_LAZY_RESCALE
+#define FLASHATTN_FP8_LAZY_RESCALE true
+#endif
+
 namespace flashattn {
 namespace fa3 {
 
 constexpr int kTransposeWarps = 3;      // warps 1..3 of the producer warpgroup
 constexpr float kPScaleLog2 = 8.f;      // P is stored times 2^8 = 256 before the E4M3 cast
 constexpr float kInvPScale = 1.f / 256.f;
+
+// Speed knobs (docs/kernel-notes.md, "FP8 (E4M3) forward": each was measured against the form
+// without it on the H200; see there which are kept and why).
+// kFp8OverlapWide: head dim 256 overlaps the softmax of S_i with P_{i-1} V inside a warpgroup
+// (one P register set: the softmax leaves fp32 P in S, packed to E4M3 only after P_{i-1} V
+// retired), where the serial form runs S, softmax and P V in turn.
+constexpr bool kFp8OverlapWide = FLASHATTN_FP8_OVERLAP_WIDE;
+// kFp8ProducerRegs: the producer warpgroup's registers after setmaxnreg (TMA thread and the V
+// transposers); the consumers get the rest of the CTA's launch allocation (168 x 384 = 64512, not
+// the 64K register file: setmaxnreg.inc waits forever for more, fa3_config.h), in steps of 8:
+// 40 -> 232, 24 -> 240. The producer side is written for 24 (produce_fp8, transpose_tiles_fp8:
+// nothing but ring counters live across a work tile).
+constexpr int kFp8ProducerRegs = FLASHATTN_FP8_PRODUCER_REGS;
+constexpr int kFp8ConsumerRegs =
+    (65536 / kThreads / 8 * 8 * kThreads - 128 * kFp8ProducerRegs) / (kThreads - 128) / 8 * 8;
+static_assert(setmaxnreg_split_fits(kFp8ProducerRegs, kFp8ConsumerRegs), "FP8 register split exceeds the launch's");
+static_assert(kFp8ConsumerRegs >= 232 && kFp8ConsumerRegs <= 256, "register split of the FP8 kernel");
+// kFp8LazyRescale: O *= alpha only when some row of the warp moved its max (alpha == 1 exactly
+// otherwise: exp2 of 0), a warp-uniform branch; head dim 128 only (rescale_o_fp8).
+constexpr bool kFp8LazyRescale = FLASHATTN_FP8_LAZY_RESCALE;
+// kFp8PrefetchS: head dim 128 issues S_{i+1} = Q K_{i+1}^T together with P_{i-1} V before the
+// softmax of S_i (two S register sets, one P set), so the tensor cores have a whole tile's GEMMs
+// under each softmax instead of P V alone (without a soft cap; capped plans keep overlapped_tiles).
+constexpr bool kFp8PrefetchS = FLASHATTN_FP8_PREFETCH_S;
 
 // Ping-pong of the two consumer warpgroups (as FlashAttention-3): each wgmma issue point (S, P V,
 // or both) is a turn; warpgroup w takes its turn on named barrier 1 + w and passes it to the other
@@ -93,6 +136,10 @@ struct Fp8Traits {
 struct Fp8Barriers {
     Barriers ring;  // q, k, v (v: the staging ring; v_empty counts transposer warps)
     uint64_t vt_full[kStages], vt_empty[kStages];
+    // Written by the TMA thread before it arrives on v_full[st]: 0 with a V tile, 1 when the CTA
+    // has no more (the transposers then stop: they walk no work tiles of their own). Read by lane 0
+    // of each transposer warp after v_full[st] completed, before its arrive on v_empty[st].
+    uint32_t v_end[kStages];
 };
 
 // Transposes one staged V tile ([kBN keys][kD] E4M3, kD/128 pages) into the K-major operand
@@ -111,62 +158,201 @@ struct Fp8Barriers {
 //    eight rows of each matrix fall in eight distinct swizzle chunks (no bank conflicts).
 // The loads read 8 consecutive keys at one chunk (conflict-free under the swizzle as well). Every
 // lane's swizzle terms depend on the lane only (K0 and C0 are multiples of 16 and 32), so the
-// addresses are a per-lane base plus a per-unit offset.
+// addresses are a per-lane base plus a per-unit offset.//
+// At 24 registers (kFp8ProducerRegs) the lane's terms are computed once per key tile from a fresh
+// %tid.x (nothing lane-derived stays live across a work tile) and each unit's address is one of
+// two lane bases XOR a compile-time chunk term plus a compile-time offset: the source chunk
+// ((2 (cg % 4) + (mi >> 1)) ^ j) << 4 is ((j ^ (mi >> 1)) << 4) ^ ((cg % 4) << 5), the destination
+// chunk ((kg ^ dst_sw) << 4) is (dst_sw << 4) ^ (kg << 4), and the stage bases are 1024-aligned,
+// so the XOR touches the lane's bits 4..6 only. The warp's units are compile-time (kWarp): the loop
+// unrolls into LDSM [base + imm] / STSM [base + imm] with no per-unit index arithmetic.
 template <class Tr>
-__device__ __forceinline__ void transpose_v_tile(uint32_t src, uint32_t dst, int warp, int lane) {
-    constexpr int kUnits = (Tr::kBN / 16) * (Tr::kD / 32);
+struct TransposeLane {
+    uint32_t src, dst, sel_a, sel_b;
+};
+
+__device__ __forceinline__ uint32_t fresh_tid_x() {
+    uint32_t v;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));  // volatile: re-read, not kept live
+    return v;
+}
+
+template <class Tr>
+__device__ __forceinline__ TransposeLane<Tr> transpose_lane(uint32_t src, uint32_t dst) {
+    const int lane = static_cast<int>(fresh_tid_x() & 31u);
     const int j = lane & 7, mi = lane >> 3;
     // Source: key K0 + 8 (mi & 1) + j, 16-byte chunk 2 (cg % 4) + (mi >> 1) of page cg / 4.
-    const uint32_t src_lane = src + static_cast<uint32_t>((8 * (mi & 1) + j) * 128);
-    const int src_chunk = mi >> 1;
+    const int src_row = 8 * (mi & 1) + j;
     // Destination: row C0 + 16 (mi >> 1) + 2 j + flip, chunk kg (byte K0 = 16 kg).
     const int flip = (mi & 1) ^ (j >= 4 ? 1 : 0);
     const int dst_row = 16 * (mi >> 1) + 2 * j + flip;  // + C0 (a multiple of 32: row % 8 unchanged)
-    const uint32_t dst_lane = dst + static_cast<uint32_t>(dst_row * 128);
-    const int dst_sw = dst_row & 7;
     // Lane (g, q)'s byte selectors: its first store matrix holds column c (0x6420: bytes 0, 2 of
     // each register) for g < 4, c + 1 (0x7531) for g >= 4; the second the other.
     const bool hi_g = (lane >> 2) >= 4;
-    const uint32_t sel_a = hi_g ? 0x7531u : 0x6420u, sel_b = hi_g ? 0x6420u : 0x7531u;
-#pragma unroll 2
-    for (int u = warp; u < kUnits; u += kTransposeWarps) {
+    TransposeLane<Tr> l;
+    l.src = src + static_cast<uint32_t>(src_row * 128 + ((j ^ (mi >> 1)) << 4));
+    l.dst = dst + static_cast<uint32_t>(dst_row * 128 + ((dst_row & 7) << 4));
+    l.sel_a = hi_g ? 0x7531u : 0x6420u;
+    l.sel_b = hi_g ? 0x6420u : 0x7531u;
+    return l;
+}
+
+template <class Tr, int kWarp>
+__device__ __forceinline__ void transpose_v_tile(const TransposeLane<Tr> &l) {
+    constexpr int kUnits = (Tr::kBN / 16) * (Tr::kD / 32);
+#pragma unroll
+    for (int u = kWarp; u < kUnits; u += kTransposeWarps) {
         const int kg = u & 7, cg = u >> 3;
-        const uint32_t s_addr = src_lane + static_cast<uint32_t>((cg >> 2) * Tr::kKVPage + kg * 16 * 128 +
-                                                                  ((((2 * (cg & 3) + src_chunk) ^ j) & 7) << 4));
+        const uint32_t s_addr = (l.src ^ static_cast<uint32_t>((cg & 3) << 5)) +
+                                static_cast<uint32_t>((cg >> 2) * Tr::kKVPage + kg * 16 * 128);
         uint32_t r[4];
         cuda::ldmatrix_x4_trans(r, s_addr);
         uint32_t w[4];
-        w[0] = __byte_perm(r[0], r[1], sel_a);
-        w[1] = __byte_perm(r[0], r[1], sel_b);
-        w[2] = __byte_perm(r[2], r[3], sel_a);
-        w[3] = __byte_perm(r[2], r[3], sel_b);
-        const uint32_t d_addr = dst_lane + static_cast<uint32_t>(cg * 32 * 128 + (((kg ^ dst_sw) & 7) << 4));
+        w[0] = __byte_perm(r[0], r[1], l.sel_a);
+        w[1] = __byte_perm(r[0], r[1], l.sel_b);
+        w[2] = __byte_perm(r[2], r[3], l.sel_a);
+        w[3] = __byte_perm(r[2], r[3], l.sel_b);
+        const uint32_t d_addr = (l.dst ^ static_cast<uint32_t>(kg << 4)) + static_cast<uint32_t>(cg * 32 * 128);
         cuda::stmatrix_x4(w, d_addr);
     }
 }
 
-// Transposer warps (1..3 of the producer warpgroup): every key tile of a work tile, in the
-// producer's order, from the staging ring into the transposed ring.
+// Shared-window offsets (32-bit) of the FP8 kernel's barriers, for the producer warpgroup's
+// 32-bit forms (ptx_sm90_fp8.cuh); `sb` is the aligned base (smem_addr of the kernel's smem).
 template <class Tr>
-__device__ __forceinline__ void transpose_tiles(const TileCoords &c, unsigned char *smem, Fp8Barriers *bars, int warp,
-                                                int lane, Pipe &pipe) {
-    const int n_tiles = c.kt.last - c.kt.first + 1;
-    for (int i = pipe.kv; i < pipe.kv + n_tiles; ++i) {
-        const int st = stage_of(i);
-        const uint32_t ph = phase_of(i);
-        cuda::mbar_wait(&bars->ring.v_full[st], ph);
-        cuda::mbar_wait(&bars->vt_empty[st], ph ^ 1u);
-        transpose_v_tile<Tr>(cuda::smem_addr(smem + Tr::kVOffset + st * Tr::kKVBytes),
-                             cuda::smem_addr(smem + Tr::kVtOffset + st * Tr::kVtBytes), warp, lane);
+struct Fp8BarAddr {
+    uint32_t sb;
+    __device__ uint32_t at(size_t member_offset, int st = 0) const {
+        return sb + static_cast<uint32_t>(Tr::kBarOffset + member_offset + 8 * st);
+    }
+    __device__ uint32_t q_full() const { return at(offsetof(Fp8Barriers, ring) + offsetof(Barriers, q_full)); }
+    __device__ uint32_t q_empty() const { return at(offsetof(Fp8Barriers, ring) + offsetof(Barriers, q_empty)); }
+    __device__ uint32_t k_full(int st) const { return at(offsetof(Fp8Barriers, ring) + offsetof(Barriers, k_full), st); }
+    __device__ uint32_t k_empty(int st) const { return at(offsetof(Fp8Barriers, ring) + offsetof(Barriers, k_empty), st); }
+    __device__ uint32_t v_full(int st) const { return at(offsetof(Fp8Barriers, ring) + offsetof(Barriers, v_full), st); }
+    __device__ uint32_t v_empty(int st) const { return at(offsetof(Fp8Barriers, ring) + offsetof(Barriers, v_empty), st); }
+    __device__ uint32_t vt_full(int st) const { return at(offsetof(Fp8Barriers, vt_full), st); }
+    __device__ uint32_t vt_empty(int st) const { return at(offsetof(Fp8Barriers, vt_empty), st); }
+    __device__ uint32_t v_end(int st) const {
+        return sb + static_cast<uint32_t>(Tr::kBarOffset + offsetof(Fp8Barriers, v_end) + 4 * st);
+    }
+};
+
+// Transposer warps (1..3 of the producer warpgroup, kWarp = 0..2): every V tile the TMA thread
+// stages, in order, from the staging ring into the transposed ring, until the TMA thread marks a
+// stage as the end (v_end). They walk no work tiles: at 24 registers the tile scheduler's
+// arithmetic (and ptxas hoisting its loop invariants) spilled. Live across a tile: the ring
+// position and the shared base only.
+template <class Tr, int kWarp>
+__device__ __forceinline__ void transpose_tiles_fp8(uint32_t sb) {
+    const Fp8BarAddr<Tr> b{sb};
+#pragma unroll 1
+    for (int kv = 0;; ++kv) {
+        const int st = kv & 1;
+        const uint32_t ph = static_cast<uint32_t>(kv >> 1) & 1u;
+        cuda::mbar_wait_s(b.v_full(st), ph);
+        const bool lane0 = (fresh_tid_x() & 31u) == 0;
+        uint32_t end = 0;
+        if (lane0) end = cuda::ld_volatile_shared_u32(b.v_end(st));
+        if (__shfl_sync(0xffffffffu, end, 0) != 0) break;
+        cuda::mbar_wait_s(b.vt_empty(st), ph ^ 1u);
+        transpose_v_tile<Tr, kWarp>(transpose_lane<Tr>(sb + static_cast<uint32_t>(Tr::kVOffset + st * Tr::kKVBytes),
+                                                       sb + static_cast<uint32_t>(Tr::kVtOffset + st * Tr::kVtBytes)));
         cuda::fence_proxy_async_shared();  // this thread's stores, visible to the consumers' wgmma
         __syncwarp();
-        if (lane == 0) {
-            cuda::mbar_arrive(&bars->ring.v_empty[st]);
-            cuda::mbar_arrive(&bars->vt_full[st]);
+        if ((fresh_tid_x() & 31u) == 0) {
+            cuda::mbar_arrive_s(b.v_empty(st));
+            cuda::mbar_arrive_s(b.vt_full(st));
         }
     }
-    pipe.kv += n_tiles;
-    pipe.q += 1;
+}
+
+// The persistent walk of the TMA thread: the work tiles of nth_tile (fa3_tile_scheduler.cuh),
+// t_r = r g + x (r even) or r g + g - 1 - x (r odd), stepped instead of recomputed: t_{r+1} - t_r
+// alternates between 2 (g - x) - 1 and 2 x + 1 (their sum is 2 g), so the tile index and its
+// next step are all that stays live (32-bit: t < n_work + 2 g never overflows an int).
+struct Fp8TileWalk {
+    int t, step;
+    __device__ Fp8TileWalk() {
+        const int x = static_cast<int>(blockIdx.x), g = static_cast<int>(gridDim.x);
+        t = x;
+        step = 2 * (g - x) - 1;
+    }
+    __device__ void next() {
+        t += step;
+        step = 2 * static_cast<int>(gridDim.x) - step;
+    }
+};
+
+// tma_tile (fa3_producer.cuh) on 32-bit shared addresses.
+template <class Tr>
+__device__ __forceinline__ void tma_tile_s(uint32_t dst, int page_bytes, const CUtensorMap *tm, uint32_t bar,
+                                           int32_t row, int32_t head, int32_t batch) {
+#pragma unroll
+    for (int pg = 0; pg < Tr::kPages; ++pg)
+        cuda::tma_load_4d_s(dst + static_cast<uint32_t>(pg * page_bytes), tm, bar, Tr::kPageCols * pg, row, head, batch);
+}
+
+// The TMA thread's walk: produce (fa3_producer.cuh) for the FP8 rings, lean enough for 24
+// registers: per key tile the row coordinate steps down by kBN in 32-bit (kv_row_coord's value
+// for tile kt.last - j), the ring position from one counter; the first key tile is peeled (its K
+// goes out before the wait for the Q buffer, as in produce; Q's coordinates are dead after it). At the end it marks the next staging stage as the end for
+// the transposers (v_end, a plain arrive on v_full). Key tiles: the window's, as the consumers walk
+// them (FP8 plans with sink tokens are refused).
+template <class Tr>
+__device__ __forceinline__ void produce_fp8(const Params &p, const CUtensorMap *tm_q, const CUtensorMap *tm_k,
+                                            const CUtensorMap *tm_v, uint32_t sb) {
+    static_assert(kStages == 2, "ring position arithmetic below");
+    const Fp8BarAddr<Tr> b{sb};
+    const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    const int n_work = m_blocks * p.heads_q * p.batch;
+    int kv = 0, nq = 0;
+    // K (then V) of ring position kv, key rows from krow.
+    auto load_k = [&](int32_t krow, int32_t kvh, int32_t bq) {
+        const int st = kv & 1;
+        cuda::mbar_wait_s(b.k_empty(st), (static_cast<uint32_t>(kv >> 1) & 1u) ^ 1u);
+        cuda::mbar_arrive_expect_tx_s(b.k_full(st), Tr::kKVBytes);
+        tma_tile_s<Tr>(sb + static_cast<uint32_t>(Tr::kKOffset + st * Tr::kKVBytes), Tr::kKVPage, tm_k, b.k_full(st), krow,
+                       kvh, bq);
+    };
+    auto load_v = [&](int32_t krow, int32_t kvh, int32_t bq) {
+        const int st = kv & 1;
+        cuda::mbar_wait_s(b.v_empty(st), (static_cast<uint32_t>(kv >> 1) & 1u) ^ 1u);
+        cuda::st_shared_u32(b.v_end(st), 0u);
+        cuda::mbar_arrive_expect_tx_s(b.v_full(st), Tr::kKVBytes);
+        tma_tile_s<Tr>(sb + static_cast<uint32_t>(Tr::kVOffset + st * Tr::kKVBytes), Tr::kKVPage, tm_v, b.v_full(st), krow,
+                       kvh, bq);
+    };
+    for (Fp8TileWalk walk; walk.t < n_work; walk.next()) {
+        // tile_coords on values ptxas cannot hoist out of this loop: z is 0 (t >= 0) but opaque,
+        // so m_blocks + z and seqlen_k + z are recomputed per work tile; hoisted, m_blocks, its
+        // product with the section width and seqlen_k - 1 (64-bit) stayed live and spilled at 24.
+        int z;
+        asm volatile("shr.s32 %0, %1, 31;" : "=r"(z) : "r"(walk.t));
+        Params q = p;
+        q.seqlen_k = p.seqlen_k + z;
+        const TileCoords c = tile_coords(q, walk.t, m_blocks + z, Tr::kBN);
+        if (!c.has_keys()) continue;
+        const int32_t bq = batch_coord(p, c);
+        const int32_t kvh = c.head / p.group;
+        const int end = kv + c.kt.last - c.kt.first + 1;
+        int32_t krow = kv_row_coord(p, c, c.kt.last, Tr::kBN);
+        load_k(krow, kvh, bq);  // the first K tile before the wait for the Q buffer
+        cuda::mbar_wait_s(b.q_empty(), static_cast<uint32_t>(nq & 1) ^ 1u);
+        cuda::mbar_arrive_expect_tx_s(b.q_full(), Tr::kQBytes);
+        tma_tile_s<Tr>(sb, Tr::kQPage, tm_q, b.q_full(), q_row_coord(p, c), c.head, bq);
+        load_v(krow, kvh, bq);
+#pragma unroll 1
+        for (++kv, krow -= Tr::kBN; kv < end; ++kv, krow -= Tr::kBN) {
+            load_k(krow, kvh, bq);
+            load_v(krow, kvh, bq);
+        }
+        ++nq;
+    }
+    const int st = kv & 1;
+    cuda::mbar_wait_s(b.v_empty(st), (static_cast<uint32_t>(kv >> 1) & 1u) ^ 1u);
+    cuda::st_shared_u32(b.v_end(st), 1u);
+    cuda::mbar_arrive_s(b.v_full(st));
 }
 
 // S = Q K^T for K ring stage `st` (issued, not waited for): kD / 32 E4M3 wgmmas.
@@ -196,11 +382,12 @@ __device__ __forceinline__ void issue_pv_fp8(float (&O)[Tr::kD / 2], const uint3
 }
 
 // The online-softmax step of softmax_step (online_softmax.cuh) with P = 256 exp(...) (the x256
-// folded into the exp2 offset; row_sum sums the scaled values), packed to E4M3 A fragments in
-// the permuted key order of pack_p_fragment. S is overwritten with the scaled P.
+// folded into the exp2 offset; row_sum sums the scaled values): S is overwritten with the scaled
+// fp32 P. pack_p_fp8 then packs it to E4M3 A fragments in the permuted key order of
+// pack_p_fragment.
 template <int kNT>
-__device__ __forceinline__ void softmax_step_fp8(float (&S)[kNT][4], float (&row_max)[2], float (&row_sum)[2],
-                                                 float sl2, uint32_t (&P)[kNT / 4][4], float (&alpha)[2]) {
+__device__ __forceinline__ void softmax_exp_fp8(float (&S)[kNT][4], float (&row_max)[2], float (&row_sum)[2],
+                                                float sl2, float (&alpha)[2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         float mx = row_max[h];
@@ -224,16 +411,41 @@ __device__ __forceinline__ void softmax_step_fp8(float (&S)[kNT][4], float (&row
             }
         row_sum[h] = fmaf(row_sum[h], alpha[h], rs);
     }
+}
+
+template <int kNT>
+__device__ __forceinline__ void pack_p_fp8(float (&S)[kNT][4], uint32_t (&P)[kNT / 4][4]) {
     const float(&flat)[kNT * 4] = reinterpret_cast<const float(&)[kNT * 4]>(S);
 #pragma unroll
     for (int t = 0; t < kNT / 4; ++t) cuda::pack_p_fragment(flat, t, 1.f, P[t]);
 }
 
-// Soft cap (with the tile's descaled pre-tanh scale) and the edge-tile mask.
-template <class Tr>
+template <int kNT>
+__device__ __forceinline__ void softmax_step_fp8(float (&S)[kNT][4], float (&row_max)[2], float (&row_sum)[2],
+                                                 float sl2, uint32_t (&P)[kNT / 4][4], float (&alpha)[2]) {
+    softmax_exp_fp8(S, row_max, row_sum, sl2, alpha);
+    pack_p_fp8(S, P);
+}
+
+// O *= alpha (per row half h: registers j with (j % 4) / 2 == h). With kFp8LazyRescale only when
+// some row of the warp has alpha != 1 (a row whose max did not move has alpha exactly 1).
+template <int kN>
+__device__ __forceinline__ void rescale_o_fp8(float (&O)[kN], const float (&alpha)[2]) {
+    // (Head dim 128 only: at 256 with kFp8OverlapWide the vote's registers made ptxas spill.)
+    if constexpr (kFp8LazyRescale && kN <= 64) {
+        if (!__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) return;
+    }
+#pragma unroll
+    for (int j = 0; j < kN; ++j) O[j] *= alpha[(j % 4) / 2];
+}
+
+// Soft cap (with the tile's descaled pre-tanh scale) and the edge-tile mask. kMayCap false: the
+// caller runs only without a soft cap (cap_scale is 0), and the tanh is compiled out.
+template <class Tr, bool kMayCap = true>
 __device__ __forceinline__ void score_mods_fp8(const Params &p, const TileCoords &c, float (&S)[Tr::kNT][4], int nb,
-                                               const int (&rdiag)[2], int t, float cap_scale) {
-    if (cap_scale != 0.f) cuda::softcap_scores(S, cap_scale);
+                                               int rdiag0, int t, float cap_scale) {
+    if (kMayCap && cap_scale != 0.f) cuda::softcap_scores(S, cap_scale);
+    const int rdiag[2] = {rdiag0, rdiag0 + 8};  // row halves g and g + 8 (one register kept live, not two)
     if (c.kt.masked(nb)) cuda::mask_scores(S, rdiag, nb * Tr::kBN + 2 * t, c.seq.sk, p.right_i, p.left_i);
 }
 
@@ -242,7 +454,7 @@ __device__ __forceinline__ void score_mods_fp8(const Params &p, const TileCoords
 template <class Tr>
 __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const TileCoords &c, unsigned char *smem,
                                                       Fp8Barriers *bars, int w, int lane, int t,
-                                                      const int (&rdiag)[2], float sl2, float cap_scale,
+                                                      int rdiag0, float sl2, float cap_scale,
                                                       float (&O)[Tr::kD / 2], float (&row_max)[2],
                                                       float (&row_sum)[2], Pipe &pipe) {
     constexpr int kD = Tr::kD, kBN = Tr::kBN, kNT = Tr::kNT, kKS = Tr::kKSteps;
@@ -251,7 +463,10 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
     // (16) operand registers, and ptxas spilled and serialized the wgmmas (C7512) even with one P
     // set, so each tile runs S, softmax, P V in turn (serial_tiles); the two consumer warpgroups
     // still overlap each other.
+    // With kFp8OverlapWide head dim 256 overlaps too (without a soft cap), on one P set
+    // (overlapped_tiles_one_p).
     constexpr bool kOverlap = kD <= 128;
+    constexpr bool kOverlapOneP = kD > 128 && kFp8OverlapWide;
     const uint32_t s_base = cuda::smem_addr(smem);
     const uint64_t dq = cuda::make_desc_sw128(s_base + 64 * w * 128);
     const uint64_t dk = cuda::make_desc_sw128(s_base + Tr::kKOffset);
@@ -272,14 +487,13 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
         cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
         release(&bars->ring.k_empty[ks], lane);
         if (i == n_tiles - 1) release(&bars->ring.q_empty, lane);
-        score_mods_fp8<Tr>(p, c, S, c.kt.last - i, rdiag, t, cap_scale);
+        score_mods_fp8<Tr>(p, c, S, c.kt.last - i, rdiag0, t, cap_scale);
         float alpha[2];
         softmax_step_fp8(S, row_max, row_sum, sl2, P_next, alpha);
         cuda::wgmma_wait<0>();
         cuda::fence_operands(O);
         release(&bars->vt_empty[vs], lane);
-#pragma unroll
-        for (int j = 0; j < kD / 2; ++j) O[j] *= alpha[(j % 4) / 2];
+        rescale_o_fp8(O, alpha);
     };
     auto last_pv = [&](uint32_t (&P)[kKS][4], int i) {
         const int vs = stage_of(r0 + i);
@@ -308,11 +522,10 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
             cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
             release(&bars->ring.k_empty[st], lane);
             if (i == n_tiles - 1) release(&bars->ring.q_empty, lane);
-            score_mods_fp8<Tr>(p, c, S, c.kt.last - i, rdiag, t, cap_scale);
+            score_mods_fp8<Tr>(p, c, S, c.kt.last - i, rdiag0, t, cap_scale);
             float alpha[2];
             softmax_step_fp8(S, row_max, row_sum, sl2, P, alpha);  // alpha 0 on the first tile: O is 0
-#pragma unroll
-            for (int j = 0; j < kD / 2; ++j) O[j] *= alpha[(j % 4) / 2];
+            rescale_o_fp8(O, alpha);
             cuda::mbar_wait(&bars->vt_full[st], ph);
             take_turn(w);
             issue_pv_fp8<Tr>(O, P, dvt, st);
@@ -336,7 +549,7 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
             cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
             release(&bars->ring.k_empty[ks], lane);
             if (n_tiles == 1) release(&bars->ring.q_empty, lane);
-            score_mods_fp8<Tr>(p, c, S, c.kt.last, rdiag, t, cap_scale);
+            score_mods_fp8<Tr>(p, c, S, c.kt.last, rdiag0, t, cap_scale);
             float alpha[2];
             softmax_step_fp8(S, row_max, row_sum, sl2, P0, alpha);
         }
@@ -352,10 +565,142 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
             last_pv(P0, i - 1);
         }
     };
+    // Head dim 256 with kFp8OverlapWide: as overlapped_tiles, but one P set: during the softmax of
+    // S_i, P holds P_{i-1} (the operand of the P V in flight); the softmax leaves fp32 P_i in S,
+    // packed into P once P_{i-1} V retired. Live across the softmax: O (128), S (64), P (16).
+    auto step_one_p = [&](int i, uint32_t (&P)[kKS][4]) {
+        const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
+        float S[kNT][4];
+        cuda::mbar_wait(&bars->ring.k_full[ks], phase_of(r0 + i));
+        cuda::mbar_wait(&bars->vt_full[vs], phase_of(r0 + i - 1));
+        take_turn(w);
+        issue_qk_fp8<Tr>(S, dq, dk, ks);
+        issue_pv_fp8<Tr>(O, P, dvt, vs);
+        pass_turn(w);
+        cuda::wgmma_wait<1>();  // S_i is ready; P_{i-1} V_{i-1} may still run
+        cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
+        release(&bars->ring.k_empty[ks], lane);
+        if (i == n_tiles - 1) release(&bars->ring.q_empty, lane);
+        score_mods_fp8<Tr, false>(p, c, S, c.kt.last - i, rdiag0, t, cap_scale);
+        float alpha[2];
+        softmax_exp_fp8(S, row_max, row_sum, sl2, alpha);
+        cuda::wgmma_wait<0>();
+        cuda::fence_operands(O);
+        release(&bars->vt_empty[vs], lane);
+        rescale_o_fp8(O, alpha);
+        pack_p_fp8(S, P);
+    };
+    auto overlapped_tiles_one_p = [&]() {
+        uint32_t P[kKS][4];
+        {
+            const int ks = stage_of(r0);
+            float S[kNT][4];
+            cuda::mbar_wait(&bars->ring.k_full[ks], phase_of(r0));
+            take_turn(w);
+            issue_qk_fp8<Tr>(S, dq, dk, ks);
+            pass_turn(w);
+            cuda::wgmma_wait<0>();
+            cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
+            release(&bars->ring.k_empty[ks], lane);
+            if (n_tiles == 1) release(&bars->ring.q_empty, lane);
+            score_mods_fp8<Tr, false>(p, c, S, c.kt.last, rdiag0, t, cap_scale);
+            float alpha[2];
+            softmax_step_fp8(S, row_max, row_sum, sl2, P, alpha);  // O is 0: no rescale
+        }
+#pragma unroll 1
+        for (int i = 1; i < n_tiles; ++i) step_one_p(i, P);
+        last_pv(P, n_tiles - 1);
+    };
+    // Head dim 128 with kFp8PrefetchS: S_i is in flight in Sc when step_prefetch(i) starts and P
+    // holds P_{i-1}; it issues P_{i-1} V and S_{i+1} (into Sn), runs the softmax of S_i under
+    // both, and packs P_i once P_{i-1} V retired. Commit groups in order: S_i, P_{i-1} V, S_{i+1}.
+    auto step_prefetch = [&](int i, float (&Sc)[kNT][4], float (&Sn)[kNT][4], uint32_t (&P)[kKS][4]) {
+        const int ks = stage_of(r0 + i), kn = stage_of(r0 + i + 1), vs = stage_of(r0 + i - 1);
+        cuda::mbar_wait(&bars->vt_full[vs], phase_of(r0 + i - 1));
+        cuda::mbar_wait(&bars->ring.k_full[kn], phase_of(r0 + i + 1));
+        take_turn(w);
+        issue_pv_fp8<Tr>(O, P, dvt, vs);
+        issue_qk_fp8<Tr>(Sn, dq, dk, kn);
+        pass_turn(w);
+        cuda::wgmma_wait<2>();  // S_i
+        cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(Sc));
+        release(&bars->ring.k_empty[ks], lane);
+        score_mods_fp8<Tr, false>(p, c, Sc, c.kt.last - i, rdiag0, t, cap_scale);
+        float alpha[2];
+        softmax_exp_fp8(Sc, row_max, row_sum, sl2, alpha);
+        cuda::wgmma_wait<1>();  // P_{i-1} V
+        cuda::fence_operands(O);
+        release(&bars->vt_empty[vs], lane);
+        rescale_o_fp8(O, alpha);
+        pack_p_fp8(Sc, P);
+    };
+    // The last key tile (i = n_tiles - 1 >= 1): no S to issue.
+    auto step_prefetch_last = [&](int i, float (&Sc)[kNT][4], uint32_t (&P)[kKS][4]) {
+        const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
+        cuda::mbar_wait(&bars->vt_full[vs], phase_of(r0 + i - 1));
+        take_turn(w);
+        issue_pv_fp8<Tr>(O, P, dvt, vs);
+        pass_turn(w);
+        cuda::wgmma_wait<1>();  // S_i
+        cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(Sc));
+        release(&bars->ring.k_empty[ks], lane);
+        release(&bars->ring.q_empty, lane);
+        score_mods_fp8<Tr, false>(p, c, Sc, c.kt.last - i, rdiag0, t, cap_scale);
+        float alpha[2];
+        softmax_exp_fp8(Sc, row_max, row_sum, sl2, alpha);
+        cuda::wgmma_wait<0>();  // P_{i-1} V
+        cuda::fence_operands(O);
+        release(&bars->vt_empty[vs], lane);
+        rescale_o_fp8(O, alpha);
+        pack_p_fp8(Sc, P);
+    };
+    auto prefetched_tiles = [&]() {  // n_tiles >= 2
+        float Sa[kNT][4], Sb[kNT][4];
+        uint32_t P[kKS][4];
+        {  // S_0 and S_1 issued together; the softmax of S_0 runs under S_1
+            const int k0 = stage_of(r0), k1 = stage_of(r0 + 1);
+            cuda::mbar_wait(&bars->ring.k_full[k0], phase_of(r0));
+            cuda::mbar_wait(&bars->ring.k_full[k1], phase_of(r0 + 1));
+            take_turn(w);
+            issue_qk_fp8<Tr>(Sa, dq, dk, k0);
+            issue_qk_fp8<Tr>(Sb, dq, dk, k1);
+            pass_turn(w);
+            cuda::wgmma_wait<1>();
+            cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(Sa));
+            release(&bars->ring.k_empty[k0], lane);
+            score_mods_fp8<Tr, false>(p, c, Sa, c.kt.last, rdiag0, t, cap_scale);
+            float alpha[2];
+            softmax_step_fp8(Sa, row_max, row_sum, sl2, P, alpha);  // O is 0: no rescale
+        }
+        int i = 1;  // S_i of odd i is in Sb, of even i in Sa
+#pragma unroll 1
+        for (; i + 2 < n_tiles; i += 2) {
+            step_prefetch(i, Sb, Sa, P);
+            step_prefetch(i + 1, Sa, Sb, P);
+        }
+        if (i + 1 < n_tiles) {
+            step_prefetch(i, Sb, Sa, P);
+            step_prefetch_last(i + 1, Sa, P);
+        } else {
+            step_prefetch_last(i, Sb, P);
+        }
+        last_pv(P, n_tiles - 1);
+    };
     cuda::mbar_wait(&bars->ring.q_full, static_cast<uint32_t>(pipe.q & 1));
     if constexpr (kOverlap) {
-        uint32_t Pa[kKS][4], Pb[kKS][4];
-        overlapped_tiles(Pa, Pb);
+        if (kFp8PrefetchS && p.softcap_scale == 0.f && n_tiles > 1) {  // (one tile: nothing to prefetch)
+            prefetched_tiles();
+        } else {
+            uint32_t Pa[kKS][4], Pb[kKS][4];
+            overlapped_tiles(Pa, Pb);
+        }
+    } else if constexpr (kOverlapOneP) {
+        // The soft cap's tanh did not fit beside O, S and P (ptxas spilled): capped plans run the
+        // serial form.
+        if (p.softcap_scale == 0.f)  // (from the parameter space: no register held for the test)
+            overlapped_tiles_one_p();
+        else
+            serial_tiles();
     } else {
         serial_tiles();
     }
@@ -370,12 +715,22 @@ __device__ __forceinline__ void consume_fp8(const Fp8Params &p, const TileCoords
                                             Fp8Barriers *bars, int w, Pipe &pipe) {
     constexpr int kD = Tr::kD;
     const int tid = threadIdx.x - 128 * (w + 1);
-    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    int qpos[2], rdiag[2];
+    const int lane = tid & 31, t = lane & 3;  // (the warp and row g: query_rows)
+    // The query rows (qpos) are recomputed from a fresh read of %tid.x for the epilogue: kept live
+    // through the mainloop, ptxas spilled them at head dim 256 with kFp8OverlapWide.
+    auto query_rows = [&](int (&qpos)[2]) {
+        uint32_t tx;
+        asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tx));
+        const int row = static_cast<int>(tx) - 128;  // 128 w + 32 warp + lane (w from tx too: m0 alone stays live)
+        const int base = c.m0 + 64 * (row >> 7) + 16 * ((row & 127) >> 5) + ((row & 31) >> 2);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        qpos[h] = c.m0 + 64 * w + 16 * warp + g + 8 * h;
-        rdiag[h] = qpos[h] + cuda::diagonal_offset(p, c.seq.sq, c.seq.sk);
+        for (int h = 0; h < 2; ++h) qpos[h] = base + 8 * h;
+    };
+    int rdiag0;  // the diagonal of row half 0 (row half 1: + 8)
+    {
+        int qpos[2];
+        query_rows(qpos);
+        rdiag0 = qpos[0] + cuda::diagonal_offset(p, c.seq.sq, c.seq.sk);
     }
     // Descales of this (sequence, kv head). The scores are dq dk (q . k): the product scales the
     // exp2 multiplier, or with a soft cap the pre-tanh scale (sl2 is then cap * log2 e).
@@ -389,7 +744,7 @@ __device__ __forceinline__ void consume_fp8(const Fp8Params &p, const TileCoords
     for (int i = 0; i < kD / 2; ++i) O[i] = 0.f;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
     if (c.has_keys()) {
-        consumer_mainloop_fp8<Tr>(p, c, smem, bars, w, lane, t, rdiag, sl2, cap_scale, O, row_max, row_sum, pipe);
+        consumer_mainloop_fp8<Tr>(p, c, smem, bars, w, lane, t, rdiag0, sl2, cap_scale, O, row_max, row_sum, pipe);
         // P carried a factor 256 in both O and the row sums: O gets dv / 256, the sums 1 / 256
         // (exact), so O / l is dv (P V) / l and the LSE is the unscaled one.
         const float o_scale = p.descale_v[ds] * kInvPScale;
@@ -398,6 +753,8 @@ __device__ __forceinline__ void consume_fp8(const Fp8Params &p, const TileCoords
         row_sum[0] *= kInvPScale;
         row_sum[1] *= kInvPScale;
     }
+    int qpos[2];
+    query_rows(qpos);
     store_output<Tr, E>(p, c, O, row_max, row_sum, sl2, qpos, t);
 }
 
@@ -431,26 +788,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int wg = threadIdx.x / 128;
     Pipe pipe;
     if (wg == 0) {
-        cuda::setmaxnreg_dec<40>();
+        cuda::setmaxnreg_dec<kFp8ProducerRegs>();
+        // The aligned base as a shared-window offset computed from smem_raw's (a constant ptxas
+        // folds into the producer's immediates; through the 64-bit generic `smem` it kept a
+        // register and spilled it at 24).
+        const uint32_t sb = (cuda::smem_addr(smem_raw) + 1023u) & ~1023u;
         const int warp = threadIdx.x / 32;
         if (warp == 0) {
             if (threadIdx.x != 0) return;
             cuda::prefetch_tensormap(&tm_q);
             cuda::prefetch_tensormap(&tm_k);
             cuda::prefetch_tensormap(&tm_v);
-            for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
-                const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
-                if (c.has_keys()) produce<Tr>(p, c, &tm_q, &tm_k, &tm_v, smem, &bars->ring, pipe);
-            }
+            produce_fp8<Tr>(p, &tm_q, &tm_k, &tm_v, sb);
+        } else if (warp == 1) {
+            transpose_tiles_fp8<Tr, 0>(sb);
+        } else if (warp == 2) {
+            transpose_tiles_fp8<Tr, 1>(sb);
         } else {
-            const int lane = threadIdx.x & 31;
-            for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
-                const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
-                if (c.has_keys()) transpose_tiles<Tr>(c, smem, bars, warp - 1, lane, pipe);
-            }
+            transpose_tiles_fp8<Tr, 2>(sb);
         }
     } else {
-        cuda::setmaxnreg_inc<232>();
+        cuda::setmaxnreg_inc<kFp8ConsumerRegs>();
         if (wg == 2) pass_turn(1);  // warpgroup 0 (wg 1) issues first
         for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
             const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
