@@ -28,10 +28,13 @@
 //                                              reductions from registers instead
 // At the end dK * scale and dV are stored (zeros for keys no query sees). The dQ scale is the
 // convert kernel's (device/bwd_prep.cuh). GQA needs no dK/dV reduction across CTAs: the CTA walks
-// its whole query-head group. Deterministic mode: the 64-key halves that add to one query block's
-// dQ take turns in ascending key order (a counter per (query head, query block), as FA2's); a
-// warpgroup waits for its turn only once its dQ tile is computed, issues its adds, and releases
-// the turn during its next step's S/dP GEMMs; warpgroup 1 (the follower) refills the ring.
+// its whole query-head group. Deterministic mode (kPair): the key blocks that add to one query
+// block's dQ take turns in a fixed key order (a counter per (query head, query block), as FA2's),
+// ascending, or descending with the grid handing out key blocks from the last one
+// (fa3_bwd_params.h, kDetDescending): a CTA only ever waits for key blocks of lower grid index,
+// which the GPU has dispatched no later. Warpgroup 0 hands its dQ part to warpgroup 1, which
+// waits for the turn once the summed tile is computed, issues the adds, and releases the turn
+// during its next step; warpgroup 1 (the follower) refills the ring.
 //
 // No producer warp yet: both warpgroups compute and thread 0 also issues the TMA loads (waiting,
 // before its own step, for both warpgroups to have released the buffer it refills). The
