@@ -2,21 +2,25 @@
 # The FA3 deterministic backward's one-call device check (issue 16), run from the repository root
 # on the H200 machine: build this tree (h200-check.sh build) and, beside it, the library of a base
 # tree (BASE_SRC, e.g. main's); test_backward_fa3 + test_fa3_sass with the default schedule and
-# test_backward_fa3 once per schedule of TEST_FORMS (FLASHATTN_FA3_BWD_DET_FORM, fa3_bwd_params.h),
-# compute-sanitizer memcheck / racecheck / synccheck of the reduced grid with SAN_FORM, all of
-# these at once (correctness only); then, alone on the GPU, bench/det_forms.py on this library
-# (the default mode against every schedule of FORMS that passed its test, rounds alternated) and
-# on the base library (its deterministic mode against its default). Logs under $OUT; summary last.
-#   BASE_SRC=.xfer/base BUILD_DIR=/tmp/fa-det bash tests/gpu/det-check.sh
+# test_backward_fa3 once per form of TEST_FORMS (the developer knob FLASHATTN_FA3_BWD_DET_FORM,
+# which only experiment trees read: e.g. commit 16228e5's schedule bits; main has one
+# deterministic kernel, so the defaults below run none), compute-sanitizer memcheck / racecheck /
+# synccheck of the reduced grid with SAN_FORM, all of these at once (correctness only); then,
+# alone on the GPU, bench/det_forms.py on this library (the default mode against every form of
+# FORMS that passed its test, rounds alternated) and on the base library (its deterministic mode
+# against its default). Logs under $OUT (the device tool returns only a few files: the per-run
+# logs' verdicts are in the summary); summary last. Stop 19 ran it as
+#   BASE_SRC=../base BUILD_DIR=/tmp/fa-det BASE_SEQLEN=4096,8192 FORMS=0,1,2,4,6,7 \
+#     TEST_FORMS="1 2 4 6 7" SAN_FORM=7 bash tests/gpu/det-check.sh      (from .xfer/det, 178 s)
 set -uo pipefail
 out=${OUT:-/tmp/det-out}
 mkdir -p "$out"
 build=${BUILD_DIR:-/tmp/fa-det}
 base_src=${BASE_SRC:-}
 base_build=${BASE_BUILD:-${build}-base}
-forms=${FORMS:-0,1,2,4,6,7}
-test_forms=${TEST_FORMS:-1 2 4 6 7}
-san_form=${SAN_FORM:-7}
+forms=${FORMS:-0}
+test_forms=${TEST_FORMS:-}
+san_form=${SAN_FORM:-}
 seqlen=${SEQLEN:-2048,4096,8192,16384}
 limit=${LIMIT:-90}  # seconds for each test / sanitizer run
 t0=$(date +%s)

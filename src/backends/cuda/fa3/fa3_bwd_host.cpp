@@ -6,8 +6,7 @@
 //   dq_sem    deterministic only: batch x heads_q x query blocks x 4 bytes
 // Determinism: dK and dV are written once by the one CTA that owns the key block (it walks the
 // whole GQA group in a fixed order); dQ goes through fp32 reductions that, in deterministic mode,
-// take turns per (query head, query block) in a fixed key order, ascending or descending
-// (fa3_bwd_params.h, kDetDescending; fa3_bwd_kernel.cuh).
+// take turns per (query head, query block) in ascending key order (fa3_bwd_kernel.cuh).
 #include "backends/cuda/fa3/fa3_bwd_host.h"
 
 #include <cstdint>
@@ -42,19 +41,6 @@ const BwdHeadDim &compiled_for(int64_t d) {
     return kBwdHeadDims[sizeof kBwdHeadDims / sizeof kBwdHeadDims[0] - 1];
 }
 
-// The deterministic mode's schedule: kBwdDetFormDefault, or the developer knob
-// FLASHATTN_FA3_BWD_DET_FORM (an integer of kDet* bits; anything else is ignored) for A/B runs of
-// the schedules (bench/det_forms.py). Read at finalize; the default mode has no schedule.
-int det_form_for(const Problem &p) {
-    if (!p.deterministic) return 0;
-    const char *knob = std::getenv("FLASHATTN_FA3_BWD_DET_FORM");
-    if (knob == nullptr || *knob == '\0') return kBwdDetFormDefault;
-    char *end = nullptr;
-    const long v = std::strtol(knob, &end, 10);
-    if (*end != '\0' || v < 0 || v > kDetFormBits) return kBwdDetFormDefault;
-    return static_cast<int>(v);
-}
-
 }  // namespace
 
 std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
@@ -84,7 +70,6 @@ BwdPlan plan_backward(const Problem &p, WorkspaceLayout *ws) {
     BwdPlan plan;
     plan.head_dim = compiled_for(p.head_dim).head_dim;
     plan.launch = compiled_for(p.head_dim).launch;
-    plan.det_form = det_form_for(p);
     static_cast<BwdSlices &>(plan) =
         add_backward_slices(p, ceil_div(p.seqlen_q, kBwdBM),
                             {"fa3 backward dQ order counters", "fa3 backward dO.O row sums", "fa3 backward dQ accumulator"},
@@ -100,7 +85,6 @@ flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const Wor
 
     BwdParams k;
     fill_backward_args(p, t, ws, plan, &k);
-    k.det_form = plan.det_form;
 
     const bool bf16 = p.dtype == FLASHATTN_DTYPE_BF16;
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);

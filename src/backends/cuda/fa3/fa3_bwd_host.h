@@ -19,7 +19,6 @@ namespace fa3 {
 struct BwdPlan : BwdSlices {
     int head_dim = 0;    // the compiled head dim that runs the problem (fa3_head_dims.h)
     LaunchBwd launch = nullptr;
-    int det_form = 0;    // deterministic mode: its schedule (fa3_bwd_params.h, kDet* bits)
 };
 
 // Empty when the FA3 backward kernels can run `p` on `dev` (the forward's own conditions, TMA

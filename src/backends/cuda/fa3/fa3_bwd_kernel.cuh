@@ -28,13 +28,10 @@
 //                                              reductions from registers instead
 // At the end dK * scale and dV are stored (zeros for keys no query sees). The dQ scale is the
 // convert kernel's (device/bwd_prep.cuh). GQA needs no dK/dV reduction across CTAs: the CTA walks
-// its whole query-head group. Deterministic mode (kPair): the key blocks that add to one query
-// block's dQ take turns in a fixed key order (a counter per (query head, query block), as FA2's),
-// ascending, or descending with the grid handing out key blocks from the last one
-// (fa3_bwd_params.h, kDetDescending): a CTA only ever waits for key blocks of lower grid index,
-// which the GPU has dispatched no later. Warpgroup 0 hands its dQ part to warpgroup 1, which
-// waits for the turn once the summed tile is computed, issues the adds, and releases the turn
-// during its next step; warpgroup 1 (the follower) refills the ring.
+// its whole query-head group. Deterministic mode: the 64-key halves that add to one query block's
+// dQ take turns in ascending key order (a counter per (query head, query block), as FA2's); a
+// warpgroup waits for its turn only once its dQ tile is computed, issues its adds, and releases
+// the turn during its next step's S/dP GEMMs; warpgroup 1 (the follower) refills the ring.
 //
 // No producer warp yet: both warpgroups compute and thread 0 also issues the TMA loads (waiting,
 // before its own step, for both warpgroups to have released the buffer it refills). The
@@ -162,12 +159,6 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 #else
     FLASHATTN_SM90A_TRAP();
 #endif
-}
-
-// Adds `v` to a gpu-scope counter as a release (the writes before it, and those it observed, are
-// visible to whoever acquires the new value): the deterministic mode's turn, kDetRelease.
-__device__ __forceinline__ void red_release_gpu_add(int *p, int v) {
-    asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 // ---- layout -----------------------------------------------------------------------------------
@@ -388,29 +379,10 @@ struct BwdTurn {
     int before;
 };
 __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a, BwdStep st) {
-    int *sem = p.dq_sem + (static_cast<int64_t>(a.b) * p.heads_q + st.hq) * p.sem_blocks + st.m0 / kBwdBM;
-    if (p.det_form & kDetDescending) {
-        // Descending from the last key block that sees the query block: the one holding its last
-        // row's last visible key (this key block sees the query block, so that key is >= n0).
-        const int64_t last_key = min(st.m0 + kBwdBM, a.sq) - 1 + a.off + p.right;
-        const int nb_last = static_cast<int>(min(last_key, static_cast<int64_t>(a.sk) - 1) / kBwdBN);
-        return BwdTurn{sem, nb_last - a.nb};
-    }
     const int64_t first_key = st.m0 + a.off - p.left;
     const int nb_first = first_key > 0 ? static_cast<int>(first_key / kBwdBN) : 0;
+    int *sem = p.dq_sem + (static_cast<int64_t>(a.b) * p.heads_q + st.hq) * p.sem_blocks + st.m0 / kBwdBM;
     return BwdTurn{sem, a.nb - nb_first};
-}
-
-// Deterministic mode: warpgroup 1's thread 0 waits for the step's turn. `polled` is the counter as
-// read earlier in the step (kDetEarlyPoll, an acquire load), or -1: the counter only reaches
-// `before` (the key blocks after this one wait for its add), so a read that saw it is the turn.
-__device__ __forceinline__ void wait_turn(const BwdTurn &turn, int polled) {
-    while (polled != turn.before) polled = cuda::ld_acquire_gpu(turn.sem);
-}
-// ... the early read, issued while the step's dQ GEMM runs (its wait follows).
-__device__ __forceinline__ int poll_turn(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg) {
-    if (wg != 1 || (threadIdx.x & 127) != 0 || !(p.det_form & kDetEarlyPoll)) return -1;
-    return cuda::ld_acquire_gpu(turn_of(p, a, st).sem);
 }
 
 // Deterministic mode: the end of the key block's turn for step s (thread 0 of warpgroup 1). The
@@ -427,13 +399,8 @@ __device__ __forceinline__ void release_turn(const BwdParams &p, const BwdBlock 
         bulk_wait_all();
         fence_proxy_async_global();
     }
-    int *sem = turn_of(p, a, bwd_step(p, a, s)).sem;
-    if (p.det_form & kDetRelease) {
-        red_release_gpu_add(sem, 1);  // the adds land before the counter moves
-    } else {
-        __threadfence();  // the adds land before the counter moves
-        atomicAdd(sem, 1);
-    }
+    __threadfence();  // the adds land before the counter moves
+    atomicAdd(turn_of(p, a, bwd_step(p, a, s)).sem, 1);
 }
 
 // Deterministic mode's hand-over of warpgroup 0's dQ part to warpgroup 1, one mbarrier phase per
@@ -464,7 +431,6 @@ __device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const Bwd
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
     const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
     const int d = p.head_dim;
-    int polled = -1;  // kPair: the turn's counter read early (poll_turn)
 #pragma unroll
     for (int half = 0; half < Tr::kPages; ++half) {
         const uint64_t dk = cuda::make_desc_sw128(s_k + half * Tr::kKPage, 1024, Tr::kKPage);
@@ -476,7 +442,6 @@ __device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const Bwd
             wgmma_ss_mn64<E>(acc, dds + static_cast<uint64_t>((kk * 16 * 128) >> 4),
                              dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
         cuda::wgmma_commit();
-        if (kPair && half == 0) polled = poll_turn(p, a, st, wg);
         cuda::wgmma_wait<0>();
         cuda::fence_operands(acc);
         if (kPair && half == 0) {
@@ -515,7 +480,9 @@ __device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const Bwd
         const int rows = min(kBwdBM, a.sq - st.m0);
         float *dst = p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + st.m0) * d;
         if constexpr (kPair) {
-            wait_turn(turn_of(p, a, st), polled);
+            const BwdTurn turn = turn_of(p, a, st);
+            while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
+            }
             fence_proxy_async_global();  // the predecessors' adds, before this one
             bulk_reduce_add_f32(dst, s_dq, static_cast<uint32_t>(rows * d * 4));
             bulk_commit();  // completed and released at the next step (release_turn)
@@ -557,7 +524,6 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
             wgmma_ss_mn64<E>(acc, dds + static_cast<uint64_t>((kk * 16 * 128) >> 4),
                              dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
         cuda::wgmma_commit();
-        const int polled = kPair ? poll_turn(p, a, st, wg) : -1;  // kPair: the turn's counter, read early
         cuda::wgmma_wait<0>();
         cuda::fence_operands(acc);
         if constexpr (kPair) {
@@ -581,7 +547,11 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
             }
             pair_done_reading(a, s, nsteps);
             // The turn is waited for only now that the tile is computed.
-            if (wtid == 0) wait_turn(turn_of(p, a, st), polled);
+            if (wtid == 0) {
+                const BwdTurn turn = turn_of(p, a, st);
+                while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
+                }
+            }
             warpgroup_sync(wg);
         }
 #pragma unroll
@@ -670,9 +640,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     const int hb = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.heads_kv * p.batch));
     BwdBlock a;
     a.nb = static_cast<int>(blockIdx.x / static_cast<unsigned>(p.heads_kv * p.batch));
-    if constexpr (kPair) {  // kDetDescending: a head's key blocks from the last one (turn_of)
-        if (p.det_form & kDetDescending) a.nb = (p.seqlen_k + kBwdBN - 1) / kBwdBN - 1 - a.nb;
-    }
     a.kvh = hb % p.heads_kv;
     a.b = hb / p.heads_kv;
     const cuda::SeqInfo si = cuda::seq_info(p, a.b);

@@ -21,31 +21,10 @@
 namespace flashattn {
 namespace fa3 {
 
-// The deterministic mode's schedule (BwdParams::det_form, bits; read by its kernel only, so the
-// default mode's kernel is untouched). fa3_bwd_kernel.cuh, turn_of / release_turn:
-//   kDetDescending  the key blocks add to a query block in descending order and the grid hands
-//                   out a head's key blocks from the last one (FlashAttention-3's order for causal
-//                   masks: the higher key block reaches each shared query block first), instead of
-//                   ascending from the first key block
-//   kDetRelease     the turn is passed on by one red.release.gpu (an acq_rel fence) instead of a
-//                   sequentially consistent fence (__threadfence) and an atomicAdd
-//   kDetEarlyPoll   the turn's counter is read while the step's dQ GEMM runs; the wait after it
-//                   spins only if that read was not yet the turn
-// kBwdDetFormDefault is what a deterministic plan runs; the developer knob
-// FLASHATTN_FA3_BWD_DET_FORM (an integer, read at finalize) overrides it for A/B runs
-// (bench/det_forms.py).
-constexpr int kDetDescending = 1;
-constexpr int kDetRelease = 2;
-constexpr int kDetEarlyPoll = 4;
-constexpr int kDetFormBits = 7;
-constexpr int kBwdDetFormDefault = 0;
-
-// The shared backward arguments (host/bwd_args.h, the fields device/bwd_prep.cuh reads) and the
-// deterministic mode's schedule (sem_blocks counts query blocks of kBwdBM rows; the dQ adds of one
-// query block take turns in deterministic mode: fa3_bwd_kernel.cuh).
-struct BwdParams : BwdTensorArgs {
-    int32_t det_form = 0;  // deterministic mode only: kDet* bits
-};
+// The shared backward arguments (host/bwd_args.h, the fields device/bwd_prep.cuh reads); FA3 adds
+// none (sem_blocks counts query blocks of kBwdBM rows; the dQ adds of one query block take turns
+// in deterministic mode: fa3_bwd_kernel.cuh).
+struct BwdParams : BwdTensorArgs {};
 
 // TMA descriptors: rank 4 {head_dim, rows, heads, batch} like the forward's, 64-column boxes of
 // kBwdBM rows (Q, dO) or kBwdBN rows (K, V), 128-byte swizzle.
