@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The FA3 backward's deterministic mode against its default mode, one library, every form of the
-deterministic mode that the library has (FLASHATTN_FA3_BWD_DET_FORM, read at finalize, existed only
-with the experiment patch of commit 53947b8; without it every form runs the library's one
-deterministic kernel, so `--forms 0` times the deterministic mode against the default) in one
+deterministic mode that the library has (FLASHATTN_FA3_BWD_DET_FORM, read at finalize, exists only
+in experiment trees: the forms of commit 53947b8's patch, the schedule bits of commit 16228e5; in
+libraries without the knob every form runs the library's one deterministic kernel, so `--forms 0`
+times the deterministic mode against the default) in one
 process, rounds alternated (even rounds in the listed order, odd rounds reversed) so that clock
 drift at the power limit falls on all alike.
 

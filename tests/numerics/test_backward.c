@@ -164,6 +164,18 @@ static const bwd_case grid[] = {
     CASE(2, 129, 200, 4, 2, 64, 0, B16, 0, -1, -1, 0, 0, 0, 0, 1),
     CASE(2, 200, 129, 2, 2, 64, 0, F16, 1, -1, -1, 0, 0, 0, 0, 1),
     CASE(2, 100, 256, 4, 1, 64, 0, B16, 0, -1, -1, 0, 0, 0, 0, 1),
+    /* Deterministic: many key blocks per query block (few query blocks, GQA), causal with
+     * seqlen_q < seqlen_k and > (the first and the last key block that sees a query block both
+     * move), windows, and varlen with sequences of different lengths (key blocks past a short
+     * sequence's end exit at once): the dQ turns may run in either key order
+     * (FLASHATTN_FA3_BWD_DET_FORM). */
+    GPU_CASE(2, 64, 1000, 8, 2, 128, 0, B16, 1, -1, -1, 0, 0, 0, 0, 1),
+    GPU_CASE(1, 100, 1100, 4, 1, 64, 0, F16, 0, -1, -1, 0, 0, 0, 0, 1),
+    GPU_CASE(1, 300, 700, 4, 2, 128, 0, F16, 1, -1, -1, 0, 0, 0, 0, 1),
+    GPU_CASE(1, 700, 300, 4, 2, 64, 0, B16, 1, -1, -1, 0, 0, 0, 0, 1),
+    GPU_CASE(1, 600, 500, 2, 2, 128, 0, B16, 0, 100, 30, 0, 0, 0, 0, 1),
+    GPU_CASE(6, 500, 900, 4, 2, 128, 0, B16, 1, -1, -1, 0, 0, 1, 0, 1),
+    GPU_CASE(5, 900, 400, 6, 3, 64, 0, F16, 1, -1, -1, 0, 0, 1, 0, 1),
 };
 
 #define NUM_CASES (sizeof grid / sizeof grid[0])
