@@ -387,7 +387,7 @@ __device__ __forceinline__ void append_new_rows(const Params &p, int b, int kvh,
 // Key tile n0's rows of an in-kernel append, if it holds any, into the K / V tile at s_k (V at
 // s_k + kKVBytes) and into the cache: the CTA loading a tile is the only one that reads its new
 // rows (one CTA per sequence, kv head and split, the splits' tiles disjoint: fa2_config.h,
-// decode_appends), so it is also the one that writes them (write_orphan_rows takes those of no
+// decode_appends), so it is also the one that writes them (write_unread_rows takes those of no
 // loaded tile). The CTA's first query tile only (the host launches one): fwd_work's mblk.
 template <class Tr, class E, bool kPaged>
 __device__ __forceinline__ void load_new_rows(const Params &p, const FwdLoopArgs &a, uint32_t s_k, int n0) {
