@@ -61,9 +61,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const int t = lane & 3;
 
     // After the serving append pre-kernel (a programmatic dependent launch, cuda/device/pdl.cuh):
-    // its cache rows and rotated Q are visible past the wait (a no-op without one: the decode tiles
-    // run their append themselves, Params::append_rows). The split-KV combine may launch now.
-    cuda::pdl_wait();
+    // its cache rows and rotated Q are visible past the wait; the decode tiles (kLateWait) wait in
+    // load_first_tiles instead. The split-KV combine may launch now.
+    if constexpr (!kLateWait<Tr>) cuda::pdl_wait();
     cuda::pdl_launch_dependents();
 
     const FwdWork work = fwd_work(p);
@@ -81,6 +81,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const int prows = sq * G;
     const int m0 = mblk * kBM;
     if (m0 >= prows) {
+        if constexpr (kLateWait<Tr>) cuda::pdl_wait();  // every CTA waits: this grid's end implies the append's
         // A sequence with no query (varlen) still gets its appended rows (kv head hh: appends_in_kernel).
         if constexpr (kAppendsRows<Tr, kVariants>)
             if (p.append_rows > 0 && mblk == 0 && split == 0) write_unread_rows<Tr, E, kPaged>(p, b, hh, sk, 0, -1);
@@ -183,6 +184,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     }
 
     // ---- epilogue ------------------------------------------------------------------------------
+    // Decode tiles after an append pre-kernel: a CTA that ran load_first_tiles waited there (this
+    // second wait returns at once); one without a key tile waits here, so that every CTA waits and
+    // this grid's end still implies the append's (the combine's wait then covers it too).
+    if constexpr (kLateWait<Tr>) cuda::pdl_wait();
     // Read again (not kept from the prologue): the loop holds no registers for these offsets.
     const cuda::SeqInfo se = cuda::seq_info(p, b);
     const int64_t grow0 = se.q_row0;

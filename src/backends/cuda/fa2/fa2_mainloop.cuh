@@ -47,7 +47,8 @@ struct FwdLoopArgs {
 
 // The decode tiles (64 query rows, one m16 tile per warp, two K/V buffers: the small
 // configurations up to head dim 128), which take the serving decode's own choices
-// (load_paged_row_runs, the in-kernel serving append: kAppendsRows); the other kernels keep main's code.
+// (load_paged_row_runs, kLateWait, the in-kernel serving append: kAppendsRows); the other kernels
+// keep main's code.
 template <class Tr>
 constexpr bool kDecodeTile = Tr::kBM == 64 && Tr::kStages == 2 && Tr::kMT == 1;
 
@@ -209,22 +210,26 @@ __device__ __forceinline__ void load_paged_row_runs(const Params &p, uint32_t sb
 template <class Tr, bool kPaged, bool kAllRows>
 __device__ __forceinline__ void load_kv_tile(const Params &p, const FwdLoopArgs &a, uint32_t s, const uint16_t *g,
                                              int n0, int64_t rs, int64_t page_stride, int cols) {
+    static_assert(!kDecodeAppends || kPagedRowRuns, "the in-kernel append leaves its rows out in load_paged_row_runs");
     if constexpr (kPaged) {
         if (p.page_size % Tr::kBN != 0) {
-            if constexpr (kDecodeTile<Tr>) {
-                static_assert(kPagedRowRuns, "the decode tiles' in-kernel append leaves its rows out in load_paged_row_runs");
-                load_paged_row_runs<Tr>(p, s, g, n0, rs, page_stride, a.sk, cols, a.tid, a.sk - p.append_rows);
-            } else {
+            if constexpr (kDecodeTile<Tr> && kPagedRowRuns)
+                load_paged_row_runs<Tr>(p, s, g, n0, rs, page_stride, a.sk, cols, a.tid,
+                                        kDecodeAppends ? a.sk - p.append_rows : a.sk);
+            else
                 load_paged_rows<Tr>(p, s, g, n0, rs, page_stride, a.sk, cols, a.tid);
-            }
             return;
         }
         g += page_shift(p, n0, rs, page_stride);
     }
-    if constexpr (kDecodeTile<Tr>)
-        load_tile<Tr, Tr::kBN, kAllRows, true>(s, g, n0, rs, a.sk - n0, cols, a.tid, a.sk - p.append_rows - n0);
-    else
-        load_tile<Tr, Tr::kBN, kAllRows>(s, g, n0, rs, a.sk - n0, cols, a.tid);
+    if constexpr (kDecodeAppends && kDecodeTile<Tr>) {
+        // A tile holding new rows (one branch per tile; the other tiles load as without an append).
+        if (p.append_rows > 0 && n0 + Tr::kBN > a.sk - p.append_rows) {
+            load_tile<Tr, Tr::kBN, false, true>(s, g, n0, rs, a.sk - n0, cols, a.tid, a.sk - p.append_rows - n0);
+            return;
+        }
+    }
+    load_tile<Tr, Tr::kBN, kAllRows>(s, g, n0, rs, a.sk - n0, cols, a.tid);
 }
 
 // K tile nb (n0 = nb * kBN). With pages smaller than a tile it also stages the page-table entries
@@ -270,6 +275,10 @@ __device__ __forceinline__ void wait_v_load_next_k(const Params &p, const FwdLoo
     }
 }
 
+// Whether the kernel waits for a serving append pre-kernel late (load_first_tiles): the decode tiles.
+template <class Tr>
+constexpr bool kLateWait = kDecodeTile<Tr>;
+
 // Whether the kernel runs a serving append itself (fa2_config.h, decode_appends; Params::append_rows
 // says whether this launch has one): the decode tiles' plain and paged kernels.
 template <class Tr, bool kVariants>
@@ -279,7 +288,8 @@ constexpr bool kAppendsRows = kDecodeAppends && kDecodeTile<Tr> && !kVariants;
 // the rotated ones (columns below the rotary dim rounded up to a chunk): rotate_q_rows stores those.
 template <class Tr>
 __device__ __forceinline__ void load_first_q(const Params &p, const FwdLoopArgs &a) {
-    const int skip = kDecodeTile<Tr> ? (p.rotate_q_dim + 7) & ~7 : 0;  // <= d: head dims are multiples of 8
+    int skip = 0;
+    if constexpr (kDecodeAppends && kDecodeTile<Tr>) skip = (p.rotate_q_dim + 7) & ~7;  // <= d: d is a multiple of 8
     if (a.G == 1 && skip == 0)
         load_tile<Tr, Tr::kBM>(a.s_q, a.qg + a.hbase * p.q_hs, a.m0, p.q_rs, a.prows - a.m0, a.d, a.tid);
     else
@@ -301,27 +311,42 @@ __device__ __forceinline__ void rotate_q_rows(const Params &p, const FwdLoopArgs
     const int rd8 = (rd + 7) & ~7;
     const int rows = min(Tr::kBM, a.prows - a.m0);
     const int pos0 = a.sk - p.append_rows;  // seqused_k[b]: the cache's keys before the append
-    for (int i = a.tid; i < rows * rd8; i += Tr::kThreads) {
-        const int r = i / rd8, col = i - r * rd8;
-        int qpos, head;
-        unpack_row(a.m0 + r, a.G, a.hbase, qpos, head);
-        const uint16_t *src = a.qg + qpos * p.q_rs + head * p.q_hs;
-        uint16_t v;
-        if (col < rd) {
-            // Pair k = (c0, c1): adjacent columns (interleaved) or k and k + half; col is its second
-            // member when col == c1.
-            const bool second = p.rotary_interleaved ? (col & 1) != 0 : col >= half;
-            const int k = p.rotary_interleaved ? col >> 1 : second ? col - half : col;
-            const int c0 = p.rotary_interleaved ? 2 * k : k, c1 = p.rotary_interleaved ? 2 * k + 1 : k + half;
-            const int64_t t = static_cast<int64_t>(pos0 + qpos) * half + k;
-            const float o = cuda::rotary_output(cuda::rotary_load(src[c0], kBf16), cuda::rotary_load(src[c1], kBf16),
-                                                p.rotary_cos[t], p.rotary_sin[t], second);
-            v = cuda::rotary_store(o, kBf16);
-        } else {
-            v = src[col];
+    const int n = rows * rd8;
+    // kBatch elements per thread loaded before any is stored (the stores' memory clobber keeps the
+    // loads from moving past them): one memory round trip per batch, not per element (element by
+    // element, the H200 run of stop 19 spent ~2.5 µs of a b 1 decode step in this loop).
+    constexpr int kBatch = 4;
+    for (int i0 = a.tid; i0 < n; i0 += kBatch * Tr::kThreads) {
+        uint16_t v[kBatch];
+        uint32_t addr[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+            const int i = i0 + u * Tr::kThreads;
+            v[u] = 0;
+            addr[u] = 0;
+            if (i >= n) continue;
+            const int r = i / rd8, col = i - r * rd8;
+            int qpos, head;
+            unpack_row(a.m0 + r, a.G, a.hbase, qpos, head);
+            const uint16_t *src = a.qg + qpos * p.q_rs + head * p.q_hs;
+            if (col < rd) {
+                // Pair k = (c0, c1): adjacent columns (interleaved) or k and k + half; col is its
+                // second member when col == c1.
+                const bool second = p.rotary_interleaved ? (col & 1) != 0 : col >= half;
+                const int k = p.rotary_interleaved ? col >> 1 : second ? col - half : col;
+                const int c0 = p.rotary_interleaved ? 2 * k : k, c1 = p.rotary_interleaved ? 2 * k + 1 : k + half;
+                const int64_t t = static_cast<int64_t>(pos0 + qpos) * half + k;
+                const float o = cuda::rotary_output(cuda::rotary_load(src[c0], kBf16), cuda::rotary_load(src[c1], kBf16),
+                                                    p.rotary_cos[t], p.rotary_sin[t], second);
+                v[u] = cuda::rotary_store(o, kBf16);
+            } else {
+                v[u] = src[col];
+            }
+            addr[u] = a.s_q + Tile::offset(r, col >> 3) + (col & 7) * 2;
         }
-        const uint32_t addr = a.s_q + Tile::offset(r, col >> 3) + (col & 7) * 2;
-        asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u)
+            if (i0 + u * Tr::kThreads < n) asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr[u]), "h"(v[u]) : "memory");
     }
 }
 
@@ -415,20 +440,31 @@ __device__ __forceinline__ void write_unread_rows(const Params &p, int b, int kv
 
 // Prologue: Q, K[nb_last] and V[nb_last] into the first buffer, as two cp.async groups (Q with K,
 // then V). The first V tile goes out with Q and K (both buffer schemes), so that the first
-// iteration waits for one memory round trip, not two. The decode tiles issue K before Q (their
-// order since the late wait for the append pre-kernel, which they no longer follow), then after
-// the copies the rows of an in-kernel append and the rotated Q columns (plain loads whose latency
-// overlaps the copies in flight).
+// iteration waits for one memory round trip, not two.
+// kLateWait (the decode tiles): the wait for a serving append pre-kernel (programmatic dependent
+// launch) comes here, not at the kernel's start: a first tile below the appended rows [sk -
+// seqused_add, sk) (every split of a long decode but the last) has its K issued before the wait,
+// overlapping the append; Q (rotated by the append) after it. In the big-tile kernels this order
+// spilled. Without a pre-kernel (none, or kAppendsRows: the kernel appends itself) both waits
+// return at once. kAppendsRows: after the copies, the rows of an in-kernel append and the rotated
+// Q columns (plain loads whose latency overlaps the copies in flight).
 template <class Tr, class E, bool kPaged, bool kVariants>
 __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopArgs &a, int nb_last) {
     constexpr int kBN = Tr::kBN;
     const int n0 = nb_last * kBN;
-    if constexpr (!kDecodeTile<Tr>) load_first_q<Tr>(p, a);
+    if constexpr (kLateWait<Tr>) {
+        if (n0 + kBN > a.sk - p.seqused_add) cuda::pdl_wait();
+    } else {
+        load_first_q<Tr>(p, a);
+    }
     if constexpr (kPaged && kStagedPageEntries<Tr>) {
         if (p.page_size % kBN != 0) stage_page_entries_now<Tr>(p, nb_last, a.sk, a.tid);
     }
     load_k_tile<Tr, kPaged, false>(p, a, a.s_kv, n0);
-    if constexpr (kDecodeTile<Tr>) load_first_q<Tr>(p, a);
+    if constexpr (kLateWait<Tr>) {
+        cuda::pdl_wait();
+        load_first_q<Tr>(p, a);
+    }
     cuda::cp_async_commit();
     load_kv_tile<Tr, kPaged, false>(p, a, a.s_kv + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs, v_cols<kVariants>(p, a));
     cuda::cp_async_commit();
