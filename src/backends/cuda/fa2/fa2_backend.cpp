@@ -172,7 +172,7 @@ flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     plan->pdl = dev.cc_major >= 9;
     if (plan->num_splits > 1) add_split_slices(p, plan.get());
     plan->append_in_kernel = appends_in_kernel(p, plan->variant);
-    // (The decode tiles rotate Q themselves: Params::rotate_q_dim.)
+    // (An in-kernel append rotates Q in the attention kernel: Params::rotate_q_dim.)
     if (p.serving.rotary_dim > 0 && !plan->append_in_kernel)
         plan->rotated_q = plan->workspace.add("fa2 rotated queries", rotated_q_bytes(p));
     if (fa2::backward_unsupported_reason(p, dev).empty())
@@ -183,8 +183,8 @@ flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::u
 
 // The serving append (issue 18): the new K/V rows into the caches and, with a rotary embedding,
 // Q rotated into the workspace, which the attention kernel then reads (host/cache_append.h); in
-// decode plans the attention kernel appends and rotates itself (set_append_in_kernel); this runs
-// there only for a call with no query (no attention launch).
+// plans where appends_in_kernel holds (fa2_config.h's kDecodeAppends on) the attention kernel
+// appends and rotates itself (set_append_in_kernel); this runs there only for a call with no query.
 flashattn_status_t enqueue_append(const Problem &p, const Fa2Plan &plan, const Tensors &t, cudaStream_t stream,
                                   fa2::Params *k) {
     void *q_rot = plan.rotated_q >= 0 ? plan.workspace.at<void>(t.workspace, plan.rotated_q) : nullptr;
