@@ -8,6 +8,7 @@
 # alternated per configuration and the order flipped per round. Bench round 1 runs before the tests
 # (nothing else on the GPU), round 2 after them while time is left (AB_DEADLINE seconds from the
 # start). Logs under $OUT; the summary (decode-ab.md: GB/s, µs, the append's cost) is printed last.
+# AB_TEST_TIMEOUT (75): seconds for the tests and for each sanitizer run.
 #
 #   OUT=$OUT tests/gpu/decode-ab.sh /path/to/base/source
 set -uo pipefail
@@ -70,10 +71,10 @@ bench_round() {  # round, stop (seconds from the start): configurations by impor
 [ $rb = 0 ] && [ $rn = 0 ] && bench_round 1 "${AB_ROUND1_STOP:-150}"
 
 if [ $rn = 0 ]; then
-  ( timeout 75 ctest --test-dir $new_bld -R 'test_serving_fa2|test_exec_contract|test_fa2_sass' \
+  ( timeout ${AB_TEST_TIMEOUT:-75} ctest --test-dir $new_bld -R 'test_serving_fa2|test_exec_contract|test_fa2_sass' \
       --output-on-failure -j 3 > "$out/ctest.log" 2>&1; echo "rc=$?" >> "$out/ctest.log" ) &
   for tool in memcheck racecheck synccheck; do
-    ( FLASHATTN_TEST_REDUCED=1 timeout 75 compute-sanitizer --tool $tool --error-exitcode 99 \
+    ( FLASHATTN_TEST_REDUCED=1 timeout ${AB_TEST_TIMEOUT:-75} compute-sanitizer --tool $tool --error-exitcode 99 \
         $new_bld/tests/test_serving_fa2 > "$out/sanitize-$tool.log" 2>&1; echo "rc=$?" >> "$out/sanitize-$tool.log" ) &
   done
   wait

@@ -15,7 +15,10 @@
  *     call wrote and the Q rotated by the test, gives bitwise the same O and LSE;
  *   - paged = contiguous: the same keys gathered into a contiguous cache give bitwise the same O;
  *   - split-KV forced (FLASHATTN_I64_NUM_SPLITS 2, 3 and 128) on the few-query cases: every element
- *     against the reference again, and the number of splits the plan reports (1 without split-KV).
+ *     against the reference again, and the number of splits the plan reports (1 without split-KV);
+ *   - the append itself under split-KV forced to 1, 2, 3 and 128 (fa2's decode tiles append in the
+ *     attention kernel, the split that loads a new row writing it), from the initial caches each
+ *     time: outputs and every byte of both caches again.
  * A last test checks the key's range and what get_i64 reports before and after finalize.
  * GPU backends that lack a feature must refuse it at finalize with NOT_SUPPORTED naming its key. */
 #include <math.h>
@@ -90,6 +93,15 @@ static const serving_case grid[] = {
     SCASE(2, 3, 70, 8, 2, 64, B16, 1, -1, -1, 16, 1, 3, 20, 0, 0, 0),
     SCASE(2, 2, 130, 8, 2, 128, B16, 1, -1, -1, 5, 1, 2, 100, 0, 0, 0),
     SCASE(3, 1, 300, 12, 4, 96, F16, 0, -1, -1, 0, 1, 1, 42, 1, 0, 1),
+    /* fa2's decode tiles append in the attention kernel (64-key tiles at head dim 128, 128 at 64):
+       new rows across one or two tile edges, contiguous and in pages of 1 and 16, no GQA group,
+       and new rows no query sees (a sliding window: written by a CTA that does not load them) */
+    SCASE(2, 1, 400, 16, 4, 128, B16, 0, -1, -1, 16, 1, 66, 128, 0, 0, 0),
+    SCASE(2, 3, 200, 4, 4, 64, B16, 1, -1, -1, 0, 1, 3, 64, 1, 0, 1),
+    SCASE(2, 1, 300, 8, 2, 128, F16, 1, 7, -1, 16, 1, 80, 32, 1, 0, 0),
+    SCASE(3, 2, 200, 8, 2, 64, F16, 1, -1, -1, 1, 1, 9, 32, 1, 0, 1),
+    SCASE(2, 1, 300, 8, 2, 128, B16, 1, -1, -1, 0, 1, 70, 64, 0, 0, 0),
+    SCASE(2, 1, 160, 32, 8, 128, B16, 1, -1, -1, 1, 1, 65, 128, 1, 0, 1),
 };
 #define NUM_CASES (sizeof grid / sizeof grid[0])
 
@@ -720,6 +732,31 @@ static void run_case(void **state) {
             st = run_plan(plan, &d, kind, &k, &v, kind == FUSED ? d.q_host : d.q_rot_host, seqused, o2, lse2);
             if (st != FLASHATTN_SUCCESS) fail_msg("execute (%lld splits): %s", (long long)got, flashattn_last_error());
             check_outputs(&d, o2, lse2, oref, lref);
+            flashattn_plan_destroy(plan);
+        }
+    }
+
+    /* 5. the append itself with split-KV forced (fa2's decode tiles write the new rows from the split
+       that loads them): from the initial caches each time, outputs and both caches checked */
+    if (c->new_rows > 0 && c->seqlen_q <= 9) {
+        static const int64_t asked[] = {1, 2, 3, 128};
+        size_t a;
+        for (b = 0; b < c->batch; ++b) seqused[b] = (int32_t)d.used[b];
+        for (a = 0; a < sizeof asked / sizeof asked[0]; ++a) {
+            int64_t got = -1;
+            memcpy(k.host, d.k_init, d.cache_elems * d.es);
+            memcpy(v.host, d.v_init, d.cache_elems * d.es);
+            assert_int_equal(test_mem_upload(&k), 0);
+            assert_int_equal(test_mem_upload(&v), 0);
+            assert_int_equal(flashattn_plan_create(&plan), FLASHATTN_SUCCESS);
+            assert_int_equal(set_plan_splits(plan, &d, FUSED, asked[a]), FLASHATTN_SUCCESS);
+            assert_int_equal(flashattn_plan_get_i64(plan, FLASHATTN_I64_NUM_SPLITS, &got), FLASHATTN_SUCCESS);
+            if (got < 1 || got > asked[a]) fail_msg("NUM_SPLITS %lld asked, the plan runs %lld", (long long)asked[a], (long long)got);
+            st = run_plan(plan, &d, FUSED, &k, &v, d.q_host, seqused, o2, lse2);
+            if (st != FLASHATTN_SUCCESS) fail_msg("execute (append, %lld splits): %s", (long long)got, flashattn_last_error());
+            check_outputs(&d, o2, lse2, oref, lref);
+            check_cache(&d, &k, d.k_expect, "K");
+            check_cache(&d, &v, d.v_expect, "V");
             flashattn_plan_destroy(plan);
         }
     }

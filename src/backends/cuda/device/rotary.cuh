@@ -1,7 +1,7 @@
 // Rotary embedding arithmetic of the serving path, one definition for every kernel that rotates:
-// the append pre-kernel (cache_append.cuh: new K rows, and Q where the attention kernel does not
-// rotate it) and FA2's decode tiles, which rotate their packed query rows as they load them
-// (fa2_mainloop.cuh, load_q_rotated). Each output is computed in double with every product and sum
+// the append pre-kernel (cache_append.cuh: new K rows and Q) and FA2's decode tiles, which run
+// the append themselves: their packed query rows and the new K rows rotated as they load them
+// (fa2_mainloop.cuh, rotate_q_rows and append_new_rows). Each output is computed in double with every product and sum
 // rounded on its own (no fused multiply-add, as the CPU backend computes it) and rounded once to
 // fp32 with round to odd, so that rounding that to a 16-bit type is the correctly rounded double:
 // both kernels, and the CPU backend, produce the same bits.

@@ -58,18 +58,19 @@ constexpr bool is_decode_tile(const TileConfig &c) {
     return c.block_m == 64 && c.stages == 2 && c.block_m == 16 * c.warps;
 }
 
-// A/B switch of issue 18: with an append + rotary, the decode tiles rotate their own query rows as
-// they load them (Params::rotate_q_dim) instead of reading a copy the append kernel rotated. Q then
-// does not depend on the append, and only the split whose key tiles hold the appended rows waits
-// for it before loading them; the others wait just before their epilogue (every CTA still waits,
-// so the grid's completion implies the append's for the launches after it). Off: its first order
-// (the rotation before the first K tile) measured 1-3 % slower than main on the H200 (tests and
-// sanitizers passed); the present order (K, Q, V, then the rotation) passed them too and ran level
-// with main (b 1 / 32k append cost +8.5 % vs +7.9 %): the cost is the append's launch, not the
-// wait (docs/kernel-notes.md, "Decode speed", third pass). Kept as the Q half of a decode step
-// without the append pre-kernel.
-constexpr bool kDecodeRotatesQ = false;
-constexpr bool decode_rotates_q(const TileConfig &c) { return kDecodeRotatesQ && is_decode_tile(c); }
+// Decode tiles run a serving append themselves (issue 18), no append pre-kernel: every CTA rotates
+// its own query rows as it loads them, and the split whose key tiles hold a sequence's new rows
+// reads them from the caller's new-K/V tensors (K rotated), attends over them and writes them into
+// the cache. It needs one CTA per (sequence, kv head, split), i.e. one query tile (at most 64
+// packed rows) holding every query head of its kv head: the host checks the rest
+// (fa2_backend.cpp, appends_in_kernel). Off: on the H200 (stop 19, tests and sanitizers clean)
+// its first form made the b 1 / 32k append step level with the pre-kernel's (44.2 vs 44.3 µs),
+// while the same build's steps without an append ran 1-2.5 % slower (the per-row gap test in the
+// loaders, since made one branch per tile) and the Q rotation cost ~2.5 µs (one round trip per
+// element, since batched); the present form is compiled (with it on: ptxas clean) but not run
+// (docs/kernel-notes.md, "Decode speed", fourth pass). Off, the kernels are main's.
+constexpr bool kDecodeAppends = false;
+constexpr bool decode_appends(const TileConfig &c) { return kDecodeAppends && is_decode_tile(c); }
 
 constexpr int smem_bytes(const TileConfig &c) {
     return c.block_m * c.head_dim * 2 + 2 * c.stages * c.block_n * c.head_dim * 2;
