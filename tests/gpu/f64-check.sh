@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Stop 19's one device call for FA3 head dim 64 (issue 20, the 3-consumer 192-row tile), from the
 # repository root with .devdeps carried: builds this tree (everything) and BASE_SRC's library (FA1
-# off) side by side; a quick correctness gate (test_numerics_fa3); then, the GPU to itself, the A/B
+# off) side by side; then, the GPU to itself, the A/B
 # against cuDNN in one process (bench/ab_cudnn.py: base = A, this tree = B, rounds rotated); then
 # in parallel the FA3 gpu tests and the SASS test (ctest) and compute-sanitizer memcheck /
 # racecheck / synccheck on the reduced grid with FA3 on 3 CTAs. Every job has a deadline so that
 # the whole call ends by DEADLINE seconds (default 228); logs under $OUT, summary last.
+# Stop 19's run: build 58 s (base 68 s), A/B 52 s for 24 cells x 3 rounds; test_numerics_fa3 and
+# its few-CTA form need ~100-130 s each (stop 15-18 logs), more than the ~100 s left to the
+# tests: they timed out unfinished (a 40 s gate on test_numerics_fa3, dropped since, cost the
+# rest). Give the tests a call of their own, or leave the bench out, to see them finish. The
+# device tool returns at most 8 files from $OUT: the .rc files stay there, their lines are in the
+# summary.
 #
 #   BASE_SRC=.xfer/base OUT=$OUT bash tests/gpu/f64-check.sh
 set -uo pipefail
@@ -32,11 +38,6 @@ rc=$?; note "build rc=$rc at $(( $(date +%s) - t_start ))s"
 wait $base_pid; rc_base=$?; note "base build rc=$rc_base at $(( $(date +%s) - t_start ))s"
 [ $rc_base = 0 ] || tail -20 "$out/base-build.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt" 2>&1
-
-if [ -x "$b/tests/test_numerics_fa3" ]; then
-  timeout 40 "$b/tests/test_numerics_fa3" > "$out/gate-numerics_fa3.log" 2>&1
-  note "gate test_numerics_fa3 rc=$? $(grep -aE 'passed|failed|PASSED|FAILED' "$out/gate-numerics_fa3.log" | tail -1)"
-fi
 
 if [ $rc_base = 0 ] && [ -f "$b/src/libflashattn.so" ]; then
   timeout "${BENCH_S:-75}" python3 bench/ab_cudnn.py --a /tmp/fa-base/src/libflashattn.so --b "$b/src/libflashattn.so" \

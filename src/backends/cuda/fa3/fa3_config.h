@@ -54,9 +54,12 @@ constexpr int threads(const TileConfig &c) { return 128 * (c.consumers + 1); }
 
 // block_n keeps the consumer's registers (O: d/2, S: n/2, P twice: n/4 each) under its 232 and
 // two K and two V stages plus Q inside 227 KB. Head dim 64 is exp-bound at two consumers (MUFU
-// cycles about equal the tensor cycles of a tile): kHdim64Consumers = 3 gives it FlashAttention-3's
-// 192-row tile, each K/V tile shared by three warpgroups' softmax and GEMMs (2: the stop-18 tile).
-constexpr int kHdim64Consumers = 3;
+// cycles about equal the tensor cycles of a tile); kHdim64Consumers = 3 gives it FlashAttention-3's
+// 192-row tile of three consumer warpgroups (96 keys, 40 / 152 registers, P packed after the P V
+// wait). Measured on the H200 in stop 19 (bench/ab_cudnn.py, bf16 and fp16, 512-16k) it ran
+// 0.86-0.92x the 2-consumer kernel non-causal and 0.88-0.96x causal, so it stays off: 2 compiles
+// exactly main's hdim-64 kernel (PTX identical), 3 the 192-row one (docs/kernel-notes.md, "FA3").
+constexpr int kHdim64Consumers = 2;
 constexpr TileConfig config_for(int head_dim) {
     return head_dim <= 64    ? TileConfig{64, kHdim64Consumers == 3 ? 96 : 128, 64, kHdim64Consumers}
            : head_dim <= 128 ? TileConfig{128, 128}

@@ -206,6 +206,9 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
 }
 
 // ---- Three consumer warpgroups (Traits::kCWG == 3: head dim 64's 192-row tile, stop 19) --------
+// Not instantiated since stop 19's measurement (0.86-0.96x the 2-consumer kernel on the H200;
+// fa3_config.h, kHdim64Consumers): kept, sanitizer-clean, for the next try at this tile. Before
+// turning it on again, run test_numerics_fa3 on the full grid (stop 19's call ran out of time).
 // At 160 registers a consumer holds O, S and one packed P, not the two P sets of the loop above.
 // So the softmax leaves P = exp2(...) in S as fp32 while P_{i-1} V_{i-1} still runs (it reads the
 // packed P), and S is packed into P only after that wgmma has retired (FlashAttention-3's order).
