@@ -205,5 +205,138 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
     pipe.q += 1;
 }
 
+// ---- Three consumer warpgroups (Traits::kCWG == 3: head dim 64's 192-row tile, stop 19) --------
+// Not instantiated since stop 19's measurement (0.86-0.96x the 2-consumer kernel on the H200;
+// fa3_config.h, kHdim64Consumers): kept, sanitizer-clean, for the next try at this tile. Before
+// turning it on again, run test_numerics_fa3 on the full grid (stop 19's call ran out of time).
+// At 160 registers a consumer holds O, S and one packed P, not the two P sets of the loop above.
+// So the softmax leaves P = exp2(...) in S as fp32 while P_{i-1} V_{i-1} still runs (it reads the
+// packed P), and S is packed into P only after that wgmma has retired (FlashAttention-3's order).
+
+// cuda::softmax_step(_shifted)'s arithmetic with P kept in S (fp32) instead of packed: the new
+// row max, alpha for the rescale of O, the running sums, S := exp2(S * sl2 - m * sl2 [+ shift]).
+template <bool kShift, int kNT>
+__device__ __forceinline__ void softmax_in_place(float (&S)[kNT][4], float (&row_max)[2], float (&row_sum)[2],
+                                                 float sl2, float (&alpha)[2], const float (&shift)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float mx = kShift ? -INFINITY : row_max[h];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(S[nt][2 * h], S[nt][2 * h + 1]));
+        if constexpr (kShift) mx = fmaxf(row_max[h], mx + shift[h]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float ms = mx == -INFINITY ? 0.f : mx * sl2;
+        alpha[h] = cuda::fast_exp2(row_max[h] * sl2 - ms);
+        row_max[h] = mx;
+        const float bias = kShift ? fmaf(shift[h], sl2, -ms) : -ms;
+        float rs = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+            S[nt][2 * h] = cuda::fast_exp2(fmaf(S[nt][2 * h], sl2, bias));
+            S[nt][2 * h + 1] = cuda::fast_exp2(fmaf(S[nt][2 * h + 1], sl2, bias));
+            rs += S[nt][2 * h] + S[nt][2 * h + 1];
+        }
+        row_sum[h] = fmaf(row_sum[h], alpha[h], rs);
+    }
+}
+
+// S (P in fp32, softmax_in_place) to the m16k16 A fragments of P V: n8 tiles 2k and 2k+1 form
+// fragment k, row half h in registers h and h + 2.
+template <class E, int kNT>
+__device__ __forceinline__ void pack_p(const float (&S)[kNT][4], uint32_t (&P)[kNT / 2][4]) {
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) P[nt >> 1][h + 2 * (nt & 1)] = cuda::pack2<E>(S[nt][2 * h], S[nt][2 * h + 1]);
+}
+
+// consumer_mainloop's contract (same arguments, same barriers, same key order) for kCWG == 3.
+// Per key tile i >= 1: issue S_i = Q K_i^T and O += P_{i-1} V_{i-1}, wait for S_i, mask and
+// softmax in place, wait for P V, release V, pack P_i, rescale O.
+template <class Tr, class E>
+__device__ __forceinline__ void consumer_mainloop_packed_late(const Params &p, const TileCoords &c,
+                                                              unsigned char *smem, Barriers *bars, int w, int lane,
+                                                              int t, const int (&rdiag)[2], float sl2,
+                                                              float (&O)[Tr::kDV / 2], float (&row_max)[2],
+                                                              float (&row_sum)[2], Pipe &pipe) {
+    constexpr int kDV = Tr::kDV, kBN = Tr::kBN, kNT = Tr::kNT, kPF = Tr::kPF;
+    const uint32_t s_base = cuda::smem_addr(smem);
+    const uint64_t dq = cuda::make_desc_sw128(s_base + 64 * w * 128);
+    const uint64_t dk = cuda::make_desc_sw128(s_base + Tr::kKOffset);
+    const uint64_t dv = cuda::make_desc_sw128(s_base + Tr::kVOffset, 1024, Tr::kKVPage);
+    const int r0 = pipe.kv;
+    const int n_tiles = walk_tiles<Tr>(c);
+    auto softmax = [&](float(&S)[kNT][4], int i, float(&alpha)[2]) {
+        float shift[2];
+        score_mods<Tr>(p, c, S, walk_tile<Tr>(c, i), rdiag, t, shift);
+        softmax_in_place<kAlibiOneSide<Tr>>(S, row_max, row_sum, sl2, alpha, shift);
+    };
+
+    cuda::mbar_wait(&bars->q_full, static_cast<uint32_t>(pipe.q & 1));
+    uint32_t P[kPF][4];
+    float S[kNT][4];
+    {  // the first (last-indexed) key tile: no O to rescale yet
+        const int ks = stage_of(r0);
+        cuda::mbar_wait(&bars->k_full[ks], phase_of(r0));
+        issue_qk<Tr, E>(S, dq, dk, ks);
+        cuda::wgmma_wait<0>();
+        cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
+        release(&bars->k_empty[ks], lane);
+        if (n_tiles == 1) release(&bars->q_empty, lane);
+        float alpha[2];
+        softmax(S, 0, alpha);
+        pack_p<E>(S, P);
+    }
+#pragma unroll 1
+    for (int i = 1; i < n_tiles; ++i) {
+        const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
+        cuda::mbar_wait(&bars->k_full[ks], phase_of(r0 + i));
+        issue_qk<Tr, E>(S, dq, dk, ks);
+        cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i - 1));
+        issue_pv<Tr, E>(O, P, dv, vs);
+        cuda::wgmma_wait<1>();  // S_i is ready; P_{i-1} V_{i-1} may still run
+        cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
+        release(&bars->k_empty[ks], lane);
+        if (i == n_tiles - 1) release(&bars->q_empty, lane);
+        float alpha[2];
+        softmax(S, i, alpha);
+        cuda::wgmma_wait<0>();
+        cuda::fence_operands(O);
+        release(&bars->v_empty[vs], lane);
+        pack_p<E>(S, P);
+#pragma unroll
+        for (int j = 0; j < kDV / 2; ++j) O[j] *= alpha[(j % 4) / 2];
+    }
+    const int vs = stage_of(r0 + n_tiles - 1);
+    cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + n_tiles - 1));
+    issue_pv<Tr, E>(O, P, dv, vs);
+    cuda::wgmma_wait<0>();
+    cuda::fence_operands(O);
+    release(&bars->v_empty[vs], lane);
+    pipe.kv += n_tiles;
+    pipe.q += 1;
+}
+
+// A consumer warpgroup with no query row in a tile that has some (its 64 rows past the sequence
+// end): takes every buffer of the tile in order and releases it unread, so the barriers' counts
+// (kConsumerWarps) and every ring and Q phase stay as if it had computed.
+template <class Tr>
+__device__ __forceinline__ void drain_tile(const TileCoords &c, Barriers *bars, int lane, Pipe &pipe) {
+    const int r0 = pipe.kv, n_tiles = walk_tiles<Tr>(c);
+    cuda::mbar_wait(&bars->q_full, static_cast<uint32_t>(pipe.q & 1));  // this tile's Q phase began
+#pragma unroll 1
+    for (int i = 0; i < n_tiles; ++i) {
+        const int st = stage_of(r0 + i);
+        cuda::mbar_wait(&bars->k_full[st], phase_of(r0 + i));
+        release(&bars->k_empty[st], lane);
+        cuda::mbar_wait(&bars->v_full[st], phase_of(r0 + i));
+        release(&bars->v_empty[st], lane);
+    }
+    release(&bars->q_empty, lane);
+    pipe.kv += n_tiles;
+    pipe.q += 1;
+}
+
 }  // namespace fa3
 }  // namespace flashattn
