@@ -36,8 +36,7 @@ done
 if [ -n "${3:-}" ]; then
   for pair in $(grep -oE 'P\([0-9]+, *[0-9]+\)' "$3" | tr -d 'P() ' ); do
     d=${pair%,*} dv=${pair#*,}
-    # (Traits' fourth argument, the consumer warpgroup count, since stop 19)
-    n=$(grep -cE "fa310fwd_kernelINS0_6TraitsILi${d}ELi[0-9]+ELi${dv}E(Li[0-9]+E)?EE" <<<"$report" || true)
+    n=$(grep -cE "fa310fwd_kernelINS0_6TraitsILi${d}ELi[0-9]+ELi${dv}EEE" <<<"$report" || true)
     if [ "$n" != 2 ]; then
       echo "expected 2 fa3 forward kernels of head dim $d with V $dv wide, found $n" >&2
       exit 1

@@ -207,9 +207,9 @@ int test_cta_limit() {
 // head_dim, shared by a GQA group) in half the L2, but enough for 12 rounds of the persistent grid:
 // the heaviest-first dealing balances the CTAs only over several rounds (with one or two rounds
 // per section, hdim 256 causal at 16k lost 40%). At least one pair, at most all of them.
-int causal_section(const Problem &p, int64_t l2_bytes, int num_ctas, int block_m = fa3::kBlockM) {
+int causal_section(const Problem &p, int64_t l2_bytes, int num_ctas) {
     const int64_t pairs = p.heads_q * p.batch;
-    const int64_t m_blocks = (p.seqlen_q + block_m - 1) / block_m;
+    const int64_t m_blocks = (p.seqlen_q + fa3::kBlockM - 1) / fa3::kBlockM;
     const int64_t elem_bytes = p.fp8() ? 1 : 2;  // K and V: E4M3 or 16-bit
     const int64_t kv_per_pair = std::max<int64_t>(1, p.seqlen_k * p.head_dim * elem_bytes * 2 / p.group_size());
     const int64_t budget = l2_bytes > 0 ? l2_bytes / 2 : (int64_t(16) << 20);
@@ -238,7 +238,7 @@ flashattn_status_t fa3_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     plan->cfg = fa3::config_for(kernel->head_dim, kernel->head_dim_v);
     plan->launch = kernel->launch;
     plan->num_ctas = std::max(1, std::min(dev.sm_count, test_cta_limit()));  // one persistent CTA per SM at most
-    plan->section = causal_section(p, dev.l2_bytes, plan->num_ctas, fa3::block_m(plan->cfg));
+    plan->section = causal_section(p, dev.l2_bytes, plan->num_ctas);
     if (fa3_backward_unsupported_reason(p, dev).empty()) plan->backward = fa3::plan_backward(p, &plan->backward_workspace);
     if (p.serving.rotary_dim > 0) plan->rotated_q = plan->workspace.add("fa3 rotated queries", rotated_q_bytes(p));
     *out = std::move(plan);
@@ -364,7 +364,7 @@ flashattn_status_t fa3_execute(const Problem &p, const BackendPlan &base_plan, c
     fa3::TensorMaps maps;
     Strides qs = p.q;  // the caller's Q, or the rotated copy (use_rotated_q)
     qs.batch = k.q_bs, qs.row = k.q_rs, qs.head = k.q_hs;
-    FLASHATTN_TRY(encode_map(0, &maps.q, el, k.q, p, qs, p.q_rows(), p.heads_q, fa3::block_m(plan.cfg), p.head_dim));
+    FLASHATTN_TRY(encode_map(0, &maps.q, el, k.q, p, qs, p.q_rows(), p.heads_q, fa3::kBlockM, p.head_dim));
     // No keys at all, or a gathering plan (no K/V TMA): the kernel loads no K/V box, but the maps
     // still need a valid base and extent.
     if (rows_k == 0 || gather) {

@@ -20,24 +20,13 @@ constexpr int kMaxSmemBytes = 232448; // 227 KB: what an H100/H200 block may opt
 // kThreads per thread in steps of 8 (168 at 384 threads). A split that asks for more makes
 // setmaxnreg.inc wait forever, and neither ptxas nor the SASS test sees it (stop 18: every FP8
 // form at 32 / 240 hung). Check a kernel's split with this (the FP8 kernel's is the same 40 / 232).
-constexpr bool setmaxnreg_split_fits(int producer_regs, int consumer_regs, int threads = kThreads) {
-    return producer_regs * 128 + consumer_regs * (threads - 128) <= 65536 / threads / 8 * 8 * threads;
+constexpr bool setmaxnreg_split_fits(int producer_regs, int consumer_regs) {
+    return producer_regs * 128 + consumer_regs * (kThreads - 128) <= 65536 / kThreads / 8 * 8 * kThreads;
 }
 constexpr int kProducerRegs = 40;   // the bf16/fp16 forward's split (fa3_fwd_kernel.cuh)
 constexpr int kConsumerRegs = 232;
 static_assert(setmaxnreg_split_fits(kProducerRegs, kConsumerRegs), "the forward's register split exceeds the launch's");
 static_assert(!setmaxnreg_split_fits(32, 240), "the rule above no longer rejects stop 18's hanging split");
-
-// A tile of three consumer warpgroups (192 query rows, 512 threads; head dim 64, stop 19): the
-// launch gives 128 registers per thread, so 40 for the producer and 152 per consumer (40 x 128 +
-// 152 x 384 = 63488 of 65536). The gathering producer (paged, seqused_k) spilled at 32 (FA3's
-// 32 / 160). 152 holds O (32), S (48) and one packed P (24) of a 96-key tile: this kernel's
-// mainloop packs P after the P V wait instead of double-buffering it (fa3_mainloop.cuh,
-// consumer_mainloop_packed_late). At 160 a 128-key tile spilled 152-192 bytes (soft cap's tanh
-// the most, then the mask and ALiBi), a 112-key tile none without the gathering producer.
-constexpr int kProducerRegs3 = 40;
-constexpr int kConsumerRegs3 = 152;
-static_assert(setmaxnreg_split_fits(kProducerRegs3, kConsumerRegs3, 4 * 128), "the 3-consumer split exceeds the launch's");
 
 struct TileConfig {
     int head_dim;  // compiled (padded) head dim: 64, 128, 192 or 256
@@ -45,29 +34,18 @@ struct TileConfig {
     // V's compiled width (a P row of fa3_head_dims.h); a config written with two fields is square
     // (a default member initializer may read the member initialized before it).
     int head_dim_v = head_dim;
-    int consumers = 2;  // consumer warpgroups, 64 query rows each (2 or 3)
 };
 
-// Query rows and threads of a CTA running `c`: 64 rows per consumer warpgroup, plus the producer's.
-constexpr int block_m(const TileConfig &c) { return 64 * c.consumers; }
-constexpr int threads(const TileConfig &c) { return 128 * (c.consumers + 1); }
-
 // block_n keeps the consumer's registers (O: d/2, S: n/2, P twice: n/4 each) under its 232 and
-// two K and two V stages plus Q inside 227 KB. Head dim 64 is exp-bound at two consumers (MUFU
-// cycles about equal the tensor cycles of a tile); kHdim64Consumers = 3 gives it FlashAttention-3's
-// 192-row tile of three consumer warpgroups (96 keys, 40 / 152 registers, P packed after the P V
-// wait). Measured on the H200 in stop 19 (bench/ab_cudnn.py, bf16 and fp16, 512-16k) it ran
-// 0.86-0.92x the 2-consumer kernel non-causal and 0.88-0.96x causal, so it stays off: 2 compiles
-// exactly main's hdim-64 kernel (PTX identical), 3 the 192-row one (docs/kernel-notes.md, "FA3").
-constexpr int kHdim64Consumers = 2;
+// two K and two V stages plus Q inside 227 KB.
 constexpr TileConfig config_for(int head_dim) {
-    return head_dim <= 64    ? TileConfig{64, kHdim64Consumers == 3 ? 96 : 128, 64, kHdim64Consumers}
+    return head_dim <= 64    ? TileConfig{64, 128}
            : head_dim <= 128 ? TileConfig{128, 128}
            : head_dim <= 192 ? TileConfig{192, 96}
                              : TileConfig{256, 80};
 }
 
-constexpr int q_bytes(const TileConfig &c) { return block_m(c) * c.head_dim * 2; }
+constexpr int q_bytes(const TileConfig &c) { return kBlockM * c.head_dim * 2; }
 constexpr int kv_bytes(const TileConfig &c) { return c.block_n * c.head_dim * 2; }
 constexpr int v_bytes(const TileConfig &c) { return c.block_n * c.head_dim_v * 2; }
 // Q, K and V stages, 1 KB of barriers (padded) and 1 KB to align the dynamic base to 1024 B.

@@ -12,10 +12,8 @@
 //     rows each: the mainloop accumulates O and the softmax statistics, the epilogue stores O
 //     and LSE.
 // The register split is sized for exactly these 3 warpgroups at one CTA per SM: 128 x 40 +
-// 256 x 232 = 64512 of the 65536 registers. Traits with kCWG = 3 (head dim 64, stop 19) run a
-// 192-row tile on 4 warpgroups (512 threads) and split 32 / 160 (fa3_config.h); their consumers
-// take consumer_mainloop_packed_late, and a warpgroup whose 64 rows lie past the sequence end
-// only passes the buffers on (drain_tile). Another count must redo the split and kConsumerWarps.
+// 256 x 232 = 64512 of the 65536 registers. A kernel with another warpgroup count (or a second
+// producer warp doing more than issue TMA) must redo it, as well as kConsumerWarps.
 //
 // Runtime features (no template flags): causal / sliding window (edge tiles masked, the others
 // skipped), soft cap, GQA/MQA (kv head = head / group in the K/V coordinates), variable length
@@ -41,7 +39,7 @@
 namespace flashattn {
 namespace fa3 {
 
-// Consumer warpgroup `w` (0 .. kCWG - 1): query rows 64w..64w+63 of the tile. The thread's place in the
+// Consumer warpgroup `w` (0 or 1): query rows 64w..64w+63 of the tile. The thread's place in the
 // wgmma m64 accumulator layout: warp `warp` holds rows 16 warp.., lane group g rows g and g + 8,
 // quad lane t columns 2t, 2t + 1 of every n8 block.
 template <class Tr, class E>
@@ -66,23 +64,12 @@ __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, un
 
     // No visible key: O and row_sum stay 0, which the epilogue writes as O = 0, LSE = -inf (with a
     // sink: O = 0 and LSE = the sink, store_output).
-    if constexpr (Tr::kCWG == 2) {
-        if (c.has_keys()) consumer_mainloop<Tr, E>(p, c, smem, bars, w, lane, t, rdiag, sl2, O, row_max, row_sum, pipe);
-    } else {
-        // A warpgroup wholly past the sequence end (the last query tile) computes nothing, but
-        // its warps still count on every barrier of the tile.
-        if (c.m0 + 64 * w >= sq) {
-            if (c.has_keys()) drain_tile<Tr>(c, bars, lane, pipe);
-            return;
-        }
-        if (c.has_keys())
-            consumer_mainloop_packed_late<Tr, E>(p, c, smem, bars, w, lane, t, rdiag, sl2, O, row_max, row_sum, pipe);
-    }
+    if (c.has_keys()) consumer_mainloop<Tr, E>(p, c, smem, bars, w, lane, t, rdiag, sl2, O, row_max, row_sum, pipe);
     store_output<Tr, E>(p, c, O, row_max, row_sum, sl2, qpos, t);
 }
 
 template <class Tr, class E>
-__global__ void __launch_bounds__(Tr::kThreads, 1)
+__global__ void __launch_bounds__(kThreads, 1)
     fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ Params p) {
     extern __shared__ unsigned char smem_raw[];
@@ -95,13 +82,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         // K/V "full": one TMA issuer, or every gathering producer thread (fa3_gather.cuh).
         const uint32_t kv_arrivals = p.gather ? kProducerThreads : 1;
         cuda::mbar_init(&bars->q_full, 1);
-        cuda::mbar_init(&bars->q_empty, Tr::kConsumerWarps);
+        cuda::mbar_init(&bars->q_empty, kConsumerWarps);
 #pragma unroll
         for (int s = 0; s < kStages; ++s) {
             cuda::mbar_init(&bars->k_full[s], kv_arrivals);
             cuda::mbar_init(&bars->v_full[s], kv_arrivals);
-            cuda::mbar_init(&bars->k_empty[s], Tr::kConsumerWarps);
-            cuda::mbar_init(&bars->v_empty[s], Tr::kConsumerWarps);
+            cuda::mbar_init(&bars->k_empty[s], kConsumerWarps);
+            cuda::mbar_init(&bars->v_empty[s], kConsumerWarps);
         }
         cuda::fence_mbar_init();
     }
@@ -109,18 +96,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     // Persistent: each CTA takes every gridDim.x-th tile (nth_tile). Both roles walk the same list and skip
     // the same tiles (no query rows: nothing; no visible key: the consumers write O = 0 alone).
-    const int m_blocks = (p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+    const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
     const int n_work = m_blocks * p.heads_q * p.batch;
     const int wg = threadIdx.x / 128;
     Pipe pipe;
     if (wg == 0) {
-        cuda::setmaxnreg_dec<Tr::kProducerRegs>();
+        cuda::setmaxnreg_dec<kProducerRegs>();
         // Paged caches / seqused_k: the whole warpgroup gathers K and V. Square kernels only: the
         // backend refuses a gathering plan with head_dim_v != head_dim (fa3_unsupported_reason).
         if (Tr::kDV == Tr::kD && p.gather) {
             if (threadIdx.x == 0) cuda::prefetch_tensormap(&tm_q);
             for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
-                const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN, Tr::kBlockM);
+                const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
                 if (c.has_keys()) produce_gather<Tr>(p, c, &tm_q, smem, bars, pipe, threadIdx.x);
             }
             return;
@@ -130,13 +117,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         cuda::prefetch_tensormap(&tm_k);
         cuda::prefetch_tensormap(&tm_v);
         for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
-            const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN, Tr::kBlockM);
+            const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
             if (c.has_keys()) produce<Tr>(p, c, &tm_q, &tm_k, &tm_v, smem, bars, pipe);
         }
     } else {
-        cuda::setmaxnreg_inc<Tr::kConsumerRegs>();
+        cuda::setmaxnreg_inc<kConsumerRegs>();
         for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
-            const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN, Tr::kBlockM);
+            const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
             if (c.has_rows()) consume<Tr, E>(p, c, smem, bars, wg - 1, pipe);
         }
     }

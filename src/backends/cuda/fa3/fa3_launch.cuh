@@ -22,16 +22,14 @@ namespace fa3 {
 // (`optin_done`: the caller's flag word, one per kernel instantiation), then launches one CTA per
 // work tile (query block x head x sequence, the kernel's n_work, counted here in 64 bits), at
 // most p.num_ctas, of kThreads threads. `P`: the kernel's parameter block (Params or derived).
-// block_m, threads: a kernel of another consumer count (Traits::kBlockM, kThreads).
 template <class Kernel, class P>
 cudaError_t launch_persistent(Kernel kernel, int smem_bytes, unsigned long long *optin_done, const P &p,
-                              const TensorMaps &maps, cudaStream_t stream, int block_m = kBlockM,
-                              int threads = kThreads) {
+                              const TensorMaps &maps, cudaStream_t stream) {
     const cudaError_t e = cuda::ensure_smem_optin(kernel, smem_bytes, optin_done);
     if (e != cudaSuccess) return e;
-    const int64_t n_work = (static_cast<int64_t>(p.seqlen_q) + block_m - 1) / block_m * p.heads_q * p.batch;
+    const int64_t n_work = (static_cast<int64_t>(p.seqlen_q) + kBlockM - 1) / kBlockM * p.heads_q * p.batch;
     const unsigned grid = static_cast<unsigned>(n_work < p.num_ctas ? n_work : p.num_ctas);
-    kernel<<<grid, threads, smem_bytes, stream>>>(maps.q, maps.k, maps.v, p);
+    kernel<<<grid, kThreads, smem_bytes, stream>>>(maps.q, maps.k, maps.v, p);
     return cudaSuccess;
 }
 
@@ -40,10 +38,9 @@ template <int kD, class E, int kDV = kD>
 cudaError_t launch_fwd(const Params &p, const TensorMaps &maps, cudaStream_t stream) {
     constexpr TileConfig cfg = config_for(kD, kDV);
     static_assert(cfg.head_dim == kD && cfg.head_dim_v == kDV, "no such compiled head dim");
-    using Tr = Traits<cfg.head_dim, cfg.block_n, cfg.head_dim_v, cfg.consumers>;
+    using Tr = Traits<cfg.head_dim, cfg.block_n, cfg.head_dim_v>;
     static unsigned long long optin_done = 0;  // one per instantiation
-    return launch_persistent(fwd_kernel<Tr, E>, Tr::kSmemBytes, &optin_done, p, maps, stream, Tr::kBlockM,
-                             Tr::kThreads);
+    return launch_persistent(fwd_kernel<Tr, E>, Tr::kSmemBytes, &optin_done, p, maps, stream);
 }
 
 }  // namespace fa3

@@ -5,8 +5,7 @@
 // Reusable as is by a backward or FP8 kernel that walks (128-row query tile, head, sequence)
 // tiles: the schedule is a pure function of (blockIdx.x, gridDim.x, round), so every warpgroup
 // of a CTA walks the same list without communicating; no atomics, no shared memory. It assumes
-// kBlockM (128) query rows per tile (or the caller's block_m) and that the caller passes its own key
-// tile width kBN.
+// kBlockM (128) query rows per tile and that the caller passes its own key tile width kBN.
 #pragma once
 
 #include <cstdint>
@@ -42,8 +41,7 @@ struct TileCoords {
 // fit in about half the L2) the list runs from the heaviest query block of every pair down to the
 // lightest: longest-processing-time first, while the CTAs working at the same time still share
 // the section's K/V.
-__device__ __forceinline__ TileCoords tile_coords(const Params &p, int tile, int m_blocks, int kBN,
-                                                  int block_m = kBlockM) {
+__device__ __forceinline__ TileCoords tile_coords(const Params &p, int tile, int m_blocks, int kBN) {
     TileCoords c;
     int mblk, rest;
     if (p.reverse_m) {
@@ -60,10 +58,10 @@ __device__ __forceinline__ TileCoords tile_coords(const Params &p, int tile, int
     }
     c.head = rest % p.heads_q;
     c.b = rest / p.heads_q;
-    c.m0 = mblk * block_m;
+    c.m0 = mblk * kBlockM;
     c.seq = cuda::seq_info(p, c.b);
     if (c.has_rows()) {
-        const int qhi = min(c.m0 + block_m, c.seq.sq) - 1;
+        const int qhi = min(c.m0 + kBlockM, c.seq.sq) - 1;
         const int off = cuda::diagonal_offset(p, c.seq.sq, c.seq.sk);
         c.kt = cuda::key_tiles(p, c.m0, qhi, c.seq.sk, off, kBN);
         c.sink_last = cuda::sink_tile_last(p, c.kt, qhi, c.seq.sk, off, kBN);

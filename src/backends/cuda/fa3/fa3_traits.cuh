@@ -6,8 +6,7 @@
 // Q tile (kBlockM) of 16-bit elements stored as 64-column, 128-byte-swizzled pages, and kStages
 // K and V buffers in two separate rings. The "empty" barriers expect one arrival per consumer
 // warp (kConsumerWarps = 8: two consumer warpgroups); a kernel with a different consumer count
-// must change that count, not only the thread count. The bf16/fp16 forward's Traits carry their
-// own (kCWG consumer warpgroups: Traits::kBlockM rows, kThreads, kConsumerWarps, register split).
+// must change that count, not only the thread count.
 #pragma once
 
 #include <cstdint>
@@ -18,16 +17,8 @@
 namespace flashattn {
 namespace fa3 {
 
-template <int kD_, int kBN_, int kDV_ = kD_, int kCWG_ = 2>
+template <int kD_, int kBN_, int kDV_ = kD_>
 struct Traits {
-    static constexpr int kCWG = kCWG_;            // consumer warpgroups, 64 query rows each
-    static constexpr int kBlockM = 64 * kCWG;     // query rows per work tile (shadows fa3::kBlockM)
-    static constexpr int kThreads = 128 * (kCWG + 1);
-    static constexpr int kConsumerWarps = 4 * kCWG;  // arrivals on each "empty" barrier
-    static constexpr int kProducerRegs = kCWG == 2 ? fa3::kProducerRegs : kProducerRegs3;
-    static constexpr int kConsumerRegs = kCWG == 2 ? fa3::kConsumerRegs : kConsumerRegs3;
-    static_assert(kCWG == 2 || kCWG == 3, "two or three consumer warpgroups");
-    static_assert(setmaxnreg_split_fits(kProducerRegs, kConsumerRegs, kThreads), "register split exceeds the launch's");
     static constexpr int kD = kD_;    // padded head dim of Q and K, a multiple of 64
     static constexpr int kBN = kBN_;  // keys per tile
     static constexpr int kPageCols = 64;          // columns per 128-byte swizzle page (16-bit elements)
@@ -42,7 +33,7 @@ struct Traits {
     static constexpr int kKOffset = kQBytes;
     static constexpr int kVOffset = kQBytes + kStages * kKVBytes;
     static constexpr int kBarOffset = kVOffset + kStages * kVBytes;
-    static constexpr int kSmemBytes = smem_bytes(TileConfig{kD, kBN, kDV, kCWG});
+    static constexpr int kSmemBytes = smem_bytes(TileConfig{kD, kBN, kDV});
     static constexpr int kNT = kBN / 8;   // n8 tiles of S per thread's rows
     static constexpr int kPF = kBN / 16;  // k16 fragments of P
     static_assert(kD % 64 == 0 && kDV % 64 == 0 && kBN % 16 == 0 && kBN <= 256, "unsupported tile");
