@@ -1,10 +1,10 @@
-// Rotary embedding arithmetic of the serving path, one definition for every kernel that rotates:
-// the append pre-kernel (cache_append.cuh: new K rows and Q) and FA2's decode tiles, which run
-// the append themselves: their packed query rows and the new K rows rotated as they load them
-// (fa2_mainloop.cuh, rotate_q_rows and append_new_rows). Each output is computed in double with every product and sum
-// rounded on its own (no fused multiply-add, as the CPU backend computes it) and rounded once to
-// fp32 with round to odd, so that rounding that to a 16-bit type is the correctly rounded double:
-// both kernels, and the CPU backend, produce the same bits.
+// Rotary embedding arithmetic of the serving path, in one place: the append pre-kernel
+// (cache_append.cuh: new K rows and Q) uses it, and so would any kernel that rotates rows itself
+// (stops 18-19 measured two such forms in FA2's decode tiles; docs/kernel-notes.md, "Decode
+// speed"). Each output is computed in double with every product and sum rounded on its own (no
+// fused multiply-add, as the CPU backend computes it) and rounded once to fp32 with round to odd,
+// so that rounding that to a 16-bit type is the correctly rounded double: the kernels and the CPU
+// backend produce the same bits.
 #pragma once
 
 #include <cstdint>

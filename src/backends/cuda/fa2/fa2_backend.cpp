@@ -61,7 +61,6 @@ struct Fa2Plan : BackendPlan {
     int o_part = -1;    // workspace slices of the split partials (when splits > 1)
     int lse_part = -1;
     int rotated_q = -1;  // with a rotary append: Q rotated by the pre-kernel (fa2_append.h)
-    bool append_in_kernel = false;  // the decode tiles append (and rotate) themselves: appends_in_kernel
     // sm_90+: the kernels after the first of an execute (attention after the append, the combine
     // after the attention) are programmatic dependent launches (cuda/device/pdl.cuh).
     bool pdl = false;
@@ -155,15 +154,6 @@ void add_split_slices(const Problem &p, Fa2Plan *plan) {
     plan->lse_part = plan->workspace.add("fa2 split-KV partial LSE", rows * sizeof(float));
 }
 
-// Whether the attention kernel runs the plan's append itself (fa2_config.h, decode_appends): a
-// decode tile, one query tile per (sequence, kv head) holding all of its query heads (pack-GQA,
-// or one query head per kv head), so that one CTA per (sequence, kv head, split) loads each key
-// tile; the plain and paged kernels only (the variants kernel keeps the pre-kernel).
-bool appends_in_kernel(const Problem &p, const Variant &v) {
-    return p.serving.appends() && fa2::decode_appends(v.cfg) && p.seqlen_q * v.pack <= v.cfg.block_m &&
-           (v.pack > 1 || p.heads_q == p.heads_kv) && !p.alibi && p.sink_tokens == 0 && p.head_dim_v == p.head_dim;
-}
-
 flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::unique_ptr<BackendPlan> *out) {
     auto plan = std::make_unique<Fa2Plan>();
     plan->variant = variant_for(p, dev.smem_per_block_optin);
@@ -171,9 +161,7 @@ flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     plan->num_splits = choose_splits(p, plan->variant, dev.sm_count);
     plan->pdl = dev.cc_major >= 9;
     if (plan->num_splits > 1) add_split_slices(p, plan.get());
-    plan->append_in_kernel = appends_in_kernel(p, plan->variant);
-    // (An in-kernel append rotates Q in the attention kernel: Params::rotate_q_dim.)
-    if (p.serving.rotary_dim > 0 && !plan->append_in_kernel)
+    if (p.serving.rotary_dim > 0)
         plan->rotated_q = plan->workspace.add("fa2 rotated queries", rotated_q_bytes(p));
     if (fa2::backward_unsupported_reason(p, dev).empty())
         plan->backward = fa2::plan_backward(p, dev, &plan->backward_workspace);
@@ -183,8 +171,7 @@ flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::u
 
 // The serving append (issue 18): the new K/V rows into the caches and, with a rotary embedding,
 // Q rotated into the workspace, which the attention kernel then reads (host/cache_append.h); in
-// plans where appends_in_kernel holds (fa2_config.h's kDecodeAppends on) the attention kernel
-// appends and rotates itself (set_append_in_kernel); this runs there only for a call with no query.
+// the decode tiles the attention kernel rotates Q itself (no workspace slice: q_rot is null).
 flashattn_status_t enqueue_append(const Problem &p, const Fa2Plan &plan, const Tensors &t, cudaStream_t stream,
                                   fa2::Params *k) {
     void *q_rot = plan.rotated_q >= 0 ? plan.workspace.at<void>(t.workspace, plan.rotated_q) : nullptr;
@@ -195,22 +182,6 @@ flashattn_status_t enqueue_append(const Problem &p, const Fa2Plan &plan, const T
     FLASHATTN_TRY(check_launch("fa2 serving append kernels"));
     if (q_rot != nullptr) use_rotated_q(p, q_rot, k);
     return FLASHATTN_SUCCESS;
-}
-
-// The append of a decode plan, done by the attention kernel (Params::append_rows): the new rows'
-// tensors, and the rotary tables for Q and the new K rows.
-void set_append_in_kernel(const Problem &p, const Tensors &t, fa2::Params *k) {
-    const Serving &sv = p.serving;
-    k->k_new = t.k_new, k->v_new = t.v_new;
-    k->kn_bs = sv.k_new.batch, k->kn_rs = sv.k_new.row, k->kn_hs = sv.k_new.head;
-    k->vn_bs = sv.v_new.batch, k->vn_rs = sv.v_new.row, k->vn_hs = sv.v_new.head;
-    k->append_rows = static_cast<int32_t>(sv.new_rows);
-    if (sv.rotary_dim > 0) {
-        k->rotary_cos = t.rotary_cos;
-        k->rotary_sin = t.rotary_sin;
-        k->rotate_q_dim = static_cast<int32_t>(sv.rotary_dim);
-        k->rotary_interleaved = sv.rotary_interleaved ? 1 : 0;
-    }
 }
 
 flashattn_status_t fa2_execute(const Problem &p, const BackendPlan &base_plan, const Tensors &t) {
@@ -238,11 +209,9 @@ flashattn_status_t fa2_execute(const Problem &p, const BackendPlan &base_plan, c
 
     const bool bf16 = p.dtype == FLASHATTN_DTYPE_BF16;
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);
-    const bool pre_kernel = p.serving.appends() && (!plan.append_in_kernel || no_queries);
-    if (pre_kernel) FLASHATTN_TRY(enqueue_append(p, plan, t, stream, &k));
+    if (p.serving.appends()) FLASHATTN_TRY(enqueue_append(p, plan, t, stream, &k));
     if (no_queries) return FLASHATTN_SUCCESS;
-    if (p.serving.appends() && plan.append_in_kernel) set_append_in_kernel(p, t, &k);
-    k.launch_pdl = plan.pdl && pre_kernel ? 1 : 0;
+    k.launch_pdl = plan.pdl && p.serving.appends() ? 1 : 0;
     cudaError_t err = plan.launch(k, bf16, plan.variant.small, stream);
     if (err != cudaSuccess) return cuda_fail(err, "fa2 forward kernel setup");
     FLASHATTN_TRY(check_launch("fa2 forward kernel"));

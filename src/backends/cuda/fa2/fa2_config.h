@@ -58,20 +58,6 @@ constexpr bool is_decode_tile(const TileConfig &c) {
     return c.block_m == 64 && c.stages == 2 && c.block_m == 16 * c.warps;
 }
 
-// Decode tiles run a serving append themselves (issue 18), no append pre-kernel: every CTA rotates
-// its own query rows as it loads them, and the split whose key tiles hold a sequence's new rows
-// reads them from the caller's new-K/V tensors (K rotated), attends over them and writes them into
-// the cache. It needs one CTA per (sequence, kv head, split), i.e. one query tile (at most 64
-// packed rows) holding every query head of its kv head: the host checks the rest
-// (fa2_backend.cpp, appends_in_kernel). Off: on the H200 (stop 19, tests and sanitizers clean)
-// its first form made the b 1 / 32k append step level with the pre-kernel's (44.2 vs 44.3 µs),
-// while the same build's steps without an append ran 1-2.5 % slower (the per-row gap test in the
-// loaders, since made one branch per tile) and the Q rotation cost ~2.5 µs (one round trip per
-// element, since batched); the present form is compiled (with it on: ptxas clean) but not run
-// (docs/kernel-notes.md, "Decode speed", fourth pass). Off, the kernels are main's.
-constexpr bool kDecodeAppends = false;
-constexpr bool decode_appends(const TileConfig &c) { return kDecodeAppends && is_decode_tile(c); }
-
 constexpr int smem_bytes(const TileConfig &c) {
     return c.block_m * c.head_dim * 2 + 2 * c.stages * c.block_n * c.head_dim * 2;
 }

@@ -60,8 +60,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const int g = lane >> 2;
     const int t = lane & 3;
 
-    // After the serving append pre-kernel (a programmatic dependent launch, cuda/device/pdl.cuh):
-    // its cache rows and rotated Q are visible past the wait; the decode tiles (kLateWait) wait in
+    // After the serving append (a programmatic dependent launch, cuda/device/pdl.cuh): its cache
+    // rows and rotated Q are visible past the wait; the decode tiles (kLateWait) wait in
     // load_first_tiles instead. The split-KV combine may launch now.
     if constexpr (!kLateWait<Tr>) cuda::pdl_wait();
     cuda::pdl_launch_dependents();
@@ -82,9 +82,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const int m0 = mblk * kBM;
     if (m0 >= prows) {
         if constexpr (kLateWait<Tr>) cuda::pdl_wait();  // every CTA waits: this grid's end implies the append's
-        // A sequence with no query (varlen) still gets its appended rows (kv head hh: appends_in_kernel).
-        if constexpr (kAppendsRows<Tr, kVariants>)
-            if (p.append_rows > 0 && mblk == 0 && split == 0) write_unread_rows<Tr, E, kPaged>(p, b, hh, sk, 0, -1);
         return;
     }
     const int kvh = G > 1 ? hh : hh / p.group;
@@ -102,8 +99,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     const cuda::KeyTiles kt = cuda::key_tiles(p, qlo, qhi, sk, off, kBN);
     const KeyTileRange kr = split_key_tiles(kt, split, p.num_splits);
     const int nb_first = kr.first, nb_last = kr.last;
-    if constexpr (kAppendsRows<Tr, kVariants>)
-        if (p.append_rows > 0 && mblk == 0 && split == 0) write_unread_rows<Tr, E, kPaged>(p, b, kvh, sk, kt.first, kt.last);
 
     const bool warp_active = m0 + warp * kWR < prows;
 
@@ -184,9 +179,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     }
 
     // ---- epilogue ------------------------------------------------------------------------------
-    // Decode tiles after an append pre-kernel: a CTA that ran load_first_tiles waited there (this
-    // second wait returns at once); one without a key tile waits here, so that every CTA waits and
-    // this grid's end still implies the append's (the combine's wait then covers it too).
+    // (A CTA that loaded a key tile waited in load_first_tiles already; one without key tiles
+    // waits here, so that this grid's end implies the append's for the launches after it.)
     if constexpr (kLateWait<Tr>) cuda::pdl_wait();
     // Read again (not kept from the prologue): the loop holds no registers for these offsets.
     const cuda::SeqInfo se = cuda::seq_info(p, b);

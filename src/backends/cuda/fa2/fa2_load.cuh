@@ -38,11 +38,9 @@ __device__ __forceinline__ uint32_t opaque(uint32_t v) {
 // integer ops per 16-byte copy. kAllRows: the caller knows every row is in range (any key tile but
 // the last), so no per-row test is made (at head dim 256 that is 32 of ~910 instructions per
 // iteration; ncu showed the main loop instruction-bound against torch's FA2 at equal IPC).
-// kGap (a serving append done by the kernel): rows rows_cached .. rows_valid - 1 are not copied at
-// all (the caller stores them: they come from elsewhere), rows from rows_valid on are zero-filled.
-template <class Tr, int kRows, bool kAllRows = false, bool kGap = false>
+template <class Tr, int kRows, bool kAllRows = false>
 __device__ __forceinline__ void load_tile(uint32_t sbase, const uint16_t *g, int row0, int64_t rs,
-                                          int rows_valid, int d, int tid, int rows_cached = 0) {
+                                          int rows_valid, int d, int tid) {
     using Tile = cuda::SwizzledTile<kRows, Tr::kD>;
     constexpr int kCPR = Tr::kD / 8;
     constexpr int kCPRp = next_pow2(kCPR);
@@ -65,28 +63,21 @@ __device__ __forceinline__ void load_tile(uint32_t sbase, const uint16_t *g, int
     const uint32_t base1 =
         kPhases == 2 ? sbase + Tile::offset(r0 + kRowStep, c) - kRowStep * pitch : base0;
     const int rlim = rows_valid - r0;
-    const int clim = rows_cached - r0;
 #pragma unroll
     for (int j = 0; j < kIters; ++j) {
         const bool ok = kAllRows ? col_ok : col_ok && j * kRowStep < rlim;
         const uint32_t dst = ((kPhases == 2 && (j & 1)) ? base1 : base0) + j * kRowStep * pitch;
         // Out-of-range chunks copy 0 bytes (16 zero bytes land in shared memory; nothing is read).
-        if constexpr (kGap) {
-            if (!((kAllRows || j * kRowStep < rlim) && j * kRowStep >= clim)) cuda::cp_async_16(dst, src, ok ? 16u : 0u);
-        } else {
-            cuda::cp_async_16(dst, src, ok ? 16u : 0u);
-        }
+        cuda::cp_async_16(dst, src, ok ? 16u : 0u);
         src += step;
     }
 }
 
 // cp.async the Q tile: packed rows m0.. (row -> (qpos, head) through unpack_row).
-// skip_below: chunks of columns below it (a multiple of 8) in rows that exist are not copied (the
-// caller stores them: the serving decode's rotated columns).
 template <class Tr>
 __device__ __forceinline__ void load_q(uint32_t sbase, const uint16_t *qg, int64_t q_rs,
                                        int64_t q_hs, int m0, int prows, int G, int hbase, int d,
-                                       int tid, int skip_below = 0) {
+                                       int tid) {
     using Tile = typename Tr::QTile;
     constexpr int kCPR = Tr::kD / 8;
     constexpr int kTotal = Tr::kBM * kCPR;
@@ -99,7 +90,6 @@ __device__ __forceinline__ void load_q(uint32_t sbase, const uint16_t *qg, int64
             const int c = i - r * kCPR;
             const int prow = m0 + r;
             const bool ok = c * 8 < d && prow < prows;
-            if (skip_below > 0 && ok && c * 8 < skip_below) continue;
             const uint16_t *src = qg;
             if (ok) {
                 int qpos, head;

@@ -22,7 +22,6 @@
 #include "backends/cuda/fa2/fa2_gemm.cuh"
 #include "backends/cuda/fa2/fa2_load.cuh"
 #include "backends/cuda/fa2/fa2_params.h"
-#include "backends/cuda/fa2/fa2_tile_scheduler.cuh"
 #include "backends/cuda/fa2/fa2_traits.cuh"
 
 namespace flashattn {
@@ -47,8 +46,7 @@ struct FwdLoopArgs {
 
 // The decode tiles (64 query rows, one m16 tile per warp, two K/V buffers: the small
 // configurations up to head dim 128), which take the serving decode's own choices
-// (load_paged_row_runs, kLateWait, the in-kernel serving append: kAppendsRows); the other kernels
-// keep main's code.
+// (load_paged_row_runs, kLateWait); the other kernels keep main's code.
 template <class Tr>
 constexpr bool kDecodeTile = Tr::kBM == 64 && Tr::kStages == 2 && Tr::kMT == 1;
 
@@ -157,11 +155,9 @@ constexpr bool kPagedRowRuns = true;
 // lookups and 64-bit address computations per thread and tile: ncu showed that gather
 // issue-bound, 37 % of cycles issuing, DRAM at 29 %, the same with pages in order or of 1 key).
 // Only in the decode tiles: in the 128 x 64 kernel at head dim 128 it spilled 20 bytes.
-// Keys cached .. sk - 1 (an in-kernel append's new rows) are not copied: load_new_rows stores them.
 template <class Tr>
 __device__ __forceinline__ void load_paged_row_runs(const Params &p, uint32_t sbase, const uint16_t *g, int n0,
-                                                    int64_t rs, int64_t page_stride, int sk, int d, int tid,
-                                                    int cached) {
+                                                    int64_t rs, int64_t page_stride, int sk, int d, int tid) {
     using Tile = cuda::SwizzledTile<Tr::kBN, Tr::kD>;
     constexpr int kCPR = Tr::kD / 8;
     constexpr int kTPR = Tr::kThreads / Tr::kBN;  // threads per row
@@ -170,7 +166,6 @@ __device__ __forceinline__ void load_paged_row_runs(const Params &p, uint32_t sb
     const int r = tid / kTPR;
     const int c0 = (tid - r * kTPR) * kCPT;
     const int key = n0 + r;
-    if (key >= cached && key < sk) return;
     // Source of the run's first chunk (a copy of 0 bytes reads nothing: g past the sequence's
     // keys), and how many of its columns exist (0 past the keys).
     const uint16_t *src = g;
@@ -205,29 +200,18 @@ __device__ __forceinline__ void load_paged_row_runs(const Params &p, uint32_t sb
 // smaller (or unaligned) pages take a row-by-row lookup.
 // cols: K's head dim a.d, or V's p.head_dim_v (read from the parameters where used, so that it
 // takes no register across the loop); columns past it are zero-filled.
-// Decode tiles: the keys of an in-kernel append (the last p.append_rows of the sequence; none
-// without one) are left out, for load_new_rows.
 template <class Tr, bool kPaged, bool kAllRows>
 __device__ __forceinline__ void load_kv_tile(const Params &p, const FwdLoopArgs &a, uint32_t s, const uint16_t *g,
                                              int n0, int64_t rs, int64_t page_stride, int cols) {
-    static_assert(!kDecodeAppends || kPagedRowRuns, "the in-kernel append leaves its rows out in load_paged_row_runs");
     if constexpr (kPaged) {
         if (p.page_size % Tr::kBN != 0) {
             if constexpr (kDecodeTile<Tr> && kPagedRowRuns)
-                load_paged_row_runs<Tr>(p, s, g, n0, rs, page_stride, a.sk, cols, a.tid,
-                                        kDecodeAppends ? a.sk - p.append_rows : a.sk);
+                load_paged_row_runs<Tr>(p, s, g, n0, rs, page_stride, a.sk, cols, a.tid);
             else
                 load_paged_rows<Tr>(p, s, g, n0, rs, page_stride, a.sk, cols, a.tid);
             return;
         }
         g += page_shift(p, n0, rs, page_stride);
-    }
-    if constexpr (kDecodeAppends && kDecodeTile<Tr>) {
-        // A tile holding new rows (one branch per tile; the other tiles load as without an append).
-        if (p.append_rows > 0 && n0 + Tr::kBN > a.sk - p.append_rows) {
-            load_tile<Tr, Tr::kBN, false, true>(s, g, n0, rs, a.sk - n0, cols, a.tid, a.sk - p.append_rows - n0);
-            return;
-        }
     }
     load_tile<Tr, Tr::kBN, kAllRows>(s, g, n0, rs, a.sk - n0, cols, a.tid);
 }
@@ -275,179 +259,27 @@ __device__ __forceinline__ void wait_v_load_next_k(const Params &p, const FwdLoo
     }
 }
 
-// Whether the kernel waits for a serving append pre-kernel late (load_first_tiles): the decode tiles.
+// Whether the kernel waits for a serving append late (load_first_tiles): the decode tiles.
 template <class Tr>
 constexpr bool kLateWait = kDecodeTile<Tr>;
 
-// Whether the kernel runs a serving append itself (fa2_config.h, decode_appends; Params::append_rows
-// says whether this launch has one): the decode tiles' plain and paged kernels.
-template <class Tr, bool kVariants>
-constexpr bool kAppendsRows = kDecodeAppends && kDecodeTile<Tr> && !kVariants;
-
-// Q, or with a rotary embedding done here (p.rotate_q_dim > 0, decode tiles only) every chunk but
-// the rotated ones (columns below the rotary dim rounded up to a chunk): rotate_q_rows stores those.
 template <class Tr>
 __device__ __forceinline__ void load_first_q(const Params &p, const FwdLoopArgs &a) {
-    int skip = 0;
-    if constexpr (kDecodeAppends && kDecodeTile<Tr>) skip = (p.rotate_q_dim + 7) & ~7;  // <= d: d is a multiple of 8
-    if (a.G == 1 && skip == 0)
+    if (a.G == 1)
         load_tile<Tr, Tr::kBM>(a.s_q, a.qg + a.hbase * p.q_hs, a.m0, p.q_rs, a.prows - a.m0, a.d, a.tid);
     else
-        load_q<Tr>(a.s_q, a.qg, p.q_rs, p.q_hs, a.m0, a.prows, a.G, a.hbase, a.d, a.tid, skip);
-}
-
-// The decode tiles' rotated Q columns (p.rotate_q_dim > 0): the CTA's packed rows, columns below
-// the rotary dim rounded up to a chunk, read with plain loads, rotated as the append pre-kernel
-// rotates them (device/rotary.cuh: the same bits as it and the CPU backend) and stored to the Q
-// tile; load_first_q copies the other chunks, so the two never write the same bytes. Issued after
-// the first K and V tiles, so that its loads overlap them (before them, every CTA's first K waited
-// for it: 1-2 % slower on the H200); the stores are seen by every warp after the first key tile's
-// barrier, like the cp.async data. A decode CTA has a few packed rows (4 at 32 / 8 heads).
-template <class Tr, class E>
-__device__ __forceinline__ void rotate_q_rows(const Params &p, const FwdLoopArgs &a) {
-    using Tile = typename Tr::QTile;
-    constexpr bool kBf16 = std::is_same<E, cuda::Bf16>::value;
-    const int rd = p.rotate_q_dim, half = rd / 2;
-    const int rd8 = (rd + 7) & ~7;
-    const int rows = min(Tr::kBM, a.prows - a.m0);
-    const int pos0 = a.sk - p.append_rows;  // seqused_k[b]: the cache's keys before the append
-    const int n = rows * rd8;
-    // kBatch elements per thread loaded before any is stored (the stores' memory clobber keeps the
-    // loads from moving past them): one memory round trip per batch, not per element (element by
-    // element, the H200 run of stop 19 spent ~2.5 µs of a b 1 decode step in this loop).
-    constexpr int kBatch = 4;
-    for (int i0 = a.tid; i0 < n; i0 += kBatch * Tr::kThreads) {
-        uint16_t v[kBatch];
-        uint32_t addr[kBatch];
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-            const int i = i0 + u * Tr::kThreads;
-            v[u] = 0;
-            addr[u] = 0;
-            if (i >= n) continue;
-            const int r = i / rd8, col = i - r * rd8;
-            int qpos, head;
-            unpack_row(a.m0 + r, a.G, a.hbase, qpos, head);
-            const uint16_t *src = a.qg + qpos * p.q_rs + head * p.q_hs;
-            if (col < rd) {
-                // Pair k = (c0, c1): adjacent columns (interleaved) or k and k + half; col is its
-                // second member when col == c1.
-                const bool second = p.rotary_interleaved ? (col & 1) != 0 : col >= half;
-                const int k = p.rotary_interleaved ? col >> 1 : second ? col - half : col;
-                const int c0 = p.rotary_interleaved ? 2 * k : k, c1 = p.rotary_interleaved ? 2 * k + 1 : k + half;
-                const int64_t t = static_cast<int64_t>(pos0 + qpos) * half + k;
-                const float o = cuda::rotary_output(cuda::rotary_load(src[c0], kBf16), cuda::rotary_load(src[c1], kBf16),
-                                                    p.rotary_cos[t], p.rotary_sin[t], second);
-                v[u] = cuda::rotary_store(o, kBf16);
-            } else {
-                v[u] = src[col];
-            }
-            addr[u] = a.s_q + Tile::offset(r, col >> 3) + (col & 7) * 2;
-        }
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u)
-            if (i0 + u * Tr::kThreads < n) asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr[u]), "h"(v[u]) : "memory");
-    }
-}
-
-// Where key `key` of this sequence's kv head kvh lies in the K (kK) or V cache, as the append
-// pre-kernel (cache_append.cuh) and the attention loads (a.kg / a.vg) place it.
-template <bool kPaged, bool kK>
-__device__ __forceinline__ uint16_t *cache_row(const Params &p, int b, int kvh, int key) {
-    uint16_t *base = static_cast<uint16_t *>(const_cast<void *>(kK ? p.k : p.v)) + kvh * (kK ? p.k_hs : p.v_hs);
-    const int64_t rs = kK ? p.k_rs : p.v_rs, bs = kK ? p.k_bs : p.v_bs;
-    if constexpr (kPaged) {
-        const int page = p.page_table[b * p.page_table_stride + key / p.page_size];
-        return base + page * bs + (key % p.page_size) * rs;
-    }
-    if (p.cu_k != nullptr) return base + (static_cast<int64_t>(p.cu_k[b]) + key) * rs;
-    return base + b * bs + static_cast<int64_t>(key) * rs;
-}
-
-// The in-kernel append's keys lo .. hi - 1 of sequence b, kv head kvh (Params::append_rows, cached
-// = sk - append_rows keys before them): read from the caller's new-row tensors, K rotated over
-// the rotary dim (device/rotary.cuh, the pre-kernel's arithmetic and bits), written into the cache
-// when `write`, and, when s_k != 0, stored into the K and V tiles at s_k / s_v (key tile n0),
-// where load_kv_tile left their rows out; columns past d are zeros there. One element per thread
-// and step, in a few plain loads: a decode step appends a row or a few.
-template <class Tr, class E, bool kPaged>
-__device__ __forceinline__ void append_new_rows(const Params &p, int b, int kvh, int cached, int lo, int hi, int d,
-                                             bool write, uint32_t s_k, uint32_t s_v, int n0) {
-    using Tile = cuda::SwizzledTile<Tr::kBN, Tr::kD>;
-    constexpr bool kBf16 = std::is_same<E, cuda::Bf16>::value;
-    const int rd = p.rotate_q_dim, half = rd / 2;
-    const uint16_t *kn = static_cast<const uint16_t *>(p.k_new) + b * p.kn_bs + kvh * p.kn_hs;
-    const uint16_t *vn = static_cast<const uint16_t *>(p.v_new) + b * p.vn_bs + kvh * p.vn_hs;
-    for (int i = threadIdx.x; i < (hi - lo) * Tr::kD; i += Tr::kThreads) {
-        const int r = i / Tr::kD, col = i - r * Tr::kD;
-        const int key = lo + r, j = key - cached;
-        uint16_t kv = 0, vv = 0;
-        if (col < d) {
-            const uint16_t *ks = kn + j * p.kn_rs;
-            if (col < rd) {
-                const bool second = p.rotary_interleaved ? (col & 1) != 0 : col >= half;
-                const int k = p.rotary_interleaved ? col >> 1 : second ? col - half : col;
-                const int c0 = p.rotary_interleaved ? 2 * k : k, c1 = p.rotary_interleaved ? 2 * k + 1 : k + half;
-                const int64_t t = static_cast<int64_t>(key) * half + k;
-                const float o = cuda::rotary_output(cuda::rotary_load(ks[c0], kBf16), cuda::rotary_load(ks[c1], kBf16),
-                                                    p.rotary_cos[t], p.rotary_sin[t], second);
-                kv = cuda::rotary_store(o, kBf16);
-            } else {
-                kv = ks[col];
-            }
-            vv = vn[j * p.vn_rs + col];
-            if (write) {
-                cache_row<kPaged, true>(p, b, kvh, key)[col] = kv;
-                cache_row<kPaged, false>(p, b, kvh, key)[col] = vv;
-            }
-        }
-        if (s_k != 0) {
-            const uint32_t off = Tile::offset(key - n0, col >> 3) + (col & 7) * 2;
-            asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(s_k + off), "h"(kv) : "memory");
-            asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(s_v + off), "h"(vv) : "memory");
-        }
-    }
-}
-
-// Key tile n0's rows of an in-kernel append, if it holds any, into the K / V tile at s_k (V at
-// s_k + kKVBytes) and into the cache: the CTA loading a tile is the only one that reads its new
-// rows (one CTA per sequence, kv head and split, the splits' tiles disjoint: fa2_config.h,
-// decode_appends), so it is also the one that writes them (write_unread_rows takes those of no
-// loaded tile). The CTA's first query tile only (the host launches one): fwd_work's mblk.
-template <class Tr, class E, bool kPaged>
-__device__ __forceinline__ void load_new_rows(const Params &p, const FwdLoopArgs &a, uint32_t s_k, int n0) {
-    const int cached = a.sk - p.append_rows;
-    if (p.append_rows == 0 || n0 + Tr::kBN <= cached) return;
-    const int b = static_cast<int>(blockIdx.z) / p.num_splits;
-    append_new_rows<Tr, E, kPaged>(p, b, blockIdx.y, cached, max(n0, cached), min(n0 + Tr::kBN, a.sk), a.d,
-                                   fwd_work(p).mblk == 0, s_k, s_k + Tr::kKVBytes, n0);
-}
-
-// The in-kernel append's rows that no CTA loads (in no key tile kt_first .. kt_last that the
-// sequence's queries see: under a sliding window or a top-left mask, or all of them when the
-// sequence has no query), written into the cache by split 0 of the first query tile alone.
-template <class Tr, class E, bool kPaged>
-__device__ __forceinline__ void write_unread_rows(const Params &p, int b, int kvh, int sk, int kt_first, int kt_last) {
-    const int cached = sk - p.append_rows;
-    if (kt_first > kt_last) {
-        append_new_rows<Tr, E, kPaged>(p, b, kvh, cached, cached, sk, p.head_dim, true, 0, 0, 0);
-        return;
-    }
-    append_new_rows<Tr, E, kPaged>(p, b, kvh, cached, cached, min(sk, kt_first * Tr::kBN), p.head_dim, true, 0, 0, 0);
-    append_new_rows<Tr, E, kPaged>(p, b, kvh, cached, max(cached, (kt_last + 1) * Tr::kBN), sk, p.head_dim, true, 0, 0,
-                                   0);
+        load_q<Tr>(a.s_q, a.qg, p.q_rs, p.q_hs, a.m0, a.prows, a.G, a.hbase, a.d, a.tid);
 }
 
 // Prologue: Q, K[nb_last] and V[nb_last] into the first buffer, as two cp.async groups (Q with K,
 // then V). The first V tile goes out with Q and K (both buffer schemes), so that the first
 // iteration waits for one memory round trip, not two.
-// kLateWait (the decode tiles): the wait for a serving append pre-kernel (programmatic dependent
-// launch) comes here, not at the kernel's start: a first tile below the appended rows [sk -
-// seqused_add, sk) (every split of a long decode but the last) has its K issued before the wait,
-// overlapping the append; Q (rotated by the append) after it. In the big-tile kernels this order
-// spilled. Without a pre-kernel (none, or kAppendsRows: the kernel appends itself) both waits
-// return at once. kAppendsRows: after the copies, the rows of an in-kernel append and the rotated
-// Q columns (plain loads whose latency overlaps the copies in flight).
+// kLateWait (the decode tiles): the wait for a serving append (programmatic dependent launch)
+// comes here, not at the kernel's start: a first tile below the appended rows [sk - seqused_add,
+// sk) (every split of a long decode but the last) has its K issued before the wait, overlapping
+// the append; Q (rotated by the append) after it. In the big-tile kernels this order spilled.
+// (Q rotated in the kernel and the whole append folded into the decode tiles were both measured,
+// stops 18-19, and did not beat this: docs/kernel-notes.md, "Decode speed".)
 template <class Tr, class E, bool kPaged, bool kVariants>
 __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopArgs &a, int nb_last) {
     constexpr int kBN = Tr::kBN;
@@ -468,10 +300,6 @@ __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopA
     cuda::cp_async_commit();
     load_kv_tile<Tr, kPaged, false>(p, a, a.s_kv + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs, v_cols<kVariants>(p, a));
     cuda::cp_async_commit();
-    if constexpr (kAppendsRows<Tr, kVariants>) {
-        load_new_rows<Tr, E, kPaged>(p, a, a.s_kv, n0);
-        if (p.rotate_q_dim > 0) rotate_q_rows<Tr, E>(p, a);
-    }
 }
 
 // One K/V tile nb, the it-th of the walk. kMasked: an edge tile that needs the element mask (a
@@ -508,8 +336,6 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
             cuda::cp_async_commit();
             load_kv_tile<Tr, kPaged, true>(p, a, nxt + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs, v_cols<kVariants>(p, a));
             cuda::cp_async_commit();
-            // A tile below the first that still holds new rows (several of them across a tile edge).
-            if constexpr (kAppendsRows<Tr, kVariants>) load_new_rows<Tr, E, kPaged>(p, a, nxt, n0);
         } else {
             cuda::cp_async_commit();
             cuda::cp_async_commit();

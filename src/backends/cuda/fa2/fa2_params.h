@@ -29,20 +29,6 @@ struct Params : TensorArgs {
     const int32_t *page_table = nullptr;
     int64_t page_table_stride = 0;
     int32_t page_size = 0;
-
-    // The serving append done by the attention kernel itself (decode tiles only: fa2_config.h's
-    // appends_in_kernel; append_rows 0 otherwise, and then every key is read from the cache): the
-    // sequence's keys [sk - append_rows, sk) come from k_new / v_new (row j = key - (sk -
-    // append_rows), at kv head h: k_new + b*kn_bs + j*kn_rs + h*kn_hs), K rotated, and the CTA that
-    // loads their key tile writes them into the cache (fa2_mainloop.cuh, load_new_rows). Query row
-    // i of sequence b is rotated at table row sk - append_rows + i (= seqused_k[b] + i), as the
-    // append pre-kernel would have (rotate_q_dim 0: Q read as given).
-    const void *k_new = nullptr, *v_new = nullptr;
-    int64_t kn_bs = 0, kn_rs = 0, kn_hs = 0, vn_bs = 0, vn_rs = 0, vn_hs = 0;
-    int32_t append_rows = 0;
-    const float *rotary_cos = nullptr, *rotary_sin = nullptr;  // [positions][rotate_q_dim / 2]
-    int32_t rotate_q_dim = 0;  // the rotary dim (Q and the new K rows), 0: none
-    int32_t rotary_interleaved = 0;
 };
 
 // Launchers, one per row of fa2_head_dims.h (generated fa2_fwd_hdimD.cu). `bf16` picks the
