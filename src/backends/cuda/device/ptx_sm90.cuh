@@ -44,25 +44,32 @@ __device__ __forceinline__ void fence_mbar_init() {
 #endif
 }
 
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
+// Each mbarrier / TMA operation below comes in two forms: one taking the shared-window address
+// (32 bits, `smem_addr`; the `_s` names) that holds the asm, and one taking a pointer that
+// converts and calls it. Code at very few registers (the FP8 producer at 24) keeps the addresses
+// as 32-bit values: a 64-bit generic pointer per barrier or buffer is two registers ptxas spilled.
+__device__ __forceinline__ void mbar_arrive_expect_tx_s(uint32_t bar, uint32_t bytes) {
 #if FLASHATTN_SM90A_BODY
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
-                 : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 #else
     (void)bar; (void)bytes; FLASHATTN_SM90A_TRAP();
 #endif
 }
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
+    mbar_arrive_expect_tx_s(smem_addr(bar), bytes);
+}
 
-__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+__device__ __forceinline__ void mbar_arrive_s(uint32_t bar) {
 #if FLASHATTN_SM90A_BODY
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 #else
     (void)bar; FLASHATTN_SM90A_TRAP();
 #endif
 }
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) { mbar_arrive_s(smem_addr(bar)); }
 
 // One try: true iff the phase with parity `parity` has completed.
-__device__ __forceinline__ bool mbar_try_wait(uint64_t *bar, uint32_t parity) {
+__device__ __forceinline__ bool mbar_try_wait_s(uint32_t bar, uint32_t parity) {
 #if FLASHATTN_SM90A_BODY
     uint32_t ok;
     asm volatile(
@@ -70,13 +77,16 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t *bar, uint32_t parity) {
         "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
         "selp.u32 %0, 1, 0, p;\n\t}"
         : "=r"(ok)
-        : "r"(smem_addr(bar)), "r"(parity)
+        : "r"(bar), "r"(parity)
         : "memory");
     return ok != 0;
 #else
     (void)bar; (void)parity; FLASHATTN_SM90A_TRAP();
     return false;
 #endif
+}
+__device__ __forceinline__ bool mbar_try_wait(uint64_t *bar, uint32_t parity) {
+    return mbar_try_wait_s(smem_addr(bar), parity);
 }
 
 // Orders this thread's completed generic-proxy writes to shared memory (st.shared, finished
@@ -91,10 +101,11 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 }
 
 // Spins until the phase with parity `parity` completes.
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
-    while (!mbar_try_wait(bar, parity)) {
+__device__ __forceinline__ void mbar_wait_s(uint32_t bar, uint32_t parity) {
+    while (!mbar_try_wait_s(bar, parity)) {
     }
 }
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) { mbar_wait_s(smem_addr(bar), parity); }
 
 // Spins at most `timeout_cycles` clock64 cycles; false on timeout (for tests and debugging:
 // report instead of hanging).
@@ -130,17 +141,21 @@ __device__ __forceinline__ void tma_load_2d(void *dst_smem, const void *tmap, ui
 #endif
 }
 
-__device__ __forceinline__ void tma_load_4d(void *dst_smem, const void *tmap, uint64_t *bar, int32_t c0, int32_t c1,
-                                            int32_t c2, int32_t c3) {
+__device__ __forceinline__ void tma_load_4d_s(uint32_t dst, const void *tmap, uint32_t bar, int32_t c0, int32_t c1,
+                                              int32_t c2, int32_t c3) {
 #if FLASHATTN_SM90A_BODY
     asm volatile(
         "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(smem_addr(dst_smem)),
-        "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+        " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
         : "memory");
 #else
-    (void)dst_smem; (void)tmap; (void)bar; (void)c0; (void)c1; (void)c2; (void)c3; FLASHATTN_SM90A_TRAP();
+    (void)dst; (void)tmap; (void)bar; (void)c0; (void)c1; (void)c2; (void)c3; FLASHATTN_SM90A_TRAP();
 #endif
+}
+__device__ __forceinline__ void tma_load_4d(void *dst_smem, const void *tmap, uint64_t *bar, int32_t c0, int32_t c1,
+                                            int32_t c2, int32_t c3) {
+    tma_load_4d_s(smem_addr(dst_smem), tmap, smem_addr(bar), c0, c1, c2, c3);
 }
 
 // ---- warpgroup roles -------------------------------------------------------------------------

@@ -134,55 +134,8 @@ FLASHATTN_WGMMA_E4M3(128)
 FLASHATTN_WGMMA_E4M3(256)
 #undef FLASHATTN_WGMMA_E4M3
 
-// 32-bit shared-address forms of the mbarrier, TMA and shared load/store the FP8 producer
-// warpgroup issues (fa3_fp8_kernel.cuh): at 24 registers a 64-bit generic pointer per barrier or
-// buffer is two registers ptxas spilled; these take the shared-window offset (smem_addr) itself.
-__device__ __forceinline__ bool mbar_try_wait_s(uint32_t bar, uint32_t parity) {
-#if FLASHATTN_SM90A_BODY
-    uint32_t ok;
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(ok)
-        : "r"(bar), "r"(parity)
-        : "memory");
-    return ok != 0;
-#else
-    (void)bar; (void)parity; FLASHATTN_SM90A_TRAP();
-    return false;
-#endif
-}
-__device__ __forceinline__ void mbar_wait_s(uint32_t bar, uint32_t parity) {
-    while (!mbar_try_wait_s(bar, parity)) {
-    }
-}
-__device__ __forceinline__ void mbar_arrive_s(uint32_t bar) {
-#if FLASHATTN_SM90A_BODY
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-#else
-    (void)bar; FLASHATTN_SM90A_TRAP();
-#endif
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx_s(uint32_t bar, uint32_t bytes) {
-#if FLASHATTN_SM90A_BODY
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-#else
-    (void)bar; (void)bytes; FLASHATTN_SM90A_TRAP();
-#endif
-}
-__device__ __forceinline__ void tma_load_4d_s(uint32_t dst, const void *tmap, uint32_t bar, int32_t c0, int32_t c1,
-                                              int32_t c2, int32_t c3) {
-#if FLASHATTN_SM90A_BODY
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst),
-        "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-        : "memory");
-#else
-    (void)dst; (void)tmap; (void)bar; (void)c0; (void)c1; (void)c2; (void)c3; FLASHATTN_SM90A_TRAP();
-#endif
-}
+// Shared loads and stores by 32-bit shared-window address, for the FP8 producer warpgroup at 24
+// registers (its mbarrier and TMA forms are ptx_sm90.cuh's `_s` ones).
 __device__ __forceinline__ uint32_t ld_volatile_shared_u32(uint32_t addr) {
     uint32_t v = 0;
 #if FLASHATTN_SM90A_BODY
