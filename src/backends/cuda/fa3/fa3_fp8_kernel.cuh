@@ -158,7 +158,8 @@ struct Fp8Barriers {
 //    eight rows of each matrix fall in eight distinct swizzle chunks (no bank conflicts).
 // The loads read 8 consecutive keys at one chunk (conflict-free under the swizzle as well). Every
 // lane's swizzle terms depend on the lane only (K0 and C0 are multiples of 16 and 32), so the
-// addresses are a per-lane base plus a per-unit offset.//
+// addresses are a per-lane base plus a per-unit offset.
+//
 // At 24 registers (kFp8ProducerRegs) the lane's terms are computed once per key tile from a fresh
 // %tid.x (nothing lane-derived stays live across a work tile) and each unit's address is one of
 // two lane bases XOR a compile-time chunk term plus a compile-time offset: the source chunk
@@ -267,7 +268,9 @@ __device__ __forceinline__ void transpose_tiles_fp8(uint32_t sb) {
     }
 }
 
-// The persistent walk of the TMA thread: the work tiles of nth_tile (fa3_tile_scheduler.cuh),
+// The persistent walk of the TMA thread: the work tiles of nth_tile (fa3_tile_scheduler.cuh; the
+// consumers walk nth_tile itself, so a change of its order must be made here too, or the rings
+// pair the producer's tiles with other tiles' consumers: test_fp8_fa3_kernel_few_ctas fails or hangs),
 // t_r = r g + x (r even) or r g + g - 1 - x (r odd), stepped instead of recomputed: t_{r+1} - t_r
 // alternates between 2 (g - x) - 1 and 2 x + 1 (their sum is 2 g), so the tile index and its
 // next step are all that stays live (32-bit: t < n_work + 2 g never overflows an int).
