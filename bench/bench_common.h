@@ -45,6 +45,7 @@ struct Options {
     std::vector<int64_t> decode_batches, decode_kv_heads, decode_seqlens;
     int64_t num_splits = 0;      // --num-splits: FLASHATTN_I64_NUM_SPLITS of every decode plan (0: auto)
     bool append_rotary = false;  // --append-rotary: each decode step also appends its K/V row with rotary
+    bool seqused_k = false;      // --seqused-k: decode steps pass seqused_k = seqlen_k (append's baseline)
     std::string markdown;       // also write the tables to this file
     std::string json;           // also write one record per measurement to this file (bench/README.md)
 };

@@ -541,6 +541,7 @@ struct Problem {
     int64_t splits = 0;   // FLASHATTN_I64_NUM_SPLITS (0: auto)
     bool append = false;  // decode step with an append of one K/V row and rotary (Buffers::seqused ...)
     bool deterministic = false;  // FLASHATTN_I64_DETERMINISTIC (the backward table)
+    bool seqused = false;  // FLASHATTN_I64_SEQUSED_K with every key used (--seqused-k; append implies seqused_k)
 };
 
 flashattn_status_t make_plan(flashattn_backend_t be, const Problem &p, int device, flashattn_plan_t **out,
@@ -562,8 +563,8 @@ flashattn_status_t make_plan(flashattn_backend_t be, const Problem &p, int devic
         set(FLASHATTN_I64_NUM_PAGES, p.b * p.sk / p.page);
     }
     if (p.splits > 0) set(FLASHATTN_I64_NUM_SPLITS, p.splits);
+    if (p.append || p.seqused) set(FLASHATTN_I64_SEQUSED_K, 1);
     if (p.append) {  // the cache holds sk - 1 keys; the step appends the sk-th with a full-width rotary
-        set(FLASHATTN_I64_SEQUSED_K, 1);
         set(FLASHATTN_I64_NEW_KV_ROWS, 1);
         set(FLASHATTN_I64_ROTARY_DIM, p.d);
     }
@@ -587,7 +588,7 @@ struct Buffers {
     DevBuf s, p;                     // baseline scores and probabilities
     DevBuf workspace;
     DevBuf table;  // paged decode: int32 [b][sk / page], a random permutation of the pages
-    DevBuf seqused, k_new, v_new, cos, sin;  // --append-rotary: int32 [b] = sk - 1, [b, 1, hkv, d], fp32 [sk, d/2]
+    DevBuf seqused, k_new, v_new, cos, sin;  // --append-rotary: int32 [b] = sk - 1 (--seqused-k: sk), [b, 1, hkv, d], fp32 [sk, d/2]
 };
 
 // The unfused baseline on buffers qt/kt/vt (set 0). S is fp32, P the input dtype.
@@ -712,7 +713,8 @@ Cell run_gen(Gpu &g, const Options &opt, flashattn_backend_t be, const Problem &
     const size_t sets = bf.q.size();
     const size_t o_bytes = static_cast<size_t>(p.b * p.sq * p.hq * p.d) * elem_size(p.dtype);
     flashattn_args_t *args = nullptr;  // paged: the execute-arguments call (page table)
-    if ((p.page > 0 || p.append) && flashattn_args_create(&args) != FLASHATTN_SUCCESS) fatal("flashattn_args_create failed");
+    if ((p.page > 0 || p.append || p.seqused) && flashattn_args_create(&args) != FLASHATTN_SUCCESS)
+        fatal("flashattn_args_create failed");
     auto launch = [&](int run) -> std::string {
         const size_t s = static_cast<size_t>(run) % sets;
         flashattn_status_t e;
@@ -723,8 +725,8 @@ Cell run_gen(Gpu &g, const Options &opt, flashattn_backend_t be, const Problem &
             flashattn_args_set(args, FLASHATTN_ARG_O, bf.o.ptr);
             flashattn_args_set(args, FLASHATTN_ARG_LSE, lse);
             if (p.page > 0) flashattn_args_set(args, FLASHATTN_ARG_PAGE_TABLE, bf.table.ptr);
+            if (p.append || p.seqused) flashattn_args_set(args, FLASHATTN_ARG_SEQUSED_K, bf.seqused.ptr);
             if (p.append) {
-                flashattn_args_set(args, FLASHATTN_ARG_SEQUSED_K, bf.seqused.ptr);
                 flashattn_args_set(args, FLASHATTN_ARG_K_NEW, bf.k_new.ptr);
                 flashattn_args_set(args, FLASHATTN_ARG_V_NEW, bf.v_new.ptr);
                 flashattn_args_set(args, FLASHATTN_ARG_ROTARY_COS, bf.cos.ptr);
@@ -1324,6 +1326,9 @@ void run_decode(Gpu &g, const Options &opt, const std::vector<flashattn_backend_
                                static_cast<long long>(page))
                       : std::string("## Decode (seqlen_q = 1), bf16, head dim 128: time µs and GB/s = bytes of K and V / time"));
     if (opt.num_splits > 0) rep.line(format("Split-KV forced: FLASHATTN_I64_NUM_SPLITS = %lld.", static_cast<long long>(opt.num_splits)));
+    if (opt.seqused_k && !opt.append_rotary)
+        rep.line("Each step passes seqused_k = seqlen_k (every key used), as a serving step that tracks per-sequence "
+                 "cache lengths does: the like-for-like baseline of an --append-rotary step.");
     if (opt.append_rotary)
         rep.line("Each step appends one K/V row per sequence (seqused_k = seqlen_k - 1) with a rotary embedding over "
                  "the whole head dim, then attends over seqlen_k keys (no reference check).");
@@ -1359,7 +1364,8 @@ void run_decode(Gpu &g, const Options &opt, const std::vector<flashattn_backend_
             for (int64_t sk : pick(opt.decode_seqlens, {8192, 32768, 131072})) {
                 const int64_t hq = 32;
                 if (hq % hkv != 0 || (page > 0 && sk % page != 0)) continue;
-                const Problem p{b, 1, sk, hq, hkv, d, dt, false, page, opt.num_splits, opt.append_rotary};
+                Problem p{b, 1, sk, hq, hkv, d, dt, false, page, opt.num_splits, opt.append_rotary};
+                p.seqused = opt.seqused_k;
                 const size_t kv_elems = static_cast<size_t>(b * sk * hkv * d);
                 const size_t kv_bytes = 2 * kv_elems * 2;
                 const std::string where = format("decode b %lld h %lld/%lld sk %lld", static_cast<long long>(b),
@@ -1414,10 +1420,12 @@ void run_decode(Gpu &g, const Options &opt, const std::vector<flashattn_backend_
                     bf.table.alloc(table.size() * 4);
                     CK(cudaMemcpy(bf.table.ptr, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
                 }
-                if (p.append) {  // appending row sk - 1 (every set's last key is overwritten: no reference)
-                    std::vector<int32_t> used(static_cast<size_t>(b), static_cast<int32_t>(sk - 1));
+                if (p.append || p.seqused) {  // an append fills row sk - 1; --seqused-k alone uses every key
+                    std::vector<int32_t> used(static_cast<size_t>(b), static_cast<int32_t>(p.append ? sk - 1 : sk));
                     bf.seqused.alloc(used.size() * 4);
                     CK(cudaMemcpy(bf.seqused.ptr, used.data(), used.size() * 4, cudaMemcpyHostToDevice));
+                }
+                if (p.append) {  // appending row sk - 1 (every set's last key is overwritten: no reference)
                     const size_t new_elems = static_cast<size_t>(b * hkv * d);
                     bf.k_new.alloc(new_elems * 2);
                     bf.v_new.alloc(new_elems * 2);

@@ -185,6 +185,7 @@ void usage(FILE *out) {
         "  --num-splits N       decode plans with FLASHATTN_I64_NUM_SPLITS = N (default 0: auto)\n"
         "  --append-rotary      decode steps that also append the new K/V row (seqused_k = seqlen_k - 1)\n"
         "                       with a rotary embedding over the whole head dim (no reference check)\n"
+        "  --seqused-k          decode steps pass seqused_k = seqlen_k (every key used): the append's baseline\n"
         "\n"
         "Both:\n"
         "  --backward           also the backward and forward+backward table (FLOPs 2.5x and 3.5x the\n"
@@ -313,6 +314,8 @@ int main(int argc, char **argv) {
             if (opt.num_splits < 0) bad_arg(a, argv[i]);
         } else if (!std::strcmp(a, "--append-rotary")) {
             opt.append_rotary = true;
+        } else if (!std::strcmp(a, "--seqused-k")) {
+            opt.seqused_k = true;
         } else if (!std::strcmp(a, "--decode-batch")) {
             opt.decode_batches = parse_list(a, value(a));
         } else if (!std::strcmp(a, "--decode-kv-heads")) {
