@@ -27,22 +27,32 @@ struct BwdParams : BwdTensorArgs {
 
 // Main-kernel tiles. A CTA of `warps` warps owns `bn` keys over the whole head dim (S and dP are
 // computed once per query step) and walks query blocks of `bm` rows; Q and dO go through `stages`
-// shared-memory buffers (2: the next step's tiles load while this step computes).
-//   main      64 x 64 with 8 warps, double-buffered: 112 KB at head dim 128 (two CTAs per SM on
-//             sm_90), 208 KB at 256; fits sm_80's 163 KB up to head dim 192
+// shared-memory buffers (2: the next step's tiles load while this step computes). Each warp layout
+// (fa2_bwd_gemm.cuh) holds `smt` (scores: query rows), `kvmt` (dK/dV: keys) and `qmt` (dQ: query
+// rows) m16 tiles per warp: two m16 tiles share every B fragment they load (32 x 32 warp tiles
+// feed 8 mma per 4 ldmatrix.x4 where 16 x 32 feeds 4 per 3).
+//   main      head dim <= 128: 128 x 64 with 8 warps, double-buffered, 32 x 32 score warp tiles,
+//             32-key dK/dV warp tiles where the head dim gives each warp 32 columns (d128), 32-row
+//             dQ warp tiles: 114 KB at head dim 64, 194 KB at 128, one CTA per SM (255
+//             registers); it needs sm_90's opt-in (227 KB) at d128, so sm_80 / 86 / 89 run the
+//             fallback. Above 128: 64 x 64 with 8 warps, double-buffered (208 KB at 256; sm_80's
+//             163 KB up to head dim 192), 16-row warp tiles.
 //   fallback  compiled where the main tile needs more than the 99 KB per block of sm_86 / sm_89:
-//             single-buffered 64 x 64 / 8 warps up to head dim 128, 32 x 32 / 4 warps above (also
-//             sm_80's tile at head dim 224 / 256)
+//             64 x 64 / 8 warps (the main tile until stop 20), double-buffered at head dim <= 64,
+//             single-buffered up to 128, 32 x 32 / 4 warps above (also sm_80's tile at 224 / 256)
 // finalize picks the main tile when the device's opt-in holds it, else the fallback. (e44c4a7 ran
 // 64 x 128 at head dim 64, one CTA per SM, 228 registers: 120-151 TFLOP/s on the H200 where
-// 64 x 64 with two CTAs per SM now runs 146-173 on the same cells.)
+// 64 x 64 with two CTAs per SM ran 146-173 on the same cells.)
 struct BwdTile {
     int bm, bn, warps, stages;
+    int smt = 1, kvmt = 1, qmt = 1;  // m16 tiles per warp: scores, dK/dV, dQ
 };
 constexpr int bwd_padded_dim(int kd) { return (kd + 63) / 64 * 64; }
-constexpr BwdTile bwd_tile_main(int /*kd*/) { return BwdTile{64, 64, 8, 2}; }
+constexpr BwdTile bwd_tile_main(int kd) {
+    return kd <= 128 ? BwdTile{128, 64, 8, 2, 2, kd > 64 ? 2 : 1, 2} : BwdTile{64, 64, 8, 2};
+}
 constexpr BwdTile bwd_tile_fallback(int kd) {
-    return kd <= 128 ? BwdTile{64, 64, 8, 1} : BwdTile{32, 32, 4, 1};
+    return kd <= 64 ? BwdTile{64, 64, 8, 2} : kd <= 128 ? BwdTile{64, 64, 8, 1} : BwdTile{32, 32, 4, 1};
 }
 // K, V [bn x padded dim], stages x (Q, dO) [bm x padded dim], P and dS [bm x bn], all 16-bit,
 // then stages x (LSE, row_dot) [bm] fp32.
