@@ -437,21 +437,30 @@ cudaError_t launch_bwd(const BwdParams &p, cudaStream_t stream) {
     return cudaSuccess;
 }
 
-template <int kD, class E, bool kFallback>
+template <int kD, class E, BwdTileKind kKind>
 cudaError_t launch_bwd_tile(const BwdParams &p, cudaStream_t s) {
-    constexpr BwdTile t = kFallback ? bwd_tile_fallback(kD) : bwd_tile_main(kD);
+    constexpr BwdTile t = kKind == BwdTileKind::kFallback   ? bwd_tile_fallback(kD)
+                          : kKind == BwdTileKind::kWideKeys ? bwd_tile_wide_keys(kD)
+                                                            : bwd_tile_main(kD);
     return launch_bwd<kD, E, t.bm, t.bn, t.warps, t.stages, t.smt, t.kvmt, t.qmt>(p, s);
 }
 
-// Launcher body of one compiled head dim (both element types; the fallback tile where compiled).
+// Launcher body of one compiled head dim (both element types; the fallback and the experiment's
+// tile where compiled).
 template <int kD>
-cudaError_t launch_bwd_hdim(const BwdParams &p, bool bf16, bool fallback, cudaStream_t s) {
+cudaError_t launch_bwd_hdim(const BwdParams &p, bool bf16, BwdTileKind tile, cudaStream_t s) {
+    using K = BwdTileKind;
     if constexpr (bwd_has_fallback(kD)) {
-        if (fallback)
-            return bf16 ? launch_bwd_tile<kD, cuda::Bf16, true>(p, s) : launch_bwd_tile<kD, cuda::Fp16, true>(p, s);
+        if (tile == K::kFallback)
+            return bf16 ? launch_bwd_tile<kD, cuda::Bf16, K::kFallback>(p, s)
+                        : launch_bwd_tile<kD, cuda::Fp16, K::kFallback>(p, s);
     }
-    (void)fallback;
-    return bf16 ? launch_bwd_tile<kD, cuda::Bf16, false>(p, s) : launch_bwd_tile<kD, cuda::Fp16, false>(p, s);
+    if constexpr (bwd_has_wide_keys(kD)) {
+        if (tile == K::kWideKeys)
+            return bf16 ? launch_bwd_tile<kD, cuda::Bf16, K::kWideKeys>(p, s)
+                        : launch_bwd_tile<kD, cuda::Fp16, K::kWideKeys>(p, s);
+    }
+    return bf16 ? launch_bwd_tile<kD, cuda::Bf16, K::kMain>(p, s) : launch_bwd_tile<kD, cuda::Fp16, K::kMain>(p, s);
 }
 
 }  // namespace fa2

@@ -54,6 +54,13 @@ constexpr BwdTile bwd_tile_main(int kd) {
 constexpr BwdTile bwd_tile_fallback(int kd) {
     return kd <= 64 ? BwdTile{64, 64, 8, 2} : kd <= 128 ? BwdTile{64, 64, 8, 1} : BwdTile{32, 32, 4, 1};
 }
+// Stop 20's experiment, FLASHATTN_FA2_BWD_TILE=keys128 (head dim <= 128, sm_90 only: 161 KB at
+// d128): FlashAttention-2's sm80 shape, 64 x 128 / 8 warps, 32 x 32 score warp tiles, 32 keys x
+// half the head dim for dK/dV (255 registers at d128), half the dQ reductions per FLOP of 128 x 64.
+constexpr BwdTile bwd_tile_wide_keys(int kd) { return BwdTile{64, 128, 8, 2, 2, 2, kd > 64 ? 2 : 1}; }
+constexpr bool bwd_has_wide_keys(int kd) { return kd <= 128; }
+// The tile a plan runs (fa2_bwd_host.cpp decides; the launcher takes it).
+enum class BwdTileKind : int { kMain, kFallback, kWideKeys };
 // K, V [bn x padded dim], stages x (Q, dO) [bm x padded dim], P and dS [bm x bn], all 16-bit,
 // then stages x (LSE, row_dot) [bm] fp32.
 constexpr int bwd_smem_bytes(BwdTile t, int kd) {
@@ -64,16 +71,20 @@ constexpr int bwd_smem_bytes(BwdTile t, int kd) {
 // (dK, dV: 2 x 16 keys x half the head dim per warp) leave room. Measured on the H200 at 16k
 // tokens: hdim 64 169 vs 115 TFLOP/s, hdim 128 186 vs 145 with one CTA per SM (no register cap):
 // the kernel is latency-bound, and one CTA's barriers hide under the other's math.
+// Warp tiles of two m16 tiles need more than 128 registers (199-255): one CTA per SM.
 constexpr int bwd_min_blocks(BwdTile t, int kd) {
-    return t.stages == 2 && t.warps == 8 && kd <= 128 && 2 * (bwd_smem_bytes(t, kd) + 1024) <= 228 * 1024 ? 2 : 1;
+    return t.stages == 2 && t.warps == 8 && kd <= 128 && t.smt == 1 && t.kvmt == 1 && t.qmt == 1 &&
+                   2 * (bwd_smem_bytes(t, kd) + 1024) <= 228 * 1024
+               ? 2
+               : 1;
 }
 constexpr int kBwdSmallestOptin = 99 * 1024;  // sm_86 / sm_89 per-block opt-in
 constexpr bool bwd_has_fallback(int kd) { return bwd_smem_bytes(bwd_tile_main(kd), kd) > kBwdSmallestOptin; }
 
 // Launchers, one per row of fa2_head_dims.h (generated fa2_bwd_hdimD.cu): the main kernel.
-using LaunchBwd = cudaError_t (*)(const BwdParams &p, bool bf16, bool fallback, cudaStream_t s);
+using LaunchBwd = cudaError_t (*)(const BwdParams &p, bool bf16, BwdTileKind tile, cudaStream_t s);
 #define FLASHATTN_FA2_DECLARE_BWD_LAUNCH(D) \
-    cudaError_t launch_bwd_hdim##D(const BwdParams &p, bool bf16, bool fallback, cudaStream_t s);
+    cudaError_t launch_bwd_hdim##D(const BwdParams &p, bool bf16, BwdTileKind tile, cudaStream_t s);
 FLASHATTN_FA2_HEAD_DIMS(FLASHATTN_FA2_DECLARE_BWD_LAUNCH)
 #undef FLASHATTN_FA2_DECLARE_BWD_LAUNCH
 
