@@ -34,7 +34,7 @@ base_pid=$!
 (configure . "$build" && cmake --build "$build" --target flashattn test_backward_fa2 -j 14) > "$out/build.log" 2>&1
 note "build rc=$?"
 [ -x "$build/tests/test_backward_fa2" ] || { tail -40 "$out/build.log"; printf '%s\n' "${summary[@]}"; exit 1; }
-cuobjdump --dump-resource-usage "$build/src/libflashattn.so" 2>/dev/null | grep -A1 'bwd_kernel' \
+"$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)" --dump-resource-usage "$build/src/libflashattn.so" 2>/dev/null | grep -A1 'bwd_kernel' \
   | grep -oE 'BwdTraitsILi[0-9ELi]+|REG:[0-9]+|STACK:[0-9]+|LOCAL:[0-9]+' | paste - - - - | sort -u > "$out/bwd-resources.txt"
 
 # Correctness, all at once.
