@@ -51,7 +51,7 @@ const BwdHeadDim &bwd_compiled_for(int64_t d) {
 
 BwdTile tile_of(int kd, BwdTileKind kind) {
     return kind == BwdTileKind::kFallback   ? bwd_tile_fallback(kd)
-           : kind == BwdTileKind::kWideKeys ? bwd_tile_wide_keys(kd)
+           : kind == BwdTileKind::kFa2Layout ? bwd_tile_fa2_layout(kd)
                                             : bwd_tile_main(kd);
 }
 bool fits(int kd, BwdTileKind kind, size_t smem_optin) {
@@ -60,12 +60,12 @@ bool fits(int kd, BwdTileKind kind, size_t smem_optin) {
 
 // The main tile unless it exceeds the device's per-block opt-in and a fallback is compiled.
 // FLASHATTN_FA2_BWD_TILE=fallback forces the fallback where one is compiled: a developer's knob to
-// test that tile on a bigger GPU; =keys128 picks stop 20's experiment where compiled and it fits.
+// test that tile on a bigger GPU; =fa2layout picks stop 20's experiment where compiled and it fits.
 BwdTileKind choose_tile(int kd, size_t smem_optin) {
     const char *env = std::getenv("FLASHATTN_FA2_BWD_TILE");
     const std::string knob = env != nullptr ? env : "";
-    if (knob == "keys128" && bwd_has_wide_keys(kd) && fits(kd, BwdTileKind::kWideKeys, smem_optin))
-        return BwdTileKind::kWideKeys;
+    if (knob == "fa2layout" && bwd_has_fa2_layout(kd) && fits(kd, BwdTileKind::kFa2Layout, smem_optin))
+        return BwdTileKind::kFa2Layout;
     if (!bwd_has_fallback(kd)) return BwdTileKind::kMain;
     if (knob == "fallback") return BwdTileKind::kFallback;
     return fits(kd, BwdTileKind::kMain, smem_optin) ? BwdTileKind::kMain : BwdTileKind::kFallback;

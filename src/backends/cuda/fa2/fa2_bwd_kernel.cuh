@@ -440,7 +440,7 @@ cudaError_t launch_bwd(const BwdParams &p, cudaStream_t stream) {
 template <int kD, class E, BwdTileKind kKind>
 cudaError_t launch_bwd_tile(const BwdParams &p, cudaStream_t s) {
     constexpr BwdTile t = kKind == BwdTileKind::kFallback   ? bwd_tile_fallback(kD)
-                          : kKind == BwdTileKind::kWideKeys ? bwd_tile_wide_keys(kD)
+                          : kKind == BwdTileKind::kFa2Layout ? bwd_tile_fa2_layout(kD)
                                                             : bwd_tile_main(kD);
     return launch_bwd<kD, E, t.bm, t.bn, t.warps, t.stages, t.smt, t.kvmt, t.qmt>(p, s);
 }
@@ -455,10 +455,10 @@ cudaError_t launch_bwd_hdim(const BwdParams &p, bool bf16, BwdTileKind tile, cud
             return bf16 ? launch_bwd_tile<kD, cuda::Bf16, K::kFallback>(p, s)
                         : launch_bwd_tile<kD, cuda::Fp16, K::kFallback>(p, s);
     }
-    if constexpr (bwd_has_wide_keys(kD)) {
-        if (tile == K::kWideKeys)
-            return bf16 ? launch_bwd_tile<kD, cuda::Bf16, K::kWideKeys>(p, s)
-                        : launch_bwd_tile<kD, cuda::Fp16, K::kWideKeys>(p, s);
+    if constexpr (bwd_has_fa2_layout(kD)) {
+        if (tile == K::kFa2Layout)
+            return bf16 ? launch_bwd_tile<kD, cuda::Bf16, K::kFa2Layout>(p, s)
+                        : launch_bwd_tile<kD, cuda::Fp16, K::kFa2Layout>(p, s);
     }
     return bf16 ? launch_bwd_tile<kD, cuda::Bf16, K::kMain>(p, s) : launch_bwd_tile<kD, cuda::Fp16, K::kMain>(p, s);
 }

@@ -54,13 +54,18 @@ constexpr BwdTile bwd_tile_main(int kd) {
 constexpr BwdTile bwd_tile_fallback(int kd) {
     return kd <= 64 ? BwdTile{64, 64, 8, 2} : kd <= 128 ? BwdTile{64, 64, 8, 1} : BwdTile{32, 32, 4, 1};
 }
-// Stop 20's experiment, FLASHATTN_FA2_BWD_TILE=keys128 (head dim <= 128, sm_90 only: 161 KB at
-// d128): FlashAttention-2's sm80 shape, 64 x 128 / 8 warps, 32 x 32 score warp tiles, 32 keys x
-// half the head dim for dK/dV (255 registers at d128), half the dQ reductions per FLOP of 128 x 64.
-constexpr BwdTile bwd_tile_wide_keys(int kd) { return BwdTile{64, 128, 8, 2, 2, 2, kd > 64 ? 2 : 1}; }
-constexpr bool bwd_has_wide_keys(int kd) { return kd <= 128; }
+// Stop 20's experiment, FLASHATTN_FA2_BWD_TILE=fa2layout (sm_90 only): FlashAttention-2's own
+// sm80 tiles and warp layouts. Head dim <= 128: 64 x 128 / 8 warps, 32 x 32 score warp tiles,
+// 32 keys x half (d128) or a quarter (d64) of the head dim for dK/dV (255 / 230 registers, 161 KB
+// at d128): half the dQ reductions per FLOP of 128 x 64. Padded head dim 256: the main 64 x 64
+// with 32 keys x 64 columns for dK/dV and 32 rows x 64 columns for dQ (6 ldmatrix.x4 per 16 mma
+// where 16 keys x 128 columns load 9).
+constexpr bool bwd_has_fa2_layout(int kd) { return kd <= 128 || bwd_padded_dim(kd) == 256; }
+constexpr BwdTile bwd_tile_fa2_layout(int kd) {
+    return kd <= 128 ? BwdTile{64, 128, 8, 2, 2, 2, kd > 64 ? 2 : 1} : BwdTile{64, 64, 8, 2, 1, 2, 2};
+}
 // The tile a plan runs (fa2_bwd_host.cpp decides; the launcher takes it).
-enum class BwdTileKind : int { kMain, kFallback, kWideKeys };
+enum class BwdTileKind : int { kMain, kFallback, kFa2Layout };
 // K, V [bn x padded dim], stages x (Q, dO) [bm x padded dim], P and dS [bm x bn], all 16-bit,
 // then stages x (LSE, row_dot) [bm] fp32.
 constexpr int bwd_smem_bytes(BwdTile t, int kd) {
