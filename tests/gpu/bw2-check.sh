@@ -8,7 +8,11 @@
 # each form; then, alone on the GPU, bench/ab_backward.py (base vs this tree vs each form, with
 # the deterministic modes and torch-flash, rounds rotated); last, when NCU=1 and time is left, an
 # ncu source export of one main-tile d128 launch. Logs under $OUT; summary last. Stop 20 ran
-#   BASE_SRC=../base BUILD_DIR=/tmp/fa-bw2 TILE_FORMS=fa2layout bash tests/gpu/bw2-check.sh
+#   BASE_SRC=../base BUILD_DIR=/tmp/fa-bw2 TILE_FORMS=fa2layout NCU=1 bash tests/gpu/bw2-check.sh
+# at 3528de9 (its knob FLASHATTN_FA2_BWD_TILE=fa2layout is gone: the winners became the main
+# tiles); TILE_FORMS=fallback still works. Keep the files under $OUT few (the device tool returns
+# only a handful: stop 20 lost the ncu summary and the sanitizer logs; their verdicts are in the
+# summary).
 set -uo pipefail
 out=${OUT:-/tmp/bw2-out}
 mkdir -p "$out"

@@ -49,27 +49,18 @@ const BwdHeadDim &bwd_compiled_for(int64_t d) {
     return kBwdHeadDims[sizeof kBwdHeadDims / sizeof kBwdHeadDims[0] - 1];
 }
 
-BwdTile tile_of(int kd, BwdTileKind kind) {
-    return kind == BwdTileKind::kFallback   ? bwd_tile_fallback(kd)
-           : kind == BwdTileKind::kFa2Layout ? bwd_tile_fa2_layout(kd)
-                                            : bwd_tile_main(kd);
-}
-bool fits(int kd, BwdTileKind kind, size_t smem_optin) {
-    return smem_optin == 0 || static_cast<size_t>(bwd_smem_bytes(tile_of(kd, kind), kd)) <= smem_optin;
-}
-
 // The main tile unless it exceeds the device's per-block opt-in and a fallback is compiled.
 // FLASHATTN_FA2_BWD_TILE=fallback forces the fallback where one is compiled: a developer's knob to
-// test that tile on a bigger GPU; =fa2layout picks stop 20's experiment where compiled and it fits.
-BwdTileKind choose_tile(int kd, size_t smem_optin) {
+// test that tile on a bigger GPU.
+bool use_fallback(int kd, size_t smem_optin) {
+    if (!bwd_has_fallback(kd)) return false;
     const char *env = std::getenv("FLASHATTN_FA2_BWD_TILE");
-    const std::string knob = env != nullptr ? env : "";
-    if (knob == "fa2layout" && bwd_has_fa2_layout(kd) && fits(kd, BwdTileKind::kFa2Layout, smem_optin))
-        return BwdTileKind::kFa2Layout;
-    if (!bwd_has_fallback(kd)) return BwdTileKind::kMain;
-    if (knob == "fallback") return BwdTileKind::kFallback;
-    return fits(kd, BwdTileKind::kMain, smem_optin) ? BwdTileKind::kMain : BwdTileKind::kFallback;
+    if (env != nullptr && std::string(env) == "fallback") return true;
+    const size_t main = static_cast<size_t>(bwd_smem_bytes(bwd_tile_main(kd), kd));
+    return smem_optin != 0 && main > smem_optin;
 }
+
+BwdTile tile_of(int kd, bool fallback) { return fallback ? bwd_tile_fallback(kd) : bwd_tile_main(kd); }
 
 int64_t key_blocks(const Problem &p, const BwdTile &t) { return ceil_div(p.seqlen_k, t.bn); }
 int64_t query_blocks(const Problem &p, const BwdTile &t) { return ceil_div(p.seqlen_q, t.bm); }
@@ -88,7 +79,7 @@ std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev)
     if (p.heads_q > kMaxGridYZ || p.batch > kMaxGridYZ)
         return "the fa2 backward pass supports at most 65535 heads and 65535 sequences";
     const int kd = bwd_compiled_for(p.head_dim).head_dim;
-    const BwdTile tile = tile_of(kd, choose_tile(kd, dev.smem_per_block_optin));
+    const BwdTile tile = tile_of(kd, use_fallback(kd, dev.smem_per_block_optin));
     if (p.heads_kv * p.batch * key_blocks(p, tile) > kMaxGridX)
         return "the fa2 backward pass supports at most 2^31 - 1 key blocks of " + std::to_string(tile.bn) +
                " keys over all key/value heads and sequences";
@@ -103,8 +94,8 @@ std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev)
 BwdPlan plan_backward(const Problem &p, const DeviceInfo &dev, WorkspaceLayout *ws) {
     BwdPlan plan;
     plan.head_dim = bwd_compiled_for(p.head_dim).head_dim;
-    plan.tile = choose_tile(plan.head_dim, dev.smem_per_block_optin);
-    const BwdTile tile = tile_of(plan.head_dim, plan.tile);
+    plan.fallback = use_fallback(plan.head_dim, dev.smem_per_block_optin);
+    const BwdTile tile = tile_of(plan.head_dim, plan.fallback);
     static_cast<BwdSlices &>(plan) =
         add_backward_slices(p, query_blocks(p, tile),
                             {"fa2 backward dQ order counters", "fa2 backward dO.O row sums", "fa2 backward dQ accumulator"},
@@ -148,7 +139,7 @@ flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const Wor
         if (err != cudaSuccess) return cuda_fail(err, "fa2 backward: zeroing the dQ order counters");
     }
     if (have_k) {  // also with no queries: dK = dV = 0
-        err = bwd_compiled_for(plan.head_dim).launch(k, bf16, plan.tile, stream);
+        err = bwd_compiled_for(plan.head_dim).launch(k, bf16, plan.fallback, stream);
         if (err != cudaSuccess) return cuda_fail(err, "fa2 backward kernel setup");
         FLASHATTN_TRY(check_launch("fa2 backward kernel"));
     }

@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <string>
 
-#include "backends/cuda/fa2/fa2_bwd_params.h"
 #include "backends/cuda/host/bwd_args.h"
 #include "base/workspace.h"
 #include "device/device.h"
@@ -18,8 +17,7 @@ namespace fa2 {
 // What the backward decided at finalize: the workspace slices (host/bwd_args.h) and FA2's own.
 struct BwdPlan : BwdSlices {
     int head_dim = 0;   // the compiled head dim that runs the problem (fa2_head_dims.h)
-    // the tile (fa2_bwd_params.h): the fallback where the main one exceeds the device's opt-in
-    BwdTileKind tile = BwdTileKind::kMain;
+    bool fallback = false;  // the fallback tile (fa2_bwd_params.h): the main one exceeds the device's opt-in
 };
 
 // Empty when FA2 can run the backward pass of `p` on `dev`; otherwise one sentence saying why not.

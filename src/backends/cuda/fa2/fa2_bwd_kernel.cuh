@@ -437,30 +437,21 @@ cudaError_t launch_bwd(const BwdParams &p, cudaStream_t stream) {
     return cudaSuccess;
 }
 
-template <int kD, class E, BwdTileKind kKind>
+template <int kD, class E, bool kFallback>
 cudaError_t launch_bwd_tile(const BwdParams &p, cudaStream_t s) {
-    constexpr BwdTile t = kKind == BwdTileKind::kFallback   ? bwd_tile_fallback(kD)
-                          : kKind == BwdTileKind::kFa2Layout ? bwd_tile_fa2_layout(kD)
-                                                            : bwd_tile_main(kD);
+    constexpr BwdTile t = kFallback ? bwd_tile_fallback(kD) : bwd_tile_main(kD);
     return launch_bwd<kD, E, t.bm, t.bn, t.warps, t.stages, t.smt, t.kvmt, t.qmt>(p, s);
 }
 
-// Launcher body of one compiled head dim (both element types; the fallback and the experiment's
-// tile where compiled).
+// Launcher body of one compiled head dim (both element types; the fallback tile where compiled).
 template <int kD>
-cudaError_t launch_bwd_hdim(const BwdParams &p, bool bf16, BwdTileKind tile, cudaStream_t s) {
-    using K = BwdTileKind;
+cudaError_t launch_bwd_hdim(const BwdParams &p, bool bf16, bool fallback, cudaStream_t s) {
     if constexpr (bwd_has_fallback(kD)) {
-        if (tile == K::kFallback)
-            return bf16 ? launch_bwd_tile<kD, cuda::Bf16, K::kFallback>(p, s)
-                        : launch_bwd_tile<kD, cuda::Fp16, K::kFallback>(p, s);
+        if (fallback)
+            return bf16 ? launch_bwd_tile<kD, cuda::Bf16, true>(p, s) : launch_bwd_tile<kD, cuda::Fp16, true>(p, s);
     }
-    if constexpr (bwd_has_fa2_layout(kD)) {
-        if (tile == K::kFa2Layout)
-            return bf16 ? launch_bwd_tile<kD, cuda::Bf16, K::kFa2Layout>(p, s)
-                        : launch_bwd_tile<kD, cuda::Fp16, K::kFa2Layout>(p, s);
-    }
-    return bf16 ? launch_bwd_tile<kD, cuda::Bf16, K::kMain>(p, s) : launch_bwd_tile<kD, cuda::Fp16, K::kMain>(p, s);
+    (void)fallback;
+    return bf16 ? launch_bwd_tile<kD, cuda::Bf16, false>(p, s) : launch_bwd_tile<kD, cuda::Fp16, false>(p, s);
 }
 
 }  // namespace fa2

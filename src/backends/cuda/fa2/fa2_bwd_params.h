@@ -29,43 +29,34 @@ struct BwdParams : BwdTensorArgs {
 // computed once per query step) and walks query blocks of `bm` rows; Q and dO go through `stages`
 // shared-memory buffers (2: the next step's tiles load while this step computes). Each warp layout
 // (fa2_bwd_gemm.cuh) holds `smt` (scores: query rows), `kvmt` (dK/dV: keys) and `qmt` (dQ: query
-// rows) m16 tiles per warp: two m16 tiles share every B fragment they load (32 x 32 warp tiles
-// feed 8 mma per 4 ldmatrix.x4 where 16 x 32 feeds 4 per 3).
-//   main      head dim <= 128: 128 x 64 with 8 warps, double-buffered, 32 x 32 score warp tiles,
-//             32-key dK/dV warp tiles where the head dim gives each warp 32 columns (d128), 32-row
-//             dQ warp tiles: 114 KB at head dim 64, 194 KB at 128, one CTA per SM (255
-//             registers); it needs sm_90's opt-in (227 KB) at d128, so sm_80 / 86 / 89 run the
-//             fallback. Above 128: 64 x 64 with 8 warps, double-buffered (208 KB at 256; sm_80's
-//             163 KB up to head dim 192), 16-row warp tiles.
+// rows) m16 tiles per warp: two m16 tiles share every B fragment they load.
+//   main      FlashAttention-2's sm80 tiles and warp layouts where they won on the H200 (stop 20):
+//             head dim 96 / 128: 64 x 128 with 8 warps, double-buffered, 32 x 32 score warp
+//             tiles, 32 keys x half the head dim for dK/dV, 32 rows x a quarter for dQ (161 KB,
+//             one CTA per SM, 255 registers; half the dQ reductions per FLOP of 64 x 64); padded
+//             head dim 256: 64 x 64 / 8 warps with 32 keys x 64 columns for dK/dV and 32 rows x
+//             64 columns for dQ (6 ldmatrix.x4 per 16 mma where 16 x 128 loads 9; 208 KB).
+//             Elsewhere 64 x 64 / 8 warps, double-buffered, 16-row warp tiles (head dim <= 64:
+//             65 KB, two CTAs per SM, where 64 x 128 at one CTA per SM lost 5-8 %).
 //   fallback  compiled where the main tile needs more than the 99 KB per block of sm_86 / sm_89:
-//             64 x 64 / 8 warps (the main tile until stop 20), double-buffered at head dim <= 64,
-//             single-buffered up to 128, 32 x 32 / 4 warps above (also sm_80's tile at 224 / 256)
-// finalize picks the main tile when the device's opt-in holds it, else the fallback. (e44c4a7 ran
-// 64 x 128 at head dim 64, one CTA per SM, 228 registers: 120-151 TFLOP/s on the H200 where
-// 64 x 64 with two CTAs per SM ran 146-173 on the same cells.)
+//             single-buffered 64 x 64 / 8 warps up to head dim 128, 32 x 32 / 4 warps above (also
+//             sm_80's tile at head dim 224 / 256)
+// finalize picks the main tile when the device's opt-in holds it (sm_80's 163 KB holds d128's),
+// else the fallback. (e44c4a7 ran 64 x 128 at head dim 64 with 16-row warp tiles, one CTA per SM,
+// 228 registers: 120-151 TFLOP/s on the H200 where 64 x 64 with two CTAs per SM ran 146-173.)
 struct BwdTile {
     int bm, bn, warps, stages;
     int smt = 1, kvmt = 1, qmt = 1;  // m16 tiles per warp: scores, dK/dV, dQ
 };
 constexpr int bwd_padded_dim(int kd) { return (kd + 63) / 64 * 64; }
 constexpr BwdTile bwd_tile_main(int kd) {
-    return kd <= 128 ? BwdTile{128, 64, 8, 2, 2, kd > 64 ? 2 : 1, 2} : BwdTile{64, 64, 8, 2};
+    return kd > 64 && kd <= 128          ? BwdTile{64, 128, 8, 2, 2, 2, 2}
+           : bwd_padded_dim(kd) == 256 ? BwdTile{64, 64, 8, 2, 1, 2, 2}
+                                       : BwdTile{64, 64, 8, 2};
 }
 constexpr BwdTile bwd_tile_fallback(int kd) {
-    return kd <= 64 ? BwdTile{64, 64, 8, 2} : kd <= 128 ? BwdTile{64, 64, 8, 1} : BwdTile{32, 32, 4, 1};
+    return kd <= 128 ? BwdTile{64, 64, 8, 1} : BwdTile{32, 32, 4, 1};
 }
-// Stop 20's experiment, FLASHATTN_FA2_BWD_TILE=fa2layout (sm_90 only): FlashAttention-2's own
-// sm80 tiles and warp layouts. Head dim <= 128: 64 x 128 / 8 warps, 32 x 32 score warp tiles,
-// 32 keys x half (d128) or a quarter (d64) of the head dim for dK/dV (255 / 230 registers, 161 KB
-// at d128): half the dQ reductions per FLOP of 128 x 64. Padded head dim 256: the main 64 x 64
-// with 32 keys x 64 columns for dK/dV and 32 rows x 64 columns for dQ (6 ldmatrix.x4 per 16 mma
-// where 16 keys x 128 columns load 9).
-constexpr bool bwd_has_fa2_layout(int kd) { return kd <= 128 || bwd_padded_dim(kd) == 256; }
-constexpr BwdTile bwd_tile_fa2_layout(int kd) {
-    return kd <= 128 ? BwdTile{64, 128, 8, 2, 2, 2, kd > 64 ? 2 : 1} : BwdTile{64, 64, 8, 2, 1, 2, 2};
-}
-// The tile a plan runs (fa2_bwd_host.cpp decides; the launcher takes it).
-enum class BwdTileKind : int { kMain, kFallback, kFa2Layout };
 // K, V [bn x padded dim], stages x (Q, dO) [bm x padded dim], P and dS [bm x bn], all 16-bit,
 // then stages x (LSE, row_dot) [bm] fp32.
 constexpr int bwd_smem_bytes(BwdTile t, int kd) {
@@ -87,9 +78,9 @@ constexpr int kBwdSmallestOptin = 99 * 1024;  // sm_86 / sm_89 per-block opt-in
 constexpr bool bwd_has_fallback(int kd) { return bwd_smem_bytes(bwd_tile_main(kd), kd) > kBwdSmallestOptin; }
 
 // Launchers, one per row of fa2_head_dims.h (generated fa2_bwd_hdimD.cu): the main kernel.
-using LaunchBwd = cudaError_t (*)(const BwdParams &p, bool bf16, BwdTileKind tile, cudaStream_t s);
+using LaunchBwd = cudaError_t (*)(const BwdParams &p, bool bf16, bool fallback, cudaStream_t s);
 #define FLASHATTN_FA2_DECLARE_BWD_LAUNCH(D) \
-    cudaError_t launch_bwd_hdim##D(const BwdParams &p, bool bf16, BwdTileKind tile, cudaStream_t s);
+    cudaError_t launch_bwd_hdim##D(const BwdParams &p, bool bf16, bool fallback, cudaStream_t s);
 FLASHATTN_FA2_HEAD_DIMS(FLASHATTN_FA2_DECLARE_BWD_LAUNCH)
 #undef FLASHATTN_FA2_DECLARE_BWD_LAUNCH
 
