@@ -3,13 +3,14 @@
 // device/swizzle.cuh.
 //
 // Geometry: a CTA of kNW warps owns kBN keys over the whole (padded) head dim kDP and walks query
-// blocks of kBM rows. Three warp layouts meet in one step, each a grid of 16-row m16 tiles:
+// blocks of kBM rows. Three warp layouts meet in one step, each a grid of warp tiles of
+// one or two m16 tiles (BwdTile's smt / kvmt / qmt: a B fragment loaded once feeds each):
 //   scores  S = Q K^T and dP = dO V^T (gemm_qk of fa2_gemm.cuh, contraction over the compiled head
-//           dim kD): warp (row group, key group) holds 16 query rows x kSKeys keys;
-//   keys    dV += P^T dO and dK += dS^T Q: warp (key group, column group) holds 16 keys x kKVCols
+//           dim kD): warp (row group, key group) holds 16 kSMT query rows x kSKeys keys;
+//   keys    dV += P^T dO and dK += dS^T Q: warp (key group, column group) holds 16 kKVMT keys x kKVCols
 //           columns in registers for the whole key block; P and dS come from shared memory,
 //           read transposed with ldmatrix.trans (the contraction runs over query rows);
-//   dQ      dQ += dS K: warp (row group, column group) holds 16 query rows x kQCols columns, 16
+//   dQ      dQ += dS K: warp (row group, column group) holds 16 kQMT query rows x kQCols columns, 16
 //           at a time, flushed to the fp32 accumulator (dS read from shared memory).
 // Tiles are padded to whole 64-column pages and zero-filled past the head dim; column groups of 16
 // past the runtime head dim are skipped (warp-uniform branch; registers stay statically indexed).
@@ -28,7 +29,7 @@
 namespace flashattn {
 namespace fa2 {
 
-template <int kD_, int kBM_, int kBN_, int kNW_, int kStages_>
+template <int kD_, int kBM_, int kBN_, int kNW_, int kStages_, int kSMT_ = 1, int kKVMT_ = 1, int kQMT_ = 1>
 struct BwdTraits {
     static constexpr int kD = kD_;  // compiled head dim: the contraction length of S and dP
     static constexpr int kBM = kBM_;  // query rows per step
@@ -36,24 +37,28 @@ struct BwdTraits {
     static constexpr int kNW = kNW_;
     static constexpr int kStages = kStages_;  // Q/dO buffers
     static constexpr int kThreads = 32 * kNW;
-    static constexpr int kMinBlocks = bwd_min_blocks(BwdTile{kBM_, kBN_, kNW_, kStages_}, kD_);  // per SM
+    static constexpr BwdTile kTile{kBM_, kBN_, kNW_, kStages_, kSMT_, kKVMT_, kQMT_};
+    static constexpr int kMinBlocks = bwd_min_blocks(kTile, kD_);  // per SM
     static constexpr int kDP = bwd_padded_dim(kD);
-    // scores layout
-    static constexpr int kSRowGroups = kBM / 16;
+    // scores layout: kSMT m16 tiles of query rows per warp
+    static constexpr int kSMT = kSMT_;
+    static constexpr int kSRowGroups = kBM / (16 * kSMT);
     static constexpr int kSKeyGroups = kNW / kSRowGroups;
     static constexpr int kSKeys = kBN / kSKeyGroups;
-    // keys layout (dK, dV)
-    static constexpr int kKVKeyGroups = kBN / 16;
+    // keys layout (dK, dV): kKVMT m16 tiles of keys per warp
+    static constexpr int kKVMT = kKVMT_;
+    static constexpr int kKVKeyGroups = kBN / (16 * kKVMT);
     static constexpr int kKVColGroups = kNW / kKVKeyGroups;
     static constexpr int kKVCols = kDP / kKVColGroups;
     static constexpr int kKVGroups = kKVCols / 16;
-    // dQ layout
-    static constexpr int kQRowGroups = kBM / 16;
+    // dQ layout: kQMT m16 tiles of query rows per warp
+    static constexpr int kQMT = kQMT_;
+    static constexpr int kQRowGroups = kBM / (16 * kQMT);
     static constexpr int kQColGroups = kNW / kQRowGroups;
     static constexpr int kQCols = kDP / kQColGroups;
     static constexpr int kQGroups = kQCols / 16;
-    // The names gemm_qk (fa2_gemm.cuh) reads: one m16 tile per warp, kSKeys keys.
-    static constexpr int kMT = 1;
+    // The names gemm_qk (fa2_gemm.cuh) reads: kSMT m16 tiles per warp, kSKeys keys.
+    static constexpr int kMT = kSMT;
     static constexpr int kNT = kSKeys / 8;
     static constexpr int kKS = kD / 16;
     using QTile = cuda::SwizzledTile<kBM, kDP>;   // Q, dO
@@ -69,7 +74,8 @@ struct BwdTraits {
     static constexpr int kPOffset = kQOffset + 2 * kStages * kQBytes;
     static constexpr int kRowsOffset = kPOffset + 2 * kPBytes;
     static constexpr int kSmemBytes = kRowsOffset + kStages * kRowsBytes;
-    static_assert(kSmemBytes == bwd_smem_bytes(BwdTile{kBM, kBN, kNW, kStages}, kD), "fa2_bwd_params.h agrees");
+    static_assert(kSmemBytes == bwd_smem_bytes(kTile, kD), "fa2_bwd_params.h agrees");
+    static_assert(kBM % (16 * kSMT) == 0 && kBN % (16 * kKVMT) == 0 && kBM % (16 * kQMT) == 0, "whole m16 tiles");
     static_assert(kNW % kSRowGroups == 0 && kSKeys % 16 == 0, "scores layout");
     static_assert(kNW % kKVKeyGroups == 0 && kKVCols % 32 == 0, "keys layout");
     static_assert(kNW % kQRowGroups == 0 && kQCols % 32 == 0, "dQ layout");
@@ -117,56 +123,72 @@ __device__ __forceinline__ void bwd_load_tile(uint32_t sbase, const uint16_t *g,
     }
 }
 
-// acc[j] (16 columns each) += A^T B for this warp's 16 keys: A is the [kBM x kBN] tile [query
-// row][key] (P or dS), B a [kBM x kDP] tile [query row][column] (dO or Q).
-// a_lane: PTile::offset(lr_k, 2 * key group + lb_k) from the tile base (ldmatrix.trans of
-// B-style lanes gives A^T's m16k16 fragment); b_lane: at_column(QTile::lane_base_full(B tile,
-// lr_a, lb_a), warp's first column). ncols: head-dim columns from the warp's first column.
+// acc[mt][j] (16 columns each) += A^T B for this warp's kKVMT m16 tiles of keys: A is the
+// [kBM x kBN] tile [query row][key] (P or dS), B a [kBM x kDP] tile [query row][column] (dO or Q);
+// each B fragment feeds every key tile.
+// a_lane[mt]: PTile::offset(lr_k, 2 * (key group * kKVMT + mt) + lb_k) from the tile base
+// (ldmatrix.trans of B-style lanes gives A^T's m16k16 fragment); b_lane: at_column(QTile::
+// lane_base_full(B tile, lr_a, lb_a), warp's first column). ncols: head-dim columns from the
+// warp's first column.
 template <class Tr, class E>
-__device__ __forceinline__ void gemm_at_b(float (&acc)[Tr::kKVGroups][2][4], uint32_t a_lane, uint32_t b_lane,
-                                          int ncols) {
+__device__ __forceinline__ void gemm_at_b(float (&acc)[Tr::kKVMT][Tr::kKVGroups][2][4],
+                                          const uint32_t (&a_lane)[Tr::kKVMT], uint32_t b_lane, int ncols) {
     using BT = typename Tr::QTile;
 #pragma unroll
     for (int ks = 0; ks < Tr::kBM / 16; ++ks) {
-        uint32_t a[4];
-        cuda::ldmatrix_x4_trans(a, a_lane + ks * 16 * Tr::kPRowBytes);
+        uint32_t a[Tr::kKVMT][4];
+#pragma unroll
+        for (int mt = 0; mt < Tr::kKVMT; ++mt)
+            cuda::ldmatrix_x4_trans(a[mt], a_lane[mt] + ks * 16 * Tr::kPRowBytes);
 #pragma unroll
         for (int j = 0; j < Tr::kKVGroups; ++j) {
             if (j * 16 >= ncols) continue;
             uint32_t b[4];
             cuda::ldmatrix_x4_trans(b, frag_addr<BT>(b_lane, 0u, ks * 16, j));
-            cuda::mma_16816<E>(acc[j][0], a, b[0], b[1]);
-            cuda::mma_16816<E>(acc[j][1], a, b[2], b[3]);
+#pragma unroll
+            for (int mt = 0; mt < Tr::kKVMT; ++mt) {
+                cuda::mma_16816<E>(acc[mt][j][0], a[mt], b[0], b[1]);
+                cuda::mma_16816<E>(acc[mt][j][1], a[mt], b[2], b[3]);
+            }
         }
     }
 }
 
-// This warp's dS rows (16 query rows x kBN keys) as m16k16 A fragments, from the dS tile.
-// ds_full / ds_half: PTile lane bases (lr_a, lb_a) of the warp's first row.
+// This warp's dS rows (kQMT m16 tiles of query rows x kBN keys) as m16k16 A fragments, from the
+// dS tile. ds_full / ds_half: PTile lane bases (lr_a, lb_a) of the warp's first row.
 template <class Tr>
-__device__ __forceinline__ void load_ds_rows(uint32_t (&a)[Tr::kBN / 16][4], uint32_t ds_full, uint32_t ds_half) {
+__device__ __forceinline__ void load_ds_rows(uint32_t (&a)[Tr::kQMT][Tr::kBN / 16][4], uint32_t ds_full,
+                                             uint32_t ds_half) {
     using PT = typename Tr::PTile;
 #pragma unroll
-    for (int ks = 0; ks < Tr::kBN / 16; ++ks) cuda::ldmatrix_x4(a[ks], frag_addr<PT>(ds_full, ds_half, 0, ks));
+    for (int mt = 0; mt < Tr::kQMT; ++mt)
+#pragma unroll
+        for (int ks = 0; ks < Tr::kBN / 16; ++ks)
+            cuda::ldmatrix_x4(a[mt][ks], frag_addr<PT>(ds_full, ds_half, mt * 16, ks));
 }
 
-// acc = dS K for this warp's 16 query rows and its 16-column group j: k_lane =
+// acc = dS K for this warp's kQMT m16 tiles of query rows and its 16-column group j: k_lane =
 // at_column(KVTile::lane_base_full(K tile, lr_a, lb_a), warp's first column) (K read transposed:
-// B[k = key][n = column], as V in gemm_pv).
+// B[k = key][n = column], as V in gemm_pv; each K fragment feeds every row tile).
 template <class Tr, class E>
-__device__ __forceinline__ void gemm_ds_k(float (&acc)[2][4], const uint32_t (&dS)[Tr::kBN / 16][4], uint32_t k_lane,
-                                          int j) {
+__device__ __forceinline__ void gemm_ds_k(float (&acc)[Tr::kQMT][2][4], const uint32_t (&dS)[Tr::kQMT][Tr::kBN / 16][4],
+                                          uint32_t k_lane, int j) {
     using KT = typename Tr::KVTile;
 #pragma unroll
-    for (int n = 0; n < 2; ++n)
+    for (int mt = 0; mt < Tr::kQMT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][n][e] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < Tr::kBN / 16; ++ks) {
         uint32_t b[4];
         cuda::ldmatrix_x4_trans(b, frag_addr<KT>(k_lane, 0u, ks * 16, j));
-        cuda::mma_16816<E>(acc[0], dS[ks], b[0], b[1]);
-        cuda::mma_16816<E>(acc[1], dS[ks], b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < Tr::kQMT; ++mt) {
+            cuda::mma_16816<E>(acc[mt][0], dS[mt][ks], b[0], b[1]);
+            cuda::mma_16816<E>(acc[mt][1], dS[mt][ks], b[2], b[3]);
+        }
     }
 }
 

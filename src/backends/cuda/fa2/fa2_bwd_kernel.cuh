@@ -135,35 +135,35 @@ __device__ __forceinline__ void store_p_ds(uint32_t s_p, uint32_t s_ds, int row0
     }
 }
 
-// dQ += dS K for this warp's 16 query rows (from row qrow0 - g) and its column span (from col0),
-// 16 columns at a time, into the accumulator.
+// dQ += dS K for this warp's kQMT m16 tiles of query rows (from row qrow0 - g) and its column
+// span (from col0), 16 columns at a time, into the accumulator.
 template <class Tr, class E>
 __device__ __forceinline__ void accumulate_dq(const BwdParams &p, const BwdBlockArgs &a, int hq, int qrow0, int col0,
                                               uint32_t ds_full, uint32_t ds_half, uint32_t k_lane) {
     const int t = threadIdx.x & 3;
     const int ncols = a.d - col0;
     if (ncols <= 0) return;
-    uint32_t dS[Tr::kBN / 16][4];
+    uint32_t dS[Tr::kQMT][Tr::kBN / 16][4];
     load_ds_rows<Tr>(dS, ds_full, ds_half);
-    float *rows[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-        rows[h] = a.dqa + (static_cast<int64_t>(hq) * p.total_rows + a.q_row0 + qrow0 + 8 * h) * a.d + col0 + 2 * t;
+    float *row0 = a.dqa + (static_cast<int64_t>(hq) * p.total_rows + a.q_row0 + qrow0) * a.d + col0 + 2 * t;
 #pragma unroll
     for (int j = 0; j < Tr::kQGroups; ++j) {
         if (j * 16 >= ncols) continue;
-        float acc[2][4];
+        float acc[Tr::kQMT][2][4];
         gemm_ds_k<Tr, E>(acc, dS, k_lane, j);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            if (qrow0 + 8 * h >= a.sq) continue;
+        for (int mt = 0; mt < Tr::kQMT; ++mt)
 #pragma unroll
-            for (int n = 0; n < 2; ++n) {
-                const int c = j * 16 + n * 8;  // + 2t: d is a multiple of 8, so the pair is in or out
-                if (c >= ncols) continue;
-                cuda::red_add_f32x2(rows[h] + c, acc[n][2 * h], acc[n][2 * h + 1]);
+            for (int h = 0; h < 2; ++h) {
+                const int r = 16 * mt + 8 * h;
+                if (qrow0 + r >= a.sq) continue;
+#pragma unroll
+                for (int n = 0; n < 2; ++n) {
+                    const int c = j * 16 + n * 8;  // + 2t: d is a multiple of 8, so the pair is in or out
+                    if (c >= ncols) continue;
+                    cuda::red_add_f32x2(row0 + r * a.d + c, acc[mt][n][2 * h], acc[mt][n][2 * h + 1]);
+                }
             }
-        }
     }
 }
 
@@ -218,8 +218,8 @@ __device__ __forceinline__ void load_q_do(const BwdParams &p, const BwdBlockArgs
 // key block. The caller has made the buffer's tiles visible to every thread.
 template <class Tr, class E>
 __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlockArgs &a, BwdStep st, int buf,
-                                                float (&dK)[Tr::kKVGroups][2][4],
-                                                float (&dV)[Tr::kKVGroups][2][4]) {
+                                                float (&dK)[Tr::kKVMT][Tr::kKVGroups][2][4],
+                                                float (&dV)[Tr::kKVMT][Tr::kKVGroups][2][4]) {
     using QT = typename Tr::QTile;
     using KT = typename Tr::KVTile;
     using PT = typename Tr::PTile;
@@ -241,18 +241,22 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
     // that releases the dQ adds.
     const bool ordered = p.deterministic && threadIdx.x == 0;
     int seen = ordered ? cuda::ld_relaxed_gpu(turn_of<Tr>(p, a, st, a.n0 / Tr::kBN).sem) : 0;
-    {  // scores layout: S, dP, P, dS of 16 rows x kSKeys keys
+    {  // scores layout: S, dP, P, dS of kSMT x 16 rows x kSKeys keys
         const int rg = warp % Tr::kSRowGroups, kg = warp / Tr::kSRowGroups;
-        const int key0 = kg * Tr::kSKeys;
-        const BwdRows rows = load_rows<Tr>(p, a, s_rows, st.m0, st.m0 + rg * 16 + g, a.n0 + key0 + 2 * t);
-        float S[1][Tr::kNT][4], dP[1][Tr::kNT][4];
-        gemm_qk<Tr, E>(S, QT::lane_base_full(s_q + rg * 16 * 128, lr_a, lb_a), 0u,
+        const int key0 = kg * Tr::kSKeys, row0 = rg * Tr::kSMT * 16;
+        float S[Tr::kSMT][Tr::kNT][4], dP[Tr::kSMT][Tr::kNT][4];
+        gemm_qk<Tr, E>(S, QT::lane_base_full(s_q + row0 * 128, lr_a, lb_a), 0u,
                        KT::lane_base_full(s_k + key0 * 128, lr_k, lb_k), 0u);
-        gemm_qk<Tr, E>(dP, QT::lane_base_full(s_do + rg * 16 * 128, lr_a, lb_a), 0u,
+        gemm_qk<Tr, E>(dP, QT::lane_base_full(s_do + row0 * 128, lr_a, lb_a), 0u,
                        KT::lane_base_full(s_v + key0 * 128, lr_k, lb_k), 0u);
-        uint32_t P[Tr::kNT][2], dS[Tr::kNT][2];
-        probs_and_grads<Tr, E>(p, rows, S[0], dP[0], P, dS);
-        store_p_ds<Tr>(s_p, s_ds, rg * 16, key0, P, dS);
+#pragma unroll
+        for (int mt = 0; mt < Tr::kSMT; ++mt) {
+            const BwdRows rows =
+                load_rows<Tr>(p, a, s_rows, st.m0, st.m0 + row0 + mt * 16 + g, a.n0 + key0 + 2 * t);
+            uint32_t P[Tr::kNT][2], dS[Tr::kNT][2];
+            probs_and_grads<Tr, E>(p, rows, S[mt], dP[mt], P, dS);
+            store_p_ds<Tr>(s_p, s_ds, row0 + mt * 16, key0, P, dS);
+        }
     }
     if (ordered) {
         const BwdTurn turn = turn_of<Tr>(p, a, st, a.n0 / Tr::kBN);
@@ -263,47 +267,56 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
     {  // dQ layout
         const int rg = warp % Tr::kQRowGroups, cg = warp / Tr::kQRowGroups;
         const int col0 = cg * Tr::kQCols;
-        const uint32_t ds_row = s_ds + rg * 16 * Tr::kPRowBytes;
-        accumulate_dq<Tr, E>(p, a, st.hq, st.m0 + rg * 16 + g, col0, PT::lane_base_full(ds_row, lr_a, lb_a),
+        const uint32_t ds_row = s_ds + rg * Tr::kQMT * 16 * Tr::kPRowBytes;
+        accumulate_dq<Tr, E>(p, a, st.hq, st.m0 + rg * Tr::kQMT * 16 + g, col0, PT::lane_base_full(ds_row, lr_a, lb_a),
                              PT::lane_base_half(ds_row, lr_a, lb_a),
                              at_column<KT>(KT::lane_base_full(s_k, lr_a, lb_a), col0));
     }
     {  // keys layout
         const int kg = warp % Tr::kKVKeyGroups, cg = warp / Tr::kKVKeyGroups;
         const int col0 = cg * Tr::kKVCols;
-        const uint32_t pt_off = PT::offset(lr_k, 2 * kg + lb_k);
-        gemm_at_b<Tr, E>(dV, s_p + pt_off, at_column<QT>(QT::lane_base_full(s_do, lr_a, lb_a), col0), a.d - col0);
-        gemm_at_b<Tr, E>(dK, s_ds + pt_off, at_column<QT>(QT::lane_base_full(s_q, lr_a, lb_a), col0), a.d - col0);
+        uint32_t p_lane[Tr::kKVMT], ds_lane[Tr::kKVMT];
+#pragma unroll
+        for (int mt = 0; mt < Tr::kKVMT; ++mt) {
+            const uint32_t pt_off = PT::offset(lr_k, 2 * (kg * Tr::kKVMT + mt) + lb_k);
+            p_lane[mt] = s_p + pt_off;
+            ds_lane[mt] = s_ds + pt_off;
+        }
+        gemm_at_b<Tr, E>(dV, p_lane, at_column<QT>(QT::lane_base_full(s_do, lr_a, lb_a), col0), a.d - col0);
+        gemm_at_b<Tr, E>(dK, ds_lane, at_column<QT>(QT::lane_base_full(s_q, lr_a, lb_a), col0), a.d - col0);
     }
 }
 
-// dK * scale and dV of this warp's 16 keys and its column span (16-bit pairs).
+// dK * scale and dV of this warp's kKVMT x 16 keys and its column span (16-bit pairs).
 template <class Tr, class E>
 __device__ __forceinline__ void store_dk_dv(const BwdParams &p, const BwdBlockArgs &a, uint16_t *dkg, uint16_t *dvg,
-                                            const float (&dK)[Tr::kKVGroups][2][4],
-                                            const float (&dV)[Tr::kKVGroups][2][4]) {
+                                            const float (&dK)[Tr::kKVMT][Tr::kKVGroups][2][4],
+                                            const float (&dV)[Tr::kKVMT][Tr::kKVGroups][2][4]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int kg = warp % Tr::kKVKeyGroups, cg = warp / Tr::kKVKeyGroups;
     const int col0 = cg * Tr::kKVCols;
     const int ncols = a.d - col0;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int key = a.n0 + kg * 16 + 8 * h + g;
-        if (key >= a.sk) continue;
-        uint16_t *kr = dkg + key * p.dk_rs + col0 + 2 * t;
-        uint16_t *vr = dvg + key * p.dv_rs + col0 + 2 * t;
+    for (int mt = 0; mt < Tr::kKVMT; ++mt)
 #pragma unroll
-        for (int j = 0; j < Tr::kKVGroups; ++j)
+        for (int h = 0; h < 2; ++h) {
+            const int key = a.n0 + (kg * Tr::kKVMT + mt) * 16 + 8 * h + g;
+            if (key >= a.sk) continue;
+            uint16_t *kr = dkg + key * p.dk_rs + col0 + 2 * t;
+            uint16_t *vr = dvg + key * p.dv_rs + col0 + 2 * t;
 #pragma unroll
-            for (int n = 0; n < 2; ++n) {
-                const int c = j * 16 + n * 8;
-                if (c >= ncols) continue;
-                *reinterpret_cast<uint32_t *>(kr + c) =
-                    cuda::pack2<E>(dK[j][n][2 * h] * p.scale, dK[j][n][2 * h + 1] * p.scale);
-                *reinterpret_cast<uint32_t *>(vr + c) = cuda::pack2<E>(dV[j][n][2 * h], dV[j][n][2 * h + 1]);
-            }
-    }
+            for (int j = 0; j < Tr::kKVGroups; ++j)
+#pragma unroll
+                for (int n = 0; n < 2; ++n) {
+                    const int c = j * 16 + n * 8;
+                    if (c >= ncols) continue;
+                    *reinterpret_cast<uint32_t *>(kr + c) =
+                        cuda::pack2<E>(dK[mt][j][n][2 * h] * p.scale, dK[mt][j][n][2 * h + 1] * p.scale);
+                    *reinterpret_cast<uint32_t *>(vr + c) =
+                        cuda::pack2<E>(dV[mt][j][n][2 * h], dV[mt][j][n][2 * h + 1]);
+                }
+        }
 }
 
 // Key block nb of sequence b: every query block of every query head of kv head kvh that sees any
@@ -312,13 +325,15 @@ template <class Tr, class E>
 __device__ __forceinline__ void bwd_key_block(const BwdParams &p, BwdBlockArgs &a, int kvh, int nb) {
     const bool varlen = p.cu_q != nullptr;
     a.n0 = nb * Tr::kBN;
-    float dK[Tr::kKVGroups][2][4], dV[Tr::kKVGroups][2][4];
+    float dK[Tr::kKVMT][Tr::kKVGroups][2][4], dV[Tr::kKVMT][Tr::kKVGroups][2][4];
 #pragma unroll
-    for (int j = 0; j < Tr::kKVGroups; ++j)
+    for (int mt = 0; mt < Tr::kKVMT; ++mt)
 #pragma unroll
-        for (int n = 0; n < 2; ++n)
+        for (int j = 0; j < Tr::kKVGroups; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dK[j][n][e] = dV[j][n][e] = 0.f;
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dK[mt][j][n][e] = dV[mt][j][n][e] = 0.f;
 
     // Query rows that see any key of [n0, n_hi]: key j is visible to row i iff
     // i + off - left <= j <= i + off + right (mask.cuh), so i in [n0 - off - right, n_hi - off + left].
@@ -411,9 +426,9 @@ dim3 bwd_grid(const BwdParams &p) {
     return dim3(static_cast<unsigned>(static_cast<int64_t>(p.heads_kv) * p.batch * nkb));
 }
 
-template <int kD, class E, int kBM, int kBN, int kNW, int kStages>
+template <int kD, class E, int kBM, int kBN, int kNW, int kStages, int kSMT, int kKVMT, int kQMT>
 cudaError_t launch_bwd(const BwdParams &p, cudaStream_t stream) {
-    using Tr = BwdTraits<kD, kBM, kBN, kNW, kStages>;
+    using Tr = BwdTraits<kD, kBM, kBN, kNW, kStages, kSMT, kKVMT, kQMT>;
     auto kernel = bwd_kernel<Tr, E>;
     static unsigned long long optin_done = 0;  // one per instantiation of this function
     cudaError_t e = cuda::ensure_smem_optin(kernel, Tr::kSmemBytes, &optin_done);
@@ -425,7 +440,7 @@ cudaError_t launch_bwd(const BwdParams &p, cudaStream_t stream) {
 template <int kD, class E, bool kFallback>
 cudaError_t launch_bwd_tile(const BwdParams &p, cudaStream_t s) {
     constexpr BwdTile t = kFallback ? bwd_tile_fallback(kD) : bwd_tile_main(kD);
-    return launch_bwd<kD, E, t.bm, t.bn, t.warps, t.stages>(p, s);
+    return launch_bwd<kD, E, t.bm, t.bn, t.warps, t.stages, t.smt, t.kvmt, t.qmt>(p, s);
 }
 
 // Launcher body of one compiled head dim (both element types; the fallback tile where compiled).

@@ -27,20 +27,33 @@ struct BwdParams : BwdTensorArgs {
 
 // Main-kernel tiles. A CTA of `warps` warps owns `bn` keys over the whole head dim (S and dP are
 // computed once per query step) and walks query blocks of `bm` rows; Q and dO go through `stages`
-// shared-memory buffers (2: the next step's tiles load while this step computes).
-//   main      64 x 64 with 8 warps, double-buffered: 112 KB at head dim 128 (two CTAs per SM on
-//             sm_90), 208 KB at 256; fits sm_80's 163 KB up to head dim 192
+// shared-memory buffers (2: the next step's tiles load while this step computes). Each warp layout
+// (fa2_bwd_gemm.cuh) holds `smt` (scores: query rows), `kvmt` (dK/dV: keys) and `qmt` (dQ: query
+// rows) m16 tiles per warp: two m16 tiles share every B fragment they load.
+//   main      FlashAttention-2's sm80 tiles and warp layouts where they won on the H200 (stop 20):
+//             head dim 96 / 128: 64 x 128 with 8 warps, double-buffered, 32 x 32 score warp
+//             tiles, 32 keys x half the head dim for dK/dV, 32 rows x a quarter for dQ (161 KB,
+//             one CTA per SM, 255 registers; half the dQ reductions per FLOP of 64 x 64); padded
+//             head dim 256: 64 x 64 / 8 warps with 32 keys x 64 columns for dK/dV and 32 rows x
+//             64 columns for dQ (6 ldmatrix.x4 per 16 mma where 16 x 128 loads 9; 208 KB).
+//             Elsewhere 64 x 64 / 8 warps, double-buffered, 16-row warp tiles (head dim <= 64:
+//             65 KB, two CTAs per SM, where 64 x 128 at one CTA per SM lost 5-8 %).
 //   fallback  compiled where the main tile needs more than the 99 KB per block of sm_86 / sm_89:
 //             single-buffered 64 x 64 / 8 warps up to head dim 128, 32 x 32 / 4 warps above (also
 //             sm_80's tile at head dim 224 / 256)
-// finalize picks the main tile when the device's opt-in holds it, else the fallback. (e44c4a7 ran
-// 64 x 128 at head dim 64, one CTA per SM, 228 registers: 120-151 TFLOP/s on the H200 where
-// 64 x 64 with two CTAs per SM now runs 146-173 on the same cells.)
+// finalize picks the main tile when the device's opt-in holds it (sm_80's 163 KB holds d128's),
+// else the fallback. (e44c4a7 ran 64 x 128 at head dim 64 with 16-row warp tiles, one CTA per SM,
+// 228 registers: 120-151 TFLOP/s on the H200 where 64 x 64 with two CTAs per SM ran 146-173.)
 struct BwdTile {
     int bm, bn, warps, stages;
+    int smt = 1, kvmt = 1, qmt = 1;  // m16 tiles per warp: scores, dK/dV, dQ
 };
 constexpr int bwd_padded_dim(int kd) { return (kd + 63) / 64 * 64; }
-constexpr BwdTile bwd_tile_main(int /*kd*/) { return BwdTile{64, 64, 8, 2}; }
+constexpr BwdTile bwd_tile_main(int kd) {
+    return kd > 64 && kd <= 128          ? BwdTile{64, 128, 8, 2, 2, 2, 2}
+           : bwd_padded_dim(kd) == 256 ? BwdTile{64, 64, 8, 2, 1, 2, 2}
+                                       : BwdTile{64, 64, 8, 2};
+}
 constexpr BwdTile bwd_tile_fallback(int kd) {
     return kd <= 128 ? BwdTile{64, 64, 8, 1} : BwdTile{32, 32, 4, 1};
 }
@@ -54,8 +67,12 @@ constexpr int bwd_smem_bytes(BwdTile t, int kd) {
 // (dK, dV: 2 x 16 keys x half the head dim per warp) leave room. Measured on the H200 at 16k
 // tokens: hdim 64 169 vs 115 TFLOP/s, hdim 128 186 vs 145 with one CTA per SM (no register cap):
 // the kernel is latency-bound, and one CTA's barriers hide under the other's math.
+// Warp tiles of two m16 tiles need more than 128 registers (199-255): one CTA per SM.
 constexpr int bwd_min_blocks(BwdTile t, int kd) {
-    return t.stages == 2 && t.warps == 8 && kd <= 128 && 2 * (bwd_smem_bytes(t, kd) + 1024) <= 228 * 1024 ? 2 : 1;
+    return t.stages == 2 && t.warps == 8 && kd <= 128 && t.smt == 1 && t.kvmt == 1 && t.qmt == 1 &&
+                   2 * (bwd_smem_bytes(t, kd) + 1024) <= 228 * 1024
+               ? 2
+               : 1;
 }
 constexpr int kBwdSmallestOptin = 99 * 1024;  // sm_86 / sm_89 per-block opt-in
 constexpr bool bwd_has_fallback(int kd) { return bwd_smem_bytes(bwd_tile_main(kd), kd) > kBwdSmallestOptin; }
