@@ -65,6 +65,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     // load_first_tiles instead. The split-KV combine may launch now.
     if constexpr (!kLateWait<Tr>) cuda::pdl_wait();
     cuda::pdl_launch_dependents();
+    paged_tma_prefetch<Tr, kPaged>(p, &maps);  // (sm_90 paged decode tiles: the descriptors, early)
 
     const FwdWork work = fwd_work(p);
     const int mblk = work.mblk, hh = work.hh, b = work.b, split = work.split;

@@ -234,6 +234,21 @@ __device__ __forceinline__ bool paged_tma_on(const Params &p, uint32_t s_kv) {
     return false;
 }
 
+// The issuing thread fetches both descriptors at the kernel's start, ahead of its first boxes.
+template <class Tr, bool kPaged>
+__device__ __forceinline__ void paged_tma_prefetch(const Params &p, const void *maps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (kPagedTma<Tr, kPaged>) {
+        if (p.kv_tma != 0 && threadIdx.x == Tr::kThreads - 32) {
+            cuda::prefetch_tensormap(&static_cast<const PagedTmaMaps *>(maps)->k);
+            cuda::prefetch_tensormap(&static_cast<const PagedTmaMaps *>(maps)->v);
+        }
+    }
+#endif
+    (void)p;
+    (void)maps;
+}
+
 // Before the first tile's copies (the caller's stage_page_entries_now barrier publishes them).
 __device__ __forceinline__ void kv_tma_init(int tid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
