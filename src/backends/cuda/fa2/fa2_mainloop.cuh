@@ -6,7 +6,8 @@
 // Forward-only: the buffer schemes and cp.async group counts below are this kernel's pipeline.
 // With two K/V buffers (Tr::kStages == 2) K and V of the next tile load into the other buffer
 // while this one is used; with one, V[nb] is waited for and K[nb-1] refilled at the point where
-// every warp is done with K[nb] (wait_v_load_next_k). A backward pass needs its own pipeline (it
+// every warp is done with K[nb] (wait_v_load_next_k). (The sm_90 paged decode's TMA tiles add an
+// mbarrier wait per buffer beside the unchanged cp.async groups: kv_tma_wait.) A backward pass needs its own pipeline (it
 // walks query tiles per key tile) but builds it from the same loaders (fa2_load.cuh), GEMM
 // addressing (fa2_gemm.cuh) and shared softmax/mask steps.
 #pragma once
@@ -329,7 +330,8 @@ __device__ __forceinline__ void kv_tma_wait(const FwdLoopArgs &a, int nb, int it
 // cp.async K or V tile [n0, n0 + kBN) of this sequence (g: a.kg or a.vg; page_stride: k_bs or
 // v_bs). Without kPaged it is exactly the contiguous load (a runtime test here, per tile, made
 // ptxas spill in the big-tile kernels); paged pages of whole tiles only move the base pointer,
-// smaller (or unaligned) pages take a row-by-row lookup.
+// smaller (or unaligned) pages take a row-by-row lookup, or on sm_90 in the decode tiles, with
+// pages of a multiple of 16 keys, TMA boxes (load_paged_tma; a.kv_tma).
 // cols: K's head dim a.d, or V's p.head_dim_v (read from the parameters where used, so that it
 // takes no register across the loop); columns past it are zero-filled.
 template <class Tr, bool kPaged, bool kAllRows>
