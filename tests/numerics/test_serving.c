@@ -102,6 +102,12 @@ static const serving_case grid[] = {
     SCASE(3, 2, 200, 8, 2, 64, F16, 1, -1, -1, 1, 1, 9, 32, 1, 0, 1),
     SCASE(2, 1, 300, 8, 2, 128, B16, 1, -1, -1, 0, 1, 70, 64, 0, 0, 0),
     SCASE(2, 1, 160, 32, 8, 128, B16, 1, -1, -1, 1, 1, 65, 128, 1, 0, 1),
+    /* fa2's decode tiles on sm_90 take pages of a multiple of 16 keys by TMA boxes of 16 rows: padded
+       strides, pages of 48 (boxes at rows 0/16/32 of a page) and 32, seqused_k ending inside a box
+       (the last one in compute-sanitizer's reduced grid) */
+    SCASE(3, 2, 333, 8, 2, 64, F16, 0, -1, -1, 32, 1, 0, 0, 0, 0, 1),
+    SCASE(2, 3, 250, 8, 2, 128, F16, 1, -1, -1, 32, 1, 0, 0, 0, 0, 0),
+    SCASE(3, 1, 700, 16, 4, 128, B16, 1, -1, -1, 48, 1, 1, 128, 0, 0, 1),
 };
 #define NUM_CASES (sizeof grid / sizeof grid[0])
 

@@ -1,7 +1,8 @@
 // Device-side inline-PTX wrappers for the Hopper (sm_90a) path: mbarrier, TMA
 // (cp.async.bulk.tensor), setmaxnreg, wgmma (ordering, SS and RS forms for any N) and the SW128
-// smem matrix descriptor. Every body is guarded by __CUDA_ARCH_FEAT_SM90_ALL (compile with
-// -gencode arch=compute_90a,code=sm_90a); other targets get a trap so misuse is loud.
+// smem matrix descriptor. The wgmma and setmaxnreg bodies are guarded by __CUDA_ARCH_FEAT_SM90_ALL
+// (compile with -gencode arch=compute_90a,code=sm_90a), the mbarrier, fence and TMA ones by sm_90
+// (FLASHATTN_SM90_BODY); other targets get a trap so misuse is loud.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,14 @@
 #define FLASHATTN_SM90A_BODY 1
 #else
 #define FLASHATTN_SM90A_BODY 0
+#endif
+
+// The mbarrier, proxy-fence and TMA (cp.async.bulk.tensor) forms below need only sm_90, not the
+// sm_90a features: FA2's paged decode (sm_90 code) uses them too.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define FLASHATTN_SM90_BODY 1
+#else
+#define FLASHATTN_SM90_BODY 0
 #endif
 
 #if defined(__CUDA_ARCH__)
@@ -27,7 +36,7 @@ namespace cuda {
 // ---- mbarrier ------------------------------------------------------------------------------
 
 __device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count) {
-#if FLASHATTN_SM90A_BODY
+#if FLASHATTN_SM90_BODY
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 #else
     (void)bar; (void)count; FLASHATTN_SM90A_TRAP();
@@ -37,7 +46,7 @@ __device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count) {
 // Makes mbarrier.init visible to other threads and to the async proxy (TMA); follow with a
 // block-wide barrier (__syncthreads) before any other thread or TMA uses the barrier.
 __device__ __forceinline__ void fence_mbar_init() {
-#if FLASHATTN_SM90A_BODY
+#if FLASHATTN_SM90_BODY
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #else
     FLASHATTN_SM90A_TRAP();
@@ -49,7 +58,7 @@ __device__ __forceinline__ void fence_mbar_init() {
 // converts and calls it. Code at very few registers (the FP8 producer at 24) keeps the addresses
 // as 32-bit values: a 64-bit generic pointer per barrier or buffer is two registers ptxas spilled.
 __device__ __forceinline__ void mbar_arrive_expect_tx_s(uint32_t bar, uint32_t bytes) {
-#if FLASHATTN_SM90A_BODY
+#if FLASHATTN_SM90_BODY
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 #else
     (void)bar; (void)bytes; FLASHATTN_SM90A_TRAP();
@@ -60,7 +69,7 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t by
 }
 
 __device__ __forceinline__ void mbar_arrive_s(uint32_t bar) {
-#if FLASHATTN_SM90A_BODY
+#if FLASHATTN_SM90_BODY
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 #else
     (void)bar; FLASHATTN_SM90A_TRAP();
@@ -70,7 +79,7 @@ __device__ __forceinline__ void mbar_arrive(uint64_t *bar) { mbar_arrive_s(smem_
 
 // One try: true iff the phase with parity `parity` has completed.
 __device__ __forceinline__ bool mbar_try_wait_s(uint32_t bar, uint32_t parity) {
-#if FLASHATTN_SM90A_BODY
+#if FLASHATTN_SM90_BODY
     uint32_t ok;
     asm volatile(
         "{\n\t.reg .pred p;\n\t"
@@ -93,7 +102,7 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t *bar, uint32_t parity) {
 // cp.async copies) before later async-proxy accesses (wgmma operand reads, TMA): a thread that
 // filled a wgmma operand buffer without TMA runs it before signalling the buffer full.
 __device__ __forceinline__ void fence_proxy_async_smem() {
-#if FLASHATTN_SM90A_BODY
+#if FLASHATTN_SM90_BODY
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #else
     FLASHATTN_SM90A_TRAP();
@@ -122,7 +131,7 @@ __device__ __forceinline__ bool mbar_wait_timeout(uint64_t *bar, uint32_t parity
 // `tmap` is the generic address of a __grid_constant__ CUtensorMap kernel parameter (or of one in
 // global memory). Coordinates are element indices, innermost first.
 __device__ __forceinline__ void prefetch_tensormap(const void *tmap) {
-#if FLASHATTN_SM90A_BODY
+#if FLASHATTN_SM90_BODY
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
 #else
     (void)tmap; FLASHATTN_SM90A_TRAP();
@@ -130,7 +139,7 @@ __device__ __forceinline__ void prefetch_tensormap(const void *tmap) {
 }
 
 __device__ __forceinline__ void tma_load_2d(void *dst_smem, const void *tmap, uint64_t *bar, int32_t c0, int32_t c1) {
-#if FLASHATTN_SM90A_BODY
+#if FLASHATTN_SM90_BODY
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
         " [%0], [%1, {%2, %3}], [%4];" ::"r"(smem_addr(dst_smem)),
@@ -143,7 +152,7 @@ __device__ __forceinline__ void tma_load_2d(void *dst_smem, const void *tmap, ui
 
 __device__ __forceinline__ void tma_load_4d_s(uint32_t dst, const void *tmap, uint32_t bar, int32_t c0, int32_t c1,
                                               int32_t c2, int32_t c3) {
-#if FLASHATTN_SM90A_BODY
+#if FLASHATTN_SM90_BODY
     asm volatile(
         "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
         " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst),

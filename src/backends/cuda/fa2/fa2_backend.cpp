@@ -2,6 +2,8 @@
 // the workspace of the split partials) and the enqueue of the forward kernel (+ the split-KV combine).
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -14,6 +16,7 @@
 #include "backends/cuda/fa2/fa2_config.h"
 #include "backends/cuda/fa2/fa2_params.h"
 #include "backends/cuda/host/cuda_host.h"
+#include "backends/cuda/host/tensor_map.h"
 #include "backends/cuda/host/tensor_args.h"
 #include "base/checked_math.h"
 #include "base/status.h"
@@ -64,6 +67,8 @@ struct Fa2Plan : BackendPlan {
     // sm_90+: the kernels after the first of an execute (attention after the append, the combine
     // after the attention) are programmatic dependent launches (cuda/device/pdl.cuh).
     bool pdl = false;
+    // sm_90, paged decode tiles with pages of a multiple of 16 keys: K/V by TMA (paged_tma_plan)
+    bool paged_tma = false;
     fa2::BwdPlan backward;  // laid out in backward_workspace when the backward can run
 };
 
@@ -154,12 +159,30 @@ void add_split_slices(const Problem &p, Fa2Plan *plan) {
     plan->lse_part = plan->workspace.add("fa2 split-KV partial LSE", rows * sizeof(float));
 }
 
+// Whether the paged decode tiles load K/V by TMA boxes (fa2_params.h, kv_tma; fa2_mainloop.cuh,
+// load_paged_tma): sm_90 and up (the kernel's sm_90 code decides again: other targets gather),
+// the decode tile at its compiled head dim (64 or 128: whole 64-column boxes), and pages of a
+// multiple of 16 keys that do not hold whole key tiles (those keep the per-tile base shift).
+// FLASHATTN_FA2_PAGED_TMA=0 keeps the cp.async gather (a developer's knob for A/B runs and tests).
+bool paged_tma_plan(const Problem &p, const DeviceInfo &dev, const Variant &v) {
+    if (!p.serving.paged || dev.cc_major < 9 || !fa2::is_decode_tile(v.cfg)) return false;
+    if (p.head_dim != v.cfg.head_dim || p.head_dim % 64 != 0 || p.head_dim_v != p.head_dim) return false;
+    const int64_t ps = p.serving.page_size;
+    if (ps % 16 != 0 || ps % v.cfg.block_n == 0 || ps > (int64_t{1} << 31)) return false;
+    // A tensor map's strides are multiples of 16 bytes: check_device_tensors holds the rows and heads
+    // (and the pointers) to that, but not the page stride when the queries are varlen.
+    if (p.k.batch % 8 != 0 || p.v.batch % 8 != 0) return false;
+    const char *env = std::getenv("FLASHATTN_FA2_PAGED_TMA");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+}
+
 flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::unique_ptr<BackendPlan> *out) {
     auto plan = std::make_unique<Fa2Plan>();
     plan->variant = variant_for(p, dev.smem_per_block_optin);
     plan->launch = compiled_for(plan->variant.cfg.head_dim).launch;  // a small tile may be a wider head dim
     plan->num_splits = choose_splits(p, plan->variant, dev.sm_count);
     plan->pdl = dev.cc_major >= 9;
+    plan->paged_tma = paged_tma_plan(p, dev, plan->variant);
     if (plan->num_splits > 1) add_split_slices(p, plan.get());
     if (p.serving.rotary_dim > 0)
         plan->rotated_q = plan->workspace.add("fa2 rotated queries", rotated_q_bytes(p));
@@ -184,15 +207,64 @@ flashattn_status_t enqueue_append(const Problem &p, const Fa2Plan &plan, const T
     return FLASHATTN_SUCCESS;
 }
 
+// The paged K and V tensor maps (fa2::PagedTmaMaps): rank 4 {head_dim, page_size, heads_kv,
+// num_pages}, boxes of 16 rows x 64 columns. The last map per cache and thread is kept: a decode
+// loop encodes once. A cache whose strides a tensor map cannot take (byte strides not multiples of
+// 16) is not planned for it (paged_tma_plan).
+struct PagedMapCache {
+    bool valid = false;
+    bool bf16 = false;
+    const void *base = nullptr;
+    uint64_t dims[4] = {}, strides[3] = {};
+    CUtensorMap map;
+};
+
+flashattn_status_t encode_paged_map(PagedMapCache *c, CUtensorMap *out, bool bf16, const void *base, const Problem &p,
+                                    int64_t rs, int64_t hs, int64_t ps_stride) {
+    const uint64_t filler = static_cast<uint64_t>(p.head_dim) * 2 * 16;  // stride of an extent-1 dim
+    const uint64_t dims[4] = {static_cast<uint64_t>(p.head_dim), static_cast<uint64_t>(p.serving.page_size),
+                              static_cast<uint64_t>(p.heads_kv), static_cast<uint64_t>(p.serving.num_pages)};
+    const uint64_t strides[3] = {static_cast<uint64_t>(rs) * 2, p.heads_kv > 1 ? static_cast<uint64_t>(hs) * 2 : filler,
+                                 p.serving.num_pages > 1 ? static_cast<uint64_t>(ps_stride) * 2 : filler};
+    const uint32_t box[4] = {64, 16, 1, 1};
+    const bool same = c->valid && c->bf16 == bf16 && c->base == base && std::equal(dims, dims + 4, c->dims) &&
+                      std::equal(strides, strides + 3, c->strides);
+    if (!same) {
+        c->valid = false;
+        FLASHATTN_TRY(encode_tensor_map_sw128(&c->map, bf16 ? TmaElement::bf16 : TmaElement::fp16, base, 4, dims,
+                                              strides, box));
+        c->bf16 = bf16;
+        c->base = base;
+        std::copy(dims, dims + 4, c->dims);
+        std::copy(strides, strides + 3, c->strides);
+        c->valid = true;
+    }
+    *out = c->map;
+    return FLASHATTN_SUCCESS;
+}
+
+// maps: the caller's, alive until the launch (k->tma_maps points at it).
+flashattn_status_t set_paged_tma(const Problem &p, fa2::PagedTmaMaps *maps, fa2::Params *k) {
+    thread_local PagedMapCache cache[2];
+    const bool bf16 = p.dtype == FLASHATTN_DTYPE_BF16;
+    FLASHATTN_TRY(encode_paged_map(&cache[0], &maps->k, bf16, k->k, p, k->k_rs, k->k_hs, k->k_bs));
+    FLASHATTN_TRY(encode_paged_map(&cache[1], &maps->v, bf16, k->v, p, k->v_rs, k->v_hs, k->v_bs));
+    k->kv_tma = 1;
+    k->tma_maps = maps;
+    return FLASHATTN_SUCCESS;
+}
+
 flashattn_status_t fa2_execute(const Problem &p, const BackendPlan &base_plan, const Tensors &t) {
     const Fa2Plan &plan = static_cast<const Fa2Plan &>(base_plan);
-    DeviceGuard guard(p.device);  // first: every CUDA call below runs on the plan's device
+    // First, with the context current where tensor maps are encoded (cuTensorMapEncodeTiled needs one).
+    DeviceGuard guard(p.device, /*need_context=*/plan.paged_tma);
     if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "fa2: cudaSetDevice");
     FLASHATTN_TRY(check_device_tensors(p, t));
     const bool no_queries = p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0 || (p.varlen && p.total_q == 0);
     if (no_queries && !p.serving.appends()) return FLASHATTN_SUCCESS;  // (an append still writes the caches)
 
     fa2::Params k;
+    fa2::PagedTmaMaps maps;  // (set_paged_tma)
     fill_tensor_args(p, t, &k);
     k.pack = plan.variant.pack;
     k.num_splits = plan.num_splits;
@@ -201,6 +273,7 @@ flashattn_status_t fa2_execute(const Problem &p, const BackendPlan &base_plan, c
         k.page_table = t.page_table;
         k.page_table_stride = p.serving.page_table_stride;
         k.page_size = static_cast<int32_t>(p.serving.page_size);
+        if (plan.paged_tma && !no_queries) FLASHATTN_TRY(set_paged_tma(p, &maps, &k));
     }
     if (plan.num_splits > 1) {
         k.o_part = plan.workspace.at<float>(t.workspace, plan.o_part);

@@ -48,7 +48,7 @@ namespace fa2 {
 // 16 bytes (CUDA 13.0), so launch_fwd picks this instantiation only for plans that use them.
 template <class Tr, class E, bool kPaged = false, bool kVariants = false>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
-    fwd_kernel(const __grid_constant__ Params p) {
+    fwd_kernel(const __grid_constant__ Params p, const __grid_constant__ typename PagedTmaMapsFor<kPaged>::type maps) {
     constexpr int kBM = Tr::kBM, kBN = Tr::kBN, kMT = Tr::kMT, kDT = Tr::kDT, kWR = Tr::kWarpRows;
     using QT = typename Tr::QTile;
     using KT = typename Tr::KVTile;
@@ -65,6 +65,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
     // load_first_tiles instead. The split-KV combine may launch now.
     if constexpr (!kLateWait<Tr>) cuda::pdl_wait();
     cuda::pdl_launch_dependents();
+    paged_tma_prefetch<Tr, kPaged>(p, &maps);  // (sm_90 paged decode tiles: the descriptors, early)
 
     const FwdWork work = fwd_work(p);
     const int mblk = work.mblk, hh = work.hh, b = work.b, split = work.split;
@@ -158,6 +159,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
         a.k_h0 = k_h0;
         a.v_f0 = v_f0;
         a.v_h0 = v_h0;
+        a.kvh = kvh;
+        a.kv_tma = paged_tma_on<Tr, kPaged>(p, s_kv);
+        a.maps = &maps;
         // Edge-tile mask input: query position + (sk - sq) of row half h of m16 tile mt.
         auto row_diag = [&](int mt, int h) {
             int qpos, head;

@@ -28,7 +28,12 @@ cudaError_t launch_fwd_kernel(const Params &p, cudaStream_t stream) {
     static unsigned long long optin_done = 0;  // one per instantiation of this function
     cudaError_t e = cuda::ensure_smem_optin(kernel, Tr::kSmemBytes, &optin_done);
     if (e != cudaSuccess) return e;
-    return cuda::launch_kernel(p.launch_pdl != 0, kernel, fwd_grid<Tr>(p), dim3(Tr::kThreads), Tr::kSmemBytes, stream, p);
+    typename PagedTmaMapsFor<kPaged>::type maps{};
+    if constexpr (kPaged) {
+        if (p.tma_maps != nullptr) maps = *p.tma_maps;
+    }
+    return cuda::launch_kernel(p.launch_pdl != 0, kernel, fwd_grid<Tr>(p), dim3(Tr::kThreads), Tr::kSmemBytes, stream, p,
+                               maps);
 }
 
 // A paged K/V cache runs its own instantiation of the same tile: a runtime test per key tile cost

@@ -6,7 +6,8 @@
 // Forward-only: the buffer schemes and cp.async group counts below are this kernel's pipeline.
 // With two K/V buffers (Tr::kStages == 2) K and V of the next tile load into the other buffer
 // while this one is used; with one, V[nb] is waited for and K[nb-1] refilled at the point where
-// every warp is done with K[nb] (wait_v_load_next_k). A backward pass needs its own pipeline (it
+// every warp is done with K[nb] (wait_v_load_next_k). (The sm_90 paged decode's TMA tiles add an
+// mbarrier wait per buffer beside the unchanged cp.async groups: kv_tma_wait.) A backward pass needs its own pipeline (it
 // walks query tiles per key tile) but builds it from the same loaders (fa2_load.cuh), GEMM
 // addressing (fa2_gemm.cuh) and shared softmax/mask steps.
 #pragma once
@@ -17,6 +18,7 @@
 #include "backends/cuda/device/mask.cuh"
 #include "backends/cuda/device/online_softmax.cuh"
 #include "backends/cuda/device/ptx.cuh"
+#include "backends/cuda/device/ptx_sm90.cuh"
 #include "backends/cuda/device/rotary.cuh"
 #include "backends/cuda/fa2/fa2_config.h"
 #include "backends/cuda/fa2/fa2_gemm.cuh"
@@ -42,6 +44,9 @@ struct FwdLoopArgs {
     uint32_t s_q, s_kv;               // shared memory: Q tile; K/V stage s at s_kv + 2*s*kKVBytes
     uint32_t q_f, q_h;                // ldmatrix lane bases of this warp's Q rows (full / half page)
     uint32_t k_f0, k_h0, v_f0, v_h0;  // ... and of the first K and V buffer
+    int kvh;                          // kv head (the paged TMA boxes' coordinate)
+    bool kv_tma;                      // K/V tiles by TMA (paged_tma_on), waited for on mbarriers
+    const void *maps;                 // ... from these PagedTmaMaps (the kernel's parameter)
 };
 
 // The decode tiles (64 query rows, one m16 tile per warp, two K/V buffers: the small
@@ -194,10 +199,139 @@ __device__ __forceinline__ void load_paged_row_runs(const Params &p, uint32_t sb
     }
 }
 
+// ---- sm_90: paged K/V tiles by TMA (Params::kv_tma) ------------------------------------------
+// The decode tiles' cp.async gather issues 16-byte copies (load_paged_row_runs: 8 per thread and
+// tile at head dim 128), and that issue rate held pages of 16 at 0.50-0.59x the contiguous decode.
+// With pages of a multiple of 16 keys every 16-row group of a key tile lies in one page, so the
+// tile is kBN/16 x kD/64 TMA boxes of 16 rows x 64 columns (a rank-4 tensor map {head_dim,
+// page_size, heads_kv, num_pages}, SWIZZLE_128B), issued by one thread. SWIZZLE_128B puts chunk c
+// of a box row at c ^ (smem address bits 7-9), which is SwizzledTile's layout when the tile is
+// 1024-byte aligned (checked per CTA: paged_tma_on), so the GEMMs do not change. Completion is on
+// one mbarrier per buffer (K and V of each stage: 4); the cp.async groups (Q, the staged page
+// entries) stay as they are. Rows past the sequence's keys are not left to chance: the boxes of the
+// last page bring whatever the cache holds there (test_serving poisons it with NaN) and groups past
+// the keys are not issued (stale rows), so the waiting threads zero those rows before the barrier
+// that publishes the tile (kv_tma_wait).
+template <class Tr, bool kPaged>
+constexpr bool kPagedTma = kPaged && kDecodeTile<Tr>;
+
+// The 4 barriers: K of stage 0, V of stage 0, K of stage 1, V of stage 1 (the buffers in shared
+// memory order). Only the kPagedTma kernels reference them.
+__device__ __forceinline__ uint64_t *kv_tma_bars() {
+    __shared__ __align__(8) uint64_t bars[4];
+    return bars;
+}
+__device__ __forceinline__ uint32_t kv_tma_bar(int idx) { return cuda::smem_addr(kv_tma_bars() + idx); }
+
+// Whether this CTA loads K/V by TMA: the host's choice (sm_90 only) and a 1024-byte aligned K/V
+// area (the swizzle follows the absolute address; static shared memory comes before the dynamic).
+template <class Tr, bool kPaged>
+__device__ __forceinline__ bool paged_tma_on(const Params &p, uint32_t s_kv) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (kPagedTma<Tr, kPaged>) return p.kv_tma != 0 && (s_kv & 1023u) == 0;
+#endif
+    (void)p;
+    (void)s_kv;
+    return false;
+}
+
+// The issuing thread fetches both descriptors at the kernel's start, ahead of its first boxes.
+template <class Tr, bool kPaged>
+__device__ __forceinline__ void paged_tma_prefetch(const Params &p, const void *maps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (kPagedTma<Tr, kPaged>) {
+        if (p.kv_tma != 0 && threadIdx.x == Tr::kThreads - 32) {
+            cuda::prefetch_tensormap(&static_cast<const PagedTmaMaps *>(maps)->k);
+            cuda::prefetch_tensormap(&static_cast<const PagedTmaMaps *>(maps)->v);
+        }
+    }
+#endif
+    (void)p;
+    (void)maps;
+}
+
+// Before the first tile's copies (the caller's stage_page_entries_now barrier publishes them).
+__device__ __forceinline__ void kv_tma_init(int tid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (tid == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) cuda::mbar_init(kv_tma_bars() + i, 1);
+        cuda::fence_mbar_init();
+    }
+#else
+    (void)tid;
+#endif
+}
+
+// Issue K or V tile [n0, n0 + kBN) into buffer s (one thread: the last warp's lane 0, a warp
+// that holds no query row at decode's few packed rows). The tile's page entries are in
+// paged_entries (staged as for the gather).
+template <class Tr>
+__device__ __forceinline__ void load_paged_tma(const Params &p, const FwdLoopArgs &a, uint32_t s, int n0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    using Tile = cuda::SwizzledTile<Tr::kBN, Tr::kD>;
+    constexpr int kGroups = Tr::kBN / 16, kHalves = Tr::kD / 64;
+    static_assert(Tr::kD % 64 == 0 && !Tile::kHalfPage, "whole 64-column pages");
+    if (a.tid != Tr::kThreads - 32) return;
+    const int idx = static_cast<int>((s - a.s_kv) / Tr::kKVBytes);
+    const uint32_t bar = kv_tma_bar(idx);
+    const int groups = min(kGroups, (a.sk - n0 + 15) / 16);
+    cuda::mbar_arrive_expect_tx_s(bar, static_cast<uint32_t>(groups * kHalves * 16 * 64 * 2));
+    const PagedTmaMaps *maps = static_cast<const PagedTmaMaps *>(a.maps);
+    const void *map = (idx & 1) ? static_cast<const void *>(&maps->v) : static_cast<const void *>(&maps->k);
+    const int ps = p.page_size;
+    const int first = n0 / ps;
+    const int32_t *entries = paged_entries<Tr>(n0 / Tr::kBN);
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+        if (g < groups) {
+            const int key = n0 + 16 * g;
+            const int pg = key / ps;
+            const int page = entries[pg - first];
+#pragma unroll
+            for (int h = 0; h < kHalves; ++h)
+                cuda::tma_load_4d_s(s + h * Tile::kPageBytes + g * 16 * 128, map, bar, 64 * h, key - pg * ps, a.kvh,
+                                    page);
+        }
+    }
+#else
+    (void)p; (void)a; (void)s; (void)n0;
+#endif
+}
+
+// The walk's it-th tile nb, its K (v = 0) or V (v = 1): wait for the buffer's barrier phase, then
+// zero the rows past the sequence's keys (only a sequence's last tile has any); the caller's
+// __syncthreads publishes them. The zeroing threads fence their generic writes against the TMA
+// that refills the buffer two tiles later.
+template <class Tr, bool kPaged>
+__device__ __forceinline__ void kv_tma_wait(const FwdLoopArgs &a, int nb, int it, int v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (kPagedTma<Tr, kPaged>) {
+        if (!a.kv_tma) return;
+        using Tile = cuda::SwizzledTile<Tr::kBN, Tr::kD>;
+        constexpr int kCPR = Tr::kD / 8;
+        const int idx = 2 * (it & 1) + v;
+        cuda::mbar_wait_s(kv_tma_bar(idx), static_cast<uint32_t>((it >> 1) & 1));
+        const int rows = a.sk - nb * Tr::kBN;
+        if (rows < Tr::kBN) {
+            const uint32_t buf = a.s_kv + static_cast<uint32_t>(idx) * Tr::kKVBytes;
+            for (int i = a.tid; i < (Tr::kBN - rows) * kCPR; i += Tr::kThreads) {
+                const int r = rows + i / kCPR;
+                cuda::st_shared_v4(buf + Tile::offset(r, i % kCPR), make_uint4(0u, 0u, 0u, 0u));
+            }
+            cuda::fence_proxy_async_smem();
+        }
+    }
+#else
+    (void)a; (void)nb; (void)it; (void)v;
+#endif
+}
+
 // cp.async K or V tile [n0, n0 + kBN) of this sequence (g: a.kg or a.vg; page_stride: k_bs or
 // v_bs). Without kPaged it is exactly the contiguous load (a runtime test here, per tile, made
 // ptxas spill in the big-tile kernels); paged pages of whole tiles only move the base pointer,
-// smaller (or unaligned) pages take a row-by-row lookup.
+// smaller (or unaligned) pages take a row-by-row lookup, or on sm_90 in the decode tiles, with
+// pages of a multiple of 16 keys, TMA boxes (load_paged_tma; a.kv_tma).
 // cols: K's head dim a.d, or V's p.head_dim_v (read from the parameters where used, so that it
 // takes no register across the loop); columns past it are zero-filled.
 template <class Tr, bool kPaged, bool kAllRows>
@@ -205,6 +339,12 @@ __device__ __forceinline__ void load_kv_tile(const Params &p, const FwdLoopArgs 
                                              int n0, int64_t rs, int64_t page_stride, int cols) {
     if constexpr (kPaged) {
         if (p.page_size % Tr::kBN != 0) {
+            if constexpr (kPagedTma<Tr, kPaged>) {
+                if (a.kv_tma) {
+                    load_paged_tma<Tr>(p, a, s, n0);
+                    return;
+                }
+            }
             if constexpr (kDecodeTile<Tr> && kPagedRowRuns)
                 load_paged_row_runs<Tr>(p, s, g, n0, rs, page_stride, a.sk, cols, a.tid);
             else
@@ -290,6 +430,9 @@ __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopA
         load_first_q<Tr>(p, a);
     }
     if constexpr (kPaged && kStagedPageEntries<Tr>) {
+        if constexpr (kPagedTma<Tr, kPaged>) {
+            if (a.kv_tma) kv_tma_init(a.tid);  // published by stage_page_entries_now's barrier
+        }
         if (p.page_size % kBN != 0) stage_page_entries_now<Tr>(p, nb_last, a.sk, a.tid);
     }
     load_k_tile<Tr, kPaged, false>(p, a, a.s_kv, n0);
@@ -328,6 +471,7 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
     const uint32_t st_off = Tr::kStages == 2 ? (it & 1) * 2 * Tr::kKVBytes : 0;
     if constexpr (Tr::kStages == 2) {
         cuda::cp_async_wait<1>();  // K[nb] landed (V[nb] may still be in flight)
+        kv_tma_wait<Tr, kPaged>(a, nb, it, 0);
         __syncthreads();           // ... for every thread; the other buffer is free
         const uint32_t nxt = a.s_kv + (((it + 1) & 1) * 2 * Tr::kKVBytes);
         if (has_next_tile<kVariants>(a, nb, next)) {
@@ -414,6 +558,7 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
 
     if constexpr (Tr::kStages == 2) {
         cuda::cp_async_wait<2>();  // V[nb] landed
+        kv_tma_wait<Tr, kPaged>(a, nb, it, 1);
         __syncthreads();
     } else if constexpr (!Tr::kEarlyK) {
         wait_v_load_next_k<Tr, kPaged, kVariants>(p, a, a.s_kv, nb, next);

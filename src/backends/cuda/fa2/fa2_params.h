@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include <cuda.h>  // CUtensorMap (type only)
 #include <cuda_runtime_api.h>
 
 #include "backends/cuda/fa2/fa2_head_dims.h"
@@ -29,6 +30,32 @@ struct Params : TensorArgs {
     const int32_t *page_table = nullptr;
     int64_t page_table_stride = 0;
     int32_t page_size = 0;
+
+    // sm_90, paged decode tiles (kv_tma = 1): K/V tiles arrive by TMA boxes (PagedTmaMaps, the
+    // paged kernels' second parameter; fa2_mainloop.cuh, load_paged_tma) instead of the cp.async
+    // row gather. Set by the host only for pages of a multiple of 16 keys (not of the key tile) at
+    // the compiled head dim. tma_maps: host only, the maps the launcher passes (null: none).
+    // (Last in Params, and the maps outside it: the fields before keep their parameter offsets, so
+    // the other kernels' SASS does not change; a CUtensorMap member would align Params to 64.)
+    int32_t kv_tma = 0;
+    const struct PagedTmaMaps *tma_maps = nullptr;
+};
+
+// The paged K and V caches as TMA tensor maps: rank 4 {head_dim, page_size, heads_kv, num_pages},
+// boxes of 16 rows x 64 columns, SWIZZLE_128B (SwizzledTile's layout). The second parameter of the
+// paged forward kernels (a __grid_constant__ whose address the TMA instructions take); the other
+// kernels get NoPagedTmaMaps (PagedTmaMapsFor).
+struct PagedTmaMaps {
+    CUtensorMap k, v;
+};
+struct NoPagedTmaMaps {};
+template <bool kPaged>
+struct PagedTmaMapsFor {
+    using type = NoPagedTmaMaps;
+};
+template <>
+struct PagedTmaMapsFor<true> {
+    using type = PagedTmaMaps;
 };
 
 // Launchers, one per row of fa2_head_dims.h (generated fa2_fwd_hdimD.cu). `bf16` picks the
