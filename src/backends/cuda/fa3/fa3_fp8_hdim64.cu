@@ -13,12 +13,23 @@
 namespace flashattn {
 namespace fa3 {
 
-int fp8_block_n_hdim64() { return kFp8TileN<FLASHATTN_FP8_HDIM64_TILE>; }
+#if FLASHATTN_FP8_HDIM64_TILE == 128
+// The padded form calls the 128 unit's kernel rather than instantiating a second copy of it here:
+// one kernel template in two units of the library is two modules, and the base variant built that
+// way failed its quick test on the H200 (2026-12-02, every element within tolerance: most likely a
+// launch on the copy whose shared-memory opt-in was never set).
+int fp8_block_n_hdim64() { return fp8_block_n_hdim128(); }
 
 cudaError_t launch_fp8_fwd_hdim64(const Fp8Params &p, const TensorMaps &maps, bool bf16_out, cudaStream_t s) {
-    constexpr int kD = FLASHATTN_FP8_HDIM64_TILE;
-    return bf16_out ? launch_fp8_fwd<kD, cuda::Bf16>(p, maps, s) : launch_fp8_fwd<kD, cuda::Fp16>(p, maps, s);
+    return launch_fp8_fwd_hdim128(p, maps, bf16_out, s);
 }
+#else
+int fp8_block_n_hdim64() { return kFp8TileN<64>; }
+
+cudaError_t launch_fp8_fwd_hdim64(const Fp8Params &p, const TensorMaps &maps, bool bf16_out, cudaStream_t s) {
+    return bf16_out ? launch_fp8_fwd<64, cuda::Bf16>(p, maps, s) : launch_fp8_fwd<64, cuda::Fp16>(p, maps, s);
+}
+#endif
 
 }  // namespace fa3
 }  // namespace flashattn

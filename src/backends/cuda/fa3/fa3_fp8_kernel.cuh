@@ -21,10 +21,10 @@
 //     O and 1/256 the row sums before the shared epilogue.
 // Register split: producer warpgroup kFp8ProducerRegs (24: the TMA thread and the transposers
 // keep only ring counters live across a work tile), consumers the rest of the launch's 168 x 384
-// (240), which the in-warpgroup overlaps need (kFp8PrefetchS at head dims 64 and 128 on 128-key
-// tiles, kFp8OverlapWide at 256 and on wider tiles; -Xptxas -v: 0 spill, no C75xx, every knob
-// setting, 2026-12-02; key tiles kFp8TileN: 128, or 224 / 256 at head dim 64 and 224 at 128
-// compile clean too, 160 and 192 spill 4 bytes, 256 at head dim 128 spills 192 and serializes).
+// (240), which the in-warpgroup overlaps need (kFp8PrefetchS at head dim 128 on 128-key tiles,
+// kFp8OverlapWide at 256 and on the wider tiles of head dim 64; -Xptxas -v: 0 spill, no C75xx,
+// every knob setting, 2026-12-02; key tiles kFp8TileN: 224 / 256 at head dim 64 and 224 at 128
+// compile clean, 160 and 192 spill 4 bytes, 256 at head dim 128 spills 192 and serializes).
 // The two consumer warpgroups ping-pong their GEMM issues (take_turn / pass_turn).
 #pragma once
 
@@ -62,7 +62,7 @@
 #define FLASHATTN_FP8_LAZY_RESCALE true
 #endif
 #ifndef FLASHATTN_FP8_BLOCK_N_64
-#define FLASHATTN_FP8_BLOCK_N_64 128
+#define FLASHATTN_FP8_BLOCK_N_64 224
 #endif
 #ifndef FLASHATTN_FP8_BLOCK_N_128
 #define FLASHATTN_FP8_BLOCK_N_128 128
@@ -98,11 +98,14 @@ constexpr bool kFp8LazyRescale = FLASHATTN_FP8_LAZY_RESCALE;
 // softmax of S_i (two S register sets, one P set), so the tensor cores have a whole tile's GEMMs
 // under each softmax instead of P V alone (without a soft cap; capped plans keep overlapped_tiles).
 constexpr bool kFp8PrefetchS = FLASHATTN_FP8_PREFETCH_S;
-// kFp8TileN<kD>: keys per tile of head dim kD's kernel. FlashAttention-3 runs FP8 head dim 128 on
-// 224 keys (hopper/tile_size.h), to spread each tile's fixed costs (barrier waits, the turns, the
-// row max's shuffles) over more keys; here a tile wider than 128 keys runs the one-P overlapped
-// form (S 96 or 112 registers + O 64 + P 24 or 28 live: two S or two P sets do not fit in 240).
-// The fa3_fp8_hdimD.cu units report it to the host (fp8_block_n_hdimD: the K / V boxes' rows).
+// kFp8TileN<kD>: keys per tile of head dim kD's kernel. FlashAttention-3 runs FP8 head dim 64 on
+// 160 keys and 128 on 224 (hopper/tile_size.h), to spread each tile's fixed costs (barrier waits,
+// the turns, the row max's shuffles, the rescale) over more keys; here a tile wider than 128 keys
+// runs the one-P overlapped form (two S or two P sets of a wide tile do not fit in 240).
+// Measured on the H200 (2026-12-02, stop 20; docs/kernel-notes.md): head dim 64 on 224 keys
+// +4.7 % over 128 (mean of 8 cells), on 256 +9.5 %; head dim 128 on 224 +1.4 %, within drift, so
+// 128 stays there. The fa3_fp8_hdimD.cu units report it to the host (fp8_block_n_hdimD: the K / V
+// boxes' rows).
 template <int kD>
 constexpr int kFp8TileN = kD == 64 ? FLASHATTN_FP8_BLOCK_N_64 : kD == 128 ? FLASHATTN_FP8_BLOCK_N_128 : kFp8BlockN;
 
