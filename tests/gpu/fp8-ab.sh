@@ -18,8 +18,10 @@
 # or hangs is not timed; only "new" goes through the gate, and only if its quick test passed.
 # Order: build, quick tests, one speed round, the gate, then further speed rounds while time is left.
 #
-# Env: BUILD_DIR (default /tmp/fa-fp8), ROUNDS (2), VARIANTS (space-separated NAME:FLAGS, FLAGS
-# comma-separated), BASE_KERNEL (optional), GRID_DIMS (128,256), SPEED_DEADLINE (150: seconds
+# Env: BUILD_DIR (default /tmp/fa-fp8), ROUNDS (2), GATE_EXTRA (variant names that also get the
+# kernel tests and sanitizers, on their own library, beside new's gate), VARIANTS (space-separated NAME:FLAGS, FLAGS
+# comma-separated), BASE_KERNEL (optional; its head dim 64 unit runs the 128 kernel, as before
+# fa3_fp8_hdim64.cu), GRID_DIMS (64,128,256), SPEED_DEADLINE (150: seconds
 # after which no further speed round starts), CALL_LIMIT (225: seconds the whole script may take;
 # the gate gets what the first round left of it, at least 60 s).
 set -uo pipefail
@@ -44,7 +46,8 @@ source "$(dirname "$0")/devdeps-env.sh" && use_devdeps "$PWD"  # cmocka from Deb
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_FA1_ARCHS= -DFLASHATTN_FA2_ARCHS= \
   -DFLASHATTN_FA3_ARCHS=90a-real -DFLASHATTN_BENCH_CUDA_ARCHS=90-real > "$logs/configure.log" 2>&1 ||
   { note "configure failed"; tail -20 "$logs/configure.log"; exit 1; }
-units=(src/CMakeFiles/flashattn_fa3.dir/backends/cuda/fa3/fa3_fp8_hdim128.cu.o
+units=(src/CMakeFiles/flashattn_fa3.dir/backends/cuda/fa3/fa3_fp8_hdim64.cu.o
+       src/CMakeFiles/flashattn_fa3.dir/backends/cuda/fa3/fa3_fp8_hdim128.cu.o
        src/CMakeFiles/flashattn_fa3.dir/backends/cuda/fa3/fa3_fp8_hdim256.cu.o)
 libname=src/libflashattn.so.0.3.0
 link_cmd=$(ninja -C "$build" -t commands "$libname" | grep -- "-o $libname" | tail -1)
@@ -73,7 +76,12 @@ compile_variant() {  # name flags...
 if [ -n "${BASE_KERNEL:-}" ]; then
   mkdir -p /tmp/fp8v-hdr/backends/cuda/fa3
   cp "$BASE_KERNEL" /tmp/fp8v-hdr/backends/cuda/fa3/fa3_fp8_kernel.cuh
-  names+=(base); compile_variant base -I/tmp/fp8v-hdr & vpids+=($!)
+  # A header from before kFp8TileN (the units report it to the host): 128 keys everywhere.
+  grep -q kFp8TileN "$BASE_KERNEL" ||
+    echo 'namespace flashattn { namespace fa3 { template <int kD> constexpr int kFp8TileN = kFp8BlockN; } }' \
+      >> /tmp/fp8v-hdr/backends/cuda/fa3/fa3_fp8_kernel.cuh
+  # (head dims <= 64 ran the head-dim-128 kernel before fa3_fp8_hdim64.cu: the base's unit does so too)
+  names+=(base); compile_variant base -I/tmp/fp8v-hdr -DFLASHATTN_FP8_HDIM64_TILE=128 & vpids+=($!)
 fi
 for v in ${VARIANTS:-}; do
   n=${v%%:*}; f=${v#*:}
@@ -92,8 +100,7 @@ i=0
 for n in "${names[@]}"; do
   if wait "${vpids[$i]}"; then
     lc=$link_cmd
-    lc=${lc/${units[0]}//tmp/fp8v-$n/0.o}
-    lc=${lc/${units[1]}//tmp/fp8v-$n/1.o}
+    for j in "${!units[@]}"; do lc=${lc/${units[$j]}//tmp/fp8v-$n/$j.o}; done
     lc=${lc/-o $libname/-o /tmp/fp8v-lib-$n.so}
     if (cd "$build" && eval "$lc") > "$logs/link-$n.log" 2>&1; then
       all+=("$n")
@@ -104,14 +111,23 @@ for n in "${names[@]}"; do
 done
 
 use_lib() { cp "/tmp/fp8v-lib-$1.so" "$lib"; }
-ok=()
+# Each variant's library also as libflashattn.so.0 in a directory of its own: with it first in
+# LD_LIBRARY_PATH (which beats the tests' RUNPATH) tests of several variants run at once.
+for n in "${all[@]}"; do mkdir -p "/tmp/fp8v-ld-$n" && cp "/tmp/fp8v-lib-$n.so" "/tmp/fp8v-ld-$n/libflashattn.so.0"; done
+on_lib() { local n=$1; shift; LD_LIBRARY_PATH=/tmp/fp8v-ld-$n${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$@"; }
+ok=() qpids=()
+for n in "${all[@]}"; do  # the quick tests of all variants at once
+  FLASHATTN_TEST_FP8_QUICK=1 on_lib "$n" timeout 40 "$build/tests/test_fp8_fa3" > "$logs/quick-$n.log" 2>&1 &
+  qpids+=($!)
+done
+i=0
 for n in "${all[@]}"; do
-  use_lib "$n"
-  FLASHATTN_TEST_FP8_QUICK=1 timeout 25 "$build/tests/test_fp8_fa3" > "$logs/quick-$n.log" 2>&1  # (main: quick run + grid 16 s)
-  rc=$?
+  wait "${qpids[$i]}"; rc=$?
   note "quick $n rc=$rc: $(grep -E 'largest' "$logs/quick-$n.log" | paste -sd ' ' | cut -c1-160)"
   [ $rc = 0 ] && ok+=("$n")
+  i=$((i + 1))
 done
+note "quick tests done ($(stamp))"
 
 acc="$build/bench/flashattn-fp8-accuracy"
 summarize() {  # the medians so far into speed.md (after every round: the call may be cut short)
@@ -144,7 +160,7 @@ speed_round() {
   local n
   for n in "${ok[@]}"; do
     use_lib "$n"
-    timeout 60 "$acc" --speed-grid "${GRID_DIMS:-128,256}" > "$out/grid-$n-$1.md" 2>&1
+    timeout 60 "$acc" --speed-grid "${GRID_DIMS:-64,128,256}" > "$out/grid-$n-$1.md" 2>&1
   done
   note "speed round $1 done ($(stamp))"
   summarize
@@ -159,7 +175,27 @@ if [[ " ${ok[*]} " == *" new "* ]]; then
   [ $left -lt 60 ] && left=60
   note "gate limit ${left}s"
   fp8_gate_start "" "$left"
+  # GATE_EXTRA variants (their quick test passed): test_fp8_fa3 in full and on 3 CTAs, and the
+  # three sanitizers on the reduced grid, each on the variant's own library, beside new's gate.
+  xjobs=() xpids=()
+  for n in ${GATE_EXTRA:-}; do
+    [[ " ${ok[*]} " == *" $n "* ]] || { note "gate $n skipped: quick test failed"; continue; }
+    on_lib "$n" timeout "$left" "$build/tests/test_fp8_fa3" > "$logs/gate-$n-full.log" 2>&1 &
+    xjobs+=("$n full"); xpids+=($!)
+    FLASHATTN_FA3_MAX_CTAS=3 on_lib "$n" timeout "$left" "$build/tests/test_fp8_fa3" > "$logs/gate-$n-ctas3.log" 2>&1 &
+    xjobs+=("$n ctas3"); xpids+=($!)
+    for tool in memcheck racecheck synccheck; do
+      FLASHATTN_TEST_FP8_QUICK=1 FLASHATTN_FA3_MAX_CTAS=3 on_lib "$n" timeout "$left" compute-sanitizer --tool $tool \
+        --error-exitcode 99 "$build/tests/test_fp8_fa3" > "$logs/gate-$n-$tool.log" 2>&1 &
+      xjobs+=("$n $tool"); xpids+=($!)
+    done
+  done
   fp8_gate_wait
+  for i in "${!xpids[@]}"; do
+    wait "${xpids[$i]}"; rc=$?
+    set -- ${xjobs[$i]}
+    note "gate $1 $2 rc=$rc: $(grep -hE 'cases checked|largest|ERROR SUMMARY|RACECHECK SUMMARY' "$logs/gate-$1-$2.log" | tail -2 | paste -sd ' ' | cut -c1-200) ($(stamp))"
+  done
 else
   note "gate skipped: new failed its quick test"
 fi

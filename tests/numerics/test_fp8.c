@@ -458,8 +458,8 @@ static void run_grid(void) {
         {2, 40, 40, 2, 2, 8, 0, 0, -1, -1, 0, 0, 0, 0, bf, 1},
         {2, 40, 50, 4, 2, 64, 32, 0, -1, -1, 0, 0, 0, 1, bf, 1},  /* head_dim_v != head_dim */
     };
-    /* The FA3 FP8 kernel's own cases (also valid on the CPU): head dims 128 and 256 (and 64, 80,
-     * 192 padded to them), several 128-key tiles with ragged ends, several 128-row query tiles,
+    /* The FA3 FP8 kernel's own cases (also valid on the CPU): head dims 64, 128 and 256 (and 48,
+     * 80, 192 padded to them), several 128-key tiles with ragged ends, several 128-row query tiles,
      * sq != sk both ways, GQA/MQA, causal and windows (masked edge tiles, skipped tiles, rows
      * with no key), soft cap, varlen, strided, per-tensor and padded descales, fp16 output. */
     const fcase kernel_cases[] = {
@@ -474,13 +474,18 @@ static void run_grid(void) {
         {3, 190, 260, 4, 4, 192, 192, 0, 64, -1, 0, 1, 1, 0, hf, 1},  /* varlen, strided, window, hdim 192 */
         {1, 1, 1000, 8, 1, 80, 80, 0, -1, -1, 0, 0, 0, 1, bf, 1},     /* one query, MQA */
         {2, 200, 300, 4, 2, 256, 256, 0, -1, -1, 20.0, 0, 0, 1, bf, 1}, /* soft cap at 256: its own mainloop form */
+        /* Head dim 64's own kernel (and 48 padded to it): several key and query tiles. */
+        {2, 300, 517, 4, 2, 64, 64, 1, -1, -1, 0, 0, 1, 2, hf, 1},    /* causal, strided, padded descales */
+        {3, 260, 190, 6, 3, 48, 48, 0, 90, 40, 0, 1, 0, 1, bf, 1},    /* varlen, window, sq > sk, GQA */
+        {1, 400, 650, 4, 1, 64, 64, 0, -1, -1, 0, 0, 0, 0, bf, 0},    /* MQA, per-tensor descales, no LSE */
+        {2, 517, 300, 2, 2, 64, 64, 1, -1, -1, 0, 0, 0, 1, bf, 1},    /* causal, sq > sk */
     };
     const int quick = getenv("FLASHATTN_TEST_FP8_QUICK") != NULL;  /* the sanitizers' reduced grid */
     size_t k;
     for (k = 0; k < sizeof cases / sizeof cases[0]; ++k)
         if (!quick || k < 4) run_case(&cases[k], 0x5eed0000u + k);
     for (k = 0; k < sizeof kernel_cases / sizeof kernel_cases[0]; ++k)
-        if (!quick || k == 1 || k == 3 || k == 9) run_case(&kernel_cases[k], 0x5eed1000u + k);
+        if (!quick || k == 1 || k == 3 || k == 9 || k == 10) run_case(&kernel_cases[k], 0x5eed1000u + k);
 }
 
 /* ---- Bad arguments ----------------------------------------------------------------------------------- */

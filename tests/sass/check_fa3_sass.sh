@@ -43,6 +43,15 @@ if [ -n "${3:-}" ]; then
     fi
   done
 fi
+# The FP8 forward's compiled head dims (fp8_compiled_head_dim, fa3_fp8_params.h): O in bf16 and
+# fp16 for each, so that a head dim that falls back to a wider kernel is noticed.
+for d in 64 128 256; do
+  n=$(grep -cE "fa314fp8_fwd_kernelINS0_9Fp8TraitsILi${d}E" <<<"$report" || true)
+  if [ "$n" != 2 ]; then
+    echo "expected 2 fa3 FP8 forward kernels of head dim $d, found $n" >&2
+    exit 1
+  fi
+done
 echo "$report"
 bad=$(awk '$2 != "arch=sm_90a" || $3 == "hgmma=0" || $4 != "local=0"' <<<"$report")
 if [ -n "$bad" ]; then

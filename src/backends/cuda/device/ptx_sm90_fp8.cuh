@@ -128,9 +128,13 @@ __device__ __forceinline__ void wgmma_rs_e4m3(float (&d)[N / 2], const uint32_t 
         FLASHATTN_SM90A_TRAP();                                                                         \
     }
 #endif
-// Key tiles of S = Q K^T and the head dims of O += P V.
+// Key tiles of S = Q K^T (128, and 160 / 192 / 224 for the wider tiles, kFp8TileN) and the head
+// dims of O += P V.
 FLASHATTN_WGMMA_E4M3(64)
 FLASHATTN_WGMMA_E4M3(128)
+FLASHATTN_WGMMA_E4M3(160)
+FLASHATTN_WGMMA_E4M3(192)
+FLASHATTN_WGMMA_E4M3(224)
 FLASHATTN_WGMMA_E4M3(256)
 #undef FLASHATTN_WGMMA_E4M3
 

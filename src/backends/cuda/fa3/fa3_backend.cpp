@@ -224,8 +224,9 @@ flashattn_status_t fa3_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     auto plan = std::make_unique<Fa3Plan>();
     if (p.fp8()) {  // the E4M3 kernel (fa3_fp8_kernel.cuh)
         const int kd = fa3::fp8_compiled_head_dim(static_cast<int>(p.head_dim));
-        plan->cfg = fa3::TileConfig{kd, fa3::kFp8BlockN};
-        plan->launch_fp8 = kd == 128 ? fa3::launch_fp8_fwd_hdim128 : fa3::launch_fp8_fwd_hdim256;
+        plan->launch_fp8 = kd == 64 ? fa3::launch_fp8_fwd_hdim64 : kd == 128 ? fa3::launch_fp8_fwd_hdim128 : fa3::launch_fp8_fwd_hdim256;
+        const int block_n = kd == 64 ? fa3::fp8_block_n_hdim64() : kd == 128 ? fa3::fp8_block_n_hdim128() : fa3::fp8_block_n_hdim256();
+        plan->cfg = fa3::TileConfig{kd, block_n};  // (block_n: the K / V boxes' rows)
         plan->num_ctas = std::max(1, std::min(dev.sm_count, test_cta_limit()));
         plan->section = causal_section(p, dev.l2_bytes, plan->num_ctas);
         *out = std::move(plan);

@@ -4,6 +4,8 @@
 namespace flashattn {
 namespace fa3 {
 
+int fp8_block_n_hdim256() { return kFp8TileN<256>; }
+
 cudaError_t launch_fp8_fwd_hdim256(const Fp8Params &p, const TensorMaps &maps, bool bf16_out, cudaStream_t s) {
     return bf16_out ? launch_fp8_fwd<256, cuda::Bf16>(p, maps, s) : launch_fp8_fwd<256, cuda::Fp16>(p, maps, s);
 }

@@ -21,8 +21,10 @@
 //     O and 1/256 the row sums before the shared epilogue.
 // Register split: producer warpgroup kFp8ProducerRegs (24: the TMA thread and the transposers
 // keep only ring counters live across a work tile), consumers the rest of the launch's 168 x 384
-// (240), which the in-warpgroup overlaps need (kFp8PrefetchS at head dim 128, kFp8OverlapWide at
-// 256; -Xptxas -v: 0 spill, no C75xx, every knob setting, 2026-12-02).
+// (240), which the in-warpgroup overlaps need (kFp8PrefetchS at head dim 128 on 128-key tiles,
+// kFp8OverlapWide at 256 and on the wider tiles of head dim 64; -Xptxas -v: 0 spill, no C75xx,
+// every knob setting, 2026-12-02; key tiles kFp8TileN: 224 / 256 at head dim 64 and 224 at 128
+// compile clean, 160 and 192 spill 4 bytes, 256 at head dim 128 spills 192 and serializes).
 // The two consumer warpgroups ping-pong their GEMM issues (take_turn / pass_turn).
 #pragma once
 
@@ -59,6 +61,12 @@
 #ifndef FLASHATTN_FP8_LAZY_RESCALE
 #define FLASHATTN_FP8_LAZY_RESCALE true
 #endif
+#ifndef FLASHATTN_FP8_BLOCK_N_64
+#define FLASHATTN_FP8_BLOCK_N_64 256
+#endif
+#ifndef FLASHATTN_FP8_BLOCK_N_128
+#define FLASHATTN_FP8_BLOCK_N_128 128
+#endif
 
 namespace flashattn {
 namespace fa3 {
@@ -90,6 +98,16 @@ constexpr bool kFp8LazyRescale = FLASHATTN_FP8_LAZY_RESCALE;
 // softmax of S_i (two S register sets, one P set), so the tensor cores have a whole tile's GEMMs
 // under each softmax instead of P V alone (without a soft cap; capped plans keep overlapped_tiles).
 constexpr bool kFp8PrefetchS = FLASHATTN_FP8_PREFETCH_S;
+// kFp8TileN<kD>: keys per tile of head dim kD's kernel. FlashAttention-3 runs FP8 head dim 64 on
+// 160 keys and 128 on 224 (hopper/tile_size.h), to spread each tile's fixed costs (barrier waits,
+// the turns, the row max's shuffles, the rescale) over more keys; here a tile wider than 128 keys
+// runs the one-P overlapped form (two S or two P sets of a wide tile do not fit in 240).
+// Measured on the H200 (2026-12-02, stop 20; docs/kernel-notes.md): head dim 64 on 224 keys
+// +4.7 % over 128 (mean of 8 cells), on 256 +9.5 %; head dim 128 on 224 +1.4 %, within drift, so
+// 128 stays there. The fa3_fp8_hdimD.cu units report it to the host (fp8_block_n_hdimD: the K / V
+// boxes' rows).
+template <int kD>
+constexpr int kFp8TileN = kD == 64 ? FLASHATTN_FP8_BLOCK_N_64 : kD == 128 ? FLASHATTN_FP8_BLOCK_N_128 : kFp8BlockN;
 
 // Ping-pong of the two consumer warpgroups (as FlashAttention-3): each wgmma issue point (S, P V,
 // or both) is a turn; warpgroup w takes its turn on named barrier 1 + w and passes it to the other
@@ -108,19 +126,28 @@ __device__ __forceinline__ void pass_turn(int w) {
 }
 
 // The shared-memory layout of the FP8 kernel, with the names produce() and store_output() read.
-// Q and K pages are 128 E4M3 columns (128 bytes) of 128 rows; V has a staging ring (TMA target,
-// the K layout) and a transposed ring (kD rows of kBN = 128 keys: one 128-byte row each).
-template <int kD_>
+// Q and K pages are 128 E4M3 columns (128 bytes) of 128 (Q) or kBN (K) rows; V has a staging ring
+// (TMA target, the K layout) and a transposed ring: kD rows of 128 keys (one 128-byte swizzled
+// row each) per Vt page, kBN / 128 pages rounded up (a last page of 64 or 96 keys uses the first
+// bytes of its rows: the GEMM's k32 steps read 32 bytes at a time from the row start).
+// Head dim 64 keeps the 128-byte pages (the TMA box's columns 64..127 are past the tensor's head
+// dim: zeros, no memory traffic) and reads only its first 64 columns: S in kD / 32 = 2 k32 steps,
+// O += P V 64 wide from 64 transposed rows, so the descriptors and the transposer's swizzle are
+// the head-dim-128 ones (a 64-byte swizzle would only save shared memory, which one CTA per SM
+// does not need).
+template <int kD_, int kBN_ = kFp8TileN<kD_>>
 struct Fp8Traits {
     static constexpr int kD = kD_;
-    static constexpr int kBN = kFp8BlockN;
+    static constexpr int kBN = kBN_;
     static constexpr int kPageCols = 128;
-    static constexpr int kPages = kD / 128;
+    static constexpr int kPages = (kD + 127) / 128;
     static constexpr int kQPage = kBlockM * 128;
     static constexpr int kKVPage = kBN * 128;
     static constexpr int kQBytes = kPages * kQPage;
     static constexpr int kKVBytes = kPages * kKVPage;  // a K tile or a staged V tile
-    static constexpr int kVtBytes = kD * kBN;          // a transposed V tile
+    static constexpr int kVtPage = kD * 128;           // 128 keys of a transposed V tile
+    static constexpr int kVtPages = (kBN + 127) / 128;
+    static constexpr int kVtBytes = kVtPages * kVtPage;  // a transposed V tile
     static constexpr int kKOffset = kQBytes;
     static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
     static constexpr int kVtOffset = kVOffset + kStages * kKVBytes;
@@ -128,8 +155,8 @@ struct Fp8Traits {
     static constexpr int kSmemBytes = kBarOffset + 2048;  // 1 KB barriers (padded), 1 KB alignment slack
     static constexpr int kNT = kBN / 8;      // n8 tiles of S
     static constexpr int kKSteps = kBN / 32;  // k32 steps of P V (A fragments of P)
-    static_assert(kD % 128 == 0 && kD <= 256, "FP8 tiles are 128 or 256 columns");
-    static_assert(kBN == 128, "the transposed V row is one 128-byte swizzle row");
+    static_assert(kD == 64 || (kD % 128 == 0 && kD <= 256), "FP8 tiles are 64, 128 or 256 columns");
+    static_assert(kBN % 32 == 0 && kBN >= 128 && kBN <= 256, "keys per tile: k32 steps, at most a TMA box's 256 rows");
     static_assert(kSmemBytes <= kMaxSmemBytes, "FP8 tile does not fit in shared memory");
 };
 
@@ -200,10 +227,11 @@ __device__ __forceinline__ TransposeLane<Tr> transpose_lane(uint32_t src, uint32
 
 template <class Tr, int kWarp>
 __device__ __forceinline__ void transpose_v_tile(const TransposeLane<Tr> &l) {
-    constexpr int kUnits = (Tr::kBN / 16) * (Tr::kD / 32);
+    constexpr int kKeyGroups = Tr::kBN / 16;
+    constexpr int kUnits = kKeyGroups * (Tr::kD / 32);
 #pragma unroll
     for (int u = kWarp; u < kUnits; u += kTransposeWarps) {
-        const int kg = u & 7, cg = u >> 3;
+        const int kg = u % kKeyGroups, cg = u / kKeyGroups;  // (compile-time: the loop unrolls)
         const uint32_t s_addr = (l.src ^ static_cast<uint32_t>((cg & 3) << 5)) +
                                 static_cast<uint32_t>((cg >> 2) * Tr::kKVPage + kg * 16 * 128);
         uint32_t r[4];
@@ -213,7 +241,9 @@ __device__ __forceinline__ void transpose_v_tile(const TransposeLane<Tr> &l) {
         w[1] = __byte_perm(r[0], r[1], l.sel_b);
         w[2] = __byte_perm(r[2], r[3], l.sel_a);
         w[3] = __byte_perm(r[2], r[3], l.sel_b);
-        const uint32_t d_addr = (l.dst ^ static_cast<uint32_t>(kg << 4)) + static_cast<uint32_t>(cg * 32 * 128);
+        // 16-key group kg: chunk kg % 8 of a row of Vt page kg / 8.
+        const uint32_t d_addr = (l.dst ^ static_cast<uint32_t>((kg & 7) << 4)) +
+                                static_cast<uint32_t>(cg * 32 * 128 + (kg >> 3) * Tr::kVtPage);
         cuda::stmatrix_x4(w, d_addr);
     }
 }
@@ -380,7 +410,8 @@ __device__ __forceinline__ void issue_pv_fp8(float (&O)[Tr::kD / 2], const uint3
     cuda::fence_operands(O);
     cuda::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < Tr::kKSteps; ++kk) cuda::wgmma_rs_e4m3<Tr::kD>(O, P[kk], dvs + static_cast<uint64_t>(2 * kk), 1);
+    for (int kk = 0; kk < Tr::kKSteps; ++kk)  // 32 keys: bytes 32 (kk % 4) of the rows of Vt page kk / 4
+        cuda::wgmma_rs_e4m3<Tr::kD>(O, P[kk], dvs + static_cast<uint64_t>(2 * (kk & 3) + ((kk >> 2) * Tr::kVtPage >> 4)), 1);
     cuda::wgmma_commit();
 }
 
@@ -468,8 +499,9 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
     // still overlap each other.
     // With kFp8OverlapWide head dim 256 overlaps too (without a soft cap), on one P set
     // (overlapped_tiles_one_p).
-    constexpr bool kOverlap = kD <= 128;
-    constexpr bool kOverlapOneP = kD > 128 && kFp8OverlapWide;
+    // A tile wider than 128 keys (kFp8TileN) takes the one-P form too (S 96+ registers).
+    constexpr bool kOverlap = kD <= 128 && kBN == 128;
+    constexpr bool kOverlapOneP = !kOverlap && kFp8OverlapWide;
     const uint32_t s_base = cuda::smem_addr(smem);
     const uint64_t dq = cuda::make_desc_sw128(s_base + 64 * w * 128);
     const uint64_t dk = cuda::make_desc_sw128(s_base + Tr::kKOffset);

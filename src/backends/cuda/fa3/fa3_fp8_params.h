@@ -1,5 +1,5 @@
 // FA3 FP8 (E4M3) forward (issue 17): its kernel parameters and launchers, shared by the host
-// (fa3_backend.cpp) and the kernel units (fa3_fp8_hdim128.cu, fa3_fp8_hdim256.cu).
+// (fa3_backend.cpp) and the kernel units (fa3_fp8_hdim64.cu, fa3_fp8_hdim128.cu, fa3_fp8_hdim256.cu).
 #pragma once
 
 #include <cstdint>
@@ -20,14 +20,20 @@ struct Fp8Params : Params {
     int64_t descale_hs = 0;
 };
 
-// Compiled head dims: 128 (one 128-byte swizzle page of E4M3 per row) and 256 (two); a smaller
-// head dim runs on 128, the columns past it loaded as zeros by TMA and never stored. Keys per
-// tile: 128 (the transposed V tile is one 128-byte row per head-dim column).
+// Compiled head dims: 64 (its rows padded to one 128-byte swizzle page: the GEMMs read the first
+// 64 columns only), 128 (one page of E4M3 per row) and 256 (two); a head dim between runs on the
+// next one up, the columns past it loaded as zeros by TMA and never stored. Keys per tile:
+// kFp8BlockN (the transposed V tile is one 128-byte row per head-dim column), or what the unit's
+// fp8_block_n_hdimD reports (kFp8TileN, fa3_fp8_kernel.cuh): the rows of the K and V boxes.
 constexpr int kFp8BlockN = 128;
-constexpr int fp8_compiled_head_dim(int head_dim) { return head_dim <= 128 ? 128 : 256; }
+constexpr int fp8_compiled_head_dim(int head_dim) { return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256; }
 
 // `bf16_out`: O in bf16, else fp16.
 using LaunchFp8Fwd = cudaError_t (*)(const Fp8Params &p, const TensorMaps &maps, bool bf16_out, cudaStream_t s);
+int fp8_block_n_hdim64();
+int fp8_block_n_hdim128();
+int fp8_block_n_hdim256();
+cudaError_t launch_fp8_fwd_hdim64(const Fp8Params &p, const TensorMaps &maps, bool bf16_out, cudaStream_t s);
 cudaError_t launch_fp8_fwd_hdim128(const Fp8Params &p, const TensorMaps &maps, bool bf16_out, cudaStream_t s);
 cudaError_t launch_fp8_fwd_hdim256(const Fp8Params &p, const TensorMaps &maps, bool bf16_out, cudaStream_t s);
 
