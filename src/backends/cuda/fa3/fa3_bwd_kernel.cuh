@@ -3,15 +3,17 @@
 //
 // One CTA per (key block of kBwdBN = 128 keys, kv head, sequence), heads and sequences fastest in
 // one grid dimension (as the FA2 backward: the first wave holds every head's first key blocks, and
-// in deterministic mode a key block's predecessor in the dQ order is always an earlier CTA). Two
-// warpgroups; warpgroup w owns keys n0 + 64w .. n0 + 64w + 63 and keeps their dK and dV in
-// registers. K and V arrive once by TMA. The CTA then walks every query block of kBwdBM = 64 rows
-// of every query head of the kv head's GQA group that sees any of its keys, in a fixed order; Q
-// and dO of the step kStages - 1 ahead load by TMA (thread 0) into a ring of kStages
-// buffers ("full" / "empty" mbarriers), and each warpgroup cp.asyncs its own copy of that step's
-// LSE and row_dot, so the two warpgroups only meet at the ring: they drift apart and one's GEMMs
-// run under the other's elementwise work. Per step and warpgroup (transposed, so that the
-// probabilities come out of the accumulator already in the A-fragment layout of the next GEMMs):
+// in deterministic mode a key block's predecessor in the dQ order is always an earlier CTA). Three
+// warpgroups, as FlashAttention-3's backward: warpgroup 0 produces with few registers (setmaxnreg:
+// warp 0's thread 0 issues the TMA loads, warp 1 is the dQ writer), consumer warpgroup w = 0, 1
+// owns keys n0 + 64w .. n0 + 64w + 63 and keeps their dK and dV in registers. K and V arrive once
+// by TMA. The CTA then walks every query block of kBwdBM = 64 rows of every query head of the kv
+// head's GQA group that sees any of its keys, in a fixed order; Q and dO load by TMA into a ring
+// of kStages buffers ("full" / "empty" mbarriers), and each consumer warpgroup cp.asyncs its own
+// copy of the step's LSE and row_dot kStages - 1 steps ahead, so the two consumers only meet at
+// the ring: they drift apart and one's GEMMs run under the other's elementwise work. Per step and
+// consumer warpgroup (transposed, so that the probabilities come out of the accumulator already in
+// the A-fragment layout of the next GEMMs):
 //   S^T  = K_w Q^T and dP^T = V_w dO^T        wgmma, both operands K-major in shared memory
 //   P^T  = exp2(S'^T * score_log2 - LSE * log2 e) with S' the soft-capped score (tanh) when a
 //          cap is set; 0 where device/mask.cuh's rule hides the key, for rows past the sequence
@@ -21,21 +23,19 @@
 //                                              MN-major in shared memory
 //   dQ  += dS K_w                              dS^T through shared memory (16-bit), wgmma with
 //                                              both operands MN-major, 64 columns at a time,
-//                                              into an fp32 tile in shared memory that one bulk
-//                                              reduction (cp.reduce.async.bulk .add.f32) adds
-//                                              to the accumulator (the query block's rows are
-//                                              contiguous there); at head dim 64 vector
-//                                              reductions from registers instead
+//                                              into the warpgroup's fp32 slot in shared memory
+//                                              (dq_full / dq_empty mbarriers); the writer warp
+//                                              adds it to the accumulator with one bulk
+//                                              reduction (cp.reduce.async.bulk .add.f32: the
+//                                              query block's rows are contiguous there); default
+//                                              mode at head dim 64: vector reductions from the
+//                                              consumer's registers instead
 // At the end dK * scale and dV are stored (zeros for keys no query sees). The dQ scale is the
 // convert kernel's (device/bwd_prep.cuh). GQA needs no dK/dV reduction across CTAs: the CTA walks
-// its whole query-head group. Deterministic mode: the 64-key halves that add to one query block's
-// dQ take turns in ascending key order (a counter per (query head, query block), as FA2's); a
-// warpgroup waits for its turn only once its dQ tile is computed, issues its adds, and releases
-// the turn during its next step's S/dP GEMMs; warpgroup 1 (the follower) refills the ring.
-//
-// No producer warp yet: both warpgroups compute and thread 0 also issues the TMA loads (waiting,
-// before its own step, for both warpgroups to have released the buffer it refills). The
-// forward's producer warpgroup and register split are the next step.
+// its whole query-head group. Deterministic mode: the key blocks that add to one query block's dQ
+// take turns in ascending key order (a counter per (query head, query block), as FA2's); the
+// writer warp sums the two consumers' slots, waits for the turn, reduces the sum and releases the
+// turn once the reduction has completed. No consumer ever waits on L2.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +47,7 @@
 #include "backends/cuda/device/ptx.cuh"
 #include "backends/cuda/device/ptx_sm90.cuh"
 #include "backends/cuda/fa3/fa3_bwd_params.h"
+#include "backends/cuda/fa3/fa3_config.h"  // setmaxnreg_split_fits
 #include "backends/cuda/fa3/fa3_mainloop.cuh"  // k_step
 #include "backends/cuda/host/smem_optin.h"
 
@@ -101,12 +102,7 @@ __device__ __forceinline__ void warpgroup_sync(int wg) {
 __device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
-// ... and back, and four at a time (16-byte aligned): deterministic mode's dQ hand-over.
-__device__ __forceinline__ float2 ld_shared_v2_f32(uint32_t addr) {
-    float2 v;
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
-    return v;
-}
+// Four at a time (16-byte aligned), and back: the deterministic mode's sum of the two dQ slots.
 __device__ __forceinline__ void st_shared_v4_f32(uint32_t addr, float x, float y, float z, float w) {
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
 }
@@ -167,11 +163,11 @@ struct BwdBarriers {
     uint64_t kv_full;                 // K and V landed (one phase: loaded once per CTA)
     uint64_t qdo_full[kBwdMaxStages];   // Q and dO of the buffer's step landed
     uint64_t qdo_empty[kBwdMaxStages];  // every consumer warp (8) is done with the buffer's Q and dO
-    // Deterministic mode's hand-over of warpgroup 0's dQ to warpgroup 1 (accumulate_dq_*), one
-    // phase per step: every thread of warpgroup 0 has stored its part of the step's tile ...
-    uint64_t dq_ready;
-    // ... and every thread of warpgroup 1 has read it (warpgroup 0 may overwrite it).
-    uint64_t dq_read;
+    // The dQ writer's slots, one phase per step: every thread of consumer warpgroup w has stored
+    // its dQ tile in slot w ...
+    uint64_t dq_full[2];
+    // ... and every lane of the writer warp is done with it (its bulk reduction has read it).
+    uint64_t dq_empty[2];
 };
 
 template <int kD_>
@@ -189,17 +185,12 @@ struct BwdTraits {
     static constexpr int kKOff = 0;
     static constexpr int kVOff = kKBytes;
     static constexpr int kQOff = 2 * kKBytes;  // buffer s: Q at kQOff + s * 2 * kQBytes, dO after it
-    static constexpr int kDQBytes = kBulkDQ ? kBwdBM * kD * 4 : 0;  // one warpgroup's fp32 dQ tile (rows of head_dim floats)
+    static constexpr int kDQBytes = kBwdBM * kD * 4;  // one warpgroup's fp32 dQ slot (rows of head_dim floats)
     static constexpr int kDSOff = kQOff + kStages * 2 * kQBytes;
     static constexpr int kDQOff = kDSOff + 2 * kDSBytes;
     static constexpr int kRowsOff = kDQOff + 2 * kDQBytes;
     static constexpr int kBarOff = kRowsOff + kStages * 2 * kRowsBytes;  // stage s, warpgroup w: s * 2 + w
     static constexpr int kSmemBytes = bwd_smem_bytes(kD);
-    // Deterministic mode, red path (head dim 64): warpgroup 0's fp32 dQ accumulators for warpgroup
-    // 1, past the layout (where the 1 KB of alignment slack starts: the launch adds kPairBytes to
-    // the dynamic shared memory in that mode only). The bulk path hands over its dQ tile instead.
-    static constexpr int kPairOff = kSmemBytes - 1024;
-    static constexpr int kPairBytes = kBulkDQ ? 0 : kBwdBM * kD * 4;
     static constexpr int kNT = kBwdBM / 8;   // n8 tiles of S^T per thread row
     static constexpr int kKF = kBwdBM / 16;  // k16 fragments of P^T
     static_assert(kD % 64 == 0 && kBwdBM == 64, "one 64-column page holds dS^T of a step");
@@ -231,7 +222,7 @@ __device__ __forceinline__ int ring_buf(int s) { return s % Tr::kStages; }
 template <class Tr>
 __device__ __forceinline__ uint32_t ring_phase(int s) { return static_cast<uint32_t>((s / Tr::kStages) & 1); }
 
-// TMA of Q and dO of step `st` into buffer `buf` (thread 0 only).
+// TMA of Q and dO of step `st` into buffer `buf` (the producer's thread 0 only).
 template <class Tr>
 __device__ __forceinline__ void load_q_do(const BwdParams &p, const CUtensorMap *tm_q, const CUtensorMap *tm_do,
                                           const BwdBlock &a, BwdStep st, int buf) {
@@ -370,10 +361,8 @@ __device__ __forceinline__ void issue_dkv(float (&dK)[Tr::kD / 2], float (&dV)[T
 // Deterministic mode: the counter of the step's (query head, query block) and the number of
 // key blocks that add to its dQ before this one. The key blocks that see a query block are
 // contiguous from the one holding key m0 + off - left (mask.cuh's rule for its first row); each
-// adds in one turn, warpgroup 1 adding both warpgroups' dQ (warpgroup 0 hands its part over in
-// shared memory: dq_ready / dq_read), so warpgroup 0 never waits for a turn and each CTA makes
-// one reduction per step instead of two (0.70-0.76x of the default mode -> docs/performance.md,
-// 2026-12-02).
+// adds in one turn: the dQ writer warp sums the two consumer warpgroups' tiles and reduces the sum
+// inside the turn, so each CTA makes one reduction per step and no consumer waits for a turn.
 struct BwdTurn {
     int *sem;
     int before;
@@ -385,49 +374,21 @@ __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a
     return BwdTurn{sem, a.nb - nb_first};
 }
 
-// Deterministic mode: the end of the key block's turn for step s (thread 0 of warpgroup 1). The
-// warpgroup adds the dQ in its turn without waiting for the adds to land, and releases the turn
-// one step later, once the next step's dK/dV GEMMs are issued (so the reduction's latency, the
-// fences and the atomic stay off its critical path; released after the S/dP issue instead, it
-// ran 1-3 % slower at head dim 128). Red path: the caller has passed a warpgroup barrier
-// after every thread's reductions (bar.sync orders them before this thread's gpu-scope fence, as
-// a grid barrier does); bulk path: this thread issued the reduction and waits for it here.
-template <class Tr>
-__device__ __forceinline__ void release_turn(const BwdParams &p, const BwdBlock &a, int s) {
-    if (threadIdx.x != 128) return;  // thread 0 of warpgroup 1, which takes the turns
-    if constexpr (Tr::kBulkDQ) {
-        bulk_wait_all();
-        fence_proxy_async_global();
-    }
-    __threadfence();  // the adds land before the counter moves
-    atomicAdd(turn_of(p, a, bwd_step(p, a, s)).sem, 1);
+// Whether a CTA's dQ goes through the writer warp: the bulk path, and every deterministic kernel
+// (whose one ordered reduction per step the writer makes; the consumers never wait for a turn).
+template <class Tr, bool kDet>
+constexpr bool uses_dq_writer() {
+    return Tr::kBulkDQ || kDet;
 }
 
-// Deterministic mode's hand-over of warpgroup 0's dQ part to warpgroup 1, one mbarrier phase per
-// step s (at most one phase apart: each side waits for the other's previous one). Warpgroup 0,
-// before it stores step s's part: warpgroup 1 has read step s - 1's.
-__device__ __forceinline__ void pair_wait_read(const BwdBlock &a, int s) {
-    if (s > 0) cuda::mbar_wait(&a.bars->dq_read, static_cast<uint32_t>((s - 1) & 1));
-}
-// Warpgroup 1, before it reads step s's part: warpgroup 0 has stored it.
-__device__ __forceinline__ void pair_wait_ready(const BwdBlock &a, int s) {
-    cuda::mbar_wait(&a.bars->dq_ready, static_cast<uint32_t>(s & 1));
-}
-// Warpgroup 1 is done reading step s's part (nobody waits for the last step's).
-__device__ __forceinline__ void pair_done_reading(const BwdBlock &a, int s, int nsteps) {
-    if (s + 1 < nsteps) cuda::mbar_arrive(&a.bars->dq_read);
-}
-
-// dQ += dS K_w for the step's 64 queries, head dims above 64 (bwd_bulk_dq), 64 head-dim columns
-// at a time: wgmma with dS^T and K both key-major in shared memory, into the warpgroup's fp32 tile
-// (rows of head_dim floats, as the accumulator's rows), then one bulk reduction of the sequence's
-// rows by thread 0 of the warpgroup. kPair (deterministic mode): warpgroup 0 only stores its tile;
-// warpgroup 1 adds it to its own and reduces the sum inside the key block's turn. The caller made
-// sure that the previous step's reduction has finished reading the tile (the step-top barrier).
-template <class Tr, class E, bool kPair>
-__device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const BwdBlock &a, BwdStep st, int s,
-                                                   int nsteps, int wg, uint32_t s_ds, uint32_t s_k, uint32_t s_dq) {
-    const uint32_t s_dq0 = s_dq - wg * Tr::kDQBytes;  // warpgroup 0's tile
+// dQ += dS K_w for the step's 64 queries into the warpgroup's fp32 slot (rows of head_dim floats,
+// as the accumulator's rows), 64 head-dim columns at a time: wgmma with dS^T and K both key-major
+// in shared memory. Before the first store the warpgroup waits (dq_empty) for the writer to have
+// read its previous tile; after the last, every thread fences its stores for the async proxy (the
+// bulk reduction reads them) and arrives on dq_full.
+template <class Tr, class E>
+__device__ __forceinline__ void accumulate_dq_slot(const BwdParams &p, const BwdBlock &a, int s, int wg,
+                                                   uint32_t s_ds, uint32_t s_k, uint32_t s_dq) {
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
     const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
     const int d = p.head_dim;
@@ -444,12 +405,7 @@ __device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const Bwd
         cuda::wgmma_commit();
         cuda::wgmma_wait<0>();
         cuda::fence_operands(acc);
-        if (kPair && half == 0) {
-            if (wg == 0)
-                pair_wait_read(a, s);
-            else
-                pair_wait_ready(a, s);
-        }
+        if (half == 0 && s > 0) cuda::mbar_wait(&a.bars->dq_empty[wg], static_cast<uint32_t>((s - 1) & 1));
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const int col = half * 64 + 8 * j + 2 * t;  // head_dim is a multiple of 8: the pair is in or out
@@ -457,51 +413,20 @@ __device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const Bwd
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = 16 * warp + g + 8 * h;
-                float x = acc[4 * j + 2 * h], y = acc[4 * j + 2 * h + 1];
-                if (kPair && wg == 1) {  // the same element of warpgroup 0's tile
-                    const float2 o = ld_shared_v2_f32(s_dq0 + (row * d + col) * 4);
-                    x += o.x;
-                    y += o.y;
-                }
-                st_shared_v2_f32(s_dq + (row * d + col) * 4, x, y);
+                st_shared_v2_f32(s_dq + (row * d + col) * 4, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
             }
         }
     }
-    if constexpr (kPair) {
-        if (wg == 0) {
-            cuda::mbar_arrive(&a.bars->dq_ready);
-            return;
-        }
-        pair_done_reading(a, s, nsteps);
-    }
-    fence_proxy_async_smem();  // the tile, before the bulk reduction reads it
-    warpgroup_sync(wg);
-    if (wtid == 0) {
-        const int rows = min(kBwdBM, a.sq - st.m0);
-        float *dst = p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + st.m0) * d;
-        if constexpr (kPair) {
-            const BwdTurn turn = turn_of(p, a, st);
-            while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
-            }
-            fence_proxy_async_global();  // the predecessors' adds, before this one
-            bulk_reduce_add_f32(dst, s_dq, static_cast<uint32_t>(rows * d * 4));
-            bulk_commit();  // completed and released at the next step (release_turn)
-        } else {
-            bulk_reduce_add_f32(dst, s_dq, static_cast<uint32_t>(rows * d * 4));
-            bulk_commit();
-        }
-    }
+    fence_proxy_async_smem();  // this thread's stores, before the writer's bulk reduction reads them
+    cuda::mbar_arrive(&a.bars->dq_full[wg]);
 }
 
-// dQ += dS K_w, head dims up to 64 (bwd_bulk_dq): the wgmma as accumulate_dq_bulk's, then
-// vector reductions from registers into the fp32 accumulator. At head dim 64 this measured
-// 1.1-1.2x faster than the bulk reduction. kPair (deterministic mode): warpgroup 0 hands its
-// accumulators to warpgroup 1 through shared memory (s_pair: each thread's 32 floats as 8 float4,
-// interleaved across the warpgroup), which adds them to its own and reduces the sum inside the
-// key block's turn.
-template <class Tr, class E, bool kPair>
-__device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdBlock &a, BwdStep st, int s, int nsteps,
-                                                  int wg, uint32_t s_ds, uint32_t s_k, uint32_t s_pair) {
+// dQ += dS K_w, default mode at head dims up to 64 (!bwd_bulk_dq): the wgmma as
+// accumulate_dq_slot's, then vector reductions from registers into the fp32 accumulator (at head
+// dim 64 this measured 1.1-1.2x faster than the bulk reduction).
+template <class Tr, class E>
+__device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdBlock &a, BwdStep st, uint32_t s_ds,
+                                                  uint32_t s_k) {
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
     const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
     float *rows[2];
@@ -513,63 +438,32 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
         rows[h] = p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + (row_ok[h] ? qpos : 0)) *
                                    p.head_dim + 2 * t;
     }
-    static_assert(Tr::kPages == 1, "the red path computes the whole dQ tile before its turn");
-    {
-        const uint64_t dk = cuda::make_desc_sw128(s_k, 1024, Tr::kKPage);
-        float acc[32];
-        cuda::fence_operands(acc);
-        cuda::wgmma_fence();
+    static_assert(Tr::kPages == 1, "the red path reduces the whole dQ tile from registers");
+    const uint64_t dk = cuda::make_desc_sw128(s_k, 1024, Tr::kKPage);
+    float acc[32];
+    cuda::fence_operands(acc);
+    cuda::wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            wgmma_ss_mn64<E>(acc, dds + static_cast<uint64_t>((kk * 16 * 128) >> 4),
-                             dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
-        cuda::wgmma_commit();
-        cuda::wgmma_wait<0>();
-        cuda::fence_operands(acc);
-        if constexpr (kPair) {
-            if (wg == 0) {
-                pair_wait_read(a, s);
+    for (int kk = 0; kk < 4; ++kk)
+        wgmma_ss_mn64<E>(acc, dds + static_cast<uint64_t>((kk * 16 * 128) >> 4),
+                         dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
+    cuda::wgmma_commit();
+    cuda::wgmma_wait<0>();
+    cuda::fence_operands(acc);
 #pragma unroll
-                for (int i = 0; i < 8; ++i)
-                    st_shared_v4_f32(s_pair + (i * 128 + wtid) * 16, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2],
-                                     acc[4 * i + 3]);
-                cuda::mbar_arrive(&a.bars->dq_ready);
-                return;
-            }
-            pair_wait_ready(a, s);
+    for (int j = 0; j < 8; ++j) {
+        const int col = 8 * j;  // + 2t: head_dim is a multiple of 8, the pair is in or out
+        if (col >= p.head_dim) continue;
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const float4 o = ld_shared_v4_f32(s_pair + (i * 128 + wtid) * 16);
-                acc[4 * i] += o.x;
-                acc[4 * i + 1] += o.y;
-                acc[4 * i + 2] += o.z;
-                acc[4 * i + 3] += o.w;
-            }
-            pair_done_reading(a, s, nsteps);
-            // The turn is waited for only now that the tile is computed.
-            if (wtid == 0) {
-                const BwdTurn turn = turn_of(p, a, st);
-                while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
-                }
-            }
-            warpgroup_sync(wg);
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int col = 8 * j;  // + 2t: head_dim is a multiple of 8, the pair is in or out
-            if (col >= p.head_dim) continue;
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-                if (row_ok[h]) cuda::red_add_f32x2(rows[h] + col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-        }
+        for (int h = 0; h < 2; ++h)
+            if (row_ok[h]) cuda::red_add_f32x2(rows[h] + col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
     }
-    // Deterministic: released at the next step (release_turn), after its step-top barrier.
 }
 
-// One step (query block st, buffer buf) for warpgroup wg.
-template <class Tr, class E, bool kPair>
-__device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBlock &a, int s, int nsteps, BwdStep st,
-                                                 int buf, int wg, float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2]) {
+// One step (query block st, buffer buf) for consumer warpgroup wg.
+template <class Tr, class E, bool kDet>
+__device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBlock &a, int s, BwdStep st, int buf,
+                                                 int wg, float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2]) {
     const uint32_t base = cuda::smem_addr(a.smem);
     const uint32_t s_k = base + Tr::kKOff + 64 * wg * 128, s_v = base + Tr::kVOff + 64 * wg * 128;
     const uint32_t s_q = base + Tr::kQOff + buf * 2 * Tr::kQBytes, s_do = s_q + Tr::kQBytes;
@@ -590,11 +484,10 @@ __device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBl
     fence_proxy_async_smem();  // the generic-proxy stores, before the wgmma reads them
     warpgroup_sync(wg);
     issue_dkv<Tr, E>(dK, dV, Pf, dSf, s_q, s_do);
-    if (kPair && wg == 1 && s > 0) release_turn<Tr>(p, a, s - 1);
-    if constexpr (Tr::kBulkDQ)  // both wait for every wgmma of the step
-        accumulate_dq_bulk<Tr, E, kPair>(p, a, st, s, nsteps, wg, s_ds, s_k, s_dq);
+    if constexpr (uses_dq_writer<Tr, kDet>())  // both wait for every wgmma of the step
+        accumulate_dq_slot<Tr, E>(p, a, s, wg, s_ds, s_k, s_dq);
     else
-        accumulate_dq_red<Tr, E, kPair>(p, a, st, s, nsteps, wg, s_ds, s_k, base + Tr::kPairOff);
+        accumulate_dq_red<Tr, E>(p, a, st, s_ds, s_k);
     cuda::fence_operands(dK);
     cuda::fence_operands(dV);
     __syncwarp();  // every lane's wgmmas reading Q and dO have retired
@@ -626,9 +519,147 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams &p, const BwdBlock &
     }
 }
 
-// kPair: the deterministic mode (p.deterministic), whose dQ hand-over and turns are compiled only
-// into its own instantiation, so the default mode's kernel keeps its code and registers.
-template <class Tr, class E, bool kPair>
+// ---- the producer warpgroup ---------------------------------------------------------------------
+
+// Warp 0, one thread: K and V once, then Q and dO of every step into the ring, each buffer once
+// every consumer warp has released its previous step (qdo_empty).
+template <class Tr>
+__device__ __forceinline__ void produce_q_do(const BwdParams &p, const CUtensorMap *tm_q, const CUtensorMap *tm_k,
+                                             const CUtensorMap *tm_v, const CUtensorMap *tm_do, const BwdBlock &a,
+                                             int nsteps) {
+    const bool varlen = p.cu_q != nullptr;
+    const int32_t krow = static_cast<int32_t>((varlen ? a.k_row0 : 0) + a.n0);
+    const int32_t bc = varlen ? 0 : a.b;
+    cuda::mbar_arrive_expect_tx(&a.bars->kv_full, 2 * Tr::kKBytes);
+#pragma unroll
+    for (int pg = 0; pg < Tr::kPages; ++pg) {
+        cuda::tma_load_4d(a.smem + Tr::kKOff + pg * Tr::kKPage, tm_k, &a.bars->kv_full, 64 * pg, krow, a.kvh, bc);
+        cuda::tma_load_4d(a.smem + Tr::kVOff + pg * Tr::kKPage, tm_v, &a.bars->kv_full, 64 * pg, krow, a.kvh, bc);
+    }
+    for (int r = 0; r < nsteps; ++r) {
+        const int buf = ring_buf<Tr>(r);
+        if (r >= Tr::kStages) cuda::mbar_wait(&a.bars->qdo_empty[buf], ring_phase<Tr>(r - Tr::kStages));
+        load_q_do<Tr>(p, tm_q, tm_do, a, bwd_step(p, a, r), buf);
+    }
+}
+
+// Deterministic mode, the writer warp: slot 1 += slot 0 over the whole tile (every lane, float4
+// strided across the warp), so that one bulk reduction per step carries both warpgroups' dQ.
+template <class Tr>
+__device__ __forceinline__ void sum_dq_slots(const BwdParams &p, uint32_t s_dq0, uint32_t s_dq1) {
+    const int lane = threadIdx.x & 31;
+    const int n4 = kBwdBM * p.head_dim / 4;
+#pragma unroll 1  // the producer warpgroup runs at kBwdProducerRegs (24): unrolled, it spills
+    for (int i = lane; i < n4; i += 32) {
+        const float4 x = ld_shared_v4_f32(s_dq0 + i * 16);
+        const float4 y = ld_shared_v4_f32(s_dq1 + i * 16);
+        st_shared_v4_f32(s_dq1 + i * 16, x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+    }
+}
+
+// Warp 1, the dQ writer (every lane runs it; lane 0 issues the bulk operations). Per step: waits
+// for a consumer warpgroup's tile (dq_full), issues its bulk reduction into the accumulator, waits
+// until the reduction has read the slot and hands the slot back (dq_empty, every lane arrives).
+// Deterministic mode: waits for both tiles, sums them into slot 1, and reduces the sum inside the
+// key block's turn, which it releases as soon as the reduction has completed (fenced). The
+// consumers never wait for L2: a turn, a poll or a reduction's latency sits here, in front of no
+// wgmma.
+// Where step st's dQ rows start in the fp32 accumulator, and how many bytes of them there are
+// (the query block's rows of the sequence are contiguous: [heads_q][rows][head_dim]).
+__device__ __forceinline__ float *dq_rows(const BwdParams &p, const BwdBlock &a, BwdStep st) {
+    return p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + st.m0) * p.head_dim;
+}
+__device__ __forceinline__ uint32_t dq_bytes(const BwdParams &p, const BwdBlock &a, BwdStep st) {
+    return static_cast<uint32_t>(min(kBwdBM, a.sq - st.m0) * p.head_dim * 4);
+}
+
+template <class Tr, bool kDet>
+__device__ __forceinline__ void write_dq(const BwdParams &p, const BwdBlock &a, int nsteps) {
+    // The producer warpgroup runs at kBwdProducerRegs (24): little is held across the loop (32-bit
+    // shared addresses; the step's global address computed where it is used).
+    const int lane = threadIdx.x & 31;
+    const uint32_t s_dq0 = cuda::smem_addr(a.smem) + Tr::kDQOff, s_dq1 = s_dq0 + Tr::kDQBytes;
+    const uint32_t full0 = cuda::smem_addr(&a.bars->dq_full[0]), empty0 = cuda::smem_addr(&a.bars->dq_empty[0]);
+    static_assert(sizeof(BwdBarriers::dq_full) == 16 && sizeof(BwdBarriers::dq_empty) == 16,
+                  "slot w's barriers at full0 + 8 w and empty0 + 8 w");
+    for (int s = 0; s < nsteps; ++s) {
+        const uint32_t par = static_cast<uint32_t>(s & 1);
+        if constexpr (kDet) {
+            cuda::mbar_wait_s(full0, par);
+            cuda::mbar_wait_s(full0 + 8, par);
+            sum_dq_slots<Tr>(p, s_dq0, s_dq1);
+            fence_proxy_async_smem();  // this lane's sums, before the bulk reduction reads them
+            __syncwarp();
+            cuda::mbar_arrive_s(empty0);  // slot 0 read (generic loads, this lane)
+            if (lane == 0) {
+                const BwdStep st = bwd_step(p, a, s);
+                const BwdTurn turn = turn_of(p, a, st);
+                while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
+                }
+                fence_proxy_async_global();  // the predecessors' adds, before this one
+                bulk_reduce_add_f32(dq_rows(p, a, st), s_dq1, dq_bytes(p, a, st));
+                bulk_commit();
+                bulk_wait_read_all();
+            }
+            __syncwarp();
+            cuda::mbar_arrive_s(empty0 + 8);
+            if (lane == 0) {
+                bulk_wait_all();
+                fence_proxy_async_global();
+                __threadfence();  // the adds land before the counter moves
+                atomicAdd(turn_of(p, a, bwd_step(p, a, s)).sem, 1);
+            }
+        } else {
+#pragma unroll
+            for (int w = 0; w < 2; ++w) {
+                cuda::mbar_wait_s(full0 + 8 * w, par);
+                if (lane == 0) {
+                    const BwdStep st = bwd_step(p, a, s);
+                    bulk_reduce_add_f32(dq_rows(p, a, st), s_dq0 + w * Tr::kDQBytes, dq_bytes(p, a, st));
+                    bulk_commit();
+                    bulk_wait_read_all();
+                }
+                __syncwarp();
+                cuda::mbar_arrive_s(empty0 + 8 * w);
+            }
+        }
+    }
+    if (lane == 0) bulk_wait_all();  // the last reduction, before shared memory goes away
+}
+
+// ---- the kernel ---------------------------------------------------------------------------------
+
+// The consumer warpgroup wg's walk: its rows copies, the ring, one step after another.
+template <class Tr, class E, bool kDet>
+__device__ __forceinline__ void consume(const BwdParams &p, const BwdBlock &a, int nsteps, int wg,
+                                        float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2]) {
+    // Prologue: the rows of the first kStages - 1 steps (fresh buffers: no release to wait for).
+#pragma unroll
+    for (int r = 0; r < Tr::kStages - 1; ++r) {
+        if (r < nsteps) load_rows<Tr>(p, a, bwd_step(p, a, r), r, wg);
+        cuda::cp_async_commit();
+    }
+    cuda::mbar_wait(&a.bars->kv_full, 0);
+    for (int s = 0; s < nsteps; ++s) {
+        const BwdStep st = bwd_step(p, a, s);
+        const int buf = ring_buf<Tr>(s);
+        // Step r = s + kStages - 1's rows go to the buffer of step s - 1: this warpgroup's copy
+        // was last read before the warpgroup barrier of its step s - 1.
+        const int r = s + Tr::kStages - 1;
+        if (r < nsteps) load_rows<Tr>(p, a, bwd_step(p, a, r), ring_buf<Tr>(r), wg);
+        cuda::cp_async_commit();
+        cuda::cp_async_wait<Tr::kStages - 1>();  // this step's rows, from this thread ...
+        warpgroup_sync(wg);                      // ... and from every thread of the warpgroup
+        cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
+        bwd_step_compute<Tr, E, kDet>(p, a, s, st, buf, wg, dK, dV);
+    }
+}
+
+// kDet: the deterministic mode (p.deterministic), whose summed, ordered dQ reduction is compiled
+// only into its own instantiation, so the default mode's kernel keeps its code and registers.
+// Warpgroup 0 produces (warp 0: TMA; warp 1: the dQ writer where uses_dq_writer), warpgroups 1 and
+// 2 consume (keys n0 .. n0 + 63 and n0 + 64 .. n0 + 127).
+template <class Tr, class E, bool kDet>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -658,90 +689,58 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
         for (int s = 0; s < Tr::kStages; ++s) {
             cuda::mbar_init(&a.bars->qdo_full[s], 1);
-            cuda::mbar_init(&a.bars->qdo_empty[s], kBwdThreads / 32);
+            cuda::mbar_init(&a.bars->qdo_empty[s], 2 * 128 / 32);  // every consumer warp
         }
-        cuda::mbar_init(&a.bars->dq_ready, 128);  // every thread of the warpgroup arrives
-        cuda::mbar_init(&a.bars->dq_read, 128);
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+            cuda::mbar_init(&a.bars->dq_full[w], 128);  // every thread of consumer warpgroup w
+            cuda::mbar_init(&a.bars->dq_empty[w], 32);  // every lane of the writer warp
+        }
         cuda::fence_mbar_init();
     }
     __syncthreads();
-
-    const int wg = threadIdx.x / 128;
-    float dK[Tr::kD / 2], dV[Tr::kD / 2];
-#pragma unroll
-    for (int i = 0; i < Tr::kD / 2; ++i) dK[i] = dV[i] = 0.f;
 
     // Query rows that see any key of [n0, n_hi]: key j is visible to row i iff
     // i + off - left <= j <= i + off + right (mask.cuh), so i in [n0 - off - right, n_hi - off + left].
     const int64_t n_hi = min(a.n0 + kBwdBN, a.sk) - 1;
     const int64_t i_lo = max(int64_t(0), a.n0 - a.off - p.right);
     const int64_t i_hi = min(static_cast<int64_t>(a.sq) - 1, n_hi - a.off + p.left);
-    if (i_lo <= i_hi) {
+    const bool any = i_lo <= i_hi;
+    int nsteps = 0;
+    if (any) {
         a.mb_first = static_cast<int>(i_lo / kBwdBM);
         a.nmb = static_cast<int>(i_hi / kBwdBM) - a.mb_first + 1;
-        const int nsteps = p.group * a.nmb;
-        if (threadIdx.x == 0) {
-            const bool varlen = p.cu_q != nullptr;
-            const int32_t krow = static_cast<int32_t>((varlen ? a.k_row0 : 0) + a.n0);
-            const int32_t bc = varlen ? 0 : a.b;
-            cuda::mbar_arrive_expect_tx(&a.bars->kv_full, 2 * Tr::kKBytes);
-#pragma unroll
-            for (int pg = 0; pg < Tr::kPages; ++pg) {
-                cuda::tma_load_4d(smem + Tr::kKOff + pg * Tr::kKPage, &tm_k, &a.bars->kv_full, 64 * pg, krow, a.kvh, bc);
-                cuda::tma_load_4d(smem + Tr::kVOff + pg * Tr::kKPage, &tm_v, &a.bars->kv_full, 64 * pg, krow, a.kvh, bc);
-            }
-        }
-        // Prologue: the first kStages - 1 steps (fresh buffers: no release to wait for).
-#pragma unroll
-        for (int r = 0; r < Tr::kStages - 1; ++r) {
-            if (r < nsteps) {
-                if (threadIdx.x == 0) load_q_do<Tr>(p, &tm_q, &tm_do, a, bwd_step(p, a, r), r);
-                load_rows<Tr>(p, a, bwd_step(p, a, r), r, wg);
-            }
-            cuda::cp_async_commit();
-        }
-        cuda::mbar_wait(&a.bars->kv_full, 0);
-        // The thread that refills the ring. In deterministic mode warpgroup 1 adds after warpgroup
-        // 0 (the turns) and so runs behind it: its thread 0 refills, never waiting there for the
-        // leader, which would otherwise stall each step until the follower is done (2 stages).
-        const unsigned loader = p.deterministic ? 128u : 0u;
-        for (int s = 0; s < nsteps; ++s) {
-            const BwdStep st = bwd_step(p, a, s);
-            const int buf = ring_buf<Tr>(s);
-            // Step r = s + kStages - 1 refills the buffer of step s - 1: the loader waits for both
-            // warpgroups to release it; this warpgroup's own copy of the rows was last read before
-            // the warpgroup barrier of its step s - 1.
-            const int r = s + Tr::kStages - 1;
-            if (r < nsteps) {
-                if (threadIdx.x == loader) {
-                    if (s >= 1) cuda::mbar_wait(&a.bars->qdo_empty[ring_buf<Tr>(s - 1)], ring_phase<Tr>(s - 1));
-                    load_q_do<Tr>(p, &tm_q, &tm_do, a, bwd_step(p, a, r), ring_buf<Tr>(r));
-                }
-                load_rows<Tr>(p, a, bwd_step(p, a, r), ring_buf<Tr>(r), wg);
-            }
-            cuda::cp_async_commit();
-            cuda::cp_async_wait<Tr::kStages - 1>();  // this step's rows, from this thread ...
-            if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) bulk_wait_read_all();  // the previous dQ reduction read its tile
-            warpgroup_sync(wg);                      // ... and from every thread of the warpgroup
-            cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
-            bwd_step_compute<Tr, E, kPair>(p, a, s, nsteps, st, buf, wg, dK, dV);
-        }
-        if (kPair) {  // the last step's turn
-            warpgroup_sync(wg);
-            release_turn<Tr>(p, a, nsteps - 1);
-        }
-        if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) bulk_wait_all();  // the last reduction, before shared memory goes away
+        nsteps = p.group * a.nmb;
     }
+    static_assert(setmaxnreg_split_fits(kBwdProducerRegs, kBwdConsumerRegs) && kThreads == kBwdThreads,
+                  "the backward's register split exceeds the launch's");
+    if (threadIdx.x < 128) {
+        cuda::setmaxnreg_dec<kBwdProducerRegs>();
+        const int warp = threadIdx.x / 32;
+        if (!any) return;
+        if (warp == 0) {
+            if (threadIdx.x == 0) produce_q_do<Tr>(p, &tm_q, &tm_k, &tm_v, &tm_do, a, nsteps);
+        } else if (warp == 1) {
+            if constexpr (uses_dq_writer<Tr, kDet>()) write_dq<Tr, kDet>(p, a, nsteps);
+        }
+        return;
+    }
+    cuda::setmaxnreg_inc<kBwdConsumerRegs>();
+    const int wg = threadIdx.x / 128 - 1;
+    float dK[Tr::kD / 2], dV[Tr::kD / 2];
+#pragma unroll
+    for (int i = 0; i < Tr::kD / 2; ++i) dK[i] = dV[i] = 0.f;
+    if (any) consume<Tr, E, kDet>(p, a, nsteps, wg, dK, dV);
     store_dk_dv<Tr, E>(p, a, wg, dK, dV);
 }
 
 // Grid: kv heads x batch x key blocks of the longest sequence, in one dimension (the host checks
 // that it fits).
-template <int kD, class E, bool kPair>
+template <int kD, class E, bool kDet>
 cudaError_t launch_bwd_kernel(const BwdParams &p, const BwdMaps &maps, cudaStream_t stream) {
     using Tr = BwdTraits<kD>;
-    auto kernel = bwd_kernel<Tr, E, kPair>;
-    constexpr int kSmem = Tr::kSmemBytes + (kPair ? Tr::kPairBytes : 0);
+    auto kernel = bwd_kernel<Tr, E, kDet>;
+    constexpr int kSmem = Tr::kSmemBytes;
     static unsigned long long optin_done = 0;  // one per instantiation
     cudaError_t e = cuda::ensure_smem_optin(kernel, kSmem, &optin_done);
     if (e != cudaSuccess) return e;
