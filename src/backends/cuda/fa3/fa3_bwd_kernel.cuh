@@ -543,17 +543,19 @@ __device__ __forceinline__ void produce_q_do(const BwdParams &p, const CUtensorM
     }
 }
 
-// Deterministic mode, the writer warp: slot 1 += slot 0 over the whole tile (every lane, float4
-// strided across the warp), so that one bulk reduction per step carries both warpgroups' dQ.
+// Deterministic mode, the writer warp: slot 1 += slot 0 over the whole slot (every lane, float4
+// strided across the warp; past head_dim x kBwdBM floats nothing is reduced: the fixed trip count
+// keeps the loop's registers few), so that one bulk reduction per step carries both consumers' dQ.
 template <class Tr>
-__device__ __forceinline__ void sum_dq_slots(const BwdParams &p, uint32_t s_dq0, uint32_t s_dq1) {
-    const int lane = threadIdx.x & 31;
-    const int n4 = kBwdBM * p.head_dim / 4;
-#pragma unroll 1  // the producer warpgroup runs at kBwdProducerRegs (24): unrolled, it spills
-    for (int i = lane; i < n4; i += 32) {
-        const float4 x = ld_shared_v4_f32(s_dq0 + i * 16);
-        const float4 y = ld_shared_v4_f32(s_dq1 + i * 16);
-        st_shared_v4_f32(s_dq1 + i * 16, x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+__device__ __forceinline__ void sum_dq_slots(uint32_t s_dq0) {
+    constexpr int kIters = Tr::kDQBytes / 16 / 32;
+    const uint32_t base = s_dq0 + (threadIdx.x & 31) * 16;
+#pragma unroll 2
+    for (int i = 0; i < kIters; ++i) {
+        const uint32_t at = base + i * 32 * 16;
+        const float4 x = ld_shared_v4_f32(at);
+        const float4 y = ld_shared_v4_f32(at + Tr::kDQBytes);
+        st_shared_v4_f32(at + Tr::kDQBytes, x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
     }
 }
 
@@ -585,18 +587,39 @@ __device__ __forceinline__ void write_dq(const BwdParams &p, const BwdBlock &a, 
     for (int s = 0; s < nsteps; ++s) {
         const uint32_t par = static_cast<uint32_t>(s & 1);
         if constexpr (kDet) {
+            // det_form 0: slot 1 += slot 0 here, one reduction of the sum; 1: slot 0's reduction,
+            // completed, then slot 1's (the order of two bulk reductions in flight is not defined).
+            const bool sum = p.det_form == 0;
             cuda::mbar_wait_s(full0, par);
             cuda::mbar_wait_s(full0 + 8, par);
-            sum_dq_slots<Tr>(p, s_dq0, s_dq1);
-            fence_proxy_async_smem();  // this lane's sums, before the bulk reduction reads them
-            __syncwarp();
-            cuda::mbar_arrive_s(empty0);  // slot 0 read (generic loads, this lane)
+            if (sum) {
+                sum_dq_slots<Tr>(s_dq0);
+                fence_proxy_async_smem();  // this lane's sums, before the bulk reduction reads them
+                __syncwarp();
+                cuda::mbar_arrive_s(empty0);  // slot 0 read (generic loads, this lane)
+            }
             if (lane == 0) {
                 const BwdStep st = bwd_step(p, a, s);
                 const BwdTurn turn = turn_of(p, a, st);
                 while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
                 }
                 fence_proxy_async_global();  // the predecessors' adds, before this one
+                if (!sum) {
+                    bulk_reduce_add_f32(dq_rows(p, a, st), s_dq0, dq_bytes(p, a, st));
+                    bulk_commit();
+                    bulk_wait_read_all();
+                }
+            }
+            if (!sum) {
+                __syncwarp();
+                cuda::mbar_arrive_s(empty0);
+            }
+            if (lane == 0) {
+                const BwdStep st = bwd_step(p, a, s);
+                if (!sum) {
+                    bulk_wait_all();  // slot 0's adds performed before slot 1's begin
+                    fence_proxy_async_global();
+                }
                 bulk_reduce_add_f32(dq_rows(p, a, st), s_dq1, dq_bytes(p, a, st));
                 bulk_commit();
                 bulk_wait_read_all();

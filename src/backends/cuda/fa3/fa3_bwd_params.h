@@ -23,9 +23,15 @@ namespace flashattn {
 namespace fa3 {
 
 // The shared backward arguments (host/bwd_args.h, the fields device/bwd_prep.cuh reads); FA3 adds
-// none (sem_blocks counts query blocks of kBwdBM rows; the dQ adds of one query block take turns
+// det_form (sem_blocks counts query blocks of kBwdBM rows; the dQ adds of one query block take turns
 // in deterministic mode: fa3_bwd_kernel.cuh).
-struct BwdParams : BwdTensorArgs {};
+struct BwdParams : BwdTensorArgs {
+    // Deterministic mode, how the dQ writer makes its one ordered reduction per step (the
+    // developer knob FLASHATTN_FA3_BWD_DET_FORM, read at finalize; stop 20's measurement): 0 = it
+    // sums the two consumers' slots in shared memory and reduces the sum; 1 = it reduces slot 0,
+    // waits for that to complete, then reduces slot 1 (no sum, the turn held for two round trips).
+    int det_form = 0;
+};
 
 // TMA descriptors: rank 4 {head_dim, rows, heads, batch} like the forward's, 64-column boxes of
 // kBwdBM rows (Q, dO) or kBwdBN rows (K, V), 128-byte swizzle.
