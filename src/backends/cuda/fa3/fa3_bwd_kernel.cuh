@@ -157,6 +157,26 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 #endif
 }
 
+// One non-blocking test: true iff the phase with parity `parity` has completed (try_wait may
+// suspend the thread for a while; the default-mode writer polls two barriers in turn).
+__device__ __forceinline__ bool mbar_test_wait_s(uint32_t bar, uint32_t parity) {
+#if FLASHATTN_SM90A_BODY
+    uint32_t ok;
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    return ok != 0;
+#else
+    (void)bar, (void)parity;
+    FLASHATTN_SM90A_TRAP();
+    return false;
+#endif
+}
+
 // ---- layout -----------------------------------------------------------------------------------
 
 struct BwdBarriers {
@@ -559,13 +579,6 @@ __device__ __forceinline__ void sum_dq_slots(uint32_t s_dq0) {
     }
 }
 
-// Warp 1, the dQ writer (every lane runs it; lane 0 issues the bulk operations). Per step: waits
-// for a consumer warpgroup's tile (dq_full), issues its bulk reduction into the accumulator, waits
-// until the reduction has read the slot and hands the slot back (dq_empty, every lane arrives).
-// Deterministic mode: waits for both tiles, sums them into slot 1, and reduces the sum inside the
-// key block's turn, which it releases as soon as the reduction has completed (fenced). The
-// consumers never wait for L2: a turn, a poll or a reduction's latency sits here, in front of no
-// wgmma.
 // Where step st's dQ rows start in the fp32 accumulator, and how many bytes of them there are
 // (the query block's rows of the sequence are contiguous: [heads_q][rows][head_dim]).
 __device__ __forceinline__ float *dq_rows(const BwdParams &p, const BwdBlock &a, BwdStep st) {
@@ -575,8 +588,42 @@ __device__ __forceinline__ uint32_t dq_bytes(const BwdParams &p, const BwdBlock 
     return static_cast<uint32_t>(min(kBwdBM, a.sq - st.m0) * p.head_dim * 4);
 }
 
+// Default mode: the writer's thread 0 alone serves whichever consumer warpgroup has a tile ready
+// (the consumers drift apart; neither waits for the other's step here): one bulk reduction per tile,
+// and the slot back (dq_empty, one arrival) once the reduction has read it.
+template <class Tr>
+__device__ __forceinline__ void write_dq_default(const BwdParams &p, const BwdBlock &a, int nsteps) {
+    if ((threadIdx.x & 31) != 0) return;
+    const uint32_t s_dq0 = cuda::smem_addr(a.smem) + Tr::kDQOff;
+    const uint32_t full0 = cuda::smem_addr(&a.bars->dq_full[0]), empty0 = cuda::smem_addr(&a.bars->dq_empty[0]);
+    int next[2] = {0, 0};  // each slot's next step
+    while (next[0] < nsteps || next[1] < nsteps) {
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+            if (next[w] >= nsteps || !mbar_test_wait_s(full0 + 8 * w, static_cast<uint32_t>(next[w] & 1))) continue;
+            const BwdStep st = bwd_step(p, a, next[w]);
+            bulk_reduce_add_f32(dq_rows(p, a, st), s_dq0 + w * Tr::kDQBytes, dq_bytes(p, a, st));
+            bulk_commit();
+            bulk_wait_read_all();
+            cuda::mbar_arrive_s(empty0 + 8 * w);
+            ++next[w];
+        }
+    }
+    bulk_wait_all();  // the last reductions, before shared memory goes away
+}
+
+// Warp 1, the dQ writer. Deterministic mode (every lane runs it; lane 0 issues the bulk
+// operations): per step, waits for both consumers' tiles (dq_full), sums them into slot 1 and
+// reduces the sum inside the key block's turn, which it releases as soon as the reduction has
+// completed (fenced); each slot goes back (dq_empty, every lane arrives) once it has been read.
+// The consumers never wait for L2: a turn, a poll or a reduction's latency sits here, in front
+// of no wgmma.
 template <class Tr, bool kDet>
 __device__ __forceinline__ void write_dq(const BwdParams &p, const BwdBlock &a, int nsteps) {
+    if constexpr (!kDet) {
+        write_dq_default<Tr>(p, a, nsteps);
+        return;
+    }
     // The producer warpgroup runs at kBwdProducerRegs (24): little is held across the loop (32-bit
     // shared addresses; the step's global address computed where it is used).
     const int lane = threadIdx.x & 31;
@@ -586,65 +633,50 @@ __device__ __forceinline__ void write_dq(const BwdParams &p, const BwdBlock &a, 
                   "slot w's barriers at full0 + 8 w and empty0 + 8 w");
     for (int s = 0; s < nsteps; ++s) {
         const uint32_t par = static_cast<uint32_t>(s & 1);
-        if constexpr (kDet) {
-            // det_form 0: slot 1 += slot 0 here, one reduction of the sum; 1: slot 0's reduction,
-            // completed, then slot 1's (the order of two bulk reductions in flight is not defined).
-            const bool sum = p.det_form == 0;
-            cuda::mbar_wait_s(full0, par);
-            cuda::mbar_wait_s(full0 + 8, par);
-            if (sum) {
-                sum_dq_slots<Tr>(s_dq0);
-                fence_proxy_async_smem();  // this lane's sums, before the bulk reduction reads them
-                __syncwarp();
-                cuda::mbar_arrive_s(empty0);  // slot 0 read (generic loads, this lane)
+        // det_form 0: slot 1 += slot 0 here, one reduction of the sum; 1: slot 0's reduction,
+        // completed, then slot 1's (the order of two bulk reductions in flight is not defined).
+        const bool sum = p.det_form == 0;
+        cuda::mbar_wait_s(full0, par);
+        cuda::mbar_wait_s(full0 + 8, par);
+        if (sum) {
+            sum_dq_slots<Tr>(s_dq0);
+            fence_proxy_async_smem();  // this lane's sums, before the bulk reduction reads them
+            __syncwarp();
+            cuda::mbar_arrive_s(empty0);  // slot 0 read (generic loads, this lane)
+        }
+        if (lane == 0) {
+            const BwdStep st = bwd_step(p, a, s);
+            const BwdTurn turn = turn_of(p, a, st);
+            while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
             }
-            if (lane == 0) {
-                const BwdStep st = bwd_step(p, a, s);
-                const BwdTurn turn = turn_of(p, a, st);
-                while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
-                }
-                fence_proxy_async_global();  // the predecessors' adds, before this one
-                if (!sum) {
-                    bulk_reduce_add_f32(dq_rows(p, a, st), s_dq0, dq_bytes(p, a, st));
-                    bulk_commit();
-                    bulk_wait_read_all();
-                }
-            }
+            fence_proxy_async_global();  // the predecessors' adds, before this one
             if (!sum) {
-                __syncwarp();
-                cuda::mbar_arrive_s(empty0);
-            }
-            if (lane == 0) {
-                const BwdStep st = bwd_step(p, a, s);
-                if (!sum) {
-                    bulk_wait_all();  // slot 0's adds performed before slot 1's begin
-                    fence_proxy_async_global();
-                }
-                bulk_reduce_add_f32(dq_rows(p, a, st), s_dq1, dq_bytes(p, a, st));
+                bulk_reduce_add_f32(dq_rows(p, a, st), s_dq0, dq_bytes(p, a, st));
                 bulk_commit();
                 bulk_wait_read_all();
             }
+        }
+        if (!sum) {
             __syncwarp();
-            cuda::mbar_arrive_s(empty0 + 8);
-            if (lane == 0) {
-                bulk_wait_all();
+            cuda::mbar_arrive_s(empty0);
+        }
+        if (lane == 0) {
+            const BwdStep st = bwd_step(p, a, s);
+            if (!sum) {
+                bulk_wait_all();  // slot 0's adds performed before slot 1's begin
                 fence_proxy_async_global();
-                __threadfence();  // the adds land before the counter moves
-                atomicAdd(turn_of(p, a, bwd_step(p, a, s)).sem, 1);
             }
-        } else {
-#pragma unroll
-            for (int w = 0; w < 2; ++w) {
-                cuda::mbar_wait_s(full0 + 8 * w, par);
-                if (lane == 0) {
-                    const BwdStep st = bwd_step(p, a, s);
-                    bulk_reduce_add_f32(dq_rows(p, a, st), s_dq0 + w * Tr::kDQBytes, dq_bytes(p, a, st));
-                    bulk_commit();
-                    bulk_wait_read_all();
-                }
-                __syncwarp();
-                cuda::mbar_arrive_s(empty0 + 8 * w);
-            }
+            bulk_reduce_add_f32(dq_rows(p, a, st), s_dq1, dq_bytes(p, a, st));
+            bulk_commit();
+            bulk_wait_read_all();
+        }
+        __syncwarp();
+        cuda::mbar_arrive_s(empty0 + 8);
+        if (lane == 0) {
+            bulk_wait_all();
+            fence_proxy_async_global();
+            __threadfence();  // the adds land before the counter moves
+            atomicAdd(turn_of(p, a, bwd_step(p, a, s)).sem, 1);
         }
     }
     if (lane == 0) bulk_wait_all();  // the last reduction, before shared memory goes away
@@ -717,7 +749,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
         for (int w = 0; w < 2; ++w) {
             cuda::mbar_init(&a.bars->dq_full[w], 128);  // every thread of consumer warpgroup w
-            cuda::mbar_init(&a.bars->dq_empty[w], 32);  // every lane of the writer warp
+            cuda::mbar_init(&a.bars->dq_empty[w], kDet ? 32 : 1);  // every lane of the writer warp / its thread 0
         }
         cuda::fence_mbar_init();
     }
