@@ -49,8 +49,8 @@ constexpr int kBwdConsumerRegs = 240;
 constexpr int kBwdMaxStages = 3;  // Q / dO / LSE / row_dot buffers (bwd_stages)
 
 // Compiled head dims of the backward (rows of fa3_head_dims.h): dK and dV of 64 keys over the
-// padded head dim live in registers (kD / 2 + kD / 2 per thread), which fits the consumers' 240 registers up to
-// 128. 192 and 256 have no FA3 backward (the plan's backward runs on fa2).
+// padded head dim live in registers (kD / 2 + kD / 2 per thread), which fits the consumers' 240
+// registers up to 128. 192 and 256 have no FA3 backward (the plan's backward runs on fa2).
 constexpr bool bwd_compiled(int kd) { return kd == 64 || kd == 128; }
 
 // Ring depth: steps s + 1 .. s + stages - 1 load while step s computes, so that the warpgroups may
