@@ -12,8 +12,7 @@ the backward's TFLOP/s (2.5 x the forward's FLOPs) of A and B (median over the r
 round's median), B/A, each library's det/default, the spread ((max - min) / median over the
 rounds), and the checks: each library's deterministic rerun is bitwise identical to its first
 run, and B's gradients (both modes) are within 1e-2 relative L2 of A's default mode's (BAD
-otherwise; the exit status is then 1). --b-forms 0,1 also times B's deterministic mode with
-FLASHATTN_FA3_BWD_DET_FORM=1 (the dQ writer's second form; read at finalize), as "B det1".
+otherwise; the exit status is then 1).
 """
 import argparse
 import os
@@ -31,7 +30,6 @@ def main():
     ap.add_argument("--a", required=True, help="library A (the base)")
     ap.add_argument("--b", required=True, help="library B (the candidate)")
     ct.add_grid_args(ap, hdim="64,128", seqlen="2048,4096,8192", warmup=2, reps=10, rounds=3)
-    ap.add_argument("--b-forms", default="0", type=ct.parse_list, help="B's deterministic forms (0 and/or 1)")
     ap.add_argument("--markdown")
     args = ap.parse_args()
     args.no_lse = False
@@ -54,8 +52,7 @@ def main():
     ct.emit(lines, "")
     ct.emit(lines, "| hdim | causal | seqlen | mode | A | B | B/A | A det/def | B det/def | spread A / B | check |")
     ct.emit(lines, "|---|---|---|---|---|---|---|---|---|---|---|")
-    names = ["A def", "B def", "A det"] + [f"B det{'' if f == 0 else f}" for f in args.b_forms]
-    modes = ["def"] + [f"det{'' if f == 0 else f}" for f in args.b_forms]
+    names = ["A def", "B def", "A det", "B det"]
     for d in args.hdim:
         for causal in causals:
             for s in args.seqlen:
@@ -63,7 +60,7 @@ def main():
                 flops = 2.5 * 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
                 q, k, v, do = (torch.randn(b, s, h, d, dtype=dt, device="cuda") for _ in range(4))
                 cfgs = {n: Config(torch, libs[n[0]], q, k, v, do, bool(causal), args.dtype,
-                                  None if n.endswith("def") else (1 if n.endswith("det1") else 0)) for n in names}
+                                  0 if n.endswith("det") else None) for n in names}
                 tf = {n: [] for n in names}
                 for r in range(args.rounds):
                     for n in (names if r % 2 == 0 else names[::-1]):
@@ -72,17 +69,17 @@ def main():
                 ref = cfgs["A def"].snapshot()
                 med = {n: statistics.median(tf[n]) for n in names}
                 spr = {n: (max(tf[n]) - min(tf[n])) / med[n] for n in names}
-                for mode in modes:
+                for mode in ("def", "det"):
                     checks = []
                     for lib in "AB":
                         n = f"{lib} {mode}"
-                        if n == "A def" or n not in cfgs:
+                        if n == "A def":
                             continue
                         first = cfgs[n].snapshot()
                         err = max(bt.rel_err(torch, x, y) for x, y in zip(first, ref))
                         ok = err < 1e-2
                         note = f"{lib} err {err:.1e}"
-                        if mode.startswith("det"):
+                        if mode == "det":
                             again = cfgs[n].snapshot()
                             same = all(torch.equal(x.view(torch.int16), y.view(torch.int16))
                                        for x, y in zip(first, again))
@@ -90,11 +87,10 @@ def main():
                             note += " bitwise" if same else " DIFFERS"
                         failed = failed or not ok
                         checks.append(note + ("" if ok else " BAD"))
-                    am = "det" if mode.startswith("det") else "def"  # A has one deterministic form
-                    a, bb = med[f"A {am}"], med[f"B {mode}"]
+                    a, bb = med[f"A {mode}"], med[f"B {mode}"]
                     ct.emit(lines, f"| {d} | {'yes' if causal else 'no'} | {s} | {mode} | {a:.1f} | {bb:.1f} | "
-                                   f"{bb / a:.3f} | {med[f'A {am}'] / med['A def']:.3f} | "
-                                   f"{bb / med['B def']:.3f} | {spr[f'A {am}']:.1%} / "
+                                   f"{bb / a:.3f} | {med['A det'] / med['A def']:.3f} | "
+                                   f"{med['B det'] / med['B def']:.3f} | {spr[f'A {mode}']:.1%} / "
                                    f"{spr[f'B {mode}']:.1%} | {'; '.join(checks)} |")
                 for c in cfgs.values():
                     c.close()

@@ -70,10 +70,6 @@ BwdPlan plan_backward(const Problem &p, WorkspaceLayout *ws) {
     BwdPlan plan;
     plan.head_dim = compiled_for(p.head_dim).head_dim;
     plan.launch = compiled_for(p.head_dim).launch;
-    // A developer's knob for A/B runs of the deterministic dQ writer's two forms (BwdParams::
-    // det_form): FLASHATTN_FA3_BWD_DET_FORM=1. Read at finalize.
-    const char *form = std::getenv("FLASHATTN_FA3_BWD_DET_FORM");
-    plan.det_form = form != nullptr && std::string(form) == "1" ? 1 : 0;
     static_cast<BwdSlices &>(plan) =
         add_backward_slices(p, ceil_div(p.seqlen_q, kBwdBM),
                             {"fa3 backward dQ order counters", "fa3 backward dO.O row sums", "fa3 backward dQ accumulator"},
@@ -89,7 +85,6 @@ flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const Wor
 
     BwdParams k;
     fill_backward_args(p, t, ws, plan, &k);
-    k.det_form = plan.det_form;
 
     const bool bf16 = p.dtype == FLASHATTN_DTYPE_BF16;
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);

@@ -19,7 +19,6 @@ namespace fa3 {
 struct BwdPlan : BwdSlices {
     int head_dim = 0;    // the compiled head dim that runs the problem (fa3_head_dims.h)
     LaunchBwd launch = nullptr;
-    int det_form = 0;    // BwdParams::det_form (FLASHATTN_FA3_BWD_DET_FORM)
 };
 
 // Empty when the FA3 backward kernels can run `p` on `dev` (the forward's own conditions, TMA

@@ -3,17 +3,15 @@
 //
 // One CTA per (key block of kBwdBN = 128 keys, kv head, sequence), heads and sequences fastest in
 // one grid dimension (as the FA2 backward: the first wave holds every head's first key blocks, and
-// in deterministic mode a key block's predecessor in the dQ order is always an earlier CTA). Three
-// warpgroups, as FlashAttention-3's backward: warpgroup 0 produces with few registers (setmaxnreg:
-// warp 0's thread 0 issues the TMA loads, warp 1 is the dQ writer), consumer warpgroup w = 0, 1
-// owns keys n0 + 64w .. n0 + 64w + 63 and keeps their dK and dV in registers. K and V arrive once
-// by TMA. The CTA then walks every query block of kBwdBM = 64 rows of every query head of the kv
-// head's GQA group that sees any of its keys, in a fixed order; Q and dO load by TMA into a ring
-// of kStages buffers ("full" / "empty" mbarriers), and each consumer warpgroup cp.asyncs its own
-// copy of the step's LSE and row_dot kStages - 1 steps ahead, so the two consumers only meet at
-// the ring: they drift apart and one's GEMMs run under the other's elementwise work. Per step and
-// consumer warpgroup (transposed, so that the probabilities come out of the accumulator already in
-// the A-fragment layout of the next GEMMs):
+// in deterministic mode a key block's predecessor in the dQ order is always an earlier CTA). Two
+// consumer warpgroups; warpgroup w owns keys n0 + 64w .. n0 + 64w + 63 and keeps their dK and dV
+// in registers. K and V arrive once by TMA. The CTA then walks every query block of kBwdBM = 64
+// rows of every query head of the kv head's GQA group that sees any of its keys, in a fixed order;
+// Q and dO load by TMA into a ring of kStages buffers ("full" / "empty" mbarriers), and each
+// warpgroup cp.asyncs its own copy of the step's LSE and row_dot kStages - 1 steps ahead, so the
+// two warpgroups only meet at the ring: they drift apart and one's GEMMs run under the other's
+// elementwise work. Per step and warpgroup (transposed, so that the probabilities come out of the
+// accumulator already in the A-fragment layout of the next GEMMs):
 //   S^T  = K_w Q^T and dP^T = V_w dO^T        wgmma, both operands K-major in shared memory
 //   P^T  = exp2(S'^T * score_log2 - LSE * log2 e) with S' the soft-capped score (tanh) when a
 //          cap is set; 0 where device/mask.cuh's rule hides the key, for rows past the sequence
@@ -23,19 +21,23 @@
 //                                              MN-major in shared memory
 //   dQ  += dS K_w                              dS^T through shared memory (16-bit), wgmma with
 //                                              both operands MN-major, 64 columns at a time,
-//                                              into the warpgroup's fp32 slot in shared memory
-//                                              (dq_full / dq_empty mbarriers); the writer warp
-//                                              adds it to the accumulator with one bulk
-//                                              reduction (cp.reduce.async.bulk .add.f32: the
-//                                              query block's rows are contiguous there); default
-//                                              mode at head dim 64: vector reductions from the
-//                                              consumer's registers instead
+//                                              into an fp32 tile in shared memory that one bulk
+//                                              reduction (cp.reduce.async.bulk .add.f32) adds
+//                                              to the accumulator (the query block's rows are
+//                                              contiguous there); default mode at head dim 64:
+//                                              vector reductions from registers instead
 // At the end dK * scale and dV are stored (zeros for keys no query sees). The dQ scale is the
 // convert kernel's (device/bwd_prep.cuh). GQA needs no dK/dV reduction across CTAs: the CTA walks
-// its whole query-head group. Deterministic mode: the key blocks that add to one query block's dQ
-// take turns in ascending key order (a counter per (query head, query block), as FA2's); the
-// writer warp sums the two consumers' slots, waits for the turn, reduces the sum and releases the
-// turn once the reduction has completed. No consumer ever waits on L2.
+// its whole query-head group.
+//
+// Two kernels. bwd_kernel, the default mode: 256 threads, thread 0 of warpgroup 0 also issues the
+// TMA loads, each warpgroup's thread 0 its bulk reductions. bwd_det_kernel, the deterministic mode
+// (since stop 20): FlashAttention-3's shape, a third warpgroup that produces on 24 registers
+// (setmaxnreg; the consumers run on 240): its warp 0 issues the TMA loads, its warp 1 is the dQ
+// writer. The consumers store their fp32 dQ tiles to two slots (dq_full / dq_empty mbarriers); the
+// writer takes the key block's turn (ascending key order per (query head, query block), a counter
+// each, as FA2's), reduces slot 0, then slot 1, and releases the turn: no consumer waits on L2.
+// The same producer warpgroup ran the default mode 1-14 % slower (docs/kernel-notes.md).
 #pragma once
 
 #include <cstdint>
@@ -102,7 +104,7 @@ __device__ __forceinline__ void warpgroup_sync(int wg) {
 __device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
-// Four at a time (16-byte aligned), and back: the deterministic mode's sum of the two dQ slots.
+// Four at a time (16-byte aligned), and back.
 __device__ __forceinline__ void st_shared_v4_f32(uint32_t addr, float x, float y, float z, float w) {
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
 }
@@ -157,33 +159,13 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 #endif
 }
 
-// One non-blocking test: true iff the phase with parity `parity` has completed (try_wait may
-// suspend the thread for a while; the default-mode writer polls two barriers in turn).
-__device__ __forceinline__ bool mbar_test_wait_s(uint32_t bar, uint32_t parity) {
-#if FLASHATTN_SM90A_BODY
-    uint32_t ok;
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(ok)
-        : "r"(bar), "r"(parity)
-        : "memory");
-    return ok != 0;
-#else
-    (void)bar, (void)parity;
-    FLASHATTN_SM90A_TRAP();
-    return false;
-#endif
-}
-
 // ---- layout -----------------------------------------------------------------------------------
 
 struct BwdBarriers {
     uint64_t kv_full;                 // K and V landed (one phase: loaded once per CTA)
     uint64_t qdo_full[kBwdMaxStages];   // Q and dO of the buffer's step landed
     uint64_t qdo_empty[kBwdMaxStages];  // every consumer warp (8) is done with the buffer's Q and dO
-    // The dQ writer's slots, one phase per step: every thread of consumer warpgroup w has stored
+    // bwd_det_kernel's dQ slots, one phase per step: every thread of consumer warpgroup w has stored
     // its dQ tile in slot w ...
     uint64_t dq_full[2];
     // ... and every lane of the writer warp is done with it (its bulk reduction has read it).
@@ -205,7 +187,7 @@ struct BwdTraits {
     static constexpr int kKOff = 0;
     static constexpr int kVOff = kKBytes;
     static constexpr int kQOff = 2 * kKBytes;  // buffer s: Q at kQOff + s * 2 * kQBytes, dO after it
-    static constexpr int kDQBytes = kBwdBM * kD * 4;  // one warpgroup's fp32 dQ slot (rows of head_dim floats)
+    static constexpr int kDQBytes = kBwdBM * kD * 4;  // one warpgroup's fp32 dQ tile / slot (rows of head_dim floats)
     static constexpr int kDSOff = kQOff + kStages * 2 * kQBytes;
     static constexpr int kDQOff = kDSOff + 2 * kDSBytes;
     static constexpr int kRowsOff = kDQOff + 2 * kDQBytes;
@@ -242,7 +224,7 @@ __device__ __forceinline__ int ring_buf(int s) { return s % Tr::kStages; }
 template <class Tr>
 __device__ __forceinline__ uint32_t ring_phase(int s) { return static_cast<uint32_t>((s / Tr::kStages) & 1); }
 
-// TMA of Q and dO of step `st` into buffer `buf` (the producer's thread 0 only).
+// TMA of Q and dO of step `st` into buffer `buf` (thread 0 only).
 template <class Tr>
 __device__ __forceinline__ void load_q_do(const BwdParams &p, const CUtensorMap *tm_q, const CUtensorMap *tm_do,
                                           const BwdBlock &a, BwdStep st, int buf) {
@@ -381,8 +363,7 @@ __device__ __forceinline__ void issue_dkv(float (&dK)[Tr::kD / 2], float (&dV)[T
 // Deterministic mode: the counter of the step's (query head, query block) and the number of
 // key blocks that add to its dQ before this one. The key blocks that see a query block are
 // contiguous from the one holding key m0 + off - left (mask.cuh's rule for its first row); each
-// adds in one turn: the dQ writer warp sums the two consumer warpgroups' tiles and reduces the sum
-// inside the turn, so each CTA makes one reduction per step and no consumer waits for a turn.
+// adds in one turn, taken by bwd_det_kernel's writer warp for both consumer warpgroups.
 struct BwdTurn {
     int *sem;
     int before;
@@ -394,12 +375,252 @@ __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a
     return BwdTurn{sem, a.nb - nb_first};
 }
 
-// Whether a CTA's dQ goes through the writer warp: the bulk path, and every deterministic kernel
-// (whose one ordered reduction per step the writer makes; the consumers never wait for a turn).
-template <class Tr, bool kDet>
-constexpr bool uses_dq_writer() {
-    return Tr::kBulkDQ || kDet;
+// dQ += dS K_w for the step's 64 queries, head dims above 64 (bwd_bulk_dq), 64 head-dim columns
+// at a time: wgmma with dS^T and K both key-major in shared memory, into the warpgroup's fp32 tile
+// (rows of head_dim floats, as the accumulator's rows), then one bulk reduction of the sequence's
+// rows by thread 0 of the warpgroup (default mode; the deterministic kernel's dQ goes through its
+// writer warp: accumulate_dq_slot). The caller made sure that the previous step's reduction has
+// finished reading the tile (the step-top barrier).
+template <class Tr, class E>
+__device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
+                                                   uint32_t s_ds, uint32_t s_k, uint32_t s_dq) {
+    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
+    const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
+    const int d = p.head_dim;
+#pragma unroll
+    for (int half = 0; half < Tr::kPages; ++half) {
+        const uint64_t dk = cuda::make_desc_sw128(s_k + half * Tr::kKPage, 1024, Tr::kKPage);
+        float acc[32];
+        cuda::fence_operands(acc);
+        cuda::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            wgmma_ss_mn64<E>(acc, dds + static_cast<uint64_t>((kk * 16 * 128) >> 4),
+                             dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
+        cuda::wgmma_commit();
+        cuda::wgmma_wait<0>();
+        cuda::fence_operands(acc);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int col = half * 64 + 8 * j + 2 * t;  // head_dim is a multiple of 8: the pair is in or out
+            if (col >= d) continue;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = 16 * warp + g + 8 * h;
+                st_shared_v2_f32(s_dq + (row * d + col) * 4, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            }
+        }
+    }
+    fence_proxy_async_smem();  // the tile, before the bulk reduction reads it
+    warpgroup_sync(wg);
+    if (wtid == 0) {
+        const int rows = min(kBwdBM, a.sq - st.m0);
+        float *dst = p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + st.m0) * d;
+        bulk_reduce_add_f32(dst, s_dq, static_cast<uint32_t>(rows * d * 4));
+        bulk_commit();
+    }
 }
+
+// dQ += dS K_w, head dims up to 64 (bwd_bulk_dq), default mode: the wgmma as accumulate_dq_bulk's,
+// then vector reductions from registers into the fp32 accumulator. At head dim 64 this measured
+// 1.1-1.2x faster than the bulk reduction.
+template <class Tr, class E>
+__device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdBlock &a, BwdStep st, uint32_t s_ds,
+                                                  uint32_t s_k) {
+    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
+    const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
+    float *rows[2];
+    bool row_ok[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int qpos = st.m0 + 16 * warp + g + 8 * h;
+        row_ok[h] = qpos < a.sq;
+        rows[h] = p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + (row_ok[h] ? qpos : 0)) *
+                                   p.head_dim + 2 * t;
+    }
+    static_assert(Tr::kPages == 1, "the red path reduces the whole dQ tile from registers");
+    {
+        const uint64_t dk = cuda::make_desc_sw128(s_k, 1024, Tr::kKPage);
+        float acc[32];
+        cuda::fence_operands(acc);
+        cuda::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            wgmma_ss_mn64<E>(acc, dds + static_cast<uint64_t>((kk * 16 * 128) >> 4),
+                             dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
+        cuda::wgmma_commit();
+        cuda::wgmma_wait<0>();
+        cuda::fence_operands(acc);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int col = 8 * j;  // + 2t: head_dim is a multiple of 8, the pair is in or out
+            if (col >= p.head_dim) continue;
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                if (row_ok[h]) cuda::red_add_f32x2(rows[h] + col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+    }
+}
+
+// One step (query block st, buffer buf) for warpgroup wg, default mode.
+template <class Tr, class E>
+__device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBlock &a, BwdStep st, int buf, int wg,
+                                                 float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2]) {
+    const uint32_t base = cuda::smem_addr(a.smem);
+    const uint32_t s_k = base + Tr::kKOff + 64 * wg * 128, s_v = base + Tr::kVOff + 64 * wg * 128;
+    const uint32_t s_q = base + Tr::kQOff + buf * 2 * Tr::kQBytes, s_do = s_q + Tr::kQBytes;
+    const uint32_t s_ds = base + Tr::kDSOff + wg * Tr::kDSBytes;
+    const uint32_t s_dq = base + Tr::kDQOff + wg * Tr::kDQBytes;
+    const uint32_t s_rows = base + Tr::kRowsOff + (buf * 2 + wg) * Tr::kRowsBytes;
+
+    float S[kBwdBM / 2], dP[kBwdBM / 2];
+    scores_and_dp_issue<Tr, E>(S, dP, s_k, s_v, s_q, s_do);
+    cuda::wgmma_wait<0>();
+    cuda::fence_operands(S);
+    cuda::fence_operands(dP);
+    probs_and_grads<Tr>(p, a, st, wg, s_rows, S, dP);
+    uint32_t Pf[Tr::kKF][4], dSf[Tr::kKF][4];
+    to_fragments<Tr, E>(S, Pf);
+    to_fragments<Tr, E>(dP, dSf);
+    store_ds<Tr>(s_ds, dSf);
+    fence_proxy_async_smem();  // the generic-proxy stores, before the wgmma reads them
+    warpgroup_sync(wg);
+    issue_dkv<Tr, E>(dK, dV, Pf, dSf, s_q, s_do);
+    if constexpr (Tr::kBulkDQ)  // both wait for every wgmma of the step
+        accumulate_dq_bulk<Tr, E>(p, a, st, wg, s_ds, s_k, s_dq);
+    else
+        accumulate_dq_red<Tr, E>(p, a, st, s_ds, s_k);
+    cuda::fence_operands(dK);
+    cuda::fence_operands(dV);
+    __syncwarp();  // every lane's wgmmas reading Q and dO have retired
+    if ((threadIdx.x & 31) == 0) cuda::mbar_arrive(&a.bars->qdo_empty[buf]);
+}
+
+// dK * scale and dV of the thread's two keys (16-bit pairs), zeros where no query saw the key.
+template <class Tr, class E>
+__device__ __forceinline__ void store_dk_dv(const BwdParams &p, const BwdBlock &a, int wg, const float (&dK)[Tr::kD / 2],
+                                            const float (&dV)[Tr::kD / 2]) {
+    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
+    const bool varlen = p.cu_q != nullptr;
+    uint16_t *dkg = static_cast<uint16_t *>(p.dk) + (varlen ? a.k_row0 * p.dk_rs : a.b * p.dk_bs) + a.kvh * p.dk_hs;
+    uint16_t *dvg = static_cast<uint16_t *>(p.dv) + (varlen ? a.k_row0 * p.dv_rs : a.b * p.dv_bs) + a.kvh * p.dv_hs;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int key = a.n0 + 64 * wg + 16 * warp + g + 8 * h;
+        if (key >= a.sk) continue;
+        uint16_t *kr = dkg + key * p.dk_rs + 2 * t;
+        uint16_t *vr = dvg + key * p.dv_rs + 2 * t;
+#pragma unroll
+        for (int j = 0; j < Tr::kD / 8; ++j) {
+            const int c = 8 * j;
+            if (c >= p.head_dim) continue;
+            *reinterpret_cast<uint32_t *>(kr + c) =
+                cuda::pack2<E>(dK[4 * j + 2 * h] * p.scale, dK[4 * j + 2 * h + 1] * p.scale);
+            *reinterpret_cast<uint32_t *>(vr + c) = cuda::pack2<E>(dV[4 * j + 2 * h], dV[4 * j + 2 * h + 1]);
+        }
+    }
+}
+
+// The default mode's kernel: two warpgroups (256 threads), no producer warpgroup; thread 0 also
+// issues the TMA loads. The deterministic mode runs bwd_det_kernel (below).
+template <class Tr, class E>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+               const __grid_constant__ BwdParams p) {
+    extern __shared__ unsigned char smem_raw[];
+    // SW128 tiles need 1024-byte alignment; the dynamic base is not guaranteed to have it.
+    unsigned char *smem = reinterpret_cast<unsigned char *>(
+        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+    const int hb = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.heads_kv * p.batch));
+    BwdBlock a;
+    a.nb = static_cast<int>(blockIdx.x / static_cast<unsigned>(p.heads_kv * p.batch));
+    a.kvh = hb % p.heads_kv;
+    a.b = hb / p.heads_kv;
+    const cuda::SeqInfo si = cuda::seq_info(p, a.b);
+    a.sq = si.sq;
+    a.sk = si.sk;
+    a.off = cuda::diagonal_offset(p, si.sq, si.sk);
+    a.q_row0 = si.q_row0;
+    a.k_row0 = si.k_row0;
+    a.n0 = a.nb * kBwdBN;
+    a.smem = smem;
+    a.bars = reinterpret_cast<BwdBarriers *>(smem + Tr::kBarOff);
+    if (a.n0 >= a.sk) return;  // the whole CTA: a key block past this sequence's end
+
+    if (threadIdx.x == 0) {
+        cuda::mbar_init(&a.bars->kv_full, 1);
+#pragma unroll
+        for (int s = 0; s < Tr::kStages; ++s) {
+            cuda::mbar_init(&a.bars->qdo_full[s], 1);
+            cuda::mbar_init(&a.bars->qdo_empty[s], kBwdThreads / 32);
+        }
+        cuda::fence_mbar_init();
+    }
+    __syncthreads();
+
+    const int wg = threadIdx.x / 128;
+    float dK[Tr::kD / 2], dV[Tr::kD / 2];
+#pragma unroll
+    for (int i = 0; i < Tr::kD / 2; ++i) dK[i] = dV[i] = 0.f;
+
+    // Query rows that see any key of [n0, n_hi]: key j is visible to row i iff
+    // i + off - left <= j <= i + off + right (mask.cuh), so i in [n0 - off - right, n_hi - off + left].
+    const int64_t n_hi = min(a.n0 + kBwdBN, a.sk) - 1;
+    const int64_t i_lo = max(int64_t(0), a.n0 - a.off - p.right);
+    const int64_t i_hi = min(static_cast<int64_t>(a.sq) - 1, n_hi - a.off + p.left);
+    if (i_lo <= i_hi) {
+        a.mb_first = static_cast<int>(i_lo / kBwdBM);
+        a.nmb = static_cast<int>(i_hi / kBwdBM) - a.mb_first + 1;
+        const int nsteps = p.group * a.nmb;
+        if (threadIdx.x == 0) {
+            const bool varlen = p.cu_q != nullptr;
+            const int32_t krow = static_cast<int32_t>((varlen ? a.k_row0 : 0) + a.n0);
+            const int32_t bc = varlen ? 0 : a.b;
+            cuda::mbar_arrive_expect_tx(&a.bars->kv_full, 2 * Tr::kKBytes);
+#pragma unroll
+            for (int pg = 0; pg < Tr::kPages; ++pg) {
+                cuda::tma_load_4d(smem + Tr::kKOff + pg * Tr::kKPage, &tm_k, &a.bars->kv_full, 64 * pg, krow, a.kvh, bc);
+                cuda::tma_load_4d(smem + Tr::kVOff + pg * Tr::kKPage, &tm_v, &a.bars->kv_full, 64 * pg, krow, a.kvh, bc);
+            }
+        }
+        // Prologue: the first kStages - 1 steps (fresh buffers: no release to wait for).
+#pragma unroll
+        for (int r = 0; r < Tr::kStages - 1; ++r) {
+            if (r < nsteps) {
+                if (threadIdx.x == 0) load_q_do<Tr>(p, &tm_q, &tm_do, a, bwd_step(p, a, r), r);
+                load_rows<Tr>(p, a, bwd_step(p, a, r), r, wg);
+            }
+            cuda::cp_async_commit();
+        }
+        cuda::mbar_wait(&a.bars->kv_full, 0);
+        for (int s = 0; s < nsteps; ++s) {
+            const BwdStep st = bwd_step(p, a, s);
+            const int buf = ring_buf<Tr>(s);
+            // Step r = s + kStages - 1 refills the buffer of step s - 1: the loader waits for both
+            // warpgroups to release it; this warpgroup's own copy of the rows was last read before
+            // the warpgroup barrier of its step s - 1.
+            const int r = s + Tr::kStages - 1;
+            if (r < nsteps) {
+                if (threadIdx.x == 0) {
+                    if (s >= 1) cuda::mbar_wait(&a.bars->qdo_empty[ring_buf<Tr>(s - 1)], ring_phase<Tr>(s - 1));
+                    load_q_do<Tr>(p, &tm_q, &tm_do, a, bwd_step(p, a, r), ring_buf<Tr>(r));
+                }
+                load_rows<Tr>(p, a, bwd_step(p, a, r), ring_buf<Tr>(r), wg);
+            }
+            cuda::cp_async_commit();
+            cuda::cp_async_wait<Tr::kStages - 1>();  // this step's rows, from this thread ...
+            if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) bulk_wait_read_all();  // the previous dQ reduction read its tile
+            warpgroup_sync(wg);                      // ... and from every thread of the warpgroup
+            cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
+            bwd_step_compute<Tr, E>(p, a, st, buf, wg, dK, dV);
+        }
+        if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) bulk_wait_all();  // the last reduction, before shared memory goes away
+    }
+    store_dk_dv<Tr, E>(p, a, wg, dK, dV);
+}
+
+// ---- the deterministic mode's kernel: a producer warpgroup and its dQ writer ------------------
 
 // dQ += dS K_w for the step's 64 queries into the warpgroup's fp32 slot (rows of head_dim floats,
 // as the accumulator's rows), 64 head-dim columns at a time: wgmma with dS^T and K both key-major
@@ -441,48 +662,9 @@ __device__ __forceinline__ void accumulate_dq_slot(const BwdParams &p, const Bwd
     cuda::mbar_arrive(&a.bars->dq_full[wg]);
 }
 
-// dQ += dS K_w, default mode at head dims up to 64 (!bwd_bulk_dq): the wgmma as
-// accumulate_dq_slot's, then vector reductions from registers into the fp32 accumulator (at head
-// dim 64 this measured 1.1-1.2x faster than the bulk reduction).
+// One step (query block st, buffer buf) for consumer warpgroup wg of the deterministic kernel.
 template <class Tr, class E>
-__device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdBlock &a, BwdStep st, uint32_t s_ds,
-                                                  uint32_t s_k) {
-    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
-    const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
-    float *rows[2];
-    bool row_ok[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int qpos = st.m0 + 16 * warp + g + 8 * h;
-        row_ok[h] = qpos < a.sq;
-        rows[h] = p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + (row_ok[h] ? qpos : 0)) *
-                                   p.head_dim + 2 * t;
-    }
-    static_assert(Tr::kPages == 1, "the red path reduces the whole dQ tile from registers");
-    const uint64_t dk = cuda::make_desc_sw128(s_k, 1024, Tr::kKPage);
-    float acc[32];
-    cuda::fence_operands(acc);
-    cuda::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-        wgmma_ss_mn64<E>(acc, dds + static_cast<uint64_t>((kk * 16 * 128) >> 4),
-                         dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
-    cuda::wgmma_commit();
-    cuda::wgmma_wait<0>();
-    cuda::fence_operands(acc);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const int col = 8 * j;  // + 2t: head_dim is a multiple of 8, the pair is in or out
-        if (col >= p.head_dim) continue;
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-            if (row_ok[h]) cuda::red_add_f32x2(rows[h] + col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-    }
-}
-
-// One step (query block st, buffer buf) for consumer warpgroup wg.
-template <class Tr, class E, bool kDet>
-__device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBlock &a, int s, BwdStep st, int buf,
+__device__ __forceinline__ void det_step_compute(const BwdParams &p, const BwdBlock &a, int s, BwdStep st, int buf,
                                                  int wg, float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2]) {
     const uint32_t base = cuda::smem_addr(a.smem);
     const uint32_t s_k = base + Tr::kKOff + 64 * wg * 128, s_v = base + Tr::kVOff + 64 * wg * 128;
@@ -504,42 +686,12 @@ __device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBl
     fence_proxy_async_smem();  // the generic-proxy stores, before the wgmma reads them
     warpgroup_sync(wg);
     issue_dkv<Tr, E>(dK, dV, Pf, dSf, s_q, s_do);
-    if constexpr (uses_dq_writer<Tr, kDet>())  // both wait for every wgmma of the step
-        accumulate_dq_slot<Tr, E>(p, a, s, wg, s_ds, s_k, s_dq);
-    else
-        accumulate_dq_red<Tr, E>(p, a, st, s_ds, s_k);
+    accumulate_dq_slot<Tr, E>(p, a, s, wg, s_ds, s_k, s_dq);  // waits for every wgmma of the step
     cuda::fence_operands(dK);
     cuda::fence_operands(dV);
     __syncwarp();  // every lane's wgmmas reading Q and dO have retired
     if ((threadIdx.x & 31) == 0) cuda::mbar_arrive(&a.bars->qdo_empty[buf]);
 }
-
-// dK * scale and dV of the thread's two keys (16-bit pairs), zeros where no query saw the key.
-template <class Tr, class E>
-__device__ __forceinline__ void store_dk_dv(const BwdParams &p, const BwdBlock &a, int wg, const float (&dK)[Tr::kD / 2],
-                                            const float (&dV)[Tr::kD / 2]) {
-    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
-    const bool varlen = p.cu_q != nullptr;
-    uint16_t *dkg = static_cast<uint16_t *>(p.dk) + (varlen ? a.k_row0 * p.dk_rs : a.b * p.dk_bs) + a.kvh * p.dk_hs;
-    uint16_t *dvg = static_cast<uint16_t *>(p.dv) + (varlen ? a.k_row0 * p.dv_rs : a.b * p.dv_bs) + a.kvh * p.dv_hs;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int key = a.n0 + 64 * wg + 16 * warp + g + 8 * h;
-        if (key >= a.sk) continue;
-        uint16_t *kr = dkg + key * p.dk_rs + 2 * t;
-        uint16_t *vr = dvg + key * p.dv_rs + 2 * t;
-#pragma unroll
-        for (int j = 0; j < Tr::kD / 8; ++j) {
-            const int c = 8 * j;
-            if (c >= p.head_dim) continue;
-            *reinterpret_cast<uint32_t *>(kr + c) =
-                cuda::pack2<E>(dK[4 * j + 2 * h] * p.scale, dK[4 * j + 2 * h + 1] * p.scale);
-            *reinterpret_cast<uint32_t *>(vr + c) = cuda::pack2<E>(dV[4 * j + 2 * h], dV[4 * j + 2 * h + 1]);
-        }
-    }
-}
-
-// ---- the producer warpgroup ---------------------------------------------------------------------
 
 // Warp 0, one thread: K and V once, then Q and dO of every step into the ring, each buffer once
 // every consumer warp has released its previous step (qdo_empty).
@@ -563,22 +715,6 @@ __device__ __forceinline__ void produce_q_do(const BwdParams &p, const CUtensorM
     }
 }
 
-// Deterministic mode, the writer warp: slot 1 += slot 0 over the whole slot (every lane, float4
-// strided across the warp; past head_dim x kBwdBM floats nothing is reduced: the fixed trip count
-// keeps the loop's registers few), so that one bulk reduction per step carries both consumers' dQ.
-template <class Tr>
-__device__ __forceinline__ void sum_dq_slots(uint32_t s_dq0) {
-    constexpr int kIters = Tr::kDQBytes / 16 / 32;
-    const uint32_t base = s_dq0 + (threadIdx.x & 31) * 16;
-#pragma unroll 2
-    for (int i = 0; i < kIters; ++i) {
-        const uint32_t at = base + i * 32 * 16;
-        const float4 x = ld_shared_v4_f32(at);
-        const float4 y = ld_shared_v4_f32(at + Tr::kDQBytes);
-        st_shared_v4_f32(at + Tr::kDQBytes, x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
-    }
-}
-
 // Where step st's dQ rows start in the fp32 accumulator, and how many bytes of them there are
 // (the query block's rows of the sequence are contiguous: [heads_q][rows][head_dim]).
 __device__ __forceinline__ float *dq_rows(const BwdParams &p, const BwdBlock &a, BwdStep st) {
@@ -588,42 +724,16 @@ __device__ __forceinline__ uint32_t dq_bytes(const BwdParams &p, const BwdBlock 
     return static_cast<uint32_t>(min(kBwdBM, a.sq - st.m0) * p.head_dim * 4);
 }
 
-// Default mode: the writer's thread 0 alone serves whichever consumer warpgroup has a tile ready
-// (the consumers drift apart; neither waits for the other's step here): one bulk reduction per tile,
-// and the slot back (dq_empty, one arrival) once the reduction has read it.
+// Warp 1 of the producer warpgroup, the dQ writer (every lane runs it; lane 0 issues the bulk
+// operations). Per step: waits for both consumers' tiles (dq_full), waits for the key block's
+// turn, reduces slot 0, waits for that to complete (two bulk reductions in flight have no defined
+// order, and the sum must be the same every run), reduces slot 1, and releases the turn once that
+// has completed (fenced); each slot goes back (dq_empty, every lane arrives) once it has been read.
+// The consumers never wait for L2: a turn, a poll or a reduction's latency sits here, in front of
+// no wgmma. (Stop 20 also measured a writer that summed slot 0 into slot 1 in shared memory and
+// reduced the sum once: 0.64-0.72x of the default mode, against 0.80-0.99x for this one.)
 template <class Tr>
-__device__ __forceinline__ void write_dq_default(const BwdParams &p, const BwdBlock &a, int nsteps) {
-    if ((threadIdx.x & 31) != 0) return;
-    const uint32_t s_dq0 = cuda::smem_addr(a.smem) + Tr::kDQOff;
-    const uint32_t full0 = cuda::smem_addr(&a.bars->dq_full[0]), empty0 = cuda::smem_addr(&a.bars->dq_empty[0]);
-    int next[2] = {0, 0};  // each slot's next step
-    while (next[0] < nsteps || next[1] < nsteps) {
-#pragma unroll
-        for (int w = 0; w < 2; ++w) {
-            if (next[w] >= nsteps || !mbar_test_wait_s(full0 + 8 * w, static_cast<uint32_t>(next[w] & 1))) continue;
-            const BwdStep st = bwd_step(p, a, next[w]);
-            bulk_reduce_add_f32(dq_rows(p, a, st), s_dq0 + w * Tr::kDQBytes, dq_bytes(p, a, st));
-            bulk_commit();
-            bulk_wait_read_all();
-            cuda::mbar_arrive_s(empty0 + 8 * w);
-            ++next[w];
-        }
-    }
-    bulk_wait_all();  // the last reductions, before shared memory goes away
-}
-
-// Warp 1, the dQ writer. Deterministic mode (every lane runs it; lane 0 issues the bulk
-// operations): per step, waits for both consumers' tiles (dq_full), sums them into slot 1 and
-// reduces the sum inside the key block's turn, which it releases as soon as the reduction has
-// completed (fenced); each slot goes back (dq_empty, every lane arrives) once it has been read.
-// The consumers never wait for L2: a turn, a poll or a reduction's latency sits here, in front
-// of no wgmma.
-template <class Tr, bool kDet>
-__device__ __forceinline__ void write_dq(const BwdParams &p, const BwdBlock &a, int nsteps) {
-    if constexpr (!kDet) {
-        write_dq_default<Tr>(p, a, nsteps);
-        return;
-    }
+__device__ __forceinline__ void write_dq_det(const BwdParams &p, const BwdBlock &a, int nsteps) {
     // The producer warpgroup runs at kBwdProducerRegs (24): little is held across the loop (32-bit
     // shared addresses; the step's global address computed where it is used).
     const int lane = threadIdx.x & 31;
@@ -633,39 +743,24 @@ __device__ __forceinline__ void write_dq(const BwdParams &p, const BwdBlock &a, 
                   "slot w's barriers at full0 + 8 w and empty0 + 8 w");
     for (int s = 0; s < nsteps; ++s) {
         const uint32_t par = static_cast<uint32_t>(s & 1);
-        // det_form 0: slot 1 += slot 0 here, one reduction of the sum; 1: slot 0's reduction,
-        // completed, then slot 1's (the order of two bulk reductions in flight is not defined).
-        const bool sum = p.det_form == 0;
         cuda::mbar_wait_s(full0, par);
         cuda::mbar_wait_s(full0 + 8, par);
-        if (sum) {
-            sum_dq_slots<Tr>(s_dq0);
-            fence_proxy_async_smem();  // this lane's sums, before the bulk reduction reads them
-            __syncwarp();
-            cuda::mbar_arrive_s(empty0);  // slot 0 read (generic loads, this lane)
-        }
         if (lane == 0) {
             const BwdStep st = bwd_step(p, a, s);
             const BwdTurn turn = turn_of(p, a, st);
             while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
             }
             fence_proxy_async_global();  // the predecessors' adds, before this one
-            if (!sum) {
-                bulk_reduce_add_f32(dq_rows(p, a, st), s_dq0, dq_bytes(p, a, st));
-                bulk_commit();
-                bulk_wait_read_all();
-            }
+            bulk_reduce_add_f32(dq_rows(p, a, st), s_dq0, dq_bytes(p, a, st));
+            bulk_commit();
+            bulk_wait_read_all();
         }
-        if (!sum) {
-            __syncwarp();
-            cuda::mbar_arrive_s(empty0);
-        }
+        __syncwarp();
+        cuda::mbar_arrive_s(empty0);
         if (lane == 0) {
             const BwdStep st = bwd_step(p, a, s);
-            if (!sum) {
-                bulk_wait_all();  // slot 0's adds performed before slot 1's begin
-                fence_proxy_async_global();
-            }
+            bulk_wait_all();  // slot 0's adds performed before slot 1's begin
+            fence_proxy_async_global();
             bulk_reduce_add_f32(dq_rows(p, a, st), s_dq1, dq_bytes(p, a, st));
             bulk_commit();
             bulk_wait_read_all();
@@ -679,14 +774,11 @@ __device__ __forceinline__ void write_dq(const BwdParams &p, const BwdBlock &a, 
             atomicAdd(turn_of(p, a, bwd_step(p, a, s)).sem, 1);
         }
     }
-    if (lane == 0) bulk_wait_all();  // the last reduction, before shared memory goes away
 }
 
-// ---- the kernel ---------------------------------------------------------------------------------
-
 // The consumer warpgroup wg's walk: its rows copies, the ring, one step after another.
-template <class Tr, class E, bool kDet>
-__device__ __forceinline__ void consume(const BwdParams &p, const BwdBlock &a, int nsteps, int wg,
+template <class Tr, class E>
+__device__ __forceinline__ void det_consume(const BwdParams &p, const BwdBlock &a, int nsteps, int wg,
                                         float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2]) {
     // Prologue: the rows of the first kStages - 1 steps (fresh buffers: no release to wait for).
 #pragma unroll
@@ -706,17 +798,17 @@ __device__ __forceinline__ void consume(const BwdParams &p, const BwdBlock &a, i
         cuda::cp_async_wait<Tr::kStages - 1>();  // this step's rows, from this thread ...
         warpgroup_sync(wg);                      // ... and from every thread of the warpgroup
         cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
-        bwd_step_compute<Tr, E, kDet>(p, a, s, st, buf, wg, dK, dV);
+        det_step_compute<Tr, E>(p, a, s, st, buf, wg, dK, dV);
     }
 }
 
-// kDet: the deterministic mode (p.deterministic), whose summed, ordered dQ reduction is compiled
-// only into its own instantiation, so the default mode's kernel keeps its code and registers.
-// Warpgroup 0 produces (warp 0: TMA; warp 1: the dQ writer where uses_dq_writer), warpgroups 1 and
-// 2 consume (keys n0 .. n0 + 63 and n0 + 64 .. n0 + 127).
-template <class Tr, class E, bool kDet>
-__global__ void __launch_bounds__(kBwdThreads, 1)
-    bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+// The deterministic mode's kernel (p.deterministic; stop 20): three warpgroups (kBwdDetThreads).
+// Warpgroup 0 produces (warp 0: TMA; warp 1: the dQ writer, which takes the turns), warpgroups 1
+// and 2 consume (keys n0 .. n0 + 63 and n0 + 64 .. n0 + 127). The default mode keeps bwd_kernel:
+// the same producer warpgroup (with a dQ writer at head dim 128) ran it 1-14 % slower.
+template <class Tr, class E>
+__global__ void __launch_bounds__(kBwdDetThreads, 1)
+    bwd_det_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                const __grid_constant__ BwdParams p) {
     extern __shared__ unsigned char smem_raw[];
@@ -749,7 +841,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
         for (int w = 0; w < 2; ++w) {
             cuda::mbar_init(&a.bars->dq_full[w], 128);  // every thread of consumer warpgroup w
-            cuda::mbar_init(&a.bars->dq_empty[w], kDet ? 32 : 1);  // every lane of the writer warp / its thread 0
+            cuda::mbar_init(&a.bars->dq_empty[w], 32);  // every lane of the writer warp
         }
         cuda::fence_mbar_init();
     }
@@ -767,7 +859,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         a.nmb = static_cast<int>(i_hi / kBwdBM) - a.mb_first + 1;
         nsteps = p.group * a.nmb;
     }
-    static_assert(setmaxnreg_split_fits(kBwdProducerRegs, kBwdConsumerRegs) && kThreads == kBwdThreads,
+    static_assert(setmaxnreg_split_fits(kBwdProducerRegs, kBwdConsumerRegs) && kThreads == kBwdDetThreads,
                   "the backward's register split exceeds the launch's");
     if (threadIdx.x < 128) {
         cuda::setmaxnreg_dec<kBwdProducerRegs>();
@@ -776,7 +868,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         if (warp == 0) {
             if (threadIdx.x == 0) produce_q_do<Tr>(p, &tm_q, &tm_k, &tm_v, &tm_do, a, nsteps);
         } else if (warp == 1) {
-            if constexpr (uses_dq_writer<Tr, kDet>()) write_dq<Tr, kDet>(p, a, nsteps);
+            write_dq_det<Tr>(p, a, nsteps);
         }
         return;
     }
@@ -785,7 +877,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     float dK[Tr::kD / 2], dV[Tr::kD / 2];
 #pragma unroll
     for (int i = 0; i < Tr::kD / 2; ++i) dK[i] = dV[i] = 0.f;
-    if (any) consume<Tr, E, kDet>(p, a, nsteps, wg, dK, dV);
+    if (any) det_consume<Tr, E>(p, a, nsteps, wg, dK, dV);
     store_dk_dv<Tr, E>(p, a, wg, dK, dV);
 }
 
@@ -794,14 +886,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 template <int kD, class E, bool kDet>
 cudaError_t launch_bwd_kernel(const BwdParams &p, const BwdMaps &maps, cudaStream_t stream) {
     using Tr = BwdTraits<kD>;
-    auto kernel = bwd_kernel<Tr, E, kDet>;
+    auto kernel = kDet ? bwd_det_kernel<Tr, E> : bwd_kernel<Tr, E>;
+    constexpr int kThreadsPerCta = kDet ? kBwdDetThreads : kBwdThreads;
     constexpr int kSmem = Tr::kSmemBytes;
     static unsigned long long optin_done = 0;  // one per instantiation
     cudaError_t e = cuda::ensure_smem_optin(kernel, kSmem, &optin_done);
     if (e != cudaSuccess) return e;
     const int64_t nkb = (static_cast<int64_t>(p.seqlen_k) + kBwdBN - 1) / kBwdBN;
     const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(p.heads_kv) * p.batch * nkb));
-    kernel<<<grid, kBwdThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, maps.dout, p);
+    kernel<<<grid, kThreadsPerCta, kSmem, stream>>>(maps.q, maps.k, maps.v, maps.dout, p);
     return cudaSuccess;
 }
 template <int kD, class E>
