@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks the compiled FA3 kernels in libflashattn without running them (no GPU needed): every
-# fa3::fwd_kernel and fa3::bwd_kernel (the backward, issue 16) instantiation must be sm_90a code
+# fa3::fwd_kernel, fa3::bwd_kernel and fa3::bwd_det_kernel (the backward and its deterministic
+# kernel, issue 16) instantiation must be sm_90a code
 # whose SASS uses HGMMA (wgmma: the tensor-core path of Hopper, not HMMA/FFMA), every
 # fa3::fp8_fwd_kernel (the FP8 forward, issue 17) QGMMA with E4M3 operands (FP8 wgmma's SASS
 # name: QGMMA.64xNx32.F32.E4M3.E4M3), and none may have local-memory traffic (LDL/STL: register
@@ -15,7 +16,7 @@ report=$(awk '
   /arch = / { arch = $3 }
   /Function : / {
     fn = $3
-    if (fn ~ /fa310(fwd|bwd)_kernel|fa314fp8_fwd_kernel/) { kernels[fn] = arch; hgmma[fn] = 0; local[fn] = 0 }
+    if (fn ~ /fa310(fwd|bwd)_kernel|fa314(fp8_fwd|bwd_det)_kernel/) { kernels[fn] = arch; hgmma[fn] = 0; local[fn] = 0 }
     next
   }
   fn != "" && (fn in kernels) {
@@ -25,7 +26,7 @@ report=$(awk '
   END {
     for (k in kernels) printf "%s arch=%s hgmma=%d local=%d\n", k, kernels[k], hgmma[k], local[k]
   }' <<<"$sass")
-for role in 10fwd 10bwd 14fp8_fwd; do
+for role in 10fwd 10bwd 14fp8_fwd 14bwd_det; do
   if ! grep -q "fa3${role}_kernel" <<<"$report"; then
     echo "no fa3 ${role} kernel found in $lib" >&2
     exit 1

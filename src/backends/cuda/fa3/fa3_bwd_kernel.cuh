@@ -4,14 +4,14 @@
 // One CTA per (key block of kBwdBN = 128 keys, kv head, sequence), heads and sequences fastest in
 // one grid dimension (as the FA2 backward: the first wave holds every head's first key blocks, and
 // in deterministic mode a key block's predecessor in the dQ order is always an earlier CTA). Two
-// warpgroups; warpgroup w owns keys n0 + 64w .. n0 + 64w + 63 and keeps their dK and dV in
-// registers. K and V arrive once by TMA. The CTA then walks every query block of kBwdBM = 64 rows
-// of every query head of the kv head's GQA group that sees any of its keys, in a fixed order; Q
-// and dO of the step kStages - 1 ahead load by TMA (thread 0) into a ring of kStages
-// buffers ("full" / "empty" mbarriers), and each warpgroup cp.asyncs its own copy of that step's
-// LSE and row_dot, so the two warpgroups only meet at the ring: they drift apart and one's GEMMs
-// run under the other's elementwise work. Per step and warpgroup (transposed, so that the
-// probabilities come out of the accumulator already in the A-fragment layout of the next GEMMs):
+// consumer warpgroups; warpgroup w owns keys n0 + 64w .. n0 + 64w + 63 and keeps their dK and dV
+// in registers. K and V arrive once by TMA. The CTA then walks every query block of kBwdBM = 64
+// rows of every query head of the kv head's GQA group that sees any of its keys, in a fixed order;
+// Q and dO load by TMA into a ring of kStages buffers ("full" / "empty" mbarriers), and each
+// warpgroup cp.asyncs its own copy of the step's LSE and row_dot kStages - 1 steps ahead, so the
+// two warpgroups only meet at the ring: they drift apart and one's GEMMs run under the other's
+// elementwise work. Per step and warpgroup (transposed, so that the probabilities come out of the
+// accumulator already in the A-fragment layout of the next GEMMs):
 //   S^T  = K_w Q^T and dP^T = V_w dO^T        wgmma, both operands K-major in shared memory
 //   P^T  = exp2(S'^T * score_log2 - LSE * log2 e) with S' the soft-capped score (tanh) when a
 //          cap is set; 0 where device/mask.cuh's rule hides the key, for rows past the sequence
@@ -24,18 +24,20 @@
 //                                              into an fp32 tile in shared memory that one bulk
 //                                              reduction (cp.reduce.async.bulk .add.f32) adds
 //                                              to the accumulator (the query block's rows are
-//                                              contiguous there); at head dim 64 vector
-//                                              reductions from registers instead
+//                                              contiguous there); default mode at head dim 64:
+//                                              vector reductions from registers instead
 // At the end dK * scale and dV are stored (zeros for keys no query sees). The dQ scale is the
 // convert kernel's (device/bwd_prep.cuh). GQA needs no dK/dV reduction across CTAs: the CTA walks
-// its whole query-head group. Deterministic mode: the 64-key halves that add to one query block's
-// dQ take turns in ascending key order (a counter per (query head, query block), as FA2's); a
-// warpgroup waits for its turn only once its dQ tile is computed, issues its adds, and releases
-// the turn during its next step's S/dP GEMMs; warpgroup 1 (the follower) refills the ring.
+// its whole query-head group.
 //
-// No producer warp yet: both warpgroups compute and thread 0 also issues the TMA loads (waiting,
-// before its own step, for both warpgroups to have released the buffer it refills). The
-// forward's producer warpgroup and register split are the next step.
+// Two kernels. bwd_kernel, the default mode: 256 threads, thread 0 of warpgroup 0 also issues the
+// TMA loads, each warpgroup's thread 0 its bulk reductions. bwd_det_kernel, the deterministic mode
+// (since stop 20): FlashAttention-3's shape, a third warpgroup that produces on 24 registers
+// (setmaxnreg; the consumers run on 240): its warp 0 issues the TMA loads, its warp 1 is the dQ
+// writer. The consumers store their fp32 dQ tiles to two slots (dq_full / dq_empty mbarriers); the
+// writer takes the key block's turn (ascending key order per (query head, query block), a counter
+// each, as FA2's), reduces slot 0, then slot 1, and releases the turn: no consumer waits on L2.
+// The same producer warpgroup ran the default mode 1-14 % slower (docs/kernel-notes.md).
 #pragma once
 
 #include <cstdint>
@@ -47,6 +49,7 @@
 #include "backends/cuda/device/ptx.cuh"
 #include "backends/cuda/device/ptx_sm90.cuh"
 #include "backends/cuda/fa3/fa3_bwd_params.h"
+#include "backends/cuda/fa3/fa3_config.h"  // setmaxnreg_split_fits
 #include "backends/cuda/fa3/fa3_mainloop.cuh"  // k_step
 #include "backends/cuda/host/smem_optin.h"
 
@@ -101,12 +104,7 @@ __device__ __forceinline__ void warpgroup_sync(int wg) {
 __device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
-// ... and back, and four at a time (16-byte aligned): deterministic mode's dQ hand-over.
-__device__ __forceinline__ float2 ld_shared_v2_f32(uint32_t addr) {
-    float2 v;
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
-    return v;
-}
+// Four at a time (16-byte aligned), and back.
 __device__ __forceinline__ void st_shared_v4_f32(uint32_t addr, float x, float y, float z, float w) {
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(x), "f"(y), "f"(z), "f"(w) : "memory");
 }
@@ -167,11 +165,11 @@ struct BwdBarriers {
     uint64_t kv_full;                 // K and V landed (one phase: loaded once per CTA)
     uint64_t qdo_full[kBwdMaxStages];   // Q and dO of the buffer's step landed
     uint64_t qdo_empty[kBwdMaxStages];  // every consumer warp (8) is done with the buffer's Q and dO
-    // Deterministic mode's hand-over of warpgroup 0's dQ to warpgroup 1 (accumulate_dq_*), one
-    // phase per step: every thread of warpgroup 0 has stored its part of the step's tile ...
-    uint64_t dq_ready;
-    // ... and every thread of warpgroup 1 has read it (warpgroup 0 may overwrite it).
-    uint64_t dq_read;
+    // bwd_det_kernel's dQ slots, one phase per step: every thread of consumer warpgroup w has stored
+    // its dQ tile in slot w ...
+    uint64_t dq_full[2];
+    // ... and every lane of the writer warp is done with it (its bulk reduction has read it).
+    uint64_t dq_empty[2];
 };
 
 template <int kD_>
@@ -189,17 +187,12 @@ struct BwdTraits {
     static constexpr int kKOff = 0;
     static constexpr int kVOff = kKBytes;
     static constexpr int kQOff = 2 * kKBytes;  // buffer s: Q at kQOff + s * 2 * kQBytes, dO after it
-    static constexpr int kDQBytes = kBulkDQ ? kBwdBM * kD * 4 : 0;  // one warpgroup's fp32 dQ tile (rows of head_dim floats)
+    static constexpr int kDQBytes = kBwdBM * kD * 4;  // one warpgroup's fp32 dQ tile / slot (rows of head_dim floats)
     static constexpr int kDSOff = kQOff + kStages * 2 * kQBytes;
     static constexpr int kDQOff = kDSOff + 2 * kDSBytes;
     static constexpr int kRowsOff = kDQOff + 2 * kDQBytes;
     static constexpr int kBarOff = kRowsOff + kStages * 2 * kRowsBytes;  // stage s, warpgroup w: s * 2 + w
     static constexpr int kSmemBytes = bwd_smem_bytes(kD);
-    // Deterministic mode, red path (head dim 64): warpgroup 0's fp32 dQ accumulators for warpgroup
-    // 1, past the layout (where the 1 KB of alignment slack starts: the launch adds kPairBytes to
-    // the dynamic shared memory in that mode only). The bulk path hands over its dQ tile instead.
-    static constexpr int kPairOff = kSmemBytes - 1024;
-    static constexpr int kPairBytes = kBulkDQ ? 0 : kBwdBM * kD * 4;
     static constexpr int kNT = kBwdBM / 8;   // n8 tiles of S^T per thread row
     static constexpr int kKF = kBwdBM / 16;  // k16 fragments of P^T
     static_assert(kD % 64 == 0 && kBwdBM == 64, "one 64-column page holds dS^T of a step");
@@ -370,10 +363,7 @@ __device__ __forceinline__ void issue_dkv(float (&dK)[Tr::kD / 2], float (&dV)[T
 // Deterministic mode: the counter of the step's (query head, query block) and the number of
 // key blocks that add to its dQ before this one. The key blocks that see a query block are
 // contiguous from the one holding key m0 + off - left (mask.cuh's rule for its first row); each
-// adds in one turn, warpgroup 1 adding both warpgroups' dQ (warpgroup 0 hands its part over in
-// shared memory: dq_ready / dq_read), so warpgroup 0 never waits for a turn and each CTA makes
-// one reduction per step instead of two (0.70-0.76x of the default mode -> docs/performance.md,
-// 2026-12-02).
+// adds in one turn, taken by bwd_det_kernel's writer warp for both consumer warpgroups.
 struct BwdTurn {
     int *sem;
     int before;
@@ -385,49 +375,15 @@ __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a
     return BwdTurn{sem, a.nb - nb_first};
 }
 
-// Deterministic mode: the end of the key block's turn for step s (thread 0 of warpgroup 1). The
-// warpgroup adds the dQ in its turn without waiting for the adds to land, and releases the turn
-// one step later, once the next step's dK/dV GEMMs are issued (so the reduction's latency, the
-// fences and the atomic stay off its critical path; released after the S/dP issue instead, it
-// ran 1-3 % slower at head dim 128). Red path: the caller has passed a warpgroup barrier
-// after every thread's reductions (bar.sync orders them before this thread's gpu-scope fence, as
-// a grid barrier does); bulk path: this thread issued the reduction and waits for it here.
-template <class Tr>
-__device__ __forceinline__ void release_turn(const BwdParams &p, const BwdBlock &a, int s) {
-    if (threadIdx.x != 128) return;  // thread 0 of warpgroup 1, which takes the turns
-    if constexpr (Tr::kBulkDQ) {
-        bulk_wait_all();
-        fence_proxy_async_global();
-    }
-    __threadfence();  // the adds land before the counter moves
-    atomicAdd(turn_of(p, a, bwd_step(p, a, s)).sem, 1);
-}
-
-// Deterministic mode's hand-over of warpgroup 0's dQ part to warpgroup 1, one mbarrier phase per
-// step s (at most one phase apart: each side waits for the other's previous one). Warpgroup 0,
-// before it stores step s's part: warpgroup 1 has read step s - 1's.
-__device__ __forceinline__ void pair_wait_read(const BwdBlock &a, int s) {
-    if (s > 0) cuda::mbar_wait(&a.bars->dq_read, static_cast<uint32_t>((s - 1) & 1));
-}
-// Warpgroup 1, before it reads step s's part: warpgroup 0 has stored it.
-__device__ __forceinline__ void pair_wait_ready(const BwdBlock &a, int s) {
-    cuda::mbar_wait(&a.bars->dq_ready, static_cast<uint32_t>(s & 1));
-}
-// Warpgroup 1 is done reading step s's part (nobody waits for the last step's).
-__device__ __forceinline__ void pair_done_reading(const BwdBlock &a, int s, int nsteps) {
-    if (s + 1 < nsteps) cuda::mbar_arrive(&a.bars->dq_read);
-}
-
 // dQ += dS K_w for the step's 64 queries, head dims above 64 (bwd_bulk_dq), 64 head-dim columns
 // at a time: wgmma with dS^T and K both key-major in shared memory, into the warpgroup's fp32 tile
 // (rows of head_dim floats, as the accumulator's rows), then one bulk reduction of the sequence's
-// rows by thread 0 of the warpgroup. kPair (deterministic mode): warpgroup 0 only stores its tile;
-// warpgroup 1 adds it to its own and reduces the sum inside the key block's turn. The caller made
-// sure that the previous step's reduction has finished reading the tile (the step-top barrier).
-template <class Tr, class E, bool kPair>
-__device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const BwdBlock &a, BwdStep st, int s,
-                                                   int nsteps, int wg, uint32_t s_ds, uint32_t s_k, uint32_t s_dq) {
-    const uint32_t s_dq0 = s_dq - wg * Tr::kDQBytes;  // warpgroup 0's tile
+// rows by thread 0 of the warpgroup (default mode; the deterministic kernel's dQ goes through its
+// writer warp: accumulate_dq_slot). The caller made sure that the previous step's reduction has
+// finished reading the tile (the step-top barrier).
+template <class Tr, class E>
+__device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
+                                                   uint32_t s_ds, uint32_t s_k, uint32_t s_dq) {
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
     const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
     const int d = p.head_dim;
@@ -444,12 +400,6 @@ __device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const Bwd
         cuda::wgmma_commit();
         cuda::wgmma_wait<0>();
         cuda::fence_operands(acc);
-        if (kPair && half == 0) {
-            if (wg == 0)
-                pair_wait_read(a, s);
-            else
-                pair_wait_ready(a, s);
-        }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const int col = half * 64 + 8 * j + 2 * t;  // head_dim is a multiple of 8: the pair is in or out
@@ -457,51 +407,26 @@ __device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const Bwd
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = 16 * warp + g + 8 * h;
-                float x = acc[4 * j + 2 * h], y = acc[4 * j + 2 * h + 1];
-                if (kPair && wg == 1) {  // the same element of warpgroup 0's tile
-                    const float2 o = ld_shared_v2_f32(s_dq0 + (row * d + col) * 4);
-                    x += o.x;
-                    y += o.y;
-                }
-                st_shared_v2_f32(s_dq + (row * d + col) * 4, x, y);
+                st_shared_v2_f32(s_dq + (row * d + col) * 4, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
             }
         }
-    }
-    if constexpr (kPair) {
-        if (wg == 0) {
-            cuda::mbar_arrive(&a.bars->dq_ready);
-            return;
-        }
-        pair_done_reading(a, s, nsteps);
     }
     fence_proxy_async_smem();  // the tile, before the bulk reduction reads it
     warpgroup_sync(wg);
     if (wtid == 0) {
         const int rows = min(kBwdBM, a.sq - st.m0);
         float *dst = p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + st.m0) * d;
-        if constexpr (kPair) {
-            const BwdTurn turn = turn_of(p, a, st);
-            while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
-            }
-            fence_proxy_async_global();  // the predecessors' adds, before this one
-            bulk_reduce_add_f32(dst, s_dq, static_cast<uint32_t>(rows * d * 4));
-            bulk_commit();  // completed and released at the next step (release_turn)
-        } else {
-            bulk_reduce_add_f32(dst, s_dq, static_cast<uint32_t>(rows * d * 4));
-            bulk_commit();
-        }
+        bulk_reduce_add_f32(dst, s_dq, static_cast<uint32_t>(rows * d * 4));
+        bulk_commit();
     }
 }
 
-// dQ += dS K_w, head dims up to 64 (bwd_bulk_dq): the wgmma as accumulate_dq_bulk's, then
-// vector reductions from registers into the fp32 accumulator. At head dim 64 this measured
-// 1.1-1.2x faster than the bulk reduction. kPair (deterministic mode): warpgroup 0 hands its
-// accumulators to warpgroup 1 through shared memory (s_pair: each thread's 32 floats as 8 float4,
-// interleaved across the warpgroup), which adds them to its own and reduces the sum inside the
-// key block's turn.
-template <class Tr, class E, bool kPair>
-__device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdBlock &a, BwdStep st, int s, int nsteps,
-                                                  int wg, uint32_t s_ds, uint32_t s_k, uint32_t s_pair) {
+// dQ += dS K_w, head dims up to 64 (bwd_bulk_dq), default mode: the wgmma as accumulate_dq_bulk's,
+// then vector reductions from registers into the fp32 accumulator. At head dim 64 this measured
+// 1.1-1.2x faster than the bulk reduction.
+template <class Tr, class E>
+__device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdBlock &a, BwdStep st, uint32_t s_ds,
+                                                  uint32_t s_k) {
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
     const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
     float *rows[2];
@@ -513,7 +438,7 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
         rows[h] = p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + (row_ok[h] ? qpos : 0)) *
                                    p.head_dim + 2 * t;
     }
-    static_assert(Tr::kPages == 1, "the red path computes the whole dQ tile before its turn");
+    static_assert(Tr::kPages == 1, "the red path reduces the whole dQ tile from registers");
     {
         const uint64_t dk = cuda::make_desc_sw128(s_k, 1024, Tr::kKPage);
         float acc[32];
@@ -526,34 +451,6 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
         cuda::wgmma_commit();
         cuda::wgmma_wait<0>();
         cuda::fence_operands(acc);
-        if constexpr (kPair) {
-            if (wg == 0) {
-                pair_wait_read(a, s);
-#pragma unroll
-                for (int i = 0; i < 8; ++i)
-                    st_shared_v4_f32(s_pair + (i * 128 + wtid) * 16, acc[4 * i], acc[4 * i + 1], acc[4 * i + 2],
-                                     acc[4 * i + 3]);
-                cuda::mbar_arrive(&a.bars->dq_ready);
-                return;
-            }
-            pair_wait_ready(a, s);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const float4 o = ld_shared_v4_f32(s_pair + (i * 128 + wtid) * 16);
-                acc[4 * i] += o.x;
-                acc[4 * i + 1] += o.y;
-                acc[4 * i + 2] += o.z;
-                acc[4 * i + 3] += o.w;
-            }
-            pair_done_reading(a, s, nsteps);
-            // The turn is waited for only now that the tile is computed.
-            if (wtid == 0) {
-                const BwdTurn turn = turn_of(p, a, st);
-                while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
-                }
-            }
-            warpgroup_sync(wg);
-        }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const int col = 8 * j;  // + 2t: head_dim is a multiple of 8, the pair is in or out
@@ -563,13 +460,12 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
                 if (row_ok[h]) cuda::red_add_f32x2(rows[h] + col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
         }
     }
-    // Deterministic: released at the next step (release_turn), after its step-top barrier.
 }
 
-// One step (query block st, buffer buf) for warpgroup wg.
-template <class Tr, class E, bool kPair>
-__device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBlock &a, int s, int nsteps, BwdStep st,
-                                                 int buf, int wg, float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2]) {
+// One step (query block st, buffer buf) for warpgroup wg, default mode.
+template <class Tr, class E>
+__device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBlock &a, BwdStep st, int buf, int wg,
+                                                 float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2]) {
     const uint32_t base = cuda::smem_addr(a.smem);
     const uint32_t s_k = base + Tr::kKOff + 64 * wg * 128, s_v = base + Tr::kVOff + 64 * wg * 128;
     const uint32_t s_q = base + Tr::kQOff + buf * 2 * Tr::kQBytes, s_do = s_q + Tr::kQBytes;
@@ -590,11 +486,10 @@ __device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBl
     fence_proxy_async_smem();  // the generic-proxy stores, before the wgmma reads them
     warpgroup_sync(wg);
     issue_dkv<Tr, E>(dK, dV, Pf, dSf, s_q, s_do);
-    if (kPair && wg == 1 && s > 0) release_turn<Tr>(p, a, s - 1);
     if constexpr (Tr::kBulkDQ)  // both wait for every wgmma of the step
-        accumulate_dq_bulk<Tr, E, kPair>(p, a, st, s, nsteps, wg, s_ds, s_k, s_dq);
+        accumulate_dq_bulk<Tr, E>(p, a, st, wg, s_ds, s_k, s_dq);
     else
-        accumulate_dq_red<Tr, E, kPair>(p, a, st, s, nsteps, wg, s_ds, s_k, base + Tr::kPairOff);
+        accumulate_dq_red<Tr, E>(p, a, st, s_ds, s_k);
     cuda::fence_operands(dK);
     cuda::fence_operands(dV);
     __syncwarp();  // every lane's wgmmas reading Q and dO have retired
@@ -626,9 +521,9 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams &p, const BwdBlock &
     }
 }
 
-// kPair: the deterministic mode (p.deterministic), whose dQ hand-over and turns are compiled only
-// into its own instantiation, so the default mode's kernel keeps its code and registers.
-template <class Tr, class E, bool kPair>
+// The default mode's kernel: two warpgroups (256 threads), no producer warpgroup; thread 0 also
+// issues the TMA loads. The deterministic mode runs bwd_det_kernel (below).
+template <class Tr, class E>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -660,8 +555,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             cuda::mbar_init(&a.bars->qdo_full[s], 1);
             cuda::mbar_init(&a.bars->qdo_empty[s], kBwdThreads / 32);
         }
-        cuda::mbar_init(&a.bars->dq_ready, 128);  // every thread of the warpgroup arrives
-        cuda::mbar_init(&a.bars->dq_read, 128);
         cuda::fence_mbar_init();
     }
     __syncthreads();
@@ -701,10 +594,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             cuda::cp_async_commit();
         }
         cuda::mbar_wait(&a.bars->kv_full, 0);
-        // The thread that refills the ring. In deterministic mode warpgroup 1 adds after warpgroup
-        // 0 (the turns) and so runs behind it: its thread 0 refills, never waiting there for the
-        // leader, which would otherwise stall each step until the follower is done (2 stages).
-        const unsigned loader = p.deterministic ? 128u : 0u;
         for (int s = 0; s < nsteps; ++s) {
             const BwdStep st = bwd_step(p, a, s);
             const int buf = ring_buf<Tr>(s);
@@ -713,7 +602,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             // the warpgroup barrier of its step s - 1.
             const int r = s + Tr::kStages - 1;
             if (r < nsteps) {
-                if (threadIdx.x == loader) {
+                if (threadIdx.x == 0) {
                     if (s >= 1) cuda::mbar_wait(&a.bars->qdo_empty[ring_buf<Tr>(s - 1)], ring_phase<Tr>(s - 1));
                     load_q_do<Tr>(p, &tm_q, &tm_do, a, bwd_step(p, a, r), ring_buf<Tr>(r));
                 }
@@ -724,30 +613,288 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) bulk_wait_read_all();  // the previous dQ reduction read its tile
             warpgroup_sync(wg);                      // ... and from every thread of the warpgroup
             cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
-            bwd_step_compute<Tr, E, kPair>(p, a, s, nsteps, st, buf, wg, dK, dV);
-        }
-        if (kPair) {  // the last step's turn
-            warpgroup_sync(wg);
-            release_turn<Tr>(p, a, nsteps - 1);
+            bwd_step_compute<Tr, E>(p, a, st, buf, wg, dK, dV);
         }
         if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) bulk_wait_all();  // the last reduction, before shared memory goes away
     }
     store_dk_dv<Tr, E>(p, a, wg, dK, dV);
 }
 
+// ---- the deterministic mode's kernel: a producer warpgroup and its dQ writer ------------------
+
+// dQ += dS K_w for the step's 64 queries into the warpgroup's fp32 slot (rows of head_dim floats,
+// as the accumulator's rows), 64 head-dim columns at a time: wgmma with dS^T and K both key-major
+// in shared memory. Before the first store the warpgroup waits (dq_empty) for the writer to have
+// read its previous tile; after the last, every thread fences its stores for the async proxy (the
+// bulk reduction reads them) and arrives on dq_full.
+template <class Tr, class E>
+__device__ __forceinline__ void accumulate_dq_slot(const BwdParams &p, const BwdBlock &a, int s, int wg,
+                                                   uint32_t s_ds, uint32_t s_k, uint32_t s_dq) {
+    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
+    const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
+    const int d = p.head_dim;
+#pragma unroll
+    for (int half = 0; half < Tr::kPages; ++half) {
+        const uint64_t dk = cuda::make_desc_sw128(s_k + half * Tr::kKPage, 1024, Tr::kKPage);
+        float acc[32];
+        cuda::fence_operands(acc);
+        cuda::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            wgmma_ss_mn64<E>(acc, dds + static_cast<uint64_t>((kk * 16 * 128) >> 4),
+                             dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
+        cuda::wgmma_commit();
+        cuda::wgmma_wait<0>();
+        cuda::fence_operands(acc);
+        if (half == 0 && s > 0) cuda::mbar_wait(&a.bars->dq_empty[wg], static_cast<uint32_t>((s - 1) & 1));
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int col = half * 64 + 8 * j + 2 * t;  // head_dim is a multiple of 8: the pair is in or out
+            if (col >= d) continue;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = 16 * warp + g + 8 * h;
+                st_shared_v2_f32(s_dq + (row * d + col) * 4, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            }
+        }
+    }
+    fence_proxy_async_smem();  // this thread's stores, before the writer's bulk reduction reads them
+    cuda::mbar_arrive(&a.bars->dq_full[wg]);
+}
+
+// One step (query block st, buffer buf) for consumer warpgroup wg of the deterministic kernel.
+template <class Tr, class E>
+__device__ __forceinline__ void det_step_compute(const BwdParams &p, const BwdBlock &a, int s, BwdStep st, int buf,
+                                                 int wg, float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2]) {
+    const uint32_t base = cuda::smem_addr(a.smem);
+    const uint32_t s_k = base + Tr::kKOff + 64 * wg * 128, s_v = base + Tr::kVOff + 64 * wg * 128;
+    const uint32_t s_q = base + Tr::kQOff + buf * 2 * Tr::kQBytes, s_do = s_q + Tr::kQBytes;
+    const uint32_t s_ds = base + Tr::kDSOff + wg * Tr::kDSBytes;
+    const uint32_t s_dq = base + Tr::kDQOff + wg * Tr::kDQBytes;
+    const uint32_t s_rows = base + Tr::kRowsOff + (buf * 2 + wg) * Tr::kRowsBytes;
+
+    float S[kBwdBM / 2], dP[kBwdBM / 2];
+    scores_and_dp_issue<Tr, E>(S, dP, s_k, s_v, s_q, s_do);
+    cuda::wgmma_wait<0>();
+    cuda::fence_operands(S);
+    cuda::fence_operands(dP);
+    probs_and_grads<Tr>(p, a, st, wg, s_rows, S, dP);
+    uint32_t Pf[Tr::kKF][4], dSf[Tr::kKF][4];
+    to_fragments<Tr, E>(S, Pf);
+    to_fragments<Tr, E>(dP, dSf);
+    store_ds<Tr>(s_ds, dSf);
+    fence_proxy_async_smem();  // the generic-proxy stores, before the wgmma reads them
+    warpgroup_sync(wg);
+    issue_dkv<Tr, E>(dK, dV, Pf, dSf, s_q, s_do);
+    accumulate_dq_slot<Tr, E>(p, a, s, wg, s_ds, s_k, s_dq);  // waits for every wgmma of the step
+    cuda::fence_operands(dK);
+    cuda::fence_operands(dV);
+    __syncwarp();  // every lane's wgmmas reading Q and dO have retired
+    if ((threadIdx.x & 31) == 0) cuda::mbar_arrive(&a.bars->qdo_empty[buf]);
+}
+
+// Warp 0, one thread: K and V once, then Q and dO of every step into the ring, each buffer once
+// every consumer warp has released its previous step (qdo_empty).
+template <class Tr>
+__device__ __forceinline__ void produce_q_do(const BwdParams &p, const CUtensorMap *tm_q, const CUtensorMap *tm_k,
+                                             const CUtensorMap *tm_v, const CUtensorMap *tm_do, const BwdBlock &a,
+                                             int nsteps) {
+    const bool varlen = p.cu_q != nullptr;
+    const int32_t krow = static_cast<int32_t>((varlen ? a.k_row0 : 0) + a.n0);
+    const int32_t bc = varlen ? 0 : a.b;
+    cuda::mbar_arrive_expect_tx(&a.bars->kv_full, 2 * Tr::kKBytes);
+#pragma unroll
+    for (int pg = 0; pg < Tr::kPages; ++pg) {
+        cuda::tma_load_4d(a.smem + Tr::kKOff + pg * Tr::kKPage, tm_k, &a.bars->kv_full, 64 * pg, krow, a.kvh, bc);
+        cuda::tma_load_4d(a.smem + Tr::kVOff + pg * Tr::kKPage, tm_v, &a.bars->kv_full, 64 * pg, krow, a.kvh, bc);
+    }
+    for (int r = 0; r < nsteps; ++r) {
+        const int buf = ring_buf<Tr>(r);
+        if (r >= Tr::kStages) cuda::mbar_wait(&a.bars->qdo_empty[buf], ring_phase<Tr>(r - Tr::kStages));
+        load_q_do<Tr>(p, tm_q, tm_do, a, bwd_step(p, a, r), buf);
+    }
+}
+
+// Where step st's dQ rows start in the fp32 accumulator, and how many bytes of them there are
+// (the query block's rows of the sequence are contiguous: [heads_q][rows][head_dim]).
+__device__ __forceinline__ float *dq_rows(const BwdParams &p, const BwdBlock &a, BwdStep st) {
+    return p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + st.m0) * p.head_dim;
+}
+__device__ __forceinline__ uint32_t dq_bytes(const BwdParams &p, const BwdBlock &a, BwdStep st) {
+    return static_cast<uint32_t>(min(kBwdBM, a.sq - st.m0) * p.head_dim * 4);
+}
+
+// Warp 1 of the producer warpgroup, the dQ writer (every lane runs it; lane 0 issues the bulk
+// operations). Per step: waits for both consumers' tiles (dq_full), waits for the key block's
+// turn, reduces slot 0, waits for that to complete (two bulk reductions in flight have no defined
+// order, and the sum must be the same every run), reduces slot 1, and releases the turn once that
+// has completed (fenced); each slot goes back (dq_empty, every lane arrives) once it has been read.
+// The consumers never wait for L2: a turn, a poll or a reduction's latency sits here, in front of
+// no wgmma. (Stop 20 also measured a writer that summed slot 0 into slot 1 in shared memory and
+// reduced the sum once: 0.64-0.72x of the default mode, against 0.80-0.99x for this one.)
+template <class Tr>
+__device__ __forceinline__ void write_dq_det(const BwdParams &p, const BwdBlock &a, int nsteps) {
+    // The producer warpgroup runs at kBwdProducerRegs (24): little is held across the loop (32-bit
+    // shared addresses; the step's global address computed where it is used).
+    const int lane = threadIdx.x & 31;
+    const uint32_t s_dq0 = cuda::smem_addr(a.smem) + Tr::kDQOff, s_dq1 = s_dq0 + Tr::kDQBytes;
+    const uint32_t full0 = cuda::smem_addr(&a.bars->dq_full[0]), empty0 = cuda::smem_addr(&a.bars->dq_empty[0]);
+    static_assert(sizeof(BwdBarriers::dq_full) == 16 && sizeof(BwdBarriers::dq_empty) == 16,
+                  "slot w's barriers at full0 + 8 w and empty0 + 8 w");
+    for (int s = 0; s < nsteps; ++s) {
+        const uint32_t par = static_cast<uint32_t>(s & 1);
+        cuda::mbar_wait_s(full0, par);
+        cuda::mbar_wait_s(full0 + 8, par);
+        if (lane == 0) {
+            const BwdStep st = bwd_step(p, a, s);
+            const BwdTurn turn = turn_of(p, a, st);
+            while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
+            }
+            fence_proxy_async_global();  // the predecessors' adds, before this one
+            bulk_reduce_add_f32(dq_rows(p, a, st), s_dq0, dq_bytes(p, a, st));
+            bulk_commit();
+            bulk_wait_read_all();
+        }
+        __syncwarp();
+        cuda::mbar_arrive_s(empty0);
+        if (lane == 0) {
+            const BwdStep st = bwd_step(p, a, s);
+            bulk_wait_all();  // slot 0's adds performed before slot 1's begin
+            fence_proxy_async_global();
+            bulk_reduce_add_f32(dq_rows(p, a, st), s_dq1, dq_bytes(p, a, st));
+            bulk_commit();
+            bulk_wait_read_all();
+        }
+        __syncwarp();
+        cuda::mbar_arrive_s(empty0 + 8);
+        if (lane == 0) {
+            bulk_wait_all();
+            fence_proxy_async_global();
+            __threadfence();  // the adds land before the counter moves
+            atomicAdd(turn_of(p, a, bwd_step(p, a, s)).sem, 1);
+        }
+    }
+}
+
+// The consumer warpgroup wg's walk: its rows copies, the ring, one step after another.
+template <class Tr, class E>
+__device__ __forceinline__ void det_consume(const BwdParams &p, const BwdBlock &a, int nsteps, int wg,
+                                        float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2]) {
+    // Prologue: the rows of the first kStages - 1 steps (fresh buffers: no release to wait for).
+#pragma unroll
+    for (int r = 0; r < Tr::kStages - 1; ++r) {
+        if (r < nsteps) load_rows<Tr>(p, a, bwd_step(p, a, r), r, wg);
+        cuda::cp_async_commit();
+    }
+    cuda::mbar_wait(&a.bars->kv_full, 0);
+    for (int s = 0; s < nsteps; ++s) {
+        const BwdStep st = bwd_step(p, a, s);
+        const int buf = ring_buf<Tr>(s);
+        // Step r = s + kStages - 1's rows go to the buffer of step s - 1: this warpgroup's copy
+        // was last read before the warpgroup barrier of its step s - 1.
+        const int r = s + Tr::kStages - 1;
+        if (r < nsteps) load_rows<Tr>(p, a, bwd_step(p, a, r), ring_buf<Tr>(r), wg);
+        cuda::cp_async_commit();
+        cuda::cp_async_wait<Tr::kStages - 1>();  // this step's rows, from this thread ...
+        warpgroup_sync(wg);                      // ... and from every thread of the warpgroup
+        cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
+        det_step_compute<Tr, E>(p, a, s, st, buf, wg, dK, dV);
+    }
+}
+
+// The deterministic mode's kernel (p.deterministic; stop 20): three warpgroups (kBwdDetThreads).
+// Warpgroup 0 produces (warp 0: TMA; warp 1: the dQ writer, which takes the turns), warpgroups 1
+// and 2 consume (keys n0 .. n0 + 63 and n0 + 64 .. n0 + 127). The default mode keeps bwd_kernel:
+// the same producer warpgroup (with a dQ writer at head dim 128) ran it 1-14 % slower.
+template <class Tr, class E>
+__global__ void __launch_bounds__(kBwdDetThreads, 1)
+    bwd_det_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+               const __grid_constant__ BwdParams p) {
+    extern __shared__ unsigned char smem_raw[];
+    // SW128 tiles need 1024-byte alignment; the dynamic base is not guaranteed to have it.
+    unsigned char *smem = reinterpret_cast<unsigned char *>(
+        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+    const int hb = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.heads_kv * p.batch));
+    BwdBlock a;
+    a.nb = static_cast<int>(blockIdx.x / static_cast<unsigned>(p.heads_kv * p.batch));
+    a.kvh = hb % p.heads_kv;
+    a.b = hb / p.heads_kv;
+    const cuda::SeqInfo si = cuda::seq_info(p, a.b);
+    a.sq = si.sq;
+    a.sk = si.sk;
+    a.off = cuda::diagonal_offset(p, si.sq, si.sk);
+    a.q_row0 = si.q_row0;
+    a.k_row0 = si.k_row0;
+    a.n0 = a.nb * kBwdBN;
+    a.smem = smem;
+    a.bars = reinterpret_cast<BwdBarriers *>(smem + Tr::kBarOff);
+    if (a.n0 >= a.sk) return;  // the whole CTA: a key block past this sequence's end
+
+    if (threadIdx.x == 0) {
+        cuda::mbar_init(&a.bars->kv_full, 1);
+#pragma unroll
+        for (int s = 0; s < Tr::kStages; ++s) {
+            cuda::mbar_init(&a.bars->qdo_full[s], 1);
+            cuda::mbar_init(&a.bars->qdo_empty[s], 2 * 128 / 32);  // every consumer warp
+        }
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+            cuda::mbar_init(&a.bars->dq_full[w], 128);  // every thread of consumer warpgroup w
+            cuda::mbar_init(&a.bars->dq_empty[w], 32);  // every lane of the writer warp
+        }
+        cuda::fence_mbar_init();
+    }
+    __syncthreads();
+
+    // Query rows that see any key of [n0, n_hi]: key j is visible to row i iff
+    // i + off - left <= j <= i + off + right (mask.cuh), so i in [n0 - off - right, n_hi - off + left].
+    const int64_t n_hi = min(a.n0 + kBwdBN, a.sk) - 1;
+    const int64_t i_lo = max(int64_t(0), a.n0 - a.off - p.right);
+    const int64_t i_hi = min(static_cast<int64_t>(a.sq) - 1, n_hi - a.off + p.left);
+    const bool any = i_lo <= i_hi;
+    int nsteps = 0;
+    if (any) {
+        a.mb_first = static_cast<int>(i_lo / kBwdBM);
+        a.nmb = static_cast<int>(i_hi / kBwdBM) - a.mb_first + 1;
+        nsteps = p.group * a.nmb;
+    }
+    static_assert(setmaxnreg_split_fits(kBwdProducerRegs, kBwdConsumerRegs) && kThreads == kBwdDetThreads,
+                  "the backward's register split exceeds the launch's");
+    if (threadIdx.x < 128) {
+        cuda::setmaxnreg_dec<kBwdProducerRegs>();
+        const int warp = threadIdx.x / 32;
+        if (!any) return;
+        if (warp == 0) {
+            if (threadIdx.x == 0) produce_q_do<Tr>(p, &tm_q, &tm_k, &tm_v, &tm_do, a, nsteps);
+        } else if (warp == 1) {
+            write_dq_det<Tr>(p, a, nsteps);
+        }
+        return;
+    }
+    cuda::setmaxnreg_inc<kBwdConsumerRegs>();
+    const int wg = threadIdx.x / 128 - 1;
+    float dK[Tr::kD / 2], dV[Tr::kD / 2];
+#pragma unroll
+    for (int i = 0; i < Tr::kD / 2; ++i) dK[i] = dV[i] = 0.f;
+    if (any) det_consume<Tr, E>(p, a, nsteps, wg, dK, dV);
+    store_dk_dv<Tr, E>(p, a, wg, dK, dV);
+}
+
 // Grid: kv heads x batch x key blocks of the longest sequence, in one dimension (the host checks
 // that it fits).
-template <int kD, class E, bool kPair>
+template <int kD, class E, bool kDet>
 cudaError_t launch_bwd_kernel(const BwdParams &p, const BwdMaps &maps, cudaStream_t stream) {
     using Tr = BwdTraits<kD>;
-    auto kernel = bwd_kernel<Tr, E, kPair>;
-    constexpr int kSmem = Tr::kSmemBytes + (kPair ? Tr::kPairBytes : 0);
+    auto kernel = kDet ? bwd_det_kernel<Tr, E> : bwd_kernel<Tr, E>;
+    constexpr int kThreadsPerCta = kDet ? kBwdDetThreads : kBwdThreads;
+    constexpr int kSmem = Tr::kSmemBytes;
     static unsigned long long optin_done = 0;  // one per instantiation
     cudaError_t e = cuda::ensure_smem_optin(kernel, kSmem, &optin_done);
     if (e != cudaSuccess) return e;
     const int64_t nkb = (static_cast<int64_t>(p.seqlen_k) + kBwdBN - 1) / kBwdBN;
     const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(p.heads_kv) * p.batch * nkb));
-    kernel<<<grid, kBwdThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, maps.dout, p);
+    kernel<<<grid, kThreadsPerCta, kSmem, stream>>>(maps.q, maps.k, maps.v, maps.dout, p);
     return cudaSuccess;
 }
 template <int kD, class E>

@@ -4,9 +4,11 @@
 //
 // Three kernels on one stream, like the FA2 backward (FlashAttention-2's Algorithm 2):
 //   preprocess  row_dot = rowsum(dO * O) and the zeroed fp32 dQ accumulator (device/bwd_prep.cuh)
-//   main        one CTA per (key block of kBwdBN keys, kv head, sequence): two warpgroups, each
-//               owning 64 of the keys, walk every query block of kBwdBM rows of every query head
-//               of the GQA group (fa3_bwd_kernel.cuh)
+//   main        one CTA per (key block of kBwdBN keys, kv head, sequence): two consumer
+//               warpgroups, each owning 64 of the keys, walk every query block of kBwdBM rows of
+//               every query head of the GQA group (fa3_bwd_kernel.cuh); the deterministic mode's
+//               kernel adds a producer warpgroup (TMA loads; the dQ writer warp, which takes the
+//               ordered turns)
 //   convert     dQ = scale * the accumulator, in the input dtype (device/bwd_prep.cuh)
 #pragma once
 
@@ -34,12 +36,17 @@ struct BwdMaps {
 
 constexpr int kBwdBM = 64;        // query rows per step (the N of S^T = K Q^T)
 constexpr int kBwdBN = 128;       // keys per CTA: 64 per consumer warpgroup (wgmma M = 64)
-constexpr int kBwdThreads = 256;  // two warpgroups
+constexpr int kBwdThreads = 256;     // default mode: two warpgroups
+constexpr int kBwdDetThreads = 384;  // deterministic mode: the producer warpgroup and two consumer warpgroups
+// Its setmaxnreg split (fa3_config.h's setmaxnreg_split_fits: 24 x 128 + 240 x 256 = 168 x 384):
+// the producer's TMA thread and dQ writer warp need few registers, the consumers hold dK and dV.
+constexpr int kBwdProducerRegs = 24;
+constexpr int kBwdConsumerRegs = 240;
 constexpr int kBwdMaxStages = 3;  // Q / dO / LSE / row_dot buffers (bwd_stages)
 
 // Compiled head dims of the backward (rows of fa3_head_dims.h): dK and dV of 64 keys over the
-// padded head dim live in registers (kD / 2 + kD / 2 per thread), which fits 255 registers up to
-// 128. 192 and 256 have no FA3 backward (the plan's backward runs on fa2).
+// padded head dim live in registers (kD / 2 + kD / 2 per thread), which fits 255 registers (the
+// deterministic kernel's consumers: 240) up to 128. 192 and 256 have no FA3 backward (the plan's backward runs on fa2).
 constexpr bool bwd_compiled(int kd) { return kd == 64 || kd == 128; }
 
 // Ring depth: steps s + 1 .. s + stages - 1 load while step s computes, so that the warpgroups may
@@ -48,15 +55,15 @@ constexpr bool bwd_compiled(int kd) { return kd == 64 || kd == 128; }
 constexpr int bwd_stages(int kd) { return kd <= 64 ? 3 : 2; }
 
 // dQ of a step reaches the fp32 accumulator as one bulk reduction from shared memory (above head
-// dim 64) or as vector reductions from registers (at 64, where they measured faster).
+// dim 64; in deterministic mode at every head dim, issued by the producer's dQ writer warp) or as
+// vector reductions from registers (default mode at 64, where they measured faster).
 constexpr bool bwd_bulk_dq(int kd) { return kd > 64; }
 
 // K, V [kBwdBN x kD], stages x (Q, dO) [kBwdBM x kD], 2 x dS [64 x kBwdBM], all 16-bit;
-// with bwd_bulk_dq 2 x the fp32 dQ tile [kBwdBM x kD]; stages x 2 warpgroups x (LSE, row_dot) [kBwdBM] fp32; 1 KB
-// of barriers (padded); 1 KB to align the base.
+// 2 x the fp32 dQ tile [kBwdBM x kD] (the default mode at head dim 64 does not use them); stages x 2 warpgroups x (LSE, row_dot) [kBwdBM] fp32; 1 KB of barriers (padded);
+// 1 KB to align the base.
 constexpr int bwd_smem_bytes(int kd) {
-    return (2 * kBwdBN + 2 * bwd_stages(kd) * kBwdBM) * kd * 2 + 2 * 64 * kBwdBM * 2 +
-           (bwd_bulk_dq(kd) ? 2 * kBwdBM * kd * 4 : 0) +
+    return (2 * kBwdBN + 2 * bwd_stages(kd) * kBwdBM) * kd * 2 + 2 * 64 * kBwdBM * 2 + 2 * kBwdBM * kd * 4 +
            bwd_stages(kd) * 2 * 2 * kBwdBM * 4 + 2048;
 }
 static_assert(bwd_smem_bytes(128) <= 232448 && bwd_smem_bytes(64) <= 232448, "the backward tile exceeds 227 KB");
