@@ -521,14 +521,10 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams &p, const BwdBlock &
     }
 }
 
-// The default mode's kernel: two warpgroups (256 threads), no producer warpgroup; thread 0 also
-// issues the TMA loads. The deterministic mode runs bwd_det_kernel (below).
-template <class Tr, class E>
-__global__ void __launch_bounds__(kBwdThreads, 1)
-    bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-               const __grid_constant__ BwdParams p) {
-    extern __shared__ unsigned char smem_raw[];
+// The CTA's key block (grid: kv heads x batch fastest, key blocks slowest) with its sequence's
+// lengths and diagonal, and the shared-memory base both kernels lay their tiles from.
+template <class Tr>
+__device__ __forceinline__ BwdBlock key_block(const BwdParams &p, unsigned char *smem_raw) {
     // SW128 tiles need 1024-byte alignment; the dynamic base is not guaranteed to have it.
     unsigned char *smem = reinterpret_cast<unsigned char *>(
         (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
@@ -546,6 +542,44 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     a.n0 = a.nb * kBwdBN;
     a.smem = smem;
     a.bars = reinterpret_cast<BwdBarriers *>(smem + Tr::kBarOff);
+    return a;
+}
+
+// The query rows that see any key of the block [n0, n_hi] (none when lo > hi): key j is visible
+// to row i iff i + off - left <= j <= i + off + right (mask.cuh), so i in
+// [n0 - off - right, n_hi - off + left].
+struct RowRange {
+    int64_t lo, hi;
+};
+__device__ __forceinline__ RowRange visible_rows(const BwdParams &p, const BwdBlock &a) {
+    const int64_t n_hi = min(a.n0 + kBwdBN, a.sk) - 1;
+    return RowRange{max(int64_t(0), a.n0 - a.off - p.right), min(static_cast<int64_t>(a.sq) - 1, n_hi - a.off + p.left)};
+}
+
+// One thread: the key block's K and V tiles, once per CTA, by TMA on kv_full.
+template <class Tr>
+__device__ __forceinline__ void load_k_v(const BwdParams &p, const CUtensorMap *tm_k, const CUtensorMap *tm_v,
+                                         const BwdBlock &a) {
+    const bool varlen = p.cu_q != nullptr;
+    const int32_t krow = static_cast<int32_t>((varlen ? a.k_row0 : 0) + a.n0);
+    const int32_t bc = varlen ? 0 : a.b;
+    cuda::mbar_arrive_expect_tx(&a.bars->kv_full, 2 * Tr::kKBytes);
+#pragma unroll
+    for (int pg = 0; pg < Tr::kPages; ++pg) {
+        cuda::tma_load_4d(a.smem + Tr::kKOff + pg * Tr::kKPage, tm_k, &a.bars->kv_full, 64 * pg, krow, a.kvh, bc);
+        cuda::tma_load_4d(a.smem + Tr::kVOff + pg * Tr::kKPage, tm_v, &a.bars->kv_full, 64 * pg, krow, a.kvh, bc);
+    }
+}
+
+// The default mode's kernel: two warpgroups (256 threads), no producer warpgroup; thread 0 also
+// issues the TMA loads. The deterministic mode runs bwd_det_kernel (below).
+template <class Tr, class E>
+__global__ void __launch_bounds__(kBwdThreads, 1)
+    bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+               const __grid_constant__ BwdParams p) {
+    extern __shared__ unsigned char smem_raw[];
+    BwdBlock a = key_block<Tr>(p, smem_raw);
     if (a.n0 >= a.sk) return;  // the whole CTA: a key block past this sequence's end
 
     if (threadIdx.x == 0) {
@@ -564,26 +598,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
     for (int i = 0; i < Tr::kD / 2; ++i) dK[i] = dV[i] = 0.f;
 
-    // Query rows that see any key of [n0, n_hi]: key j is visible to row i iff
-    // i + off - left <= j <= i + off + right (mask.cuh), so i in [n0 - off - right, n_hi - off + left].
-    const int64_t n_hi = min(a.n0 + kBwdBN, a.sk) - 1;
-    const int64_t i_lo = max(int64_t(0), a.n0 - a.off - p.right);
-    const int64_t i_hi = min(static_cast<int64_t>(a.sq) - 1, n_hi - a.off + p.left);
-    if (i_lo <= i_hi) {
-        a.mb_first = static_cast<int>(i_lo / kBwdBM);
-        a.nmb = static_cast<int>(i_hi / kBwdBM) - a.mb_first + 1;
+    const RowRange rows = visible_rows(p, a);
+    if (rows.lo <= rows.hi) {
+        a.mb_first = static_cast<int>(rows.lo / kBwdBM);
+        a.nmb = static_cast<int>(rows.hi / kBwdBM) - a.mb_first + 1;
         const int nsteps = p.group * a.nmb;
-        if (threadIdx.x == 0) {
-            const bool varlen = p.cu_q != nullptr;
-            const int32_t krow = static_cast<int32_t>((varlen ? a.k_row0 : 0) + a.n0);
-            const int32_t bc = varlen ? 0 : a.b;
-            cuda::mbar_arrive_expect_tx(&a.bars->kv_full, 2 * Tr::kKBytes);
-#pragma unroll
-            for (int pg = 0; pg < Tr::kPages; ++pg) {
-                cuda::tma_load_4d(smem + Tr::kKOff + pg * Tr::kKPage, &tm_k, &a.bars->kv_full, 64 * pg, krow, a.kvh, bc);
-                cuda::tma_load_4d(smem + Tr::kVOff + pg * Tr::kKPage, &tm_v, &a.bars->kv_full, 64 * pg, krow, a.kvh, bc);
-            }
-        }
+        if (threadIdx.x == 0) load_k_v<Tr>(p, &tm_k, &tm_v, a);
         // Prologue: the first kStages - 1 steps (fresh buffers: no release to wait for).
 #pragma unroll
         for (int r = 0; r < Tr::kStages - 1; ++r) {
@@ -699,15 +719,7 @@ template <class Tr>
 __device__ __forceinline__ void produce_q_do(const BwdParams &p, const CUtensorMap *tm_q, const CUtensorMap *tm_k,
                                              const CUtensorMap *tm_v, const CUtensorMap *tm_do, const BwdBlock &a,
                                              int nsteps) {
-    const bool varlen = p.cu_q != nullptr;
-    const int32_t krow = static_cast<int32_t>((varlen ? a.k_row0 : 0) + a.n0);
-    const int32_t bc = varlen ? 0 : a.b;
-    cuda::mbar_arrive_expect_tx(&a.bars->kv_full, 2 * Tr::kKBytes);
-#pragma unroll
-    for (int pg = 0; pg < Tr::kPages; ++pg) {
-        cuda::tma_load_4d(a.smem + Tr::kKOff + pg * Tr::kKPage, tm_k, &a.bars->kv_full, 64 * pg, krow, a.kvh, bc);
-        cuda::tma_load_4d(a.smem + Tr::kVOff + pg * Tr::kKPage, tm_v, &a.bars->kv_full, 64 * pg, krow, a.kvh, bc);
-    }
+    load_k_v<Tr>(p, tm_k, tm_v, a);
     for (int r = 0; r < nsteps; ++r) {
         const int buf = ring_buf<Tr>(r);
         if (r >= Tr::kStages) cuda::mbar_wait(&a.bars->qdo_empty[buf], ring_phase<Tr>(r - Tr::kStages));
@@ -812,23 +824,7 @@ __global__ void __launch_bounds__(kBwdDetThreads, 1)
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                const __grid_constant__ BwdParams p) {
     extern __shared__ unsigned char smem_raw[];
-    // SW128 tiles need 1024-byte alignment; the dynamic base is not guaranteed to have it.
-    unsigned char *smem = reinterpret_cast<unsigned char *>(
-        (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
-    const int hb = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.heads_kv * p.batch));
-    BwdBlock a;
-    a.nb = static_cast<int>(blockIdx.x / static_cast<unsigned>(p.heads_kv * p.batch));
-    a.kvh = hb % p.heads_kv;
-    a.b = hb / p.heads_kv;
-    const cuda::SeqInfo si = cuda::seq_info(p, a.b);
-    a.sq = si.sq;
-    a.sk = si.sk;
-    a.off = cuda::diagonal_offset(p, si.sq, si.sk);
-    a.q_row0 = si.q_row0;
-    a.k_row0 = si.k_row0;
-    a.n0 = a.nb * kBwdBN;
-    a.smem = smem;
-    a.bars = reinterpret_cast<BwdBarriers *>(smem + Tr::kBarOff);
+    BwdBlock a = key_block<Tr>(p, smem_raw);
     if (a.n0 >= a.sk) return;  // the whole CTA: a key block past this sequence's end
 
     if (threadIdx.x == 0) {
@@ -847,16 +843,12 @@ __global__ void __launch_bounds__(kBwdDetThreads, 1)
     }
     __syncthreads();
 
-    // Query rows that see any key of [n0, n_hi]: key j is visible to row i iff
-    // i + off - left <= j <= i + off + right (mask.cuh), so i in [n0 - off - right, n_hi - off + left].
-    const int64_t n_hi = min(a.n0 + kBwdBN, a.sk) - 1;
-    const int64_t i_lo = max(int64_t(0), a.n0 - a.off - p.right);
-    const int64_t i_hi = min(static_cast<int64_t>(a.sq) - 1, n_hi - a.off + p.left);
-    const bool any = i_lo <= i_hi;
+    const RowRange rows = visible_rows(p, a);
+    const bool any = rows.lo <= rows.hi;
     int nsteps = 0;
     if (any) {
-        a.mb_first = static_cast<int>(i_lo / kBwdBM);
-        a.nmb = static_cast<int>(i_hi / kBwdBM) - a.mb_first + 1;
+        a.mb_first = static_cast<int>(rows.lo / kBwdBM);
+        a.nmb = static_cast<int>(rows.hi / kBwdBM) - a.mb_first + 1;
         nsteps = p.group * a.nmb;
     }
     static_assert(setmaxnreg_split_fits(kBwdProducerRegs, kBwdConsumerRegs) && kThreads == kBwdDetThreads,
