@@ -462,10 +462,52 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
     }
 }
 
-// One step (query block st, buffer buf) for warpgroup wg, default mode.
+// dQ += dS K_w for the step's 64 queries into the warpgroup's fp32 slot (rows of head_dim floats,
+// as the accumulator's rows), 64 head-dim columns at a time: wgmma with dS^T and K both key-major
+// in shared memory. Before the first store the warpgroup waits (dq_empty) for the writer to have
+// read its previous tile; after the last, every thread fences its stores for the async proxy (the
+// bulk reduction reads them) and arrives on dq_full.
 template <class Tr, class E>
-__device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBlock &a, BwdStep st, int buf, int wg,
-                                                 float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2]) {
+__device__ __forceinline__ void accumulate_dq_slot(const BwdParams &p, const BwdBlock &a, int s, int wg,
+                                                   uint32_t s_ds, uint32_t s_k, uint32_t s_dq) {
+    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
+    const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
+    const int d = p.head_dim;
+#pragma unroll
+    for (int half = 0; half < Tr::kPages; ++half) {
+        const uint64_t dk = cuda::make_desc_sw128(s_k + half * Tr::kKPage, 1024, Tr::kKPage);
+        float acc[32];
+        cuda::fence_operands(acc);
+        cuda::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            wgmma_ss_mn64<E>(acc, dds + static_cast<uint64_t>((kk * 16 * 128) >> 4),
+                             dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
+        cuda::wgmma_commit();
+        cuda::wgmma_wait<0>();
+        cuda::fence_operands(acc);
+        if (half == 0 && s > 0) cuda::mbar_wait(&a.bars->dq_empty[wg], static_cast<uint32_t>((s - 1) & 1));
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int col = half * 64 + 8 * j + 2 * t;  // head_dim is a multiple of 8: the pair is in or out
+            if (col >= d) continue;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = 16 * warp + g + 8 * h;
+                st_shared_v2_f32(s_dq + (row * d + col) * 4, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            }
+        }
+    }
+    fence_proxy_async_smem();  // this thread's stores, before the writer's bulk reduction reads them
+    cuda::mbar_arrive(&a.bars->dq_full[wg]);
+}
+
+// Step s (query block st, buffer buf) for consumer warpgroup wg. The modes differ only in where
+// dQ goes: the default mode adds it to the fp32 accumulator itself (bulk or red), the
+// deterministic kernel (kDet) hands it to the dQ writer warp through its shared-memory slot.
+template <class Tr, class E, bool kDet>
+__device__ __forceinline__ void step_compute(const BwdParams &p, const BwdBlock &a, int s, BwdStep st, int buf, int wg,
+                                             float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2]) {
     const uint32_t base = cuda::smem_addr(a.smem);
     const uint32_t s_k = base + Tr::kKOff + 64 * wg * 128, s_v = base + Tr::kVOff + 64 * wg * 128;
     const uint32_t s_q = base + Tr::kQOff + buf * 2 * Tr::kQBytes, s_do = s_q + Tr::kQBytes;
@@ -486,7 +528,9 @@ __device__ __forceinline__ void bwd_step_compute(const BwdParams &p, const BwdBl
     fence_proxy_async_smem();  // the generic-proxy stores, before the wgmma reads them
     warpgroup_sync(wg);
     issue_dkv<Tr, E>(dK, dV, Pf, dSf, s_q, s_do);
-    if constexpr (Tr::kBulkDQ)  // both wait for every wgmma of the step
+    if constexpr (kDet)  // each waits for every wgmma of the step
+        accumulate_dq_slot<Tr, E>(p, a, s, wg, s_ds, s_k, s_dq);
+    else if constexpr (Tr::kBulkDQ)
         accumulate_dq_bulk<Tr, E>(p, a, st, wg, s_ds, s_k, s_dq);
     else
         accumulate_dq_red<Tr, E>(p, a, st, s_ds, s_k);
@@ -633,7 +677,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) bulk_wait_read_all();  // the previous dQ reduction read its tile
             warpgroup_sync(wg);                      // ... and from every thread of the warpgroup
             cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
-            bwd_step_compute<Tr, E>(p, a, st, buf, wg, dK, dV);
+            step_compute<Tr, E, false>(p, a, s, st, buf, wg, dK, dV);
         }
         if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) bulk_wait_all();  // the last reduction, before shared memory goes away
     }
@@ -641,77 +685,6 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 }
 
 // ---- the deterministic mode's kernel: a producer warpgroup and its dQ writer ------------------
-
-// dQ += dS K_w for the step's 64 queries into the warpgroup's fp32 slot (rows of head_dim floats,
-// as the accumulator's rows), 64 head-dim columns at a time: wgmma with dS^T and K both key-major
-// in shared memory. Before the first store the warpgroup waits (dq_empty) for the writer to have
-// read its previous tile; after the last, every thread fences its stores for the async proxy (the
-// bulk reduction reads them) and arrives on dq_full.
-template <class Tr, class E>
-__device__ __forceinline__ void accumulate_dq_slot(const BwdParams &p, const BwdBlock &a, int s, int wg,
-                                                   uint32_t s_ds, uint32_t s_k, uint32_t s_dq) {
-    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
-    const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
-    const int d = p.head_dim;
-#pragma unroll
-    for (int half = 0; half < Tr::kPages; ++half) {
-        const uint64_t dk = cuda::make_desc_sw128(s_k + half * Tr::kKPage, 1024, Tr::kKPage);
-        float acc[32];
-        cuda::fence_operands(acc);
-        cuda::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            wgmma_ss_mn64<E>(acc, dds + static_cast<uint64_t>((kk * 16 * 128) >> 4),
-                             dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
-        cuda::wgmma_commit();
-        cuda::wgmma_wait<0>();
-        cuda::fence_operands(acc);
-        if (half == 0 && s > 0) cuda::mbar_wait(&a.bars->dq_empty[wg], static_cast<uint32_t>((s - 1) & 1));
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int col = half * 64 + 8 * j + 2 * t;  // head_dim is a multiple of 8: the pair is in or out
-            if (col >= d) continue;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = 16 * warp + g + 8 * h;
-                st_shared_v2_f32(s_dq + (row * d + col) * 4, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-            }
-        }
-    }
-    fence_proxy_async_smem();  // this thread's stores, before the writer's bulk reduction reads them
-    cuda::mbar_arrive(&a.bars->dq_full[wg]);
-}
-
-// One step (query block st, buffer buf) for consumer warpgroup wg of the deterministic kernel.
-template <class Tr, class E>
-__device__ __forceinline__ void det_step_compute(const BwdParams &p, const BwdBlock &a, int s, BwdStep st, int buf,
-                                                 int wg, float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2]) {
-    const uint32_t base = cuda::smem_addr(a.smem);
-    const uint32_t s_k = base + Tr::kKOff + 64 * wg * 128, s_v = base + Tr::kVOff + 64 * wg * 128;
-    const uint32_t s_q = base + Tr::kQOff + buf * 2 * Tr::kQBytes, s_do = s_q + Tr::kQBytes;
-    const uint32_t s_ds = base + Tr::kDSOff + wg * Tr::kDSBytes;
-    const uint32_t s_dq = base + Tr::kDQOff + wg * Tr::kDQBytes;
-    const uint32_t s_rows = base + Tr::kRowsOff + (buf * 2 + wg) * Tr::kRowsBytes;
-
-    float S[kBwdBM / 2], dP[kBwdBM / 2];
-    scores_and_dp_issue<Tr, E>(S, dP, s_k, s_v, s_q, s_do);
-    cuda::wgmma_wait<0>();
-    cuda::fence_operands(S);
-    cuda::fence_operands(dP);
-    probs_and_grads<Tr>(p, a, st, wg, s_rows, S, dP);
-    uint32_t Pf[Tr::kKF][4], dSf[Tr::kKF][4];
-    to_fragments<Tr, E>(S, Pf);
-    to_fragments<Tr, E>(dP, dSf);
-    store_ds<Tr>(s_ds, dSf);
-    fence_proxy_async_smem();  // the generic-proxy stores, before the wgmma reads them
-    warpgroup_sync(wg);
-    issue_dkv<Tr, E>(dK, dV, Pf, dSf, s_q, s_do);
-    accumulate_dq_slot<Tr, E>(p, a, s, wg, s_ds, s_k, s_dq);  // waits for every wgmma of the step
-    cuda::fence_operands(dK);
-    cuda::fence_operands(dV);
-    __syncwarp();  // every lane's wgmmas reading Q and dO have retired
-    if ((threadIdx.x & 31) == 0) cuda::mbar_arrive(&a.bars->qdo_empty[buf]);
-}
 
 // Warp 0, one thread: K and V once, then Q and dO of every step into the ring, each buffer once
 // every consumer warp has released its previous step (qdo_empty).
@@ -810,7 +783,7 @@ __device__ __forceinline__ void det_consume(const BwdParams &p, const BwdBlock &
         cuda::cp_async_wait<Tr::kStages - 1>();  // this step's rows, from this thread ...
         warpgroup_sync(wg);                      // ... and from every thread of the warpgroup
         cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
-        det_step_compute<Tr, E>(p, a, s, st, buf, wg, dK, dV);
+        step_compute<Tr, E, true>(p, a, s, st, buf, wg, dK, dV);
     }
 }
 
