@@ -375,18 +375,16 @@ __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a
     return BwdTurn{sem, a.nb - nb_first};
 }
 
-// dQ += dS K_w for the step's 64 queries, head dims above 64 (bwd_bulk_dq), 64 head-dim columns
-// at a time: wgmma with dS^T and K both key-major in shared memory, into the warpgroup's fp32 tile
-// (rows of head_dim floats, as the accumulator's rows), then one bulk reduction of the sequence's
-// rows by thread 0 of the warpgroup (default mode; the deterministic kernel's dQ goes through its
-// writer warp: accumulate_dq_slot). The caller made sure that the previous step's reduction has
-// finished reading the tile (the step-top barrier).
-template <class Tr, class E>
-__device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
-                                                   uint32_t s_ds, uint32_t s_k, uint32_t s_dq) {
+// dQ = dS K_w for the step's 64 queries (this warpgroup's 64 keys), 64 head-dim columns at a time:
+// wgmma with dS^T and K both key-major in shared memory, stored as fp32 rows of head_dim floats
+// (the accumulator's rows) at s_dq. kSlot (the deterministic kernel's writer slot of warpgroup
+// wg): from step s = 1 on, wait after the first GEMM, before the first store, for the writer to
+// have read the slot's previous tile (dq_empty).
+template <class Tr, class E, bool kSlot>
+__device__ __forceinline__ void dq_tile_to_smem(int d, uint32_t s_ds, uint32_t s_k, uint32_t s_dq, const BwdBlock &a,
+                                                int s, int wg) {
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
     const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
-    const int d = p.head_dim;
 #pragma unroll
     for (int half = 0; half < Tr::kPages; ++half) {
         const uint64_t dk = cuda::make_desc_sw128(s_k + half * Tr::kKPage, 1024, Tr::kKPage);
@@ -400,6 +398,7 @@ __device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const Bwd
         cuda::wgmma_commit();
         cuda::wgmma_wait<0>();
         cuda::fence_operands(acc);
+        if (kSlot && half == 0 && s > 0) cuda::mbar_wait(&a.bars->dq_empty[wg], static_cast<uint32_t>((s - 1) & 1));
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const int col = half * 64 + 8 * j + 2 * t;  // head_dim is a multiple of 8: the pair is in or out
@@ -411,9 +410,21 @@ __device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const Bwd
             }
         }
     }
+}
+
+// dQ += dS K_w for the step's 64 queries, head dims above 64 (bwd_bulk_dq): the warpgroup's fp32
+// tile (dq_tile_to_smem), then one bulk reduction of the sequence's rows by thread 0 of the
+// warpgroup (default mode; the deterministic kernel's dQ goes through its
+// writer warp: accumulate_dq_slot). The caller made sure that the previous step's reduction has
+// finished reading the tile (the step-top barrier).
+template <class Tr, class E>
+__device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
+                                                   uint32_t s_ds, uint32_t s_k, uint32_t s_dq) {
+    const int d = p.head_dim;
+    dq_tile_to_smem<Tr, E, false>(d, s_ds, s_k, s_dq, a, 0, wg);
     fence_proxy_async_smem();  // the tile, before the bulk reduction reads it
     warpgroup_sync(wg);
-    if (wtid == 0) {
+    if ((threadIdx.x & 127) == 0) {
         const int rows = min(kBwdBM, a.sq - st.m0);
         float *dst = p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + st.m0) * d;
         bulk_reduce_add_f32(dst, s_dq, static_cast<uint32_t>(rows * d * 4));
@@ -462,42 +473,14 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
     }
 }
 
-// dQ += dS K_w for the step's 64 queries into the warpgroup's fp32 slot (rows of head_dim floats,
-// as the accumulator's rows), 64 head-dim columns at a time: wgmma with dS^T and K both key-major
-// in shared memory. Before the first store the warpgroup waits (dq_empty) for the writer to have
-// read its previous tile; after the last, every thread fences its stores for the async proxy (the
-// bulk reduction reads them) and arrives on dq_full.
+// dQ += dS K_w for the step's 64 queries, deterministic kernel: the tile into the warpgroup's
+// writer slot (dq_tile_to_smem, which first waits on dq_empty for the writer to have read the
+// previous one); then every thread fences its stores for the async proxy (the writer's bulk
+// reduction reads them) and arrives on dq_full.
 template <class Tr, class E>
 __device__ __forceinline__ void accumulate_dq_slot(const BwdParams &p, const BwdBlock &a, int s, int wg,
                                                    uint32_t s_ds, uint32_t s_k, uint32_t s_dq) {
-    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
-    const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
-    const int d = p.head_dim;
-#pragma unroll
-    for (int half = 0; half < Tr::kPages; ++half) {
-        const uint64_t dk = cuda::make_desc_sw128(s_k + half * Tr::kKPage, 1024, Tr::kKPage);
-        float acc[32];
-        cuda::fence_operands(acc);
-        cuda::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            wgmma_ss_mn64<E>(acc, dds + static_cast<uint64_t>((kk * 16 * 128) >> 4),
-                             dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
-        cuda::wgmma_commit();
-        cuda::wgmma_wait<0>();
-        cuda::fence_operands(acc);
-        if (half == 0 && s > 0) cuda::mbar_wait(&a.bars->dq_empty[wg], static_cast<uint32_t>((s - 1) & 1));
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int col = half * 64 + 8 * j + 2 * t;  // head_dim is a multiple of 8: the pair is in or out
-            if (col >= d) continue;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = 16 * warp + g + 8 * h;
-                st_shared_v2_f32(s_dq + (row * d + col) * 4, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-            }
-        }
-    }
+    dq_tile_to_smem<Tr, E, true>(p.head_dim, s_ds, s_k, s_dq, a, s, wg);
     fence_proxy_async_smem();  // this thread's stores, before the writer's bulk reduction reads them
     cuda::mbar_arrive(&a.bars->dq_full[wg]);
 }
