@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks the compiled FA3 kernels in libflashattn without running them (no GPU needed): every
 # fa3::fwd_kernel, fa3::bwd_kernel and fa3::bwd_det_kernel (the backward and its deterministic
-# kernel, issue 16) instantiation must be sm_90a code
+# kernel, issue 16; head dims 64, 128 and 256, each present) instantiation must be sm_90a code
 # whose SASS uses HGMMA (wgmma: the tensor-core path of Hopper, not HMMA/FFMA), every
 # fa3::fp8_fwd_kernel (the FP8 forward, issue 17) QGMMA with E4M3 operands (FP8 wgmma's SASS
 # name: QGMMA.64xNx32.F32.E4M3.E4M3), and none may have local-memory traffic (LDL/STL: register
@@ -50,6 +50,16 @@ for d in 64 128 256; do
   n=$(grep -cE "fa314fp8_fwd_kernelINS0_9Fp8TraitsILi${d}E" <<<"$report" || true)
   if [ "$n" != 2 ]; then
     echo "expected 2 fa3 FP8 forward kernels of head dim $d, found $n" >&2
+    exit 1
+  fi
+done
+# The backward's compiled head dims (bwd_compiled, fa3_bwd_params.h): 64 and 128 with bwd_kernel
+# (default mode) and bwd_det_kernel, 256 (the split layout) with bwd_kernel for both modes; two
+# element types each.
+for d in 64 128 256; do
+  n=$(grep -cE "fa3(10bwd|14bwd_det)_kernelINS0_9BwdTraitsILi${d}EEE" <<<"$report" || true)
+  if [ "$n" != 4 ]; then
+    echo "expected 4 fa3 backward kernels of head dim $d, found $n" >&2
     exit 1
   fi
 done
