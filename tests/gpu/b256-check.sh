@@ -20,7 +20,8 @@ el() { echo $(( $(date +%s) - t0 )); }
 note() { summary+=("[$(el)s] $1"); echo "== $1"; }
 left() { echo $(( deadline - $(el) )); }
 finish() {
-  echo; grep -E '^\|' "$out/bwd.md" 2>/dev/null; echo; printf '%s\n' "${summary[@]}"
+  echo; grep -hE '^\|' "$out/bwd.md" 2>/dev/null || grep -hE '^\|' "$out/bwd.txt" 2>/dev/null
+  echo; printf '%s\n' "${summary[@]}"
   tar -C "$out" -czf "$out/../b256-logs.tgz" . 2>/dev/null && mv "$out/../b256-logs.tgz" "$out/"
   exit 0
 }
