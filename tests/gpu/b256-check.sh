@@ -14,11 +14,7 @@ mkdir -p "$out"
 build=${BUILD_DIR:-/tmp/fa-b256}
 deadline=${DEADLINE:-225}  # seconds from the start by which the summary must be out
 limit=${LIMIT:-75}         # seconds for each test / sanitizer run
-t0=$(date +%s)
-summary=()
-el() { echo $(( $(date +%s) - t0 )); }
-note() { summary+=("[$(el)s] $1"); echo "== $1"; }
-left() { echo $(( deadline - $(el) )); }
+source "$(dirname "$0")/stages.sh"
 finish() {
   echo; grep -hE '^\|' "$out/bwd.md" 2>/dev/null || grep -hE '^\|' "$out/bwd.txt" 2>/dev/null
   echo; printf '%s\n' "${summary[@]}"
@@ -41,16 +37,10 @@ pids=()
 (timeout $limit ctest --test-dir "$build" --output-on-failure -j 4 \
    -R 'test_backward_fa3$|test_backward_fa2$|test_fa3_sass|test_exec_contract' > "$out/ctest.log" 2>&1
  echo "rc=$?" >> "$out/ctest.log") & pids+=($!)
-for tool in memcheck racecheck synccheck; do
-  (FLASHATTN_TEST_REDUCED=1 FLASHATTN_FA3_MAX_CTAS=3 timeout $limit compute-sanitizer --tool $tool \
-     --error-exitcode 99 "$build/tests/test_backward_fa3" > "$out/san-$tool.log" 2>&1
-   echo "rc=$?" >> "$out/san-$tool.log") & pids+=($!)
-done
+san_start "$build/tests/test_backward_fa3" FLASHATTN_FA3_MAX_CTAS=3
 wait "${pids[@]}"
 note "ctest $(tail -1 "$out/ctest.log") $(grep -E 'tests passed' "$out/ctest.log") $(grep -E 'Failed|Passed|Skipped' "$out/ctest.log" | grep -E '^ *[0-9]+/' | tr -s ' ' | tr '\n' ';')"
-for f in "$out"/san-*.log; do
-  note "compute-sanitizer $(basename "$f" .log): $(tail -1 "$f") $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | tail -1) $(grep -E '^\[ +(PASSED|FAILED) +\]' "$f" | tr '\n' ' ')"
-done
+san_notes
 grep -E "FAILED|mismatch|differ|rel err" "$out/ctest.log" | head -8 | sed 's/^/   /'
 grep -E "hgmma=.*d256|BwdTraitsILi256" "$out/ctest.log" | head -4 | sed 's/^/   /'
 

@@ -32,36 +32,33 @@ for role in 10fwd 10bwd 14fp8_fwd 14bwd_det; do
     exit 1
   fi
 done
+# expect N WHAT PATTERN: exactly N kernels of the report match PATTERN (extended regex).
+expect() {
+  local n
+  n=$(grep -cE "$3" <<<"$report" || true)
+  if [ "$n" != "$1" ]; then
+    echo "expected $1 fa3 $2, found $n" >&2
+    exit 1
+  fi
+}
 # The forward kernels with V of its own width (P(D, DV) rows of the head-dim table, the optional
 # third argument, FA3_HEAD_DIMS_H): both element types of each must be there (and pass the checks below).
 if [ -n "${3:-}" ]; then
   for pair in $(grep -oE 'P\([0-9]+, *[0-9]+\)' "$3" | tr -d 'P() ' ); do
     d=${pair%,*} dv=${pair#*,}
-    n=$(grep -cE "fa310fwd_kernelINS0_6TraitsILi${d}ELi[0-9]+ELi${dv}EEE" <<<"$report" || true)
-    if [ "$n" != 2 ]; then
-      echo "expected 2 fa3 forward kernels of head dim $d with V $dv wide, found $n" >&2
-      exit 1
-    fi
+    expect 2 "forward kernels of head dim $d with V $dv wide" "fa310fwd_kernelINS0_6TraitsILi${d}ELi[0-9]+ELi${dv}EEE"
   done
 fi
 # The FP8 forward's compiled head dims (fp8_compiled_head_dim, fa3_fp8_params.h): O in bf16 and
 # fp16 for each, so that a head dim that falls back to a wider kernel is noticed.
 for d in 64 128 256; do
-  n=$(grep -cE "fa314fp8_fwd_kernelINS0_9Fp8TraitsILi${d}E" <<<"$report" || true)
-  if [ "$n" != 2 ]; then
-    echo "expected 2 fa3 FP8 forward kernels of head dim $d, found $n" >&2
-    exit 1
-  fi
+  expect 2 "FP8 forward kernels of head dim $d" "fa314fp8_fwd_kernelINS0_9Fp8TraitsILi${d}E"
 done
 # The backward's compiled head dims (bwd_compiled, fa3_bwd_params.h): 64 and 128 with bwd_kernel
 # (default mode) and bwd_det_kernel, 256 (the split layout) with bwd_kernel for both modes; two
 # element types each.
 for d in 64 128 256; do
-  n=$(grep -cE "fa3(10bwd|14bwd_det)_kernelINS0_9BwdTraitsILi${d}EEE" <<<"$report" || true)
-  if [ "$n" != 4 ]; then
-    echo "expected 4 fa3 backward kernels of head dim $d, found $n" >&2
-    exit 1
-  fi
+  expect 4 "backward kernels of head dim $d" "fa3(10bwd|14bwd_det)_kernelINS0_9BwdTraitsILi${d}EEE"
 done
 echo "$report"
 bad=$(awk '$2 != "arch=sm_90a" || $3 == "hgmma=0" || $4 != "local=0"' <<<"$report")
