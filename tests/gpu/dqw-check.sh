@@ -16,11 +16,7 @@ base_src=${BASE_SRC:-}
 base_build=${BASE_BUILD:-${build}-base}
 deadline=${DEADLINE:-205}  # seconds from the start by which the summary must be out
 limit=${LIMIT:-80}         # seconds for each test / sanitizer run
-t0=$(date +%s)
-summary=()
-el() { echo $(( $(date +%s) - t0 )); }
-note() { summary+=("[$(el)s] $1"); echo "== $1"; }
-left() { echo $(( deadline - $(el) )); }
+source "$(dirname "$0")/stages.sh"
 finish() { echo; cat "$out/bwd-ab.md" 2>/dev/null | grep -E '^\|'; echo; printf '%s\n' "${summary[@]}"; exit 0; }
 
 source "$(dirname "$0")/devdeps-env.sh" && use_devdeps "$PWD"
@@ -39,17 +35,11 @@ note "build: $(grep -E '^== build' "$out/h200-build.txt")"
 pids=()
 (timeout $limit ctest --test-dir "$build" --output-on-failure -j 2 -R 'test_backward_fa3$|test_fa3_sass' > "$out/ctest.log" 2>&1
  echo "rc=$?" >> "$out/ctest.log") & pids+=($!)
-for tool in memcheck racecheck synccheck; do
-  (FLASHATTN_TEST_REDUCED=1 timeout $limit compute-sanitizer --tool $tool \
-     --error-exitcode 99 "$build/tests/test_backward_fa3" > "$out/san-$tool.log" 2>&1
-   echo "rc=$?" >> "$out/san-$tool.log") & pids+=($!)
-done
+san_start "$build/tests/test_backward_fa3"
 [ -n "$base_src" ] && { wait $base_pid; note "base library: rc=$? $(ls "$base_build"/src/libflashattn.so 2>/dev/null)"; }
 wait "${pids[@]}"
 note "ctest $(tail -1 "$out/ctest.log") $(grep -E 'tests passed' "$out/ctest.log") $(grep -E 'Failed|Passed' "$out/ctest.log" | grep -E '^ *[0-9]+/' | tr -s ' ' | tr '\n' ';')"
-for f in "$out"/san-*.log; do
-  note "compute-sanitizer $(basename "$f" .log): $(tail -1 "$f") $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | tail -1) $(grep -E '^\[ +(PASSED|FAILED) +\]' "$f" | tr '\n' ' ')"
-done
+san_notes
 grep -E "FAIL|mismatch|differ" "$out/ctest.log" | head -5 | sed 's/^/   /'
 
 # Speed, alone on the GPU.

@@ -300,7 +300,9 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
     FLASHATTN_WGMMA_SS(N, cuda::Fp16, "f16")  \
     FLASHATTN_WGMMA_RS(N, cuda::Bf16, "bf16") \
     FLASHATTN_WGMMA_RS(N, cuda::Fp16, "f16")
-// The N the kernels use: key tiles of 64..128 for S = Q K^T, padded head dims for O += P V.
+// The N the kernels use: key tiles of 64..128 for S = Q K^T, padded head dims for O += P V, and
+// 32 for the FA3 backward's S^T = K Q^T in its split layout (each warpgroup half the queries).
+FLASHATTN_WGMMA_BOTH_TYPES(32)
 FLASHATTN_WGMMA_BOTH_TYPES(64)
 FLASHATTN_WGMMA_BOTH_TYPES(80)
 FLASHATTN_WGMMA_BOTH_TYPES(96)

@@ -79,6 +79,10 @@ struct BwdTraits {
     static_assert(kNW % kSRowGroups == 0 && kSKeys % 16 == 0, "scores layout");
     static_assert(kNW % kKVKeyGroups == 0 && kKVCols % 32 == 0, "keys layout");
     static_assert(kNW % kQRowGroups == 0 && kQCols % 32 == 0, "dQ layout");
+    // at_column moves a lane base by whole pages and half a page: a warp's column span must not
+    // start half a page in and then cross a page (a 96-column span of a padded 192 did).
+    static_assert((kKVCols % 64 == 0 || 64 % kKVCols == 0) && (kQCols % 64 == 0 || 64 % kQCols == 0),
+                  "a warp's column span starts half a page in and crosses a page (at_column)");
     static_assert(kBN == 32 || kBN % 64 == 0, "P/dS rows are half a page or whole pages");
     static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kPBytes % 128 == 0, "tile alignment");
     static_assert(kStages == 1 || kStages == 2, "one or two Q/dO buffers");

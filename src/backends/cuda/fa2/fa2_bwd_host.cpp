@@ -42,10 +42,11 @@ constexpr BwdHeadDim kBwdHeadDims[] = {FLASHATTN_FA2_HEAD_DIMS(FLASHATTN_FA2_BWD
 constexpr int64_t kMaxSeqlen = int64_t(1) << 28;  // keeps the int32 mask arithmetic exact
 constexpr int64_t kMaxGridYZ = 65535;
 constexpr int64_t kMaxGridX = (int64_t(1) << 31) - 1;
-// The compiled head dim that runs `d` (callers have checked 8 <= d <= 256).
+// The smallest row with a backward kernel (bwd_compiled) that runs `d` (callers have checked
+// 8 <= d <= 256).
 const BwdHeadDim &bwd_compiled_for(int64_t d) {
     for (const BwdHeadDim &row : kBwdHeadDims)
-        if (d <= row.head_dim) return row;
+        if (d <= row.head_dim && bwd_compiled(row.head_dim)) return row;
     return kBwdHeadDims[sizeof kBwdHeadDims / sizeof kBwdHeadDims[0] - 1];
 }
 

@@ -446,12 +446,17 @@ cudaError_t launch_bwd_tile(const BwdParams &p, cudaStream_t s) {
 // Launcher body of one compiled head dim (both element types; the fallback tile where compiled).
 template <int kD>
 cudaError_t launch_bwd_hdim(const BwdParams &p, bool bf16, bool fallback, cudaStream_t s) {
-    if constexpr (bwd_has_fallback(kD)) {
-        if (fallback)
-            return bf16 ? launch_bwd_tile<kD, cuda::Bf16, true>(p, s) : launch_bwd_tile<kD, cuda::Fp16, true>(p, s);
+    if constexpr (!bwd_compiled(kD)) {  // the host never asks for it
+        (void)p, (void)bf16, (void)fallback, (void)s;
+        return cudaErrorInvalidValue;
+    } else {
+        if constexpr (bwd_has_fallback(kD)) {
+            if (fallback)
+                return bf16 ? launch_bwd_tile<kD, cuda::Bf16, true>(p, s) : launch_bwd_tile<kD, cuda::Fp16, true>(p, s);
+        }
+        (void)fallback;
+        return bf16 ? launch_bwd_tile<kD, cuda::Bf16, false>(p, s) : launch_bwd_tile<kD, cuda::Fp16, false>(p, s);
     }
-    (void)fallback;
-    return bf16 ? launch_bwd_tile<kD, cuda::Bf16, false>(p, s) : launch_bwd_tile<kD, cuda::Fp16, false>(p, s);
 }
 
 }  // namespace fa2

@@ -77,6 +77,13 @@ constexpr int bwd_min_blocks(BwdTile t, int kd) {
 constexpr int kBwdSmallestOptin = 99 * 1024;  // sm_86 / sm_89 per-block opt-in
 constexpr bool bwd_has_fallback(int kd) { return bwd_smem_bytes(bwd_tile_main(kd), kd) > kBwdSmallestOptin; }
 
+// Rows of fa2_head_dims.h with a backward kernel. A padded head dim of 192 (rows 160, 192) has
+// none: its tiles split the 192 columns over 2 column groups of 96, and a warp's column span that
+// starts half a page in and crosses a 64-column page (at_column, fa2_bwd_gemm.cuh) read K, Q and
+// dO from the wrong page (dQ, dK, dV wrong from column 128 on; found in stop 21 by
+// test_backward_fa2's first head-dim-136..192 cases). 129..224 run on the 224 row (padded to 256).
+constexpr bool bwd_compiled(int kd) { return bwd_padded_dim(kd) != 192; }
+
 // Launchers, one per row of fa2_head_dims.h (generated fa2_bwd_hdimD.cu): the main kernel.
 using LaunchBwd = cudaError_t (*)(const BwdParams &p, bool bf16, bool fallback, cudaStream_t s);
 #define FLASHATTN_FA2_DECLARE_BWD_LAUNCH(D) \

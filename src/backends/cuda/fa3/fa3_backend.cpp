@@ -400,17 +400,17 @@ flashattn_status_t fa3_execute_backward(const Problem &p, const BackendPlan &bas
     FLASHATTN_TRY(encode_map(6, &maps.dout, el, no_q ? t.k : t.dout, p, no_q ? p.k : p.dout, no_q ? 1 : p.q_rows(),
                              no_q ? p.heads_kv : p.heads_q, fa3::kBwdBM, p.head_dim));
     FLASHATTN_TRY(encode_map(4, &maps.k, el, no_k ? t.q : t.k, p, no_k ? p.q : p.k, no_k ? 1 : p.k_rows(),
-                             no_k ? p.heads_q : p.heads_kv, fa3::kBwdBN, p.head_dim));
+                             no_k ? p.heads_q : p.heads_kv, fa3::bwd_block_n(plan.backward.head_dim), p.head_dim));
     FLASHATTN_TRY(encode_map(5, &maps.v, el, no_k ? t.q : t.v, p, no_k ? p.q : p.v, no_k ? 1 : p.k_rows(),
-                             no_k ? p.heads_q : p.heads_kv, fa3::kBwdBN, p.head_dim));
+                             no_k ? p.heads_q : p.heads_kv, fa3::bwd_block_n(plan.backward.head_dim), p.head_dim));
     return fa3::run_backward(p, plan.backward, plan.backward_workspace, t, maps);
 }
 
 }  // namespace
 
 const Backend *fa3_backend() {
-    // The backward (issue 16) runs head dims up to 128 (auto runs fa2's above; dispatch's
-    // kFa3BackwardUnderAuto can keep auto on fa2's everywhere).
+    // The backward (issue 16) runs every head dim (136..256 on its 256 kernel since stop 21;
+    // dispatch's kFa3BackwardUnderAuto can keep auto on fa2's everywhere).
     static const Backend backend{FLASHATTN_BACKEND_FA3, "fa3", fa3_unsupported_reason, fa3_make_plan,
                                  fa3_execute, fa3_auto_pass_reason, fa3_backward_unsupported_reason,
                                  fa3_execute_backward, nullptr,

@@ -34,10 +34,11 @@ constexpr BwdHeadDim kBwdHeadDims[] = {FLASHATTN_FA3_HEAD_DIMS(FLASHATTN_FA3_BWD
 
 constexpr int64_t kMaxGridX = (int64_t(1) << 31) - 1;
 
-// The smallest compiled head dim that holds `d` (callers have checked 8 <= d <= 256).
+// The smallest head dim with a compiled backward (bwd_compiled) that holds `d` (callers have
+// checked 8 <= d <= 256): 136..256 run on the 256 row.
 const BwdHeadDim &compiled_for(int64_t d) {
     for (const BwdHeadDim &row : kBwdHeadDims)
-        if (d <= row.head_dim) return row;
+        if (d <= row.head_dim && bwd_compiled(row.head_dim)) return row;
     return kBwdHeadDims[sizeof kBwdHeadDims / sizeof kBwdHeadDims[0] - 1];
 }
 
@@ -52,12 +53,11 @@ std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev)
         return "the fa3 backward pass is turned off (FLASHATTN_FA3_BACKWARD=off)";
     const int kd = compiled_for(p.head_dim).head_dim;
     if (!bwd_compiled(kd))
-        return "the fa3 backward pass is compiled for head dims up to 128 (dK and dV of a key block live in "
-               "registers); head dim " + std::to_string(p.head_dim) + " runs on fa2's backward";
+        return "the fa3 backward pass has no kernel for head dim " + std::to_string(p.head_dim);
     if (p.heads_q > 65535 || p.batch > 65535)
         return "the fa3 backward pass supports at most 65535 heads and 65535 sequences";
-    if (p.heads_kv * p.batch * ceil_div(p.seqlen_k, kBwdBN) > kMaxGridX)
-        return "the fa3 backward pass supports at most 2^31 - 1 key blocks of " + std::to_string(kBwdBN) +
+    if (p.heads_kv * p.batch * ceil_div(p.seqlen_k, bwd_block_n(kd)) > kMaxGridX)
+        return "the fa3 backward pass supports at most 2^31 - 1 key blocks of " + std::to_string(bwd_block_n(kd)) +
                " keys over all key/value heads and sequences";
     const size_t smem = static_cast<size_t>(bwd_smem_bytes(kd));
     if (dev.smem_per_block_optin != 0 && smem > dev.smem_per_block_optin)

@@ -1,7 +1,7 @@
 // FlashAttention-3 backward main kernel for Hopper (sm_90a): TMA loads, wgmma, and its launcher.
 // Algorithm 2 of FlashAttention-2 in the shape of FlashAttention-3's backward, key-block outer loop.
 //
-// One CTA per (key block of kBwdBN = 128 keys, kv head, sequence), heads and sequences fastest in
+// Up to head dim 128: one CTA per (key block of kBwdBN = 128 keys, kv head, sequence), heads and sequences fastest in
 // one grid dimension (as the FA2 backward: the first wave holds every head's first key blocks, and
 // in deterministic mode a key block's predecessor in the dQ order is always an earlier CTA). Two
 // consumer warpgroups; warpgroup w owns keys n0 + 64w .. n0 + 64w + 63 and keeps their dK and dV
@@ -38,6 +38,16 @@
 // writer takes the key block's turn (ascending key order per (query head, query block), a counter
 // each, as FA2's), reduces slot 0, then slot 1, and releases the turn: no consumer waits on L2.
 // The same producer warpgroup ran the default mode 1-14 % slower (docs/kernel-notes.md).
+//
+// Head dim 256 (and 136..256, zero-padded; since stop 21): the split layout (BwdTraits), where
+// 64 keys x 256 columns of dK and dV per warpgroup (256 registers) would not fit. One CTA per 64
+// keys; both warpgroups hold all 64 keys and split the rest: warpgroup w computes S^T and dP^T
+// against queries 32w .. 32w + 31 of the step (wgmma N = 32), stores its half of P^T and dS^T
+// (16-bit) into two shared pages, meets the other warpgroup at a CTA barrier, reads both pages
+// back as A fragments and accumulates dV, dK and dQ over its 128 head-dim columns (K = all 64
+// queries, resp. keys). dQ goes to the accumulator by vector reductions from registers (no room
+// for a 64 KB fp32 tile beside K, V and two Q / dO stages); in deterministic mode the same
+// bwd_kernel takes the key block's turn around them (accumulate_dq_red).
 #pragma once
 
 #include <cstdint>
@@ -172,30 +182,45 @@ struct BwdBarriers {
     uint64_t dq_empty[2];
 };
 
+// Two layouts. Up to head dim 128, warpgroup w owns keys 64w .. 64w + 63 of the CTA's kBwdBN over
+// all kD columns. The split layout (bwd_split, head dim 256) has 64 keys per CTA: warpgroup w
+// computes S^T and dP^T for all of them against queries 32w .. 32w + 31 of the step (N = 32),
+// writes its half of P^T and dS^T into two shared [64 keys][64 queries] pages, and after a CTA
+// barrier reads both pages whole for dV, dK (head-dim columns w kD/2 .. (w + 1) kD/2 - 1, M = 64
+// keys, K = 64 queries) and dQ (the same columns, M = 64 queries, K = 64 keys).
 template <int kD_>
 struct BwdTraits {
     static constexpr int kD = kD_;  // padded head dim, a multiple of 64
+    static constexpr bool kSplit = bwd_split(kD);
+    static constexpr int kBN = bwd_block_n(kD);  // keys per CTA
     static constexpr int kStages = bwd_stages(kD);
     static constexpr bool kBulkDQ = bwd_bulk_dq(kD);
     static constexpr int kPages = kD / 64;
+    static constexpr int kQN = kSplit ? kBwdBM / 2 : kBwdBM;  // query columns of a warpgroup's S^T
+    static constexpr int kDW = kSplit ? kD / 2 : kD;          // head-dim columns of a warpgroup's dK, dV, dQ
+    static constexpr int kWPages = kDW / 64;                  // ... in 64-column pages
+    static constexpr int kKeyW = kSplit ? 0 : 64;             // key offset of warpgroup w: w kKeyW
     static constexpr int kQPage = kBwdBM * 128;  // one 64-column page of a Q / dO tile
-    static constexpr int kKPage = kBwdBN * 128;  // ... of the K / V tile
+    static constexpr int kKPage = kBN * 128;     // ... of the K / V tile
     static constexpr int kQBytes = kPages * kQPage;
     static constexpr int kKBytes = kPages * kKPage;
-    static constexpr int kDSBytes = 64 * kBwdBM * 2;  // one warpgroup's dS^T, [64 keys][kBwdBM queries]
+    // Two [64 keys][kBwdBM queries] 16-bit pages: dS^T of warpgroup 0 and 1 (split: P^T and dS^T).
+    static constexpr int kDSBytes = 64 * kBwdBM * 2;
     static constexpr int kRowsBytes = 2 * kBwdBM * 4;  // LSE then row_dot of one step, one warpgroup's copy
     static constexpr int kKOff = 0;
     static constexpr int kVOff = kKBytes;
     static constexpr int kQOff = 2 * kKBytes;  // buffer s: Q at kQOff + s * 2 * kQBytes, dO after it
-    static constexpr int kDQBytes = kBwdBM * kD * 4;  // one warpgroup's fp32 dQ tile / slot (rows of head_dim floats)
+    static constexpr int kDQBytes = bwd_dq_tiles(kD) ? kBwdBM * kD * 4 : 0;  // one warpgroup's fp32 dQ tile / slot
     static constexpr int kDSOff = kQOff + kStages * 2 * kQBytes;
     static constexpr int kDQOff = kDSOff + 2 * kDSBytes;
     static constexpr int kRowsOff = kDQOff + 2 * kDQBytes;
     static constexpr int kBarOff = kRowsOff + kStages * 2 * kRowsBytes;  // stage s, warpgroup w: s * 2 + w
     static constexpr int kSmemBytes = bwd_smem_bytes(kD);
-    static constexpr int kNT = kBwdBM / 8;   // n8 tiles of S^T per thread row
-    static constexpr int kKF = kBwdBM / 16;  // k16 fragments of P^T
+    static constexpr int kNT = kQN / 8;   // n8 tiles of S^T per thread row
+    static constexpr int kKF = kQN / 16;  // k16 fragments of the warpgroup's P^T
+    static constexpr int kKFAll = kBwdBM / 16;  // ... of the whole step's (the split layout reads both halves)
     static_assert(kD % 64 == 0 && kBwdBM == 64, "one 64-column page holds dS^T of a step");
+    static_assert(!kSplit || (kBN == 64 && kDW % 64 == 0), "the split layout: 64 keys, whole pages per warpgroup");
     static_assert(kDSOff % 1024 == 0, "SW128 tiles need 1 KB alignment");
     static_assert(kBarOff + static_cast<int>(sizeof(BwdBarriers)) + 1024 <= kSmemBytes, "layout exceeds the budget");
 };
@@ -262,7 +287,7 @@ __device__ __forceinline__ void load_rows(const BwdParams &p, const BwdBlock &a,
 // S^T and dP^T of warpgroup `wg`'s 64 keys against the step's queries (issued and committed; the
 // caller waits, so that the deterministic mode's release of the previous step runs under them).
 template <class Tr, class E>
-__device__ __forceinline__ void scores_and_dp_issue(float (&S)[kBwdBM / 2], float (&dP)[kBwdBM / 2], uint32_t s_k,
+__device__ __forceinline__ void scores_and_dp_issue(float (&S)[Tr::kQN / 2], float (&dP)[Tr::kQN / 2], uint32_t s_k,
                                               uint32_t s_v, uint32_t s_q, uint32_t s_do) {
     const uint64_t dk = cuda::make_desc_sw128(s_k), dv = cuda::make_desc_sw128(s_v);
     const uint64_t dq = cuda::make_desc_sw128(s_q), ddo = cuda::make_desc_sw128(s_do);
@@ -271,24 +296,25 @@ __device__ __forceinline__ void scores_and_dp_issue(float (&S)[kBwdBM / 2], floa
     cuda::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < Tr::kD / 16; ++ks)
-        cuda::wgmma_ss<E, kBwdBM>(S, dk + k_step(ks, Tr::kKPage), dq + k_step(ks, Tr::kQPage), ks > 0);
+        cuda::wgmma_ss<E, Tr::kQN>(S, dk + k_step(ks, Tr::kKPage), dq + k_step(ks, Tr::kQPage), ks > 0);
 #pragma unroll
     for (int ks = 0; ks < Tr::kD / 16; ++ks)
-        cuda::wgmma_ss<E, kBwdBM>(dP, dv + k_step(ks, Tr::kKPage), ddo + k_step(ks, Tr::kQPage), ks > 0);
+        cuda::wgmma_ss<E, Tr::kQN>(dP, dv + k_step(ks, Tr::kKPage), ddo + k_step(ks, Tr::kQPage), ks > 0);
     cuda::wgmma_commit();
 }
 
 // In place: S^T -> P^T and dP^T -> dS^T. Accumulator register i of the thread holds key row
-// 16 warp + g + 8 ((i % 4) / 2) of the warpgroup and query column 8 (i / 4) + 2 t + (i % 2).
+// 16 warp + g + 8 ((i % 4) / 2) of the warpgroup's keys and query column 8 (i / 4) + 2 t + (i % 2)
+// of its queries (split layout: the step's queries kQN wg ..).
 template <class Tr>
 __device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
-                                                uint32_t s_rows, float (&S)[kBwdBM / 2], float (&dP)[kBwdBM / 2]) {
+                                                uint32_t s_rows, float (&S)[Tr::kQN / 2], float (&dP)[Tr::kQN / 2]) {
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
     const float sl2 = p.score_log2, cap = p.softcap_scale;
     int lo[2], hi[2];  // the queries (relative to m0) that see each of the thread's two keys
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int key = a.n0 + 64 * wg + 16 * warp + g + 8 * h;
+        const int key = a.n0 + Tr::kKeyW * wg + 16 * warp + g + 8 * h;
         // key j is visible to query i iff j - off - right <= i <= j - off + left (mask.cuh's rule)
         lo[h] = max(key - a.off - p.right_i, 0) - st.m0;
         hi[h] = key < a.sk ? min(key - a.off + p.left_i, a.sq - 1) - st.m0 : -1;
@@ -297,7 +323,7 @@ __device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdBlo
     for (int j = 0; j < Tr::kNT; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            const int c = 8 * j + 2 * t + e;
+            const int c = (Tr::kSplit ? Tr::kQN * wg : 0) + 8 * j + 2 * t + e;
             const float lse = cuda::ld_shared_f32(s_rows + c * 4);
             const float rd = cuda::ld_shared_f32(s_rows + (kBwdBM + c) * 4);
             const bool row_sees = lse != -INFINITY;  // -inf: the row sees no key, contributes nothing
@@ -320,31 +346,48 @@ __device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdBlo
 
 // The accumulator as the A fragments of m64k16 wgmmas: fragment kk is n8 tiles 2kk, 2kk + 1.
 template <class Tr, class E>
-__device__ __forceinline__ void to_fragments(const float (&x)[kBwdBM / 2], uint32_t (&f)[Tr::kKF][4]) {
+__device__ __forceinline__ void to_fragments(const float (&x)[Tr::kQN / 2], uint32_t (&f)[Tr::kKF][4]) {
 #pragma unroll
     for (int kk = 0; kk < Tr::kKF; ++kk)
 #pragma unroll
         for (int r = 0; r < 4; ++r) f[kk][r] = cuda::pack2<E>(x[8 * kk + 2 * r], x[8 * kk + 2 * r + 1]);
 }
 
-// dS^T (fragments) into the warpgroup's [64 keys][64 queries] SW128 page, for the dQ GEMM.
-template <class Tr>
-__device__ __forceinline__ void store_ds(uint32_t s_ds, const uint32_t (&dSf)[Tr::kKF][4]) {
+// Where fragment register f[kk][2 x + h] of the thread lives in a [64 keys][64 queries] SW128
+// page of 16-bit values: key row 16 warp + g + 8 h, query columns 16 kk + 8 x + 2 t, + 1 (in
+// 16-byte chunks: chunk 2 kk + x; chunk0: the first chunk of the fragments' queries).
+__device__ __forceinline__ uint32_t frag_addr(uint32_t s_page, int chunk0, int kk, int r) {
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int j = 0; j < Tr::kNT; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = 16 * warp + g + 8 * h;
-            cuda::st_shared_b32(s_ds + r * 128 + ((j ^ (r & 7)) << 4) + 4 * t, dSf[j / 2][2 * (j % 2) + h]);
-        }
+    const int row = 16 * warp + g + 8 * (r & 1), j = chunk0 + 2 * kk + (r >> 1);
+    return s_page + row * 128 + ((j ^ (row & 7)) << 4) + 4 * t;
 }
 
-// Issues dV += P^T dO and dK += dS^T Q (not waited for): the 16-bit fragments from registers,
-// dO and Q MN-major (16 query rows per k16 step, LBO = one 64-column page).
-template <class Tr, class E>
-__device__ __forceinline__ void issue_dkv(float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2],
-                                          const uint32_t (&Pf)[Tr::kKF][4], const uint32_t (&dSf)[Tr::kKF][4],
+// Fragments (the warpgroup's kQN queries) into a [64 keys][64 queries] page from query column
+// 8 chunk0 on: dS^T for the dQ GEMM, and in the split layout both halves of P^T and dS^T.
+template <class Tr>
+__device__ __forceinline__ void store_frags(uint32_t s_page, int chunk0, const uint32_t (&f)[Tr::kKF][4]) {
+#pragma unroll
+    for (int kk = 0; kk < Tr::kKF; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) cuda::st_shared_b32(frag_addr(s_page, chunk0, kk, r), f[kk][r]);
+}
+
+// ... and a whole page back as the A fragments of the step's 64 queries (split layout).
+template <class Tr>
+__device__ __forceinline__ void load_frags(uint32_t s_page, uint32_t (&f)[Tr::kKFAll][4]) {
+#pragma unroll
+    for (int kk = 0; kk < Tr::kKFAll; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) f[kk][r] = cuda::ld_shared_b32(frag_addr(s_page, 0, kk, r));
+}
+
+// Issues dV += P^T dO and dK += dS^T Q (not waited for): the 16-bit fragments from registers
+// (kF of them: the warpgroup's own, or in the split layout the whole step's read back), dO and Q
+// MN-major (16 query rows per k16 step, LBO = one 64-column page) from the warpgroup's first
+// column page.
+template <class Tr, class E, int kF>
+__device__ __forceinline__ void issue_dkv(float (&dK)[Tr::kDW / 2], float (&dV)[Tr::kDW / 2],
+                                          const uint32_t (&Pf)[kF][4], const uint32_t (&dSf)[kF][4],
                                           uint32_t s_q, uint32_t s_do) {
     const uint64_t dq = cuda::make_desc_sw128(s_q, 1024, Tr::kQPage);
     const uint64_t ddo = cuda::make_desc_sw128(s_do, 1024, Tr::kQPage);
@@ -352,11 +395,11 @@ __device__ __forceinline__ void issue_dkv(float (&dK)[Tr::kD / 2], float (&dV)[T
     cuda::fence_operands(dV);
     cuda::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < Tr::kKF; ++kk)
-        cuda::wgmma_rs<E, Tr::kD>(dV, Pf[kk], ddo + static_cast<uint64_t>((kk * 16 * 128) >> 4), 1);
+    for (int kk = 0; kk < kF; ++kk)
+        cuda::wgmma_rs<E, Tr::kDW>(dV, Pf[kk], ddo + static_cast<uint64_t>((kk * 16 * 128) >> 4), 1);
 #pragma unroll
-    for (int kk = 0; kk < Tr::kKF; ++kk)
-        cuda::wgmma_rs<E, Tr::kD>(dK, dSf[kk], dq + static_cast<uint64_t>((kk * 16 * 128) >> 4), 1);
+    for (int kk = 0; kk < kF; ++kk)
+        cuda::wgmma_rs<E, Tr::kDW>(dK, dSf[kk], dq + static_cast<uint64_t>((kk * 16 * 128) >> 4), 1);
     cuda::wgmma_commit();
 }
 
@@ -368,36 +411,45 @@ struct BwdTurn {
     int *sem;
     int before;
 };
+template <class Tr>
 __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a, BwdStep st) {
     const int64_t first_key = st.m0 + a.off - p.left;
-    const int nb_first = first_key > 0 ? static_cast<int>(first_key / kBwdBN) : 0;
+    const int nb_first = first_key > 0 ? static_cast<int>(first_key / Tr::kBN) : 0;
     int *sem = p.dq_sem + (static_cast<int64_t>(a.b) * p.heads_q + st.hq) * p.sem_blocks + st.m0 / kBwdBM;
     return BwdTurn{sem, a.nb - nb_first};
 }
 
-// dQ = dS K_w for the step's 64 queries (this warpgroup's 64 keys), 64 head-dim columns at a time:
-// wgmma with dS^T and K both key-major in shared memory, stored as fp32 rows of head_dim floats
-// (the accumulator's rows) at s_dq. kSlot (the deterministic kernel's writer slot of warpgroup
+// acc = dS K_page for the step's 64 queries and one 64-column page of K (64 keys from s_kp: the
+// warpgroup's, or the split layout's whole block), issued and waited for: wgmma with dS^T and K
+// both key-major in shared memory (MN-major operands). The wait also retires the step's earlier
+// wgmmas (dV, dK).
+template <class Tr, class E>
+__device__ __forceinline__ void dq_page_gemm(float (&acc)[32], uint32_t s_ds, uint32_t s_kp) {
+    const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
+    const uint64_t dk = cuda::make_desc_sw128(s_kp, 1024, Tr::kKPage);
+    cuda::fence_operands(acc);
+    cuda::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+        wgmma_ss_mn64<E>(acc, dds + static_cast<uint64_t>((kk * 16 * 128) >> 4),
+                         dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
+    cuda::wgmma_commit();
+    cuda::wgmma_wait<0>();
+    cuda::fence_operands(acc);
+}
+
+// dQ = dS K_w for the step's 64 queries (this warpgroup's 64 keys), 64 head-dim columns at a time
+// (dq_page_gemm), stored as fp32 rows of head_dim floats (the accumulator's rows) at s_dq. kSlot (the deterministic kernel's writer slot of warpgroup
 // wg): from step s = 1 on, wait after the first GEMM, before the first store, for the writer to
 // have read the slot's previous tile (dq_empty).
 template <class Tr, class E, bool kSlot>
 __device__ __forceinline__ void dq_tile_to_smem(int d, uint32_t s_ds, uint32_t s_k, uint32_t s_dq, const BwdBlock &a,
                                                 int s, int wg) {
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
-    const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
 #pragma unroll
     for (int half = 0; half < Tr::kPages; ++half) {
-        const uint64_t dk = cuda::make_desc_sw128(s_k + half * Tr::kKPage, 1024, Tr::kKPage);
         float acc[32];
-        cuda::fence_operands(acc);
-        cuda::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            wgmma_ss_mn64<E>(acc, dds + static_cast<uint64_t>((kk * 16 * 128) >> 4),
-                             dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
-        cuda::wgmma_commit();
-        cuda::wgmma_wait<0>();
-        cuda::fence_operands(acc);
+        dq_page_gemm<Tr, E>(acc, s_ds, s_k + half * Tr::kKPage);
         if (kSlot && half == 0 && s > 0) cuda::mbar_wait(&a.bars->dq_empty[wg], static_cast<uint32_t>((s - 1) & 1));
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -432,14 +484,19 @@ __device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const Bwd
     }
 }
 
-// dQ += dS K_w, head dims up to 64 (bwd_bulk_dq), default mode: the wgmma as accumulate_dq_bulk's,
-// then vector reductions from registers into the fp32 accumulator. At head dim 64 this measured
-// 1.1-1.2x faster than the bulk reduction.
-template <class Tr, class E>
-__device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdBlock &a, BwdStep st, uint32_t s_ds,
-                                                  uint32_t s_k) {
+// dQ += dS K_w from registers: vector reductions into the fp32 accumulator, one 64-column page
+// of the warpgroup's columns at a time (dq_page_gemm). The default mode at head dim 64 (measured
+// 1.1-1.2x faster than the bulk reduction there) and the split layout in both modes (no room for
+// an fp32 tile). kDet (split layout only): the CTA's adds take the key block's turn (turn_of):
+// thread 0 waits for it, the whole CTA meets, every thread adds and fences, the CTA meets again
+// and thread 0 moves the counter on.
+template <class Tr, class E, bool kDet>
+__device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
+                                                  uint32_t s_ds, uint32_t s_k) {
+    static_assert(!kDet || Tr::kSplit, "the deterministic kernel of the other layouts has its dQ writer warp");
+    static_assert(Tr::kSplit || Tr::kPages == 1, "the red path reduces the whole dQ tile from registers");
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
-    const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
+    const int col0 = Tr::kSplit ? wg * Tr::kDW : 0;
     float *rows[2];
     bool row_ok[2];
 #pragma unroll
@@ -447,29 +504,34 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
         const int qpos = st.m0 + 16 * warp + g + 8 * h;
         row_ok[h] = qpos < a.sq;
         rows[h] = p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + (row_ok[h] ? qpos : 0)) *
-                                   p.head_dim + 2 * t;
+                                   p.head_dim + col0 + 2 * t;
     }
-    static_assert(Tr::kPages == 1, "the red path reduces the whole dQ tile from registers");
-    {
-        const uint64_t dk = cuda::make_desc_sw128(s_k, 1024, Tr::kKPage);
-        float acc[32];
-        cuda::fence_operands(acc);
-        cuda::wgmma_fence();
+    BwdTurn turn{nullptr, 0};
+    if constexpr (kDet) {
+        if (threadIdx.x == 0) {
+            turn = turn_of<Tr>(p, a, st);
+            while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
+            }
+        }
+        __syncthreads();
+    }
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            wgmma_ss_mn64<E>(acc, dds + static_cast<uint64_t>((kk * 16 * 128) >> 4),
-                             dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
-        cuda::wgmma_commit();
-        cuda::wgmma_wait<0>();
-        cuda::fence_operands(acc);
+    for (int pg = 0; pg < Tr::kWPages; ++pg) {
+        float acc[32];
+        dq_page_gemm<Tr, E>(acc, s_ds, s_k + (col0 / 64 + pg) * Tr::kKPage);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            const int col = 8 * j;  // + 2t: head_dim is a multiple of 8, the pair is in or out
-            if (col >= p.head_dim) continue;
+            const int col = 64 * pg + 8 * j;  // + 2t: head_dim is a multiple of 8, the pair is in or out
+            if (col0 + col >= p.head_dim) continue;
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 if (row_ok[h]) cuda::red_add_f32x2(rows[h] + col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
         }
+    }
+    if constexpr (kDet) {
+        __threadfence();  // this thread's adds are performed before the counter moves
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd(turn.sem, 1);
     }
 }
 
@@ -487,19 +549,22 @@ __device__ __forceinline__ void accumulate_dq_slot(const BwdParams &p, const Bwd
 
 // Step s (query block st, buffer buf) for consumer warpgroup wg. The modes differ only in where
 // dQ goes: the default mode adds it to the fp32 accumulator itself (bulk or red), the
-// deterministic kernel (kDet) hands it to the dQ writer warp through its shared-memory slot.
+// deterministic kernel (kDet) hands it to the dQ writer warp through its shared-memory slot (the
+// split layout: red in turns). The split layout meets the other warpgroup (a CTA barrier) once its
+// half of P^T and dS^T is in shared memory, and reads both halves back for dV, dK and dQ.
 template <class Tr, class E, bool kDet>
 __device__ __forceinline__ void step_compute(const BwdParams &p, const BwdBlock &a, int s, BwdStep st, int buf, int wg,
-                                             float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2]) {
+                                             float (&dK)[Tr::kDW / 2], float (&dV)[Tr::kDW / 2]) {
     const uint32_t base = cuda::smem_addr(a.smem);
-    const uint32_t s_k = base + Tr::kKOff + 64 * wg * 128, s_v = base + Tr::kVOff + 64 * wg * 128;
+    const uint32_t s_k = base + Tr::kKOff + Tr::kKeyW * wg * 128, s_v = base + Tr::kVOff + Tr::kKeyW * wg * 128;
     const uint32_t s_q = base + Tr::kQOff + buf * 2 * Tr::kQBytes, s_do = s_q + Tr::kQBytes;
-    const uint32_t s_ds = base + Tr::kDSOff + wg * Tr::kDSBytes;
+    const uint32_t q_rows = Tr::kSplit ? Tr::kQN * wg * 128 : 0;  // the warpgroup's queries of S^T, dP^T
+    const uint32_t s_ds = base + Tr::kDSOff + (Tr::kSplit ? 1 : wg) * Tr::kDSBytes;
     const uint32_t s_dq = base + Tr::kDQOff + wg * Tr::kDQBytes;
     const uint32_t s_rows = base + Tr::kRowsOff + (buf * 2 + wg) * Tr::kRowsBytes;
 
-    float S[kBwdBM / 2], dP[kBwdBM / 2];
-    scores_and_dp_issue<Tr, E>(S, dP, s_k, s_v, s_q, s_do);
+    float S[Tr::kQN / 2], dP[Tr::kQN / 2];
+    scores_and_dp_issue<Tr, E>(S, dP, s_k, s_v, s_q + q_rows, s_do + q_rows);
     cuda::wgmma_wait<0>();
     cuda::fence_operands(S);
     cuda::fence_operands(dP);
@@ -507,16 +572,29 @@ __device__ __forceinline__ void step_compute(const BwdParams &p, const BwdBlock 
     uint32_t Pf[Tr::kKF][4], dSf[Tr::kKF][4];
     to_fragments<Tr, E>(S, Pf);
     to_fragments<Tr, E>(dP, dSf);
-    store_ds<Tr>(s_ds, dSf);
-    fence_proxy_async_smem();  // the generic-proxy stores, before the wgmma reads them
-    warpgroup_sync(wg);
-    issue_dkv<Tr, E>(dK, dV, Pf, dSf, s_q, s_do);
-    if constexpr (kDet)  // each waits for every wgmma of the step
+    if constexpr (Tr::kSplit) {
+        const uint32_t s_p = base + Tr::kDSOff;  // P^T's page; dS^T's is the next
+        store_frags<Tr>(s_p, Tr::kQN / 8 * wg, Pf);
+        store_frags<Tr>(s_ds, Tr::kQN / 8 * wg, dSf);
+        fence_proxy_async_smem();  // the generic-proxy stores, before the wgmma reads them
+        __syncthreads();           // both halves
+        uint32_t Pa[Tr::kKFAll][4], dSa[Tr::kKFAll][4];
+        load_frags<Tr>(s_p, Pa);
+        load_frags<Tr>(s_ds, dSa);
+        const uint32_t cols = wg * Tr::kWPages * Tr::kQPage;  // the warpgroup's first column page
+        issue_dkv<Tr, E, Tr::kKFAll>(dK, dV, Pa, dSa, s_q + cols, s_do + cols);
+    } else {
+        store_frags<Tr>(s_ds, 0, dSf);
+        fence_proxy_async_smem();  // the generic-proxy stores, before the wgmma reads them
+        warpgroup_sync(wg);
+        issue_dkv<Tr, E, Tr::kKF>(dK, dV, Pf, dSf, s_q, s_do);
+    }
+    if constexpr (kDet && !Tr::kSplit)  // each waits for every wgmma of the step
         accumulate_dq_slot<Tr, E>(p, a, s, wg, s_ds, s_k, s_dq);
     else if constexpr (Tr::kBulkDQ)
         accumulate_dq_bulk<Tr, E>(p, a, st, wg, s_ds, s_k, s_dq);
     else
-        accumulate_dq_red<Tr, E>(p, a, st, s_ds, s_k);
+        accumulate_dq_red<Tr, E, kDet>(p, a, st, wg, s_ds, Tr::kSplit ? base + Tr::kKOff : s_k);
     cuda::fence_operands(dK);
     cuda::fence_operands(dV);
     __syncwarp();  // every lane's wgmmas reading Q and dO have retired
@@ -525,22 +603,23 @@ __device__ __forceinline__ void step_compute(const BwdParams &p, const BwdBlock 
 
 // dK * scale and dV of the thread's two keys (16-bit pairs), zeros where no query saw the key.
 template <class Tr, class E>
-__device__ __forceinline__ void store_dk_dv(const BwdParams &p, const BwdBlock &a, int wg, const float (&dK)[Tr::kD / 2],
-                                            const float (&dV)[Tr::kD / 2]) {
+__device__ __forceinline__ void store_dk_dv(const BwdParams &p, const BwdBlock &a, int wg, const float (&dK)[Tr::kDW / 2],
+                                            const float (&dV)[Tr::kDW / 2]) {
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
     const bool varlen = p.cu_q != nullptr;
     uint16_t *dkg = static_cast<uint16_t *>(p.dk) + (varlen ? a.k_row0 * p.dk_rs : a.b * p.dk_bs) + a.kvh * p.dk_hs;
     uint16_t *dvg = static_cast<uint16_t *>(p.dv) + (varlen ? a.k_row0 * p.dv_rs : a.b * p.dv_bs) + a.kvh * p.dv_hs;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const int key = a.n0 + 64 * wg + 16 * warp + g + 8 * h;
+        const int key = a.n0 + Tr::kKeyW * wg + 16 * warp + g + 8 * h;
         if (key >= a.sk) continue;
-        uint16_t *kr = dkg + key * p.dk_rs + 2 * t;
-        uint16_t *vr = dvg + key * p.dv_rs + 2 * t;
+        const int col0 = Tr::kSplit ? wg * Tr::kDW : 0;  // the warpgroup's columns
+        uint16_t *kr = dkg + key * p.dk_rs + col0 + 2 * t;
+        uint16_t *vr = dvg + key * p.dv_rs + col0 + 2 * t;
 #pragma unroll
-        for (int j = 0; j < Tr::kD / 8; ++j) {
+        for (int j = 0; j < Tr::kDW / 8; ++j) {
             const int c = 8 * j;
-            if (c >= p.head_dim) continue;
+            if (col0 + c >= p.head_dim) continue;
             *reinterpret_cast<uint32_t *>(kr + c) =
                 cuda::pack2<E>(dK[4 * j + 2 * h] * p.scale, dK[4 * j + 2 * h + 1] * p.scale);
             *reinterpret_cast<uint32_t *>(vr + c) = cuda::pack2<E>(dV[4 * j + 2 * h], dV[4 * j + 2 * h + 1]);
@@ -566,7 +645,7 @@ __device__ __forceinline__ BwdBlock key_block(const BwdParams &p, unsigned char 
     a.off = cuda::diagonal_offset(p, si.sq, si.sk);
     a.q_row0 = si.q_row0;
     a.k_row0 = si.k_row0;
-    a.n0 = a.nb * kBwdBN;
+    a.n0 = a.nb * Tr::kBN;
     a.smem = smem;
     a.bars = reinterpret_cast<BwdBarriers *>(smem + Tr::kBarOff);
     return a;
@@ -578,8 +657,9 @@ __device__ __forceinline__ BwdBlock key_block(const BwdParams &p, unsigned char 
 struct RowRange {
     int64_t lo, hi;
 };
+template <class Tr>
 __device__ __forceinline__ RowRange visible_rows(const BwdParams &p, const BwdBlock &a) {
-    const int64_t n_hi = min(a.n0 + kBwdBN, a.sk) - 1;
+    const int64_t n_hi = min(a.n0 + Tr::kBN, a.sk) - 1;
     return RowRange{max(int64_t(0), a.n0 - a.off - p.right), min(static_cast<int64_t>(a.sq) - 1, n_hi - a.off + p.left)};
 }
 
@@ -599,8 +679,9 @@ __device__ __forceinline__ void load_k_v(const BwdParams &p, const CUtensorMap *
 }
 
 // The default mode's kernel: two warpgroups (256 threads), no producer warpgroup; thread 0 also
-// issues the TMA loads. The deterministic mode runs bwd_det_kernel (below).
-template <class Tr, class E>
+// issues the TMA loads. The deterministic mode runs bwd_det_kernel (below), except in the split
+// layout, which runs this one with kDet (its dQ adds take turns: accumulate_dq_red).
+template <class Tr, class E, bool kDet>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -621,11 +702,11 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     __syncthreads();
 
     const int wg = threadIdx.x / 128;
-    float dK[Tr::kD / 2], dV[Tr::kD / 2];
+    float dK[Tr::kDW / 2], dV[Tr::kDW / 2];
 #pragma unroll
-    for (int i = 0; i < Tr::kD / 2; ++i) dK[i] = dV[i] = 0.f;
+    for (int i = 0; i < Tr::kDW / 2; ++i) dK[i] = dV[i] = 0.f;
 
-    const RowRange rows = visible_rows(p, a);
+    const RowRange rows = visible_rows<Tr>(p, a);
     if (rows.lo <= rows.hi) {
         a.mb_first = static_cast<int>(rows.lo / kBwdBM);
         a.nmb = static_cast<int>(rows.hi / kBwdBM) - a.mb_first + 1;
@@ -658,9 +739,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             cuda::cp_async_commit();
             cuda::cp_async_wait<Tr::kStages - 1>();  // this step's rows, from this thread ...
             if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) bulk_wait_read_all();  // the previous dQ reduction read its tile
-            warpgroup_sync(wg);                      // ... and from every thread of the warpgroup
+            // ... and from every thread of the warpgroup; the split layout: of the CTA, which
+            // also keeps the P^T and dS^T pages until both warpgroups have read them
+            if constexpr (Tr::kSplit)
+                __syncthreads();
+            else
+                warpgroup_sync(wg);
             cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
-            step_compute<Tr, E, false>(p, a, s, st, buf, wg, dK, dV);
+            step_compute<Tr, E, kDet>(p, a, s, st, buf, wg, dK, dV);
         }
         if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) bulk_wait_all();  // the last reduction, before shared memory goes away
     }
@@ -715,7 +801,7 @@ __device__ __forceinline__ void write_dq_det(const BwdParams &p, const BwdBlock 
         cuda::mbar_wait_s(full0 + 8, par);
         if (lane == 0) {
             const BwdStep st = bwd_step(p, a, s);
-            const BwdTurn turn = turn_of(p, a, st);
+            const BwdTurn turn = turn_of<Tr>(p, a, st);
             while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
             }
             fence_proxy_async_global();  // the predecessors' adds, before this one
@@ -739,7 +825,7 @@ __device__ __forceinline__ void write_dq_det(const BwdParams &p, const BwdBlock 
             bulk_wait_all();
             fence_proxy_async_global();
             __threadfence();  // the adds land before the counter moves
-            atomicAdd(turn_of(p, a, bwd_step(p, a, s)).sem, 1);
+            atomicAdd(turn_of<Tr>(p, a, bwd_step(p, a, s)).sem, 1);
         }
     }
 }
@@ -747,7 +833,7 @@ __device__ __forceinline__ void write_dq_det(const BwdParams &p, const BwdBlock 
 // The consumer warpgroup wg's walk: its rows copies, the ring, one step after another.
 template <class Tr, class E>
 __device__ __forceinline__ void det_consume(const BwdParams &p, const BwdBlock &a, int nsteps, int wg,
-                                        float (&dK)[Tr::kD / 2], float (&dV)[Tr::kD / 2]) {
+                                        float (&dK)[Tr::kDW / 2], float (&dV)[Tr::kDW / 2]) {
     // Prologue: the rows of the first kStages - 1 steps (fresh buffers: no release to wait for).
 #pragma unroll
     for (int r = 0; r < Tr::kStages - 1; ++r) {
@@ -799,7 +885,7 @@ __global__ void __launch_bounds__(kBwdDetThreads, 1)
     }
     __syncthreads();
 
-    const RowRange rows = visible_rows(p, a);
+    const RowRange rows = visible_rows<Tr>(p, a);
     const bool any = rows.lo <= rows.hi;
     int nsteps = 0;
     if (any) {
@@ -822,9 +908,9 @@ __global__ void __launch_bounds__(kBwdDetThreads, 1)
     }
     cuda::setmaxnreg_inc<kBwdConsumerRegs>();
     const int wg = threadIdx.x / 128 - 1;
-    float dK[Tr::kD / 2], dV[Tr::kD / 2];
+    float dK[Tr::kDW / 2], dV[Tr::kDW / 2];
 #pragma unroll
-    for (int i = 0; i < Tr::kD / 2; ++i) dK[i] = dV[i] = 0.f;
+    for (int i = 0; i < Tr::kDW / 2; ++i) dK[i] = dV[i] = 0.f;
     if (any) det_consume<Tr, E>(p, a, nsteps, wg, dK, dV);
     store_dk_dv<Tr, E>(p, a, wg, dK, dV);
 }
@@ -834,13 +920,20 @@ __global__ void __launch_bounds__(kBwdDetThreads, 1)
 template <int kD, class E, bool kDet>
 cudaError_t launch_bwd_kernel(const BwdParams &p, const BwdMaps &maps, cudaStream_t stream) {
     using Tr = BwdTraits<kD>;
-    auto kernel = kDet ? bwd_det_kernel<Tr, E> : bwd_kernel<Tr, E>;
-    constexpr int kThreadsPerCta = kDet ? kBwdDetThreads : kBwdThreads;
+    // The split layout's deterministic mode runs bwd_kernel (its turns in accumulate_dq_red).
+    constexpr bool kDetKernel = kDet && !Tr::kSplit;
+    auto kernel = [] {
+        if constexpr (kDetKernel)
+            return bwd_det_kernel<Tr, E>;
+        else
+            return bwd_kernel<Tr, E, kDet>;
+    }();
+    constexpr int kThreadsPerCta = kDetKernel ? kBwdDetThreads : kBwdThreads;
     constexpr int kSmem = Tr::kSmemBytes;
     static unsigned long long optin_done = 0;  // one per instantiation
     cudaError_t e = cuda::ensure_smem_optin(kernel, kSmem, &optin_done);
     if (e != cudaSuccess) return e;
-    const int64_t nkb = (static_cast<int64_t>(p.seqlen_k) + kBwdBN - 1) / kBwdBN;
+    const int64_t nkb = (static_cast<int64_t>(p.seqlen_k) + Tr::kBN - 1) / Tr::kBN;
     const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(p.heads_kv) * p.batch * nkb));
     kernel<<<grid, kThreadsPerCta, kSmem, stream>>>(maps.q, maps.k, maps.v, maps.dout, p);
     return cudaSuccess;

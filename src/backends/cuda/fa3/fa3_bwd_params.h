@@ -4,8 +4,9 @@
 //
 // Three kernels on one stream, like the FA2 backward (FlashAttention-2's Algorithm 2):
 //   preprocess  row_dot = rowsum(dO * O) and the zeroed fp32 dQ accumulator (device/bwd_prep.cuh)
-//   main        one CTA per (key block of kBwdBN keys, kv head, sequence): two consumer
-//               warpgroups, each owning 64 of the keys, walk every query block of kBwdBM rows of
+//   main        one CTA per (key block of bwd_block_n keys, kv head, sequence): two consumer
+//               warpgroups, each owning 64 of the keys (above head dim 128: half the head-dim
+//               columns of all 64), walk every query block of kBwdBM rows of
 //               every query head of the GQA group (fa3_bwd_kernel.cuh); the deterministic mode's
 //               kernel adds a producer warpgroup (TMA loads; the dQ writer warp, which takes the
 //               ordered turns)
@@ -29,13 +30,13 @@ namespace fa3 {
 struct BwdParams : BwdTensorArgs {};
 
 // TMA descriptors: rank 4 {head_dim, rows, heads, batch} like the forward's, 64-column boxes of
-// kBwdBM rows (Q, dO) or kBwdBN rows (K, V), 128-byte swizzle.
+// kBwdBM rows (Q, dO) or bwd_block_n rows (K, V), 128-byte swizzle.
 struct BwdMaps {
     CUtensorMap q, k, v, dout;
 };
 
 constexpr int kBwdBM = 64;        // query rows per step (the N of S^T = K Q^T)
-constexpr int kBwdBN = 128;       // keys per CTA: 64 per consumer warpgroup (wgmma M = 64)
+constexpr int kBwdBN = 128;       // keys per CTA up to head dim 128: 64 per consumer warpgroup (wgmma M = 64)
 constexpr int kBwdThreads = 256;     // default mode: two warpgroups
 constexpr int kBwdDetThreads = 384;  // deterministic mode: the producer warpgroup and two consumer warpgroups
 // Its setmaxnreg split (fa3_config.h's setmaxnreg_split_fits: 24 x 128 + 240 x 256 = 168 x 384):
@@ -44,29 +45,41 @@ constexpr int kBwdProducerRegs = 24;
 constexpr int kBwdConsumerRegs = 240;
 constexpr int kBwdMaxStages = 3;  // Q / dO / LSE / row_dot buffers (bwd_stages)
 
-// Compiled head dims of the backward (rows of fa3_head_dims.h): dK and dV of 64 keys over the
-// padded head dim live in registers (kD / 2 + kD / 2 per thread), which fits 255 registers (the
-// deterministic kernel's consumers: 240) up to 128. 192 and 256 have no FA3 backward (the plan's backward runs on fa2).
-constexpr bool bwd_compiled(int kd) { return kd == 64 || kd == 128; }
+// Compiled head dims of the backward (rows of fa3_head_dims.h). Up to 128, dK and dV of a
+// warpgroup's 64 keys over the padded head dim live in registers (kD / 2 + kD / 2 per thread,
+// which fits the deterministic kernel's 240). Above 128 that does not fit: the split layout
+// (bwd_split) runs them, and head dims 136..256 run on the 256 row (192 has no kernel of its own:
+// zero-padded to 256, as the FP8 forward's table does).
+constexpr bool bwd_compiled(int kd) { return kd == 64 || kd == 128 || kd == 256; }
+
+// The split layout (head dim 256, since stop 21): one CTA per 64 keys; both consumer warpgroups
+// hold all 64 keys and split the head-dim columns of dK, dV and dQ (kd / 2 each) and the query
+// columns of S^T and dP^T (32 each), meeting in shared memory at P^T and dS^T (fa3_bwd_kernel.cuh).
+constexpr bool bwd_split(int kd) { return kd > 128; }
+constexpr int bwd_block_n(int kd) { return bwd_split(kd) ? 64 : kBwdBN; }  // keys per CTA
 
 // Ring depth: steps s + 1 .. s + stages - 1 load while step s computes, so that the warpgroups may
 // drift apart (one's GEMMs under the other's elementwise work): three buffers where they fit the
-// 227 KB with everything else, two at head dim 128.
+// 227 KB with everything else, two from head dim 128 on.
 constexpr int bwd_stages(int kd) { return kd <= 64 ? 3 : 2; }
 
-// dQ of a step reaches the fp32 accumulator as one bulk reduction from shared memory (above head
-// dim 64; in deterministic mode at every head dim, issued by the producer's dQ writer warp) or as
-// vector reductions from registers (default mode at 64, where they measured faster).
-constexpr bool bwd_bulk_dq(int kd) { return kd > 64; }
+// dQ of a step reaches the fp32 accumulator as one bulk reduction from a shared-memory tile (head
+// dim 128; in deterministic mode at 64 and 128 too, issued by the producer's dQ writer warp) or as
+// vector reductions from registers (default mode at 64, where they measured faster; the split
+// layout in both modes, which has no room for an fp32 tile: 64 x 256 x 4 = 64 KB).
+constexpr bool bwd_bulk_dq(int kd) { return kd > 64 && !bwd_split(kd); }
+constexpr bool bwd_dq_tiles(int kd) { return !bwd_split(kd); }
 
-// K, V [kBwdBN x kD], stages x (Q, dO) [kBwdBM x kD], 2 x dS [64 x kBwdBM], all 16-bit;
-// 2 x the fp32 dQ tile [kBwdBM x kD] (the default mode at head dim 64 does not use them); stages x 2 warpgroups x (LSE, row_dot) [kBwdBM] fp32; 1 KB of barriers (padded);
-// 1 KB to align the base.
+// K, V [block_n x kD], stages x (Q, dO) [kBwdBM x kD], 2 x a [64 x kBwdBM] page (dS^T of each
+// warpgroup; split: P^T and dS^T), all 16-bit; without the split, 2 x the fp32 dQ tile
+// [kBwdBM x kD] (the default mode at head dim 64 does not use them); stages x 2 warpgroups x
+// (LSE, row_dot) [kBwdBM] fp32; 1 KB of barriers (padded); 1 KB to align the base.
 constexpr int bwd_smem_bytes(int kd) {
-    return (2 * kBwdBN + 2 * bwd_stages(kd) * kBwdBM) * kd * 2 + 2 * 64 * kBwdBM * 2 + 2 * kBwdBM * kd * 4 +
-           bwd_stages(kd) * 2 * 2 * kBwdBM * 4 + 2048;
+    return (2 * bwd_block_n(kd) + 2 * bwd_stages(kd) * kBwdBM) * kd * 2 + 2 * 64 * kBwdBM * 2 +
+           (bwd_dq_tiles(kd) ? 2 * kBwdBM * kd * 4 : 0) + bwd_stages(kd) * 2 * 2 * kBwdBM * 4 + 2048;
 }
-static_assert(bwd_smem_bytes(128) <= 232448 && bwd_smem_bytes(64) <= 232448, "the backward tile exceeds 227 KB");
+static_assert(bwd_smem_bytes(64) <= 232448 && bwd_smem_bytes(128) <= 232448 && bwd_smem_bytes(256) <= 232448,
+              "the backward tile exceeds 227 KB");
 
 // One launcher per row of fa3_head_dims.h (generated fa3_bwd_hdimD.cu): the main kernel, or
 // cudaErrorInvalidValue for a head dim without one (the host never asks for it).
