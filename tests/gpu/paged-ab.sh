@@ -8,29 +8,16 @@
 # of 16 (shuffled; this tree also with an in-order table, FLASHATTN_BENCH_PAGES_IN_ORDER=1). Both
 # libraries run under this tree's bench (the C ABI is the same; LD_LIBRARY_PATH picks the library
 # over the bench's RUNPATH), alternated per configuration, the order flipped per round, while time
-# is left (AB_DEADLINE seconds from the start). Last, if PAGED_AB_NCU=1 and time is left, ncu of
-# one paged step of each library (b 8, 32k, d 128). The summary (paged-ab.md) is printed last.
+# is left (AB_DEADLINE seconds from the start); between the rounds, if PAGED_AB_NCU=1 and time is
+# left, ncu of this tree's paged step (b 8, 32k, d 128); last, which kernels' SASS differs. The
+# summary (paged-ab.md) is printed last.
 #
 #   OUT=$OUT tests/gpu/paged-ab.sh /path/to/base/source
 set -uo pipefail
-t_start=$(date +%s)
-el() { echo $(( $(date +%s) - t_start )); }
 root=$(cd "$(dirname "$0")/../.." && pwd)
 base_src=$1
-out=${OUT:-/tmp/paged-ab}
-deadline=${AB_DEADLINE:-225}
-reps=${AB_REPS:-20}
-mkdir -p "$out/bench"
-summary=()
-note() { summary+=("[$(el)s] $1"); echo "== [$(el)s] $1"; }
-
-source "$root/tests/gpu/devdeps-env.sh" && use_devdeps "$root"  # cmocka from Debian, carried
-
-base_bld=/tmp/fa-pg-base
-new_bld=/tmp/fa-pg
-cfg=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_FA1_ARCHS= -DFLASHATTN_FA2_ARCHS=90-real
-     -DFLASHATTN_FA3_ARCHS= -DFLASHATTN_BENCH_CUDA_ARCHS=90-real -DFLASHATTN_BUILD_EXAMPLES=OFF
-     -DFLASHATTN_BUILD_TOOLS=OFF -DFLASHATTN_BUILD_CP=OFF)
+source "$root/tests/gpu/ab-common.sh"  # ab_setup, el, note, summary, devdeps, serving_checks
+ab_setup paged-ab 225 20
 ( cmake -S "$base_src" -B $base_bld "${cfg[@]}" -DBUILD_TESTING=OFF -DFLASHATTN_BUILD_BENCH=OFF \
     && cmake --build $base_bld --target flashattn -j 6 ) > "$out/build-base.log" 2>&1 & pb=$!
 ( cmake -S "$root" -B $new_bld "${cfg[@]}" \
@@ -42,21 +29,7 @@ note "build new rc=$rn"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt" 2>&1
 
 # The tests first, while the base library still builds (CPU only).
-if [ $rn = 0 ]; then
-  tp=()
-  ( timeout ${AB_TEST_TIMEOUT:-70} ctest --test-dir $new_bld -R 'test_serving_fa2|test_exec_contract|test_fa2_sass' \
-      --output-on-failure -j 4 > "$out/ctest.log" 2>&1; echo "rc=$?" >> "$out/ctest.log" ) & tp+=($!)
-  for tool in memcheck racecheck synccheck; do
-    ( FLASHATTN_TEST_REDUCED=1 timeout ${AB_TEST_TIMEOUT:-70} compute-sanitizer --tool $tool --error-exitcode 99 \
-        $new_bld/tests/test_serving_fa2 > "$out/sanitize-$tool.log" 2>&1; echo "rc=$?" >> "$out/sanitize-$tool.log" ) & tp+=($!)
-  done
-  wait "${tp[@]}"
-  note "ctest $(tail -1 "$out/ctest.log") $(grep -E 'tests passed' "$out/ctest.log")"
-  grep -E '^ *[0-9]+/[0-9]+ Test' "$out/ctest.log" | sed 's/^/   /'
-  for tool in memcheck racecheck synccheck; do
-    note "compute-sanitizer $tool $(tail -1 "$out/sanitize-$tool.log") $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$tool.log" | tail -1)"
-  done
-fi
+[ $rn = 0 ] && serving_checks $new_bld ${AB_TEST_TIMEOUT:-70}
 wait $pb; rb=$?
 note "build base rc=$rb"
 [ $rb = 0 ] || tail -30 "$out/build-base.log"
@@ -66,29 +39,6 @@ for tag in base new; do
   cuobjdump --dump-resource-usage "$lib" 2>/dev/null | awk '/Function/ { fn = $2 } /REG:/ && fn ~ /fwd_kernel/ { print $1, $2, $3, $4, fn }' \
     > "$out/regs-$tag.txt"
 done
-# Which FA2 kernels' SASS differs between the libraries (addresses and branch targets stripped).
-for tag in base new; do
-  bld=$base_bld; [ $tag = new ] && bld=$new_bld
-  [ -f $bld/src/libflashattn.so ] && cuobjdump -sass $bld/src/libflashattn.so 2>/dev/null \
-    | sed -E 's@/\*[0-9a-f]{4}\*/@@; s@/\* 0x[0-9a-f]+ \*/@@; s@0x[0-9a-f]+@X@g' > /tmp/pg-sass-$tag.txt
-done
-python3 - /tmp/pg-sass-base.txt /tmp/pg-sass-new.txt > "$out/sass-diff.txt" 2>&1 <<'PY'
-import re, sys
-def funcs(path):
-    d, cur = {}, None
-    for line in open(path):
-        m = re.match(r"\s*Function : (\S+)", line)
-        if m:
-            cur = m.group(1); d[cur] = []
-        elif cur and line.strip():
-            d[cur].append(line.split())
-    return d
-a, b = funcs(sys.argv[1]), funcs(sys.argv[2])
-same = [k for k in a if a[k] == b.get(k)]
-print(f"{len(a)} base / {len(b)} new kernels, {len(same)} identical")
-for k in sorted(set(a) | set(b)):
-    if a.get(k) != b.get(k): print("differs:", k[:150], len(a.get(k, [])), len(b.get(k, [])))
-PY
 bench=$new_bld/bench/flashattn-bench
 LD_LIBRARY_PATH=$base_bld/src:${LD_LIBRARY_PATH:-} ldd $bench | grep flashattn > "$out/ldd-base.txt" 2>&1
 
@@ -133,6 +83,31 @@ if [ $rn = 0 ]; then
   ncu_step
   bench_round 2 "$deadline"
 fi
+
+# Which kernels' SASS differs between the libraries (addresses, constants and branch labels
+# stripped; anonymous namespaces carry per-build names). Last: dumping both libraries takes ~60 s.
+for tag in base new; do
+  bld=$base_bld; [ $tag = new ] && bld=$new_bld
+  [ -f $bld/src/libflashattn.so ] && cuobjdump -sass $bld/src/libflashattn.so 2>/dev/null \
+    | sed -E 's@/\*[0-9a-f]{4}\*/@@; s@/\* 0x[0-9a-f]+ \*/@@; s@0x[0-9a-f]+@X@g; s@\.L_x_[0-9]+@L@g; s@_GLOBAL__N__[0-9a-f]+_@_GLOBAL__N__@g' > /tmp/pg-sass-$tag.txt
+done
+python3 - /tmp/pg-sass-base.txt /tmp/pg-sass-new.txt > "$out/sass-diff.txt" 2>&1 <<'PY'
+import re, sys
+def funcs(path):
+    d, cur = {}, None
+    for line in open(path):
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:
+            cur = m.group(1); d[cur] = []
+        elif cur and line.strip():
+            d[cur].append(line.split())
+    return d
+a, b = funcs(sys.argv[1]), funcs(sys.argv[2])
+same = [k for k in a if a[k] == b.get(k)]
+print(f"{len(a)} base / {len(b)} new kernels, {len(same)} identical")
+for k in sorted(set(a) | set(b)):
+    if a.get(k) != b.get(k): print("differs:", k[:150], len(a.get(k, [])), len(b.get(k, [])))
+PY
 
 python3 - "$out/bench" > "$out/paged-ab.md" <<'PY'
 import collections, glob, os, re, statistics, sys

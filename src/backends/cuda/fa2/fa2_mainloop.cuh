@@ -207,8 +207,8 @@ __device__ __forceinline__ void load_paged_row_runs(const Params &p, uint32_t sb
 // page_size, heads_kv, num_pages}, SWIZZLE_128B), issued by one thread. SWIZZLE_128B puts chunk c
 // of a box row at c ^ (smem address bits 7-9), which is SwizzledTile's layout when the tile is
 // 1024-byte aligned (checked per CTA: paged_tma_on), so the GEMMs do not change. Completion is on
-// one mbarrier per buffer (K and V of each stage: 4); the cp.async groups (Q, the staged page
-// entries) stay as they are. Rows past the sequence's keys are not left to chance: the boxes of the
+// one mbarrier per buffer (K and V of each of the three stages: 6); the cp.async groups carry Q
+// and the staged page entries. Rows past the sequence's keys are not left to chance: the boxes of the
 // last page bring whatever the cache holds there (test_serving poisons it with NaN) and groups past
 // the keys are not issued (stale rows), so the waiting threads zero those rows before the barrier
 // that publishes the tile (kv_tma_wait).
