@@ -42,6 +42,7 @@ struct Options {
     // Decode table: paged K/V caches of this many keys per page (0: contiguous), and restrictions
     // of its grid (empty: the default batches, kv heads and key counts).
     int64_t page_size = 0;
+    int64_t decode_head_dim = 128;  // --decode-head-dim: the decode table's head dim
     std::vector<int64_t> decode_batches, decode_kv_heads, decode_seqlens;
     int64_t num_splits = 0;      // --num-splits: FLASHATTN_I64_NUM_SPLITS of every decode plan (0: auto)
     bool append_rotary = false;  // --append-rotary: each decode step also appends its K/V row with rotary

@@ -1314,17 +1314,21 @@ void run_decode(Gpu &g, const Options &opt, const std::vector<flashattn_backend_
     const int warmup = opt.warmup >= 0 ? opt.warmup : 3;
     const int reps = opt.reps > 0 ? opt.reps : 10;
     const bool want_std = !opt.no_standard;
-    const int64_t d = 128;
+    const int64_t d = opt.decode_head_dim;
     const flashattn_dtype_t dt = FLASHATTN_DTYPE_BF16;
     const size_t l2 = static_cast<size_t>(std::max(g.prop.l2CacheSize, 1));
     Notes notes;
 
     rep.line("");
     const int64_t page = opt.page_size;
-    rep.line(page > 0 ? format("## Decode (seqlen_q = 1), bf16, head dim 128, paged K/V (%lld keys per page, shuffled "
+    const char *pages_in_order = std::getenv("FLASHATTN_BENCH_PAGES_IN_ORDER");
+    const bool in_order_table = pages_in_order != nullptr && std::string(pages_in_order) == "1";
+    rep.line(page > 0 ? format("## Decode (seqlen_q = 1), bf16, head dim %lld, paged K/V (%lld keys per page, %s "
                                "page table): time µs and GB/s = bytes of K and V / time",
-                               static_cast<long long>(page))
-                      : std::string("## Decode (seqlen_q = 1), bf16, head dim 128: time µs and GB/s = bytes of K and V / time"));
+                               static_cast<long long>(d), static_cast<long long>(page),
+                               in_order_table ? "in-order" : "shuffled")
+                      : format("## Decode (seqlen_q = 1), bf16, head dim %lld: time µs and GB/s = bytes of K and V / time",
+                               static_cast<long long>(d)));
     if (opt.num_splits > 0) rep.line(format("Split-KV forced: FLASHATTN_I64_NUM_SPLITS = %lld.", static_cast<long long>(opt.num_splits)));
     if (opt.seqused_k && !opt.append_rotary)
         rep.line("Each step passes seqused_k = seqlen_k (every key used), as a serving step that tracks per-sequence "
@@ -1415,8 +1419,7 @@ void run_decode(Gpu &g, const Options &opt, const std::vector<flashattn_backend_
                     std::mt19937_64 rng(seed++);
                     // FLASHATTN_BENCH_PAGES_IN_ORDER=1: an identity table (the gather's cost without
                     // the scattered pages' DRAM and TLB locality).
-                    const char *in_order = std::getenv("FLASHATTN_BENCH_PAGES_IN_ORDER");
-                    if (in_order == nullptr || std::string(in_order) != "1") std::shuffle(table.begin(), table.end(), rng);
+                    if (!in_order_table) std::shuffle(table.begin(), table.end(), rng);
                     bf.table.alloc(table.size() * 4);
                     CK(cudaMemcpy(bf.table.ptr, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
                 }

@@ -182,6 +182,7 @@ void usage(FILE *out) {
         "                       (default 0: contiguous caches)\n"
         "  --decode-batch LIST --decode-kv-heads LIST --decode-seqlen LIST\n"
         "                       restrict the decode table (default 1,8,32 / 8,32 / 8192,32768,131072)\n"
+        "  --decode-head-dim D  the decode table's head dim (default 128)\n"
         "  --num-splits N       decode plans with FLASHATTN_I64_NUM_SPLITS = N (default 0: auto)\n"
         "  --append-rotary      decode steps that also append the new K/V row (seqused_k = seqlen_k - 1)\n"
         "                       with a rotary embedding over the whole head dim (no reference check)\n"
@@ -309,6 +310,9 @@ int main(int argc, char **argv) {
         } else if (!std::strcmp(a, "--page-size")) {
             opt.page_size = parse_int(a, value(a));
             if (opt.page_size < 0) bad_arg(a, argv[i]);
+        } else if (!std::strcmp(a, "--decode-head-dim")) {
+            opt.decode_head_dim = parse_int(a, value(a));
+            if (opt.decode_head_dim <= 0 || opt.decode_head_dim % 8 != 0) bad_arg(a, argv[i]);
         } else if (!std::strcmp(a, "--num-splits")) {
             opt.num_splits = parse_int(a, value(a));
             if (opt.num_splits < 0) bad_arg(a, argv[i]);

@@ -12,24 +12,10 @@
 #
 #   OUT=$OUT tests/gpu/decode-ab.sh /path/to/base/source
 set -uo pipefail
-t_start=$(date +%s)
-el() { echo $(( $(date +%s) - t_start )); }
 root=$(cd "$(dirname "$0")/../.." && pwd)
 base_src=$1
-out=${OUT:-/tmp/decode-ab}
-deadline=${AB_DEADLINE:-258}
-reps=${AB_REPS:-30}
-mkdir -p "$out/bench"
-summary=()
-note() { summary+=("[$(el)s] $1"); echo "== [$(el)s] $1"; }
-
-source "$root/tests/gpu/devdeps-env.sh" && use_devdeps "$root"  # cmocka from Debian, carried
-
-base_bld=/tmp/fa-dec-base
-new_bld=/tmp/fa-dec
-cfg=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_FA1_ARCHS= -DFLASHATTN_FA2_ARCHS=90-real
-     -DFLASHATTN_FA3_ARCHS= -DFLASHATTN_BENCH_CUDA_ARCHS=90-real -DFLASHATTN_BUILD_EXAMPLES=OFF
-     -DFLASHATTN_BUILD_TOOLS=OFF -DFLASHATTN_BUILD_CP=OFF)
+source "$root/tests/gpu/ab-common.sh"  # ab_setup, el, note, summary, devdeps, serving_checks
+ab_setup decode-ab 258 30
 ( cmake -S "$base_src" -B $base_bld "${cfg[@]}" -DBUILD_TESTING=OFF \
     && cmake --build $base_bld --target flashattn-bench -j 7 ) > "$out/build-base.log" 2>&1 & pb=$!
 ( cmake -S "$root" -B $new_bld "${cfg[@]}" \
@@ -70,20 +56,7 @@ bench_round() {  # round, stop (seconds from the start): configurations by impor
 }
 [ $rb = 0 ] && [ $rn = 0 ] && bench_round 1 "${AB_ROUND1_STOP:-150}"
 
-if [ $rn = 0 ]; then
-  ( timeout ${AB_TEST_TIMEOUT:-75} ctest --test-dir $new_bld -R 'test_serving_fa2|test_exec_contract|test_fa2_sass' \
-      --output-on-failure -j 3 > "$out/ctest.log" 2>&1; echo "rc=$?" >> "$out/ctest.log" ) &
-  for tool in memcheck racecheck synccheck; do
-    ( FLASHATTN_TEST_REDUCED=1 timeout ${AB_TEST_TIMEOUT:-75} compute-sanitizer --tool $tool --error-exitcode 99 \
-        $new_bld/tests/test_serving_fa2 > "$out/sanitize-$tool.log" 2>&1; echo "rc=$?" >> "$out/sanitize-$tool.log" ) &
-  done
-  wait
-  note "ctest $(tail -1 "$out/ctest.log") $(grep -E 'tests passed' "$out/ctest.log")"
-  grep -E '^ *[0-9]+/[0-9]+ Test' "$out/ctest.log" | sed 's/^/   /'
-  for tool in memcheck racecheck synccheck; do
-    note "compute-sanitizer $tool $(tail -1 "$out/sanitize-$tool.log") $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$tool.log" | tail -1)"
-  done
-fi
+[ $rn = 0 ] && serving_checks $new_bld ${AB_TEST_TIMEOUT:-75}
 [ $rb = 0 ] && [ $rn = 0 ] && bench_round 2 "$deadline"
 
 python3 - "$out/bench" > "$out/decode-ab.md" <<'PY'

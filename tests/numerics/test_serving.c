@@ -108,6 +108,13 @@ static const serving_case grid[] = {
     SCASE(3, 2, 333, 8, 2, 64, F16, 0, -1, -1, 32, 1, 0, 0, 0, 0, 1),
     SCASE(2, 3, 250, 8, 2, 128, F16, 1, -1, -1, 32, 1, 0, 0, 0, 0, 0),
     SCASE(3, 1, 700, 16, 4, 128, B16, 1, -1, -1, 48, 1, 1, 128, 0, 0, 1),
+    /* ... on three K/V stages issued two tiles ahead: walks long enough per split that each stage's
+       barriers turn several phases, walks of one and two tiles (the short splits), at both tile
+       sizes (64 keys at head dim 128, 128 at 64), three tiles with a last one of 2 keys; the last
+       case in compute-sanitizer's reduced grid */
+    SCASE(5, 1, 2900, 8, 2, 64, F16, 0, -1, -1, 16, 1, 0, 0, 0, 0, 0),
+    SCASE(2, 1, 130, 8, 2, 128, B16, 0, -1, -1, 16, 0, 0, 0, 0, 0, 0),
+    SCASE(8, 1, 2100, 16, 4, 128, B16, 1, -1, -1, 16, 1, 1, 128, 0, 0, 1),
 };
 #define NUM_CASES (sizeof grid / sizeof grid[0])
 

@@ -25,14 +25,20 @@ cudaError_t launch_fwd_kernel(const Params &p, cudaStream_t stream) {
     static_assert(kDecodeTile<Tr> == is_decode_tile(TraitsFor<kD, kSmall>::c),
                   "the host's decode-tile choices (fa2_config.h) follow the kernel's");
     auto kernel = fwd_kernel<Tr, E, kPaged, kVariants>;
-    static unsigned long long optin_done = 0;  // one per instantiation of this function
-    cudaError_t e = cuda::ensure_smem_optin(kernel, Tr::kSmemBytes, &optin_done);
+    // The sm_90 paged TMA walk's third K/V stage (kSmemTmaBytes) only where the host planned it:
+    // the gather keeps the tile's own size (and fits sm_86/sm_89's 99 KB per block).
+    int smem = Tr::kSmemBytes;
+    if constexpr (kPagedTma<Tr, kPaged>) {
+        if (p.kv_tma != 0) smem = kSmemTmaBytes<Tr>;
+    }
+    static unsigned long long optin_done = 0, optin_tma_done = 0;  // one per instantiation and size
+    cudaError_t e = cuda::ensure_smem_optin(kernel, smem, smem == Tr::kSmemBytes ? &optin_done : &optin_tma_done);
     if (e != cudaSuccess) return e;
     typename PagedTmaMapsFor<kPaged>::type maps{};
     if constexpr (kPaged) {
         if (p.tma_maps != nullptr) maps = *p.tma_maps;
     }
-    return cuda::launch_kernel(p.launch_pdl != 0, kernel, fwd_grid<Tr>(p), dim3(Tr::kThreads), Tr::kSmemBytes, stream, p,
+    return cuda::launch_kernel(p.launch_pdl != 0, kernel, fwd_grid<Tr>(p), dim3(Tr::kThreads), smem, stream, p,
                                maps);
 }
 

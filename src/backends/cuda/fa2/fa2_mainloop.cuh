@@ -6,10 +6,10 @@
 // Forward-only: the buffer schemes and cp.async group counts below are this kernel's pipeline.
 // With two K/V buffers (Tr::kStages == 2) K and V of the next tile load into the other buffer
 // while this one is used; with one, V[nb] is waited for and K[nb-1] refilled at the point where
-// every warp is done with K[nb] (wait_v_load_next_k). (The sm_90 paged decode's TMA tiles add an
-// mbarrier wait per buffer beside the unchanged cp.async groups: kv_tma_wait.) A backward pass needs its own pipeline (it
-// walks query tiles per key tile) but builds it from the same loaders (fa2_load.cuh), GEMM
-// addressing (fa2_gemm.cuh) and shared softmax/mask steps.
+// every warp is done with K[nb] (wait_v_load_next_k). (The sm_90 paged decode's TMA tiles run
+// three stages issued two tiles ahead, waited on an mbarrier per buffer: kv_tma_wait.) A backward
+// pass needs its own pipeline (it walks query tiles per key tile) but builds it from the same
+// loaders (fa2_load.cuh), GEMM addressing (fa2_gemm.cuh) and shared softmax/mask steps.
 #pragma once
 
 #include <cstdint>
@@ -207,18 +207,29 @@ __device__ __forceinline__ void load_paged_row_runs(const Params &p, uint32_t sb
 // page_size, heads_kv, num_pages}, SWIZZLE_128B), issued by one thread. SWIZZLE_128B puts chunk c
 // of a box row at c ^ (smem address bits 7-9), which is SwizzledTile's layout when the tile is
 // 1024-byte aligned (checked per CTA: paged_tma_on), so the GEMMs do not change. Completion is on
-// one mbarrier per buffer (K and V of each stage: 4); the cp.async groups (Q, the staged page
-// entries) stay as they are. Rows past the sequence's keys are not left to chance: the boxes of the
+// one mbarrier per buffer (K and V of each of the three stages: 6); the cp.async groups carry Q
+// and the staged page entries. Rows past the sequence's keys are not left to chance: the boxes of the
 // last page bring whatever the cache holds there (test_serving poisons it with NaN) and groups past
 // the keys are not issued (stale rows), so the waiting threads zero those rows before the barrier
 // that publishes the tile (kv_tma_wait).
 template <class Tr, bool kPaged>
 constexpr bool kPagedTma = kPaged && kDecodeTile<Tr>;
 
-// The 4 barriers: K of stage 0, V of stage 0, K of stage 1, V of stage 1 (the buffers in shared
-// memory order). Only the kPagedTma kernels reference them.
+// The TMA tiles run on three K/V stages, not the gather's two: a tile's boxes go out two tiles
+// ahead of the one being used (kv_tma_issue_ahead), so that about two and a half tiles of K and V
+// are in flight per CTA rather than one and a half (at pages of 16 a tile is 16 boxes from up to
+// 4 scattered pages, whose latency the two stages left exposed: 0.77-0.86x the contiguous step).
+// The third stage lies after the other two (dynamic shared memory kSmemTmaBytes, asked for only
+// when the host set kv_tma: 112 KB at head dim 128, two CTAs per SM as before); the gather path
+// of the same kernel keeps two stages and Tr::kSmemBytes.
+constexpr int kTmaStages = 3;
+template <class Tr>
+constexpr int kSmemTmaBytes = Tr::kSmemBytes + 2 * (kTmaStages - Tr::kStages) * Tr::kKVBytes;
+
+// The 6 barriers: K and V of stage 0, 1, 2 (the buffers in shared memory order). Only the
+// kPagedTma kernels reference them.
 __device__ __forceinline__ uint64_t *kv_tma_bars() {
-    __shared__ __align__(8) uint64_t bars[4];
+    __shared__ __align__(8) uint64_t bars[2 * kTmaStages];
     return bars;
 }
 __device__ __forceinline__ uint32_t kv_tma_bar(int idx) { return cuda::smem_addr(kv_tma_bars() + idx); }
@@ -235,12 +246,17 @@ __device__ __forceinline__ bool paged_tma_on(const Params &p, uint32_t s_kv) {
     return false;
 }
 
+// The thread that issues the boxes and stages their page entries: the last warp's lane 0, a warp
+// that holds no query row at decode's few packed rows.
+template <class Tr>
+constexpr int kTmaIssuer = Tr::kThreads - 32;
+
 // The issuing thread fetches both descriptors at the kernel's start, ahead of its first boxes.
 template <class Tr, bool kPaged>
 __device__ __forceinline__ void paged_tma_prefetch(const Params &p, const void *maps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if constexpr (kPagedTma<Tr, kPaged>) {
-        if (p.kv_tma != 0 && threadIdx.x == Tr::kThreads - 32) {
+        if (p.kv_tma != 0 && threadIdx.x == kTmaIssuer<Tr>) {
             cuda::prefetch_tensormap(&static_cast<const PagedTmaMaps *>(maps)->k);
             cuda::prefetch_tensormap(&static_cast<const PagedTmaMaps *>(maps)->v);
         }
@@ -250,12 +266,12 @@ __device__ __forceinline__ void paged_tma_prefetch(const Params &p, const void *
     (void)maps;
 }
 
-// Before the first tile's copies (the caller's stage_page_entries_now barrier publishes them).
+// Before the first tile's boxes (kv_tma_first_tiles' barrier publishes them).
 __device__ __forceinline__ void kv_tma_init(int tid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (tid == 0) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) cuda::mbar_init(kv_tma_bars() + i, 1);
+        for (int i = 0; i < 2 * kTmaStages; ++i) cuda::mbar_init(kv_tma_bars() + i, 1);
         cuda::fence_mbar_init();
     }
 #else
@@ -263,16 +279,16 @@ __device__ __forceinline__ void kv_tma_init(int tid) {
 #endif
 }
 
-// Issue K or V tile [n0, n0 + kBN) into buffer s (one thread: the last warp's lane 0, a warp
-// that holds no query row at decode's few packed rows). The tile's page entries are in
-// paged_entries (staged as for the gather).
+// Issue K or V tile [n0, n0 + kBN) into buffer s (buffer s - s_kv / kKVBytes: K, V of stage 0,
+// then stage 1, 2; the same index picks its barrier). The tile's page entries are in
+// paged_entries, where kv_tma_stage_entries put them (only the issuing thread reads them).
 template <class Tr>
 __device__ __forceinline__ void load_paged_tma(const Params &p, const FwdLoopArgs &a, uint32_t s, int n0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using Tile = cuda::SwizzledTile<Tr::kBN, Tr::kD>;
     constexpr int kGroups = Tr::kBN / 16, kHalves = Tr::kD / 64;
     static_assert(Tr::kD % 64 == 0 && !Tile::kHalfPage, "whole 64-column pages");
-    if (a.tid != Tr::kThreads - 32) return;
+    if (a.tid != kTmaIssuer<Tr>) return;
     const int idx = static_cast<int>((s - a.s_kv) / Tr::kKVBytes);
     const uint32_t bar = kv_tma_bar(idx);
     const int groups = min(kGroups, (a.sk - n0 + 15) / 16);
@@ -299,19 +315,50 @@ __device__ __forceinline__ void load_paged_tma(const Params &p, const FwdLoopArg
 #endif
 }
 
+// Tile nb's page entries by cp.async from the issuing thread alone (it is their only reader, so
+// its own cp.async wait makes them visible: no barrier). At most kBN / 16 entries (pages of a
+// multiple of 16 keys).
+template <class Tr>
+__device__ __forceinline__ void kv_tma_stage_entries(const Params &p, const FwdLoopArgs &a, int nb) {
+    if (a.tid != kTmaIssuer<Tr>) return;
+    int first, count;
+    tile_pages(p, nb, Tr::kBN, a.sk, first, count);
+    const int32_t *row = page_row(p) + first;
+    const uint32_t dst = cuda::smem_addr(paged_entries<Tr>(nb));
+    for (int i = 0; i < count; ++i) cuda::cp_async_4(dst + 4 * i, row + i, 4u);
+}
+
+// The walk's it-th tile uses stage it % kTmaStages; its barriers' phase is it / kTmaStages.
+__device__ __forceinline__ int kv_tma_stage(int it) { return it % kTmaStages; }
+
+// At the walk's it-th tile nb, once every thread is past the barrier that follows its K wait (so
+// the stage of tile it - 1 is free): K and V of tile nb - 2 into that stage, and the page entries
+// of tile nb - 3 staged for the next call. The cp.async wait at the next tile (kv_tma_wait's
+// caller) completes those entries.
+template <class Tr>
+__device__ __forceinline__ void kv_tma_issue_ahead(const Params &p, const FwdLoopArgs &a, int nb, int it) {
+    const int ahead = nb - (kTmaStages - 1);
+    if (ahead < a.nb_first) return;
+    const uint32_t s = a.s_kv + static_cast<uint32_t>(kv_tma_stage(it + kTmaStages - 1)) * 2 * Tr::kKVBytes;
+    load_paged_tma<Tr>(p, a, s, ahead * Tr::kBN);
+    load_paged_tma<Tr>(p, a, s + Tr::kKVBytes, ahead * Tr::kBN);
+    if (ahead > a.nb_first) kv_tma_stage_entries<Tr>(p, a, ahead - 1);
+}
+
 // The walk's it-th tile nb, its K (v = 0) or V (v = 1): wait for the buffer's barrier phase, then
-// zero the rows past the sequence's keys (only a sequence's last tile has any); the caller's
-// __syncthreads publishes them. The zeroing threads fence their generic writes against the TMA
-// that refills the buffer two tiles later.
-template <class Tr, bool kPaged>
-__device__ __forceinline__ void kv_tma_wait(const FwdLoopArgs &a, int nb, int it, int v) {
+// zero the rows past the sequence's keys (only a sequence's last tile has any). Returns whether a
+// __syncthreads must follow: always for K (the caller's barrier also frees the stage that
+// kv_tma_issue_ahead refills); for V only when rows were zeroed
+// (each thread's own barrier wait already makes the boxes' bytes visible to it). The zeroing
+// threads fence their generic writes against the TMA that refills the buffer later.
+template <class Tr>
+__device__ __forceinline__ bool kv_tma_wait(const FwdLoopArgs &a, int nb, int it, int v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr (kPagedTma<Tr, kPaged>) {
-        if (!a.kv_tma) return;
+    {
         using Tile = cuda::SwizzledTile<Tr::kBN, Tr::kD>;
         constexpr int kCPR = Tr::kD / 8;
-        const int idx = 2 * (it & 1) + v;
-        cuda::mbar_wait_s(kv_tma_bar(idx), static_cast<uint32_t>((it >> 1) & 1));
+        const int idx = 2 * kv_tma_stage(it) + v;
+        cuda::mbar_wait_s(kv_tma_bar(idx), static_cast<uint32_t>((it / kTmaStages) & 1));
         const int rows = a.sk - nb * Tr::kBN;
         if (rows < Tr::kBN) {
             const uint32_t buf = a.s_kv + static_cast<uint32_t>(idx) * Tr::kKVBytes;
@@ -320,18 +367,21 @@ __device__ __forceinline__ void kv_tma_wait(const FwdLoopArgs &a, int nb, int it
                 cuda::st_shared_v4(buf + Tile::offset(r, i % kCPR), make_uint4(0u, 0u, 0u, 0u));
             }
             cuda::fence_proxy_async_smem();
+            return true;
         }
+        return v == 0;
     }
 #else
     (void)a; (void)nb; (void)it; (void)v;
 #endif
+    return true;
 }
 
 // cp.async K or V tile [n0, n0 + kBN) of this sequence (g: a.kg or a.vg; page_stride: k_bs or
 // v_bs). Without kPaged it is exactly the contiguous load (a runtime test here, per tile, made
 // ptxas spill in the big-tile kernels); paged pages of whole tiles only move the base pointer,
-// smaller (or unaligned) pages take a row-by-row lookup, or on sm_90 in the decode tiles, with
-// pages of a multiple of 16 keys, TMA boxes (load_paged_tma; a.kv_tma).
+// smaller (or unaligned) pages take a row-by-row lookup. (The sm_90 TMA walk, a.kv_tma, does not
+// come here: kv_tma_first_tiles and kv_tma_issue_ahead issue its boxes.)
 // cols: K's head dim a.d, or V's p.head_dim_v (read from the parameters where used, so that it
 // takes no register across the loop); columns past it are zero-filled.
 template <class Tr, bool kPaged, bool kAllRows>
@@ -339,12 +389,6 @@ __device__ __forceinline__ void load_kv_tile(const Params &p, const FwdLoopArgs 
                                              int n0, int64_t rs, int64_t page_stride, int cols) {
     if constexpr (kPaged) {
         if (p.page_size % Tr::kBN != 0) {
-            if constexpr (kPagedTma<Tr, kPaged>) {
-                if (a.kv_tma) {
-                    load_paged_tma<Tr>(p, a, s, n0);
-                    return;
-                }
-            }
             if constexpr (kDecodeTile<Tr> && kPagedRowRuns)
                 load_paged_row_runs<Tr>(p, s, g, n0, rs, page_stride, a.sk, cols, a.tid);
             else
@@ -411,6 +455,39 @@ __device__ __forceinline__ void load_first_q(const Params &p, const FwdLoopArgs 
         load_q<Tr>(a.s_q, a.qg, p.q_rs, p.q_hs, a.m0, a.prows, a.G, a.hbase, a.d, a.tid);
 }
 
+// The TMA walk's prologue (load_first_tiles' sm_90 form): the barriers, the page entries of the
+// first two tiles (one round trip, one barrier), K of the first tile (before the append's wait
+// when the tile lies below the appended rows), Q, V of the first tile and K/V of the second, then
+// the third tile's entries, in the two cp.async groups of the gather's prologue.
+template <class Tr>
+__device__ __forceinline__ void kv_tma_first_tiles(const Params &p, const FwdLoopArgs &a, int nb_last) {
+    const int n0 = nb_last * Tr::kBN;
+    if (n0 + Tr::kBN > a.sk - p.seqused_add) cuda::pdl_wait();
+    kv_tma_init(a.tid);
+    int first0, count0, first1 = 0, count1 = 0;
+    tile_pages(p, nb_last, Tr::kBN, a.sk, first0, count0);
+    if (nb_last > a.nb_first) tile_pages(p, nb_last - 1, Tr::kBN, a.sk, first1, count1);
+    if (a.tid < count0)
+        paged_entries<Tr>(nb_last)[a.tid] = page_row(p)[first0 + a.tid];
+    else if (a.tid < count0 + count1)
+        paged_entries<Tr>(nb_last - 1)[a.tid - count0] = page_row(p)[first1 + a.tid - count0];
+    __syncthreads();  // the entries and the initialised barriers
+    load_paged_tma<Tr>(p, a, a.s_kv, n0);
+    cuda::pdl_wait();
+    load_first_q<Tr>(p, a);
+    cuda::cp_async_commit();
+    load_paged_tma<Tr>(p, a, a.s_kv + Tr::kKVBytes, n0);
+    if (nb_last > a.nb_first) {
+        const uint32_t s1 = a.s_kv + 2 * Tr::kKVBytes;
+        load_paged_tma<Tr>(p, a, s1, n0 - Tr::kBN);
+        load_paged_tma<Tr>(p, a, s1 + Tr::kKVBytes, n0 - Tr::kBN);
+        // Tile nb_last - 2 shares the first tile's slot, whose entries the issuing thread (the
+        // only writer now) has just read.
+        if (nb_last - 1 > a.nb_first) kv_tma_stage_entries<Tr>(p, a, nb_last - 2);
+    }
+    cuda::cp_async_commit();
+}
+
 // Prologue: Q, K[nb_last] and V[nb_last] into the first buffer, as two cp.async groups (Q with K,
 // then V). The first V tile goes out with Q and K (both buffer schemes), so that the first
 // iteration waits for one memory round trip, not two.
@@ -424,15 +501,18 @@ template <class Tr, class E, bool kPaged, bool kVariants>
 __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopArgs &a, int nb_last) {
     constexpr int kBN = Tr::kBN;
     const int n0 = nb_last * kBN;
+    if constexpr (kPagedTma<Tr, kPaged>) {
+        if (a.kv_tma) {
+            kv_tma_first_tiles<Tr>(p, a, nb_last);
+            return;
+        }
+    }
     if constexpr (kLateWait<Tr>) {
         if (n0 + kBN > a.sk - p.seqused_add) cuda::pdl_wait();
     } else {
         load_first_q<Tr>(p, a);
     }
     if constexpr (kPaged && kStagedPageEntries<Tr>) {
-        if constexpr (kPagedTma<Tr, kPaged>) {
-            if (a.kv_tma) kv_tma_init(a.tid);  // published by stage_page_entries_now's barrier
-        }
         if (p.page_size % kBN != 0) stage_page_entries_now<Tr>(p, nb_last, a.sk, a.tid);
     }
     load_k_tile<Tr, kPaged, false>(p, a, a.s_kv, n0);
@@ -443,6 +523,25 @@ __device__ __forceinline__ void load_first_tiles(const Params &p, const FwdLoopA
     cuda::cp_async_commit();
     load_kv_tile<Tr, kPaged, false>(p, a, a.s_kv + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs, v_cols<kVariants>(p, a));
     cuda::cp_async_commit();
+}
+
+// Two K/V buffers, at the top of the it-th tile nb: wait for K[nb], then (once every warp is done
+// with the other buffer) issue K and V of the walk's next tile into it.
+template <class Tr, bool kPaged, bool kVariants>
+__device__ __forceinline__ void wait_k_load_next(const Params &p, const FwdLoopArgs &a, int nb, int it, int next) {
+    cuda::cp_async_wait<1>();  // K[nb] landed (V[nb] may still be in flight)
+    __syncthreads();           // ... for every thread; the other buffer is free
+    const uint32_t nxt = a.s_kv + (((it + 1) & 1) * 2 * Tr::kKVBytes);
+    if (has_next_tile<kVariants>(a, nb, next)) {
+        const int n0 = next * Tr::kBN;
+        load_k_tile<Tr, kPaged, true>(p, a, nxt, n0);
+        cuda::cp_async_commit();
+        load_kv_tile<Tr, kPaged, true>(p, a, nxt + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs, v_cols<kVariants>(p, a));
+        cuda::cp_async_commit();
+    } else {
+        cuda::cp_async_commit();
+        cuda::cp_async_commit();
+    }
 }
 
 // One K/V tile nb, the it-th of the walk. kMasked: an edge tile that needs the element mask (a
@@ -468,21 +567,24 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
                                              float (&row_max)[Tr::kMT][2], float (&row_sum)[Tr::kMT][2],
                                              const RowDiag &row_diag, const RowHead &row_head) {
     constexpr int kBN = Tr::kBN, kMT = Tr::kMT, kNT = Tr::kNT, kDT = Tr::kDT;
-    const uint32_t st_off = Tr::kStages == 2 ? (it & 1) * 2 * Tr::kKVBytes : 0;
+    uint32_t st_off = Tr::kStages == 2 ? (it & 1) * 2 * Tr::kKVBytes : 0;
     if constexpr (Tr::kStages == 2) {
-        cuda::cp_async_wait<1>();  // K[nb] landed (V[nb] may still be in flight)
-        kv_tma_wait<Tr, kPaged>(a, nb, it, 0);
-        __syncthreads();           // ... for every thread; the other buffer is free
-        const uint32_t nxt = a.s_kv + (((it + 1) & 1) * 2 * Tr::kKVBytes);
-        if (has_next_tile<kVariants>(a, nb, next)) {
-            const int n0 = next * kBN;
-            load_k_tile<Tr, kPaged, true>(p, a, nxt, n0);
-            cuda::cp_async_commit();
-            load_kv_tile<Tr, kPaged, true>(p, a, nxt + Tr::kKVBytes, a.vg, n0, p.v_rs, p.v_bs, v_cols<kVariants>(p, a));
-            cuda::cp_async_commit();
+        // The sm_90 paged TMA walk (kv_tma) takes three stages (kTmaStages); the other kernels'
+        // source is the two-stage step alone (kept so: their SASS is main's).
+        if constexpr (kPagedTma<Tr, kPaged>) {
+            if (a.kv_tma) {
+                st_off = kv_tma_stage(it) * 2 * Tr::kKVBytes;
+                cuda::cp_async_wait<0>();  // Q (first tile) and the entries kv_tma_issue_ahead reads
+                kv_tma_wait<Tr>(a, nb, it, 0);
+                __syncthreads();  // ... for every thread; the stage of tile it - 1 is free
+                kv_tma_issue_ahead<Tr>(p, a, nb, it);
+                cuda::cp_async_commit();
+                cuda::cp_async_commit();
+            } else {
+                wait_k_load_next<Tr, kPaged, kVariants>(p, a, nb, it, next);
+            }
         } else {
-            cuda::cp_async_commit();
-            cuda::cp_async_commit();
+            wait_k_load_next<Tr, kPaged, kVariants>(p, a, nb, it, next);
         }
     } else if (it == 0) {
         cuda::cp_async_wait<1>();  // Q and K[nb] landed (V[nb], from the prologue, may not)
@@ -557,9 +659,17 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
     }
 
     if constexpr (Tr::kStages == 2) {
-        cuda::cp_async_wait<2>();  // V[nb] landed
-        kv_tma_wait<Tr, kPaged>(a, nb, it, 1);
-        __syncthreads();
+        if constexpr (kPagedTma<Tr, kPaged>) {
+            if (a.kv_tma) {
+                if (kv_tma_wait<Tr>(a, nb, it, 1)) __syncthreads();
+            } else {
+                cuda::cp_async_wait<2>();  // V[nb] landed
+                __syncthreads();
+            }
+        } else {
+            cuda::cp_async_wait<2>();  // V[nb] landed
+            __syncthreads();
+        }
     } else if constexpr (!Tr::kEarlyK) {
         wait_v_load_next_k<Tr, kPaged, kVariants>(p, a, a.s_kv, nb, next);
     }
