@@ -85,7 +85,8 @@ if [ -n "${BASE_KERNEL:-}" ]; then
     echo 'namespace flashattn { namespace fa3 { template <int kD> constexpr int kFp8TileN = kFp8BlockN; } }' \
       >> /tmp/fp8v-hdr/backends/cuda/fa3/fa3_fp8_kernel.cuh
   # (head dims <= 64 ran the head-dim-128 kernel before fa3_fp8_hdim64.cu: the base's unit does so too)
-  names+=(base); compile_variant base -I/tmp/fp8v-hdr -DFLASHATTN_FP8_HDIM64_TILE=128 & vpids+=($!)
+  # (BASE_FLAGS="" for a base header that has fa3_fp8_hdim64.cu's own kernel: main since stop 20)
+  names+=(base); compile_variant base -I/tmp/fp8v-hdr ${BASE_FLAGS--DFLASHATTN_FP8_HDIM64_TILE=128} & vpids+=($!)
 fi
 for v in ${VARIANTS:-}; do
   n=${v%%:*}; f=${v#*:}
