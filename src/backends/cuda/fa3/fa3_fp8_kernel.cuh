@@ -67,12 +67,6 @@
 #ifndef FLASHATTN_FP8_BLOCK_N_128
 #define FLASHATTN_FP8_BLOCK_N_128 128
 #endif
-#ifndef FLASHATTN_FP8_POLY_EXP_64
-#define FLASHATTN_FP8_POLY_EXP_64 0
-#endif
-#ifndef FLASHATTN_FP8_POLY_EXP_128
-#define FLASHATTN_FP8_POLY_EXP_128 0
-#endif
 #ifndef FLASHATTN_FP8_STAGES_128
 #define FLASHATTN_FP8_STAGES_128 3
 #endif
@@ -444,36 +438,11 @@ __device__ __forceinline__ void issue_pv_fp8(float (&O)[Tr::kD / 2], const uint3
     cuda::wgmma_commit();
 }
 
-// kFp8PolyExp<kD>: of every 8 n8 tiles of S, how many take exp2 from the FMA pipe (exp2_poly) instead
-// of the MUFU. At head dim 128 the E4M3 tensor cores finish a score's two GEMMs (512 FLOP) in the
-// time the MUFU takes for one exp2 (16 per clock per SM against ~8 K FLOP), so the MUFU is a
-// co-bound of the tensor cores (FlashAttention-3's paper; at head dim 64 it is the bound, at 256
-// half of it); FlashAttention-4 moves part of the exp2 to FMA for the same reason on Blackwell.
-// Head dim 256 has none: its one-P overlapped form spilled 44 bytes with it (ptxas, CUDA 13.0).
-template <int kD>
-constexpr int kFp8PolyExp = kD == 64 ? FLASHATTN_FP8_POLY_EXP_64 : kD == 128 ? FLASHATTN_FP8_POLY_EXP_128 : 0;
-static_assert(kFp8PolyExp<64> >= 0 && kFp8PolyExp<64> <= 8 && kFp8PolyExp<128> >= 0 && kFp8PolyExp<128> <= 8,
-              "kFp8PolyExp: n8 tiles of 8");
-// 2^x on the FMA and integer pipes for x <= 8 (P = 256 exp(...) <= 256): x = n + f with n =
-// floor(x) (an FADD rounding down against 1.5 2^23 leaves n in the low mantissa bits), 2^f on
-// [0, 1) by a degree-2 polynomial (minimax relative error 2.1e-3 with p(0) = 1: far below E4M3's
-// 2^-4 rounding of P, and a far smaller share of the row sum's error), n added to its exponent
-// field. x is clamped at -127 first: there f = 0, p = 1 exactly and the exponent field becomes 0,
-// so -inf (a masked score) and anything below -127 give exactly +0, as ex2.approx.ftz does.
-__device__ __forceinline__ float exp2_poly(float x) {
-    constexpr float kShift = 12582912.f;  // 1.5 * 2^23
-    x = fmaxf(x, -127.f);
-    const float j = __fadd_rd(x, kShift);
-    const float f = x - (j - kShift);
-    const float p = fmaf(fmaf(0.32993255f, f, 0.66596089f), f, 1.f);
-    return __int_as_float(__float_as_int(p) + (__float_as_int(j) << 23));
-}
-
 // The online-softmax step of softmax_step (online_softmax.cuh) with P = 256 exp(...) (the x256
 // folded into the exp2 offset; row_sum sums the scaled values): S is overwritten with the scaled
 // fp32 P. pack_p_fp8 then packs it to E4M3 A fragments in the permuted key order of
 // pack_p_fragment.
-template <int kPoly, int kNT>
+template <int kNT>
 __device__ __forceinline__ void softmax_exp_fp8(float (&S)[kNT][4], float (&row_max)[2], float (&row_sum)[2],
                                                 float sl2, float (&alpha)[2]) {
 #pragma unroll
@@ -493,8 +462,7 @@ __device__ __forceinline__ void softmax_exp_fp8(float (&S)[kNT][4], float (&row_
         for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const float x = fmaf(S[nt][2 * h + e], sl2, offset);
-                const float pv = nt % 8 < kPoly ? exp2_poly(x) : cuda::fast_exp2(x);
+                const float pv = cuda::fast_exp2(fmaf(S[nt][2 * h + e], sl2, offset));
                 rs += pv;
                 S[nt][2 * h + e] = pv;
             }
@@ -509,10 +477,10 @@ __device__ __forceinline__ void pack_p_fp8(float (&S)[kNT][4], uint32_t (&P)[kNT
     for (int t = 0; t < kNT / 4; ++t) cuda::pack_p_fragment(flat, t, 1.f, P[t]);
 }
 
-template <int kPoly, int kNT>
+template <int kNT>
 __device__ __forceinline__ void softmax_step_fp8(float (&S)[kNT][4], float (&row_max)[2], float (&row_sum)[2],
                                                  float sl2, uint32_t (&P)[kNT / 4][4], float (&alpha)[2]) {
-    softmax_exp_fp8<kPoly>(S, row_max, row_sum, sl2, alpha);
+    softmax_exp_fp8(S, row_max, row_sum, sl2, alpha);
     pack_p_fp8(S, P);
 }
 
@@ -547,7 +515,6 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
                                                       float (&O)[Tr::kD / 2], float (&row_max)[2],
                                                       float (&row_sum)[2], Pipe &pipe) {
     constexpr int kD = Tr::kD, kBN = Tr::kBN, kNT = Tr::kNT, kKS = Tr::kKSteps;
-    constexpr int kPoly = kFp8PolyExp<kD>;
     // Head dim 128: the softmax of S_i overlaps P_{i-1} V (two P register sets, as the 16-bit
     // mainloop). Head dim 256: S_i and P_{i-1} V in flight together need O (128) + S (64) + P
     // (16) operand registers, and ptxas spilled and serialized the wgmmas (C7512) even with one P
@@ -580,7 +547,7 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
         if (i == n_tiles - 1) release(&bars->ring.q_empty, lane);
         score_mods_fp8<Tr>(p, c, S, c.kt.last - i, rdiag0, t, cap_scale);
         float alpha[2];
-        softmax_step_fp8<kPoly>(S, row_max, row_sum, sl2, P_next, alpha);
+        softmax_step_fp8(S, row_max, row_sum, sl2, P_next, alpha);
         cuda::wgmma_wait<0>();
         cuda::fence_operands(O);
         release(&bars->vt_empty[vs], lane);
@@ -615,7 +582,7 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
             if (i == n_tiles - 1) release(&bars->ring.q_empty, lane);
             score_mods_fp8<Tr>(p, c, S, c.kt.last - i, rdiag0, t, cap_scale);
             float alpha[2];
-            softmax_step_fp8<kPoly>(S, row_max, row_sum, sl2, P, alpha);  // alpha 0 on the first tile: O is 0
+            softmax_step_fp8(S, row_max, row_sum, sl2, P, alpha);  // alpha 0 on the first tile: O is 0
             rescale_o_fp8(O, alpha);
             cuda::mbar_wait(&bars->vt_full[st], ph);
             take_turn(w);
@@ -642,7 +609,7 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
             if (n_tiles == 1) release(&bars->ring.q_empty, lane);
             score_mods_fp8<Tr>(p, c, S, c.kt.last, rdiag0, t, cap_scale);
             float alpha[2];
-            softmax_step_fp8<kPoly>(S, row_max, row_sum, sl2, P0, alpha);
+            softmax_step_fp8(S, row_max, row_sum, sl2, P0, alpha);
         }
         int i = 1;
         for (; i + 1 < n_tiles; i += 2) {
@@ -674,7 +641,7 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
         if (i == n_tiles - 1) release(&bars->ring.q_empty, lane);
         score_mods_fp8<Tr, false>(p, c, S, c.kt.last - i, rdiag0, t, cap_scale);
         float alpha[2];
-        softmax_exp_fp8<kPoly>(S, row_max, row_sum, sl2, alpha);
+        softmax_exp_fp8(S, row_max, row_sum, sl2, alpha);
         cuda::wgmma_wait<0>();
         cuda::fence_operands(O);
         release(&bars->vt_empty[vs], lane);
@@ -696,7 +663,7 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
             if (n_tiles == 1) release(&bars->ring.q_empty, lane);
             score_mods_fp8<Tr, false>(p, c, S, c.kt.last, rdiag0, t, cap_scale);
             float alpha[2];
-            softmax_step_fp8<kPoly>(S, row_max, row_sum, sl2, P, alpha);  // O is 0: no rescale
+            softmax_step_fp8(S, row_max, row_sum, sl2, P, alpha);  // O is 0: no rescale
         }
 #pragma unroll 1
         for (int i = 1; i < n_tiles; ++i) step_one_p(i, P);
@@ -718,7 +685,7 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
         release(&bars->ring.k_empty[ks], lane);
         score_mods_fp8<Tr, false>(p, c, Sc, c.kt.last - i, rdiag0, t, cap_scale);
         float alpha[2];
-        softmax_exp_fp8<kPoly>(Sc, row_max, row_sum, sl2, alpha);
+        softmax_exp_fp8(Sc, row_max, row_sum, sl2, alpha);
         cuda::wgmma_wait<1>();  // P_{i-1} V
         cuda::fence_operands(O);
         release(&bars->vt_empty[vs], lane);
@@ -738,7 +705,7 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
         release(&bars->ring.q_empty, lane);
         score_mods_fp8<Tr, false>(p, c, Sc, c.kt.last - i, rdiag0, t, cap_scale);
         float alpha[2];
-        softmax_exp_fp8<kPoly>(Sc, row_max, row_sum, sl2, alpha);
+        softmax_exp_fp8(Sc, row_max, row_sum, sl2, alpha);
         cuda::wgmma_wait<0>();  // P_{i-1} V
         cuda::fence_operands(O);
         release(&bars->vt_empty[vs], lane);
@@ -761,7 +728,7 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
             release(&bars->ring.k_empty[k0], lane);
             score_mods_fp8<Tr, false>(p, c, Sa, c.kt.last, rdiag0, t, cap_scale);
             float alpha[2];
-            softmax_step_fp8<kPoly>(Sa, row_max, row_sum, sl2, P, alpha);  // O is 0: no rescale
+            softmax_step_fp8(Sa, row_max, row_sum, sl2, P, alpha);  // O is 0: no rescale
         }
         int i = 1;  // S_i of odd i is in Sb, of even i in Sa
 #pragma unroll 1
