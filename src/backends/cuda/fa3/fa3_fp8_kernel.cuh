@@ -67,9 +67,6 @@
 #ifndef FLASHATTN_FP8_BLOCK_N_128
 #define FLASHATTN_FP8_BLOCK_N_128 128
 #endif
-#ifndef FLASHATTN_FP8_STAGES_128
-#define FLASHATTN_FP8_STAGES_128 3
-#endif
 
 namespace flashattn {
 namespace fa3 {
@@ -111,15 +108,6 @@ constexpr bool kFp8PrefetchS = FLASHATTN_FP8_PREFETCH_S;
 // boxes' rows).
 template <int kD>
 constexpr int kFp8TileN = kD == 64 ? FLASHATTN_FP8_BLOCK_N_64 : kD == 128 ? FLASHATTN_FP8_BLOCK_N_128 : kFp8BlockN;
-// kFp8Stages<kD, kBN>: depth of the FP8 kernel's three rings (K, the V staging ring, the
-// transposed V ring), where the 16-bit kernel has kStages = 2. With kFp8PrefetchS (head dim 128
-// on 128-key tiles) S_i and S_{i+1} hold both stages of a 2-deep K ring, so K_{i+2}'s load can
-// only start once S_i retired and has about one softmax to land before S_{i+2} is issued; a third
-// stage (48 KB more: 162 KB in all) lets it start a tile earlier, and gives the transposers a
-// tile of slack as well. Head dims 64 (256 keys) and 256 stay at 2: three stages do not fit.
-constexpr int kFp8MaxStages = 3;
-template <int kD, int kBN>
-constexpr int kFp8Stages = kD == 128 && kBN == 128 ? FLASHATTN_FP8_STAGES_128 : 2;
 
 // Ping-pong of the two consumer warpgroups (as FlashAttention-3): each wgmma issue point (S, P V,
 // or both) is a turn; warpgroup w takes its turn on named barrier 1 + w and passes it to the other
@@ -152,7 +140,6 @@ struct Fp8Traits {
     static constexpr int kD = kD_;
     static constexpr int kBN = kBN_;
     static constexpr int kPageCols = 128;
-    static constexpr int kRing = kFp8Stages<kD, kBN>;  // stages of each ring (kFp8Stages)
     static constexpr int kPages = (kD + 127) / 128;
     static constexpr int kQPage = kBlockM * 128;
     static constexpr int kKVPage = kBN * 128;
@@ -162,35 +149,24 @@ struct Fp8Traits {
     static constexpr int kVtPages = (kBN + 127) / 128;
     static constexpr int kVtBytes = kVtPages * kVtPage;  // a transposed V tile
     static constexpr int kKOffset = kQBytes;
-    static constexpr int kVOffset = kKOffset + kRing * kKVBytes;
-    static constexpr int kVtOffset = kVOffset + kRing * kKVBytes;
-    static constexpr int kBarOffset = kVtOffset + kRing * kVtBytes;
+    static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
+    static constexpr int kVtOffset = kVOffset + kStages * kKVBytes;
+    static constexpr int kBarOffset = kVtOffset + kStages * kVtBytes;
     static constexpr int kSmemBytes = kBarOffset + 2048;  // 1 KB barriers (padded), 1 KB alignment slack
     static constexpr int kNT = kBN / 8;      // n8 tiles of S
     static constexpr int kKSteps = kBN / 32;  // k32 steps of P V (A fragments of P)
     static_assert(kD == 64 || (kD % 128 == 0 && kD <= 256), "FP8 tiles are 64, 128 or 256 columns");
     static_assert(kBN % 32 == 0 && kBN >= 128 && kBN <= 256, "keys per tile: k32 steps, at most a TMA box's 256 rows");
     static_assert(kSmemBytes <= kMaxSmemBytes, "FP8 tile does not fit in shared memory");
-    static_assert(kRing >= 2 && kRing <= kFp8MaxStages, "FP8 ring depth");
-    // Ring position of the key tile with CTA-wide index i (its stage and the parity of its round).
-    __device__ static int stage(int i) { return static_cast<int>(static_cast<unsigned>(i) % kRing); }
-    __device__ static uint32_t phase(int i) { return (static_cast<unsigned>(i) / kRing) & 1u; }
-};
-
-// The rings' barriers: Barriers (fa3_traits.cuh) with kFp8MaxStages entries (Tr::kRing used).
-struct Fp8Ring {
-    uint64_t q_full, q_empty;
-    uint64_t k_full[kFp8MaxStages], k_empty[kFp8MaxStages];
-    uint64_t v_full[kFp8MaxStages], v_empty[kFp8MaxStages];
 };
 
 struct Fp8Barriers {
-    Fp8Ring ring;  // q, k, v (v: the staging ring; v_empty counts transposer warps)
-    uint64_t vt_full[kFp8MaxStages], vt_empty[kFp8MaxStages];
+    Barriers ring;  // q, k, v (v: the staging ring; v_empty counts transposer warps)
+    uint64_t vt_full[kStages], vt_empty[kStages];
     // Written by the TMA thread before it arrives on v_full[st]: 0 with a V tile, 1 when the CTA
     // has no more (the transposers then stop: they walk no work tiles of their own). Read by lane 0
     // of each transposer warp after v_full[st] completed, before its arrive on v_empty[st].
-    uint32_t v_end[kFp8MaxStages];
+    uint32_t v_end[kStages];
 };
 
 // Transposes one staged V tile ([kBN keys][kD] E4M3, kD/128 pages) into the K-major operand
@@ -280,12 +256,12 @@ struct Fp8BarAddr {
     __device__ uint32_t at(size_t member_offset, int st = 0) const {
         return sb + static_cast<uint32_t>(Tr::kBarOffset + member_offset + 8 * st);
     }
-    __device__ uint32_t q_full() const { return at(offsetof(Fp8Barriers, ring) + offsetof(Fp8Ring, q_full)); }
-    __device__ uint32_t q_empty() const { return at(offsetof(Fp8Barriers, ring) + offsetof(Fp8Ring, q_empty)); }
-    __device__ uint32_t k_full(int st) const { return at(offsetof(Fp8Barriers, ring) + offsetof(Fp8Ring, k_full), st); }
-    __device__ uint32_t k_empty(int st) const { return at(offsetof(Fp8Barriers, ring) + offsetof(Fp8Ring, k_empty), st); }
-    __device__ uint32_t v_full(int st) const { return at(offsetof(Fp8Barriers, ring) + offsetof(Fp8Ring, v_full), st); }
-    __device__ uint32_t v_empty(int st) const { return at(offsetof(Fp8Barriers, ring) + offsetof(Fp8Ring, v_empty), st); }
+    __device__ uint32_t q_full() const { return at(offsetof(Fp8Barriers, ring) + offsetof(Barriers, q_full)); }
+    __device__ uint32_t q_empty() const { return at(offsetof(Fp8Barriers, ring) + offsetof(Barriers, q_empty)); }
+    __device__ uint32_t k_full(int st) const { return at(offsetof(Fp8Barriers, ring) + offsetof(Barriers, k_full), st); }
+    __device__ uint32_t k_empty(int st) const { return at(offsetof(Fp8Barriers, ring) + offsetof(Barriers, k_empty), st); }
+    __device__ uint32_t v_full(int st) const { return at(offsetof(Fp8Barriers, ring) + offsetof(Barriers, v_full), st); }
+    __device__ uint32_t v_empty(int st) const { return at(offsetof(Fp8Barriers, ring) + offsetof(Barriers, v_empty), st); }
     __device__ uint32_t vt_full(int st) const { return at(offsetof(Fp8Barriers, vt_full), st); }
     __device__ uint32_t vt_empty(int st) const { return at(offsetof(Fp8Barriers, vt_empty), st); }
     __device__ uint32_t v_end(int st) const {
@@ -303,8 +279,8 @@ __device__ __forceinline__ void transpose_tiles_fp8(uint32_t sb) {
     const Fp8BarAddr<Tr> b{sb};
 #pragma unroll 1
     for (int kv = 0;; ++kv) {
-        const int st = Tr::stage(kv);
-        const uint32_t ph = Tr::phase(kv);
+        const int st = kv & 1;
+        const uint32_t ph = static_cast<uint32_t>(kv >> 1) & 1u;
         cuda::mbar_wait_s(b.v_full(st), ph);
         const bool lane0 = (fresh_tid_x() & 31u) == 0;
         uint32_t end = 0;
@@ -359,21 +335,22 @@ __device__ __forceinline__ void tma_tile_s(uint32_t dst, int page_bytes, const C
 template <class Tr>
 __device__ __forceinline__ void produce_fp8(const Params &p, const CUtensorMap *tm_q, const CUtensorMap *tm_k,
                                             const CUtensorMap *tm_v, uint32_t sb) {
+    static_assert(kStages == 2, "ring position arithmetic below");
     const Fp8BarAddr<Tr> b{sb};
     const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
     const int n_work = m_blocks * p.heads_q * p.batch;
     int kv = 0, nq = 0;
     // K (then V) of ring position kv, key rows from krow.
     auto load_k = [&](int32_t krow, int32_t kvh, int32_t bq) {
-        const int st = Tr::stage(kv);
-        cuda::mbar_wait_s(b.k_empty(st), Tr::phase(kv) ^ 1u);
+        const int st = kv & 1;
+        cuda::mbar_wait_s(b.k_empty(st), (static_cast<uint32_t>(kv >> 1) & 1u) ^ 1u);
         cuda::mbar_arrive_expect_tx_s(b.k_full(st), Tr::kKVBytes);
         tma_tile_s<Tr>(sb + static_cast<uint32_t>(Tr::kKOffset + st * Tr::kKVBytes), Tr::kKVPage, tm_k, b.k_full(st), krow,
                        kvh, bq);
     };
     auto load_v = [&](int32_t krow, int32_t kvh, int32_t bq) {
-        const int st = Tr::stage(kv);
-        cuda::mbar_wait_s(b.v_empty(st), Tr::phase(kv) ^ 1u);
+        const int st = kv & 1;
+        cuda::mbar_wait_s(b.v_empty(st), (static_cast<uint32_t>(kv >> 1) & 1u) ^ 1u);
         cuda::st_shared_u32(b.v_end(st), 0u);
         cuda::mbar_arrive_expect_tx_s(b.v_full(st), Tr::kKVBytes);
         tma_tile_s<Tr>(sb + static_cast<uint32_t>(Tr::kVOffset + st * Tr::kKVBytes), Tr::kKVPage, tm_v, b.v_full(st), krow,
@@ -405,8 +382,8 @@ __device__ __forceinline__ void produce_fp8(const Params &p, const CUtensorMap *
         }
         ++nq;
     }
-    const int st = Tr::stage(kv);
-    cuda::mbar_wait_s(b.v_empty(st), Tr::phase(kv) ^ 1u);
+    const int st = kv & 1;
+    cuda::mbar_wait_s(b.v_empty(st), (static_cast<uint32_t>(kv >> 1) & 1u) ^ 1u);
     cuda::st_shared_u32(b.v_end(st), 1u);
     cuda::mbar_arrive_s(b.v_full(st));
 }
@@ -533,10 +510,10 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
     const int r0 = pipe.kv;
     const int n_tiles = c.kt.last - c.kt.first + 1;
     auto step = [&](int i, uint32_t (&P)[kKS][4], uint32_t (&P_next)[kKS][4]) {
-        const int ks = Tr::stage(r0 + i), vs = Tr::stage(r0 + i - 1);
+        const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
         float S[kNT][4];
-        cuda::mbar_wait(&bars->ring.k_full[ks], Tr::phase(r0 + i));
-        cuda::mbar_wait(&bars->vt_full[vs], Tr::phase(r0 + i - 1));
+        cuda::mbar_wait(&bars->ring.k_full[ks], phase_of(r0 + i));
+        cuda::mbar_wait(&bars->vt_full[vs], phase_of(r0 + i - 1));
         take_turn(w);
         issue_qk_fp8<Tr>(S, dq, dk, ks);
         issue_pv_fp8<Tr>(O, P, dvt, vs);
@@ -554,8 +531,8 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
         rescale_o_fp8(O, alpha);
     };
     auto last_pv = [&](uint32_t (&P)[kKS][4], int i) {
-        const int vs = Tr::stage(r0 + i);
-        cuda::mbar_wait(&bars->vt_full[vs], Tr::phase(r0 + i));
+        const int vs = stage_of(r0 + i);
+        cuda::mbar_wait(&bars->vt_full[vs], phase_of(r0 + i));
         take_turn(w);
         issue_pv_fp8<Tr>(O, P, dvt, vs);
         pass_turn(w);
@@ -569,8 +546,8 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
         uint32_t P[kKS][4];
 #pragma unroll 1
         for (int i = 0; i < n_tiles; ++i) {
-            const int st = Tr::stage(r0 + i);
-            const uint32_t ph = Tr::phase(r0 + i);
+            const int st = stage_of(r0 + i);
+            const uint32_t ph = phase_of(r0 + i);
             float S[kNT][4];
             cuda::mbar_wait(&bars->ring.k_full[st], ph);
             take_turn(w);
@@ -597,9 +574,9 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
     // Head dim 128: key tile i: S_i, then P_i V_i during step i+1; P alternates between P0 and P1.
     auto overlapped_tiles = [&](uint32_t (&P0)[kKS][4], uint32_t (&P1)[kKS][4]) {
         {
-            const int ks = Tr::stage(r0);
+            const int ks = stage_of(r0);
             float S[kNT][4];
-            cuda::mbar_wait(&bars->ring.k_full[ks], Tr::phase(r0));
+            cuda::mbar_wait(&bars->ring.k_full[ks], phase_of(r0));
             take_turn(w);
             issue_qk_fp8<Tr>(S, dq, dk, ks);
             pass_turn(w);
@@ -627,10 +604,10 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
     // S_i, P holds P_{i-1} (the operand of the P V in flight); the softmax leaves fp32 P_i in S,
     // packed into P once P_{i-1} V retired. Live across the softmax: O (128), S (64), P (16).
     auto step_one_p = [&](int i, uint32_t (&P)[kKS][4]) {
-        const int ks = Tr::stage(r0 + i), vs = Tr::stage(r0 + i - 1);
+        const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
         float S[kNT][4];
-        cuda::mbar_wait(&bars->ring.k_full[ks], Tr::phase(r0 + i));
-        cuda::mbar_wait(&bars->vt_full[vs], Tr::phase(r0 + i - 1));
+        cuda::mbar_wait(&bars->ring.k_full[ks], phase_of(r0 + i));
+        cuda::mbar_wait(&bars->vt_full[vs], phase_of(r0 + i - 1));
         take_turn(w);
         issue_qk_fp8<Tr>(S, dq, dk, ks);
         issue_pv_fp8<Tr>(O, P, dvt, vs);
@@ -651,9 +628,9 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
     auto overlapped_tiles_one_p = [&]() {
         uint32_t P[kKS][4];
         {
-            const int ks = Tr::stage(r0);
+            const int ks = stage_of(r0);
             float S[kNT][4];
-            cuda::mbar_wait(&bars->ring.k_full[ks], Tr::phase(r0));
+            cuda::mbar_wait(&bars->ring.k_full[ks], phase_of(r0));
             take_turn(w);
             issue_qk_fp8<Tr>(S, dq, dk, ks);
             pass_turn(w);
@@ -673,9 +650,9 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
     // holds P_{i-1}; it issues P_{i-1} V and S_{i+1} (into Sn), runs the softmax of S_i under
     // both, and packs P_i once P_{i-1} V retired. Commit groups in order: S_i, P_{i-1} V, S_{i+1}.
     auto step_prefetch = [&](int i, float (&Sc)[kNT][4], float (&Sn)[kNT][4], uint32_t (&P)[kKS][4]) {
-        const int ks = Tr::stage(r0 + i), kn = Tr::stage(r0 + i + 1), vs = Tr::stage(r0 + i - 1);
-        cuda::mbar_wait(&bars->vt_full[vs], Tr::phase(r0 + i - 1));
-        cuda::mbar_wait(&bars->ring.k_full[kn], Tr::phase(r0 + i + 1));
+        const int ks = stage_of(r0 + i), kn = stage_of(r0 + i + 1), vs = stage_of(r0 + i - 1);
+        cuda::mbar_wait(&bars->vt_full[vs], phase_of(r0 + i - 1));
+        cuda::mbar_wait(&bars->ring.k_full[kn], phase_of(r0 + i + 1));
         take_turn(w);
         issue_pv_fp8<Tr>(O, P, dvt, vs);
         issue_qk_fp8<Tr>(Sn, dq, dk, kn);
@@ -694,8 +671,8 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
     };
     // The last key tile (i = n_tiles - 1 >= 1): no S to issue.
     auto step_prefetch_last = [&](int i, float (&Sc)[kNT][4], uint32_t (&P)[kKS][4]) {
-        const int ks = Tr::stage(r0 + i), vs = Tr::stage(r0 + i - 1);
-        cuda::mbar_wait(&bars->vt_full[vs], Tr::phase(r0 + i - 1));
+        const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
+        cuda::mbar_wait(&bars->vt_full[vs], phase_of(r0 + i - 1));
         take_turn(w);
         issue_pv_fp8<Tr>(O, P, dvt, vs);
         pass_turn(w);
@@ -716,9 +693,9 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
         float Sa[kNT][4], Sb[kNT][4];
         uint32_t P[kKS][4];
         {  // S_0 and S_1 issued together; the softmax of S_0 runs under S_1
-            const int k0 = Tr::stage(r0), k1 = Tr::stage(r0 + 1);
-            cuda::mbar_wait(&bars->ring.k_full[k0], Tr::phase(r0));
-            cuda::mbar_wait(&bars->ring.k_full[k1], Tr::phase(r0 + 1));
+            const int k0 = stage_of(r0), k1 = stage_of(r0 + 1);
+            cuda::mbar_wait(&bars->ring.k_full[k0], phase_of(r0));
+            cuda::mbar_wait(&bars->ring.k_full[k1], phase_of(r0 + 1));
             take_turn(w);
             issue_qk_fp8<Tr>(Sa, dq, dk, k0);
             issue_qk_fp8<Tr>(Sb, dq, dk, k1);
@@ -829,7 +806,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         cuda::mbar_init(&bars->ring.q_full, 1);
         cuda::mbar_init(&bars->ring.q_empty, kConsumerWarps);
 #pragma unroll
-        for (int s = 0; s < Tr::kRing; ++s) {
+        for (int s = 0; s < kStages; ++s) {
             cuda::mbar_init(&bars->ring.k_full[s], 1);
             cuda::mbar_init(&bars->ring.v_full[s], 1);
             cuda::mbar_init(&bars->ring.k_empty[s], kConsumerWarps);
