@@ -21,7 +21,8 @@
 # Env: BUILD_DIR (default /tmp/fa-fp8), ROUNDS (2), GATE_EXTRA (variant names that also get the
 # kernel tests and sanitizers, on their own library, beside new's gate), VARIANTS (space-separated NAME:FLAGS, FLAGS
 # comma-separated), BASE_KERNEL (optional; its head dim 64 unit runs the 128 kernel, as before
-# fa3_fp8_hdim64.cu), GRID_DIMS (64,128,256), SPEED_DEADLINE (150: seconds
+# fa3_fp8_hdim64.cu, unless BASE_FLAGS="": the flags of the base's units, for a base from main
+# since stop 20), GRID_DIMS (64,128,256), SPEED_DEADLINE (150: seconds
 # after which no further speed round starts), CALL_LIMIT (225: seconds the whole script may take;
 # the gate gets what the first round left of it, at least 60 s), NCU_DIMS (e.g. "128 64": after the
 # first round, ncu profiles new's FP8 kernel on the 16k non-causal cell of each head dim, the
