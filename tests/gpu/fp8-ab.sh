@@ -21,9 +21,14 @@
 # Env: BUILD_DIR (default /tmp/fa-fp8), ROUNDS (2), GATE_EXTRA (variant names that also get the
 # kernel tests and sanitizers, on their own library, beside new's gate), VARIANTS (space-separated NAME:FLAGS, FLAGS
 # comma-separated), BASE_KERNEL (optional; its head dim 64 unit runs the 128 kernel, as before
-# fa3_fp8_hdim64.cu), GRID_DIMS (64,128,256), SPEED_DEADLINE (150: seconds
+# fa3_fp8_hdim64.cu, unless BASE_FLAGS="": the flags of the base's units, for a base from main
+# since stop 20), GRID_DIMS (64,128,256), SPEED_DEADLINE (150: seconds
 # after which no further speed round starts), CALL_LIMIT (225: seconds the whole script may take;
-# the gate gets what the first round left of it, at least 60 s).
+# the gate gets what the first round left of it, at least 60 s), NCU_DIMS (e.g. "128 64": after the
+# first round, ncu profiles new's FP8 kernel on the 16k non-causal cell of each head dim, the
+# sections of fp8-tune.sh, summarized by ncu-source-summary.py), GATE_REDUCED (test programs that
+# also run beside the gate with FLASHATTN_TEST_REDUCED=1 on new's library, e.g. test_numerics_fa3;
+# built here).
 set -uo pipefail
 source "$(dirname "$0")/fp8-gate.sh"  # fp8_gate_start / fp8_gate_wait / fp8_res_usage
 out=${OUT:-/tmp/fp8ab-out}
@@ -81,14 +86,15 @@ if [ -n "${BASE_KERNEL:-}" ]; then
     echo 'namespace flashattn { namespace fa3 { template <int kD> constexpr int kFp8TileN = kFp8BlockN; } }' \
       >> /tmp/fp8v-hdr/backends/cuda/fa3/fa3_fp8_kernel.cuh
   # (head dims <= 64 ran the head-dim-128 kernel before fa3_fp8_hdim64.cu: the base's unit does so too)
-  names+=(base); compile_variant base -I/tmp/fp8v-hdr -DFLASHATTN_FP8_HDIM64_TILE=128 & vpids+=($!)
+  # (BASE_FLAGS="" for a base header that has fa3_fp8_hdim64.cu's own kernel: main since stop 20)
+  names+=(base); compile_variant base -I/tmp/fp8v-hdr ${BASE_FLAGS--DFLASHATTN_FP8_HDIM64_TILE=128} & vpids+=($!)
 fi
 for v in ${VARIANTS:-}; do
   n=${v%%:*}; f=${v#*:}
   names+=("$n"); compile_variant "$n" ${f//,/ } & vpids+=($!)
 done
 cmake --build "$build" -j 16 --target flashattn test_fp8_fa3 test_fp8_primitives flashattn-fp8-accuracy \
-  > "$logs/build.log" 2>&1
+  ${GATE_REDUCED:-} > "$logs/build.log" 2>&1
 rc=$?
 note "build rc=$rc ($(stamp))"
 [ $rc = 0 ] || { tail -30 "$logs/build.log"; exit 1; }
@@ -167,6 +173,20 @@ speed_round() {
 }
 speed_round 1
 
+# ncu of new's kernel (one launch: the 16k non-causal cell, the fourth of the grid's cells of a
+# head dim, 21 FP8 launches each: a warm-up and 20 timed).
+use_lib new
+for d in ${NCU_DIMS:-}; do
+  timeout 60 ncu --clock-control none --kernel-name regex:fp8_fwd_kernel --launch-skip 63 --launch-count 1 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section SchedulerStats --section WarpStateStats --section SourceCounters --section LaunchStats \
+    --section InstructionStats --import-source yes -f -o "$logs/ncu-d$d" "$acc" --speed-grid $d > "$logs/ncu-d$d.log" 2>&1
+  note "ncu d$d rc=$? ($(stamp))"
+  ncu -i "$logs/ncu-d$d.ncu-rep" --page details > "$out/ncu-d$d-details.txt" 2>&1
+  ncu -i "$logs/ncu-d$d.ncu-rep" --page source --csv --print-source sass > "$logs/ncu-d$d-source.csv" 2>&1
+  python3 tests/gpu/ncu-source-summary.py "$logs/ncu-d$d-source.csv" --top 30 > "$out/ncu-d$d-summary.txt" 2>&1
+done
+
 # The correctness gate on the working tree's form (only if its quick test passed: a hang would
 # take the rest of the call), with what the first round left of CALL_LIMIT.
 use_lib new
@@ -175,6 +195,11 @@ if [[ " ${ok[*]} " == *" new "* ]]; then
   [ $left -lt 60 ] && left=60
   note "gate limit ${left}s"
   fp8_gate_start "" "$left"
+  rjobs=() rpids=()
+  for tp in ${GATE_REDUCED:-}; do
+    FLASHATTN_TEST_REDUCED=1 timeout "$left" "$build/tests/$tp" > "$logs/gate-reduced-$tp.log" 2>&1 &
+    rjobs+=("$tp"); rpids+=($!)
+  done
   # GATE_EXTRA variants (their quick test passed): test_fp8_fa3 in full and on 3 CTAs, and the
   # three sanitizers on the reduced grid, each on the variant's own library, beside new's gate.
   xjobs=() xpids=()
@@ -191,6 +216,10 @@ if [[ " ${ok[*]} " == *" new "* ]]; then
     done
   done
   fp8_gate_wait
+  for i in "${!rpids[@]}"; do
+    wait "${rpids[$i]}"
+    note "reduced ${rjobs[$i]} rc=$?: $(grep -hE 'PASSED|FAILED|tests' "$logs/gate-reduced-${rjobs[$i]}.log" | tail -2 | paste -sd ' ' | cut -c1-200) ($(stamp))"
+  done
   for i in "${!xpids[@]}"; do
     wait "${xpids[$i]}"; rc=$?
     set -- ${xjobs[$i]}
