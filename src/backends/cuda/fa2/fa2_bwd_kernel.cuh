@@ -82,15 +82,26 @@ __device__ __forceinline__ BwdRows load_rows(const BwdParams &p, const BwdBlockA
     return r;
 }
 
+// Whether every (row, key) pair of step m0 against the CTA's key block is in range and visible
+// (mask.cuh's rule for the step's last row's first key and first row's last key): then no pair
+// needs an element mask, only rows whose LSE is -inf stay out. CTA-uniform.
+template <class Tr>
+__device__ __forceinline__ bool step_unmasked(const BwdParams &p, const BwdBlockArgs &a, int m0) {
+    const int64_t qhi = m0 + Tr::kBM - 1, khi = a.n0 + Tr::kBN - 1;
+    return qhi < a.sq && khi < a.sk && qhi + a.off - p.left <= a.n0 && m0 + a.off + p.right >= khi;
+}
+
 // P and dS of this warp's 16 query rows against its kSKeys keys, packed in 16-bit pairs:
-// P[nt][h] = columns 8nt + 2t, +1 of row g + 8h.
-template <class Tr, class E>
+// P[nt][h] = columns 8nt + 2t, +1 of row g + 8h. kUnmasked (step_unmasked holds): a row's pairs
+// all take part or, with LSE = -inf (empty key range in load_rows), none; one test per row.
+template <class Tr, class E, bool kUnmasked>
 __device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdRows &r, const float (&S)[Tr::kNT][4],
                                                 const float (&dP)[Tr::kNT][4], uint32_t (&P)[Tr::kNT][2],
                                                 uint32_t (&dS)[Tr::kNT][2]) {
     const float sl2 = p.score_log2, cap = p.softcap_scale;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
+        const bool live = r.lo[h] <= r.hi[h];
 #pragma unroll
         for (int nt = 0; nt < Tr::kNT; ++nt) {
             float pv[2], dv[2];
@@ -103,7 +114,7 @@ __device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdRow
                 // whose LSE is -inf) takes no part: P and dS exactly 0, selected rather than
                 // multiplied by 0, so a NaN or inf in its dP, row_dot or score stays out (as in
                 // the CPU backward). Inside, a NaN in S, LSE, dP or row_dot propagates.
-                const bool pair = c >= r.lo[h] && c <= r.hi[h];
+                const bool pair = kUnmasked ? live : c >= r.lo[h] && c <= r.hi[h];
                 const float pr = pair ? cuda::fast_exp2(fmaf(x, sl2, -r.lse2[h])) : 0.f;
                 float ds = pr * (dP[nt][2 * h + e] - r.rd[h]);
                 if (cap != 0.f) ds *= 1.f - x * x;  // d(cap * tanh(raw * scale / cap)) / d(raw * scale)
@@ -249,12 +260,16 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
                        KT::lane_base_full(s_k + key0 * 128, lr_k, lb_k), 0u);
         gemm_qk<Tr, E>(dP, QT::lane_base_full(s_do + row0 * 128, lr_a, lb_a), 0u,
                        KT::lane_base_full(s_v + key0 * 128, lr_k, lb_k), 0u);
+        const bool unmasked = step_unmasked<Tr>(p, a, st.m0);
 #pragma unroll
         for (int mt = 0; mt < Tr::kSMT; ++mt) {
             const BwdRows rows =
                 load_rows<Tr>(p, a, s_rows, st.m0, st.m0 + row0 + mt * 16 + g, a.n0 + key0 + 2 * t);
             uint32_t P[Tr::kNT][2], dS[Tr::kNT][2];
-            probs_and_grads<Tr, E>(p, rows, S[mt], dP[mt], P, dS);
+            if (unmasked)
+                probs_and_grads<Tr, E, true>(p, rows, S[mt], dP[mt], P, dS);
+            else
+                probs_and_grads<Tr, E, false>(p, rows, S[mt], dP[mt], P, dS);
             store_p_ds<Tr>(s_p, s_ds, row0 + mt * 16, key0, P, dS);
         }
     }
