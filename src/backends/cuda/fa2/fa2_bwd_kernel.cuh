@@ -13,7 +13,8 @@
 //   dS = P (dP - row_dot) (x (1 - tanh^2) with a soft cap), 0 wherever P is (selected, so a NaN
 //   of a pair that takes no part stays out; only LSE = -inf marks a row without keys); P and dS
 //   (16-bit) to shared memory;
-//   dQ += dS K into the fp32 accumulator (vector reductions; in deterministic mode the key
+//   dQ += dS K into the fp32 accumulator (vector reductions in mma fragment order,
+//   device/dq_accum.cuh; in deterministic mode the key
 //   blocks of one query block take turns in ascending order, see turn_of);
 //   dV += P^T dO, dK += dS^T Q in registers.
 // At the end dK * scale and dV are written (zeros for keys no query sees). The softmax scale of dQ
@@ -25,6 +26,7 @@
 
 #include <cuda_runtime.h>
 
+#include "backends/cuda/device/dq_accum.cuh"
 #include "backends/cuda/device/mask.cuh"
 #include "backends/cuda/device/ptx.cuh"
 #include "backends/cuda/fa2/fa2_bwd_gemm.cuh"
@@ -39,7 +41,6 @@ namespace fa2 {
 // What one key block's steps share (filled once per key block).
 struct BwdBlockArgs {
     const uint16_t *qg, *dog;  // Q and dO of this sequence, row 0, head 0
-    float *dqa;                // this CTA's dQ accumulator copy, [heads_q][total_rows][d]
     int64_t q_row0;            // packed row of the sequence's first query
     int b, sq, sk, off, n0, d;
     uint32_t smem;  // shared memory: K, V, kStages x (Q, dO), P, dS (BwdTraits sizes)
@@ -146,35 +147,40 @@ __device__ __forceinline__ void store_p_ds(uint32_t s_p, uint32_t s_ds, int row0
     }
 }
 
-// dQ += dS K for this warp's kQMT m16 tiles of query rows (from row qrow0 - g) and its column
-// span (from col0), 16 columns at a time, into the accumulator.
+// dQ += dS K for this warp's kQMT m16 tiles of query rows (from row qrow0 of the sequence, a
+// multiple of 16) and its column span (from col0, a multiple of 32), 16 columns at a time, into
+// the accumulator in fragment order (device/dq_accum.cuh): one red.v4 of the lane's four values
+// per m16n8 tile, 512 contiguous bytes per warp. Rows past the sequence inside its last 16 carry
+// dS = 0 and land in padding; m16 tiles wholly past it are skipped.
 template <class Tr, class E>
 __device__ __forceinline__ void accumulate_dq(const BwdParams &p, const BwdBlockArgs &a, int hq, int qrow0, int col0,
                                               uint32_t ds_full, uint32_t ds_half, uint32_t k_lane) {
-    const int t = threadIdx.x & 3;
+    const int lane = threadIdx.x & 31;
     const int ncols = a.d - col0;
     if (ncols <= 0) return;
     uint32_t dS[Tr::kQMT][Tr::kBN / 16][4];
     load_ds_rows<Tr>(dS, ds_full, ds_half);
-    float *row0 = a.dqa + (static_cast<int64_t>(hq) * p.total_rows + a.q_row0 + qrow0) * a.d + col0 + 2 * t;
+    const int dcols = cuda::dq_frag_cols(a.d);
+    // From the parameters and the sequence's first row each time: a pointer kept in the block's
+    // arguments would hold two registers over the whole step loop (ptxas spilled at d128).
+    float *tile0 = p.dq_accum +
+                   (static_cast<int64_t>(hq) * p.dq_rows + cuda::dq_frag_row0(a.q_row0, a.b) + qrow0) * dcols +
+                   (col0 >> 4) * 256 + lane * 4;
 #pragma unroll
     for (int j = 0; j < Tr::kQGroups; ++j) {
         if (j * 16 >= ncols) continue;
         float acc[Tr::kQMT][2][4];
         gemm_ds_k<Tr, E>(acc, dS, k_lane, j);
 #pragma unroll
-        for (int mt = 0; mt < Tr::kQMT; ++mt)
+        for (int mt = 0; mt < Tr::kQMT; ++mt) {
+            if (qrow0 + 16 * mt >= a.sq) continue;
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = 16 * mt + 8 * h;
-                if (qrow0 + r >= a.sq) continue;
-#pragma unroll
-                for (int n = 0; n < 2; ++n) {
-                    const int c = j * 16 + n * 8;  // + 2t: d is a multiple of 8, so the pair is in or out
-                    if (c >= ncols) continue;
-                    cuda::red_add_f32x2(row0 + r * a.d + c, acc[mt][n][2 * h], acc[mt][n][2 * h + 1]);
-                }
+            for (int n = 0; n < 2; ++n) {
+                if (j * 16 + n * 8 >= ncols) continue;  // d is a multiple of 8: the half is in or out
+                cuda::red_add_f32x4(tile0 + static_cast<int64_t>(16 * mt) * dcols + j * 256 + n * 128, acc[mt][n][0],
+                                    acc[mt][n][1], acc[mt][n][2], acc[mt][n][3]);
             }
+        }
     }
 }
 
@@ -283,7 +289,7 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
         const int rg = warp % Tr::kQRowGroups, cg = warp / Tr::kQRowGroups;
         const int col0 = cg * Tr::kQCols;
         const uint32_t ds_row = s_ds + rg * Tr::kQMT * 16 * Tr::kPRowBytes;
-        accumulate_dq<Tr, E>(p, a, st.hq, st.m0 + rg * Tr::kQMT * 16 + g, col0, PT::lane_base_full(ds_row, lr_a, lb_a),
+        accumulate_dq<Tr, E>(p, a, st.hq, st.m0 + rg * Tr::kQMT * 16, col0, PT::lane_base_full(ds_row, lr_a, lb_a),
                              PT::lane_base_half(ds_row, lr_a, lb_a),
                              at_column<KT>(KT::lane_base_full(s_k, lr_a, lb_a), col0));
     }
@@ -428,7 +434,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) bwd_kernel(const
     const bool varlen = p.cu_q != nullptr;
     a.qg = static_cast<const uint16_t *>(p.q) + (varlen ? si.q_row0 * p.q_rs : a.b * p.q_bs);
     a.dog = static_cast<const uint16_t *>(p.dout) + (varlen ? si.q_row0 * p.do_rs : a.b * p.do_bs);
-    a.dqa = p.dq_accum;
     a.smem = cuda::smem_addr(smem);
     if (nb * Tr::kBN < si.sk) bwd_key_block<Tr, E>(p, a, kvh, nb);
 }
