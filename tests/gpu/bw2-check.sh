@@ -16,10 +16,12 @@
 # the ncu summary).
 # Stop 21 (wip/bw3) added: MID_SRC, a third tree's library timed as column M (ab_backward.py --m);
 # FA1_ARCHS (default 90-real; empty builds no FA1); CTEST_REGEX (the ctest selection) and
-# BUILD_TARGETS (its executables, default test_backward_fa2); NCU_FILTER
+# BUILD_TARGETS (its executables, default test_backward_fa2); BENCH_FORMS (the A/B's tile forms,
+# default TILE_FORMS, which also get their own test and sanitizer runs); NCU_FILTER
 # (the ncu stage's kernel regex). It ran
-#   BASE_SRC=../bw3-base MID_SRC=../bw3-mid BUILD_DIR=/tmp/fa-bw3 FA1_ARCHS= NCU=1 \
-#     bash tests/gpu/bw2-check.sh
+#   BASE_SRC=../bw3-base MID_SRC=../bw3-mid BUILD_DIR=/tmp/fa-bw3 FA1_ARCHS= NCU=1 BENCH_FORMS=fallback \
+#     CTEST_REGEX='test_backward_fa2$|test_backward_fa2_fallback|test_fa2_sass|test_backward_contract' \
+#     BUILD_TARGETS='test_backward_fa2 test_backward_contract' SEQLENS=2048,8192 bash tests/gpu/bw2-check.sh
 set -uo pipefail
 out=${OUT:-/tmp/bw2-out}
 mkdir -p "$out"
@@ -94,7 +96,7 @@ if [ -f "$base_build/src/libflashattn.so" ]; then
   mid_arg=()
   [ -f "$mid_build/src/libflashattn.so" ] && mid_arg=(--m "$mid_build/src/libflashattn.so")
   timeout ${BENCH_LIMIT:-110} python3 bench/ab_backward.py --a "$base_build/src/libflashattn.so" --b "$build/src/libflashattn.so" "${mid_arg[@]}" \
-    --tile-forms "$(echo $forms | tr ' ' ',')" --deterministic --hdim ${HDIMS:-64,128,256} --seqlen ${SEQLENS:-2048,8192,16384} \
+    --tile-forms "$(echo ${BENCH_FORMS-$forms} | tr ' ' ',')" --deterministic --hdim ${HDIMS:-64,128,256} --seqlen ${SEQLENS:-2048,8192,16384} \
     --rounds ${ROUNDS:-3} --markdown "$out/ab-backward.md" > "$out/ab-backward.txt" 2>&1
   note "ab_backward.py rc=$?"
 fi
