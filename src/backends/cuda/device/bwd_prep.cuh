@@ -4,7 +4,9 @@
 //               the fp32 dQ accumulator (the main kernel only adds into it);
 //   convert:    dQ = scale * (sum of the accumulator's copies, in copy order) in the input dtype.
 // One warp per (query row, head): lane c owns the 8 columns 8c..8c+7 (head_dim <= 256), so rows
-// are 16-byte loads and stores (dO, O, dQ strides are multiples of 8 elements, checked by the host).
+// are 16-byte loads and stores (dO, O, dQ strides are multiples of 8 elements, checked by the host);
+// the accumulator's 8 columns are two 16-byte vectors row-major, four 8-byte pairs 16 bytes apart
+// in FA2's fragment order (device/dq_accum.cuh; stop 21 suspects these of its causal-2k loss).
 // Rows of every sequence are covered: the grid is (query blocks of the longest sequence, heads_q,
 // batch) and rows past a sequence's end return.
 //
