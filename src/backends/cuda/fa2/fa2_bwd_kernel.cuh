@@ -267,7 +267,7 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
         gemm_qk<Tr, E>(dP, QT::lane_base_full(s_do + row0 * 128, lr_a, lb_a), 0u,
                        KT::lane_base_full(s_v + key0 * 128, lr_k, lb_k), 0u);
         // The unmasked form where it measured a win (stop 21, one H200 call): padded head dim <= 128
-        // (d128 1.009-1.016x); at 256 it cost 1.1-1.3 % (its second copy of the P / dS code
+        // (d128 1.010-1.015x); at 256 it cost 1.1-1.3 % (its second copy of the P / dS code
         // outweighs the compares it saves at 250+ registers), so there every step takes the mask.
         const bool unmasked = Tr::kDP <= 128 && step_unmasked<Tr>(p, a, st.m0);
 #pragma unroll
