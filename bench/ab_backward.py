@@ -3,7 +3,8 @@
 PyTorch's flash backward beside them: each library loaded from its own path (ctypes), the same
 inputs for all, rounds alternating which one goes first (clock drift at the power limit falls on
 all alike). Optional extra columns run library B again with FLASHATTN_FA2_BWD_TILE set to each value
-of --tile-forms (the plan reads it at finalize: an experiment tree's developer knob).
+of --tile-forms (the plan reads it at finalize: an experiment tree's developer knob); --m adds a
+third library (an intermediate tree) as column M.
 
   python3 bench/ab_backward.py --a /tmp/old/src/libflashattn.so --b build/src/libflashattn.so \
       --hdim 64,128,256 --seqlen 2048,8192 --rounds 3 --markdown out.md
@@ -69,6 +70,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--a", required=True, help="library A (the reference, e.g. main's build)")
     ap.add_argument("--b", required=True, help="library B (the candidate)")
+    ap.add_argument("--m", help="optional library M (an intermediate tree): a column between A and B")
     ap.add_argument("--gen", default="fa2")
     ap.add_argument("--deterministic", action="store_true", help="also time both libraries' deterministic mode")
     ap.add_argument("--tile-forms", default="", help="comma list of FLASHATTN_FA2_BWD_TILE values: extra B columns")
@@ -81,12 +83,17 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("ab_backward.py: torch sees no CUDA device")
     libs = {"A": ct.Lib(args.a), "B": ct.Lib(args.b)}
+    if args.m:
+        libs["M"] = ct.Lib(args.m)
     for lib in libs.values():
         bt.bind_backward(lib)
     bench = ct.Bench(torch, args)
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     # column name -> (library, deterministic, tile form)
-    cols = {"A": ("A", False, ""), "B": ("B", False, "")}
+    cols = {"A": ("A", False, "")}
+    if args.m:
+        cols["M"] = ("M", False, "")
+    cols["B"] = ("B", False, "")
     for f in [f for f in args.tile_forms.split(",") if f]:
         cols[f"B {f}"] = ("B", False, f)
     if args.deterministic:
@@ -96,7 +103,8 @@ def main():
     p = bench.props
     ct.emit(lines, f"# A/B of the {args.gen} backward ({p.name}, {p.multi_processor_count} SMs, {args.dtype}, "
                    f"hidden {args.hidden}, {args.tokens} tokens)")
-    ct.emit(lines, f"A = {args.a} ({libs['A'].build_info}); B = {args.b} ({libs['B'].build_info}).")
+    ct.emit(lines, f"A = {args.a} ({libs['A'].build_info}); B = {args.b} ({libs['B'].build_info})" +
+            (f"; M = {args.m} ({libs['M'].build_info})." if args.m else "."))
     ct.emit(lines, f"Backward TFLOP/s, median over {args.rounds} rounds (each the median of {args.reps} event-timed "
                    "runs), the column order rotating per round; tf = torch-flash (timed through autograd); "
                    "err = max rel L2 error of dq/dk/dv against torch-flash over every library column.")

@@ -4,7 +4,9 @@
 //               the fp32 dQ accumulator (the main kernel only adds into it);
 //   convert:    dQ = scale * (sum of the accumulator's copies, in copy order) in the input dtype.
 // One warp per (query row, head): lane c owns the 8 columns 8c..8c+7 (head_dim <= 256), so rows
-// are 16-byte loads and stores (dO, O, dQ strides are multiples of 8 elements, checked by the host).
+// are 16-byte loads and stores (dO, O, dQ strides are multiples of 8 elements, checked by the host);
+// the accumulator's 8 columns are two 16-byte vectors row-major, four 8-byte pairs 16 bytes apart
+// in FA2's fragment order (device/dq_accum.cuh; stop 21 suspects these of its causal-2k loss).
 // Rows of every sequence are covered: the grid is (query blocks of the longest sequence, heads_q,
 // batch) and rows past a sequence's end return.
 //
@@ -19,6 +21,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "backends/cuda/device/dq_accum.cuh"
 #include "backends/cuda/device/mask.cuh"
 #include "backends/cuda/device/ptx.cuh"
 
@@ -72,7 +75,7 @@ __global__ void __launch_bounds__(kPrepWarps * 32) bwd_preprocess_kernel(const _
                          head * p.o_hs + c;
     const uint16_t *dog = static_cast<const uint16_t *>(p.dout) +
                           (varlen ? si.q_row0 * p.do_rs : b * p.do_bs) + head * p.do_hs + c;
-    const int64_t split_stride = static_cast<int64_t>(p.heads_q) * p.total_rows * d;
+    const int64_t split_stride = dq_split_stride(p);
     for (int i = 0; i < kPrepRowsPerWarp; ++i) {
         const int qpos = blockIdx.x * kPrepRows + i * kPrepWarps + warp;
         if (qpos >= si.sq) break;
@@ -82,11 +85,16 @@ __global__ void __launch_bounds__(kPrepWarps * 32) bwd_preprocess_kernel(const _
             const uint4 o4 = *reinterpret_cast<const uint4 *>(og + qpos * p.o_rs);
             const uint4 do4 = *reinterpret_cast<const uint4 *>(dog + qpos * p.do_rs);
             s = dot8<E>(o4, do4);
-            float4 *acc = reinterpret_cast<float4 *>(p.dq_accum + r * d + c);
+            float *acc = p.dq_accum + dq_pair_offset(p, head, b, si.q_row0, qpos, c);
             for (int sp = 0; sp < p.dq_splits; ++sp) {
-                acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-                acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-                acc += split_stride / 4;
+                if (p.dq_frag) {  // the 8 columns are 4 pairs, 4 floats apart (dq_accum.cuh)
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) *reinterpret_cast<float2 *>(acc + 4 * k) = make_float2(0.f, 0.f);
+                } else {
+                    reinterpret_cast<float4 *>(acc)[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+                    reinterpret_cast<float4 *>(acc)[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+                acc += split_stride;
             }
         }
 #pragma unroll
@@ -106,18 +114,25 @@ __global__ void __launch_bounds__(kPrepWarps * 32) bwd_convert_dq_kernel(const _
     if (c >= d) return;
     uint16_t *dqg = static_cast<uint16_t *>(p.dq) + (varlen ? si.q_row0 * p.dq_rs : b * p.dq_bs) +
                     head * p.dq_hs + c;
-    const int64_t split_stride = static_cast<int64_t>(p.heads_q) * p.total_rows * d;
+    const int64_t split_stride = dq_split_stride(p);
     for (int i = 0; i < kPrepRowsPerWarp; ++i) {
         const int qpos = blockIdx.x * kPrepRows + i * kPrepWarps + warp;
         if (qpos >= si.sq) break;
-        const int64_t r = static_cast<int64_t>(head) * p.total_rows + si.q_row0 + qpos;
-        const float4 *acc = reinterpret_cast<const float4 *>(p.dq_accum + r * d + c);
+        const float *acc = p.dq_accum + dq_pair_offset(p, head, b, si.q_row0, qpos, c);
         float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         for (int sp = 0; sp < p.dq_splits; ++sp) {  // fixed order: bitwise reproducible
-            const float4 x0 = acc[0], x1 = acc[1];
-            a[0] += x0.x, a[1] += x0.y, a[2] += x0.z, a[3] += x0.w;
-            a[4] += x1.x, a[5] += x1.y, a[6] += x1.z, a[7] += x1.w;
-            acc += split_stride / 4;
+            if (p.dq_frag) {  // 4 pairs, 4 floats apart (dq_accum.cuh)
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const float2 x = *reinterpret_cast<const float2 *>(acc + 4 * k);
+                    a[2 * k] += x.x, a[2 * k + 1] += x.y;
+                }
+            } else {
+                const float4 x0 = reinterpret_cast<const float4 *>(acc)[0], x1 = reinterpret_cast<const float4 *>(acc)[1];
+                a[0] += x0.x, a[1] += x0.y, a[2] += x0.z, a[3] += x0.w;
+                a[4] += x1.x, a[5] += x1.y, a[6] += x1.z, a[7] += x1.w;
+            }
+            acc += split_stride;
         }
         uint4 out;
         out.x = pack2<E>(a[0] * p.scale, a[1] * p.scale);

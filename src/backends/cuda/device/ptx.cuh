@@ -249,6 +249,19 @@ __device__ __forceinline__ void red_add_f32x2(float *p, float a, float b) {
 #endif
 }
 
+// fp32 reduction of four adjacent values into global memory (16-byte aligned): one vector red on
+// sm_90+ (red.global.add.v4.f32), four scalar reds below.
+__device__ __forceinline__ void red_add_f32x4(float *p, float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+#else
+    atomicAdd(p, a);
+    atomicAdd(p + 1, b);
+    atomicAdd(p + 2, c);
+    atomicAdd(p + 3, d);
+#endif
+}
+
 // Semaphore reads at GPU scope (sm_70+): a relaxed poll and an acquiring one.
 __device__ __forceinline__ int ld_relaxed_gpu(const int *p) {
     int v;

@@ -100,7 +100,7 @@ BwdPlan plan_backward(const Problem &p, const DeviceInfo &dev, WorkspaceLayout *
     static_cast<BwdSlices &>(plan) =
         add_backward_slices(p, query_blocks(p, tile),
                             {"fa2 backward dQ order counters", "fa2 backward dO.O row sums", "fa2 backward dQ accumulator"},
-                            ws);
+                            ws, /*dq_frag=*/true);
     return plan;
 }
 

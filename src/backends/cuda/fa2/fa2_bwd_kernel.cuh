@@ -13,7 +13,8 @@
 //   dS = P (dP - row_dot) (x (1 - tanh^2) with a soft cap), 0 wherever P is (selected, so a NaN
 //   of a pair that takes no part stays out; only LSE = -inf marks a row without keys); P and dS
 //   (16-bit) to shared memory;
-//   dQ += dS K into the fp32 accumulator (vector reductions; in deterministic mode the key
+//   dQ += dS K into the fp32 accumulator (vector reductions in mma fragment order,
+//   device/dq_accum.cuh; in deterministic mode the key
 //   blocks of one query block take turns in ascending order, see turn_of);
 //   dV += P^T dO, dK += dS^T Q in registers.
 // At the end dK * scale and dV are written (zeros for keys no query sees). The softmax scale of dQ
@@ -25,6 +26,7 @@
 
 #include <cuda_runtime.h>
 
+#include "backends/cuda/device/dq_accum.cuh"
 #include "backends/cuda/device/mask.cuh"
 #include "backends/cuda/device/ptx.cuh"
 #include "backends/cuda/fa2/fa2_bwd_gemm.cuh"
@@ -39,7 +41,6 @@ namespace fa2 {
 // What one key block's steps share (filled once per key block).
 struct BwdBlockArgs {
     const uint16_t *qg, *dog;  // Q and dO of this sequence, row 0, head 0
-    float *dqa;                // this CTA's dQ accumulator copy, [heads_q][total_rows][d]
     int64_t q_row0;            // packed row of the sequence's first query
     int b, sq, sk, off, n0, d;
     uint32_t smem;  // shared memory: K, V, kStages x (Q, dO), P, dS (BwdTraits sizes)
@@ -82,15 +83,26 @@ __device__ __forceinline__ BwdRows load_rows(const BwdParams &p, const BwdBlockA
     return r;
 }
 
+// Whether every (row, key) pair of step m0 against the CTA's key block is in range and visible
+// (mask.cuh's rule for the step's last row's first key and first row's last key): then no pair
+// needs an element mask, only rows whose LSE is -inf stay out. CTA-uniform.
+template <class Tr>
+__device__ __forceinline__ bool step_unmasked(const BwdParams &p, const BwdBlockArgs &a, int m0) {
+    const int64_t qhi = m0 + Tr::kBM - 1, khi = a.n0 + Tr::kBN - 1;
+    return qhi < a.sq && khi < a.sk && qhi + a.off - p.left <= a.n0 && m0 + a.off + p.right >= khi;
+}
+
 // P and dS of this warp's 16 query rows against its kSKeys keys, packed in 16-bit pairs:
-// P[nt][h] = columns 8nt + 2t, +1 of row g + 8h.
-template <class Tr, class E>
+// P[nt][h] = columns 8nt + 2t, +1 of row g + 8h. kUnmasked (step_unmasked holds): a row's pairs
+// all take part or, with LSE = -inf (empty key range in load_rows), none; one test per row.
+template <class Tr, class E, bool kUnmasked>
 __device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdRows &r, const float (&S)[Tr::kNT][4],
                                                 const float (&dP)[Tr::kNT][4], uint32_t (&P)[Tr::kNT][2],
                                                 uint32_t (&dS)[Tr::kNT][2]) {
     const float sl2 = p.score_log2, cap = p.softcap_scale;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
+        const bool live = r.lo[h] <= r.hi[h];
 #pragma unroll
         for (int nt = 0; nt < Tr::kNT; ++nt) {
             float pv[2], dv[2];
@@ -103,7 +115,7 @@ __device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdRow
                 // whose LSE is -inf) takes no part: P and dS exactly 0, selected rather than
                 // multiplied by 0, so a NaN or inf in its dP, row_dot or score stays out (as in
                 // the CPU backward). Inside, a NaN in S, LSE, dP or row_dot propagates.
-                const bool pair = c >= r.lo[h] && c <= r.hi[h];
+                const bool pair = kUnmasked ? live : c >= r.lo[h] && c <= r.hi[h];
                 const float pr = pair ? cuda::fast_exp2(fmaf(x, sl2, -r.lse2[h])) : 0.f;
                 float ds = pr * (dP[nt][2 * h + e] - r.rd[h]);
                 if (cap != 0.f) ds *= 1.f - x * x;  // d(cap * tanh(raw * scale / cap)) / d(raw * scale)
@@ -135,35 +147,40 @@ __device__ __forceinline__ void store_p_ds(uint32_t s_p, uint32_t s_ds, int row0
     }
 }
 
-// dQ += dS K for this warp's kQMT m16 tiles of query rows (from row qrow0 - g) and its column
-// span (from col0), 16 columns at a time, into the accumulator.
+// dQ += dS K for this warp's kQMT m16 tiles of query rows (from row qrow0 of the sequence, a
+// multiple of 16) and its column span (from col0, a multiple of 32), 16 columns at a time, into
+// the accumulator in fragment order (device/dq_accum.cuh): one red.v4 of the lane's four values
+// per m16n8 tile, 512 contiguous bytes per warp. Rows past the sequence inside its last 16 carry
+// dS = 0 and land in padding; m16 tiles wholly past it are skipped.
 template <class Tr, class E>
 __device__ __forceinline__ void accumulate_dq(const BwdParams &p, const BwdBlockArgs &a, int hq, int qrow0, int col0,
                                               uint32_t ds_full, uint32_t ds_half, uint32_t k_lane) {
-    const int t = threadIdx.x & 3;
+    const int lane = threadIdx.x & 31;
     const int ncols = a.d - col0;
     if (ncols <= 0) return;
     uint32_t dS[Tr::kQMT][Tr::kBN / 16][4];
     load_ds_rows<Tr>(dS, ds_full, ds_half);
-    float *row0 = a.dqa + (static_cast<int64_t>(hq) * p.total_rows + a.q_row0 + qrow0) * a.d + col0 + 2 * t;
+    const int dcols = cuda::dq_frag_cols(a.d);
+    // From the parameters and the sequence's first row each time: a pointer kept in the block's
+    // arguments would hold two registers over the whole step loop (ptxas spilled at d128).
+    float *tile0 = p.dq_accum +
+                   (static_cast<int64_t>(hq) * p.dq_rows + cuda::dq_frag_row0(a.q_row0, a.b) + qrow0) * dcols +
+                   (col0 >> 4) * 256 + lane * 4;
 #pragma unroll
     for (int j = 0; j < Tr::kQGroups; ++j) {
         if (j * 16 >= ncols) continue;
         float acc[Tr::kQMT][2][4];
         gemm_ds_k<Tr, E>(acc, dS, k_lane, j);
 #pragma unroll
-        for (int mt = 0; mt < Tr::kQMT; ++mt)
+        for (int mt = 0; mt < Tr::kQMT; ++mt) {
+            if (qrow0 + 16 * mt >= a.sq) continue;
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = 16 * mt + 8 * h;
-                if (qrow0 + r >= a.sq) continue;
-#pragma unroll
-                for (int n = 0; n < 2; ++n) {
-                    const int c = j * 16 + n * 8;  // + 2t: d is a multiple of 8, so the pair is in or out
-                    if (c >= ncols) continue;
-                    cuda::red_add_f32x2(row0 + r * a.d + c, acc[mt][n][2 * h], acc[mt][n][2 * h + 1]);
-                }
+            for (int n = 0; n < 2; ++n) {
+                if (j * 16 + n * 8 >= ncols) continue;  // d is a multiple of 8: the half is in or out
+                cuda::red_add_f32x4(tile0 + static_cast<int64_t>(16 * mt) * dcols + j * 256 + n * 128, acc[mt][n][0],
+                                    acc[mt][n][1], acc[mt][n][2], acc[mt][n][3]);
             }
+        }
     }
 }
 
@@ -249,12 +266,19 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
                        KT::lane_base_full(s_k + key0 * 128, lr_k, lb_k), 0u);
         gemm_qk<Tr, E>(dP, QT::lane_base_full(s_do + row0 * 128, lr_a, lb_a), 0u,
                        KT::lane_base_full(s_v + key0 * 128, lr_k, lb_k), 0u);
+        // The unmasked form where it measured a win (stop 21, one H200 call): padded head dim <= 128
+        // (d128 1.010-1.015x); at 256 it cost 1.1-1.3 % (its second copy of the P / dS code
+        // outweighs the compares it saves at 250+ registers), so there every step takes the mask.
+        const bool unmasked = Tr::kDP <= 128 && step_unmasked<Tr>(p, a, st.m0);
 #pragma unroll
         for (int mt = 0; mt < Tr::kSMT; ++mt) {
             const BwdRows rows =
                 load_rows<Tr>(p, a, s_rows, st.m0, st.m0 + row0 + mt * 16 + g, a.n0 + key0 + 2 * t);
             uint32_t P[Tr::kNT][2], dS[Tr::kNT][2];
-            probs_and_grads<Tr, E>(p, rows, S[mt], dP[mt], P, dS);
+            if (unmasked)
+                probs_and_grads<Tr, E, true>(p, rows, S[mt], dP[mt], P, dS);
+            else
+                probs_and_grads<Tr, E, false>(p, rows, S[mt], dP[mt], P, dS);
             store_p_ds<Tr>(s_p, s_ds, row0 + mt * 16, key0, P, dS);
         }
     }
@@ -268,7 +292,7 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
         const int rg = warp % Tr::kQRowGroups, cg = warp / Tr::kQRowGroups;
         const int col0 = cg * Tr::kQCols;
         const uint32_t ds_row = s_ds + rg * Tr::kQMT * 16 * Tr::kPRowBytes;
-        accumulate_dq<Tr, E>(p, a, st.hq, st.m0 + rg * Tr::kQMT * 16 + g, col0, PT::lane_base_full(ds_row, lr_a, lb_a),
+        accumulate_dq<Tr, E>(p, a, st.hq, st.m0 + rg * Tr::kQMT * 16, col0, PT::lane_base_full(ds_row, lr_a, lb_a),
                              PT::lane_base_half(ds_row, lr_a, lb_a),
                              at_column<KT>(KT::lane_base_full(s_k, lr_a, lb_a), col0));
     }
@@ -413,7 +437,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) bwd_kernel(const
     const bool varlen = p.cu_q != nullptr;
     a.qg = static_cast<const uint16_t *>(p.q) + (varlen ? si.q_row0 * p.q_rs : a.b * p.q_bs);
     a.dog = static_cast<const uint16_t *>(p.dout) + (varlen ? si.q_row0 * p.do_rs : a.b * p.do_bs);
-    a.dqa = p.dq_accum;
     a.smem = cuda::smem_addr(smem);
     if (nb * Tr::kBN < si.sk) bwd_key_block<Tr, E>(p, a, kvh, nb);
 }

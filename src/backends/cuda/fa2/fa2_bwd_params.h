@@ -36,11 +36,15 @@ struct BwdParams : BwdTensorArgs {
 //             one CTA per SM, 255 registers; half the dQ reductions per FLOP of 64 x 64); padded
 //             head dim 256: 64 x 64 / 8 warps with 32 keys x 64 columns for dK/dV and 32 rows x
 //             64 columns for dQ (6 ldmatrix.x4 per 16 mma where 16 x 128 loads 9; 208 KB).
-//             Elsewhere 64 x 64 / 8 warps, double-buffered, 16-row warp tiles (head dim <= 64:
-//             65 KB, two CTAs per SM, where 64 x 128 at one CTA per SM lost 5-8 %).
+//             Head dim <= 64 (stop 21): 128 x 128 / 8 warps, FlashAttention-2's H100 tile, 32 x 64
+//             score warp tiles, 32 keys x half the head dim for dK/dV, 32 rows x half for dQ (164
+//             KB, one CTA per SM, 255 registers; a quarter of 64 x 64's dQ reductions per FLOP).
+//             Elsewhere 64 x 64 / 8 warps, double-buffered, 16-row warp tiles.
 //   fallback  compiled where the main tile needs more than the 99 KB per block of sm_86 / sm_89:
-//             single-buffered 64 x 64 / 8 warps up to head dim 128, 32 x 32 / 4 warps above (also
-//             sm_80's tile at head dim 224 / 256)
+//             at head dim <= 64 the main tile before stop 21 (64 x 64 / 8 warps, double-buffered,
+//             65 KB, two CTAs per SM; also sm_80's: 164 KB is 1 KB over its opt-in), single-buffered
+//             64 x 64 / 8 warps up to head dim 128, 32 x 32 / 4 warps above (also sm_80's tile at
+//             head dim 224 / 256)
 // finalize picks the main tile when the device's opt-in holds it (sm_80's 163 KB holds d128's),
 // else the fallback. (e44c4a7 ran 64 x 128 at head dim 64 with 16-row warp tiles, one CTA per SM,
 // 228 registers: 120-151 TFLOP/s on the H200 where 64 x 64 with two CTAs per SM ran 146-173.)
@@ -50,12 +54,13 @@ struct BwdTile {
 };
 constexpr int bwd_padded_dim(int kd) { return (kd + 63) / 64 * 64; }
 constexpr BwdTile bwd_tile_main(int kd) {
-    return kd > 64 && kd <= 128          ? BwdTile{64, 128, 8, 2, 2, 2, 2}
+    return kd <= 64                    ? BwdTile{128, 128, 8, 2, 2, 2, 2}
+           : kd <= 128                 ? BwdTile{64, 128, 8, 2, 2, 2, 2}
            : bwd_padded_dim(kd) == 256 ? BwdTile{64, 64, 8, 2, 1, 2, 2}
                                        : BwdTile{64, 64, 8, 2};
 }
 constexpr BwdTile bwd_tile_fallback(int kd) {
-    return kd <= 128 ? BwdTile{64, 64, 8, 1} : BwdTile{32, 32, 4, 1};
+    return kd <= 64 ? BwdTile{64, 64, 8, 2} : kd <= 128 ? BwdTile{64, 64, 8, 1} : BwdTile{32, 32, 4, 1};
 }
 // K, V [bn x padded dim], stages x (Q, dO) [bm x padded dim], P and dS [bm x bn], all 16-bit,
 // then stages x (LSE, row_dot) [bm] fp32.

@@ -24,7 +24,10 @@ struct BwdTensorArgs : TensorArgs {
     int64_t dv_bs = 0, dv_rs = 0, dv_hs = 0;
 
     float *row_dot = nullptr;   // workspace: [heads_q][total_rows] fp32, D_i = dO_i . O_i
-    float *dq_accum = nullptr;  // workspace: [heads_q][total_rows][head_dim] fp32
+    float *dq_accum = nullptr;  // workspace: fp32, [heads_q][total_rows][head_dim] or (dq_frag) the
+                                // fragment layout of device/dq_accum.cuh
+    int64_t dq_rows = 0;        // the accumulator's rows per query head (total_rows when row-major)
+    int32_t dq_frag = 0;        // 1: the accumulator in mma fragment order (FA2; device/dq_accum.cuh)
     int32_t *dq_sem = nullptr;  // deterministic: [batch][heads_q][sem_blocks] zeroed counters that
                                 // order the dQ adds of one query block (key blocks ascending)
     int32_t sem_blocks = 0;     // query blocks of the longest sequence (the generation's block rows)
@@ -37,7 +40,8 @@ struct BwdTensorArgs : TensorArgs {
 // The backward's workspace slices (indices into the plan's WorkspaceLayout, -1 when absent), as
 // decided at finalize. Every generation's BwdPlan extends it.
 struct BwdSlices {
-    int dq_accum = -1;   // [heads_q][rows][head_dim] fp32 dQ accumulator
+    int dq_accum = -1;   // fp32 dQ accumulator: [heads_q][rows][head_dim], or dq_frag's layout
+    bool dq_frag = false;  // the accumulator in mma fragment order (device/dq_accum.cuh)
     int row_dot = -1;    // [heads_q][rows] fp32 dO.O row sums (rows: batch*seqlen_q, or total_q)
     int dq_sem = -1;     // deterministic: [batch][heads_q][sem_blocks] int32 dQ order counters
     int sem_blocks = 0;  // query blocks of the longest sequence (deterministic)
@@ -49,9 +53,13 @@ struct BwdSliceNames {
 };
 
 // Adds the slices to `ws` (the order counters only in deterministic mode, one per query block of
-// `query_blocks` per sequence and query head) and returns their indices.
+// `query_blocks` per sequence and query head; the dQ accumulator in fragment order when dq_frag)
+// and returns their indices.
 BwdSlices add_backward_slices(const Problem &p, int64_t query_blocks, const BwdSliceNames &names,
-                              WorkspaceLayout *ws);
+                              WorkspaceLayout *ws, bool dq_frag = false);
+
+// Rows per query head of the fragment-layout accumulator (device/dq_accum.cuh's dq_frag_row0 bound).
+int64_t dq_frag_rows(const Problem &p);
 
 // TensorArgs of the call, then the gradients with their strides, the workspace slices' addresses,
 // the scale and the mode. The generation's own fields are left to the caller.
