@@ -101,12 +101,14 @@ int forced_splits(const Problem &p, const Variant &pl) {
 }
 
 // The fewest splits whose wave efficiency (CTAs over the resident slots of the waves they take,
-// at min_blocks CTAs per SM) is within `keep` of the best. A contiguous walk reaches DRAM's rate
-// below full residency, so fewer, longer splits win (keep 0.85: 29 at b 1 on 132 SMs, 4 at b 8).
-// The sm_90 paged TMA walk (paged_tma) does not: its rate is its CTAs' (~16 GB/s each at d 128,
-// the same at b 1 and b 8), so it takes the split count that fills the slots (keep 0.95: 32 at
-// b 1, still 4 at b 8); docs/kernel-notes.md, "Decode speed", seventh pass.
-int choose_splits(const Problem &p, const Variant &pl, int sm_count, bool paged_tma) {
+// at min_blocks CTAs per SM) is within `keep` of the best: 0.85 in general (fewer, longer splits
+// cost less in the combine), 0.95 for the decode tiles (32 splits at b 1 on 132 SMs, 4 at b 8).
+// The sm_90 paged TMA walk's rate is its CTAs' (~16 GB/s each at d 128, alike at b 1 and b 8), so
+// it wants every slot filled (32 splits: 1.04-1.08x 29 at b 1); the contiguous decode reaches
+// DRAM's rate either way (29 or 32: within 1 %), and paged and contiguous plans of one shape must
+// split alike for their results to stay bitwise equal (test_serving). docs/kernel-notes.md,
+// "Decode speed", seventh pass.
+int choose_splits(const Problem &p, const Variant &pl, int sm_count) {
     if (p.num_splits > 0) return forced_splits(p, pl);
     if (sm_count <= 0) return 1;
     const int64_t m_blocks = (p.seqlen_q * pl.pack + pl.cfg.block_m - 1) / pl.cfg.block_m;
@@ -125,7 +127,7 @@ int choose_splits(const Problem &p, const Variant &pl, int sm_count, bool paged_
     };
     double best = 0.0;
     for (int64_t s = 1; s <= max_splits; ++s) best = std::max(best, efficiency(s));
-    const double keep = paged_tma ? 0.95 : 0.85;
+    const double keep = fa2::is_decode_tile(pl.cfg) ? 0.95 : 0.85;
     for (int64_t s = 1; s <= max_splits; ++s)
         if (efficiency(s) >= keep * best) return static_cast<int>(s);
     return 1;
@@ -187,9 +189,9 @@ flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     auto plan = std::make_unique<Fa2Plan>();
     plan->variant = variant_for(p, dev.smem_per_block_optin);
     plan->launch = compiled_for(plan->variant.cfg.head_dim).launch;  // a small tile may be a wider head dim
+    plan->num_splits = choose_splits(p, plan->variant, dev.sm_count);
     plan->pdl = dev.cc_major >= 9;
     plan->paged_tma = paged_tma_plan(p, dev, plan->variant);
-    plan->num_splits = choose_splits(p, plan->variant, dev.sm_count, plan->paged_tma);
     if (plan->num_splits > 1) add_split_slices(p, plan.get());
     if (p.serving.rotary_dim > 0)
         plan->rotated_q = plan->workspace.add("fa2 rotated queries", rotated_q_bytes(p));
