@@ -3,7 +3,8 @@
 # change that touches only the host's choice of splits (fa2_backend.cpp, choose_splits): the
 # kernels are the base's, so the base's plan is this library with FLASHATTN_I64_NUM_SPLITS forced
 # to the base's choice (29 at b 1 on 132 SMs; b 8 and b 64 choose as before) and no second build
-# is needed. Builds this tree (FA2 on sm_90), runs test_serving_fa2 (and its gather run),
+# is needed (BASE_SPLITS: the base's count at b 1 on the device, 29 on an H200). Builds this
+# tree (FA2 on sm_90), runs test_serving_fa2 (and its gather run),
 # test_exec_contract, test_fa2_sass and compute-sanitizer memcheck / racecheck / synccheck of
 # test_serving_fa2's reduced grid while flashattn-bench builds, then times decode steps
 # (flashattn-bench --decode, 32 / 8 heads, bf16, d 128): pages of 16 (shuffled) with the new
@@ -55,7 +56,7 @@ for conf in "16 33" "0 32" "16 24" "0 33" "16 40" "0 24" "16 48" "16 64"; do  # 
   run_one sweep-p$1-s$2 $1 $2 1 || break
 done
 
-python3 - "$out/bench" > "$out/paged-splits.md" <<'PY'
+python3 - "$out/bench" "$base_splits" > "$out/paged-splits.md" <<'PY'
 import collections, glob, os, re, statistics, sys
 cells = collections.defaultdict(list)  # (name, b, sk) -> [µs]
 for f in glob.glob(os.path.join(sys.argv[1], "*.txt")):
@@ -74,7 +75,7 @@ for b in (1, 8, 64):
         row = [f"{f(med.get((n, b, sk)))} ({len(cells.get((n, b, sk), []))})" for n in names]
         c = med.get(("contig-p0-s0", b, sk))
         q = lambda n: "-" if c is None or med.get((n, b, sk)) is None else f"{c / med[(n, b, sk)]:.3f}"
-        print(f"| {b} | {sk} | " + " | ".join(row) + f" | {q('new-p16-s0')} | {q('base-p16-s29')} |")
+        print(f"| {b} | {sk} | " + " | ".join(row) + f" | {q('new-p16-s0')} | {q('base-p16-s' + sys.argv[2])} |")
 PY
 cat "$out/paged-splits.md"
 echo
