@@ -1362,6 +1362,7 @@ void run_decode(Gpu &g, const Options &opt, const std::vector<flashattn_backend_
     rep.line(rule);
 
     uint64_t seed = 1000003;
+    std::vector<std::string> split_counts;  // the plans' FLASHATTN_I64_NUM_SPLITS, listed after the table
     auto pick = [](const std::vector<int64_t> &chosen, std::vector<int64_t> dflt) { return chosen.empty() ? dflt : chosen; };
     for (int64_t hkv : pick(opt.decode_kv_heads, {8, 32})) {
         for (int64_t b : pick(opt.decode_batches, {1, 8, 32})) {
@@ -1370,6 +1371,17 @@ void run_decode(Gpu &g, const Options &opt, const std::vector<flashattn_backend_
                 if (hq % hkv != 0 || (page > 0 && sk % page != 0)) continue;
                 Problem p{b, 1, sk, hq, hkv, d, dt, false, page, opt.num_splits, opt.append_rotary};
                 p.seqused = opt.seqused_k;
+                for (auto be : gens) {
+                    flashattn_plan_t *probe = nullptr;
+                    size_t probe_ws = 0;
+                    std::string probe_why;
+                    int64_t splits = 0;
+                    if (make_plan(be, p, opt.device, &probe, &probe_ws, &probe_why) == FLASHATTN_SUCCESS &&
+                        flashattn_plan_get_i64(probe, FLASHATTN_I64_NUM_SPLITS, &splits) == FLASHATTN_SUCCESS)
+                        split_counts.push_back(format("%s b %lld / %lld keys: %lld", gen_name(be), static_cast<long long>(b),
+                                                      static_cast<long long>(sk), static_cast<long long>(splits)));
+                    flashattn_plan_destroy(probe);
+                }
                 const size_t kv_elems = static_cast<size_t>(b * sk * hkv * d);
                 const size_t kv_bytes = 2 * kv_elems * 2;
                 const std::string where = format("decode b %lld h %lld/%lld sk %lld", static_cast<long long>(b),
@@ -1489,6 +1501,12 @@ void run_decode(Gpu &g, const Options &opt, const std::vector<flashattn_backend_
         }
     }
     rep.line("");
+    if (!split_counts.empty()) {
+        std::string line = "Split-KV counts of the plans (FLASHATTN_I64_NUM_SPLITS after finalize):";
+        for (size_t i = 0; i < split_counts.size(); ++i) line += (i ? "; " : " ") + split_counts[i];
+        rep.line(line + ".");
+        rep.line("");
+    }
     print_notes(rep, notes);
     all_notes.failed = all_notes.failed || notes.failed;
 }

@@ -100,6 +100,15 @@ int forced_splits(const Problem &p, const Variant &pl) {
     return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(p.num_splits, limit)));
 }
 
+// The fewest splits whose wave efficiency (CTAs over the resident slots of the waves they take,
+// at min_blocks CTAs per SM) is within 85 % of the best: fewer, longer splits cost less in the
+// combine (29 at b 1 on 132 SMs, 4 at b 8). The decode tiles first take the fewest splits that
+// fill one wave to 95 % of the best, when there are such (32 at b 1, still 4 at b 8): the sm_90
+// paged TMA walk's rate is its CTAs' (~16 GB/s each at d 128, alike at b 1 and b 8), so it wants
+// every slot of the wave (32 splits: 1.04-1.08x 29 at b 1), while the contiguous decode reaches
+// DRAM's rate either way (29 or 32: within 1 %). Paged and contiguous plans of one shape must split
+// alike for their results to stay bitwise equal (test_serving), so the rule does not look at
+// pages. docs/kernel-notes.md, "Decode speed", seventh pass.
 int choose_splits(const Problem &p, const Variant &pl, int sm_count) {
     if (p.num_splits > 0) return forced_splits(p, pl);
     if (sm_count <= 0) return 1;
@@ -119,6 +128,9 @@ int choose_splits(const Problem &p, const Variant &pl, int sm_count) {
     };
     double best = 0.0;
     for (int64_t s = 1; s <= max_splits; ++s) best = std::max(best, efficiency(s));
+    if (fa2::is_decode_tile(pl.cfg))
+        for (int64_t s = 1; s <= max_splits && base * s <= slots; ++s)
+            if (efficiency(s) >= 0.95 * best) return static_cast<int>(s);
     for (int64_t s = 1; s <= max_splits; ++s)
         if (efficiency(s) >= 0.85 * best) return static_cast<int>(s);
     return 1;
