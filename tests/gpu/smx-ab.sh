@@ -14,9 +14,10 @@
 #   mkdir -p base/backends/cuda/device base/backends/cuda/fa3   # untracked
 #   git show fd7a472:src/backends/cuda/device/online_softmax.cuh > base/backends/cuda/device/online_softmax.cuh
 #   git show fd7a472:src/backends/cuda/fa3/fa3_fp8_kernel.cuh > base/backends/cuda/fa3/fa3_fp8_kernel.cuh
-#   BASE_HDR=$PWD/base OUT=$OUT timeout 178 bash tests/gpu/smx-ab.sh
+#   BASE_HDR=$PWD/base OUT=$OUT timeout 176 bash tests/gpu/smx-ab.sh
 #
-# Env: ROUNDS (3), AB_SEQLEN (512,1024,2048,8192), FP8_DIMS (64,128), GATE_LIMIT (seconds, 50).
+# Env: ROUNDS (3), AB_SEQLEN (512,1024,2048,8192), FP8_DIMS (64,128), GATE_LIMIT (seconds, 90: the SASS tests, cuobjdump of the whole library, outlast 45),
+# CALL_LIMIT (172), FP8_RESERVE (40).
 set -uo pipefail
 root=$PWD
 out=${OUT:-/tmp/smx-out}
@@ -29,7 +30,9 @@ stamp() { echo "$(( $(date +%s) - t_start ))s"; }
 note() { echo "== $1"; echo "$1" >> "$out/summary.txt"; }
 finish() {
   tar -czf "$out/logs.tgz" -C "$logs" . 2>/dev/null
-  echo; echo "==== bf16 A/B (A = base, B = tree)"; cat "$out/ab-libs.md" 2>/dev/null
+  echo; echo "==== bf16 A/B (A = base, B = tree)"
+  [ -s "$out/ab-libs.md" ] || grep -E '^\|' "$logs/ab-libs.log" > "$out/ab-libs.md" 2>/dev/null  # cut short: the rows so far
+  cat "$out/ab-libs.md" 2>/dev/null
   echo; echo "==== FP8 grid"; cat "$out/fp8.md" 2>/dev/null
   echo; echo "==== summary ($(stamp))"; cat "$out/summary.txt"
 }
@@ -68,7 +71,7 @@ note "tree build rc=$rc ($(stamp))"
 [ $rc = 0 ] || { tail -30 "$logs/build.log"; exit 1; }
 # The gate on the tree, started as soon as the tree is built (the GPU is idle while the base's
 # units still compile): ctest and the three sanitizers in parallel.
-lim=${GATE_LIMIT:-50}
+lim=${GATE_LIMIT:-90}
 FLASHATTN_TEST_REDUCED=1 timeout "$lim" ctest --test-dir "$build" --output-on-failure -j 4 --timeout "$lim" \
   -R "^(${GATE_TESTS})\$" > "$logs/ctest.log" 2>&1 &
 cpid=$!
@@ -106,12 +109,17 @@ for n in base tree; do
 done
 
 # The A/B: bf16 FA2 and FA3 in one process (A = base, B = tree), then the FP8 grid per library.
-PYTHONUNBUFFERED=1 timeout 80 python3 bench/ab_libs.py --a /tmp/smx-lib-base.so --b /tmp/smx-lib-tree.so \
+# (CALL_LIMIT: seconds the whole script may take; the bf16 A/B leaves FP8_RESERVE of them to the FP8
+# grid, and an FP8 round starts only with 12 s left.)
+left() { echo $(( ${CALL_LIMIT:-172} - ($(date +%s) - t_start) )); }
+ab_limit=$(( $(left) - ${FP8_RESERVE:-40} )); [ $ab_limit -gt 90 ] && ab_limit=90; [ $ab_limit -lt 20 ] && ab_limit=20
+PYTHONUNBUFFERED=1 timeout $ab_limit python3 bench/ab_libs.py --a /tmp/smx-lib-base.so --b /tmp/smx-lib-tree.so \
   --gens fa3,fa2 --hdim 64,128,256 --seqlen "${AB_SEQLEN:-512,1024,2048,8192}" --rounds "${ROUNDS:-3}" \
   --markdown "$out/ab-libs.md" > "$logs/ab-libs.log" 2>&1
 note "ab_libs rc=$? ($(stamp)): $(grep -E '^- ' "$out/ab-libs.md" 2>/dev/null | paste -sd ' ')"
 acc="$build/bench/flashattn-fp8-accuracy"
 for r in $(seq 1 "${ROUNDS:-3}"); do
+  [ "$(left)" -lt 12 ] && { note "fp8 round $r not started: time"; break; }
   order="base tree"; [ $((r % 2)) = 0 ] && order="tree base"
   for n in $order; do on_lib "$n" timeout 30 "$acc" --speed-grid "${FP8_DIMS:-64,128}" > "$logs/fp8-$n-$r.md" 2>&1; done
 done
