@@ -103,60 +103,6 @@ __device__ __forceinline__ void alibi_scores_one_side(float (&S)[kNT][4], const 
     }
 }
 
-// Short dependency chains for the row reductions. A thread reduces its 2*kNT scores of a row half
-// (kNT = 16 at FA3's 128-key tiles, 32 at FP8's 256): one running max or sum over them is a chain
-// of 2*kNT dependent FMNMX / FADD, and the consumers of FA3 are bound by such fixed-latency waits
-// (ncu, stop 21). kRowChains independent partial results, tile nt feeding chain nt % kRowChains,
-// combined by a balanced tree at the end, cut the chain to kNT / kRowChains + log2(kRowChains)
-// steps for kRowChains - 1 extra registers per row half. The max is exact in any order (fmaxf
-// drops a NaN in any order alike; only the sign of a zero maximum may differ, which gives the same
-// P), so the row max is bit-identical; the sum's rounding differs from the serial order's by a
-// few ulp of fp32 (well inside the tests' FlashAttention tolerances).
-constexpr int kRowChains = 4;
-
-template <int kN>
-__device__ __forceinline__ float tree_max(float (&v)[kN]) {
-#pragma unroll
-    for (int w = 1; w < kN; w *= 2)
-#pragma unroll
-        for (int i = 0; i + w < kN; i += 2 * w) v[i] = fmaxf(v[i], v[i + w]);
-    return v[0];
-}
-
-template <int kN>
-__device__ __forceinline__ float tree_sum(float (&v)[kN]) {
-#pragma unroll
-    for (int w = 1; w < kN; w *= 2)
-#pragma unroll
-        for (int i = 0; i + w < kN; i += 2 * w) v[i] += v[i + w];
-    return v[0];
-}
-
-// The max of this thread's scores of row half h and of init (-inf for none).
-template <int kNT>
-__device__ __forceinline__ float thread_row_max(const float (&S)[kNT][4], int h, float init) {
-    constexpr int kC = kNT < kRowChains ? kNT : kRowChains;
-    float m[kC];
-#pragma unroll
-    for (int c = 0; c < kC; ++c) m[c] = fmaxf(S[c][2 * h], S[c][2 * h + 1]);
-#pragma unroll
-    for (int nt = kC; nt < kNT; ++nt) m[nt % kC] = fmaxf(m[nt % kC], fmaxf(S[nt][2 * h], S[nt][2 * h + 1]));
-    return fmaxf(init, tree_max(m));
-}
-
-// Partial row sums: add(nt, x) adds tile nt's values to chain nt % kC; total() combines them.
-template <int kNT>
-struct RowSum {
-    static constexpr int kC = kNT < kRowChains ? kNT : kRowChains;
-    float s[kC];
-    __device__ __forceinline__ RowSum() {
-#pragma unroll
-        for (int c = 0; c < kC; ++c) s[c] = 0.f;
-    }
-    __device__ __forceinline__ void add(int nt, float x) { s[nt % kC] += x; }
-    __device__ __forceinline__ float total() { return tree_sum(s); }
-};
-
 // One online-softmax step: the new running max per row, alpha = exp2((m_old - m_new) * sl2) for
 // the caller's rescale of O, P = exp2(S*sl2 - m_new*sl2) packed to 16 bits as m16k16 A fragments
 // (n8 tiles 2k and 2k+1 form fragment k: no data movement), and the running sums. A row with
@@ -171,7 +117,9 @@ __device__ __forceinline__ void softmax_step_impl(float (&S)[kNT][4], float (&ro
                                                   const float (&shift)[2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        float mx = thread_row_max(S, h, kShift ? -INFINITY : row_max[h]);
+        float mx = kShift ? -INFINITY : row_max[h];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(S[nt][2 * h], S[nt][2 * h + 1]));
         // Each thread's shift is its own (its columns start at 2t): into the row's frame before
         // the quad's reduction.
         if constexpr (kShift) mx = fmaxf(row_max[h], mx + shift[h]);
@@ -181,16 +129,16 @@ __device__ __forceinline__ void softmax_step_impl(float (&S)[kNT][4], float (&ro
         alpha[h] = fast_exp2(row_max[h] * sl2 - ms);
         row_max[h] = mx;
         const float bias = kShift ? fmaf(shift[h], sl2, -ms) : -ms;
-        RowSum<kNT> rs;
+        float rs = 0.f;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
             const float p0 = fast_exp2(fmaf(S[nt][2 * h], sl2, bias));
             const float p1 = fast_exp2(fmaf(S[nt][2 * h + 1], sl2, bias));
-            rs.add(nt, p0 + p1);
+            rs += p0 + p1;
             // n8 tile nt, row half h -> fragment nt/2, register h + 2*(nt%2)
             P[nt >> 1][h + 2 * (nt & 1)] = pack2<E>(p0, p1);
         }
-        row_sum[h] = fmaf(row_sum[h], alpha[h], rs.total());
+        row_sum[h] = fmaf(row_sum[h], alpha[h], rs);
     }
 }
 

@@ -424,7 +424,9 @@ __device__ __forceinline__ void softmax_exp_fp8(float (&S)[kNT][4], float (&row_
                                                 float sl2, float (&alpha)[2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        float mx = cuda::thread_row_max(S, h, row_max[h]);  // kRowChains short chains
+        float mx = row_max[h];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(S[nt][2 * h], S[nt][2 * h + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float ms = mx == -INFINITY ? 0.f : mx * sl2;
@@ -432,16 +434,16 @@ __device__ __forceinline__ void softmax_exp_fp8(float (&S)[kNT][4], float (&row_
         alpha[h] = row_max[h] == -INFINITY ? 0.f : cuda::fast_exp2(row_max[h] * sl2 - ms);
         row_max[h] = mx;
         const float offset = kPScaleLog2 - ms;
-        cuda::RowSum<kNT> rs;
+        float rs = 0.f;
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-            const float p0 = cuda::fast_exp2(fmaf(S[nt][2 * h], sl2, offset));
-            const float p1 = cuda::fast_exp2(fmaf(S[nt][2 * h + 1], sl2, offset));
-            rs.add(nt, p0 + p1);
-            S[nt][2 * h] = p0;
-            S[nt][2 * h + 1] = p1;
-        }
-        row_sum[h] = fmaf(row_sum[h], alpha[h], rs.total());
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float pv = cuda::fast_exp2(fmaf(S[nt][2 * h + e], sl2, offset));
+                rs += pv;
+                S[nt][2 * h + e] = pv;
+            }
+        row_sum[h] = fmaf(row_sum[h], alpha[h], rs);
     }
 }
 
