@@ -4,20 +4,22 @@
 # The tree builds once (FA2 and FA3, sm_90 / sm_90a); the forward units the A/B times (FA2 and FA3
 # bf16 at head dims 64 / 128 / 256, FP8 at 64 / 128) compile a second time in parallel with the
 # base headers in front on the include path (BASE_HDR, a directory laid out as src/) and replace
-# the tree's objects in a copy of the library: the base. Then, in this order: the gate on the tree while the base's units compile (ctest with FLASHATTN_TEST_REDUCED=1:
-# test_numerics_fa3 (+ 3 CTAs), test_numerics_fa2, test_fp8_fa3, test_variants_fa3 / fa2,
-# test_fa3_sass, test_fa2_sass; compute-sanitizer memcheck / racecheck / synccheck of
-# test_numerics_fa3's reduced grid on 3 CTAs), registers / stack of both forms' kernels
-# (cuobjdump), then the A/B (bench/ab_libs.py, FA3 and FA2 bf16, rounds alternated in one process;
-# flashattn-fp8-accuracy --speed-grid per library, rounds alternated). Summary last; logs tarred into $OUT/logs.tgz.
+# the tree's objects in a copy of the library: the base. Then, in this order: the gate on the tree
+# while the base's units compile (ctest with FLASHATTN_TEST_REDUCED=1: test_numerics_fa3 (+ 3
+# CTAs), test_numerics_fa2, test_fp8_fa3, test_variants_fa3 / fa2, test_fa3_sass, test_fa2_sass;
+# compute-sanitizer memcheck / racecheck / synccheck of test_numerics_fa3's reduced grid on 3
+# CTAs), registers / stack of both forms' kernels (cuobjdump), then the A/B (bench/ab_libs.py, FA3
+# and FA2 bf16, rounds alternated in one process; flashattn-fp8-accuracy --speed-grid per
+# library, rounds alternated, tabled by fp8_grid_table.py). Summary last; logs in $OUT/logs.tgz.
 #
 #   mkdir -p base/backends/cuda/device base/backends/cuda/fa3   # untracked
 #   git show fd7a472:src/backends/cuda/device/online_softmax.cuh > base/backends/cuda/device/online_softmax.cuh
 #   git show fd7a472:src/backends/cuda/fa3/fa3_fp8_kernel.cuh > base/backends/cuda/fa3/fa3_fp8_kernel.cuh
 #   BASE_HDR=$PWD/base OUT=$OUT timeout 176 bash tests/gpu/smx-ab.sh
 #
-# Env: ROUNDS (3), AB_SEQLEN (512,1024,2048,8192), FP8_DIMS (64,128), GATE_LIMIT (seconds, 90: the SASS tests, cuobjdump of the whole library, outlast 45),
-# CALL_LIMIT (172), FP8_RESERVE (40).
+# Env: ROUNDS (3), AB_SEQLEN (512,1024,2048,8192), FP8_DIMS (64,128), GATE_LIMIT (seconds, 90:
+# the SASS tests, cuobjdump of the whole library, did not finish in 45), CALL_LIMIT (172),
+# FP8_RESERVE (40). Stop 21's call (docs/performance.md, "stop 21, smx") ran 045c571's form of it.
 set -uo pipefail
 root=$PWD
 out=${OUT:-/tmp/smx-out}
@@ -121,36 +123,8 @@ acc="$build/bench/flashattn-fp8-accuracy"
 for r in $(seq 1 "${ROUNDS:-3}"); do
   [ "$(left)" -lt 12 ] && { note "fp8 round $r not started: time"; break; }
   order="base tree"; [ $((r % 2)) = 0 ] && order="tree base"
-  for n in $order; do on_lib "$n" timeout 30 "$acc" --speed-grid "${FP8_DIMS:-64,128}" > "$logs/fp8-$n-$r.md" 2>&1; done
+  for n in $order; do on_lib "$n" timeout 30 "$acc" --speed-grid "${FP8_DIMS:-64,128}" > "$logs/grid-$n-$r.md" 2>&1; done
 done
 note "fp8 grid done ($(stamp))"
-python3 - "$logs" "${ROUNDS:-3}" > "$out/fp8.md" <<'PY'
-import os, statistics, sys
-d, rounds = sys.argv[1], int(sys.argv[2])
-cells, order = {}, []
-for n in ("base", "tree"):
-    for r in range(1, rounds + 1):
-        p = os.path.join(d, f"fp8-{n}-{r}.md")
-        if not os.path.exists(p): continue
-        for line in open(p):
-            c = [x.strip() for x in line.strip().strip("|").split("|")]
-            if len(c) != 7 or not c[0].isdigit(): continue
-            key = (c[0], c[1], c[2])
-            if key not in cells: cells[key] = {}; order.append(key)
-            cells[key].setdefault(n, []).append((float(c[4]), float(c[5])))
-print("| dim | causal | seqlen | bf16 base | bf16 tree | FP8 base (runs) | FP8 tree (runs) | bf16 tree/base | FP8 tree/base |")
-print("|---|---|---|---|---|---|---|---|---|")
-rat = {"bf16": [], "fp8": []}
-for key in order:
-    row = cells[key]
-    if "base" not in row or "tree" not in row: continue
-    m = {n: (statistics.median(b for b, _ in row[n]), statistics.median(f for _, f in row[n])) for n in row}
-    rb, rf = m["tree"][0] / m["base"][0], m["tree"][1] / m["base"][1]
-    rat["bf16"].append(rb); rat["fp8"].append(rf)
-    runs = {n: " ".join(f"{f:.0f}" for _, f in row[n]) for n in row}
-    print(f"| {' | '.join(key)} | {m['base'][0]:.0f} | {m['tree'][0]:.0f} | {m['base'][1]:.0f} ({runs['base']}) | "
-          f"{m['tree'][1]:.0f} ({runs['tree']}) | {rb:.3f} | {rf:.3f} |")
-for k, v in rat.items():
-    if v: print(f"\n- {k} tree/base: mean {statistics.mean(v):.3f}, lowest {min(v):.3f}, over {len(v)} cells")
-PY
+python3 "$root/tests/gpu/fp8_grid_table.py" "$logs" "${ROUNDS:-3}" base tree --bf16-ratios --means > "$out/fp8.md"
 
