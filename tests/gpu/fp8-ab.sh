@@ -137,30 +137,7 @@ note "quick tests done ($(stamp))"
 
 acc="$build/bench/flashattn-fp8-accuracy"
 summarize() {  # the medians so far into speed.md (after every round: the call may be cut short)
-python3 - "$out" "${rounds}" "${ok[@]}" > "$out/speed.md" <<'PY'
-import os, statistics, sys
-out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-cells, order = {}, []
-for n in names:
-    for r in range(1, rounds + 1):
-        p = os.path.join(out, f"grid-{n}-{r}.md")
-        if not os.path.exists(p): continue
-        for line in open(p):
-            c = [x.strip() for x in line.strip().strip("|").split("|")]
-            if len(c) != 7 or not c[0].isdigit(): continue
-            key = (c[0], c[1], c[2])
-            if key not in cells: cells[key] = {}; order.append(key)
-            cells[key].setdefault(n, []).append((float(c[4]), float(c[5])))
-print("| dim | causal | seqlen | " + " | ".join(f"{n} bf16 / FP8 (runs)" for n in names) + " | " +
-      " | ".join(f"{n}/{names[0]}" for n in names[1:]) + " |")
-print("|" + "---|" * (3 + 2 * len(names) - 1))
-for key in order:
-    row = cells[key]
-    med = {n: (statistics.median(b for b, _ in row[n]), statistics.median(f for _, f in row[n])) for n in row}
-    cols = [f"{med[n][0]:.0f} / **{med[n][1]:.0f}** ({' '.join(f'{f:.0f}' for _, f in row[n])})" if n in med else "-" for n in names]
-    rat = [f"{med[n][1] / med[names[0]][1]:.3f}" if n in med and names[0] in med else "-" for n in names[1:]]
-    print("| " + " | ".join(list(key) + cols + rat) + " |")
-PY
+python3 "$(dirname "$0")/fp8_grid_table.py" "$out" "${rounds}" "${ok[@]}" > "$out/speed.md"
 }
 speed_round() {
   local n
