@@ -82,7 +82,7 @@ ncu_step() {  # this tree's paged step (b 8, 32k, d 128, pages of 16), between t
   note "ncu new rc=$?"
 }
 if [ $rn = 0 ]; then
-  bench_round 1 $(( deadline - 60 ))
+  bench_round 1 $(( deadline - ${PAGED_AB_R2:-60} ))  # round 2 gets the last PAGED_AB_R2 seconds
   ncu_step
   bench_round 2 "$deadline"
 fi
