@@ -226,16 +226,13 @@ constexpr int kTmaStages = 3;
 template <class Tr>
 constexpr int kSmemTmaBytes = Tr::kSmemBytes + 2 * (kTmaStages - Tr::kStages) * Tr::kKVBytes;
 
-// The 9 barriers: K and V of stage 0, 1, 2 full (the buffers in shared memory order; the TMA's
-// transaction count completes them), then each stage's "empty" barrier (kv_tma_empty: every
-// thread arrives once it is done with the stage's K and V; the issuing thread alone waits on it
-// before refilling the stage). Only the kPagedTma kernels reference them.
+// The 6 barriers: K and V of stage 0, 1, 2 (the buffers in shared memory order). Only the
+// kPagedTma kernels reference them.
 __device__ __forceinline__ uint64_t *kv_tma_bars() {
-    __shared__ __align__(8) uint64_t bars[3 * kTmaStages];
+    __shared__ __align__(8) uint64_t bars[2 * kTmaStages];
     return bars;
 }
 __device__ __forceinline__ uint32_t kv_tma_bar(int idx) { return cuda::smem_addr(kv_tma_bars() + idx); }
-__device__ __forceinline__ uint32_t kv_tma_empty(int stage) { return kv_tma_bar(2 * kTmaStages + stage); }
 
 // Whether this CTA loads K/V by TMA: the host's choice (sm_90 only) and a 1024-byte aligned K/V
 // area (the swizzle follows the absolute address; static shared memory comes before the dynamic).
@@ -269,17 +266,12 @@ __device__ __forceinline__ void paged_tma_prefetch(const Params &p, const void *
     (void)maps;
 }
 
-// Before the first tile's boxes (kv_tma_first_tiles' barrier publishes them). The empty
-// barriers count one arrival per thread (a lane-0 arrival after __syncwarp is what racecheck
-// flags: the project's lesson), the full ones the issuing thread's arrive.expect_tx.
-template <class Tr>
+// Before the first tile's boxes (kv_tma_first_tiles' barrier publishes them).
 __device__ __forceinline__ void kv_tma_init(int tid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (tid == 0) {
 #pragma unroll
         for (int i = 0; i < 2 * kTmaStages; ++i) cuda::mbar_init(kv_tma_bars() + i, 1);
-#pragma unroll
-        for (int i = 0; i < kTmaStages; ++i) cuda::mbar_init(kv_tma_bars() + 2 * kTmaStages + i, Tr::kThreads);
         cuda::fence_mbar_init();
     }
 #else
@@ -339,19 +331,14 @@ __device__ __forceinline__ void kv_tma_stage_entries(const Params &p, const FwdL
 // The walk's it-th tile uses stage it % kTmaStages; its barriers' phase is it / kTmaStages.
 __device__ __forceinline__ int kv_tma_stage(int it) { return it % kTmaStages; }
 
-// At the walk's it-th tile nb, before its K wait: K and V of tile nb - 2 into the stage of tile
-// it - 1, once every thread has arrived on that stage's empty barrier (kv_tma_release; only the
-// issuing thread waits, the other warps go on to tile it's GEMMs; the first tile's refill goes to
-// the third stage, which nothing has used yet), and the page entries of tile nb - 3 staged for the
-// next call. The cp.async wait at the next tile (kv_tma_wait's caller) completes those entries.
+// At the walk's it-th tile nb, once every thread is past the barrier that follows its K wait (so
+// the stage of tile it - 1 is free): K and V of tile nb - 2 into that stage, and the page entries
+// of tile nb - 3 staged for the next call. The cp.async wait at the next tile (kv_tma_wait's
+// caller) completes those entries.
 template <class Tr>
 __device__ __forceinline__ void kv_tma_issue_ahead(const Params &p, const FwdLoopArgs &a, int nb, int it) {
     const int ahead = nb - (kTmaStages - 1);
     if (ahead < a.nb_first) return;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (a.tid == kTmaIssuer<Tr> && it > 0)
-        cuda::mbar_wait_s(kv_tma_empty(kv_tma_stage(it - 1)), static_cast<uint32_t>(((it - 1) / kTmaStages) & 1));
-#endif
     const uint32_t s = a.s_kv + static_cast<uint32_t>(kv_tma_stage(it + kTmaStages - 1)) * 2 * Tr::kKVBytes;
     load_paged_tma<Tr>(p, a, s, ahead * Tr::kBN);
     load_paged_tma<Tr>(p, a, s + Tr::kKVBytes, ahead * Tr::kBN);
@@ -359,10 +346,11 @@ __device__ __forceinline__ void kv_tma_issue_ahead(const Params &p, const FwdLoo
 }
 
 // The walk's it-th tile nb, its K (v = 0) or V (v = 1): wait for the buffer's barrier phase, then
-// zero the rows past the sequence's keys (only a sequence's last tile has any). Returns whether
-// rows were zeroed: a __syncthreads must then follow (each thread's own barrier wait already makes
-// the boxes' bytes visible to it; no block-wide barrier frees a stage: kv_tma_release). The
-// zeroing threads fence their generic writes against the TMA that refills the buffer later.
+// zero the rows past the sequence's keys (only a sequence's last tile has any). Returns whether a
+// __syncthreads must follow: always for K (the caller's barrier also frees the stage that
+// kv_tma_issue_ahead refills); for V only when rows were zeroed
+// (each thread's own barrier wait already makes the boxes' bytes visible to it). The zeroing
+// threads fence their generic writes against the TMA that refills the buffer later.
 template <class Tr>
 __device__ __forceinline__ bool kv_tma_wait(const FwdLoopArgs &a, int nb, int it, int v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -381,23 +369,12 @@ __device__ __forceinline__ bool kv_tma_wait(const FwdLoopArgs &a, int nb, int it
             cuda::fence_proxy_async_smem();
             return true;
         }
-        return false;
+        return v == 0;
     }
 #else
     (void)a; (void)nb; (void)it; (void)v;
 #endif
     return true;
-}
-
-// The walk's it-th tile: this thread is done with its stage's K and V (the end of fwd_key_tile:
-// its last reads, the P·V GEMM's, are behind it). The arrive releases them to the issuing thread,
-// which refills the stage (kv_tma_issue_ahead) after all kThreads arrivals.
-__device__ __forceinline__ void kv_tma_release(int it) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    cuda::mbar_arrive_s(kv_tma_empty(kv_tma_stage(it)));
-#else
-    (void)it;
-#endif
 }
 
 // cp.async K or V tile [n0, n0 + kBN) of this sequence (g: a.kg or a.vg; page_stride: k_bs or
@@ -486,7 +463,7 @@ template <class Tr>
 __device__ __forceinline__ void kv_tma_first_tiles(const Params &p, const FwdLoopArgs &a, int nb_last) {
     const int n0 = nb_last * Tr::kBN;
     if (n0 + Tr::kBN > a.sk - p.seqused_add) cuda::pdl_wait();
-    kv_tma_init<Tr>(a.tid);
+    kv_tma_init(a.tid);
     int first0, count0, first1 = 0, count1 = 0;
     tile_pages(p, nb_last, Tr::kBN, a.sk, first0, count0);
     if (nb_last > a.nb_first) tile_pages(p, nb_last - 1, Tr::kBN, a.sk, first1, count1);
@@ -598,13 +575,9 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
             if (a.kv_tma) {
                 st_off = kv_tma_stage(it) * 2 * Tr::kKVBytes;
                 cuda::cp_async_wait<0>();  // Q (first tile) and the entries kv_tma_issue_ahead reads
-                // The refill first: it waits only for the stage of tile it - 1 to be released
-                // (kv_tma_release), not for this tile's K to land.
+                kv_tma_wait<Tr>(a, nb, it, 0);
+                __syncthreads();  // ... for every thread; the stage of tile it - 1 is free
                 kv_tma_issue_ahead<Tr>(p, a, nb, it);
-                // Q (all threads' cp.async) and zeroed rows for every thread: the first tile
-                // only (the walk's first tile is the only partial one; no block-wide barrier
-                // frees a stage).
-                if (kv_tma_wait<Tr>(a, nb, it, 0) || it == 0) __syncthreads();
                 cuda::cp_async_commit();
                 cuda::cp_async_commit();
             } else {
@@ -701,9 +674,6 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
         wait_v_load_next_k<Tr, kPaged, kVariants>(p, a, a.s_kv, nb, next);
     }
     if (a.warp_active) gemm_pv<Tr, E, kSink>(O, P, a.v_f0 + st_off, a.v_h0 + st_off, sink_chunks);
-    if constexpr (kPagedTma<Tr, kPaged>) {
-        if (a.kv_tma) kv_tma_release(it);
-    }
 }
 
 // ALiBi (kVariants): the key tiles lo..hi that cross some row's diagonal (a row sees keys on both
