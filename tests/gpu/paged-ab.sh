@@ -10,7 +10,8 @@
 # over the bench's RUNPATH), alternated per configuration, the order flipped per round, while time
 # is left (AB_DEADLINE seconds from the start); between the rounds, if PAGED_AB_NCU=1 and time is
 # left, ncu of this tree's paged step (b 8, 32k, d 128); last, which kernels' SASS differs. The
-# summary (paged-ab.md) is printed last.
+# summary (paged-ab.md) is printed last. For a short call: PAGED_AB_DIMS="128" (head dims timed,
+# default "128 64"), PAGED_AB_INORDER=0 (no in-order table runs), PAGED_AB_SASS=0 (no SASS diff).
 #
 #   OUT=$OUT tests/gpu/paged-ab.sh /path/to/base/source
 set -uo pipefail
@@ -58,7 +59,9 @@ run_one() {  # round tag d page order(shuf|inorder) stop
 bench_round() {  # round stop: configurations by importance, libraries alternated
   local round=$1 stop=$2 a=base b=new
   [ $((round % 2)) = 0 ] && { a=new; b=base; }
-  for conf in "128 16" "128 0" "64 16" "64 0"; do
+  local confs=() dd
+  for dd in ${PAGED_AB_DIMS:-128 64}; do confs+=("$dd 16" "$dd 0"); done
+  for conf in "${confs[@]}"; do
     set -- $conf
     if [ $2 = 0 ]; then  # contiguous: the same kernels in both trees (checked by the SASS test): this tree's only
       run_one $round new $1 0 shuf $stop || return
@@ -67,7 +70,7 @@ bench_round() {  # round stop: configurations by importance, libraries alternate
       run_one $round $b $1 $2 shuf $stop || return
     fi
   done
-  run_one $round new 128 16 inorder $stop || return
+  if [ "${PAGED_AB_INORDER:-1}" = 1 ]; then run_one $round new 128 16 inorder $stop || return; fi
   note "bench round $round done"
 }
 ncu_step() {  # this tree's paged step (b 8, 32k, d 128, pages of 16), between the rounds
@@ -79,7 +82,7 @@ ncu_step() {  # this tree's paged step (b 8, 32k, d 128, pages of 16), between t
   note "ncu new rc=$?"
 }
 if [ $rn = 0 ]; then
-  bench_round 1 $(( deadline - 60 ))
+  bench_round 1 $(( deadline - ${PAGED_AB_R2:-60} ))  # round 2 gets the last PAGED_AB_R2 seconds
   ncu_step
   bench_round 2 "$deadline"
 fi
@@ -87,11 +90,12 @@ fi
 # Which kernels' SASS differs between the libraries (addresses, constants and branch labels
 # stripped; anonymous namespaces carry per-build names). Last: dumping both libraries takes ~60 s.
 for tag in base new; do
+  [ "${PAGED_AB_SASS:-1}" = 1 ] || break
   bld=$base_bld; [ $tag = new ] && bld=$new_bld
   [ -f $bld/src/libflashattn.so ] && cuobjdump -sass $bld/src/libflashattn.so 2>/dev/null \
     | sed -E 's@/\*[0-9a-f]{4}\*/@@; s@/\* 0x[0-9a-f]+ \*/@@; s@0x[0-9a-f]+@X@g; s@\.L_x_[0-9]+@L@g; s@_GLOBAL__N__[0-9a-f]+_@_GLOBAL__N__@g' > /tmp/pg-sass-$tag.txt
 done
-python3 - /tmp/pg-sass-base.txt /tmp/pg-sass-new.txt > "$out/sass-diff.txt" 2>&1 <<'PY'
+[ "${PAGED_AB_SASS:-1}" = 1 ] && python3 - /tmp/pg-sass-base.txt /tmp/pg-sass-new.txt > "$out/sass-diff.txt" 2>&1 <<'PY'
 import re, sys
 def funcs(path):
     d, cur = {}, None
@@ -136,7 +140,7 @@ cat "$out/paged-ab.md"
 echo "fwd_kernel resources, base then new, where they differ:"
 diff "$out/regs-base.txt" "$out/regs-new.txt" | cut -c1-170 | head -20
 cat "$out/ldd-base.txt"
-head -12 "$out/sass-diff.txt"
+head -12 "$out/sass-diff.txt" 2>/dev/null
 echo
 echo "==== summary"
 printf '%s\n' "${summary[@]}"
