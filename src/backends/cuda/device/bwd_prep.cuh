@@ -3,16 +3,21 @@
 //   preprocess: row_dot = rowsum(dO * O) in fp32 (FlashAttention-2's D_i) and zero every copy of
 //               the fp32 dQ accumulator (the main kernel only adds into it);
 //   convert:    dQ = scale * (sum of the accumulator's copies, in copy order) in the input dtype.
-// One warp per (query row, head): lane c owns the 8 columns 8c..8c+7 (head_dim <= 256), so rows
-// are 16-byte loads and stores (dO, O, dQ strides are multiples of 8 elements, checked by the host);
-// the accumulator's 8 columns are two 16-byte vectors row-major, four 8-byte pairs 16 bytes apart
-// in FA2's fragment order (device/dq_accum.cuh; stop 21 suspects these of its causal-2k loss).
+// A CTA owns kPrepRows query rows of one (sequence, query head). For O, dO and dQ one warp takes a
+// row at a time: lane c owns the 8 columns 8c..8c+7 (head_dim <= 256), 16-byte loads and stores
+// (dO, O, dQ strides are multiples of 8 elements, checked by the host). The accumulator rows of a
+// CTA are one contiguous span in both layouts (accum_span), so the preprocess zeroes it as a flat
+// run of 16-byte stores, and FA2's fragment-order convert reads each 16 x 8 half of it as one
+// float4 per lane (512 contiguous bytes per warp) and transposes through shared memory to dQ's
+// rows. Until stop 22 both addressed the fragment order per dQ row, as four 8-byte pieces 16 bytes
+// apart (a quarter of each 32-byte sector per instruction; docs/kernel-notes.md "FA2 backward").
 // Rows of every sequence are covered: the grid is (query blocks of the longest sequence, heads_q,
-// batch) and rows past a sequence's end return.
+// batch) and CTAs past a sequence's end return.
 //
 // Templates on the caller's parameter struct P: a TensorArgs with the backward fields dout, dq,
-// do_*/dq_* strides, row_dot, dq_accum, dq_splits and scale (fa2::BwdParams, fa3::BwdParams).
-// Everything sits in an unnamed namespace: each generation's unit instantiates its own copy.
+// do_*/dq_* strides, row_dot, dq_accum, dq_frag, dq_rows, dq_splits and scale (fa2::BwdParams,
+// fa3::BwdParams). Everything sits in an unnamed namespace: each generation's unit instantiates
+// its own copy.
 #pragma once
 
 #include <cstdint>
@@ -63,11 +68,34 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
     return s;
 }
 
+// The accumulator rows of query rows [r0, r0 + kPrepRows) of sequence si (index b), query head
+// `head`, clipped to the sequence: one contiguous span in both layouts (dq_accum.cuh); in fragment
+// order whole 16-row blocks, the last one's padding rows included (they belong to no other
+// sequence: dq_frag_row0).
+struct AccumSpan {
+    int64_t begin;  // floats from dq_accum
+    int floats;     // a multiple of 32 (fragment order) or of 8 (row-major)
+};
+
+template <class P>
+__device__ __forceinline__ AccumSpan accum_span(const P &p, int head, int b, const SeqInfo &si, int r0) {
+    if (p.dq_frag) {
+        const int dcols = dq_frag_cols(p.head_dim);
+        const int rows = min(kPrepRows, ((si.sq + 15) & ~15) - r0);
+        return AccumSpan{(static_cast<int64_t>(head) * p.dq_rows + dq_frag_row0(si.q_row0, b) + r0) * dcols,
+                         rows * dcols};
+    }
+    const int rows = min(kPrepRows, si.sq - r0);
+    return AccumSpan{(static_cast<int64_t>(head) * p.total_rows + si.q_row0 + r0) * p.head_dim, rows * p.head_dim};
+}
+
 template <class P, class E>
 __global__ void __launch_bounds__(kPrepWarps * 32) bwd_preprocess_kernel(const __grid_constant__ P p) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int head = blockIdx.y, b = blockIdx.z;
     const SeqInfo si = seq_info(p, b);
+    const int r0 = blockIdx.x * kPrepRows;
+    if (r0 >= si.sq) return;
     const bool varlen = p.cu_q != nullptr;
     const int d = p.head_dim;
     const int c = lane * 8;
@@ -75,63 +103,50 @@ __global__ void __launch_bounds__(kPrepWarps * 32) bwd_preprocess_kernel(const _
                          head * p.o_hs + c;
     const uint16_t *dog = static_cast<const uint16_t *>(p.dout) +
                           (varlen ? si.q_row0 * p.do_rs : b * p.do_bs) + head * p.do_hs + c;
-    const int64_t split_stride = dq_split_stride(p);
     for (int i = 0; i < kPrepRowsPerWarp; ++i) {
-        const int qpos = blockIdx.x * kPrepRows + i * kPrepWarps + warp;
+        const int qpos = r0 + i * kPrepWarps + warp;
         if (qpos >= si.sq) break;
-        const int64_t r = static_cast<int64_t>(head) * p.total_rows + si.q_row0 + qpos;
         float s = 0.f;
         if (c < d) {
             const uint4 o4 = *reinterpret_cast<const uint4 *>(og + qpos * p.o_rs);
             const uint4 do4 = *reinterpret_cast<const uint4 *>(dog + qpos * p.do_rs);
             s = dot8<E>(o4, do4);
-            float *acc = p.dq_accum + dq_pair_offset(p, head, b, si.q_row0, qpos, c);
-            for (int sp = 0; sp < p.dq_splits; ++sp) {
-                if (p.dq_frag) {  // the 8 columns are 4 pairs, 4 floats apart (dq_accum.cuh)
-#pragma unroll
-                    for (int k = 0; k < 4; ++k) *reinterpret_cast<float2 *>(acc + 4 * k) = make_float2(0.f, 0.f);
-                } else {
-                    reinterpret_cast<float4 *>(acc)[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-                    reinterpret_cast<float4 *>(acc)[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-                }
-                acc += split_stride;
-            }
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0) p.row_dot[r] = s;
+        if (lane == 0) p.row_dot[static_cast<int64_t>(head) * p.total_rows + si.q_row0 + qpos] = s;
     }
+    const AccumSpan span = accum_span(p, head, b, si, r0);
+    float4 *acc = reinterpret_cast<float4 *>(p.dq_accum + span.begin);
+    const int64_t split_stride4 = dq_split_stride(p) / 4;  // a multiple of 4 floats in both layouts
+    for (int sp = 0; sp < p.dq_splits; ++sp, acc += split_stride4)
+        for (int i = threadIdx.x; i < span.floats / 4; i += kPrepWarps * 32) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
+// The row-major convert (FA3): each lane sums its two 16-byte vectors of a row over the copies.
 template <class P, class E>
 __global__ void __launch_bounds__(kPrepWarps * 32) bwd_convert_dq_kernel(const __grid_constant__ P p) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int head = blockIdx.y, b = blockIdx.z;
     const SeqInfo si = seq_info(p, b);
-    const bool varlen = p.cu_q != nullptr;
+    const int r0 = blockIdx.x * kPrepRows;
     const int d = p.head_dim;
     const int c = lane * 8;
-    if (c >= d) return;
+    if (r0 >= si.sq || c >= d) return;
+    const bool varlen = p.cu_q != nullptr;
     uint16_t *dqg = static_cast<uint16_t *>(p.dq) + (varlen ? si.q_row0 * p.dq_rs : b * p.dq_bs) +
                     head * p.dq_hs + c;
+    const float *acc0 = p.dq_accum + accum_span(p, head, b, si, r0).begin + c;
     const int64_t split_stride = dq_split_stride(p);
     for (int i = 0; i < kPrepRowsPerWarp; ++i) {
-        const int qpos = blockIdx.x * kPrepRows + i * kPrepWarps + warp;
+        const int qpos = r0 + i * kPrepWarps + warp;
         if (qpos >= si.sq) break;
-        const float *acc = p.dq_accum + dq_pair_offset(p, head, b, si.q_row0, qpos, c);
+        const float *acc = acc0 + static_cast<int64_t>(qpos - r0) * d;
         float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         for (int sp = 0; sp < p.dq_splits; ++sp) {  // fixed order: bitwise reproducible
-            if (p.dq_frag) {  // 4 pairs, 4 floats apart (dq_accum.cuh)
-#pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    const float2 x = *reinterpret_cast<const float2 *>(acc + 4 * k);
-                    a[2 * k] += x.x, a[2 * k + 1] += x.y;
-                }
-            } else {
-                const float4 x0 = reinterpret_cast<const float4 *>(acc)[0], x1 = reinterpret_cast<const float4 *>(acc)[1];
-                a[0] += x0.x, a[1] += x0.y, a[2] += x0.z, a[3] += x0.w;
-                a[4] += x1.x, a[5] += x1.y, a[6] += x1.z, a[7] += x1.w;
-            }
+            const float4 x0 = reinterpret_cast<const float4 *>(acc)[0], x1 = reinterpret_cast<const float4 *>(acc)[1];
+            a[0] += x0.x, a[1] += x0.y, a[2] += x0.z, a[3] += x0.w;
+            a[4] += x1.x, a[5] += x1.y, a[6] += x1.z, a[7] += x1.w;
             acc += split_stride;
         }
         uint4 out;
@@ -140,6 +155,52 @@ __global__ void __launch_bounds__(kPrepWarps * 32) bwd_convert_dq_kernel(const _
         out.z = pack2<E>(a[4] * p.scale, a[5] * p.scale);
         out.w = pack2<E>(a[6] * p.scale, a[7] * p.scale);
         st_global_v4(dqg + qpos * p.dq_rs, out);
+    }
+}
+
+// The fragment-order convert (FA2): the CTA's rows are whole 16-row blocks of the accumulator,
+// each 16 x 8 half 128 contiguous floats, one float4 per lane in m16n8 accumulator order (lane
+// 4g + t: rows g and g + 8, columns 2t and 2t + 1). A warp takes one half at a time (coalesced
+// 512-byte loads), scales and narrows it into a shared [row][column] tile, then the CTA writes
+// the tile out as 16-byte row pieces. The per-element sum over copies is the row-major kernel's
+// (copy order, from 0.f), so dQ is bitwise what the per-row form gave.
+constexpr int kConvertPitch = 256 + 8;  // tile row pitch in elements: 16 bytes of pad
+template <class P, class E>
+__global__ void __launch_bounds__(kPrepWarps * 32) bwd_convert_dq_frag_kernel(const __grid_constant__ P p) {
+    __shared__ __align__(16) uint16_t tile[kPrepRows * kConvertPitch];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int head = blockIdx.y, b = blockIdx.z;
+    const SeqInfo si = seq_info(p, b);
+    const int r0 = blockIdx.x * kPrepRows;
+    if (r0 >= si.sq) return;
+    const int d = p.head_dim, pitch = d + 8;  // (d / 2 + 4) words a row: the lanes' stores miss each other's banks
+    const int halves = d / 8;  // d is a multiple of 8: a half is all in or all out
+    const int rows = min(kPrepRows, si.sq - r0);
+    const int dcols = dq_frag_cols(d);
+    const float *acc0 = p.dq_accum + accum_span(p, head, b, si, r0).begin + lane * 4;
+    const int64_t split_stride = dq_split_stride(p);
+    const int g = lane >> 2, t = lane & 3;
+    const int items = (rows + 15) / 16 * halves;
+    for (int i = warp; i < items; i += kPrepWarps) {
+        const int rb = i / halves, h = i - rb * halves;
+        const float *acc = acc0 + rb * 16 * dcols + h * 128;
+        float a[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int sp = 0; sp < p.dq_splits; ++sp) {  // fixed order: bitwise reproducible
+            const float4 x = *reinterpret_cast<const float4 *>(acc);
+            a[0] += x.x, a[1] += x.y, a[2] += x.z, a[3] += x.w;
+            acc += split_stride;
+        }
+        uint16_t *s = tile + (rb * 16 + g) * pitch + 8 * h + 2 * t;
+        *reinterpret_cast<uint32_t *>(s) = pack2<E>(a[0] * p.scale, a[1] * p.scale);
+        *reinterpret_cast<uint32_t *>(s + 8 * pitch) = pack2<E>(a[2] * p.scale, a[3] * p.scale);
+    }
+    __syncthreads();
+    const bool varlen = p.cu_q != nullptr;
+    uint16_t *dqg = static_cast<uint16_t *>(p.dq) + (varlen ? si.q_row0 * p.dq_rs : b * p.dq_bs) +
+                    head * p.dq_hs + r0 * p.dq_rs;
+    for (int v = threadIdx.x; v < rows * halves; v += kPrepWarps * 32) {
+        const int r = v / halves, c = v - r * halves;
+        st_global_v4(dqg + r * p.dq_rs + 8 * c, *reinterpret_cast<const uint4 *>(tile + r * pitch + 8 * c));
     }
 }
 
@@ -161,10 +222,16 @@ cudaError_t launch_bwd_preprocess(const P &p, bool bf16, cudaStream_t s) {
 
 template <class P>
 cudaError_t launch_bwd_convert_dq(const P &p, bool bf16, cudaStream_t s) {
-    if (bf16)
+    if (p.dq_frag) {
+        if (bf16)
+            bwd_convert_dq_frag_kernel<P, Bf16><<<prep_grid(p), kPrepWarps * 32, 0, s>>>(p);
+        else
+            bwd_convert_dq_frag_kernel<P, Fp16><<<prep_grid(p), kPrepWarps * 32, 0, s>>>(p);
+    } else if (bf16) {
         bwd_convert_dq_kernel<P, Bf16><<<prep_grid(p), kPrepWarps * 32, 0, s>>>(p);
-    else
+    } else {
         bwd_convert_dq_kernel<P, Fp16><<<prep_grid(p), kPrepWarps * 32, 0, s>>>(p);
+    }
     return cudaSuccess;
 }
 

@@ -11,7 +11,8 @@
 //                       per red.v2. Each sequence starts at a multiple of 16 rows
 //                       (dq_frag_row0), so every m16 tile of a query block (16-aligned within its
 //                       sequence) is whole blocks; rows past a sequence's end inside its last
-//                       block are padding nobody reads.
+//                       block are padding: zeroed by the preprocess with the rest of the
+//                       sequence's span, added into (dS = 0 there), never converted.
 // Plain device helpers, templated on the parameter struct (a BwdTensorArgs).
 #pragma once
 
@@ -31,17 +32,6 @@ template <class P>
 __device__ __forceinline__ int64_t dq_split_stride(const P &p) {
     return p.dq_frag ? static_cast<int64_t>(p.heads_q) * p.dq_rows * dq_frag_cols(p.head_dim)
                      : static_cast<int64_t>(p.heads_q) * p.total_rows * p.head_dim;
-}
-
-// Offset of the pair (column c, c + 1; c even) of query qpos of sequence b (first packed row
-// q_row0), query head `head`. The pair is two consecutive floats in both layouts.
-template <class P>
-__device__ __forceinline__ int64_t dq_pair_offset(const P &p, int head, int b, int64_t q_row0, int qpos, int c) {
-    if (!p.dq_frag) return (static_cast<int64_t>(head) * p.total_rows + q_row0 + qpos) * p.head_dim + c;
-    const int64_t r = dq_frag_row0(q_row0, b) + qpos;
-    const int ri = static_cast<int>(r & 15);
-    return (static_cast<int64_t>(head) * p.dq_rows + (r - ri)) * dq_frag_cols(p.head_dim) + (c >> 4) * 256 +
-           ((c >> 3) & 1) * 128 + ((ri & 7) * 4 + ((c & 7) >> 1)) * 4 + (ri >> 3) * 2;
 }
 
 }  // namespace cuda
