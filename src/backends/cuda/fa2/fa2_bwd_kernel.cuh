@@ -95,11 +95,32 @@ __device__ __forceinline__ bool step_unmasked(const BwdParams &p, const BwdBlock
 // P and dS of this warp's 16 query rows against its kSKeys keys, packed in 16-bit pairs:
 // P[nt][h] = columns 8nt + 2t, +1 of row g + 8h. kUnmasked (step_unmasked holds): a row's pairs
 // all take part or, with LSE = -inf (empty key range in load_rows), none; one test per row.
+// S and dP are consumed: the soft cap (a runtime key) is applied to the whole tile first, under
+// one uniform branch, so the exp2 / dS loop is straight-line code. Until stop 22 it was tested per
+// element, and each element's code was a basic block of its own (a branch, the score_log2 reload
+// from the constant bank, one MUFU with nothing to overlap it).
 template <class Tr, class E, bool kUnmasked>
-__device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdRows &r, const float (&S)[Tr::kNT][4],
-                                                const float (&dP)[Tr::kNT][4], uint32_t (&P)[Tr::kNT][2],
+__device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdRows &r, float (&S)[Tr::kNT][4],
+                                                float (&dP)[Tr::kNT][4], uint32_t (&P)[Tr::kNT][2],
                                                 uint32_t (&dS)[Tr::kNT][2]) {
     const float sl2 = p.score_log2, cap = p.softcap_scale;
+    // dP becomes dS / P: dP - row_dot, times d(cap * tanh(raw * scale / cap)) / d(raw * scale) =
+    // 1 - tanh^2 under a cap; S becomes the capped score.
+    if (cap != 0.f) {
+#pragma unroll
+        for (int nt = 0; nt < Tr::kNT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float x = cuda::tanh_accurate(S[nt][i] * cap);
+                S[nt][i] = x;
+                dP[nt][i] = (dP[nt][i] - r.rd[i >> 1]) * (1.f - x * x);
+            }
+    } else {
+#pragma unroll
+        for (int nt = 0; nt < Tr::kNT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) dP[nt][i] -= r.rd[i >> 1];
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const bool live = r.lo[h] <= r.hi[h];
@@ -109,18 +130,16 @@ __device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdRow
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int c = nt * 8 + e;
-                float x = S[nt][2 * h + e];
-                if (cap != 0.f) x = cuda::tanh_accurate(x * cap);
                 // A pair outside the row's keys (masked, past the sequence, or any key of a row
                 // whose LSE is -inf) takes no part: P and dS exactly 0, selected rather than
                 // multiplied by 0, so a NaN or inf in its dP, row_dot or score stays out (as in
                 // the CPU backward). Inside, a NaN in S, LSE, dP or row_dot propagates.
                 const bool pair = kUnmasked ? live : c >= r.lo[h] && c <= r.hi[h];
-                const float pr = pair ? cuda::fast_exp2(fmaf(x, sl2, -r.lse2[h])) : 0.f;
-                float ds = pr * (dP[nt][2 * h + e] - r.rd[h]);
-                if (cap != 0.f) ds *= 1.f - x * x;  // d(cap * tanh(raw * scale / cap)) / d(raw * scale)
-                pv[e] = pr;
-                dv[e] = pair ? ds : 0.f;
+                // exp2 of every pair, then a select (a predicated exp2 cost a zeroing move and a
+                // reload of score_log2 per pair)
+                const float pr = cuda::fast_exp2(fmaf(S[nt][2 * h + e], sl2, -r.lse2[h]));
+                pv[e] = pair ? pr : 0.f;
+                dv[e] = pair ? pr * dP[nt][2 * h + e] : 0.f;
             }
             P[nt][h] = cuda::pack2<E>(pv[0], pv[1]);
             dS[nt][h] = cuda::pack2<E>(dv[0], dv[1]);
