@@ -22,6 +22,8 @@
 #   BASE_SRC=../bw3-base MID_SRC=../bw3-mid BUILD_DIR=/tmp/fa-bw3 FA1_ARCHS= NCU=1 BENCH_FORMS=fallback \
 #     CTEST_REGEX='test_backward_fa2$|test_backward_fa2_fallback|test_fa2_sass|test_backward_contract' \
 #     BUILD_TARGETS='test_backward_fa2 test_backward_contract' SEQLENS=2048,8192 bash tests/gpu/bw2-check.sh
+# Stop 22 (wip/fa2bw) added KTIMES=1: tests/gpu/bw-kernel-times.py after the A/B (each kernel's
+# device time per backward call, A / M / B, on KTIMES_CELLS), its table printed before the A/B's.
 set -uo pipefail
 out=${OUT:-/tmp/bw2-out}
 mkdir -p "$out"
@@ -69,7 +71,7 @@ for f in $forms; do
 done
 for tool in memcheck racecheck synccheck; do
   for f in main $forms; do
-    (FLASHATTN_FA2_BWD_TILE=$([ $f = main ] || echo $f) FLASHATTN_TEST_REDUCED=1 timeout $limit \
+    (FLASHATTN_FA2_BWD_TILE=$([ $f = main ] || echo $f) FLASHATTN_TEST_REDUCED=1 FLASHATTN_FA3_MAX_CTAS=3 timeout $limit \
        compute-sanitizer --tool $tool --error-exitcode 99 "$build/tests/test_backward_fa2" > "$out/san-$tool-$f.log" 2>&1
      echo "rc=$?" >> "$out/san-$tool-$f.log") &
   done
@@ -100,6 +102,14 @@ if [ -f "$base_build/src/libflashattn.so" ]; then
     --rounds ${ROUNDS:-3} --markdown "$out/ab-backward.md" > "$out/ab-backward.txt" 2>&1
   note "ab_backward.py rc=$?"
 fi
+if [ "${KTIMES:-0}" = 1 ] && [ -f "$base_build/src/libflashattn.so" ]; then
+  mid_lib=()
+  [ -f "$mid_build/src/libflashattn.so" ] && mid_lib=(--lib "M=$mid_build/src/libflashattn.so")
+  timeout ${KTIMES_LIMIT:-40} python3 tests/gpu/bw-kernel-times.py --lib "A=$base_build/src/libflashattn.so" "${mid_lib[@]}" \
+    --lib "B=$build/src/libflashattn.so" --cells "${KTIMES_CELLS:-128:1:2048,256:1:2048,128:0:8192}" \
+    --rounds ${KTIMES_ROUNDS:-2} --markdown "$out/ktimes.md" > "$out/ktimes.txt" 2>&1
+  note "bw-kernel-times.py rc=$?"
+fi
 left=$(( deadline - ($(date +%s) - t0) ))
 if [ "${NCU:-0}" = 1 ] && [ $left -gt 30 ] && command -v ncu > /dev/null; then
   cat > /tmp/bw2-ncu.py <<'PY'
@@ -122,6 +132,7 @@ fi
 echo
 cat "$out/bwd-resources.txt"
 cat "$out/ctest-lines.txt"
+cat "$out/ktimes.md" 2>/dev/null || tail -5 "$out/ktimes.txt" 2>/dev/null
 grep -E '^\|' "$out/ab-backward.md" 2>/dev/null
 grep -E '^- ' "$out/ab-backward.md" 2>/dev/null
 echo
@@ -129,4 +140,4 @@ echo "==== summary"
 printf '%s\n' "${summary[@]}"
 # One archive of every log (the device tool returns only a handful of files).
 (cd "$out" && tar czf /tmp/bw-logs.tgz --exclude='*.tgz' . && find . -type f ! -name summary.txt ! -name ab-backward.md \
-   ! -name ncu-summary.txt -delete && mv /tmp/bw-logs.tgz logs.tgz)
+   ! -name ncu-summary.txt ! -name ktimes.md -delete && mv /tmp/bw-logs.tgz logs.tgz)
