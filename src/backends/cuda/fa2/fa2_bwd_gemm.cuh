@@ -106,24 +106,31 @@ __device__ __forceinline__ uint32_t at_column(uint32_t lane_full, int col0) {
 
 // cp.async rows [0, kRows) of a [rows x head_dim] tensor (row r at g + r*rs) into a [kRows x kDP]
 // tile; rows >= rows_valid and columns >= d are zero-filled (the GEMMs rely on the zeros).
+// Thread tid owns chunk column c = tid % kCPR of rows tid / kCPR + j * kRowStep: its shared and
+// global offsets are computed once, and each pass adds a constant (kRowStep is a multiple of 8
+// wherever there are several passes of 256 threads, so the swizzle's XOR stays) and a row step.
+// Until stop 22 every chunk's row, column and swizzled offset were rederived from a signed index
+// (~35 integer instructions per 16-byte chunk, ~300 per step at d128).
 template <class Tr, int kRows>
 __device__ __forceinline__ void bwd_load_tile(uint32_t sbase, const uint16_t *g, int64_t rs, int rows_valid,
                                               int d) {
     using T = cuda::SwizzledTile<kRows, Tr::kDP>;
     constexpr int kCPR = Tr::kDP / 8;
-    constexpr int kTotal = kRows * kCPR;
-    static_assert(kTotal % Tr::kThreads == 0, "whole passes");
-    // opaque: the per-chunk offsets are recomputed per call, not hoisted out of the step loop
-    // into registers the GEMMs need.
-    const int tid = static_cast<int>(opaque(static_cast<uint32_t>(threadIdx.x)));
+    constexpr int kRowStep = Tr::kThreads / kCPR;
+    static_assert(Tr::kThreads % kCPR == 0 && kRows % kRowStep == 0, "whole passes");
+    // opaque: the offsets are recomputed per call, not hoisted out of the step loop into
+    // registers the GEMMs need.
+    const uint32_t tid = opaque(static_cast<uint32_t>(threadIdx.x));
     rs = opaque(rs);
+    const int r0 = static_cast<int>(tid / kCPR), c = static_cast<int>(tid % kCPR);
+    const bool col_ok = c * 8 < d;
+    const uint16_t *gr = g + r0 * rs + c * 8;
+    const int64_t step = kRowStep * rs;
 #pragma unroll
-    for (int j = 0; j < kTotal / Tr::kThreads; ++j) {
-        const int i = tid + j * Tr::kThreads;
-        const int r = i / kCPR;
-        const int c = i - r * kCPR;
-        const bool ok = r < rows_valid && c * 8 < d;
-        cuda::cp_async_16(sbase + T::offset(r, c), ok ? g + r * rs + c * 8 : g, ok ? 16u : 0u);
+    for (int j = 0; j < kRows / kRowStep; ++j, gr += step) {
+        const int r = r0 + j * kRowStep;
+        const bool ok = col_ok && r < rows_valid;
+        cuda::cp_async_16(sbase + T::offset(r, c), ok ? gr : g, ok ? 16u : 0u);
     }
 }
 
