@@ -1,9 +1,13 @@
 // FlashAttention-3 backward main kernel for Hopper (sm_90a): TMA loads, wgmma, and its launcher.
 // Algorithm 2 of FlashAttention-2 in the shape of FlashAttention-3's backward, key-block outer loop.
 //
-// Up to head dim 128: one CTA per (key block of kBwdBN = 128 keys, kv head, sequence), heads and sequences fastest in
-// one grid dimension (as the FA2 backward: the first wave holds every head's first key blocks, and
-// in deterministic mode a key block's predecessor in the dQ order is always an earlier CTA). Two
+// Up to head dim 128: one CTA per (key block of kBwdBN = 128 keys, kv head, sequence), in one grid
+// dimension. Default mode: key blocks fastest, so that the CTAs resident at a time cover a few
+// (kv head, sequence) pairs whole and share their Q, dO, LSE, row_dot and fp32 dQ rows in L2 (with
+// heads fastest every resident CTA had a pair of its own: the working set, 2 MB per pair at head
+// dim 128 and 2k, overflowed L2 and the Q/dO loads waited on DRAM; stop 22). Deterministic mode:
+// heads and sequences fastest (as the FA2 backward), so that a key block's predecessor in the dQ
+// order is an earlier CTA of an earlier wave and its turns are mostly taken before it asks. Two
 // consumer warpgroups; warpgroup w owns keys n0 + 64w .. n0 + 64w + 63 and keeps their dK and dV
 // in registers. K and V arrive once by TMA. The CTA then walks every query block of kBwdBM = 64
 // rows of every query head of the kv head's GQA group that sees any of its keys, in a fixed order;
@@ -627,16 +631,27 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams &p, const BwdBlock &
     }
 }
 
-// The CTA's key block (grid: kv heads x batch fastest, key blocks slowest) with its sequence's
-// lengths and diagonal, and the shared-memory base both kernels lay their tiles from.
+// The grid's order (launch_bwd_kernel): key blocks fastest (kKeysFastest, the default mode) or kv
+// heads x batch fastest (the deterministic mode: a key block's predecessor in the dQ turn order is
+// then an earlier wave's CTA, as in the FA2 backward). Both enumerate the same blocks; a block past
+// its sequence's keys (variable length: the grid covers the longest) exits at once.
 template <class Tr>
+__host__ __device__ constexpr int bwd_key_blocks(const BwdParams &p) {
+    return static_cast<int>((static_cast<int64_t>(p.seqlen_k) + Tr::kBN - 1) / Tr::kBN);
+}
+
+// The CTA's key block with its sequence's lengths and diagonal, and the shared-memory base both
+// kernels lay their tiles from.
+template <class Tr, bool kKeysFastest>
 __device__ __forceinline__ BwdBlock key_block(const BwdParams &p, unsigned char *smem_raw) {
     // SW128 tiles need 1024-byte alignment; the dynamic base is not guaranteed to have it.
     unsigned char *smem = reinterpret_cast<unsigned char *>(
         (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
-    const int hb = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.heads_kv * p.batch));
+    const unsigned nkb = static_cast<unsigned>(bwd_key_blocks<Tr>(p));
+    const unsigned nhb = static_cast<unsigned>(p.heads_kv * p.batch);
+    const int hb = static_cast<int>(kKeysFastest ? blockIdx.x / nkb : blockIdx.x % nhb);
     BwdBlock a;
-    a.nb = static_cast<int>(blockIdx.x / static_cast<unsigned>(p.heads_kv * p.batch));
+    a.nb = static_cast<int>(kKeysFastest ? blockIdx.x % nkb : blockIdx.x / nhb);
     a.kvh = hb % p.heads_kv;
     a.b = hb / p.heads_kv;
     const cuda::SeqInfo si = cuda::seq_info(p, a.b);
@@ -687,7 +702,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                const __grid_constant__ BwdParams p) {
     extern __shared__ unsigned char smem_raw[];
-    BwdBlock a = key_block<Tr>(p, smem_raw);
+    BwdBlock a = key_block<Tr, !kDet>(p, smem_raw);
     if (a.n0 >= a.sk) return;  // the whole CTA: a key block past this sequence's end
 
     if (threadIdx.x == 0) {
@@ -866,7 +881,7 @@ __global__ void __launch_bounds__(kBwdDetThreads, 1)
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                const __grid_constant__ BwdParams p) {
     extern __shared__ unsigned char smem_raw[];
-    BwdBlock a = key_block<Tr>(p, smem_raw);
+    BwdBlock a = key_block<Tr, false>(p, smem_raw);
     if (a.n0 >= a.sk) return;  // the whole CTA: a key block past this sequence's end
 
     if (threadIdx.x == 0) {
@@ -916,7 +931,7 @@ __global__ void __launch_bounds__(kBwdDetThreads, 1)
 }
 
 // Grid: kv heads x batch x key blocks of the longest sequence, in one dimension (the host checks
-// that it fits).
+// that it fits), in key_block's order.
 template <int kD, class E, bool kDet>
 cudaError_t launch_bwd_kernel(const BwdParams &p, const BwdMaps &maps, cudaStream_t stream) {
     using Tr = BwdTraits<kD>;
@@ -933,8 +948,7 @@ cudaError_t launch_bwd_kernel(const BwdParams &p, const BwdMaps &maps, cudaStrea
     static unsigned long long optin_done = 0;  // one per instantiation
     cudaError_t e = cuda::ensure_smem_optin(kernel, kSmem, &optin_done);
     if (e != cudaSuccess) return e;
-    const int64_t nkb = (static_cast<int64_t>(p.seqlen_k) + Tr::kBN - 1) / Tr::kBN;
-    const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(p.heads_kv) * p.batch * nkb));
+    const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(p.heads_kv) * p.batch * bwd_key_blocks<Tr>(p)));
     kernel<<<grid, kThreadsPerCta, kSmem, stream>>>(maps.q, maps.k, maps.v, maps.dout, p);
     return cudaSuccess;
 }
