@@ -22,19 +22,9 @@ lib=$(ls "$build"/src/libflashattn.so 2>/dev/null)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt" 2>&1
 cuobjdump -res-usage "$lib" 2>/dev/null | grep -A1 -E 'bwd_kernel|bwd_det_kernel' > "$out/res-usage.txt"
 if [ -n "$lib" ] && [ "$(left)" -gt 25 ]; then
-  cat > /tmp/bwd128-ncu.py <<'PY'
-import sys
-sys.path.insert(0, "bench")
-import torch, compare_torch as ct, backward_torch as bt, ab_backward as ab
-lib = ct.Lib(sys.argv[1]); bt.bind_backward(lib)
-class A: warmup = 1; reps = 1
-bench = ct.Bench(torch, A())
-q, k, v, do = (torch.randn(8, 2048, 16, 128, dtype=torch.bfloat16, device="cuda") for _ in range(4))
-print(ab.lib_backward(bench, lib, "fa3", q, k, v, do, False, "bf16", False, "")[0])
-PY
   timeout $(( $(left) - 22 > 25 ? $(left) - 22 : 25 )) ncu --clock-control none --kernel-name-base demangled \
     --kernel-name "regex:fa3.*bwd_kernel" --launch-skip 1 --launch-count 1 --set full --import-source yes \
-    -o /tmp/bwd128-prof python3 /tmp/bwd128-ncu.py "$lib" > "$out/ncu.log" 2>&1
+    -o /tmp/bwd128-prof python3 bench/bwd_once.py "$lib" --gen fa3 --shape 8,2048,16,128 > "$out/ncu.log" 2>&1
   note "ncu rc=$? $(tail -1 "$out/ncu.log" | cut -c1-100)"
   ncu -i /tmp/bwd128-prof.ncu-rep --page source --csv --print-source sass > /tmp/bwd128-source.csv 2>/dev/null \
     && python3 tests/gpu/ncu-source-summary.py /tmp/bwd128-source.csv --top 40 > "$out/ncu-summary.txt" 2>&1
