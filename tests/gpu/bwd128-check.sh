@@ -3,11 +3,12 @@
 # run from this tree's root on the H200 machine. Builds, at once: this tree (B: FA2 + FA3, the
 # library and test_backward_fa3 / test_exec_contract), the library of a base tree (A, BASE_SRC,
 # FA3 only) and, when MID_PATCH is given, of this tree with that patch reversed (M: the
-# intermediate lever alone, FA3 only). Then, all at once (correctness only): ctest
-# test_backward_fa3 + test_exec_contract + test_fa3_sass, compute-sanitizer memcheck / racecheck /
-# synccheck of test_backward_fa3's reduced grid (3 CTAs); then, alone on the GPU,
-# bench/ab_backward.py --gen fa3 --deterministic (A, M, B, A det, B det, torch-flash, rounds
-# rotated) and, in the time left, backward_torch.py's FA2 / cuDNN columns for B at d128. Every
+# intermediate lever alone, FA3 only). Then, alone on the GPU, bench/ab_backward.py --gen fa3
+# --deterministic (A, M, B, A det, B det, torch-flash, rounds rotated), leaving CHECK_RESERVE
+# seconds; then, all at once (correctness only, in the time left): ctest test_backward_fa3 +
+# test_exec_contract + test_fa3_sass, compute-sanitizer memcheck / racecheck / synccheck of
+# test_backward_fa3's reduced grid (3 CTAs); last, if time is left, backward_torch.py's FA2 /
+# cuDNN columns for B at d128. Every
 # stage has a time limit so that the summary (last) is out within DEADLINE seconds. Logs under $OUT
 # (one logs.tgz beside the tables).
 #   BASE_SRC=../base MID_PATCH=lever2.patch DEADLINE=190 bash tests/gpu/bwd128-check.sh   (from .xfer/bwd128)
@@ -18,7 +19,6 @@ build=${BUILD_DIR:-/tmp/bwd128-new}
 base_src=${BASE_SRC:-../base}
 mid_patch=${MID_PATCH:-}
 deadline=${DEADLINE:-190}
-limit=${LIMIT:-70}  # seconds for each test / sanitizer run
 source "$(dirname "$0")/stages.sh"
 source "$(dirname "$0")/devdeps-env.sh" && use_devdeps "$PWD"
 fa3only=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DFLASHATTN_BUILD_EXAMPLES=OFF -DFLASHATTN_BUILD_TOOLS=OFF
@@ -48,28 +48,28 @@ note "build B rc=$?"
 [ -x "$build/tests/test_backward_fa3" ] || { tail -30 "$out/build.log"; finish; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt" 2>&1
 
-# Correctness, all at once.
-pids=()
-(timeout $limit ctest --test-dir "$build" --output-on-failure -j 3 -R 'test_backward_fa3$|test_fa3_sass|test_exec_contract' \
-   > "$out/ctest.log" 2>&1; echo "rc=$?" >> "$out/ctest.log") & pids+=($!)
-san_start "$build/tests/test_backward_fa3" FLASHATTN_FA3_MAX_CTAS=3
+# Speed first, alone on the GPU (the tests and sanitizers take whatever time is left after it).
 wait $base_pid; note "base library: rc=$? $(ls /tmp/bwd128-base/src/libflashattn.so 2>/dev/null)"
 [ -n "$mid_pid" ] && { wait $mid_pid; note "mid library: rc=$? $(ls /tmp/bwd128-mid/src/libflashattn.so 2>/dev/null)"; }
-wait "${pids[@]}"
-note "ctest $(tail -1 "$out/ctest.log") $(grep -E 'tests passed' "$out/ctest.log") $(grep -E 'Failed|Passed|Skipped' "$out/ctest.log" | grep -E '^ *[0-9]+/' | tr -s ' ' | tr '\n' ';')"
-san_notes
-grep -E "FAIL|mismatch|differ" "$out/ctest.log" | head -5 | sed 's/^/   /'
-
-# Speed, alone on the GPU.
 if [ -f /tmp/bwd128-base/src/libflashattn.so ] && [ "$(left)" -gt 30 ]; then
   m_arg=()
   [ -f /tmp/bwd128-mid/src/libflashattn.so ] && m_arg=(--m /tmp/bwd128-mid/src/libflashattn.so)
-  timeout $(( $(left) - ${TORCH_RESERVE:-25} )) python3 bench/ab_backward.py --gen fa3 --deterministic \
+  timeout $(( $(left) - ${CHECK_RESERVE:-60} )) python3 bench/ab_backward.py --gen fa3 --deterministic \
     --a /tmp/bwd128-base/src/libflashattn.so --b "$build/src/libflashattn.so" "${m_arg[@]}" \
     --hdim ${HDIMS:-64,128,256} --seqlen ${SEQLENS:-2048,8192} --rounds ${ROUNDS:-3} \
     --markdown "$out/ab-backward.md" > "$out/ab-backward.txt" 2>&1
   note "ab_backward.py rc=$? ($(tail -1 "$out/ab-backward.txt" | cut -c1-120))"
 fi
+# Correctness, all at once.
+pids=()
+(timeout $(( $(left) - 6 )) ctest --test-dir "$build" --output-on-failure -j 3 -R 'test_backward_fa3$|test_fa3_sass|test_exec_contract' \
+   > "$out/ctest.log" 2>&1; echo "rc=$?" >> "$out/ctest.log") & pids+=($!)
+limit=$(( $(left) - 6 )); san_start "$build/tests/test_backward_fa3" FLASHATTN_FA3_MAX_CTAS=3
+wait "${pids[@]}"
+note "ctest $(tail -1 "$out/ctest.log") $(grep -E 'tests passed' "$out/ctest.log") $(grep -E 'Failed|Passed|Skipped' "$out/ctest.log" | grep -E '^ *[0-9]+/' | tr -s ' ' | tr '\n' ';')"
+san_notes
+grep -E "FAIL|mismatch|differ" "$out/ctest.log" | head -5 | sed 's/^/   /'
+
 if [ "$(left)" -gt 15 ]; then
   timeout $(( $(left) - 3 )) python3 bench/backward_torch.py --lib "$build/src/libflashattn.so" --gens fa2,fa3 --hdim 128 \
     --seqlen 2048,8192 --markdown "$out/cudnn.md" > "$out/cudnn.txt" 2>&1
