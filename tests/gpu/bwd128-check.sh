@@ -12,6 +12,9 @@
 # stage has a time limit so that the summary (last) is out within DEADLINE seconds. Logs under $OUT
 # (one logs.tgz beside the tables).
 #   BASE_SRC=../base MID_PATCH=lever2.patch DEADLINE=190 bash tests/gpu/bwd128-check.sh   (from .xfer/bwd128)
+# Stop 22 wrote it for the levers of commits 3680cab (M) and c6564e7 (B), with lever2.patch =
+# `git diff 3680cab c6564e7`; they were reverted unmeasured (d31996b: no machine for the call), so
+# run it from a tree with both applied (e.g. `git revert d31996b` on a branch).
 set -uo pipefail
 out=${OUT:-/tmp/bwd128-out}
 mkdir -p "$out"
