@@ -112,18 +112,9 @@ if [ "${KTIMES:-0}" = 1 ] && [ -f "$base_build/src/libflashattn.so" ]; then
 fi
 left=$(( deadline - ($(date +%s) - t0) ))
 if [ "${NCU:-0}" = 1 ] && [ $left -gt 30 ] && command -v ncu > /dev/null; then
-  cat > /tmp/bw2-ncu.py <<'PY'
-import os, sys
-sys.path.insert(0, "bench")
-import torch, compare_torch as ct, backward_torch as bt, ab_backward as ab
-lib = ct.Lib(sys.argv[1]); bt.bind_backward(lib)
-class A: warmup = 1; reps = 1
-bench = ct.Bench(torch, A())
-q, k, v, do = (torch.randn(2, 8192, 16, 128, dtype=torch.bfloat16, device="cuda") for _ in range(4))
-ab.lib_backward(bench, lib, "fa2", q, k, v, do, False, "bf16", False, "")
-PY
   timeout $((left - 8)) ncu --kernel-name-base demangled --kernel-name "regex:${NCU_FILTER:-bwd_kernel}" --launch-skip 1 --launch-count 1 \
-    --set full --import-source yes -o /tmp/bw2-prof python3 /tmp/bw2-ncu.py "$build/src/libflashattn.so" > "$out/ncu.log" 2>&1
+    --set full --import-source yes -o /tmp/bw2-prof python3 bench/bwd_once.py "$build/src/libflashattn.so" --gen fa2 \
+    --shape 2,8192,16,128 > "$out/ncu.log" 2>&1
   ncu -i /tmp/bw2-prof.ncu-rep --page source --csv --print-source sass > /tmp/bw2-source.csv 2>/dev/null \
     && python3 tests/gpu/ncu-source-summary.py /tmp/bw2-source.csv --top 15 > "$out/ncu-summary.txt" 2>&1
   ncu -i /tmp/bw2-prof.ncu-rep --page details > "$out/ncu-details.txt" 2>&1
