@@ -11,7 +11,9 @@
 # is left (AB_DEADLINE seconds from the start); between the rounds, if PAGED_AB_NCU=1 and time is
 # left, ncu of this tree's paged step (b 8, 32k, d 128); last, which kernels' SASS differs. The
 # summary (paged-ab.md) is printed last. For a short call: PAGED_AB_DIMS="128" (head dims timed,
-# default "128 64"), PAGED_AB_INORDER=0 (no in-order table runs), PAGED_AB_SASS=0 (no SASS diff).
+# default "128 64"), PAGED_AB_INORDER=0 (no in-order table runs), PAGED_AB_SASS=0 (no SASS diff),
+# PAGED_AB_D64_CELLS="--decode-batch 1,8 --decode-seqlen 32768" (head dim 64 on fewer cells: the
+# bench's last value of an option wins).
 #
 #   OUT=$OUT tests/gpu/paged-ab.sh /path/to/base/source
 set -uo pipefail
@@ -53,8 +55,9 @@ run_one() {  # round tag d page order(shuf|inorder) stop
   bld=$base_bld; [ $tag = new ] && bld=$new_bld
   [ -f $bld/src/libflashattn.so ] || return 0
   local io=0; [ $order = inorder ] && io=1
+  local cells=(); [ $d = 64 ] && cells=(${PAGED_AB_D64_CELLS:-})
   FLASHATTN_BENCH_PAGES_IN_ORDER=$io LD_LIBRARY_PATH=$bld/src:${LD_LIBRARY_PATH:-} timeout $left $bench "${common[@]}" \
-    --decode-head-dim "$d" --page-size "$page" > "$out/bench/r$round-$tag-d$d-p$page-$order.txt" 2>&1
+    "${cells[@]}" --decode-head-dim "$d" --page-size "$page" > "$out/bench/r$round-$tag-d$d-p$page-$order.txt" 2>&1
 }
 bench_round() {  # round stop: configurations by importance, libraries alternated
   local round=$1 stop=$2 a=base b=new
