@@ -24,6 +24,7 @@
 //
 // Usage: flashattn-fp8-accuracy [--speed-grid D,D..] [--backend cpu|fa3] [--fp8-backend cpu|fa3] [--reference 0|1] [--seqlen N] [--heads H] [--dim D] [--seed S] [--emulate 0|1]
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -368,13 +369,18 @@ double emulate_kernel(const Shape &s, bool per_head, bool hadamard, double p_sca
 }
 
 #ifdef FLASHATTN_BENCH_WITH_CUDA
+// Seconds since the epoch (the system clock, as nvidia-smi's log timestamps).
+double wall_seconds() {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 // --speed-grid: the performance grid (the FlashAttention-3 paper's: hidden 2048, 16k tokens
 // in all: batch = 16384 / seqlen, heads = 2048 / dim) for every dim of --dims, seqlen 2k..16k,
 // non-causal and causal, bf16 FA3 against the FP8 kernel in the same process on the same shapes.
 // Inputs: random bf16 in [-2, 2) and random E4M3 codes of magnitude <= 2 (speed does not depend
 // on them; they keep the softmax away from inf), descales 1 per (sequence, head), no LSE. Each
 // cell: the median of 20 runs after a warm-up; TFLOP/s at 4 seq^2 heads dim batch flops (half of
-// it causal). Prints a markdown table.
+// it causal). Prints a markdown table; each cell's timed window (wall-clock seconds) goes to stderr.
 int speed_grid(const std::vector<int64_t> &dims) {
     const int64_t tokens = 16384, hidden = 2048;
     const size_t elems = static_cast<size_t>(tokens * hidden);
@@ -435,9 +441,14 @@ int speed_grid(const std::vector<int64_t> &dims) {
                         flashattn_args_set(args, FLASHATTN_ARG_DESCALE_V, desc);
                     }
                     const Shape one{seq, heads * batch, dim};
+                    const double t0 = wall_seconds();
                     tf[fp8] = time_tflops(one, [&] {
                         return ok(flashattn_plan_execute_args(plan, args, dws, ws, nullptr), "execute");
                     }) * (causal ? 0.5 : 1.0);
+                    // Each cell's timed window on stderr, to match against a clock / power log
+                    // (nvidia-smi's timestamps; tests/gpu/fp8_clock_table.py).
+                    std::fprintf(stderr, "window %lld %d %lld %s %.3f %.3f\n", (long long)dim, causal, (long long)seq,
+                                 fp8 ? "fp8" : "bf16", t0, wall_seconds());
                     const cudaError_t e = cudaDeviceSynchronize();
                     if (e != cudaSuccess) {
                         std::fprintf(stderr, "CUDA error: %s\n", cudaGetErrorString(e));

@@ -28,7 +28,12 @@
 # first round, ncu profiles new's FP8 kernel on the 16k non-causal cell of each head dim, the
 # sections of fp8-tune.sh, summarized by ncu-source-summary.py), GATE_REDUCED (test programs that
 # also run beside the gate with FLASHATTN_TEST_REDUCED=1 on new's library, e.g. test_numerics_fa3;
-# built here).
+# built here), BASE_TREE (a whole source tree, e.g. main's
+# snapshot: its library, configured as the tree's and built beside it in BASE_TREE_BUILD, default
+# /tmp/fp8-basetree, is variant "main", so that bf16 FA3 is compared too, not only the FP8
+# kernel), SMI_LOG (1: nvidia-smi logs SM clock, power and temperature every 20 ms during each
+# speed run, and fp8_clock_table.py matches them to each cell's timed window: clocks.md),
+# GRID_TABLE_FLAGS (fp8_grid_table.py's --bf16-ratios, --means).
 set -uo pipefail
 source "$(dirname "$0")/fp8-gate.sh"  # fp8_gate_start / fp8_gate_wait / fp8_res_usage
 out=${OUT:-/tmp/fp8ab-out}
@@ -41,6 +46,7 @@ note() { echo "== $1"; echo "$1" >> "$out/summary.txt"; }
 t_start=$(date +%s)
 stamp() { echo "$(( $(date +%s) - t_start ))s"; }
 finish() {
+  [ -s "$out/clocks.md" ] && { echo; echo "==== SM clock / power per cell"; cat "$out/clocks.md"; }
   echo; echo "==== speed (TFLOP/s FP8; bf16 alongside)"; cat "$out/speed.md" 2>/dev/null
   echo; echo "==== summary ($(stamp))"; cat "$out/summary.txt"
 }
@@ -56,6 +62,15 @@ units=(src/CMakeFiles/flashattn_fa3.dir/backends/cuda/fa3/fa3_fp8_hdim64.cu.o
        src/CMakeFiles/flashattn_fa3.dir/backends/cuda/fa3/fa3_fp8_hdim256.cu.o)
 libname=src/libflashattn.so.0.3.0
 link_cmd=$(ninja -C "$build" -t commands "$libname" | grep -- "-o $libname" | tail -1)
+
+# A whole base tree's library (variant "main"), built beside the tree's (FA3 only, as configured here).
+if [ -n "${BASE_TREE:-}" ]; then
+  bt_build=${BASE_TREE_BUILD:-/tmp/fp8-basetree}
+  ( cmake -S "$BASE_TREE" -B "$bt_build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_FA1_ARCHS= -DFLASHATTN_FA2_ARCHS= \
+      -DFLASHATTN_FA3_ARCHS=90a-real -DFLASHATTN_BENCH_CUDA_ARCHS=90-real &&
+    cmake --build "$bt_build" -j 16 --target flashattn ) > "$logs/build-main.log" 2>&1 &
+  bt_pid=$!
+fi
 
 unit_cmds=()
 for u in "${units[@]}"; do unit_cmds+=("$(ninja -C "$build" -t commands "$u" | tail -1)"); done
@@ -116,6 +131,12 @@ for n in "${names[@]}"; do
   i=$((i + 1))
 done
 
+if [ -n "${BASE_TREE:-}" ]; then
+  if wait "$bt_pid" && cp "$(readlink -f "$bt_build/$libname")" /tmp/fp8v-lib-main.so; then
+    all+=(main); note "variant main (the base tree) built ($(stamp))"
+  else note "variant main: build failed ($(tail -3 "$logs/build-main.log" | paste -sd ' ' | cut -c1-300))"; fi
+fi
+
 use_lib() { cp "/tmp/fp8v-lib-$1.so" "$lib"; }
 # Each variant's library also as libflashattn.so.0 in a directory of its own: with it first in
 # LD_LIBRARY_PATH (which beats the tests' RUNPATH) tests of several variants run at once.
@@ -137,13 +158,26 @@ note "quick tests done ($(stamp))"
 
 acc="$build/bench/flashattn-fp8-accuracy"
 summarize() {  # the medians so far into speed.md (after every round: the call may be cut short)
-python3 "$(dirname "$0")/fp8_grid_table.py" "$out" "${rounds}" "${ok[@]}" > "$out/speed.md"
+python3 "$(dirname "$0")/fp8_grid_table.py" "$out" "${rounds}" "${ok[@]}" ${GRID_TABLE_FLAGS:-} > "$out/speed.md"
+[ "${SMI_LOG:-0}" = 1 ] && python3 "$(dirname "$0")/fp8_clock_table.py" "$logs" "${rounds}" "${ok[@]}" > "$out/clocks.md" 2>&1
 }
+smi_fields=timestamp,clocks.sm,power.draw,temperature.gpu
+if [ "${SMI_LOG:-0}" = 1 ]; then  # the throttle reasons and the instant power where this driver has them
+  for f in clocks_event_reasons.active power.draw.instant; do
+    nvidia-smi --query-gpu=$f --format=csv,noheader > /dev/null 2>&1 && smi_fields+=,$f
+  done
+  note "smi fields: $smi_fields; $(nvidia-smi --query-gpu=power.limit,clocks.max.sm --format=csv,noheader)"
+fi
 speed_round() {
-  local n
+  local n smi
   for n in "${ok[@]}"; do
     use_lib "$n"
-    timeout 60 "$acc" --speed-grid "${GRID_DIMS:-64,128,256}" > "$out/grid-$n-$1.md" 2>&1
+    if [ "${SMI_LOG:-0}" = 1 ]; then
+      nvidia-smi --query-gpu=$smi_fields --format=csv,noheader,nounits -lms 20 > "$logs/smi-$n-$1.csv" 2>&1 &
+      smi=$!
+    fi
+    timeout 60 "$acc" --speed-grid "${GRID_DIMS:-64,128,256}" > "$out/grid-$n-$1.md" 2> "$logs/cells-$n-$1.txt"
+    [ "${SMI_LOG:-0}" = 1 ] && kill "$smi" 2>/dev/null && wait "$smi" 2>/dev/null
   done
   note "speed round $1 done ($(stamp))"
   summarize
