@@ -7,7 +7,7 @@
 // With two K/V buffers (Tr::kStages == 2) K and V of the next tile load into the other buffer
 // while this one is used; with one, V[nb] is waited for and K[nb-1] refilled at the point where
 // every warp is done with K[nb] (wait_v_load_next_k). (The sm_90 paged decode's TMA tiles run
-// three stages issued two tiles ahead, waited on an mbarrier per buffer: kv_tma_wait.) A backward
+// three stages issued two tiles ahead, waited on an mbarrier per buffer: kv_tma_take.) A backward
 // pass needs its own pipeline (it walks query tiles per key tile) but builds it from the same
 // loaders (fa2_load.cuh), GEMM addressing (fa2_gemm.cuh) and shared softmax/mask steps.
 #pragma once
@@ -211,7 +211,7 @@ __device__ __forceinline__ void load_paged_row_runs(const Params &p, uint32_t sb
 // and the staged page entries. Rows past the sequence's keys are not left to chance: the boxes of the
 // last page bring whatever the cache holds there (test_serving poisons it with NaN) and groups past
 // the keys are not issued (stale rows), so the waiting threads zero those rows before the barrier
-// that publishes the tile (kv_tma_wait).
+// that publishes the tile (kv_tma_take).
 template <class Tr, bool kPaged>
 constexpr bool kPagedTma = kPaged && kDecodeTile<Tr>;
 
@@ -246,12 +246,19 @@ __device__ __forceinline__ bool paged_tma_on(const Params &p, uint32_t s_kv) {
     return false;
 }
 
-// The thread that issues the boxes and stages their page entries: the last warp's lane 0, a warp
-// that holds no query row at decode's few packed rows.
+// The warp that issues the boxes and stages their page entries: the last warp, which holds no
+// query row at decode's few packed rows. Its lanes issue a K or V tile's boxes side by side (lane
+// j box j: the page lookups, divisions and addresses in parallel, not one thread's chain of 8),
+// and stage the next tile's page entries the same way (lane i entry i); lane 0 prefetches the
+// descriptors and arms the barriers.
 template <class Tr>
 constexpr int kTmaIssuer = Tr::kThreads - 32;
+template <class Tr>
+__device__ __forceinline__ bool tma_issuer_warp(int tid) {
+    return (tid >> 5) == (kTmaIssuer<Tr> >> 5);
+}
 
-// The issuing thread fetches both descriptors at the kernel's start, ahead of its first boxes.
+// The issuing warp's lane 0 fetches both descriptors at the kernel's start, ahead of the first boxes.
 template <class Tr, bool kPaged>
 __device__ __forceinline__ void paged_tma_prefetch(const Params &p, const void *maps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -281,100 +288,100 @@ __device__ __forceinline__ void kv_tma_init(int tid) {
 
 // Issue K or V tile [n0, n0 + kBN) into buffer s (buffer s - s_kv / kKVBytes: K, V of stage 0,
 // then stage 1, 2; the same index picks its barrier). The tile's page entries are in
-// paged_entries, where kv_tma_stage_entries put them (only the issuing thread reads them).
+// paged_entries, where kv_tma_stage_entries put them (only the issuing warp reads them). Called
+// by every thread (the issuing warp converged): lane 0 arms the barrier with the tile's bytes,
+// then lane j issues box j (group j / kHalves, 64-column half j % kHalves).
 template <class Tr>
 __device__ __forceinline__ void load_paged_tma(const Params &p, const FwdLoopArgs &a, uint32_t s, int n0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using Tile = cuda::SwizzledTile<Tr::kBN, Tr::kD>;
     constexpr int kGroups = Tr::kBN / 16, kHalves = Tr::kD / 64;
     static_assert(Tr::kD % 64 == 0 && !Tile::kHalfPage, "whole 64-column pages");
-    if (a.tid != kTmaIssuer<Tr>) return;
+    static_assert(kGroups * kHalves <= 32, "a box per lane");
+    if (!tma_issuer_warp<Tr>(a.tid)) return;
+    const int lane = a.tid & 31;
     const int idx = static_cast<int>((s - a.s_kv) / Tr::kKVBytes);
     const uint32_t bar = kv_tma_bar(idx);
     const int groups = min(kGroups, (a.sk - n0 + 15) / 16);
-    cuda::mbar_arrive_expect_tx_s(bar, static_cast<uint32_t>(groups * kHalves * 16 * 64 * 2));
-    const PagedTmaMaps *maps = static_cast<const PagedTmaMaps *>(a.maps);
-    const void *map = (idx & 1) ? static_cast<const void *>(&maps->v) : static_cast<const void *>(&maps->k);
-    const int ps = p.page_size;
-    const int first = n0 / ps;
-    const int32_t *entries = paged_entries<Tr>(n0 / Tr::kBN);
-#pragma unroll
-    for (int g = 0; g < kGroups; ++g) {
-        if (g < groups) {
-            const int key = n0 + 16 * g;
-            const int pg = key / ps;
-            const int page = entries[pg - first];
-#pragma unroll
-            for (int h = 0; h < kHalves; ++h)
-                cuda::tma_load_4d_s(s + h * Tile::kPageBytes + g * 16 * 128, map, bar, 64 * h, key - pg * ps, a.kvh,
-                                    page);
-        }
+    if (lane == 0) cuda::mbar_arrive_expect_tx_s(bar, static_cast<uint32_t>(groups * kHalves * 16 * 64 * 2));
+    const int g = lane / kHalves, h = lane % kHalves;
+    if (g < groups) {
+        const PagedTmaMaps *maps = static_cast<const PagedTmaMaps *>(a.maps);
+        const void *map = (idx & 1) ? static_cast<const void *>(&maps->v) : static_cast<const void *>(&maps->k);
+        const int ps = p.page_size;
+        const int key = n0 + 16 * g;
+        const int pg = key / ps;
+        const int page = paged_entries<Tr>(n0 / Tr::kBN)[pg - n0 / ps];
+        cuda::tma_load_4d_s(s + h * Tile::kPageBytes + g * 16 * 128, map, bar, 64 * h, key - pg * ps, a.kvh, page);
     }
 #else
     (void)p; (void)a; (void)s; (void)n0;
 #endif
 }
 
-// Tile nb's page entries by cp.async from the issuing thread alone (it is their only reader, so
-// its own cp.async wait makes them visible: no barrier). At most kBN / 16 entries (pages of a
-// multiple of 16 keys).
+// Tile nb's page entries by cp.async from the issuing warp alone (lane i entry i; the warp is
+// their only reader, so its lanes' cp.async waits and a __syncwarp make them visible: no CTA
+// barrier). At most kBN / 16 entries (pages of a multiple of 16 keys).
 template <class Tr>
 __device__ __forceinline__ void kv_tma_stage_entries(const Params &p, const FwdLoopArgs &a, int nb) {
-    if (a.tid != kTmaIssuer<Tr>) return;
+    if (!tma_issuer_warp<Tr>(a.tid)) return;
+    __syncwarp();  // the lanes' reads of the entries this slot held (the tile issued just before)
     int first, count;
     tile_pages(p, nb, Tr::kBN, a.sk, first, count);
-    const int32_t *row = page_row(p) + first;
-    const uint32_t dst = cuda::smem_addr(paged_entries<Tr>(nb));
-    for (int i = 0; i < count; ++i) cuda::cp_async_4(dst + 4 * i, row + i, 4u);
+    const int lane = a.tid & 31;
+    if (lane < count)
+        cuda::cp_async_4(cuda::smem_addr(paged_entries<Tr>(nb) + lane), page_row(p) + first + lane, 4u);
 }
 
 // The walk's it-th tile uses stage it % kTmaStages; its barriers' phase is it / kTmaStages.
 __device__ __forceinline__ int kv_tma_stage(int it) { return it % kTmaStages; }
 
-// At the walk's it-th tile nb, once every thread is past the barrier that follows its K wait (so
-// the stage of tile it - 1 is free): K and V of tile nb - 2 into that stage, and the page entries
-// of tile nb - 3 staged for the next call. The cp.async wait at the next tile (kv_tma_wait's
-// caller) completes those entries.
+// At the walk's it-th tile nb, once every thread is past the tile's first barrier (every warp is
+// done with tile it - 1, so its stage is free; K of tile it need not have landed): K and V of
+// tile nb - 2 into that stage, and the page entries of tile nb - 3 staged for the next call. The
+// issuing warp waits for the entries it staged at the previous tile here, after that barrier, so
+// that their round trip does not hold the barrier.
 template <class Tr>
 __device__ __forceinline__ void kv_tma_issue_ahead(const Params &p, const FwdLoopArgs &a, int nb, int it) {
     const int ahead = nb - (kTmaStages - 1);
-    if (ahead < a.nb_first) return;
+    if (ahead < a.nb_first || !tma_issuer_warp<Tr>(a.tid)) return;
+    cuda::cp_async_wait<0>();  // this lane's staged entries of tile `ahead`
+    __syncwarp();              // ... and the other lanes'
     const uint32_t s = a.s_kv + static_cast<uint32_t>(kv_tma_stage(it + kTmaStages - 1)) * 2 * Tr::kKVBytes;
     load_paged_tma<Tr>(p, a, s, ahead * Tr::kBN);
     load_paged_tma<Tr>(p, a, s + Tr::kKVBytes, ahead * Tr::kBN);
     if (ahead > a.nb_first) kv_tma_stage_entries<Tr>(p, a, ahead - 1);
 }
 
-// The walk's it-th tile nb, its K (v = 0) or V (v = 1): wait for the buffer's barrier phase, then
-// zero the rows past the sequence's keys (only a sequence's last tile has any). Returns whether a
-// __syncthreads must follow: always for K (the caller's barrier also frees the stage that
-// kv_tma_issue_ahead refills); for V only when rows were zeroed
-// (each thread's own barrier wait already makes the boxes' bytes visible to it). The zeroing
-// threads fence their generic writes against the TMA that refills the buffer later.
+// The walk's it-th tile nb, its K (v = 0) or V (v = 1), for the warps that read it: wait for the
+// buffer's barrier phase (each waiting thread's own wait makes the boxes' bytes visible to it).
+// Warps without query rows (at decode's 4 packed rows all but warp 0) do not wait: they park at the
+// next tile's barrier (bar.sync) instead of spinning in mbarrier waits beside the warp that
+// computes. A sequence's last tile, whose rows past the keys must be zeroed (the last page's boxes
+// bring whatever the cache holds there; groups past the keys are not issued), is waited for by
+// every thread: they zero those rows together, fence the generic writes against the TMA that
+// refills the buffer later, and publish them with a barrier.
 template <class Tr>
-__device__ __forceinline__ bool kv_tma_wait(const FwdLoopArgs &a, int nb, int it, int v) {
+__device__ __forceinline__ void kv_tma_take(const FwdLoopArgs &a, int nb, int it, int v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    {
-        using Tile = cuda::SwizzledTile<Tr::kBN, Tr::kD>;
-        constexpr int kCPR = Tr::kD / 8;
-        const int idx = 2 * kv_tma_stage(it) + v;
-        cuda::mbar_wait_s(kv_tma_bar(idx), static_cast<uint32_t>((it / kTmaStages) & 1));
-        const int rows = a.sk - nb * Tr::kBN;
-        if (rows < Tr::kBN) {
-            const uint32_t buf = a.s_kv + static_cast<uint32_t>(idx) * Tr::kKVBytes;
-            for (int i = a.tid; i < (Tr::kBN - rows) * kCPR; i += Tr::kThreads) {
-                const int r = rows + i / kCPR;
-                cuda::st_shared_v4(buf + Tile::offset(r, i % kCPR), make_uint4(0u, 0u, 0u, 0u));
-            }
-            cuda::fence_proxy_async_smem();
-            return true;
+    using Tile = cuda::SwizzledTile<Tr::kBN, Tr::kD>;
+    constexpr int kCPR = Tr::kD / 8;
+    const int rows = a.sk - nb * Tr::kBN;
+    if (rows >= Tr::kBN && !a.warp_active) return;
+    const int idx = 2 * kv_tma_stage(it) + v;
+    cuda::mbar_wait_s(kv_tma_bar(idx), static_cast<uint32_t>((it / kTmaStages) & 1));
+    if (rows < Tr::kBN) {
+        const uint32_t buf = a.s_kv + static_cast<uint32_t>(idx) * Tr::kKVBytes;
+        for (int i = a.tid; i < (Tr::kBN - rows) * kCPR; i += Tr::kThreads) {
+            const int r = rows + i / kCPR;
+            cuda::st_shared_v4(buf + Tile::offset(r, i % kCPR), make_uint4(0u, 0u, 0u, 0u));
         }
-        return v == 0;
+        cuda::fence_proxy_async_smem();
+        __syncthreads();
     }
 #else
     (void)a; (void)nb; (void)it; (void)v;
 #endif
-    return true;
 }
 
 // cp.async K or V tile [n0, n0 + kBN) of this sequence (g: a.kg or a.vg; page_stride: k_bs or
@@ -481,8 +488,8 @@ __device__ __forceinline__ void kv_tma_first_tiles(const Params &p, const FwdLoo
         const uint32_t s1 = a.s_kv + 2 * Tr::kKVBytes;
         load_paged_tma<Tr>(p, a, s1, n0 - Tr::kBN);
         load_paged_tma<Tr>(p, a, s1 + Tr::kKVBytes, n0 - Tr::kBN);
-        // Tile nb_last - 2 shares the first tile's slot, whose entries the issuing thread (the
-        // only writer now) has just read.
+        // Tile nb_last - 2 shares the first tile's slot, whose entries the issuing warp (the
+        // only writer now) has just read (kv_tma_stage_entries syncs its lanes first).
         if (nb_last - 1 > a.nb_first) kv_tma_stage_entries<Tr>(p, a, nb_last - 2);
     }
     cuda::cp_async_commit();
@@ -573,13 +580,15 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
         // source is the two-stage step alone (kept so: their SASS is main's).
         if constexpr (kPagedTma<Tr, kPaged>) {
             if (a.kv_tma) {
+                // The barrier first, then the boxes of tile it + 2, then K of tile it: the refill
+                // waits only for every warp to be done with tile it - 1, not for K of tile it to
+                // land, and the warps without rows wait at this barrier alone (kv_tma_take).
                 st_off = kv_tma_stage(it) * 2 * Tr::kKVBytes;
-                cuda::cp_async_wait<0>();  // Q (first tile) and the entries kv_tma_issue_ahead reads
-                kv_tma_wait<Tr>(a, nb, it, 0);
-                __syncthreads();  // ... for every thread; the stage of tile it - 1 is free
+                if (it == 0) cuda::cp_async_wait<0>();  // Q (every thread's copies), the prologue's entries
+                __syncthreads();  // ... for every thread; every warp is done with tile it - 1: its stage is free
                 kv_tma_issue_ahead<Tr>(p, a, nb, it);
-                cuda::cp_async_commit();
-                cuda::cp_async_commit();
+                cuda::cp_async_commit();  // the issuing warp's staged entries
+                kv_tma_take<Tr>(a, nb, it, 0);
             } else {
                 wait_k_load_next<Tr, kPaged, kVariants>(p, a, nb, it, next);
             }
@@ -661,7 +670,7 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
     if constexpr (Tr::kStages == 2) {
         if constexpr (kPagedTma<Tr, kPaged>) {
             if (a.kv_tma) {
-                if (kv_tma_wait<Tr>(a, nb, it, 1)) __syncthreads();
+                kv_tma_take<Tr>(a, nb, it, 1);
             } else {
                 cuda::cp_async_wait<2>();  // V[nb] landed
                 __syncthreads();
