@@ -145,6 +145,9 @@ __device__ __forceinline__ void mbar_wait_sleep_s(uint32_t bar, uint32_t parity)
     while (!mbar_try_wait_suspend_s(bar, parity, kMbarSuspendHintNs)) {
     }
 }
+__device__ __forceinline__ void mbar_wait_sleep(uint64_t *bar, uint32_t parity) {
+    mbar_wait_sleep_s(smem_addr(bar), parity);
+}
 
 // Spins at most `timeout_cycles` clock64 cycles; false on timeout (for tests and debugging:
 // report instead of hanging).

