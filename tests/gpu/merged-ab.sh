@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# A merged tree's whole H200 check plus its A/B against an older tree, in one device call, for a
+# session whose helpers could not run their own calls: builds this tree (h200-check.sh's build
+# stage) and BASE_SRC's library beside it, times first while the GPU is quiet (decode contiguous /
+# pages of 16, the FA2 and FA3 backward, the FP8 / bf16 FA3 forward grid; both libraries under this
+# tree's benches, LD_LIBRARY_PATH picking the library, rounds alternated), then runs
+# merged-check.sh (gpu tests, SASS tests, sanitizers) in the time left. Tables printed last.
+#
+#   OUT=$OUT BASE_SRC=../base DEADLINE=560 bash tests/gpu/merged-ab.sh
+#
+# Environment: MAB_PARTS (default "decode bwd fp8"), MAB_ROUNDS (2), MAB_BWD_HDIMS (64,128),
+# MAB_BWD_SEQLENS (2048,8192), and merged-check.sh's own (T, TC, SAN_TESTS, SAN_MEMCHECK_ONLY).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+final_out=${OUT:-/tmp/mab}; out=/tmp/mab-log; rm -rf $out; mkdir -p "$out/bench" "$final_out"
+start=$(date +%s); el() { echo $(( $(date +%s) - start )); }
+note() { echo "[$(el)s] $*" | tee -a "$out/notes.txt"; }
+deadline=${DEADLINE:-560}; rounds=${MAB_ROUNDS:-2}
+base_bld=/tmp/mab-base new_bld=/tmp/fa-final
+export PYTHONUNBUFFERED=1
+( nice cmake -S "${BASE_SRC:?}" -B $base_bld -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF \
+    -DFLASHATTN_BUILD_BENCH=OFF -DFLASHATTN_BUILD_EXAMPLES=OFF -DFLASHATTN_BUILD_TOOLS=OFF -DFLASHATTN_BUILD_CP=OFF \
+    -DFLASHATTN_FA1_ARCHS= -DFLASHATTN_FA2_ARCHS=90-real -DFLASHATTN_FA3_ARCHS=90a-real \
+  && nice cmake --build $base_bld --target flashattn -j 6 ) > "$out/build-base.log" 2>&1 & pb=$!
+(cd "$root" && BUILD_DIR=$new_bld OUT=$out bash tests/gpu/h200-check.sh build) > "$out/build-new.log" 2>&1
+wait $pb; note "builds done: base rc=$? new $(ls $new_bld/src/libflashattn.so 2>&1)"
+[ -f $new_bld/src/libflashattn.so ] && [ -f $base_bld/src/libflashattn.so ] || {
+  tail -30 "$out/build-new.log" "$out/build-base.log"; tar czf "$final_out/logs.tgz" -C $out .; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.limit --format=csv,noheader > "$out/gpu.txt" 2>&1
+on() { local lib=$1; shift; LD_LIBRARY_PATH=$lib/src${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$@"; }
+left() { echo $(( deadline - $(el) )); }
+decode_part() {  # d 128 b 1/8/64 x 16k/32k/128k and d 64 b 1/8 x 32k; contiguous and pages of 16
+  local r tag ps d cells bld
+  for r in $(seq 1 $rounds); do
+    for d in 128 64; do
+      cells=(--decode-batch 1,8,64 --decode-seqlen 16384,32768,131072); [ $d = 64 ] && cells=(--decode-batch 1,8 --decode-seqlen 32768)
+      for ps in 16 0; do
+        for tag in $( [ $((r % 2)) = 1 ] && echo base new || echo new base ); do
+          bld=$base_bld; [ $tag = new ] && bld=$new_bld
+          on $bld timeout 40 $new_bld/bench/flashattn-bench --backend fa2 --decode --decode-kv-heads 8 --no-standard \
+            "${cells[@]}" --decode-head-dim $d --page-size $ps --warmup 5 --reps 20 \
+            > "$out/bench/r$r-$tag-d$d-p$ps.txt" 2>&1
+        done
+      done
+    done
+  done
+  note "decode done"
+}
+bwd_part() {
+  local gen
+  for gen in fa3 fa2; do
+    [ $(left) -gt 60 ] || { note "bwd $gen skipped"; continue; }
+    timeout $(( $(left) - 30 )) python3 "$root/bench/ab_backward.py" --a $base_bld/src/libflashattn.so \
+      --b $new_bld/src/libflashattn.so --gen $gen --deterministic --hdim "${MAB_BWD_HDIMS:-64,128}" \
+      --seqlen "${MAB_BWD_SEQLENS:-2048,8192}" --rounds $rounds --markdown "$out/bwd-$gen.md" > "$out/bwd-$gen.txt" 2>&1
+    note "bwd $gen rc=$?"
+  done
+}
+fp8_part() {
+  local r tag acc=$new_bld/bench/flashattn-fp8-accuracy
+  for r in $(seq 1 $rounds); do
+    for tag in $( [ $((r % 2)) = 1 ] && echo base new || echo new base ); do
+      [ $(left) -gt 40 ] || { note "fp8 round $r skipped"; return; }
+      local bld=$base_bld; [ $tag = new ] && bld=$new_bld
+      nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 50 > "$out/smi-$tag-$r.csv" 2>&1 & smi=$!
+      on $bld timeout 60 $acc --speed-grid 64,128,256 > "$out/grid-$tag-$r.md" 2> "$out/cells-$tag-$r.txt"
+      kill $smi 2>/dev/null; wait $smi 2>/dev/null
+    done
+  done
+  note "fp8 done"
+}
+for part in ${MAB_PARTS:-decode bwd fp8}; do ${part}_part; done
+# The gates in the time left (merged-check.sh's build stage finds the tree built).
+mc_t=$(( $(left) - 40 )); [ $mc_t -gt 200 ] && mc_t=200
+(cd "$root" && OUT=$out/mc T=$((mc_t - 20)) TC=$mc_t BENCH=0 DECODE_PAGES="" timeout $((mc_t + 30)) bash tests/gpu/merged-check.sh) > "$out/merged-check.txt" 2>&1
+note "merged-check rc=$?"
+python3 - "$out/bench" > "$out/decode.md" <<'PY'
+import collections, glob, os, re, statistics, sys
+cells = collections.defaultdict(list)  # (d, page, tag, b, sk) -> [µs]
+for f in glob.glob(os.path.join(sys.argv[1], "r*-*-d*-p*.txt")):
+    _, tag, d, page = re.match(r"r(\d+)-(base|new)-d(\d+)-p(\d+)\.txt", os.path.basename(f)).groups()
+    for line in open(f):
+        r = re.match(r"\|\s*(\d+)\s*\|\s*\d+ / \d+\s*\|\s*(\d+)\s*\|[^|]*\|[^|]*\|\s*([\d.]+)\s*\(([\d.]+)\)", line)
+        if r:
+            cells[(int(d), int(page), tag, int(r.group(1)), int(r.group(2)))].append(float(r.group(4)))
+med = {k: statistics.median(v) for k, v in cells.items()}
+f = lambda x: "-" if x is None else f"{x:.1f}"
+q = lambda a, b: "-" if a is None or b is None else f"{a / b:.3f}"
+print("| d | batch | keys | base contig µs | new contig µs | base p16 µs | new p16 µs | base p16/contig | new p16/contig (bar 0.9) | new/base contig (speed) | new/base p16 (speed) | n |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+for d in (128, 64):
+    for b in (1, 8, 64):
+        for sk in (16384, 32768, 131072):
+            g = lambda page, tag: med.get((d, page, tag, b, sk))
+            bc, nc, bp, np_ = g(0, "base"), g(0, "new"), g(16, "base"), g(16, "new")
+            if nc is None and np_ is None: continue
+            print(f"| {d} | {b} | {sk} | {f(bc)} | {f(nc)} | {f(bp)} | {f(np_)} | {q(bc, bp)} | {q(nc, np_)} | {q(bc, nc)} | {q(bp, np_)} | {len(cells.get((d, 16, 'new', b, sk), []))} |")
+PY
+tar czf "$final_out/logs.tgz" -C $out . 2>/dev/null
+cp "$out"/bwd-*.md "$out/decode.md" "$final_out/" 2>/dev/null
+echo "==== notes"; cat "$out/notes.txt"; cat "$out/gpu.txt"
+echo "==== merged check"; tail -45 "$out/merged-check.txt"
+echo "==== fp8 grid"; python3 "$root/tests/gpu/fp8_grid_table.py" "$out" $rounds base new --bf16-ratios --means 2>&1 | tail -30
+echo "==== decode (µs; ratios are speed ratios: >1 = faster)"; cat "$out/decode.md"
+for gen in fa3 fa2; do echo "==== bwd $gen"; tail -22 "$out/bwd-$gen.md" 2>/dev/null || tail -5 "$out/bwd-$gen.txt"; done
