@@ -1,13 +1,9 @@
 // FlashAttention-3 backward main kernel for Hopper (sm_90a): TMA loads, wgmma, and its launcher.
 // Algorithm 2 of FlashAttention-2 in the shape of FlashAttention-3's backward, key-block outer loop.
 //
-// Up to head dim 128: one CTA per (key block of kBwdBN = 128 keys, kv head, sequence), in one grid
-// dimension. Default mode: key blocks fastest, so that the CTAs resident at a time cover a few
-// (kv head, sequence) pairs whole and share their Q, dO, LSE, row_dot and fp32 dQ rows in L2 (with
-// heads fastest every resident CTA had a pair of its own: the working set, 2 MB per pair at head
-// dim 128 and 2k, overflowed L2 and the Q/dO loads waited on DRAM; stop 22). Deterministic mode:
-// heads and sequences fastest (as the FA2 backward), so that a key block's predecessor in the dQ
-// order is an earlier CTA of an earlier wave and its turns are mostly taken before it asks. Two
+// Up to head dim 128: one CTA per (key block of kBwdBN = 128 keys, kv head, sequence), heads and sequences fastest in
+// one grid dimension (as the FA2 backward: the first wave holds every head's first key blocks, and
+// in deterministic mode a key block's predecessor in the dQ order is always an earlier CTA). Two
 // consumer warpgroups; warpgroup w owns keys n0 + 64w .. n0 + 64w + 63 and keeps their dK and dV
 // in registers. K and V arrive once by TMA. The CTA then walks every query block of kBwdBM = 64
 // rows of every query head of the kv head's GQA group that sees any of its keys, in a fixed order;
@@ -25,17 +21,17 @@
 //                                              MN-major in shared memory
 //   dQ  += dS K_w                              dS^T through shared memory (16-bit), wgmma with
 //                                              both operands MN-major, 64 columns at a time,
-//                                              into an fp32 tile in shared memory (rows padded
-//                                              against bank conflicts) that bulk reductions
-//                                              (cp.reduce.async.bulk .add.f32), one per row, add
-//                                              to the accumulator; default mode at head dim 64:
+//                                              into an fp32 tile in shared memory that one bulk
+//                                              reduction (cp.reduce.async.bulk .add.f32) adds
+//                                              to the accumulator (the query block's rows are
+//                                              contiguous there); default mode at head dim 64:
 //                                              vector reductions from registers instead
 // At the end dK * scale and dV are stored (zeros for keys no query sees). The dQ scale is the
 // convert kernel's (device/bwd_prep.cuh). GQA needs no dK/dV reduction across CTAs: the CTA walks
 // its whole query-head group.
 //
 // Two kernels. bwd_kernel, the default mode: 256 threads, thread 0 of warpgroup 0 also issues the
-// TMA loads, 64 threads of each warpgroup its dQ row reductions. bwd_det_kernel, the deterministic mode
+// TMA loads, each warpgroup's thread 0 its bulk reductions. bwd_det_kernel, the deterministic mode
 // (since stop 20): FlashAttention-3's shape, a third warpgroup that produces on 24 registers
 // (setmaxnreg; the consumers run on 240): its warp 0 issues the TMA loads, its warp 1 is the dQ
 // writer. The consumers store their fp32 dQ tiles to two slots (dq_full / dq_empty mbarriers); the
@@ -214,10 +210,7 @@ struct BwdTraits {
     static constexpr int kKOff = 0;
     static constexpr int kVOff = kKBytes;
     static constexpr int kQOff = 2 * kKBytes;  // buffer s: Q at kQOff + s * 2 * kQBytes, dO after it
-    static constexpr int kDQPitch = bwd_dq_pitch(kD);  // bytes per row of the default mode's padded dQ tile
-    // One warpgroup's fp32 dQ tile (default mode, padded rows) or writer slot (deterministic
-    // kernel, dense rows of head_dim floats: a part of the same space).
-    static constexpr int kDQBytes = bwd_dq_tiles(kD) ? kBwdBM * kDQPitch : 0;
+    static constexpr int kDQBytes = bwd_dq_tiles(kD) ? kBwdBM * kD * 4 : 0;  // one warpgroup's fp32 dQ tile / slot
     static constexpr int kDSOff = kQOff + kStages * 2 * kQBytes;
     static constexpr int kDQOff = kDSOff + 2 * kDSBytes;
     static constexpr int kRowsOff = kDQOff + 2 * kDQBytes;
@@ -446,11 +439,9 @@ __device__ __forceinline__ void dq_page_gemm(float (&acc)[32], uint32_t s_ds, ui
 }
 
 // dQ = dS K_w for the step's 64 queries (this warpgroup's 64 keys), 64 head-dim columns at a time
-// (dq_page_gemm), stored as fp32 rows at s_dq: rows of Tr::kDQPitch bytes (the default mode's
-// tile, reduced row by row: bank-conflict free), or with kSlot dense rows of head_dim floats (the
-// accumulator's rows: the deterministic kernel's writer slot of warpgroup wg, reduced at once);
-// kSlot also waits from step s = 1 on, after the first GEMM and before the first store, for the
-// writer to have read the slot's previous tile (dq_empty).
+// (dq_page_gemm), stored as fp32 rows of head_dim floats (the accumulator's rows) at s_dq. kSlot (the deterministic kernel's writer slot of warpgroup
+// wg): from step s = 1 on, wait after the first GEMM, before the first store, for the writer to
+// have read the slot's previous tile (dq_empty).
 template <class Tr, class E, bool kSlot>
 __device__ __forceinline__ void dq_tile_to_smem(int d, uint32_t s_ds, uint32_t s_k, uint32_t s_dq, const BwdBlock &a,
                                                 int s, int wg) {
@@ -467,33 +458,28 @@ __device__ __forceinline__ void dq_tile_to_smem(int d, uint32_t s_ds, uint32_t s
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = 16 * warp + g + 8 * h;
-                const uint32_t at = kSlot ? (row * d + col) * 4 : row * Tr::kDQPitch + col * 4;
-                st_shared_v2_f32(s_dq + at, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+                st_shared_v2_f32(s_dq + (row * d + col) * 4, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
             }
         }
     }
 }
 
-// The threads that issue the default mode's dQ row reductions: lanes 0-15 of each warp of a
-// warpgroup, one row each (warp w's rows 16w .. 16w + 15).
-__device__ __forceinline__ bool dq_row_issuer() { return (threadIdx.x & 31) < 16; }
-
 // dQ += dS K_w for the step's 64 queries, head dims above 64 (bwd_bulk_dq): the warpgroup's fp32
-// tile (dq_tile_to_smem, padded rows), then one bulk reduction per row of the sequence (head_dim
-// floats), issued by dq_row_issuer's 64 threads (default mode; the deterministic kernel's dQ goes
-// through its writer warp: accumulate_dq_slot). The caller made sure that the previous step's
-// reductions have finished reading the tile (each issuer waits, then the step-top barrier).
+// tile (dq_tile_to_smem), then one bulk reduction of the sequence's rows by thread 0 of the
+// warpgroup (default mode; the deterministic kernel's dQ goes through its
+// writer warp: accumulate_dq_slot). The caller made sure that the previous step's reduction has
+// finished reading the tile (the step-top barrier).
 template <class Tr, class E>
 __device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
                                                    uint32_t s_ds, uint32_t s_k, uint32_t s_dq) {
     const int d = p.head_dim;
     dq_tile_to_smem<Tr, E, false>(d, s_ds, s_k, s_dq, a, 0, wg);
-    fence_proxy_async_smem();  // the tile, before the bulk reductions read it
+    fence_proxy_async_smem();  // the tile, before the bulk reduction reads it
     warpgroup_sync(wg);
-    const int row = 16 * ((threadIdx.x & 127) >> 5) + (threadIdx.x & 15);
-    if (dq_row_issuer() && row < a.sq - st.m0) {
-        float *dst = p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + st.m0 + row) * d;
-        bulk_reduce_add_f32(dst, s_dq + row * Tr::kDQPitch, static_cast<uint32_t>(d * 4));
+    if ((threadIdx.x & 127) == 0) {
+        const int rows = min(kBwdBM, a.sq - st.m0);
+        float *dst = p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + st.m0) * d;
+        bulk_reduce_add_f32(dst, s_dq, static_cast<uint32_t>(rows * d * 4));
         bulk_commit();
     }
 }
@@ -641,27 +627,16 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams &p, const BwdBlock &
     }
 }
 
-// The grid's order (launch_bwd_kernel): key blocks fastest (kKeysFastest, the default mode) or kv
-// heads x batch fastest (the deterministic mode: a key block's predecessor in the dQ turn order is
-// then an earlier wave's CTA, as in the FA2 backward). Both enumerate the same blocks; a block past
-// its sequence's keys (variable length: the grid covers the longest) exits at once.
+// The CTA's key block (grid: kv heads x batch fastest, key blocks slowest) with its sequence's
+// lengths and diagonal, and the shared-memory base both kernels lay their tiles from.
 template <class Tr>
-__host__ __device__ constexpr int bwd_key_blocks(const BwdParams &p) {
-    return static_cast<int>((static_cast<int64_t>(p.seqlen_k) + Tr::kBN - 1) / Tr::kBN);
-}
-
-// The CTA's key block with its sequence's lengths and diagonal, and the shared-memory base both
-// kernels lay their tiles from.
-template <class Tr, bool kKeysFastest>
 __device__ __forceinline__ BwdBlock key_block(const BwdParams &p, unsigned char *smem_raw) {
     // SW128 tiles need 1024-byte alignment; the dynamic base is not guaranteed to have it.
     unsigned char *smem = reinterpret_cast<unsigned char *>(
         (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
-    const unsigned nkb = static_cast<unsigned>(bwd_key_blocks<Tr>(p));
-    const unsigned nhb = static_cast<unsigned>(p.heads_kv * p.batch);
-    const int hb = static_cast<int>(kKeysFastest ? blockIdx.x / nkb : blockIdx.x % nhb);
+    const int hb = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.heads_kv * p.batch));
     BwdBlock a;
-    a.nb = static_cast<int>(kKeysFastest ? blockIdx.x % nkb : blockIdx.x / nhb);
+    a.nb = static_cast<int>(blockIdx.x / static_cast<unsigned>(p.heads_kv * p.batch));
     a.kvh = hb % p.heads_kv;
     a.b = hb / p.heads_kv;
     const cuda::SeqInfo si = cuda::seq_info(p, a.b);
@@ -712,7 +687,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                const __grid_constant__ BwdParams p) {
     extern __shared__ unsigned char smem_raw[];
-    BwdBlock a = key_block<Tr, !kDet>(p, smem_raw);
+    BwdBlock a = key_block<Tr>(p, smem_raw);
     if (a.n0 >= a.sk) return;  // the whole CTA: a key block past this sequence's end
 
     if (threadIdx.x == 0) {
@@ -763,7 +738,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             }
             cuda::cp_async_commit();
             cuda::cp_async_wait<Tr::kStages - 1>();  // this step's rows, from this thread ...
-            if (Tr::kBulkDQ && dq_row_issuer()) bulk_wait_read_all();  // the previous step's dQ reductions read the tile
+            if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) bulk_wait_read_all();  // the previous dQ reduction read its tile
             // ... and from every thread of the warpgroup; the split layout: of the CTA, which
             // also keeps the P^T and dS^T pages until both warpgroups have read them
             if constexpr (Tr::kSplit)
@@ -773,7 +748,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
             step_compute<Tr, E, kDet>(p, a, s, st, buf, wg, dK, dV);
         }
-        if (Tr::kBulkDQ && dq_row_issuer()) bulk_wait_all();  // the last reductions, before shared memory goes away
+        if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) bulk_wait_all();  // the last reduction, before shared memory goes away
     }
     store_dk_dv<Tr, E>(p, a, wg, dK, dV);
 }
@@ -891,7 +866,7 @@ __global__ void __launch_bounds__(kBwdDetThreads, 1)
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                const __grid_constant__ BwdParams p) {
     extern __shared__ unsigned char smem_raw[];
-    BwdBlock a = key_block<Tr, false>(p, smem_raw);
+    BwdBlock a = key_block<Tr>(p, smem_raw);
     if (a.n0 >= a.sk) return;  // the whole CTA: a key block past this sequence's end
 
     if (threadIdx.x == 0) {
@@ -941,7 +916,7 @@ __global__ void __launch_bounds__(kBwdDetThreads, 1)
 }
 
 // Grid: kv heads x batch x key blocks of the longest sequence, in one dimension (the host checks
-// that it fits), in key_block's order.
+// that it fits).
 template <int kD, class E, bool kDet>
 cudaError_t launch_bwd_kernel(const BwdParams &p, const BwdMaps &maps, cudaStream_t stream) {
     using Tr = BwdTraits<kD>;
@@ -958,7 +933,8 @@ cudaError_t launch_bwd_kernel(const BwdParams &p, const BwdMaps &maps, cudaStrea
     static unsigned long long optin_done = 0;  // one per instantiation
     cudaError_t e = cuda::ensure_smem_optin(kernel, kSmem, &optin_done);
     if (e != cudaSuccess) return e;
-    const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(p.heads_kv) * p.batch * bwd_key_blocks<Tr>(p)));
+    const int64_t nkb = (static_cast<int64_t>(p.seqlen_k) + Tr::kBN - 1) / Tr::kBN;
+    const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(p.heads_kv) * p.batch * nkb));
     kernel<<<grid, kThreadsPerCta, kSmem, stream>>>(maps.q, maps.k, maps.v, maps.dout, p);
     return cudaSuccess;
 }

@@ -70,23 +70,13 @@ constexpr int bwd_stages(int kd) { return kd <= 64 ? 3 : 2; }
 constexpr bool bwd_bulk_dq(int kd) { return kd > 64 && !bwd_split(kd); }
 constexpr bool bwd_dq_tiles(int kd) { return !bwd_split(kd); }
 
-// Row pitch in bytes of a warpgroup's fp32 dQ tile in shared memory: kD floats and 32 bytes of
-// padding, so that the accumulator-fragment stores (8 rows x 32 bytes per warp instruction) fall
-// on distinct banks (8 words further per row: two wavefronts, the minimum for 256 bytes); dense
-// rows (512 bytes at head dim 128) put all 8 rows on the same 8 banks, 8 wavefronts (stop 22's
-// profile: those stores and their address arithmetic were 15 % of the default kernel's stall
-// samples). The default mode's bulk path reduces such a tile row by row; the deterministic
-// kernel's slots keep dense rows of head_dim floats (its writer reduces a slot at once) and use
-// the same space.
-constexpr int bwd_dq_pitch(int kd) { return kd * 4 + 32; }
-
 // K, V [block_n x kD], stages x (Q, dO) [kBwdBM x kD], 2 x a [64 x kBwdBM] page (dS^T of each
 // warpgroup; split: P^T and dS^T), all 16-bit; without the split, 2 x the fp32 dQ tile
-// [kBwdBM rows x bwd_dq_pitch] (the default mode at head dim 64 does not use them); stages x 2
-// warpgroups x (LSE, row_dot) [kBwdBM] fp32; 1 KB of barriers (padded); 1 KB to align the base.
+// [kBwdBM x kD] (the default mode at head dim 64 does not use them); stages x 2 warpgroups x
+// (LSE, row_dot) [kBwdBM] fp32; 1 KB of barriers (padded); 1 KB to align the base.
 constexpr int bwd_smem_bytes(int kd) {
     return (2 * bwd_block_n(kd) + 2 * bwd_stages(kd) * kBwdBM) * kd * 2 + 2 * 64 * kBwdBM * 2 +
-           (bwd_dq_tiles(kd) ? 2 * kBwdBM * bwd_dq_pitch(kd) : 0) + bwd_stages(kd) * 2 * 2 * kBwdBM * 4 + 2048;
+           (bwd_dq_tiles(kd) ? 2 * kBwdBM * kd * 4 : 0) + bwd_stages(kd) * 2 * 2 * kBwdBM * 4 + 2048;
 }
 static_assert(bwd_smem_bytes(64) <= 232448 && bwd_smem_bytes(128) <= 232448 && bwd_smem_bytes(256) <= 232448,
               "the backward tile exceeds 227 KB");
