@@ -116,39 +116,6 @@ __device__ __forceinline__ void mbar_wait_s(uint32_t bar, uint32_t parity) {
 }
 __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) { mbar_wait_s(smem_addr(bar), parity); }
 
-// One try with a suspend-time hint: a thread whose phase is not complete sleeps until the barrier
-// changes or `hint_ns` pass (SASS: NANOSLEEP.SYNCS between two phase checks) instead of returning
-// after the short system-dependent limit of the plain form, which comes back within a few cycles.
-__device__ __forceinline__ bool mbar_try_wait_suspend_s(uint32_t bar, uint32_t parity, uint32_t hint_ns) {
-#if FLASHATTN_SM90_BODY
-    uint32_t ok;
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(ok)
-        : "r"(bar), "r"(parity), "r"(hint_ns)
-        : "memory");
-    return ok != 0;
-#else
-    (void)bar; (void)parity; (void)hint_ns; FLASHATTN_SM90A_TRAP();
-    return false;
-#endif
-}
-
-// Waits as mbar_wait_s, asleep between polls: for a producer thread waiting on a free stage, whose
-// spin (TRYWAIT, BRA, YIELD) otherwise takes issue slots from the consumer warps on its scheduler
-// (ncu, FP8 kernel at head dim 128: ~19 % of that scheduler's slots, docs/kernel-notes.md). The
-// hint is CUTLASS's (ClusterBarrier::wait): long, since the barrier's completion wakes the thread.
-constexpr uint32_t kMbarSuspendHintNs = 0x989680;  // 10 ms
-__device__ __forceinline__ void mbar_wait_sleep_s(uint32_t bar, uint32_t parity) {
-    while (!mbar_try_wait_suspend_s(bar, parity, kMbarSuspendHintNs)) {
-    }
-}
-__device__ __forceinline__ void mbar_wait_sleep(uint64_t *bar, uint32_t parity) {
-    mbar_wait_sleep_s(smem_addr(bar), parity);
-}
-
 // Spins at most `timeout_cycles` clock64 cycles; false on timeout (for tests and debugging:
 // report instead of hanging).
 __device__ __forceinline__ bool mbar_wait_timeout(uint64_t *bar, uint32_t parity, long long timeout_cycles) {

@@ -67,9 +67,6 @@
 #ifndef FLASHATTN_FP8_BLOCK_N_128
 #define FLASHATTN_FP8_BLOCK_N_128 128
 #endif
-#ifndef FLASHATTN_FP8_PRODUCER_WAIT
-#define FLASHATTN_FP8_PRODUCER_WAIT 1
-#endif
 
 namespace flashattn {
 namespace fa3 {
@@ -111,23 +108,6 @@ constexpr bool kFp8PrefetchS = FLASHATTN_FP8_PREFETCH_S;
 // boxes' rows).
 template <int kD>
 constexpr int kFp8TileN = kD == 64 ? FLASHATTN_FP8_BLOCK_N_64 : kD == 128 ? FLASHATTN_FP8_BLOCK_N_128 : kFp8BlockN;
-// kFp8ProducerWait: how the producer warpgroup (the TMA thread, the transposers) waits for a
-// stage: 0 spins on mbarrier.try_wait (stop 21's ncu at head dim 128: the TMA thread's loop on
-// k_empty took ~19 % of the issue slots of the scheduler it shares with two consumer warps, the
-// transposers' on vt_empty some more), 1 sleeps in try_wait with a suspend-time hint until the
-// barrier completes (mbar_wait_sleep_s), 2 polls with a __nanosleep back-off. The consumers' waits
-// (k_full, vt_full: they pass at the first poll) are unchanged.
-constexpr int kFp8ProducerWait = FLASHATTN_FP8_PRODUCER_WAIT;
-static_assert(kFp8ProducerWait >= 0 && kFp8ProducerWait <= 2, "FLASHATTN_FP8_PRODUCER_WAIT: 0, 1 or 2");
-__device__ __forceinline__ void producer_wait_fp8(uint32_t bar, uint32_t parity) {
-    if constexpr (kFp8ProducerWait == 1) {
-        cuda::mbar_wait_sleep_s(bar, parity);
-    } else if constexpr (kFp8ProducerWait == 2) {
-        while (!cuda::mbar_try_wait_s(bar, parity)) __nanosleep(128);
-    } else {
-        cuda::mbar_wait_s(bar, parity);
-    }
-}
 
 // Ping-pong of the two consumer warpgroups (as FlashAttention-3): each wgmma issue point (S, P V,
 // or both) is a turn; warpgroup w takes its turn on named barrier 1 + w and passes it to the other
@@ -301,12 +281,12 @@ __device__ __forceinline__ void transpose_tiles_fp8(uint32_t sb) {
     for (int kv = 0;; ++kv) {
         const int st = kv & 1;
         const uint32_t ph = static_cast<uint32_t>(kv >> 1) & 1u;
-        producer_wait_fp8(b.v_full(st), ph);
+        cuda::mbar_wait_s(b.v_full(st), ph);
         const bool lane0 = (fresh_tid_x() & 31u) == 0;
         uint32_t end = 0;
         if (lane0) end = cuda::ld_volatile_shared_u32(b.v_end(st));
         if (__shfl_sync(0xffffffffu, end, 0) != 0) break;
-        producer_wait_fp8(b.vt_empty(st), ph ^ 1u);
+        cuda::mbar_wait_s(b.vt_empty(st), ph ^ 1u);
         transpose_v_tile<Tr, kWarp>(transpose_lane<Tr>(sb + static_cast<uint32_t>(Tr::kVOffset + st * Tr::kKVBytes),
                                                        sb + static_cast<uint32_t>(Tr::kVtOffset + st * Tr::kVtBytes)));
         cuda::fence_proxy_async_shared();  // this thread's stores, visible to the consumers' wgmma
@@ -363,14 +343,14 @@ __device__ __forceinline__ void produce_fp8(const Params &p, const CUtensorMap *
     // K (then V) of ring position kv, key rows from krow.
     auto load_k = [&](int32_t krow, int32_t kvh, int32_t bq) {
         const int st = kv & 1;
-        producer_wait_fp8(b.k_empty(st), (static_cast<uint32_t>(kv >> 1) & 1u) ^ 1u);
+        cuda::mbar_wait_s(b.k_empty(st), (static_cast<uint32_t>(kv >> 1) & 1u) ^ 1u);
         cuda::mbar_arrive_expect_tx_s(b.k_full(st), Tr::kKVBytes);
         tma_tile_s<Tr>(sb + static_cast<uint32_t>(Tr::kKOffset + st * Tr::kKVBytes), Tr::kKVPage, tm_k, b.k_full(st), krow,
                        kvh, bq);
     };
     auto load_v = [&](int32_t krow, int32_t kvh, int32_t bq) {
         const int st = kv & 1;
-        producer_wait_fp8(b.v_empty(st), (static_cast<uint32_t>(kv >> 1) & 1u) ^ 1u);
+        cuda::mbar_wait_s(b.v_empty(st), (static_cast<uint32_t>(kv >> 1) & 1u) ^ 1u);
         cuda::st_shared_u32(b.v_end(st), 0u);
         cuda::mbar_arrive_expect_tx_s(b.v_full(st), Tr::kKVBytes);
         tma_tile_s<Tr>(sb + static_cast<uint32_t>(Tr::kVOffset + st * Tr::kKVBytes), Tr::kKVPage, tm_v, b.v_full(st), krow,
@@ -391,7 +371,7 @@ __device__ __forceinline__ void produce_fp8(const Params &p, const CUtensorMap *
         const int end = kv + c.kt.last - c.kt.first + 1;
         int32_t krow = kv_row_coord(p, c, c.kt.last, Tr::kBN);
         load_k(krow, kvh, bq);  // the first K tile before the wait for the Q buffer
-        producer_wait_fp8(b.q_empty(), static_cast<uint32_t>(nq & 1) ^ 1u);
+        cuda::mbar_wait_s(b.q_empty(), static_cast<uint32_t>(nq & 1) ^ 1u);
         cuda::mbar_arrive_expect_tx_s(b.q_full(), Tr::kQBytes);
         tma_tile_s<Tr>(sb, Tr::kQPage, tm_q, b.q_full(), q_row_coord(p, c), c.head, bq);
         load_v(krow, kvh, bq);
@@ -403,7 +383,7 @@ __device__ __forceinline__ void produce_fp8(const Params &p, const CUtensorMap *
         ++nq;
     }
     const int st = kv & 1;
-    producer_wait_fp8(b.v_empty(st), (static_cast<uint32_t>(kv >> 1) & 1u) ^ 1u);
+    cuda::mbar_wait_s(b.v_empty(st), (static_cast<uint32_t>(kv >> 1) & 1u) ^ 1u);
     cuda::st_shared_u32(b.v_end(st), 1u);
     cuda::mbar_arrive_s(b.v_full(st));
 }

@@ -34,9 +34,7 @@ __device__ __forceinline__ void tma_tile(unsigned char *dst, int page_bytes, con
 // Producer: one thread. Per tile the first K tile goes out before the wait for the Q buffer
 // (the consumers release it only after their last GEMM of the previous tile), then Q, then V and
 // the remaining K/V tiles, each into its ring once the consumers have released the buffer (the
-// first kStages waits pass at once: parity rule). It waits asleep (mbar_wait_sleep: try_wait with a
-// suspend-time hint) rather than spinning, leaving the issue slots of its scheduler to the
-// consumer warps that share it.
+// first kStages waits pass at once: parity rule).
 template <class Tr>
 __device__ __forceinline__ void produce(const Params &p, const TileCoords &c, const CUtensorMap *tm_q,
                                         const CUtensorMap *tm_k, const CUtensorMap *tm_v, unsigned char *smem,
@@ -51,18 +49,18 @@ __device__ __forceinline__ void produce(const Params &p, const TileCoords &c, co
         const int32_t krow = kv_row_coord(p, c, nb, Tr::kBN);
         // Out-of-bounds rows and columns arrive as zeros and still count: expect whole boxes.
         unsigned char *k_dst = smem + Tr::kKOffset + st * Tr::kKVBytes;
-        cuda::mbar_wait_sleep(&bars->k_empty[st], ph ^ 1u);
+        cuda::mbar_wait(&bars->k_empty[st], ph ^ 1u);
         cuda::mbar_arrive_expect_tx(&bars->k_full[st], Tr::kKVBytes);
         tma_tile<Tr>(k_dst, Tr::kKVPage, tm_k, &bars->k_full[st], krow, kvh, bq);
         if (j == 0) {
-            cuda::mbar_wait_sleep(&bars->q_empty, static_cast<uint32_t>(pipe.q & 1) ^ 1u);
+            cuda::mbar_wait(&bars->q_empty, static_cast<uint32_t>(pipe.q & 1) ^ 1u);
             cuda::mbar_arrive_expect_tx(&bars->q_full, Tr::kQBytes);
             const int32_t qrow = q_row_coord(p, c);
             tma_tile<Tr>(smem, Tr::kQPage, tm_q, &bars->q_full, qrow, c.head, bq);
         }
         using V = VSide<Tr>;  // V's own width where the traits have one (kDV)
         unsigned char *v_dst = smem + Tr::kVOffset + st * V::kVBytes;
-        cuda::mbar_wait_sleep(&bars->v_empty[st], ph ^ 1u);
+        cuda::mbar_wait(&bars->v_empty[st], ph ^ 1u);
         cuda::mbar_arrive_expect_tx(&bars->v_full[st], V::kVBytes);
         tma_tile<V>(v_dst, Tr::kKVPage, tm_v, &bars->v_full[st], krow, kvh, bq);
     }
