@@ -74,28 +74,7 @@ for part in ${MAB_PARTS:-decode bwd fp8}; do ${part}_part; done
 mc_t=$(( $(left) - 40 )); [ $mc_t -gt 200 ] && mc_t=200
 (cd "$root" && OUT=$out/mc T=$((mc_t - 20)) TC=$mc_t BENCH=0 DECODE_PAGES="" timeout $((mc_t + 30)) bash tests/gpu/merged-check.sh) > "$out/merged-check.txt" 2>&1
 note "merged-check rc=$?"
-python3 - "$out/bench" > "$out/decode.md" <<'PY'
-import collections, glob, os, re, statistics, sys
-cells = collections.defaultdict(list)  # (d, page, tag, b, sk) -> [µs]
-for f in glob.glob(os.path.join(sys.argv[1], "r*-*-d*-p*.txt")):
-    _, tag, d, page = re.match(r"r(\d+)-(base|new)-d(\d+)-p(\d+)\.txt", os.path.basename(f)).groups()
-    for line in open(f):
-        r = re.match(r"\|\s*(\d+)\s*\|\s*\d+ / \d+\s*\|\s*(\d+)\s*\|[^|]*\|[^|]*\|\s*([\d.]+)\s*\(([\d.]+)\)", line)
-        if r:
-            cells[(int(d), int(page), tag, int(r.group(1)), int(r.group(2)))].append(float(r.group(4)))
-med = {k: statistics.median(v) for k, v in cells.items()}
-f = lambda x: "-" if x is None else f"{x:.1f}"
-q = lambda a, b: "-" if a is None or b is None else f"{a / b:.3f}"
-print("| d | batch | keys | base contig µs | new contig µs | base p16 µs | new p16 µs | base p16/contig | new p16/contig (bar 0.9) | new/base contig (speed) | new/base p16 (speed) | n |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-for d in (128, 64):
-    for b in (1, 8, 64):
-        for sk in (16384, 32768, 131072):
-            g = lambda page, tag: med.get((d, page, tag, b, sk))
-            bc, nc, bp, np_ = g(0, "base"), g(0, "new"), g(16, "base"), g(16, "new")
-            if nc is None and np_ is None: continue
-            print(f"| {d} | {b} | {sk} | {f(bc)} | {f(nc)} | {f(bp)} | {f(np_)} | {q(bc, bp)} | {q(nc, np_)} | {q(bc, nc)} | {q(bp, np_)} | {len(cells.get((d, 16, 'new', b, sk), []))} |")
-PY
+python3 "$root/tests/gpu/decode_ab_table.py" "$out/bench" > "$out/decode.md"
 tar czf "$final_out/logs.tgz" -C $out . 2>/dev/null
 cp "$out"/bwd-*.md "$out/decode.md" "$final_out/" 2>/dev/null
 echo "==== notes"; cat "$out/notes.txt"; cat "$out/gpu.txt"

@@ -116,29 +116,7 @@ for k in sorted(set(a) | set(b)):
     if a.get(k) != b.get(k): print("differs:", k[:150], len(a.get(k, [])), len(b.get(k, [])))
 PY
 
-python3 - "$out/bench" > "$out/paged-ab.md" <<'PY'
-import collections, glob, os, re, statistics, sys
-cells = collections.defaultdict(list)  # (d, page, order, tag, b, sk) -> [µs]
-for f in glob.glob(os.path.join(sys.argv[1], "r*-*-d*-p*-*.txt")):
-    m = re.match(r"r(\d+)-(base|new)-d(\d+)-p(\d+)-(shuf|inorder)\.txt", os.path.basename(f))
-    _, tag, d, page, order = m.groups()
-    for line in open(f):
-        r = re.match(r"\|\s*(\d+)\s*\|\s*\d+ / \d+\s*\|\s*(\d+)\s*\|[^|]*\|[^|]*\|\s*([\d.]+)\s*\(([\d.]+)\)", line)
-        if r:
-            cells[(int(d), int(page), order, tag, int(r.group(1)), int(r.group(2)))].append(float(r.group(4)))
-med = {k: statistics.median(v) for k, v in cells.items()}
-f = lambda x: "-" if x is None else f"{x:.1f}"
-q = lambda a, b: "-" if a is None or b is None else f"{a / b:.3f}"
-print("| d | batch | keys | contiguous µs | base p16 µs | new p16 µs | new p16 in-order µs | base p16/contig | new p16/contig (bar 0.9) | in-order/contig | new/base p16 | n |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-for d in (128, 64):
-    for b in (1, 8, 64):
-        for sk in (16384, 32768, 131072):
-            g = lambda page, order, tag: med.get((d, page, order, tag, b, sk))
-            c, bp, np_, io = g(0, "shuf", "new"), g(16, "shuf", "base"), g(16, "shuf", "new"), g(16, "inorder", "new")
-            n = len(cells.get((d, 16, "shuf", "new", b, sk), []))
-            print(f"| {d} | {b} | {sk} | {f(c)} | {f(bp)} | {f(np_)} | {f(io)} | {q(c, bp)} | {q(c, np_)} | {q(c, io)} | {q(bp, np_)} | {n} |")
-PY
+python3 "$root/tests/gpu/decode_ab_table.py" "$out/bench" > "$out/paged-ab.md"
 cat "$out/paged-ab.md"
 echo "fwd_kernel resources, base then new, where they differ:"
 diff "$out/regs-base.txt" "$out/regs-new.txt" | cut -c1-170 | head -20
