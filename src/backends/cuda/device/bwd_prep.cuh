@@ -164,10 +164,10 @@ __global__ void __launch_bounds__(kPrepWarps * 32) bwd_convert_dq_kernel(const _
 // 512-byte loads), scales and narrows it into a shared [row][column] tile, then the CTA writes
 // the tile out as 16-byte row pieces. The per-element sum over copies is the row-major kernel's
 // (copy order, from 0.f), so dQ is bitwise what the per-row form gave.
-constexpr int kConvertPitch = 256 + 8;  // tile row pitch in elements: 16 bytes of pad
+constexpr int kConvertMaxPitch = 256 + 8;  // the tile's row pitch at head_dim 256 (rows use d + 8: 16 bytes of pad)
 template <class P, class E>
 __global__ void __launch_bounds__(kPrepWarps * 32) bwd_convert_dq_frag_kernel(const __grid_constant__ P p) {
-    __shared__ __align__(16) uint16_t tile[kPrepRows * kConvertPitch];
+    __shared__ __align__(16) uint16_t tile[kPrepRows * kConvertMaxPitch];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int head = blockIdx.y, b = blockIdx.z;
     const SeqInfo si = seq_info(p, b);
