@@ -5,12 +5,12 @@
 # with a one-row append + full-width rotary (--append-rotary, which must pass seqused_k). The
 # append's cost is then given against both baselines (the bar: at most 5 % of a decode step).
 #
-#   APPEND_ROUNDS=3 APPEND_BATCHES=1,8 tests/gpu/append-cost.sh BUILD_DIR [PAGE_SIZE]     # summary on stdout
+#   APPEND_ROUNDS=3 APPEND_BATCHES=1,8 [APPEND_SEQLENS=32768] tests/gpu/append-cost.sh BUILD_DIR [PAGE_SIZE]
 set -uo pipefail
 b=$1; page=${2:-0}; rounds=${APPEND_ROUNDS:-3}
 tmp=$(mktemp -d)
 grid=(--backend fa2 --decode --no-standard --decode-batch "${APPEND_BATCHES:-1,8}" --decode-kv-heads 8
-      --decode-seqlen 16384,32768,131072 --page-size "$page" --reps 50 --warmup 10)
+      --decode-seqlen "${APPEND_SEQLENS:-16384,32768,131072}" --page-size "$page" --reps 50 --warmup 10)
 for r in $(seq 1 "$rounds"); do
   for mode in plain seqused append; do
     flag=(); [ $mode = seqused ] && flag=(--seqused-k); [ $mode = append ] && flag=(--append-rotary)

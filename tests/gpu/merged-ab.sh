@@ -8,8 +8,12 @@
 #
 #   OUT=$OUT BASE_SRC=../base DEADLINE=560 bash tests/gpu/merged-ab.sh
 #
-# Environment: MAB_PARTS (default "decode bwd fp8"), MAB_ROUNDS (2), MAB_BWD_HDIMS (64,128),
-# MAB_BWD_SEQLENS (2048,8192), and merged-check.sh's own (T, TC, SAN_TESTS, SAN_MEMCHECK_ONLY).
+# Environment: MAB_PARTS (default "decode bwd fp8"; also "fwd": the FA3 forward against cuDNN,
+# bench/ab_cudnn.py, and "append": the append + rotary cost of each library, append-cost.sh),
+# MAB_ROUNDS (2), MAB_BWD_HDIMS (64,128; MAB_BWD_HDIMS_FA2 / _FA3 per generation), MAB_BWD_SEQLENS
+# (2048,8192), MAB_FWD_HDIMS (64,128), MAB_FWD_SEQLENS (512,1024,2048,8192), MAB_APPEND_SEQLENS
+# (32768), MAB_CHECK (1: run merged-check.sh after the parts; 0: timing only), and merged-check.sh's
+# own (T, TC, SAN_TESTS, SAN_MEMCHECK_ONLY).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 final_out=${OUT:-/tmp/mab}; out=/tmp/mab-log; rm -rf $out; mkdir -p "$out/bench" "$final_out"
@@ -46,12 +50,15 @@ decode_part() {  # d 128 b 1/8/64 x 16k/32k/128k and d 64 b 1/8 x 32k; contiguou
   done
   note "decode done"
 }
+bwd_hdims() {  # MAB_BWD_HDIMS_FA2 / _FA3, else MAB_BWD_HDIMS
+  local v=MAB_BWD_HDIMS_${1^^}; echo "${!v:-${MAB_BWD_HDIMS:-64,128}}"
+}
 bwd_part() {
   local gen
   for gen in fa3 fa2; do
     [ $(left) -gt 60 ] || { note "bwd $gen skipped"; continue; }
     timeout $(( $(left) - 30 )) python3 "$root/bench/ab_backward.py" --a $base_bld/src/libflashattn.so \
-      --b $new_bld/src/libflashattn.so --gen $gen --deterministic --hdim "${MAB_BWD_HDIMS:-64,128}" \
+      --b $new_bld/src/libflashattn.so --gen $gen --deterministic --hdim "$(bwd_hdims $gen)" \
       --seqlen "${MAB_BWD_SEQLENS:-2048,8192}" --rounds $rounds --markdown "$out/bwd-$gen.md" > "$out/bwd-$gen.txt" 2>&1
     note "bwd $gen rc=$?"
   done
@@ -69,16 +76,38 @@ fp8_part() {
   done
   note "fp8 done"
 }
+fwd_part() {  # FA3 forward, main and this tree against cuDNN in one process (issue 20's ratio)
+  [ $(left) -gt 60 ] || { note "fwd skipped"; return; }
+  timeout $(( $(left) - 30 )) python3 "$root/bench/ab_cudnn.py" --a $base_bld/src/libflashattn.so \
+    --b $new_bld/src/libflashattn.so --gen fa3 --hdim "${MAB_FWD_HDIMS:-64,128}" \
+    --seqlen "${MAB_FWD_SEQLENS:-512,1024,2048,8192}" --rounds $rounds --markdown "$out/fwd-fa3.md" \
+    > "$out/fwd-fa3.txt" 2>&1
+  note "fwd rc=$?"
+}
+append_part() {  # issue 18's append bar: each library's plain / seqused_k / append step, d 128
+  local tag bld
+  for tag in base new; do
+    [ $(left) -gt 50 ] || { note "append $tag skipped"; continue; }
+    bld=$base_bld; [ $tag = new ] && bld=$new_bld
+    on $bld env APPEND_ROUNDS=$rounds APPEND_BATCHES=1,8 APPEND_SEQLENS="${MAB_APPEND_SEQLENS:-32768}" \
+      timeout 120 bash "$root/tests/gpu/append-cost.sh" $new_bld > "$out/append-$tag.md" 2>&1
+    note "append $tag rc=$?"
+  done
+}
 for part in ${MAB_PARTS:-decode bwd fp8}; do ${part}_part; done
 # The gates in the time left (merged-check.sh's build stage finds the tree built).
-mc_t=$(( $(left) - 40 )); [ $mc_t -gt 200 ] && mc_t=200
-(cd "$root" && OUT=$out/mc T=$((mc_t - 20)) TC=$mc_t BENCH=0 DECODE_PAGES="" timeout $((mc_t + 30)) bash tests/gpu/merged-check.sh) > "$out/merged-check.txt" 2>&1
-note "merged-check rc=$?"
+if [ "${MAB_CHECK:-1}" = 1 ]; then
+  mc_t=$(( $(left) - 40 )); [ $mc_t -gt 200 ] && mc_t=200
+  (cd "$root" && OUT=$out/mc T=$((mc_t - 20)) TC=$mc_t BENCH=0 DECODE_PAGES="" timeout $((mc_t + 30)) bash tests/gpu/merged-check.sh) > "$out/merged-check.txt" 2>&1
+  note "merged-check rc=$?"
+fi
 python3 "$root/tests/gpu/decode_ab_table.py" "$out/bench" > "$out/decode.md"
 tar czf "$final_out/logs.tgz" -C $out . 2>/dev/null
-cp "$out"/bwd-*.md "$out/decode.md" "$final_out/" 2>/dev/null
+cp "$out"/bwd-*.md "$out"/fwd-*.md "$out"/append-*.md "$out/decode.md" "$final_out/" 2>/dev/null
 echo "==== notes"; cat "$out/notes.txt"; cat "$out/gpu.txt"
 echo "==== merged check"; tail -45 "$out/merged-check.txt"
 echo "==== fp8 grid"; python3 "$root/tests/gpu/fp8_grid_table.py" "$out" $rounds base new --bf16-ratios --means 2>&1 | tail -30
 echo "==== decode (µs; ratios are speed ratios: >1 = faster)"; cat "$out/decode.md"
 for gen in fa3 fa2; do echo "==== bwd $gen"; tail -22 "$out/bwd-$gen.md" 2>/dev/null || tail -5 "$out/bwd-$gen.txt"; done
+[ -f "$out/fwd-fa3.txt" ] && { echo "==== fwd fa3 vs cuDNN"; tail -24 "$out/fwd-fa3.md" 2>/dev/null || tail -5 "$out/fwd-fa3.txt"; }
+for tag in base new; do [ -f "$out/append-$tag.md" ] && { echo "==== append cost, $tag"; tail -6 "$out/append-$tag.md"; }; done
