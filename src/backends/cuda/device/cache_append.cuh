@@ -25,6 +25,9 @@ namespace cuda {
 namespace {
 
 constexpr int kAppendThreads = 128;
+// A row's work items over the CTA's threads (a rotary pair or a copied column is one item; so is a
+// column of V): head dims go up to 256, so a thread has at most two of each row.
+constexpr int kAppendItems = 2;
 
 struct AppendHalf {
     static constexpr bool kBf16 = false;
@@ -33,34 +36,101 @@ struct AppendBf16 {
     static constexpr bool kBf16 = true;
 };
 
-// dst = src with its first rotary_dim columns rotated at table row pos; work item i < rd/2 is a
-// pair, the others copy one column each.
-template <class E>
-__device__ __forceinline__ void rotate_row(const AppendParams &a, const uint16_t *src, uint16_t *dst, int pos) {
+// Work item i of a rotated row: i < rotary_dim / 2 is the pair (c0, c1), the others copy column c0
+// alone (c1 = -1).
+__device__ __forceinline__ int rotated_items(const AppendParams &a) { return a.head_dim - a.rotary_dim / 2; }
+__device__ __forceinline__ void item_columns(const AppendParams &a, int i, int &c0, int &c1) {
     const int half = a.rotary_dim / 2;
-    const int items = half + (a.head_dim - a.rotary_dim);
-    for (int i = threadIdx.x; i < items; i += blockDim.x) {
-        if (i < half) {
-            const int c0 = a.interleaved ? 2 * i : i, c1 = a.interleaved ? 2 * i + 1 : i + half;
-            const double x = rotary_load(src[c0], E::kBf16), y = rotary_load(src[c1], E::kBf16);
-            const double c = a.rotary_cos[static_cast<int64_t>(pos) * half + i];
-            const double s = a.rotary_sin[static_cast<int64_t>(pos) * half + i];
-            dst[c0] = rotary_store(rotary_output(x, y, c, s, false), E::kBf16);
-            dst[c1] = rotary_store(rotary_output(x, y, c, s, true), E::kBf16);
-        } else {
-            const int c = a.rotary_dim + (i - half);
-            dst[c] = src[c];
+    c0 = i < half ? (a.interleaved ? 2 * i : i) : a.rotary_dim + (i - half);
+    c1 = i < half ? (a.interleaved ? 2 * i + 1 : i + half) : -1;
+}
+
+// A thread's share of one source row (x: column c0 of its items, y: c1 of its pairs; V: x only).
+// Every source row is loaded before anything is stored: the kernel is a chain of round trips to
+// memory (stop 23 measured 4.3 us for it, its stores holding back the loads that followed them),
+// and the decode step waits for it, so all loads that do not need the cache length go out
+// together with it, and the rotation's angles (which do) are the only second round trip.
+struct RowSlice {
+    uint16_t x[kAppendItems], y[kAppendItems];
+};
+
+__device__ __forceinline__ RowSlice load_rotated_source(const AppendParams &a, const uint16_t *src) {
+    RowSlice r = {};
+#pragma unroll
+    for (int k = 0; k < kAppendItems; ++k) {
+        const int i = static_cast<int>(threadIdx.x) + k * kAppendThreads;
+        if (i >= rotated_items(a)) continue;
+        int c0, c1;
+        item_columns(a, i, c0, c1);
+        r.x[k] = src[c0];
+        if (c1 >= 0) r.y[k] = src[c1];
+    }
+    return r;
+}
+
+__device__ __forceinline__ RowSlice load_plain_source(const AppendParams &a, const uint16_t *src) {
+    RowSlice r = {};
+#pragma unroll
+    for (int k = 0; k < kAppendItems; ++k) {
+        const int c = static_cast<int>(threadIdx.x) + k * kAppendThreads;
+        if (c < a.head_dim) r.x[k] = src[c];
+    }
+    return r;
+}
+
+// The cosines and sines of this thread's pairs at table row pos (a CTA's K and Q rows share it).
+struct AngleSlice {
+    float c[kAppendItems], s[kAppendItems];
+};
+
+__device__ __forceinline__ AngleSlice load_angles(const AppendParams &a, int pos) {
+    AngleSlice t = {};
+    const int half = a.rotary_dim / 2;
+#pragma unroll
+    for (int k = 0; k < kAppendItems; ++k) {
+        const int i = static_cast<int>(threadIdx.x) + k * kAppendThreads;
+        if (i >= half) continue;
+        t.c[k] = a.rotary_cos[static_cast<int64_t>(pos) * half + i];
+        t.s[k] = a.rotary_sin[static_cast<int64_t>(pos) * half + i];
+    }
+    return t;
+}
+
+// dst = the row r holds with its pairs rotated by t (rotary_dim 0: a plain copy).
+template <class E>
+__device__ __forceinline__ void store_rotated(const AppendParams &a, const RowSlice &r, const AngleSlice &t,
+                                              uint16_t *dst) {
+#pragma unroll
+    for (int k = 0; k < kAppendItems; ++k) {
+        const int i = static_cast<int>(threadIdx.x) + k * kAppendThreads;
+        if (i >= rotated_items(a)) continue;
+        int c0, c1;
+        item_columns(a, i, c0, c1);
+        if (c1 < 0) {
+            dst[c0] = r.x[k];
+            continue;
         }
+        const double x = rotary_load(r.x[k], E::kBf16), y = rotary_load(r.y[k], E::kBf16);
+        dst[c0] = rotary_store(rotary_output(x, y, t.c[k], t.s[k], false), E::kBf16);
+        dst[c1] = rotary_store(rotary_output(x, y, t.c[k], t.s[k], true), E::kBf16);
     }
 }
 
-// New K/V row j of kv head h of sequence b into the caches.
-template <class E>
-__device__ __forceinline__ void append_row(const AppendParams &a, int j, int h, int b) {
-    const int pos = a.seqused_k[b] + j;
-    const uint16_t *ks = static_cast<const uint16_t *>(a.k_new) + b * a.kn_bs + j * a.kn_rs + h * a.kn_hs;
-    const uint16_t *vs = static_cast<const uint16_t *>(a.v_new) + b * a.vn_bs + j * a.vn_rs + h * a.vn_hs;
-    // The cache row of key `pos`: through the page table, the packed row (varlen), or the batch's.
+__device__ __forceinline__ void store_plain(const AppendParams &a, const RowSlice &r, uint16_t *dst) {
+#pragma unroll
+    for (int k = 0; k < kAppendItems; ++k) {
+        const int c = static_cast<int>(threadIdx.x) + k * kAppendThreads;
+        if (c < a.head_dim) dst[c] = r.x[k];
+    }
+}
+
+// The cache row of key pos of kv head h of sequence b: through the page table, the packed row
+// (varlen), or the batch's.
+struct CacheRow {
+    uint16_t *k, *v;
+};
+
+__device__ __forceinline__ CacheRow cache_row(const AppendParams &a, int h, int b, int pos) {
     int64_t outer, row;  // outer: the page or the batch (its stride k_bs / v_bs), row: within it
     if (a.page_table != nullptr) {
         outer = a.page_table[b * a.page_table_stride + pos / a.page_size];
@@ -69,34 +139,54 @@ __device__ __forceinline__ void append_row(const AppendParams &a, int j, int h, 
         outer = a.cu_k != nullptr ? 0 : b;
         row = (a.cu_k != nullptr ? static_cast<int64_t>(a.cu_k[b]) : 0) + pos;
     }
-    uint16_t *kd = static_cast<uint16_t *>(a.k) + outer * a.k_bs + row * a.k_rs + h * a.k_hs;
-    uint16_t *vd = static_cast<uint16_t *>(a.v) + outer * a.v_bs + row * a.v_rs + h * a.v_hs;
-    rotate_row<E>(a, ks, kd, pos);  // rotary_dim 0: a plain copy
-    for (int c = threadIdx.x; c < a.head_dim; c += blockDim.x) vd[c] = vs[c];
+    return {static_cast<uint16_t *>(a.k) + outer * a.k_bs + row * a.k_rs + h * a.k_hs,
+            static_cast<uint16_t *>(a.v) + outer * a.v_bs + row * a.v_rs + h * a.v_hs};
 }
 
-// Query row i of head h of sequence b, at position seqused_k[b] + i, rotated into q_rot.
-template <class E>
-__device__ __forceinline__ void rotate_q_row(const AppendParams &a, int i, int h, int b) {
+// Query row i of head h of sequence b and its slot in q_rot; src is null where the row does not
+// exist (no rotary, a head or row past the problem's, a shorter varlen sequence).
+struct QueryRow {
+    const uint16_t *src;
+    uint16_t *dst;
+};
+
+__device__ __forceinline__ QueryRow query_row(const AppendParams &a, int i, int h, int b) {
+    if (a.q_rot == nullptr || i >= a.seqlen_q || h >= a.heads_q) return {nullptr, nullptr};
     const int sq = a.cu_q != nullptr ? a.cu_q[b + 1] - a.cu_q[b] : a.seqlen_q;
-    if (i >= sq) return;
+    if (i >= sq) return {nullptr, nullptr};
     const int64_t row = (a.cu_q != nullptr ? static_cast<int64_t>(a.cu_q[b]) : static_cast<int64_t>(b) * a.seqlen_q) + i;
     const int64_t src_off = a.cu_q != nullptr ? row * a.q_rs : b * a.q_bs + i * a.q_rs;
-    const uint16_t *src = static_cast<const uint16_t *>(a.q) + src_off + h * a.q_hs;
-    uint16_t *dst = static_cast<uint16_t *>(a.q_rot) + (row * a.heads_q + h) * a.head_dim;
-    rotate_row<E>(a, src, dst, a.seqused_k[b] + i);
+    return {static_cast<const uint16_t *>(a.q) + src_off + h * a.q_hs,
+            static_cast<uint16_t *>(a.q_rot) + (row * a.heads_q + h) * a.head_dim};
 }
 
 // One launch for both (two cost a second launch latency, ~3 µs of a 50 µs decode step): grid
-// (max(new_rows, seqlen_q), max(heads_kv, heads_q), batch); CTA (x, y, b) appends row x of kv head
-// y and rotates query row x of head y where those exist. The attention kernel after it may be a
-// programmatic dependent launch (device/pdl.cuh): it is let go at once and waits for this grid.
+// (max(new_rows, seqlen_q), max(heads_kv, heads_q), batch); CTA (x, y, b) appends new row x of kv
+// head y (K rotated) and rotates query row x of head y, both at position seqused_k[b] + x, where
+// those exist. The attention kernel after it may be a programmatic dependent launch
+// (device/pdl.cuh): it is let go at once and waits for this grid.
 template <class E>
 __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_constant__ AppendParams a) {
     pdl_launch_dependents();
     const int x = blockIdx.x, y = blockIdx.y, b = blockIdx.z;
-    if (x < a.new_rows && y < a.heads_kv) append_row<E>(a, x, y, b);
-    if (a.q_rot != nullptr && x < a.seqlen_q && y < a.heads_q) rotate_q_row<E>(a, x, y, b);
+    const bool new_row = x < a.new_rows && y < a.heads_kv;
+    // First round trip: the cache length and every source row.
+    const int pos = a.seqused_k[b] + x;
+    RowSlice k_src = {}, v_src = {}, q_src = {};
+    if (new_row) {
+        k_src = load_rotated_source(a, static_cast<const uint16_t *>(a.k_new) + b * a.kn_bs + x * a.kn_rs + y * a.kn_hs);
+        v_src = load_plain_source(a, static_cast<const uint16_t *>(a.v_new) + b * a.vn_bs + x * a.vn_rs + y * a.vn_hs);
+    }
+    const QueryRow q = query_row(a, x, y, b);
+    if (q.src != nullptr) q_src = load_rotated_source(a, q.src);
+    // Second: the angles at pos (and a paged cache's entry); then the stores.
+    const AngleSlice t = load_angles(a, pos);
+    if (new_row) {
+        const CacheRow dst = cache_row(a, y, b, pos);
+        store_rotated<E>(a, k_src, t, dst.k);
+        store_plain(a, v_src, dst.v);
+    }
+    if (q.src != nullptr) store_rotated<E>(a, q_src, t, q.dst);
 }
 
 template <class E>
