@@ -9,7 +9,8 @@
 #   OUT=$OUT BASE_SRC=../base DEADLINE=560 bash tests/gpu/merged-ab.sh
 #
 # Environment: MAB_PARTS (default "decode bwd fp8"; also "fwd": the FA3 forward against cuDNN,
-# bench/ab_cudnn.py, and "append": the append + rotary cost of each library, append-cost.sh),
+# bench/ab_cudnn.py, "append": the append + rotary cost of each library, append-cost.sh, and
+# "cudnn_decode": this tree's decode table against cuDNN, compare_torch.py, once per round),
 # MAB_ROUNDS (2), MAB_BWD_HDIMS (64,128; MAB_BWD_HDIMS_FA2 / _FA3 per generation), MAB_BWD_SEQLENS
 # (2048,8192), MAB_FWD_HDIMS (64,128), MAB_FWD_SEQLENS (512,1024,2048,8192), MAB_APPEND_SEQLENS
 # (32768), MAB_CHECK (1: run merged-check.sh after the parts; 0: timing only), and merged-check.sh's
@@ -84,6 +85,16 @@ fwd_part() {  # FA3 forward, main and this tree against cuDNN in one process (is
     > "$out/fwd-fa3.txt" 2>&1
   note "fwd rc=$?"
 }
+cudnn_decode_part() {  # issue 18's contiguous bar: this tree's decode against cuDNN, two runs
+  local r
+  for r in $(seq 1 $rounds); do
+    [ $(left) -gt 60 ] || { note "cudnn decode $r skipped"; return; }
+    on $new_bld timeout 90 python3 -W ignore "$root/bench/compare_torch.py" --lib $new_bld/src/libflashattn.so \
+      --gens fa2 --decode --decode-batch 1,8,64 --decode-kv-heads 8 --decode-seqlen 16384,32768,131072 \
+      > "$out/cudnn-decode-$r.txt" 2>&1
+    note "cudnn decode $r rc=$?"
+  done
+}
 append_part() {  # issue 18's append bar: each library's plain / seqused_k / append step, d 128
   local tag bld
   for tag in base new; do
@@ -110,4 +121,5 @@ echo "==== fp8 grid"; python3 "$root/tests/gpu/fp8_grid_table.py" "$out" $rounds
 echo "==== decode (µs; ratios are speed ratios: >1 = faster)"; cat "$out/decode.md"
 for gen in fa3 fa2; do echo "==== bwd $gen"; tail -22 "$out/bwd-$gen.md" 2>/dev/null || tail -5 "$out/bwd-$gen.txt"; done
 [ -f "$out/fwd-fa3.txt" ] && { echo "==== fwd fa3 vs cuDNN"; tail -24 "$out/fwd-fa3.md" 2>/dev/null || tail -5 "$out/fwd-fa3.txt"; }
+for r in $(seq 1 $rounds); do [ -f "$out/cudnn-decode-$r.txt" ] && { echo "==== decode vs cuDNN, run $r"; grep "^|" "$out/cudnn-decode-$r.txt" | tail -12; }; done
 for tag in base new; do [ -f "$out/append-$tag.md" ] && { echo "==== append cost, $tag"; tail -6 "$out/append-$tag.md"; }; done
