@@ -36,13 +36,17 @@ struct AppendBf16 {
     static constexpr bool kBf16 = true;
 };
 
-// Work item i of a rotated row: i < rotary_dim / 2 is the pair (c0, c1), the others copy column c0
-// alone (c1 = -1).
-__device__ __forceinline__ int rotated_items(const AppendParams &a) { return a.head_dim - a.rotary_dim / 2; }
-__device__ __forceinline__ void item_columns(const AppendParams &a, int i, int &c0, int &c1) {
-    const int half = a.rotary_dim / 2;
-    c0 = i < half ? (a.interleaved ? 2 * i : i) : a.rotary_dim + (i - half);
-    c1 = i < half ? (a.interleaved ? 2 * i + 1 : i + half) : -1;
+// Work item k of this thread in a rotated row: item i < rotary_dim / 2 is the pair (c0, c1), the
+// others copy column c0 alone (c1 = -1); live is false past the row's items.
+struct RotatedItem {
+    int c0, c1;
+    bool live;
+};
+
+__device__ __forceinline__ RotatedItem rotated_item(const AppendParams &a, int k) {
+    const int i = static_cast<int>(threadIdx.x) + k * kAppendThreads, half = a.rotary_dim / 2;
+    if (i < half) return {a.interleaved ? 2 * i : i, a.interleaved ? 2 * i + 1 : i + half, true};
+    return {a.rotary_dim + (i - half), -1, i < a.head_dim - half};
 }
 
 // A thread's share of one source row (x: column c0 of its items, y: c1 of its pairs; V: x only).
@@ -58,12 +62,10 @@ __device__ __forceinline__ RowSlice load_rotated_source(const AppendParams &a, c
     RowSlice r = {};
 #pragma unroll
     for (int k = 0; k < kAppendItems; ++k) {
-        const int i = static_cast<int>(threadIdx.x) + k * kAppendThreads;
-        if (i >= rotated_items(a)) continue;
-        int c0, c1;
-        item_columns(a, i, c0, c1);
-        r.x[k] = src[c0];
-        if (c1 >= 0) r.y[k] = src[c1];
+        const RotatedItem it = rotated_item(a, k);
+        if (!it.live) continue;
+        r.x[k] = src[it.c0];
+        if (it.c1 >= 0) r.y[k] = src[it.c1];
     }
     return r;
 }
@@ -102,17 +104,15 @@ __device__ __forceinline__ void store_rotated(const AppendParams &a, const RowSl
                                               uint16_t *dst) {
 #pragma unroll
     for (int k = 0; k < kAppendItems; ++k) {
-        const int i = static_cast<int>(threadIdx.x) + k * kAppendThreads;
-        if (i >= rotated_items(a)) continue;
-        int c0, c1;
-        item_columns(a, i, c0, c1);
-        if (c1 < 0) {
-            dst[c0] = r.x[k];
+        const RotatedItem it = rotated_item(a, k);
+        if (!it.live) continue;
+        if (it.c1 < 0) {
+            dst[it.c0] = r.x[k];
             continue;
         }
         const double x = rotary_load(r.x[k], E::kBf16), y = rotary_load(r.y[k], E::kBf16);
-        dst[c0] = rotary_store(rotary_output(x, y, t.c[k], t.s[k], false), E::kBf16);
-        dst[c1] = rotary_store(rotary_output(x, y, t.c[k], t.s[k], true), E::kBf16);
+        dst[it.c0] = rotary_store(rotary_output(x, y, t.c[k], t.s[k], false), E::kBf16);
+        dst[it.c1] = rotary_store(rotary_output(x, y, t.c[k], t.s[k], true), E::kBf16);
     }
 }
 
