@@ -10,7 +10,8 @@
 #
 # Environment: MAB_PARTS (default "decode bwd fp8"; also "fwd": the FA3 forward against cuDNN,
 # bench/ab_cudnn.py, "append": the append + rotary cost of each library, append-cost.sh, and
-# "cudnn_decode": this tree's decode table against cuDNN, compare_torch.py, once per round),
+# "cudnn_decode": this tree's decode table against cuDNN, compare_torch.py, once per round, and
+# "variants": flashattn-bench-variants' ratios, hdim 128 fa2/fa3 and (192, 128) fa3, per library),
 # MAB_ROUNDS (2), MAB_BWD_HDIMS (64,128; MAB_BWD_HDIMS_FA2 / _FA3 per generation), MAB_BWD_SEQLENS
 # (2048,8192), MAB_FWD_HDIMS (64,128), MAB_FWD_SEQLENS (512,1024,2048,8192), MAB_APPEND_SEQLENS
 # (32768), MAB_CHECK (1: run merged-check.sh after the parts; 0: timing only), and merged-check.sh's
@@ -95,6 +96,20 @@ cudnn_decode_part() {  # issue 18's contiguous bar: this tree's decode against c
     note "cudnn decode $r rc=$?"
   done
 }
+variants_part() {  # issue 19's ratios (each variant against its plain shape) for both libraries
+  local tag bld run s d be dv n=0
+  cmake --build $new_bld --target flashattn-bench-variants -j 16 > "$out/build-variants.log" 2>&1 ||
+    { note "bench-variants build failed"; return; }
+  for tag in base new; do
+    bld=$base_bld; [ $tag = new ] && bld=$new_bld
+    for run in 8192:128:fa2,fa3 8192:192:fa3:128; do
+      [ $(left) -gt 40 ] || { note "variants $tag $run skipped"; continue; }
+      IFS=: read -r s d be dv <<< "$run"; n=$((n + 1))
+      on $bld timeout 60 $new_bld/bench/flashattn-bench-variants "$s" "$d" "$be" ${dv:-} > "$out/variants-$tag-$n.md" 2>&1
+    done
+  done
+  note "variants done"
+}
 append_part() {  # issue 18's append bar: each library's plain / seqused_k / append step, d 128
   local tag bld
   for tag in base new; do
@@ -114,7 +129,7 @@ if [ "${MAB_CHECK:-1}" = 1 ]; then
 fi
 python3 "$root/tests/gpu/decode_ab_table.py" "$out/bench" > "$out/decode.md"
 tar czf "$final_out/logs.tgz" -C $out . 2>/dev/null
-cp "$out"/bwd-*.md "$out"/fwd-*.md "$out"/append-*.md "$out/decode.md" "$final_out/" 2>/dev/null
+cp "$out"/bwd-*.md "$out"/fwd-*.md "$out"/variants-*.md "$out"/append-*.md "$out/decode.md" "$final_out/" 2>/dev/null
 echo "==== notes"; cat "$out/notes.txt"; cat "$out/gpu.txt"
 echo "==== merged check"; tail -45 "$out/merged-check.txt"
 echo "==== fp8 grid"; python3 "$root/tests/gpu/fp8_grid_table.py" "$out" $rounds base new --bf16-ratios --means 2>&1 | tail -30
@@ -122,4 +137,5 @@ echo "==== decode (µs; ratios are speed ratios: >1 = faster)"; cat "$out/decode
 for gen in fa3 fa2; do echo "==== bwd $gen"; tail -22 "$out/bwd-$gen.md" 2>/dev/null || tail -5 "$out/bwd-$gen.txt"; done
 [ -f "$out/fwd-fa3.txt" ] && { echo "==== fwd fa3 vs cuDNN"; tail -24 "$out/fwd-fa3.md" 2>/dev/null || tail -5 "$out/fwd-fa3.txt"; }
 for r in $(seq 1 $rounds); do [ -f "$out/cudnn-decode-$r.txt" ] && { echo "==== decode vs cuDNN, run $r"; grep "^|" "$out/cudnn-decode-$r.txt" | tail -12; }; done
+for f in "$out"/variants-*.md; do [ -f "$f" ] && { echo "==== $(basename "$f")"; grep "^|" "$f" | tail -12; }; done
 for tag in base new; do [ -f "$out/append-$tag.md" ] && { echo "==== append cost, $tag"; tail -6 "$out/append-$tag.md"; }; done
