@@ -12,7 +12,7 @@
 # bench/ab_cudnn.py, "append": the append + rotary cost of each library, append-cost.sh, and
 # "cudnn_decode": this tree's decode table against cuDNN, compare_torch.py, once per round, and
 # "variants": flashattn-bench-variants' ratios, hdim 128 fa2/fa3 and (192, 128) fa3, per library),
-# MAB_ROUNDS (2), MAB_BWD_HDIMS (64,128; MAB_BWD_HDIMS_FA2 / _FA3 per generation), MAB_BWD_SEQLENS
+# MAB_APPEND_TAGS ("base new"; "new:VAR=value" runs this tree under a knob), MAB_ROUNDS (2), MAB_BWD_HDIMS (64,128; MAB_BWD_HDIMS_FA2 / _FA3 per generation), MAB_BWD_SEQLENS
 # (2048,8192), MAB_FWD_HDIMS (64,128), MAB_FWD_SEQLENS (512,1024,2048,8192), MAB_APPEND_SEQLENS
 # (32768), MAB_CHECK (1: run merged-check.sh after the parts; 0: timing only), and merged-check.sh's
 # own (T, TC, SAN_TESTS, SAN_MEMCHECK_ONLY).
@@ -111,12 +111,13 @@ variants_part() {  # issue 19's ratios (each variant against its plain shape) fo
   note "variants done"
 }
 append_part() {  # issue 18's append bar: each library's plain / seqused_k / append step, d 128
-  local tag bld
-  for tag in base new; do
+  local tag bld env_
+  for tag in ${MAB_APPEND_TAGS:-base new}; do  # "new:VAR=value": this tree under an environment knob
     [ $(left) -gt 50 ] || { note "append $tag skipped"; continue; }
-    bld=$base_bld; [ $tag = new ] && bld=$new_bld
-    on $bld env APPEND_ROUNDS=$rounds APPEND_BATCHES=1,8 APPEND_SEQLENS="${MAB_APPEND_SEQLENS:-32768}" \
-      timeout 120 bash "$root/tests/gpu/append-cost.sh" $new_bld > "$out/append-$tag.md" 2>&1
+    bld=$base_bld; [ $tag != base ] && bld=$new_bld
+    env_=(); [ "${tag#new:}" != "$tag" ] && env_=("${tag#new:}")
+    on $bld env "${env_[@]}" APPEND_ROUNDS=$rounds APPEND_BATCHES=1,8 APPEND_SEQLENS="${MAB_APPEND_SEQLENS:-32768}" \
+      timeout 120 bash "$root/tests/gpu/append-cost.sh" $new_bld > "$out/append-${tag//[:=]/_}.md" 2>&1
     note "append $tag rc=$?"
   done
 }
@@ -138,4 +139,4 @@ for gen in fa3 fa2; do echo "==== bwd $gen"; tail -22 "$out/bwd-$gen.md" 2>/dev/
 [ -f "$out/fwd-fa3.txt" ] && { echo "==== fwd fa3 vs cuDNN"; tail -24 "$out/fwd-fa3.md" 2>/dev/null || tail -5 "$out/fwd-fa3.txt"; }
 for r in $(seq 1 $rounds); do [ -f "$out/cudnn-decode-$r.txt" ] && { echo "==== decode vs cuDNN, run $r"; grep "^|" "$out/cudnn-decode-$r.txt" | tail -12; }; done
 for f in "$out"/variants-*.md; do [ -f "$f" ] && { echo "==== $(basename "$f")"; grep "^|" "$f" | tail -12; }; done
-for tag in base new; do [ -f "$out/append-$tag.md" ] && { echo "==== append cost, $tag"; tail -6 "$out/append-$tag.md"; }; done
+for f in "$out"/append-*.md; do [ -f "$f" ] && { echo "==== $(basename "$f")"; tail -6 "$f"; }; done
