@@ -12,11 +12,5 @@ namespace fa2 {
 // Enqueue the append (and with a.q_rot the rotation of Q) on `s`; `bf16` picks the element type.
 cudaError_t launch_append(const AppendParams &a, bool bf16, cudaStream_t s);
 
-// The identity page table {0, 1, ..., kSequencePagesMax - 1} in the current device's memory: with
-// page_table_stride 1 a contiguous cache runs the paged decode tiles' TMA walk as one page per
-// sequence (fa2_backend.cpp, contiguous_tma_plan).
-constexpr int kSequencePagesMax = 1024;
-cudaError_t sequence_pages(const int32_t **out);
-
 }  // namespace fa2
 }  // namespace flashattn

@@ -69,9 +69,6 @@ struct Fa2Plan : BackendPlan {
     bool pdl = false;
     // sm_90, paged decode tiles with pages of a multiple of 16 keys: K/V by TMA (paged_tma_plan)
     bool paged_tma = false;
-    // sm_90, a contiguous cache at the decode tiles: the same walk, one page per sequence
-    // (contiguous_tma_plan)
-    bool contiguous_tma = false;
     fa2::BwdPlan backward;  // laid out in backward_workspace when the backward can run
 };
 
@@ -179,35 +176,16 @@ void add_split_slices(const Problem &p, Fa2Plan *plan) {
 // the decode tile at its compiled head dim (64 or 128: whole 64-column boxes), and pages of a
 // multiple of 16 keys that do not hold whole key tiles (those keep the per-tile base shift).
 // FLASHATTN_FA2_PAGED_TMA=0 keeps the cp.async gather (a developer's knob for A/B runs and tests).
-bool tma_walk_fits(const Problem &p, const DeviceInfo &dev, const Variant &v) {
-    if (dev.cc_major < 9 || !fa2::is_decode_tile(v.cfg)) return false;
+bool paged_tma_plan(const Problem &p, const DeviceInfo &dev, const Variant &v) {
+    if (!p.serving.paged || dev.cc_major < 9 || !fa2::is_decode_tile(v.cfg)) return false;
     if (p.head_dim != v.cfg.head_dim || p.head_dim % 64 != 0 || p.head_dim_v != p.head_dim) return false;
+    const int64_t ps = p.serving.page_size;
+    if (ps % 16 != 0 || ps % v.cfg.block_n == 0 || ps > (int64_t{1} << 31)) return false;
     // A tensor map's strides are multiples of 16 bytes: check_device_tensors holds the rows and heads
-    // (and the pointers) to that, but not the page (batch) stride when the queries are varlen.
+    // (and the pointers) to that, but not the page stride when the queries are varlen.
     if (p.k.batch % 8 != 0 || p.v.batch % 8 != 0) return false;
     const char *env = std::getenv("FLASHATTN_FA2_PAGED_TMA");
     return env == nullptr || std::strcmp(env, "0") != 0;
-}
-
-bool paged_tma_plan(const Problem &p, const DeviceInfo &dev, const Variant &v) {
-    const int64_t ps = p.serving.page_size;
-    if (!p.serving.paged || ps % 16 != 0 || ps % v.cfg.block_n == 0 || ps > (int64_t{1} << 31)) return false;
-    return tma_walk_fits(p, dev, v);
-}
-
-// A contiguous cache [batch, seqlen_k, heads_kv, d] at the decode tiles on sm_90 runs the paged
-// instantiation's TMA walk (three stages, ~2.5 tiles in flight per CTA against the cp.async step's
-// ~1.5; K of the first tiles issued before an append's wait) as a paged cache of one page of
-// seqlen_k keys per sequence: the identity page table (fa2::sequence_pages), boxes as tall as the
-// key tile. The kernel is the paged one, whose results equal the contiguous kernel's bit for bit
-// (test_serving). Not for varlen keys (one packed sequence axis), the variants the paged kernel
-// lacks (fa2_unsupported_reason) or more sequences than the identity table holds.
-// FLASHATTN_FA2_PAGED_TMA=0 keeps the contiguous kernel's cp.async step.
-bool contiguous_tma_plan(const Problem &p, const DeviceInfo &dev, const Variant &v) {
-    if (p.serving.paged || p.varlen || p.sink_tokens > 0 || p.alibi) return false;
-    // (a box no taller than the cache: short caches keep the cp.async step)
-    if (p.batch > fa2::kSequencePagesMax || p.seqlen_k < v.cfg.block_n || p.seqlen_k >= (int64_t{1} << 31)) return false;
-    return tma_walk_fits(p, dev, v);
 }
 
 flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::unique_ptr<BackendPlan> *out) {
@@ -217,7 +195,6 @@ flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     plan->num_splits = choose_splits(p, plan->variant, dev.sm_count);
     plan->pdl = dev.cc_major >= 9;
     plan->paged_tma = paged_tma_plan(p, dev, plan->variant);
-    plan->contiguous_tma = contiguous_tma_plan(p, dev, plan->variant);
     if (plan->num_splits > 1) add_split_slices(p, plan.get());
     if (p.serving.rotary_dim > 0)
         plan->rotated_q = plan->workspace.add("fa2 rotated queries", rotated_q_bytes(p));
@@ -251,34 +228,25 @@ struct PagedMapCache {
     bool bf16 = false;
     const void *base = nullptr;
     uint64_t dims[4] = {}, strides[3] = {};
-    uint32_t box_rows = 0;
     CUtensorMap map;
 };
 
-// Pages of page_size keys, num_pages of them; boxes of box_rows rows (16, or the key tile for one
-// page per sequence).
-struct PagedMapShape {
-    int64_t page_size, num_pages;
-    uint32_t box_rows;
-};
-
 flashattn_status_t encode_paged_map(PagedMapCache *c, CUtensorMap *out, bool bf16, const void *base, const Problem &p,
-                                    const PagedMapShape &shape, int64_t rs, int64_t hs, int64_t ps_stride) {
+                                    int64_t rs, int64_t hs, int64_t ps_stride) {
     const uint64_t filler = static_cast<uint64_t>(p.head_dim) * 2 * 16;  // stride of an extent-1 dim
-    const uint64_t dims[4] = {static_cast<uint64_t>(p.head_dim), static_cast<uint64_t>(shape.page_size),
-                              static_cast<uint64_t>(p.heads_kv), static_cast<uint64_t>(shape.num_pages)};
+    const uint64_t dims[4] = {static_cast<uint64_t>(p.head_dim), static_cast<uint64_t>(p.serving.page_size),
+                              static_cast<uint64_t>(p.heads_kv), static_cast<uint64_t>(p.serving.num_pages)};
     const uint64_t strides[3] = {static_cast<uint64_t>(rs) * 2, p.heads_kv > 1 ? static_cast<uint64_t>(hs) * 2 : filler,
-                                 shape.num_pages > 1 ? static_cast<uint64_t>(ps_stride) * 2 : filler};
-    const uint32_t box[4] = {64, shape.box_rows, 1, 1};
-    const bool same = c->valid && c->bf16 == bf16 && c->base == base && c->box_rows == shape.box_rows &&
-                      std::equal(dims, dims + 4, c->dims) && std::equal(strides, strides + 3, c->strides);
+                                 p.serving.num_pages > 1 ? static_cast<uint64_t>(ps_stride) * 2 : filler};
+    const uint32_t box[4] = {64, 16, 1, 1};
+    const bool same = c->valid && c->bf16 == bf16 && c->base == base && std::equal(dims, dims + 4, c->dims) &&
+                      std::equal(strides, strides + 3, c->strides);
     if (!same) {
         c->valid = false;
         FLASHATTN_TRY(encode_tensor_map_sw128(&c->map, bf16 ? TmaElement::bf16 : TmaElement::fp16, base, 4, dims,
                                               strides, box));
         c->bf16 = bf16;
         c->base = base;
-        c->box_rows = shape.box_rows;
         std::copy(dims, dims + 4, c->dims);
         std::copy(strides, strides + 3, c->strides);
         c->valid = true;
@@ -288,39 +256,20 @@ flashattn_status_t encode_paged_map(PagedMapCache *c, CUtensorMap *out, bool bf1
 }
 
 // maps: the caller's, alive until the launch (k->tma_maps points at it).
-flashattn_status_t set_paged_tma(const Problem &p, const PagedMapShape &shape, fa2::PagedTmaMaps *maps, fa2::Params *k) {
+flashattn_status_t set_paged_tma(const Problem &p, fa2::PagedTmaMaps *maps, fa2::Params *k) {
     thread_local PagedMapCache cache[2];
     const bool bf16 = p.dtype == FLASHATTN_DTYPE_BF16;
-    FLASHATTN_TRY(encode_paged_map(&cache[0], &maps->k, bf16, k->k, p, shape, k->k_rs, k->k_hs, k->k_bs));
-    FLASHATTN_TRY(encode_paged_map(&cache[1], &maps->v, bf16, k->v, p, shape, k->v_rs, k->v_hs, k->v_bs));
-    k->kv_tma = shape.box_rows == 16 ? 1 : fa2::kKvTmaTall;
+    FLASHATTN_TRY(encode_paged_map(&cache[0], &maps->k, bf16, k->k, p, k->k_rs, k->k_hs, k->k_bs));
+    FLASHATTN_TRY(encode_paged_map(&cache[1], &maps->v, bf16, k->v, p, k->v_rs, k->v_hs, k->v_bs));
+    k->kv_tma = 1;
     k->tma_maps = maps;
     return FLASHATTN_SUCCESS;
-}
-
-// contiguous_tma_plan: the cache as pages of seqlen_k keys, page b the sequence b (the identity
-// table), its batch stride the page stride.
-flashattn_status_t set_contiguous_tma(const Problem &p, const Fa2Plan &plan, fa2::PagedTmaMaps *maps, fa2::Params *k) {
-    // (its address per device, looked up once: a decode loop calls this every step)
-    constexpr int kDevices = 64;
-    thread_local const int32_t *pages[kDevices] = {};
-    const int32_t *table = p.device >= 0 && p.device < kDevices ? pages[p.device] : nullptr;
-    if (table == nullptr) {
-        const cudaError_t e = fa2::sequence_pages(&table);
-        if (e != cudaSuccess) return cuda_fail(e, "fa2: the identity page table's address");
-        if (p.device >= 0 && p.device < kDevices) pages[p.device] = table;
-    }
-    k->page_table = table;
-    k->page_table_stride = 1;
-    k->page_size = static_cast<int32_t>(p.seqlen_k);
-    const PagedMapShape shape{p.seqlen_k, p.batch, static_cast<uint32_t>(plan.variant.cfg.block_n)};
-    return set_paged_tma(p, shape, maps, k);
 }
 
 flashattn_status_t fa2_execute(const Problem &p, const BackendPlan &base_plan, const Tensors &t) {
     const Fa2Plan &plan = static_cast<const Fa2Plan &>(base_plan);
     // First, with the context current where tensor maps are encoded (cuTensorMapEncodeTiled needs one).
-    DeviceGuard guard(p.device, /*need_context=*/plan.paged_tma || plan.contiguous_tma);
+    DeviceGuard guard(p.device, /*need_context=*/plan.paged_tma);
     if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "fa2: cudaSetDevice");
     FLASHATTN_TRY(check_device_tensors(p, t));
     const bool no_queries = p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0 || (p.varlen && p.total_q == 0);
@@ -336,10 +285,8 @@ flashattn_status_t fa2_execute(const Problem &p, const BackendPlan &base_plan, c
         k.page_table = t.page_table;
         k.page_table_stride = p.serving.page_table_stride;
         k.page_size = static_cast<int32_t>(p.serving.page_size);
-        const PagedMapShape shape{p.serving.page_size, p.serving.num_pages, 16};
-        if (plan.paged_tma && !no_queries) FLASHATTN_TRY(set_paged_tma(p, shape, &maps, &k));
+        if (plan.paged_tma && !no_queries) FLASHATTN_TRY(set_paged_tma(p, &maps, &k));
     }
-    if (plan.contiguous_tma && !no_queries) FLASHATTN_TRY(set_contiguous_tma(p, plan, &maps, &k));
     if (plan.num_splits > 1) {
         k.o_part = plan.workspace.at<float>(t.workspace, plan.o_part);
         k.lse_part = plan.workspace.at<float>(t.workspace, plan.lse_part);

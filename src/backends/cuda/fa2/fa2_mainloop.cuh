@@ -302,22 +302,12 @@ __device__ __forceinline__ void load_paged_tma(const Params &p, const FwdLoopArg
     const int lane = a.tid & 31;
     const int idx = static_cast<int>((s - a.s_kv) / Tr::kKVBytes);
     const uint32_t bar = kv_tma_bar(idx);
-    const PagedTmaMaps *maps = static_cast<const PagedTmaMaps *>(a.maps);
-    const void *map = (idx & 1) ? static_cast<const void *>(&maps->v) : static_cast<const void *>(&maps->k);
-    if (p.kv_tma == kKvTmaTall) {
-        // One page per sequence (a contiguous cache): a box of the whole tile per 64-column half,
-        // rows past the keys included (zeroed by kv_tma_take; past the tensor's end TMA fills
-        // zeros, and the barrier counts the full box either way).
-        if (lane == 0) cuda::mbar_arrive_expect_tx_s(bar, static_cast<uint32_t>(kHalves * Tr::kBN * 64 * 2));
-        if (lane < kHalves)
-            cuda::tma_load_4d_s(s + lane * Tile::kPageBytes, map, bar, 64 * lane, n0, a.kvh,
-                                paged_entries<Tr>(n0 / Tr::kBN)[0]);
-        return;
-    }
     const int groups = min(kGroups, (a.sk - n0 + 15) / 16);
     if (lane == 0) cuda::mbar_arrive_expect_tx_s(bar, static_cast<uint32_t>(groups * kHalves * 16 * 64 * 2));
     const int g = lane / kHalves, h = lane % kHalves;
     if (g < groups) {
+        const PagedTmaMaps *maps = static_cast<const PagedTmaMaps *>(a.maps);
+        const void *map = (idx & 1) ? static_cast<const void *>(&maps->v) : static_cast<const void *>(&maps->k);
         const int ps = p.page_size;
         const int key = n0 + 16 * g;
         const int pg = key / ps;

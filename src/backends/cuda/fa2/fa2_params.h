@@ -37,8 +37,6 @@ struct Params : TensorArgs {
     // the compiled head dim. tma_maps: host only, the maps the launcher passes (null: none).
     // (Last in Params, and the maps outside it: the fields before keep their parameter offsets, so
     // the other kernels' SASS does not change; a CUtensorMap member would align Params to 64.)
-    // kv_tma = kKvTmaTall: a contiguous cache read as one page per sequence (page_table the identity,
-    // page_size seqlen_k), its maps' boxes as tall as the key tile.
     int32_t kv_tma = 0;
     const struct PagedTmaMaps *tma_maps = nullptr;
 };
@@ -47,7 +45,6 @@ struct Params : TensorArgs {
 // boxes of 16 rows x 64 columns, SWIZZLE_128B (SwizzledTile's layout). The second parameter of the
 // paged forward kernels (a __grid_constant__ whose address the TMA instructions take); the other
 // kernels get NoPagedTmaMaps (PagedTmaMapsFor).
-constexpr int32_t kKvTmaTall = 2;
 struct PagedTmaMaps {
     CUtensorMap k, v;
 };
