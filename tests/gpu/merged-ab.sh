@@ -12,8 +12,10 @@
 # bench/ab_cudnn.py, "append": the append + rotary cost of each library, append-cost.sh, and
 # "cudnn_decode": this tree's decode table against cuDNN, compare_torch.py, once per round, and
 # "variants": flashattn-bench-variants' ratios, hdim 128 fa2/fa3 and (192, 128) fa3, per library),
-# MAB_APPEND_TAGS ("base new"; "new:VAR=value" runs this tree under a knob), MAB_ROUNDS (2), MAB_BWD_HDIMS (64,128; MAB_BWD_HDIMS_FA2 / _FA3 per generation), MAB_BWD_SEQLENS
-# (2048,8192), MAB_FWD_HDIMS (64,128), MAB_FWD_SEQLENS (512,1024,2048,8192), MAB_APPEND_SEQLENS
+# MAB_APPEND_TAGS ("base new"; "new:VAR=value" runs this tree under a knob), MAB_APPEND_PAGE (0),
+# MAB_ROUNDS (2), MAB_BWD_HDIMS (64,128; MAB_BWD_HDIMS_FA2 / _FA3 per generation), MAB_BWD_SEQLENS
+# (2048,8192), MAB_FWD_HDIMS (64,128), MAB_FWD_SEQLENS (512,1024,2048,8192), MAB_FWD_DTYPES (bf16),
+# MAB_FWD_ROUNDS (MAB_ROUNDS), MAB_APPEND_SEQLENS
 # (32768), MAB_CHECK (1: run merged-check.sh after the parts; 0: timing only), and merged-check.sh's
 # own (T, TC, SAN_TESTS, SAN_MEMCHECK_ONLY).
 set -uo pipefail
@@ -82,7 +84,8 @@ fwd_part() {  # FA3 forward, main and this tree against cuDNN in one process (is
   [ $(left) -gt 60 ] || { note "fwd skipped"; return; }
   timeout $(( $(left) - 30 )) python3 "$root/bench/ab_cudnn.py" --a $base_bld/src/libflashattn.so \
     --b $new_bld/src/libflashattn.so --gen fa3 --hdim "${MAB_FWD_HDIMS:-64,128}" \
-    --seqlen "${MAB_FWD_SEQLENS:-512,1024,2048,8192}" --rounds $rounds --markdown "$out/fwd-fa3.md" \
+    --seqlen "${MAB_FWD_SEQLENS:-512,1024,2048,8192}" --dtypes "${MAB_FWD_DTYPES:-bf16}" \
+    --rounds "${MAB_FWD_ROUNDS:-$rounds}" --markdown "$out/fwd-fa3.md" \
     > "$out/fwd-fa3.txt" 2>&1
   note "fwd rc=$?"
 }
@@ -117,7 +120,7 @@ append_part() {  # issue 18's append bar: each library's plain / seqused_k / app
     bld=$base_bld; [ $tag != base ] && bld=$new_bld
     env_=(); [ "${tag#new:}" != "$tag" ] && env_=("${tag#new:}")
     on $bld env "${env_[@]}" APPEND_ROUNDS=$rounds APPEND_BATCHES=1,8 APPEND_SEQLENS="${MAB_APPEND_SEQLENS:-32768}" \
-      timeout 120 bash "$root/tests/gpu/append-cost.sh" $new_bld > "$out/append-${tag//[:=]/_}.md" 2>&1
+      timeout 120 bash "$root/tests/gpu/append-cost.sh" $new_bld "${MAB_APPEND_PAGE:-0}" > "$out/append-${tag//[:=]/_}.md" 2>&1
     note "append $tag rc=$?"
   done
 }
