@@ -155,8 +155,10 @@ __device__ __forceinline__ void gemm_at_b(float (&acc)[Tr::kKVMT][Tr::kKVGroups]
         for (int mt = 0; mt < Tr::kKVMT; ++mt)
             cuda::ldmatrix_x4_trans(dst[mt], a_lane[mt] + ks * 16 * Tr::kPRowBytes);
     };
+    // Unconditional: column groups past ncols lie inside the zero-filled padded tile, and a
+    // branch around each prefetch cost a BSSY/WARPSYNC pair per ldmatrix.
     auto load_b = [&](uint32_t(&dst)[4], int ks, int j) {
-        if (j * 16 < ncols) cuda::ldmatrix_x4_trans(dst, frag_addr<BT>(b_lane, 0u, ks * 16, j));
+        cuda::ldmatrix_x4_trans(dst, frag_addr<BT>(b_lane, 0u, ks * 16, j));
     };
     load_a(a[0], 0);
     load_b(b[0], 0, 0);
