@@ -17,7 +17,8 @@
 # (2048,8192), MAB_FWD_HDIMS (64,128), MAB_FWD_SEQLENS (512,1024,2048,8192), MAB_FWD_DTYPES (bf16),
 # MAB_FWD_ROUNDS (MAB_ROUNDS), MAB_APPEND_SEQLENS
 # (32768), MAB_CHECK (1: run merged-check.sh after the parts; 0: timing only), and merged-check.sh's
-# own (T, TC, SAN_TESTS, SAN_MEMCHECK_ONLY).
+# own (T, TC, SAN_TESTS, SAN_MEMCHECK_ONLY); MAB_RESERVE (0): seconds of DEADLINE the parts leave to
+# the gates.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 final_out=${OUT:-/tmp/mab}; out=/tmp/mab-log; rm -rf $out; mkdir -p "$out/bench" "$final_out"
@@ -37,6 +38,7 @@ wait $pb; note "builds done: base rc=$? new $(ls $new_bld/src/libflashattn.so 2>
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.limit --format=csv,noheader > "$out/gpu.txt" 2>&1
 on() { local lib=$1; shift; LD_LIBRARY_PATH=$lib/src${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$@"; }
 left() { echo $(( deadline - $(el) )); }
+pleft() { echo $(( $(left) - ${MAB_RESERVE:-0} )); }  # the parts' time: MAB_RESERVE seconds stay for the gates
 decode_part() {  # d 128 b 1/8/64 x 16k/32k/128k and d 64 b 1/8 x 32k; contiguous and pages of 16
   local r tag ps d cells bld
   for r in $(seq 1 $rounds); do
@@ -60,8 +62,8 @@ bwd_hdims() {  # MAB_BWD_HDIMS_FA2 / _FA3, else MAB_BWD_HDIMS
 bwd_part() {
   local gen
   for gen in fa3 fa2; do
-    [ $(left) -gt 60 ] || { note "bwd $gen skipped"; continue; }
-    timeout $(( $(left) - 30 )) python3 "$root/bench/ab_backward.py" --a $base_bld/src/libflashattn.so \
+    [ $(pleft) -gt 60 ] || { note "bwd $gen skipped"; continue; }
+    timeout $(( $(pleft) - 30 )) python3 "$root/bench/ab_backward.py" --a $base_bld/src/libflashattn.so \
       --b $new_bld/src/libflashattn.so --gen $gen --deterministic --hdim "$(bwd_hdims $gen)" \
       --seqlen "${MAB_BWD_SEQLENS:-2048,8192}" --rounds $rounds --markdown "$out/bwd-$gen.md" > "$out/bwd-$gen.txt" 2>&1
     note "bwd $gen rc=$?"
@@ -71,7 +73,7 @@ fp8_part() {
   local r tag acc=$new_bld/bench/flashattn-fp8-accuracy
   for r in $(seq 1 $rounds); do
     for tag in $( [ $((r % 2)) = 1 ] && echo base new || echo new base ); do
-      [ $(left) -gt 40 ] || { note "fp8 round $r skipped"; return; }
+      [ $(pleft) -gt 40 ] || { note "fp8 round $r skipped"; return; }
       local bld=$base_bld; [ $tag = new ] && bld=$new_bld
       nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 50 > "$out/smi-$tag-$r.csv" 2>&1 & smi=$!
       on $bld timeout 60 $acc --speed-grid 64,128,256 > "$out/grid-$tag-$r.md" 2> "$out/cells-$tag-$r.txt"
@@ -81,8 +83,8 @@ fp8_part() {
   note "fp8 done"
 }
 fwd_part() {  # FA3 forward, main and this tree against cuDNN in one process (issue 20's ratio)
-  [ $(left) -gt 60 ] || { note "fwd skipped"; return; }
-  timeout $(( $(left) - 30 )) python3 "$root/bench/ab_cudnn.py" --a $base_bld/src/libflashattn.so \
+  [ $(pleft) -gt 60 ] || { note "fwd skipped"; return; }
+  timeout $(( $(pleft) - 30 )) python3 "$root/bench/ab_cudnn.py" --a $base_bld/src/libflashattn.so \
     --b $new_bld/src/libflashattn.so --gen fa3 --hdim "${MAB_FWD_HDIMS:-64,128}" \
     --seqlen "${MAB_FWD_SEQLENS:-512,1024,2048,8192}" --dtypes "${MAB_FWD_DTYPES:-bf16}" \
     --rounds "${MAB_FWD_ROUNDS:-$rounds}" --markdown "$out/fwd-fa3.md" \
@@ -92,7 +94,7 @@ fwd_part() {  # FA3 forward, main and this tree against cuDNN in one process (is
 cudnn_decode_part() {  # issue 18's contiguous bar: this tree's decode against cuDNN, two runs
   local r
   for r in $(seq 1 $rounds); do
-    [ $(left) -gt 60 ] || { note "cudnn decode $r skipped"; return; }
+    [ $(pleft) -gt 60 ] || { note "cudnn decode $r skipped"; return; }
     on $new_bld timeout 90 python3 -W ignore "$root/bench/compare_torch.py" --lib $new_bld/src/libflashattn.so \
       --gens fa2 --decode --decode-batch 1,8,64 --decode-kv-heads 8 --decode-seqlen 16384,32768,131072 \
       > "$out/cudnn-decode-$r.txt" 2>&1
@@ -106,7 +108,7 @@ variants_part() {  # issue 19's ratios (each variant against its plain shape) fo
   for tag in base new; do
     bld=$base_bld; [ $tag = new ] && bld=$new_bld
     for run in 8192:128:fa2,fa3 8192:192:fa3:128; do
-      [ $(left) -gt 40 ] || { note "variants $tag $run skipped"; continue; }
+      [ $(pleft) -gt 40 ] || { note "variants $tag $run skipped"; continue; }
       IFS=: read -r s d be dv <<< "$run"; n=$((n + 1))
       on $bld timeout 60 $new_bld/bench/flashattn-bench-variants "$s" "$d" "$be" ${dv:-} > "$out/variants-$tag-$n.md" 2>&1
     done
@@ -116,7 +118,7 @@ variants_part() {  # issue 19's ratios (each variant against its plain shape) fo
 append_part() {  # issue 18's append bar: each library's plain / seqused_k / append step, d 128
   local tag bld env_
   for tag in ${MAB_APPEND_TAGS:-base new}; do  # "new:VAR=value": this tree under an environment knob
-    [ $(left) -gt 50 ] || { note "append $tag skipped"; continue; }
+    [ $(pleft) -gt 50 ] || { note "append $tag skipped"; continue; }
     bld=$base_bld; [ $tag != base ] && bld=$new_bld
     env_=(); [ "${tag#new:}" != "$tag" ] && env_=("${tag#new:}")
     on $bld env "${env_[@]}" APPEND_ROUNDS=$rounds APPEND_BATCHES=1,8 APPEND_SEQLENS="${MAB_APPEND_SEQLENS:-32768}" \
