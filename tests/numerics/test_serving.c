@@ -115,6 +115,14 @@ static const serving_case grid[] = {
     SCASE(5, 1, 2900, 8, 2, 64, F16, 0, -1, -1, 16, 1, 0, 0, 0, 0, 0),
     SCASE(2, 1, 130, 8, 2, 128, B16, 0, -1, -1, 16, 0, 0, 0, 0, 0, 0),
     SCASE(8, 1, 2100, 16, 4, 128, B16, 1, -1, -1, 16, 1, 1, 128, 0, 0, 1),
+    /* fa2's decode tiles on sm_90 take a contiguous cache by the same walk, one page per sequence
+       and boxes as tall as the key tile: seqused_k ending inside a tile (the box brings the stale
+       rows, zeroed), padded strides with an append and rotary, the last tile past the tensor's end
+       (TMA's zero fill), walks of many tiles per split; the
+       last case in compute-sanitizer's reduced grid */
+    SCASE(2, 2, 190, 8, 2, 64, F16, 0, -1, -1, 0, 0, 0, 0, 0, 0, 0),
+    SCASE(4, 1, 1500, 16, 4, 128, B16, 1, -1, -1, 0, 1, 0, 0, 0, 0, 0),
+    SCASE(3, 1, 333, 32, 8, 128, B16, 1, -1, -1, 0, 1, 1, 128, 0, 0, 1),
 };
 #define NUM_CASES (sizeof grid / sizeof grid[0])
 

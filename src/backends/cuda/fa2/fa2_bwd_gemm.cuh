@@ -141,25 +141,43 @@ __device__ __forceinline__ void bwd_load_tile(uint32_t sbase, const uint16_t *g,
 // (ldmatrix.trans of B-style lanes gives A^T's m16k16 fragment); b_lane: at_column(QTile::
 // lane_base_full(B tile, lr_a, lb_a), warp's first column). ncols: head-dim columns from the
 // warp's first column.
+// Fragments are double-buffered: the (ks, j) steps run flat and each step loads the next step's
+// B (and, at a k-step's last column group, the next k-step's A) before issuing its own mma, so no
+// HMMA waits on the ldmatrix issued right before it (stop 21's ncu: short_sb 26 %).
 template <class Tr, class E>
 __device__ __forceinline__ void gemm_at_b(float (&acc)[Tr::kKVMT][Tr::kKVGroups][2][4],
                                           const uint32_t (&a_lane)[Tr::kKVMT], uint32_t b_lane, int ncols) {
     using BT = typename Tr::QTile;
-#pragma unroll
-    for (int ks = 0; ks < Tr::kBM / 16; ++ks) {
-        uint32_t a[Tr::kKVMT][4];
+    constexpr int kKS = Tr::kBM / 16, kG = Tr::kKVGroups;
+    uint32_t a[2][Tr::kKVMT][4], b[2][4];
+    auto load_a = [&](uint32_t(&dst)[Tr::kKVMT][4], int ks) {
 #pragma unroll
         for (int mt = 0; mt < Tr::kKVMT; ++mt)
-            cuda::ldmatrix_x4_trans(a[mt], a_lane[mt] + ks * 16 * Tr::kPRowBytes);
+            cuda::ldmatrix_x4_trans(dst[mt], a_lane[mt] + ks * 16 * Tr::kPRowBytes);
+    };
+    // Unconditional: column groups past ncols lie inside the zero-filled padded tile, and a
+    // branch around each prefetch cost a BSSY/WARPSYNC pair per ldmatrix.
+    auto load_b = [&](uint32_t(&dst)[4], int ks, int j) {
+        cuda::ldmatrix_x4_trans(dst, frag_addr<BT>(b_lane, 0u, ks * 16, j));
+    };
+    load_a(a[0], 0);
+    load_b(b[0], 0, 0);
 #pragma unroll
-        for (int j = 0; j < Tr::kKVGroups; ++j) {
+    for (int ks = 0; ks < kKS; ++ks) {
+#pragma unroll
+        for (int j = 0; j < kG; ++j) {
+            const int t = ks * kG + j;
+            if (j + 1 < kG) {
+                load_b(b[(t + 1) & 1], ks, j + 1);
+            } else if (ks + 1 < kKS) {
+                load_a(a[(ks + 1) & 1], ks + 1);
+                load_b(b[(t + 1) & 1], ks + 1, 0);
+            }
             if (j * 16 >= ncols) continue;
-            uint32_t b[4];
-            cuda::ldmatrix_x4_trans(b, frag_addr<BT>(b_lane, 0u, ks * 16, j));
 #pragma unroll
             for (int mt = 0; mt < Tr::kKVMT; ++mt) {
-                cuda::mma_16816<E>(acc[mt][j][0], a[mt], b[0], b[1]);
-                cuda::mma_16816<E>(acc[mt][j][1], a[mt], b[2], b[3]);
+                cuda::mma_16816<E>(acc[mt][j][0], a[ks & 1][mt], b[t & 1][0], b[t & 1][1]);
+                cuda::mma_16816<E>(acc[mt][j][1], a[ks & 1][mt], b[t & 1][2], b[t & 1][3]);
             }
         }
     }

@@ -463,9 +463,9 @@ __device__ __forceinline__ void load_first_q(const Params &p, const FwdLoopArgs 
 }
 
 // The TMA walk's prologue (load_first_tiles' sm_90 form): the barriers, the page entries of the
-// first two tiles (one round trip, one barrier), K of the first tile (before the append's wait
-// when the tile lies below the appended rows), Q, V of the first tile and K/V of the second, then
-// the third tile's entries, in the two cp.async groups of the gather's prologue.
+// first two tiles (one round trip, one barrier), K / V of the first two tiles (before the append's
+// wait when they lie below the appended rows, so that streaming covers the append), Q, then the
+// third tile's entries, in the two cp.async groups of the gather's prologue.
 template <class Tr>
 __device__ __forceinline__ void kv_tma_first_tiles(const Params &p, const FwdLoopArgs &a, int nb_last) {
     const int n0 = nb_last * Tr::kBN;
@@ -479,19 +479,21 @@ __device__ __forceinline__ void kv_tma_first_tiles(const Params &p, const FwdLoo
     else if (a.tid < count0 + count1)
         paged_entries<Tr>(nb_last - 1)[a.tid - count0] = page_row(p)[first1 + a.tid - count0];
     __syncthreads();  // the entries and the initialised barriers
+    // K and V of the first two tiles before the append's wait (a no-op when taken above): the walk
+    // goes down from the last tile, so below the appended rows the first means the second too.
     load_paged_tma<Tr>(p, a, a.s_kv, n0);
-    cuda::pdl_wait();
-    load_first_q<Tr>(p, a);
-    cuda::cp_async_commit();
     load_paged_tma<Tr>(p, a, a.s_kv + Tr::kKVBytes, n0);
     if (nb_last > a.nb_first) {
         const uint32_t s1 = a.s_kv + 2 * Tr::kKVBytes;
         load_paged_tma<Tr>(p, a, s1, n0 - Tr::kBN);
         load_paged_tma<Tr>(p, a, s1 + Tr::kKVBytes, n0 - Tr::kBN);
-        // Tile nb_last - 2 shares the first tile's slot, whose entries the issuing warp (the
-        // only writer now) has just read (kv_tma_stage_entries syncs its lanes first).
-        if (nb_last - 1 > a.nb_first) kv_tma_stage_entries<Tr>(p, a, nb_last - 2);
     }
+    cuda::pdl_wait();
+    load_first_q<Tr>(p, a);
+    cuda::cp_async_commit();
+    // Tile nb_last - 2 shares the first tile's slot, whose entries the issuing warp (the only
+    // writer now) has just read (kv_tma_stage_entries syncs its lanes first).
+    if (nb_last - 1 > a.nb_first) kv_tma_stage_entries<Tr>(p, a, nb_last - 2);
     cuda::cp_async_commit();
 }
 

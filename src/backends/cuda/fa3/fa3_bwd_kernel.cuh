@@ -24,8 +24,10 @@
 //                                              into an fp32 tile in shared memory that one bulk
 //                                              reduction (cp.reduce.async.bulk .add.f32) adds
 //                                              to the accumulator (the query block's rows are
-//                                              contiguous there); default mode at head dim 64:
-//                                              vector reductions from registers instead
+//                                              contiguous there; default mode: both in
+//                                              fragment order, device/dq_accum.cuh, whose
+//                                              stores have no bank conflicts); default mode at
+//                                              head dim 64: vector reductions from registers
 // At the end dK * scale and dV are stored (zeros for keys no query sees). The dQ scale is the
 // convert kernel's (device/bwd_prep.cuh). GQA needs no dK/dV reduction across CTAs: the CTA walks
 // its whole query-head group.
@@ -55,6 +57,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "backends/cuda/device/dq_accum.cuh"
 #include "backends/cuda/device/mask.cuh"
 #include "backends/cuda/device/ptx.cuh"
 #include "backends/cuda/device/ptx_sm90.cuh"
@@ -439,29 +442,64 @@ __device__ __forceinline__ void dq_page_gemm(float (&acc)[32], uint32_t s_ds, ui
 }
 
 // dQ = dS K_w for the step's 64 queries (this warpgroup's 64 keys), 64 head-dim columns at a time
-// (dq_page_gemm), stored as fp32 rows of head_dim floats (the accumulator's rows) at s_dq. kSlot (the deterministic kernel's writer slot of warpgroup
-// wg): from step s = 1 on, wait after the first GEMM, before the first store, for the writer to
-// have read the slot's previous tile (dq_empty).
+// (dq_page_gemm), stored at s_dq in the accumulator's layout (bwd_dq_frag):
+// - default mode (!kSlot), fragment order (device/dq_accum.cuh, dq_frag_cols(head_dim) columns):
+//   warp w's 16 rows are 16-row block w, and the wgmma fragment of an 8-column block j (thread
+//   4g + t: rows g, g + 8, columns 2t, 2t + 1, registers 4j .. 4j + 3) is exactly that layout's
+//   m16n8 fragment, so each thread stores its four floats as one 16-byte vector and the warp's 32
+//   vectors are 512 contiguous bytes: 4 wavefronts, no bank conflict. Row-major rows of 512 bytes
+//   put an instruction's 8 rows (lanes 0-15: rows 0-3, 32 bytes each) on the same 8 banks: 8
+//   wavefronts per 256 bytes (stop 22's profile: 7.3-way); padded rows would break the one dense
+//   bulk reduction. At head dim 128, per warpgroup and step: 64 STS.128 / 256 wavefronts where
+//   the row-major form took 128 STS.64 / 1024. Blocks past head_dim inside dq_frag_cols are
+//   stored too (zeros: K's columns there load as zeros): the reduction reads no unwritten bytes.
+// - kSlot (the deterministic kernel's writer slot of warpgroup wg): row-major rows of head_dim
+//   floats (the fragment-order writer spilled on its 24 registers); from step s = 1 on, wait after
+//   the first GEMM, before the first store, for the writer to have read the slot's previous tile
+//   (dq_empty).
 template <class Tr, class E, bool kSlot>
 __device__ __forceinline__ void dq_tile_to_smem(int d, uint32_t s_ds, uint32_t s_k, uint32_t s_dq, const BwdBlock &a,
                                                 int s, int wg) {
-    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
+    const int dcols = cuda::dq_frag_cols(d);
 #pragma unroll
     for (int half = 0; half < Tr::kPages; ++half) {
         float acc[32];
         dq_page_gemm<Tr, E>(acc, s_ds, s_k + half * Tr::kKPage);
         if (kSlot && half == 0 && s > 0) cuda::mbar_wait(&a.bars->dq_empty[wg], static_cast<uint32_t>((s - 1) & 1));
+        const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
+        // this thread's 8-column block 0 in fragment order (computed here: nothing more lives across the GEMM)
+        const uint32_t at = s_dq + static_cast<uint32_t>((16 * warp * dcols + 4 * lane) * 4);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            const int col = half * 64 + 8 * j + 2 * t;  // head_dim is a multiple of 8: the pair is in or out
-            if (col >= d) continue;
+            const int block = half * 8 + j;  // 8-column block; head_dim is a multiple of 8 and dcols of 16
+            if constexpr (kSlot) {
+                const int col = 8 * block + 2 * t;
+                if (col >= d) continue;
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = 16 * warp + g + 8 * h;
-                st_shared_v2_f32(s_dq + (row * d + col) * 4, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+                for (int h = 0; h < 2; ++h) {
+                    const int row = 16 * warp + g + 8 * h;
+                    st_shared_v2_f32(s_dq + (row * d + col) * 4, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+                }
+            } else {
+                if (8 * block >= dcols) continue;
+                st_shared_v4_f32(at + block * 512, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
             }
         }
     }
+}
+
+// Where step st's dQ rows start in the fp32 accumulator in fragment order (default mode at head
+// dim 128: bwd_dq_frag) and how many bytes of them the bulk reduction adds: the query block's
+// rows are contiguous there, whole 16-row blocks, the last one's padding rows (past the sequence,
+// never converted) included.
+__device__ __forceinline__ float *dq_frag_rows(const BwdParams &p, const BwdBlock &a, BwdStep st) {
+    return p.dq_accum +
+           (static_cast<int64_t>(st.hq) * p.dq_rows + cuda::dq_frag_row0(a.q_row0, a.b) + st.m0) *
+               cuda::dq_frag_cols(p.head_dim);
+}
+__device__ __forceinline__ uint32_t dq_frag_bytes(const BwdParams &p, const BwdBlock &a, BwdStep st) {
+    const int rows = min(kBwdBM, (a.sq - st.m0 + 15) & ~15);
+    return static_cast<uint32_t>(rows * cuda::dq_frag_cols(p.head_dim) * 4);
 }
 
 // dQ += dS K_w for the step's 64 queries, head dims above 64 (bwd_bulk_dq): the warpgroup's fp32
@@ -472,14 +510,11 @@ __device__ __forceinline__ void dq_tile_to_smem(int d, uint32_t s_ds, uint32_t s
 template <class Tr, class E>
 __device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
                                                    uint32_t s_ds, uint32_t s_k, uint32_t s_dq) {
-    const int d = p.head_dim;
-    dq_tile_to_smem<Tr, E, false>(d, s_ds, s_k, s_dq, a, 0, wg);
+    dq_tile_to_smem<Tr, E, false>(p.head_dim, s_ds, s_k, s_dq, a, 0, wg);
     fence_proxy_async_smem();  // the tile, before the bulk reduction reads it
     warpgroup_sync(wg);
     if ((threadIdx.x & 127) == 0) {
-        const int rows = min(kBwdBM, a.sq - st.m0);
-        float *dst = p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + st.m0) * d;
-        bulk_reduce_add_f32(dst, s_dq, static_cast<uint32_t>(rows * d * 4));
+        bulk_reduce_add_f32(dq_frag_rows(p, a, st), s_dq, dq_frag_bytes(p, a, st));
         bulk_commit();
     }
 }
@@ -770,7 +805,8 @@ __device__ __forceinline__ void produce_q_do(const BwdParams &p, const CUtensorM
 }
 
 // Where step st's dQ rows start in the fp32 accumulator, and how many bytes of them there are
-// (the query block's rows of the sequence are contiguous: [heads_q][rows][head_dim]).
+// (the deterministic kernel's row-major layout: the query block's rows of the sequence are
+// contiguous: [heads_q][rows][head_dim]).
 __device__ __forceinline__ float *dq_rows(const BwdParams &p, const BwdBlock &a, BwdStep st) {
     return p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + st.m0) * p.head_dim;
 }

@@ -117,13 +117,8 @@ constexpr int kFp8TileN = kD == 64 ? FLASHATTN_FP8_BLOCK_N_64 : kD == 128 ? FLAS
 // cores idle during both softmaxes). Warpgroup 1 passes once at the start so that 0 goes first;
 // 0 takes one extra turn at the end to consume 1's last pass (no barrier left half-arrived).
 // Both warpgroups walk the same work tiles and key tiles, so the turns pair up. (Barrier 0 is
-// __syncthreads; the FP8 kernel names no other barrier.)
-__device__ __forceinline__ void take_turn(int w) {
-    asm volatile("bar.sync %0, 256;" ::"r"(1 + w) : "memory");
-}
-__device__ __forceinline__ void pass_turn(int w) {
-    asm volatile("bar.arrive %0, 256;" ::"r"(2 - w) : "memory");
-}
+// __syncthreads; the FP8 kernel names no other barrier.) take_turn / pass_turn are in
+// fa3_mainloop.cuh, shared with the 16-bit mainloop.
 
 // The shared-memory layout of the FP8 kernel, with the names produce() and store_output() read.
 // Q and K pages are 128 E4M3 columns (128 bytes) of 128 (Q) or kBN (K) rows; V has a staging ring

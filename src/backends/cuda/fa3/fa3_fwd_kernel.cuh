@@ -122,10 +122,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
     } else {
         cuda::setmaxnreg_inc<kConsumerRegs>();
+        if (Tr::kPingPong && wg == 2) pass_turn(1);  // warpgroup 0 (wg 1) issues first
         for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
             const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
             if (c.has_rows()) consume<Tr, E>(p, c, smem, bars, wg - 1, pipe);
         }
+        if (Tr::kPingPong && wg == 1) take_turn(0);  // warpgroup 1's last pass
     }
 }
 

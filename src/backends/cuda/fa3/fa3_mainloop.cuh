@@ -6,8 +6,9 @@
 //
 // The loop overlaps the two GEMMs with the softmax inside a warpgroup: at step n it issues
 // S_n = Q K_n^T and O += P_{n+1} V_{n+1} back to back, waits only for S_n, computes the softmax
-// of S_n while the PV GEMM still runs, then waits for it and rescales O. The two consumer
-// warpgroups run independently, so one's softmax also overlaps the other's GEMMs.
+// of S_n while the PV GEMM still runs, then waits for it and rescales O. Where Traits::kPingPong,
+// the two consumer warpgroups take turns issuing (take_turn below), so one's softmax runs under
+// the other's GEMMs; elsewhere they run independently, in practice in lockstep on the same K tile.
 //
 // Assumptions a backward/FP8 author must keep: each consumer warpgroup owns 64 rows of the
 // 128-row Q tile (wgmma m64); buffers are released per warp (kConsumerWarps arrivals); key tiles
@@ -66,6 +67,19 @@ __device__ __forceinline__ void issue_pv(float (&O)[Tr::kDV / 2], const uint32_t
     for (int kk = 0; kk < Tr::kPF; ++kk)
         cuda::wgmma_rs<E, Tr::kDV>(O, P[kk], dvs + static_cast<uint64_t>((kk * 16 * 128) >> 4), 1);
     cuda::wgmma_commit();
+}
+
+// Ping-pong of the two consumer warpgroups (as the FP8 kernel, fa3_fp8_kernel.cuh): each wgmma
+// issue point is a turn on named barrier 1 + w, passed to the other warpgroup right after the
+// commit, so one warpgroup's softmax runs under the other's GEMMs instead of both in lockstep.
+// The form ptxas accepts is the FP8 kernel's: every mbarrier wait before the turn, both GEMMs of a
+// step issued inside it (an mbarrier wait between the issues, as the earlier bf16 attempts had,
+// is what is not mirrored here). Both warpgroups walk the same tiles, so the turns pair up.
+__device__ __forceinline__ void take_turn(int w) {
+    asm volatile("bar.sync %0, 256;" ::"r"(1 + w) : "memory");
+}
+__device__ __forceinline__ void pass_turn(int w) {
+    asm volatile("bar.arrive %0, 256;" ::"r"(2 - w) : "memory");
 }
 
 // Head dim 256 runs no sink tokens (refused in fa3_backend.cpp): its consumer registers are full,
@@ -142,9 +156,14 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
         const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
         float S[kNT][4];
         cuda::mbar_wait(&bars->k_full[ks], phase_of(r0 + i));
+        if constexpr (Tr::kPingPong) {  // both waits before the turn (the form ptxas accepts)
+            cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i - 1));
+            take_turn(w);
+        }
         issue_qk<Tr, E>(S, dq, dk, ks);
-        cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i - 1));
+        if constexpr (!Tr::kPingPong) cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i - 1));
         issue_pv<Tr, E>(O, P, dv, vs);
+        if constexpr (Tr::kPingPong) pass_turn(w);
         cuda::wgmma_wait<1>();  // S_i is ready; P_{i-1} V_{i-1} may still run
         cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
         release(&bars->k_empty[ks], lane);
@@ -165,7 +184,9 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
     auto last_pv = [&](uint32_t (&P)[kPF][4], int i) {
         const int vs = stage_of(r0 + i);
         cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i));
+        if constexpr (Tr::kPingPong) take_turn(w);
         issue_pv<Tr, E>(O, P, dv, vs);
+        if constexpr (Tr::kPingPong) pass_turn(w);
         cuda::wgmma_wait<0>();
         cuda::fence_operands(O);
         release(&bars->v_empty[vs], lane);
@@ -177,7 +198,9 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
         const int ks = stage_of(r0);
         float S[kNT][4];
         cuda::mbar_wait(&bars->k_full[ks], phase_of(r0));
+        if constexpr (Tr::kPingPong) take_turn(w);
         issue_qk<Tr, E>(S, dq, dk, ks);
+        if constexpr (Tr::kPingPong) pass_turn(w);
         cuda::wgmma_wait<0>();
         cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
         release(&bars->k_empty[ks], lane);

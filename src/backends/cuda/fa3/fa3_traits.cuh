@@ -36,6 +36,10 @@ struct Traits {
     static constexpr int kSmemBytes = smem_bytes(TileConfig{kD, kBN, kDV});
     static constexpr int kNT = kBN / 8;   // n8 tiles of S per thread's rows
     static constexpr int kPF = kBN / 16;  // k16 fragments of P
+    // Consumer ping-pong (fa3_mainloop.cuh take_turn): the square kernels below head dim 256 and
+    // (128, 64). ptxas -v (CUDA 13.0) with the turns: (64, 128) spills 8 B, (192, 128) 44 B, and
+    // head dim 256's consumer registers are full; those keep the lockstep loop.
+    static constexpr bool kPingPong = kDV == kD ? kD < 256 : (kD == 128 && kDV == 64);
     static_assert(kD % 64 == 0 && kDV % 64 == 0 && kBN % 16 == 0 && kBN <= 256, "unsupported tile");
     static_assert(kKVPage % 1024 == 0, "K/V pages must keep the 1 KB swizzle alignment");
 };
