@@ -179,7 +179,9 @@ __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_con
     }
     const QueryRow q = query_row(a, x, y, b);
     if (q.src != nullptr) q_src = load_rotated_source(a, q.src);
-    // Second: the angles at pos (and a paged cache's entry); then the stores.
+    // Second: the angles at pos (and a paged cache's entry); then the stores. A CTA with neither
+    // row reads no angles: its pos may lie past the table (a shorter varlen sequence's x).
+    if (!new_row && q.src == nullptr) return;
     const AngleSlice t = load_angles(a, pos);
     if (new_row) {
         const CacheRow dst = cache_row(a, y, b, pos);
