@@ -31,7 +31,7 @@ import time
 SUCCESS, NOT_SUPPORTED = 0, 2
 I64 = {
     "BATCH": 1, "SEQLEN_Q": 2, "SEQLEN_K": 3, "HEADS_Q": 4, "HEADS_KV": 5, "HEAD_DIM": 6,
-    "DTYPE": 8, "CAUSAL": 9, "BACKEND": 12, "DEVICE": 13,
+    "DTYPE": 8, "CAUSAL": 9, "BACKEND": 12, "DEVICE": 13, "NUM_SPLITS": 70,
 }
 DTYPE = {"fp16": 1, "bf16": 2}
 BACKEND = {"fa1": 2, "fa2": 3, "fa3": 4}
@@ -52,6 +52,7 @@ class Lib:
 
     def __init__(self, path):
         self.path = path
+        self.decode_splits = 0  # FLASHATTN_I64_NUM_SPLITS for decode plans (0: the library's choice)
         lib = ctypes.CDLL(path)
         vp, i32, i64, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_size_t
         lib.flashattn_status_string.argtypes = [i32]
@@ -94,6 +95,10 @@ class Lib:
                                ("HEADS_KV", hkv), ("HEAD_DIM", d), ("DTYPE", dtype),
                                ("CAUSAL", int(causal)), ("BACKEND", backend), ("DEVICE", device)):
                 st = self.lib.flashattn_plan_set_i64(handle, I64[key], int(value))
+                if st != SUCCESS:
+                    raise self._error(st)
+            if sq == 1 and self.decode_splits > 0:  # --decode-splits: a forced split count for decode plans
+                st = self.lib.flashattn_plan_set_i64(handle, I64["NUM_SPLITS"], self.decode_splits)
                 if st != SUCCESS:
                     raise self._error(st)
             st = self.lib.flashattn_plan_finalize(handle)
@@ -593,6 +598,8 @@ def main():
     ap.add_argument("--budget-s", type=float, default=240.0,
                     help="wall-clock budget; later cells are skipped (default 240)")
     ap.add_argument("--max-decode-gb", type=float, default=40.0)
+    ap.add_argument("--decode-splits", type=int, default=0,
+                    help="decode plans with FLASHATTN_I64_NUM_SPLITS = N (default 0: the library's choice)")
     ap.add_argument("--decode-batch", default="1,8,32", type=parse_list, help="decode batches (default 1,8,32)")
     ap.add_argument("--decode-kv-heads", default="8,32", type=parse_list,
                     help="decode key/value heads, of 32 query heads (default 8,32)")
@@ -619,6 +626,7 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("compare_torch.py: torch sees no CUDA device")
     lib = Lib(find_library(args.lib))
+    lib.decode_splits = args.decode_splits
     bench = Bench(torch, args)
     bench.failed = False
     lines = []
