@@ -167,6 +167,62 @@ __device__ __forceinline__ void tma_load_4d(void *dst_smem, const void *tmap, ui
     tma_load_4d_s(smem_addr(dst_smem), tmap, smem_addr(bar), c0, c1, c2, c3);
 }
 
+// Shared -> global tile store (the inverse of tma_load_4d_s), tracked by this thread's bulk groups:
+// bulk_commit() closes a group; bulk_wait_read_all() returns once every committed group has read
+// its shared-memory source (the buffer may be written again), bulk_wait_all() once their global
+// writes are performed. The box is clipped at the tensor's extents, as a load's is zero-filled.
+__device__ __forceinline__ void tma_store_4d_s(const void *tmap, uint32_t src, int32_t c0, int32_t c1, int32_t c2,
+                                               int32_t c3) {
+#if FLASHATTN_SM90_BODY
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];" ::"l"(
+                     reinterpret_cast<uint64_t>(tmap)),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+                 : "memory");
+#else
+    (void)tmap; (void)src; (void)c0; (void)c1; (void)c2; (void)c3; FLASHATTN_SM90A_TRAP();
+#endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#if FLASHATTN_SM90_BODY
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+#else
+    FLASHATTN_SM90A_TRAP();
+#endif
+}
+__device__ __forceinline__ void bulk_wait_read_all() {
+#if FLASHATTN_SM90_BODY
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+#else
+    FLASHATTN_SM90A_TRAP();
+#endif
+}
+__device__ __forceinline__ void bulk_wait_all() {
+#if FLASHATTN_SM90_BODY
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#else
+    FLASHATTN_SM90A_TRAP();
+#endif
+}
+
+// stmatrix (sm_90): four 8x8 b16 matrices to shared memory, the inverse of ldmatrix_x4 (ptx.cuh):
+// lanes 8i..8i+7 give the row addresses of matrix i, register i holds its row lane/4, columns
+// 2*(lane%4)..+1 (the mma / wgmma accumulator layout of an n8 block, once packed to 16 bits).
+__device__ __forceinline__ void stmatrix_x4(const uint32_t (&r)[4], uint32_t addr) {
+#if FLASHATTN_SM90_BODY
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+                 "r"(r[2]), "r"(r[3])
+                 : "memory");
+#else
+    (void)r, (void)addr;
+    FLASHATTN_SM90A_TRAP();
+#endif
+}
+
+// Barrier `id` (1..15; 0 is __syncthreads') of `threads` threads, whole warps.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---- warpgroup roles -------------------------------------------------------------------------
 
 // Register reallocation between warpgroups (every warp of the warpgroup executes it). Takes effect

@@ -41,20 +41,6 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 #endif
 }
 
-// stmatrix (sm_90): four 8x8 b16 matrices to shared memory, the inverse of ldmatrix_x4 (ptx.cuh):
-// lanes 8i..8i+7 give the row addresses of matrix i, register i holds its row lane/4, columns
-// 2*(lane%4)..+1. The FP8 kernel's V transposer stores with it.
-__device__ __forceinline__ void stmatrix_x4(const uint32_t (&r)[4], uint32_t addr) {
-#if FLASHATTN_SM90A_BODY
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
-                 "r"(r[2]), "r"(r[3])
-                 : "memory");
-#else
-    (void)r, (void)addr;
-    FLASHATTN_SM90A_TRAP();
-#endif
-}
-
 // Four floats to four E4M3 bytes (round to nearest even, saturating to +-448), x0 in the lowest.
 __device__ __forceinline__ uint32_t cvt_e4m3x4(float x0, float x1, float x2, float x3) {
 #if FLASHATTN_SM90A_BODY

@@ -161,7 +161,7 @@ std::string fa3_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
                                    gather ? std::string() : tma_stride_problem("k", p.k, p.k_rows(), p.heads_kv, batch),
                                    gather ? std::string() : tma_stride_problem("v", p.v, p.k_rows(), p.heads_kv, batch)})
         if (!why.empty()) return why;
-    const size_t smem = static_cast<size_t>(fa3::smem_bytes(tile_for(p)));
+    const size_t smem = static_cast<size_t>(fa3::kernel_smem_bytes(tile_for(p)));
     if (dev.smem_per_block_optin != 0 && smem > dev.smem_per_block_optin)
         return "the fa3 backend needs " + std::to_string(smem / 1024) + " KB of shared memory per block and the device allows " +
                std::to_string(dev.smem_per_block_optin / 1024) + " KB";
@@ -280,11 +280,11 @@ flashattn_status_t encode_cached(CachedMap *c, CUtensorMap *out, TmaElement el, 
 // One rank-4 map {head_dim, rows, heads, batch}: 128-byte boxes (64 16-bit or 128 E4M3 columns)
 // of `box_rows` rows. Extent-1
 // dimensions get a filler stride (unused, but the encoder checks it). `slot`: 0, 1, 2 for Q, K, V
-// of the forward, 3..6 for Q, K, V, dO of the backward. `cols`: the tensor's head dim (head_dim_v
+// of the forward, 3..6 for Q, K, V, dO of the backward, 7 for the forward's O. `cols`: the tensor's head dim (head_dim_v
 // for V); the kernel's boxes past it arrive as zeros.
 flashattn_status_t encode_map(int slot, CUtensorMap *out, TmaElement el, const void *base, const Problem &p,
                               const Strides &s, int64_t rows, int64_t heads, int box_rows, int64_t cols) {
-    thread_local CachedMap cache[7];
+    thread_local CachedMap cache[8];
     const int64_t batch = p.batch_extent();
     const uint64_t eb = static_cast<uint64_t>(tma_element_bytes(el));
     const uint64_t row_bytes = static_cast<uint64_t>(s.row) * eb;
@@ -295,6 +295,14 @@ flashattn_status_t encode_map(int slot, CUtensorMap *out, TmaElement el, const v
                                  batch > 1 ? static_cast<uint64_t>(s.batch) * eb : filler};
     const uint32_t box[4] = {static_cast<uint32_t>(128 / eb), static_cast<uint32_t>(box_rows), 1, 1};
     return encode_cached(&cache[slot], out, el, base, dims, strides, box);
+}
+
+// Whether the 16-bit forward stores O with TMA (fa3_epilogue.cuh store_output_tma, Params::o_tma):
+// the kernel has the O staging and TMA can describe O (strides as for the inputs, a 16-byte
+// aligned base). Otherwise the kernel stores O from its registers, as before: never a refusal.
+bool o_by_tma(const Problem &p, const fa3::TileConfig &cfg, const void *o) {
+    return fa3::o_staged(cfg) && reinterpret_cast<uintptr_t>(o) % 16 == 0 &&
+           tma_stride_problem("o", p.o, p.q_rows(), p.heads_q, p.batch_extent()).empty();
 }
 
 // The serving append (issue 18): the new K/V rows into the caches and, with a rotary embedding,
@@ -374,6 +382,12 @@ flashattn_status_t fa3_execute(const Problem &p, const BackendPlan &base_plan, c
     } else {
         FLASHATTN_TRY(encode_map(1, &maps.k, el, t.k, p, p.k, rows_k, p.heads_kv, plan.cfg.block_n, p.head_dim));
         FLASHATTN_TRY(encode_map(2, &maps.v, el, t.v, p, p.v, rows_k, p.heads_kv, plan.cfg.block_n, p.head_dim_v));
+    }
+
+    maps.o = maps.q;
+    if (o_by_tma(p, plan.cfg, t.o)) {
+        FLASHATTN_TRY(encode_map(7, &maps.o, el, t.o, p, p.o, p.q_rows(), p.heads_q, 64, p.head_dim_v));
+        k.o_tma = 1;
     }
 
     k.num_ctas = plan.num_ctas;

@@ -129,7 +129,8 @@ __device__ __forceinline__ float4 ld_shared_v4_f32(uint32_t addr) {
 }
 
 // Bulk asynchronous reduction of `bytes` (a multiple of 16, both addresses 16-byte aligned) of
-// fp32 from shared memory into global memory (+=), and its bulk-group bookkeeping.
+// fp32 from shared memory into global memory (+=); its bulk-group bookkeeping (cuda::bulk_commit,
+// bulk_wait_read_all, bulk_wait_all) is in ptx_sm90.cuh.
 __device__ __forceinline__ void bulk_reduce_add_f32(float *dst, uint32_t src_smem, uint32_t bytes) {
 #if FLASHATTN_SM90A_BODY
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
@@ -137,29 +138,6 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float *dst, uint32_t src_sme
                  : "memory");
 #else
     (void)dst, (void)src_smem, (void)bytes;
-    FLASHATTN_SM90A_TRAP();
-#endif
-}
-__device__ __forceinline__ void bulk_commit() {
-#if FLASHATTN_SM90A_BODY
-    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-#else
-    FLASHATTN_SM90A_TRAP();
-#endif
-}
-// Every committed bulk operation of this thread has finished reading its shared-memory source.
-__device__ __forceinline__ void bulk_wait_read_all() {
-#if FLASHATTN_SM90A_BODY
-    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-#else
-    FLASHATTN_SM90A_TRAP();
-#endif
-}
-// ... and has completed (its global writes performed).
-__device__ __forceinline__ void bulk_wait_all() {
-#if FLASHATTN_SM90A_BODY
-    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-#else
     FLASHATTN_SM90A_TRAP();
 #endif
 }
@@ -515,7 +493,7 @@ __device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const Bwd
     warpgroup_sync(wg);
     if ((threadIdx.x & 127) == 0) {
         bulk_reduce_add_f32(dq_frag_rows(p, a, st), s_dq, dq_frag_bytes(p, a, st));
-        bulk_commit();
+        cuda::bulk_commit();
     }
 }
 
@@ -773,7 +751,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             }
             cuda::cp_async_commit();
             cuda::cp_async_wait<Tr::kStages - 1>();  // this step's rows, from this thread ...
-            if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) bulk_wait_read_all();  // the previous dQ reduction read its tile
+            if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) cuda::bulk_wait_read_all();  // the previous dQ reduction read its tile
             // ... and from every thread of the warpgroup; the split layout: of the CTA, which
             // also keeps the P^T and dS^T pages until both warpgroups have read them
             if constexpr (Tr::kSplit)
@@ -783,7 +761,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
             step_compute<Tr, E, kDet>(p, a, s, st, buf, wg, dK, dV);
         }
-        if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) bulk_wait_all();  // the last reduction, before shared memory goes away
+        if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) cuda::bulk_wait_all();  // the last reduction, before shared memory goes away
     }
     store_dk_dv<Tr, E>(p, a, wg, dK, dV);
 }
@@ -842,23 +820,23 @@ __device__ __forceinline__ void write_dq_det(const BwdParams &p, const BwdBlock 
             }
             fence_proxy_async_global();  // the predecessors' adds, before this one
             bulk_reduce_add_f32(dq_rows(p, a, st), s_dq0, dq_bytes(p, a, st));
-            bulk_commit();
-            bulk_wait_read_all();
+            cuda::bulk_commit();
+            cuda::bulk_wait_read_all();
         }
         __syncwarp();
         cuda::mbar_arrive_s(empty0);
         if (lane == 0) {
             const BwdStep st = bwd_step(p, a, s);
-            bulk_wait_all();  // slot 0's adds performed before slot 1's begin
+            cuda::bulk_wait_all();  // slot 0's adds performed before slot 1's begin
             fence_proxy_async_global();
             bulk_reduce_add_f32(dq_rows(p, a, st), s_dq1, dq_bytes(p, a, st));
-            bulk_commit();
-            bulk_wait_read_all();
+            cuda::bulk_commit();
+            cuda::bulk_wait_read_all();
         }
         __syncwarp();
         cuda::mbar_arrive_s(empty0 + 8);
         if (lane == 0) {
-            bulk_wait_all();
+            cuda::bulk_wait_all();
             fence_proxy_async_global();
             __threadfence();  // the adds land before the counter moves
             atomicAdd(turn_of<Tr>(p, a, bwd_step(p, a, s)).sem, 1);

@@ -51,6 +51,21 @@ constexpr int v_bytes(const TileConfig &c) { return c.block_n * c.head_dim_v * 2
 // Q, K and V stages, 1 KB of barriers (padded) and 1 KB to align the dynamic base to 1024 B.
 constexpr int smem_bytes(const TileConfig &c) { return q_bytes(c) + kStages * (kv_bytes(c) + v_bytes(c)) + 2048; }
 
+// The epilogue's O staging (fa3_epilogue.cuh, store_output_tma): the tile's O rows, 16-bit, each
+// consumer warpgroup's 64 rows in 64-column SW128 pages that a TMA store writes out. Only where it
+// fits beside the stages and measured faster (head dim 128 and the pair (64, 128)): a kernel without it
+// stores O straight from its registers, as every kernel did before. kernel_smem_bytes is what a
+// kernel launches with; config_for keeps choosing tiles on smem_bytes, the staging is never worth
+// a narrower key tile.
+constexpr int o_stage_bytes(const TileConfig &c) { return kBlockM * c.head_dim_v * 2; }
+// Measured (docs/performance.md, "stop 24, lead, call 3"; bf16 against the register stores in one
+// process): head dim 128 1.02-1.11x (most at 512-1k), head dim 64 0.97-1.01x (its causal cells
+// slower): so only O rows of 128 columns take it (head dim 128 and the pair (64, 128)).
+constexpr bool o_staged(const TileConfig &c) {
+    return c.head_dim_v == 128 && smem_bytes(c) + o_stage_bytes(c) <= kMaxSmemBytes;
+}
+constexpr int kernel_smem_bytes(const TileConfig &c) { return smem_bytes(c) + (o_staged(c) ? o_stage_bytes(c) : 0); }
+
 // A kernel with V of its own width (head_dim_v != head_dim, a P row of fa3_head_dims.h): the
 // widest key tile of 128, 112, ... 64 keys whose registers match the square kernels' budget
 // (O: dv/2, S: n/2, P twice: n/4 each, so dv/2 + n <= 192, as square 128 and 192 have) and whose
@@ -63,6 +78,7 @@ constexpr TileConfig config_for(int head_dim, int head_dim_v) {
     return TileConfig{head_dim, n, head_dim_v};
 }
 
+static_assert(o_staged(config_for(128)), "the O staging no longer fits head dim 128");
 static_assert(smem_bytes(config_for(256)) <= kMaxSmemBytes, "head dim 256 tile does not fit");
 static_assert(smem_bytes(config_for(192)) <= kMaxSmemBytes, "head dim 192 tile does not fit");
 static_assert(smem_bytes(config_for(128)) <= kMaxSmemBytes, "head dim 128 tile does not fit");

@@ -853,7 +853,7 @@ template <int kD, class E>
 cudaError_t launch_fp8_fwd(const Fp8Params &p, const TensorMaps &maps, cudaStream_t stream) {
     using Tr = Fp8Traits<kD>;
     static unsigned long long optin_done = 0;  // one per instantiation
-    return launch_persistent(fp8_fwd_kernel<Tr, E>, Tr::kSmemBytes, &optin_done, p, maps, stream);
+    return launch_persistent(fp8_fwd_kernel<Tr, E>, Tr::kSmemBytes, &optin_done, p, stream, maps.q, maps.k, maps.v);
 }
 
 }  // namespace fa3

@@ -10,7 +10,8 @@
 //     bytes landed) and an "empty" one (every consumer warp has finished reading it);
 //   * warpgroups 1 and 2, the consumers, take the registers (setmaxnreg.inc) and own 64 query
 //     rows each: the mainloop accumulates O and the softmax statistics, the epilogue stores O
-//     and LSE.
+//     (through its own shared-memory staging and a TMA store where the kernel has room for it,
+//     fa3_epilogue.cuh) and LSE.
 // The register split is sized for exactly these 3 warpgroups at one CTA per SM: 128 x 40 +
 // 256 x 232 = 64512 of the 65536 registers. A kernel with another warpgroup count (or a second
 // producer warp doing more than issue TMA) must redo it, as well as kConsumerWarps.
@@ -44,7 +45,7 @@ namespace fa3 {
 // quad lane t columns 2t, 2t + 1 of every n8 block.
 template <class Tr, class E>
 __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, unsigned char *smem, Barriers *bars,
-                                        int w, Pipe &pipe) {
+                                        int w, Pipe &pipe, const CUtensorMap *tm_o) {
     constexpr int kDV = Tr::kDV;  // O's columns: V's width
     const int tid = threadIdx.x - 128 * (w + 1);
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -65,13 +66,17 @@ __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, un
     // No visible key: O and row_sum stay 0, which the epilogue writes as O = 0, LSE = -inf (with a
     // sink: O = 0 and LSE = the sink, store_output).
     if (c.has_keys()) consumer_mainloop<Tr, E>(p, c, smem, bars, w, lane, t, rdiag, sl2, O, row_max, row_sum, pipe);
-    store_output<Tr, E>(p, c, O, row_max, row_sum, sl2, qpos, t);
+    if constexpr (Tr::kOStaged)
+        store_output_staged<Tr, E>(p, c, O, row_max, row_sum, sl2, qpos, t, w, tid, smem, tm_o);
+    else
+        store_output<Tr, E>(p, c, O, row_max, row_sum, sl2, qpos, t);
 }
 
 template <class Tr, class E>
 __global__ void __launch_bounds__(kThreads, 1)
     fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ Params p) {
+               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
+               const __grid_constant__ Params p) {
     extern __shared__ unsigned char smem_raw[];
     // SW128 tiles need 1024-byte alignment; the dynamic base is not guaranteed to have it.
     unsigned char *smem = reinterpret_cast<unsigned char *>(
@@ -116,6 +121,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         cuda::prefetch_tensormap(&tm_q);
         cuda::prefetch_tensormap(&tm_k);
         cuda::prefetch_tensormap(&tm_v);
+        if (Tr::kOStaged && p.o_tma) cuda::prefetch_tensormap(&tm_o);
         for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
             const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
             if (c.has_keys()) produce<Tr>(p, c, &tm_q, &tm_k, &tm_v, smem, bars, pipe);
@@ -125,9 +131,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (Tr::kPingPong && wg == 2) pass_turn(1);  // warpgroup 0 (wg 1) issues first
         for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
             const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
-            if (c.has_rows()) consume<Tr, E>(p, c, smem, bars, wg - 1, pipe);
+            if (c.has_rows()) consume<Tr, E>(p, c, smem, bars, wg - 1, pipe, &tm_o);
         }
         if (Tr::kPingPong && wg == 1) take_turn(0);  // warpgroup 1's last pass
+        // The last TMA store of O (store_output_tma) must have read its staging before the CTA's
+        // shared memory goes away.
+        if (Tr::kOStaged && threadIdx.x % 128 == 0) cuda::bulk_wait_all();
     }
 }
 

@@ -21,15 +21,16 @@ namespace fa3 {
 // fa3_fp8_kernel.cuh): opts `kernel` in to `smem_bytes` of dynamic shared memory once per device
 // (`optin_done`: the caller's flag word, one per kernel instantiation), then launches one CTA per
 // work tile (query block x head x sequence, the kernel's n_work, counted here in 64 bits), at
-// most p.num_ctas, of kThreads threads. `P`: the kernel's parameter block (Params or derived).
-template <class Kernel, class P>
+// most p.num_ctas, of kThreads threads. `P`: the kernel's parameter block (Params or derived),
+// its last argument; `maps`: the tensor maps the kernel takes before it.
+template <class Kernel, class P, class... Maps>
 cudaError_t launch_persistent(Kernel kernel, int smem_bytes, unsigned long long *optin_done, const P &p,
-                              const TensorMaps &maps, cudaStream_t stream) {
+                              cudaStream_t stream, const Maps &...maps) {
     const cudaError_t e = cuda::ensure_smem_optin(kernel, smem_bytes, optin_done);
     if (e != cudaSuccess) return e;
     const int64_t n_work = (static_cast<int64_t>(p.seqlen_q) + kBlockM - 1) / kBlockM * p.heads_q * p.batch;
     const unsigned grid = static_cast<unsigned>(n_work < p.num_ctas ? n_work : p.num_ctas);
-    kernel<<<grid, kThreads, smem_bytes, stream>>>(maps.q, maps.k, maps.v, p);
+    kernel<<<grid, kThreads, smem_bytes, stream>>>(maps..., p);
     return cudaSuccess;
 }
 
@@ -40,7 +41,7 @@ cudaError_t launch_fwd(const Params &p, const TensorMaps &maps, cudaStream_t str
     static_assert(cfg.head_dim == kD && cfg.head_dim_v == kDV, "no such compiled head dim");
     using Tr = Traits<cfg.head_dim, cfg.block_n, cfg.head_dim_v>;
     static unsigned long long optin_done = 0;  // one per instantiation
-    return launch_persistent(fwd_kernel<Tr, E>, Tr::kSmemBytes, &optin_done, p, maps, stream);
+    return launch_persistent(fwd_kernel<Tr, E>, Tr::kSmemBytes, &optin_done, p, stream, maps.q, maps.k, maps.v, maps.o);
 }
 
 }  // namespace fa3

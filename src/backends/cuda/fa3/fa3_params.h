@@ -17,6 +17,10 @@ struct Params : TensorArgs {
     int32_t reverse_m = 0;  // schedule the heaviest (last, causal) query tiles first
     int32_t num_ctas = 1;   // persistent grid: at most one CTA per SM
     int32_t section = 1;    // causal schedule: (head, sequence) pairs per L2 section
+    // 1: TensorMaps::o describes O and a kernel with O staging (Traits::kOStaged) stores its full
+    // warpgroup row blocks with TMA; 0 (O's strides or base not TMA's, or no staging): every O
+    // row from the registers.
+    int32_t o_tma = 0;
 
     // Serving (issue 18). gather = 1: the whole producer warpgroup loads K and V with cp.async
     // (fa3_gather.cuh) instead of one thread issuing TMA boxes, so that each row can come from its
@@ -31,9 +35,11 @@ struct Params : TensorArgs {
 };
 
 // TMA descriptors of Q, K and V: rank 4 {head_dim, rows, heads, batch} (varlen: rows = total
-// tokens, batch 1), 64-column boxes of 128 (Q) or block_n (K, V) rows, 128-byte swizzle.
+// tokens, batch 1), 64-column boxes of 128 (Q) or block_n (K, V) rows, 128-byte swizzle; O
+// (16-bit forward with Params::o_tma only, else a copy of q): {head_dim_v, rows, heads, batch},
+// boxes of 64 rows, the epilogue's store. The FP8 kernel takes q, k, v.
 struct TensorMaps {
-    CUtensorMap q, k, v;
+    CUtensorMap q, k, v, o;
 };
 
 // One launcher per row of fa3_head_dims.h (generated fa3_fwd_hdimD.cu); `bf16` picks the element type.

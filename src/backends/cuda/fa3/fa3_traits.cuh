@@ -32,8 +32,14 @@ struct Traits {
     static constexpr int kVBytes = kVPages * kKVPage;  // a V tile
     static constexpr int kKOffset = kQBytes;
     static constexpr int kVOffset = kQBytes + kStages * kKVBytes;
-    static constexpr int kBarOffset = kVOffset + kStages * kVBytes;
-    static constexpr int kSmemBytes = smem_bytes(TileConfig{kD, kBN, kDV});
+    // O staging of the TMA-store epilogue (fa3_config.h o_staged): one region per consumer
+    // warpgroup, kVPages SW128 pages of 64 rows each; absent where it does not fit.
+    static constexpr bool kOStaged = o_staged(TileConfig{kD, kBN, kDV});
+    static constexpr int kOPage = 64 * 128;                 // bytes of one 64-row page of O
+    static constexpr int kOWgBytes = kVPages * kOPage;     // ... of one warpgroup's O
+    static constexpr int kOOffset = kVOffset + kStages * kVBytes;
+    static constexpr int kBarOffset = kOOffset + (kOStaged ? 2 * kOWgBytes : 0);
+    static constexpr int kSmemBytes = kernel_smem_bytes(TileConfig{kD, kBN, kDV});
     static constexpr int kNT = kBN / 8;   // n8 tiles of S per thread's rows
     static constexpr int kPF = kBN / 16;  // k16 fragments of P
     // Consumer ping-pong (fa3_mainloop.cuh take_turn): the square kernels below head dim 256 and
@@ -42,6 +48,7 @@ struct Traits {
     static constexpr bool kPingPong = kDV == kD ? kD < 256 : (kD == 128 && kDV == 64);
     static_assert(kD % 64 == 0 && kDV % 64 == 0 && kBN % 16 == 0 && kBN <= 256, "unsupported tile");
     static_assert(kKVPage % 1024 == 0, "K/V pages must keep the 1 KB swizzle alignment");
+    static_assert(!kOStaged || 2 * kOWgBytes == o_stage_bytes(TileConfig{kD, kBN, kDV}), "O staging size");
 };
 
 // The V side of a traits class, for the roles shared with kernels whose traits have no V width of
