@@ -221,5 +221,58 @@ __device__ __forceinline__ void gemm_ds_k(float (&acc)[Tr::kQMT][2][4], const ui
     }
 }
 
+// Whether the dQ GEMM runs k-step outer (gemm_ds_k_span): its accumulators for the whole column
+// span take no more registers than the dS rows that the column-group-outer form keeps live.
+template <class Tr>
+constexpr bool dq_span_outer() {
+    return Tr::kQGroups * Tr::kQMT * 8 <= Tr::kQMT * (Tr::kBN / 16) * 4;
+}
+
+// acc[j] = dS K over this warp's whole column span, k-step outer: each k-step loads its kQMT dS
+// fragments and kQGroups K fragments, the next k-step's before its own mma (double buffer, as
+// gemm_at_b), so no HMMA waits on the ldmatrix just before it. Per accumulator the k-steps add in
+// the same ascending order as gemm_ds_k (bitwise the same dQ). Where dq_span_outer holds (head
+// dim <= 128: 32 accumulator registers against 64 of dS rows) it frees the registers that
+// gemm_ds_k's double buffer lacked (stop 23: it spilled at d128). ncols (warp_uniform): head-dim
+// columns from the warp's first column; the mma of groups past it are skipped (predicated, their
+// fragments still load from the zero padding, as in gemm_at_b).
+template <class Tr, class E>
+__device__ __forceinline__ void gemm_ds_k_span(float (&acc)[Tr::kQGroups][Tr::kQMT][2][4], uint32_t ds_full,
+                                               uint32_t ds_half, uint32_t k_lane, int ncols) {
+    using PT = typename Tr::PTile;
+    using KT = typename Tr::KVTile;
+    constexpr int kKS = Tr::kBN / 16, kG = Tr::kQGroups;
+#pragma unroll
+    for (int j = 0; j < kG; ++j)
+#pragma unroll
+        for (int mt = 0; mt < Tr::kQMT; ++mt)
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[j][mt][n][e] = 0.f;
+    uint32_t a[2][Tr::kQMT][4], b[2][kG][4];
+    auto load = [&](int buf, int ks) {
+#pragma unroll
+        for (int mt = 0; mt < Tr::kQMT; ++mt)
+            cuda::ldmatrix_x4(a[buf][mt], frag_addr<PT>(ds_full, ds_half, mt * 16, ks));
+#pragma unroll
+        for (int j = 0; j < kG; ++j) cuda::ldmatrix_x4_trans(b[buf][j], frag_addr<KT>(k_lane, 0u, ks * 16, j));
+    };
+    load(0, 0);
+#pragma unroll
+    for (int ks = 0; ks < kKS; ++ks) {
+        if (ks + 1 < kKS) load((ks + 1) & 1, ks + 1);
+#pragma unroll
+        for (int j = 0; j < kG; ++j) {
+            if (j * 16 >= ncols) continue;
+#pragma unroll
+            for (int mt = 0; mt < Tr::kQMT; ++mt) {
+                cuda::mma_16816<E>(acc[j][mt][0], a[ks & 1][mt], b[ks & 1][j][0], b[ks & 1][j][1]);
+                cuda::mma_16816<E>(acc[j][mt][1], a[ks & 1][mt], b[ks & 1][j][2], b[ks & 1][j][3]);
+            }
+        }
+    }
+}
+
 }  // namespace fa2
 }  // namespace flashattn

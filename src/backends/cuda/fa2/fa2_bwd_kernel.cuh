@@ -175,16 +175,35 @@ template <class Tr, class E>
 __device__ __forceinline__ void accumulate_dq(const BwdParams &p, const BwdBlockArgs &a, int hq, int qrow0, int col0,
                                               uint32_t ds_full, uint32_t ds_half, uint32_t k_lane) {
     const int lane = threadIdx.x & 31;
-    const int ncols = a.d - col0;
+    const int ncols = cuda::warp_uniform(a.d - col0);  // no WARPSYNC around the skipped groups' mma
     if (ncols <= 0) return;
-    uint32_t dS[Tr::kQMT][Tr::kBN / 16][4];
-    load_ds_rows<Tr>(dS, ds_full, ds_half);
     const int dcols = cuda::dq_frag_cols(a.d);
     // From the parameters and the sequence's first row each time: a pointer kept in the block's
     // arguments would hold two registers over the whole step loop (ptxas spilled at d128).
     float *tile0 = p.dq_accum +
                    (static_cast<int64_t>(hq) * p.dq_rows + cuda::dq_frag_row0(a.q_row0, a.b) + qrow0) * dcols +
                    (col0 >> 4) * 256 + lane * 4;
+    if constexpr (dq_span_outer<Tr>()) {
+        float acc[Tr::kQGroups][Tr::kQMT][2][4];
+        gemm_ds_k_span<Tr, E>(acc, ds_full, ds_half, k_lane, ncols);
+#pragma unroll
+        for (int mt = 0; mt < Tr::kQMT; ++mt) {
+            if (qrow0 + 16 * mt >= a.sq) continue;
+            // one 64-bit address per m16 tile; column groups and halves are immediate offsets
+            float *row = tile0 + static_cast<int64_t>(16 * mt) * dcols;
+#pragma unroll
+            for (int j = 0; j < Tr::kQGroups; ++j)
+#pragma unroll
+                for (int n = 0; n < 2; ++n) {
+                    if (j * 16 + n * 8 >= ncols) continue;  // d is a multiple of 8: the half is in or out
+                    cuda::red_add_f32x4(row + j * 256 + n * 128, acc[j][mt][n][0], acc[j][mt][n][1],
+                                        acc[j][mt][n][2], acc[j][mt][n][3]);
+                }
+        }
+        return;
+    }
+    uint32_t dS[Tr::kQMT][Tr::kBN / 16][4];
+    load_ds_rows<Tr>(dS, ds_full, ds_half);
 #pragma unroll
     for (int j = 0; j < Tr::kQGroups; ++j) {
         if (j * 16 >= ncols) continue;
@@ -325,8 +344,9 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
             p_lane[mt] = s_p + pt_off;
             ds_lane[mt] = s_ds + pt_off;
         }
-        gemm_at_b<Tr, E>(dV, p_lane, at_column<QT>(QT::lane_base_full(s_do, lr_a, lb_a), col0), a.d - col0);
-        gemm_at_b<Tr, E>(dK, ds_lane, at_column<QT>(QT::lane_base_full(s_q, lr_a, lb_a), col0), a.d - col0);
+        const int ncols = cuda::warp_uniform(a.d - col0);  // no WARPSYNC around the skipped groups' mma
+        gemm_at_b<Tr, E>(dV, p_lane, at_column<QT>(QT::lane_base_full(s_do, lr_a, lb_a), col0), ncols);
+        gemm_at_b<Tr, E>(dK, ds_lane, at_column<QT>(QT::lane_base_full(s_q, lr_a, lb_a), col0), ncols);
     }
 }
 
