@@ -147,21 +147,38 @@ __device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdRow
     }
 }
 
-// This warp's P and dS into their [query row][key] tiles (for the transposed reads).
+// This warp's P and dS into their [query row][key] tiles (for the transposed reads); the dS tile
+// is the P tile's successor (s_p + kPBytes). Rows row0 + g (+ 8), row0 a multiple of 8, so the
+// swizzle's row term is g: with whole-page rows and a warp's keys starting at a multiple of 32,
+// each store's address is one lane base XOR a constant, plus a constant (frag_addr's form), where
+// the offset rederived per store took ~2 integer instructions per pair of stores (d64: 16 address
+// registers for 32 stores per m16 tile).
 template <class Tr>
-__device__ __forceinline__ void store_p_ds(uint32_t s_p, uint32_t s_ds, int row0, int key0,
-                                           const uint32_t (&P)[Tr::kNT][2], const uint32_t (&dS)[Tr::kNT][2]) {
+__device__ __forceinline__ void store_p_ds(uint32_t s_p, int row0, int key0, const uint32_t (&P)[Tr::kNT][2],
+                                           const uint32_t (&dS)[Tr::kNT][2]) {
     using PT = typename Tr::PTile;
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
+    if constexpr (PT::kFullPages > 0 && Tr::kSKeys % 32 == 0) {
+        const uint32_t base = at_column<PT>(s_p + (row0 + g) * 128 + ((g << 4) | (4 * t)), key0);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = row0 + h * 8 + g;
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int nt = 0; nt < Tr::kNT; ++nt) {
-            const uint32_t off = PT::offset(r, key0 / 8 + nt) + 4 * t;
-            cuda::st_shared_b32(s_p + off, P[nt][h]);
-            cuda::st_shared_b32(s_ds + off, dS[nt][h]);
+            for (int nt = 0; nt < Tr::kNT; ++nt) {
+                const uint32_t off = (base ^ ((nt & 7) << 4)) + (nt >> 3) * PT::kPageBytes + h * 8 * 128;
+                cuda::st_shared_b32(off, P[nt][h]);
+                cuda::st_shared_b32(off + Tr::kPBytes, dS[nt][h]);
+            }
+    } else {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = row0 + h * 8 + g;
+#pragma unroll
+            for (int nt = 0; nt < Tr::kNT; ++nt) {
+                const uint32_t off = s_p + PT::offset(r, key0 / 8 + nt) + 4 * t;
+                cuda::st_shared_b32(off, P[nt][h]);
+                cuda::st_shared_b32(off + Tr::kPBytes, dS[nt][h]);
+            }
         }
     }
 }
@@ -317,7 +334,7 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
                 probs_and_grads<Tr, E, true>(p, rows, S[mt], dP[mt], P, dS);
             else
                 probs_and_grads<Tr, E, false>(p, rows, S[mt], dP[mt], P, dS);
-            store_p_ds<Tr>(s_p, s_ds, row0 + mt * 16, key0, P, dS);
+            store_p_ds<Tr>(s_p, row0 + mt * 16, key0, P, dS);
         }
     }
     if (ordered) {
