@@ -107,8 +107,8 @@ __device__ __forceinline__ uint32_t at_column(uint32_t lane_full, int col0) {
 // cp.async rows [0, kRows) of a [rows x head_dim] tensor (row r at g + r*rs) into a [kRows x kDP]
 // tile; rows >= rows_valid and columns >= d are zero-filled (the GEMMs rely on the zeros).
 // Thread tid owns chunk column c = tid % kCPR of rows tid / kCPR + j * kRowStep: its shared and
-// global offsets are computed once, and each pass adds a constant (kRowStep is a multiple of 8
-// wherever there are several passes of 256 threads, so the swizzle's XOR stays) and a row step.
+// global offsets are computed once, and each pass adds a constant (where kRowStep is a multiple of
+// 8, so the swizzle's XOR stays: every tile of 256 threads) and a row step.
 // Until stop 22 every chunk's row, column and swizzled offset were rederived from a signed index
 // (~35 integer instructions per 16-byte chunk, ~300 per step at d128).
 template <class Tr, int kRows>
@@ -126,11 +126,17 @@ __device__ __forceinline__ void bwd_load_tile(uint32_t sbase, const uint16_t *g,
     const bool col_ok = c * 8 < d;
     const uint16_t *gr = g + r0 * rs + c * 8;
     const int64_t step = kRowStep * rs;
+    // Where kRowStep is a multiple of 8 (the swizzle term of a row is its index mod 8), pass j's
+    // destination is pass 0's plus j * kRowStep rows, an immediate: ptxas did not see
+    // (r0 + j * kRowStep) & 7 == r0 & 7 through the XOR and rebuilt each pass's offset (~4
+    // integer instructions). (The 4-warp fallback at head dim 256 steps 4 rows.)
+    const uint32_t s0 = sbase + T::offset(r0, c);
 #pragma unroll
     for (int j = 0; j < kRows / kRowStep; ++j, gr += step) {
         const int r = r0 + j * kRowStep;
         const bool ok = col_ok && r < rows_valid;
-        cuda::cp_async_16(sbase + T::offset(r, c), ok ? gr : g, ok ? 16u : 0u);
+        const uint32_t dst = kRowStep % 8 == 0 ? s0 + j * kRowStep * 128 : sbase + T::offset(r, c);
+        cuda::cp_async_16(dst, ok ? gr : g, ok ? 16u : 0u);
     }
 }
 
