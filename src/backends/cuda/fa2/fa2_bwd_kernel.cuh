@@ -259,10 +259,20 @@ __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlockArg
     int *sem = p.dq_sem + (static_cast<int64_t>(a.b) * p.heads_q + st.hq) * p.sem_blocks + st.m0 / Tr::kBM;
     return BwdTurn{sem, nb - nb_first};
 }
+// The walk: query blocks m_first..m_last (first rows, kBM apart) of each query head of the group
+// in turn. A step's neighbours come from the step itself: the step index's division by the block
+// count (for this, the next and, deterministic, the previous step) cost ~50 integer instructions
+// per step and three registers for its reciprocal.
+struct BwdWalk {
+    int m_first, m_last;
+};
 template <class Tr>
-__device__ __forceinline__ BwdStep step_of(int s, int kvh, int group, int mb_first, int nmb) {
-    const int gi = s / nmb;
-    return BwdStep{kvh * group + gi, (mb_first + s - gi * nmb) * Tr::kBM};
+__device__ __forceinline__ BwdStep next_step(BwdWalk w, BwdStep st) {
+    return st.m0 < w.m_last ? BwdStep{st.hq, st.m0 + Tr::kBM} : BwdStep{st.hq + 1, w.m_first};
+}
+template <class Tr>
+__device__ __forceinline__ BwdStep prev_step(BwdWalk w, BwdStep st) {
+    return st.m0 > w.m_first ? BwdStep{st.hq, st.m0 - Tr::kBM} : BwdStep{st.hq - 1, w.m_last};
 }
 
 // cp.async Q, dO, LSE and row_dot of step st into buffer `buf` (rows past the sequence: zeros).
@@ -429,13 +439,12 @@ __device__ __forceinline__ void bwd_key_block(const BwdParams &p, BwdBlockArgs &
         const uint16_t *vg = static_cast<const uint16_t *>(p.v) + voff + kvh * p.v_hs + a.n0 * p.v_rs;
         bwd_load_tile<Tr, Tr::kBN>(a.smem, kg, p.k_rs, a.sk - a.n0, a.d);
         bwd_load_tile<Tr, Tr::kBN>(a.smem + Tr::kKVBytes, vg, p.v_rs, a.sk - a.n0, a.d);
-        const int mb_first = static_cast<int>(i_lo / Tr::kBM);
-        const int nmb = static_cast<int>(i_hi / Tr::kBM) - mb_first + 1;
-        const int nsteps = p.group * nmb;
-        if (Tr::kStages == 2) load_q_do<Tr>(p, a, step_of<Tr>(0, kvh, p.group, mb_first, nmb), 0);
+        const BwdWalk walk{static_cast<int>(i_lo / Tr::kBM) * Tr::kBM, static_cast<int>(i_hi / Tr::kBM) * Tr::kBM};
+        const int nsteps = p.group * ((walk.m_last - walk.m_first) / Tr::kBM + 1);
+        BwdStep st{kvh * p.group, walk.m_first};
+        if (Tr::kStages == 2) load_q_do<Tr>(p, a, st, 0);
         cuda::cp_async_commit();
-        for (int s = 0; s < nsteps; ++s) {
-            const BwdStep st = step_of<Tr>(s, kvh, p.group, mb_first, nmb);
+        for (int s = 0; s < nsteps; ++s, st = next_step<Tr>(walk, st)) {
             const int buf = Tr::kStages == 2 ? (s & 1) : 0;
             if (Tr::kStages == 1) {
                 if (s > 0) __syncthreads();  // every warp is done with the previous step's tiles
@@ -449,19 +458,19 @@ __device__ __forceinline__ void bwd_key_block(const BwdParams &p, BwdBlockArgs &
                 // fence here orders them all before the counter moves (a grid barrier's pattern),
                 // where a fence per thread after each step stalled every warp on its own adds.
                 __threadfence();
-                atomicAdd(turn_of<Tr>(p, a, step_of<Tr>(s - 1, kvh, p.group, mb_first, nmb), nb).sem, 1);
+                atomicAdd(turn_of<Tr>(p, a, prev_step<Tr>(walk, st), nb).sem, 1);
             }
             if (Tr::kStages == 2 && s + 1 < nsteps) {  // the other buffer was the previous step's
-                load_q_do<Tr>(p, a, step_of<Tr>(s + 1, kvh, p.group, mb_first, nmb), buf ^ 1);
+                load_q_do<Tr>(p, a, next_step<Tr>(walk, st), buf ^ 1);
                 cuda::cp_async_commit();
             }
             bwd_query_block<Tr, E>(p, a, st, buf, dK, dV);
         }
         if (p.deterministic) {
             __syncthreads();
-            if (threadIdx.x == 0) {  // as at the step top
+            if (threadIdx.x == 0) {  // as at the step top (st is one past the last step)
                 __threadfence();
-                atomicAdd(turn_of<Tr>(p, a, step_of<Tr>(nsteps - 1, kvh, p.group, mb_first, nmb), nb).sem, 1);
+                atomicAdd(turn_of<Tr>(p, a, prev_step<Tr>(walk, st), nb).sem, 1);
             }
         }
     }
