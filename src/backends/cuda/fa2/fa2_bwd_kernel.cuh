@@ -93,8 +93,9 @@ __device__ __forceinline__ bool step_unmasked(const BwdParams &p, const BwdBlock
 }
 
 // P and dS of this warp's 16 query rows against its kSKeys keys, packed in 16-bit pairs:
-// P[nt][h] = columns 8nt + 2t, +1 of row g + 8h. kUnmasked (step_unmasked holds): a row's pairs
-// all take part or, with LSE = -inf (empty key range in load_rows), none; one test per row.
+// P[nt][h] = columns 8nt + 2t, +1 of row g + 8h. kUnmasked: every pair of the warp's rows takes
+// part (step_unmasked holds and no row's LSE is -inf, a warp vote), so nothing is selected; else
+// each pair is tested against its row's key range (load_rows).
 // S and dP are consumed: the soft cap (a runtime key) is applied to the whole tile first, under
 // one uniform branch, so the exp2 / dS loop is straight-line code. Until stop 22 it was tested per
 // element, and each element's code was a basic block of its own (a branch, the score_log2 reload
@@ -123,7 +124,6 @@ __device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdRow
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const bool live = r.lo[h] <= r.hi[h];
 #pragma unroll
         for (int nt = 0; nt < Tr::kNT; ++nt) {
             float pv[2], dv[2];
@@ -134,7 +134,7 @@ __device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdRow
                 // whose LSE is -inf) takes no part: P and dS exactly 0, selected rather than
                 // multiplied by 0, so a NaN or inf in its dP, row_dot or score stays out (as in
                 // the CPU backward). Inside, a NaN in S, LSE, dP or row_dot propagates.
-                const bool pair = kUnmasked ? live : c >= r.lo[h] && c <= r.hi[h];
+                const bool pair = kUnmasked || (c >= r.lo[h] && c <= r.hi[h]);
                 // exp2 of every pair, then a select (a predicated exp2 cost a zeroing move and a
                 // reload of score_log2 per pair)
                 const float pr = cuda::fast_exp2(fmaf(S[nt][2 * h + e], sl2, -r.lse2[h]));
@@ -340,7 +340,11 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
             const BwdRows rows =
                 load_rows<Tr>(p, a, s_rows, st.m0, st.m0 + row0 + mt * 16 + g, a.n0 + key0 + 2 * t);
             uint32_t P[Tr::kNT][2], dS[Tr::kNT][2];
-            if (unmasked)
+            // A row with LSE = -inf (it saw no key in the forward; only with such inputs in an
+            // unmasked step) sends its warp to the tested form: the unmasked one selects nothing
+            // (two FSEL per pair fewer).
+            const bool all_live = __all_sync(0xffffffffu, rows.lo[0] <= rows.hi[0] && rows.lo[1] <= rows.hi[1]);
+            if (unmasked && all_live)
                 probs_and_grads<Tr, E, true>(p, rows, S[mt], dP[mt], P, dS);
             else
                 probs_and_grads<Tr, E, false>(p, rows, S[mt], dP[mt], P, dS);
