@@ -135,7 +135,8 @@ __device__ __forceinline__ void bwd_load_tile(uint32_t sbase, const uint16_t *g,
     for (int j = 0; j < kRows / kRowStep; ++j, gr += step) {
         const int r = r0 + j * kRowStep;
         const bool ok = col_ok && r < rows_valid;
-        const uint32_t dst = kRowStep % 8 == 0 ? s0 + j * kRowStep * 128 : sbase + T::offset(r, c);
+        const uint32_t dst =
+            kRowStep % 8 == 0 && !T::kHalfPage ? s0 + j * kRowStep * 128 : sbase + T::offset(r, c);
         cuda::cp_async_16(dst, ok ? gr : g, ok ? 16u : 0u);
     }
 }
