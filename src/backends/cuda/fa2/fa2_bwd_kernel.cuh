@@ -183,11 +183,21 @@ __device__ __forceinline__ void store_p_ds(uint32_t s_p, int row0, int key0, con
     }
 }
 
+// Reduce column group j (16 columns) of one m16 tile of dQ into the accumulator: row is the tile's
+// lane fragment at the warp's first column (accumulate_dq). Halves past the head dim (d is a
+// multiple of 8: a half is in or out) add nothing.
+__device__ __forceinline__ void red_dq_group(float *row, int j, int ncols, const float (&acc)[2][4]) {
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+        if (j * 16 + n * 8 < ncols) cuda::red_add_f32x4(row + j * 256 + n * 128, acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
+}
+
 // dQ += dS K for this warp's kQMT m16 tiles of query rows (from row qrow0 of the sequence, a
-// multiple of 16) and its column span (from col0, a multiple of 32), 16 columns at a time, into
-// the accumulator in fragment order (device/dq_accum.cuh): one red.v4 of the lane's four values
-// per m16n8 tile, 512 contiguous bytes per warp. Rows past the sequence inside its last 16 carry
-// dS = 0 and land in padding; m16 tiles wholly past it are skipped.
+// multiple of 16) and its column span (from col0, a multiple of 32), into the accumulator in
+// fragment order (device/dq_accum.cuh): one red.v4 of the lane's four values per m16n8 tile, 512
+// contiguous bytes per warp. Rows past the sequence inside its last 16 carry dS = 0 and land in
+// padding. The GEMM runs k-step outer over the whole span where that takes no more registers
+// (dq_span_outer: head dim <= 128), else one 16-column group at a time from the warp's dS rows.
 template <class Tr, class E>
 __device__ __forceinline__ void accumulate_dq(const BwdParams &p, const BwdBlockArgs &a, int hq, int qrow0, int col0,
                                               uint32_t ds_full, uint32_t ds_half, uint32_t k_lane) {
@@ -204,37 +214,23 @@ __device__ __forceinline__ void accumulate_dq(const BwdParams &p, const BwdBlock
         float acc[Tr::kQGroups][Tr::kQMT][2][4];
         gemm_ds_k_span<Tr, E>(acc, ds_full, ds_half, k_lane, ncols);
 #pragma unroll
-        for (int mt = 0; mt < Tr::kQMT; ++mt) {
+        for (int mt = 0; mt < Tr::kQMT; ++mt) {  // m16 tiles wholly past the sequence add nothing
             if (qrow0 + 16 * mt >= a.sq) continue;
-            // one 64-bit address per m16 tile; column groups and halves are immediate offsets
-            float *row = tile0 + static_cast<int64_t>(16 * mt) * dcols;
+            float *row = tile0 + static_cast<int64_t>(16 * mt) * dcols;  // one 64-bit address per tile
 #pragma unroll
-            for (int j = 0; j < Tr::kQGroups; ++j)
-#pragma unroll
-                for (int n = 0; n < 2; ++n) {
-                    if (j * 16 + n * 8 >= ncols) continue;  // d is a multiple of 8: the half is in or out
-                    cuda::red_add_f32x4(row + j * 256 + n * 128, acc[j][mt][n][0], acc[j][mt][n][1],
-                                        acc[j][mt][n][2], acc[j][mt][n][3]);
-                }
+            for (int j = 0; j < Tr::kQGroups; ++j) red_dq_group(row, j, ncols, acc[j][mt]);
         }
-        return;
-    }
-    uint32_t dS[Tr::kQMT][Tr::kBN / 16][4];
-    load_ds_rows<Tr>(dS, ds_full, ds_half);
+    } else {
+        uint32_t dS[Tr::kQMT][Tr::kBN / 16][4];
+        load_ds_rows<Tr>(dS, ds_full, ds_half);
 #pragma unroll
-    for (int j = 0; j < Tr::kQGroups; ++j) {
-        if (j * 16 >= ncols) continue;
-        float acc[Tr::kQMT][2][4];
-        gemm_ds_k<Tr, E>(acc, dS, k_lane, j);
+        for (int j = 0; j < Tr::kQGroups; ++j) {
+            if (j * 16 >= ncols) continue;
+            float acc[Tr::kQMT][2][4];
+            gemm_ds_k<Tr, E>(acc, dS, k_lane, j);
 #pragma unroll
-        for (int mt = 0; mt < Tr::kQMT; ++mt) {
-            if (qrow0 + 16 * mt >= a.sq) continue;
-#pragma unroll
-            for (int n = 0; n < 2; ++n) {
-                if (j * 16 + n * 8 >= ncols) continue;  // d is a multiple of 8: the half is in or out
-                cuda::red_add_f32x4(tile0 + static_cast<int64_t>(16 * mt) * dcols + j * 256 + n * 128, acc[mt][n][0],
-                                    acc[mt][n][1], acc[mt][n][2], acc[mt][n][3]);
-            }
+            for (int mt = 0; mt < Tr::kQMT; ++mt)
+                if (qrow0 + 16 * mt < a.sq) red_dq_group(tile0 + static_cast<int64_t>(16 * mt) * dcols, j, ncols, acc[mt]);
         }
     }
 }
