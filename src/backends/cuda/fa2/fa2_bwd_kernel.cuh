@@ -189,7 +189,8 @@ __device__ __forceinline__ void store_p_ds(uint32_t s_p, int row0, int key0, con
 __device__ __forceinline__ void red_dq_group(float *row, int j, int ncols, const float (&acc)[2][4]) {
 #pragma unroll
     for (int n = 0; n < 2; ++n)
-        if (j * 16 + n * 8 < ncols) cuda::red_add_f32x4(row + j * 256 + n * 128, acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
+        if (j * 16 + n * 8 < ncols)
+            cuda::red_add_f32x4(row + j * 256 + n * 128, acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
 }
 
 // dQ += dS K for this warp's kQMT m16 tiles of query rows (from row qrow0 of the sequence, a
@@ -230,7 +231,8 @@ __device__ __forceinline__ void accumulate_dq(const BwdParams &p, const BwdBlock
             gemm_ds_k<Tr, E>(acc, dS, k_lane, j);
 #pragma unroll
             for (int mt = 0; mt < Tr::kQMT; ++mt)
-                if (qrow0 + 16 * mt < a.sq) red_dq_group(tile0 + static_cast<int64_t>(16 * mt) * dcols, j, ncols, acc[mt]);
+                if (qrow0 + 16 * mt < a.sq)
+                    red_dq_group(tile0 + static_cast<int64_t>(16 * mt) * dcols, j, ncols, acc[mt]);
         }
     }
 }
