@@ -54,13 +54,24 @@ struct BwdRows {
     int lo[2], hi[2];
 };
 
-template <class Tr>
+// kUnmasked (step_unmasked holds): every row is in the sequence and sees every key of the block,
+// so a row's range is all of the warp's keys or, with LSE = -inf, none: no mask rule to evaluate.
+template <class Tr, bool kUnmasked>
 __device__ __forceinline__ BwdRows load_rows(const BwdParams &p, const BwdBlockArgs &a, uint32_t s_rows, int m0,
                                              int qrow0, int col0) {
     BwdRows r;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int qpos = qrow0 + 8 * h;
+        if (kUnmasked) {
+            const float lse = cuda::ld_shared_f32(s_rows + (qpos - m0) * 4);
+            const bool live = lse != -INFINITY;  // as below
+            r.lse2[h] = live ? lse * 1.4426950408889634f : 0.f;
+            r.rd[h] = cuda::ld_shared_f32(s_rows + (Tr::kBM + qpos - m0) * 4);
+            r.lo[h] = 0;
+            r.hi[h] = live ? Tr::kSKeys - 1 : -1;
+            continue;
+        }
         int lo = 0, hi = -1;  // visible keys of this row; none past the sequence's end
         float lse2 = 0.f, rd = 0.f;
         if (qpos < a.sq) {
@@ -335,8 +346,9 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
         const bool unmasked = Tr::kDP <= 128 && step_unmasked<Tr>(p, a, st.m0);
 #pragma unroll
         for (int mt = 0; mt < Tr::kSMT; ++mt) {
-            const BwdRows rows =
-                load_rows<Tr>(p, a, s_rows, st.m0, st.m0 + row0 + mt * 16 + g, a.n0 + key0 + 2 * t);
+            const int qrow = st.m0 + row0 + mt * 16 + g, col0 = a.n0 + key0 + 2 * t;
+            const BwdRows rows = unmasked ? load_rows<Tr, true>(p, a, s_rows, st.m0, qrow, col0)
+                                          : load_rows<Tr, false>(p, a, s_rows, st.m0, qrow, col0);
             uint32_t P[Tr::kNT][2], dS[Tr::kNT][2];
             // A row with LSE = -inf (it saw no key in the forward; only with such inputs in an
             // unmasked step) sends its warp to the tested form: the unmasked one selects nothing
