@@ -225,6 +225,18 @@ __device__ __forceinline__ void accumulate_dq(const BwdParams &p, const BwdBlock
     if constexpr (dq_span_outer<Tr>()) {
         float acc[Tr::kQGroups][Tr::kQMT][2][4];
         gemm_ds_k_span<Tr, E>(acc, ds_full, ds_half, k_lane, ncols);
+        // The warp's whole span and every tile in range (all but the odd head dims' last span and
+        // a sequence's last block): the reds without a test each (ptxas branches around every
+        // tested red).
+        if (ncols >= Tr::kQCols && qrow0 + 16 * Tr::kQMT <= a.sq) {
+#pragma unroll
+            for (int mt = 0; mt < Tr::kQMT; ++mt) {
+                float *row = tile0 + static_cast<int64_t>(16 * mt) * dcols;
+#pragma unroll
+                for (int j = 0; j < Tr::kQGroups; ++j) red_dq_group(row, j, Tr::kQCols, acc[j][mt]);
+            }
+            return;
+        }
 #pragma unroll
         for (int mt = 0; mt < Tr::kQMT; ++mt) {  // m16 tiles wholly past the sequence add nothing
             if (qrow0 + 16 * mt >= a.sq) continue;
