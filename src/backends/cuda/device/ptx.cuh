@@ -130,6 +130,12 @@ __device__ __forceinline__ uint32_t pack2<Bf16>(float lo, float hi) {
 #endif
 }
 
+// A value every lane of the (converged, whole) warp holds alike, re-read from lane 0 so that ptxas
+// knows it is warp-uniform: a branch on it around mma.sync then needs no WARPSYNC, and the mma of
+// skipped column groups become predicated HMMAs that ptxas schedules across (FA2 backward: a
+// per-warp head-dim bound had cost 63 WARPSYNCs per query step at d128).
+__device__ __forceinline__ int warp_uniform(int v) { return __shfl_sync(0xffffffffu, v, 0); }
+
 // ---------------------------------------------------------------------------------------------
 // sm_75+: ldmatrix, four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i and
 // register i receives matrix i (row lane/4, columns 2*(lane%4)..+1), or its transpose with .trans

@@ -107,8 +107,8 @@ __device__ __forceinline__ uint32_t at_column(uint32_t lane_full, int col0) {
 // cp.async rows [0, kRows) of a [rows x head_dim] tensor (row r at g + r*rs) into a [kRows x kDP]
 // tile; rows >= rows_valid and columns >= d are zero-filled (the GEMMs rely on the zeros).
 // Thread tid owns chunk column c = tid % kCPR of rows tid / kCPR + j * kRowStep: its shared and
-// global offsets are computed once, and each pass adds a constant (kRowStep is a multiple of 8
-// wherever there are several passes of 256 threads, so the swizzle's XOR stays) and a row step.
+// global offsets are computed once, and each pass adds a constant (where kRowStep is a multiple of
+// 8, so the swizzle's XOR stays: every tile of 256 threads) and a row step.
 // Until stop 22 every chunk's row, column and swizzled offset were rederived from a signed index
 // (~35 integer instructions per 16-byte chunk, ~300 per step at d128).
 template <class Tr, int kRows>
@@ -126,11 +126,18 @@ __device__ __forceinline__ void bwd_load_tile(uint32_t sbase, const uint16_t *g,
     const bool col_ok = c * 8 < d;
     const uint16_t *gr = g + r0 * rs + c * 8;
     const int64_t step = kRowStep * rs;
+    // Where kRowStep is a multiple of 8 (the swizzle term of a row is its index mod 8), pass j's
+    // destination is pass 0's plus j * kRowStep rows, an immediate: ptxas did not see
+    // (r0 + j * kRowStep) & 7 == r0 & 7 through the XOR and rebuilt each pass's offset (~4
+    // integer instructions). (The 4-warp fallback at head dim 256 steps 4 rows.)
+    const uint32_t s0 = sbase + T::offset(r0, c);
 #pragma unroll
     for (int j = 0; j < kRows / kRowStep; ++j, gr += step) {
         const int r = r0 + j * kRowStep;
         const bool ok = col_ok && r < rows_valid;
-        cuda::cp_async_16(sbase + T::offset(r, c), ok ? gr : g, ok ? 16u : 0u);
+        const uint32_t dst =
+            kRowStep % 8 == 0 && !T::kHalfPage ? s0 + j * kRowStep * 128 : sbase + T::offset(r, c);
+        cuda::cp_async_16(dst, ok ? gr : g, ok ? 16u : 0u);
     }
 }
 
@@ -217,6 +224,59 @@ __device__ __forceinline__ void gemm_ds_k(float (&acc)[Tr::kQMT][2][4], const ui
         for (int mt = 0; mt < Tr::kQMT; ++mt) {
             cuda::mma_16816<E>(acc[mt][0], dS[mt][ks], b[0], b[1]);
             cuda::mma_16816<E>(acc[mt][1], dS[mt][ks], b[2], b[3]);
+        }
+    }
+}
+
+// Whether the dQ GEMM runs k-step outer (gemm_ds_k_span): its accumulators for the whole column
+// span take no more registers than the dS rows that the column-group-outer form keeps live.
+template <class Tr>
+constexpr bool dq_span_outer() {
+    return Tr::kQGroups * Tr::kQMT * 8 <= Tr::kQMT * (Tr::kBN / 16) * 4;
+}
+
+// acc[j] = dS K over this warp's whole column span, k-step outer: each k-step loads its kQMT dS
+// fragments and kQGroups K fragments, the next k-step's before its own mma (double buffer, as
+// gemm_at_b), so no HMMA waits on the ldmatrix just before it. Per accumulator the k-steps add in
+// the same ascending order as gemm_ds_k (bitwise the same dQ). Where dq_span_outer holds (head
+// dim <= 128: 32 accumulator registers against 64 of dS rows) it frees the registers that
+// gemm_ds_k's double buffer lacked (stop 23: it spilled at d128). ncols (warp_uniform): head-dim
+// columns from the warp's first column; the mma of groups past it are skipped (predicated, their
+// fragments still load from the zero padding, as in gemm_at_b).
+template <class Tr, class E>
+__device__ __forceinline__ void gemm_ds_k_span(float (&acc)[Tr::kQGroups][Tr::kQMT][2][4], uint32_t ds_full,
+                                               uint32_t ds_half, uint32_t k_lane, int ncols) {
+    using PT = typename Tr::PTile;
+    using KT = typename Tr::KVTile;
+    constexpr int kKS = Tr::kBN / 16, kG = Tr::kQGroups;
+#pragma unroll
+    for (int j = 0; j < kG; ++j)
+#pragma unroll
+        for (int mt = 0; mt < Tr::kQMT; ++mt)
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[j][mt][n][e] = 0.f;
+    uint32_t a[2][Tr::kQMT][4], b[2][kG][4];
+    auto load = [&](int buf, int ks) {
+#pragma unroll
+        for (int mt = 0; mt < Tr::kQMT; ++mt)
+            cuda::ldmatrix_x4(a[buf][mt], frag_addr<PT>(ds_full, ds_half, mt * 16, ks));
+#pragma unroll
+        for (int j = 0; j < kG; ++j) cuda::ldmatrix_x4_trans(b[buf][j], frag_addr<KT>(k_lane, 0u, ks * 16, j));
+    };
+    load(0, 0);
+#pragma unroll
+    for (int ks = 0; ks < kKS; ++ks) {
+        if (ks + 1 < kKS) load((ks + 1) & 1, ks + 1);
+#pragma unroll
+        for (int j = 0; j < kG; ++j) {
+            if (j * 16 >= ncols) continue;
+#pragma unroll
+            for (int mt = 0; mt < Tr::kQMT; ++mt) {
+                cuda::mma_16816<E>(acc[j][mt][0], a[ks & 1][mt], b[ks & 1][j][0], b[ks & 1][j][1]);
+                cuda::mma_16816<E>(acc[j][mt][1], a[ks & 1][mt], b[ks & 1][j][2], b[ks & 1][j][3]);
+            }
         }
     }
 }

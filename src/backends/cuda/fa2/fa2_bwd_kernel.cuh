@@ -54,13 +54,24 @@ struct BwdRows {
     int lo[2], hi[2];
 };
 
-template <class Tr>
+// kUnmasked (step_unmasked holds): every row is in the sequence and sees every key of the block,
+// so a row's range is all of the warp's keys or, with LSE = -inf, none: no mask rule to evaluate.
+template <class Tr, bool kUnmasked>
 __device__ __forceinline__ BwdRows load_rows(const BwdParams &p, const BwdBlockArgs &a, uint32_t s_rows, int m0,
                                              int qrow0, int col0) {
     BwdRows r;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int qpos = qrow0 + 8 * h;
+        if (kUnmasked) {
+            const float lse = cuda::ld_shared_f32(s_rows + (qpos - m0) * 4);
+            const bool live = lse != -INFINITY;  // as below
+            r.lse2[h] = live ? lse * 1.4426950408889634f : 0.f;
+            r.rd[h] = cuda::ld_shared_f32(s_rows + (Tr::kBM + qpos - m0) * 4);
+            r.lo[h] = 0;
+            r.hi[h] = live ? Tr::kSKeys - 1 : -1;
+            continue;
+        }
         int lo = 0, hi = -1;  // visible keys of this row; none past the sequence's end
         float lse2 = 0.f, rd = 0.f;
         if (qpos < a.sq) {
@@ -93,8 +104,9 @@ __device__ __forceinline__ bool step_unmasked(const BwdParams &p, const BwdBlock
 }
 
 // P and dS of this warp's 16 query rows against its kSKeys keys, packed in 16-bit pairs:
-// P[nt][h] = columns 8nt + 2t, +1 of row g + 8h. kUnmasked (step_unmasked holds): a row's pairs
-// all take part or, with LSE = -inf (empty key range in load_rows), none; one test per row.
+// P[nt][h] = columns 8nt + 2t, +1 of row g + 8h. kUnmasked: every pair of the warp's rows takes
+// part (step_unmasked holds and no row's LSE is -inf, a warp vote), so nothing is selected; else
+// each pair is tested against its row's key range (load_rows).
 // S and dP are consumed: the soft cap (a runtime key) is applied to the whole tile first, under
 // one uniform branch, so the exp2 / dS loop is straight-line code. Until stop 22 it was tested per
 // element, and each element's code was a basic block of its own (a branch, the score_log2 reload
@@ -123,7 +135,6 @@ __device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdRow
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const bool live = r.lo[h] <= r.hi[h];
 #pragma unroll
         for (int nt = 0; nt < Tr::kNT; ++nt) {
             float pv[2], dv[2];
@@ -134,7 +145,7 @@ __device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdRow
                 // whose LSE is -inf) takes no part: P and dS exactly 0, selected rather than
                 // multiplied by 0, so a NaN or inf in its dP, row_dot or score stays out (as in
                 // the CPU backward). Inside, a NaN in S, LSE, dP or row_dot propagates.
-                const bool pair = kUnmasked ? live : c >= r.lo[h] && c <= r.hi[h];
+                const bool pair = kUnmasked || (c >= r.lo[h] && c <= r.hi[h]);
                 // exp2 of every pair, then a select (a predicated exp2 cost a zeroing move and a
                 // reload of score_log2 per pair)
                 const float pr = cuda::fast_exp2(fmaf(S[nt][2 * h + e], sl2, -r.lse2[h]));
@@ -147,58 +158,104 @@ __device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdRow
     }
 }
 
-// This warp's P and dS into their [query row][key] tiles (for the transposed reads).
+// This warp's P and dS into their [query row][key] tiles (for the transposed reads); the dS tile
+// is the P tile's successor (s_p + kPBytes). Rows row0 + g (+ 8), row0 a multiple of 8, so the
+// swizzle's row term is g: with whole-page rows and a warp's keys starting at a multiple of 32,
+// each store's address is one lane base XOR a constant, plus a constant (frag_addr's form), where
+// the offset rederived per store took ~2 integer instructions per pair of stores (d64: 16 address
+// registers for 32 stores per m16 tile).
 template <class Tr>
-__device__ __forceinline__ void store_p_ds(uint32_t s_p, uint32_t s_ds, int row0, int key0,
-                                           const uint32_t (&P)[Tr::kNT][2], const uint32_t (&dS)[Tr::kNT][2]) {
+__device__ __forceinline__ void store_p_ds(uint32_t s_p, int row0, int key0, const uint32_t (&P)[Tr::kNT][2],
+                                           const uint32_t (&dS)[Tr::kNT][2]) {
     using PT = typename Tr::PTile;
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
+    if constexpr (PT::kFullPages > 0 && Tr::kSKeys % 32 == 0) {
+        const uint32_t base = at_column<PT>(s_p + (row0 + g) * 128 + ((g << 4) | (4 * t)), key0);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = row0 + h * 8 + g;
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int nt = 0; nt < Tr::kNT; ++nt) {
-            const uint32_t off = PT::offset(r, key0 / 8 + nt) + 4 * t;
-            cuda::st_shared_b32(s_p + off, P[nt][h]);
-            cuda::st_shared_b32(s_ds + off, dS[nt][h]);
+            for (int nt = 0; nt < Tr::kNT; ++nt) {
+                const uint32_t off = (base ^ ((nt & 7) << 4)) + (nt >> 3) * PT::kPageBytes + h * 8 * 128;
+                cuda::st_shared_b32(off, P[nt][h]);
+                cuda::st_shared_b32(off + Tr::kPBytes, dS[nt][h]);
+            }
+    } else {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = row0 + h * 8 + g;
+#pragma unroll
+            for (int nt = 0; nt < Tr::kNT; ++nt) {
+                const uint32_t off = s_p + PT::offset(r, key0 / 8 + nt) + 4 * t;
+                cuda::st_shared_b32(off, P[nt][h]);
+                cuda::st_shared_b32(off + Tr::kPBytes, dS[nt][h]);
+            }
         }
     }
 }
 
+// Reduce column group j (16 columns) of one m16 tile of dQ into the accumulator: row is the tile's
+// lane fragment at the warp's first column (accumulate_dq). Halves past the head dim (d is a
+// multiple of 8: a half is in or out) add nothing.
+__device__ __forceinline__ void red_dq_group(float *row, int j, int ncols, const float (&acc)[2][4]) {
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+        if (j * 16 + n * 8 < ncols)
+            cuda::red_add_f32x4(row + j * 256 + n * 128, acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
+}
+
 // dQ += dS K for this warp's kQMT m16 tiles of query rows (from row qrow0 of the sequence, a
-// multiple of 16) and its column span (from col0, a multiple of 32), 16 columns at a time, into
-// the accumulator in fragment order (device/dq_accum.cuh): one red.v4 of the lane's four values
-// per m16n8 tile, 512 contiguous bytes per warp. Rows past the sequence inside its last 16 carry
-// dS = 0 and land in padding; m16 tiles wholly past it are skipped.
+// multiple of 16) and its column span (from col0, a multiple of 32), into the accumulator in
+// fragment order (device/dq_accum.cuh): one red.v4 of the lane's four values per m16n8 tile, 512
+// contiguous bytes per warp. Rows past the sequence inside its last 16 carry dS = 0 and land in
+// padding. The GEMM runs k-step outer over the whole span where that takes no more registers
+// (dq_span_outer: head dim <= 128), else one 16-column group at a time from the warp's dS rows.
 template <class Tr, class E>
 __device__ __forceinline__ void accumulate_dq(const BwdParams &p, const BwdBlockArgs &a, int hq, int qrow0, int col0,
                                               uint32_t ds_full, uint32_t ds_half, uint32_t k_lane) {
     const int lane = threadIdx.x & 31;
-    const int ncols = a.d - col0;
+    const int ncols = cuda::warp_uniform(a.d - col0);  // no WARPSYNC around the skipped groups' mma
     if (ncols <= 0) return;
-    uint32_t dS[Tr::kQMT][Tr::kBN / 16][4];
-    load_ds_rows<Tr>(dS, ds_full, ds_half);
     const int dcols = cuda::dq_frag_cols(a.d);
     // From the parameters and the sequence's first row each time: a pointer kept in the block's
     // arguments would hold two registers over the whole step loop (ptxas spilled at d128).
     float *tile0 = p.dq_accum +
                    (static_cast<int64_t>(hq) * p.dq_rows + cuda::dq_frag_row0(a.q_row0, a.b) + qrow0) * dcols +
                    (col0 >> 4) * 256 + lane * 4;
+    if constexpr (dq_span_outer<Tr>()) {
+        float acc[Tr::kQGroups][Tr::kQMT][2][4];
+        gemm_ds_k_span<Tr, E>(acc, ds_full, ds_half, k_lane, ncols);
+        // The warp's whole span and every tile in range (all but the odd head dims' last span and
+        // a sequence's last block): the reds without a test each (ptxas branches around every
+        // tested red).
+        if (ncols >= Tr::kQCols && qrow0 + 16 * Tr::kQMT <= a.sq) {
 #pragma unroll
-    for (int j = 0; j < Tr::kQGroups; ++j) {
-        if (j * 16 >= ncols) continue;
-        float acc[Tr::kQMT][2][4];
-        gemm_ds_k<Tr, E>(acc, dS, k_lane, j);
+            for (int mt = 0; mt < Tr::kQMT; ++mt) {
+                float *row = tile0 + static_cast<int64_t>(16 * mt) * dcols;
 #pragma unroll
-        for (int mt = 0; mt < Tr::kQMT; ++mt) {
-            if (qrow0 + 16 * mt >= a.sq) continue;
-#pragma unroll
-            for (int n = 0; n < 2; ++n) {
-                if (j * 16 + n * 8 >= ncols) continue;  // d is a multiple of 8: the half is in or out
-                cuda::red_add_f32x4(tile0 + static_cast<int64_t>(16 * mt) * dcols + j * 256 + n * 128, acc[mt][n][0],
-                                    acc[mt][n][1], acc[mt][n][2], acc[mt][n][3]);
+                for (int j = 0; j < Tr::kQGroups; ++j) red_dq_group(row, j, Tr::kQCols, acc[j][mt]);
             }
+            return;
+        }
+#pragma unroll
+        for (int mt = 0; mt < Tr::kQMT; ++mt) {  // m16 tiles wholly past the sequence add nothing
+            if (qrow0 + 16 * mt >= a.sq) continue;
+            float *row = tile0 + static_cast<int64_t>(16 * mt) * dcols;  // one 64-bit address per tile
+#pragma unroll
+            for (int j = 0; j < Tr::kQGroups; ++j) red_dq_group(row, j, ncols, acc[j][mt]);
+        }
+    } else {
+        uint32_t dS[Tr::kQMT][Tr::kBN / 16][4];
+        load_ds_rows<Tr>(dS, ds_full, ds_half);
+#pragma unroll
+        for (int j = 0; j < Tr::kQGroups; ++j) {
+            if (j * 16 >= ncols) continue;
+            float acc[Tr::kQMT][2][4];
+            gemm_ds_k<Tr, E>(acc, dS, k_lane, j);
+#pragma unroll
+            for (int mt = 0; mt < Tr::kQMT; ++mt)
+                if (qrow0 + 16 * mt < a.sq)
+                    red_dq_group(tile0 + static_cast<int64_t>(16 * mt) * dcols, j, ncols, acc[mt]);
         }
     }
 }
@@ -223,10 +280,20 @@ __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlockArg
     int *sem = p.dq_sem + (static_cast<int64_t>(a.b) * p.heads_q + st.hq) * p.sem_blocks + st.m0 / Tr::kBM;
     return BwdTurn{sem, nb - nb_first};
 }
+// The walk: query blocks m_first..m_last (first rows, kBM apart) of each query head of the group
+// in turn. A step's neighbours come from the step itself: the step index's division by the block
+// count (for this, the next and, deterministic, the previous step) cost ~50 integer instructions
+// per step and three registers for its reciprocal.
+struct BwdWalk {
+    int m_first, m_last;
+};
 template <class Tr>
-__device__ __forceinline__ BwdStep step_of(int s, int kvh, int group, int mb_first, int nmb) {
-    const int gi = s / nmb;
-    return BwdStep{kvh * group + gi, (mb_first + s - gi * nmb) * Tr::kBM};
+__device__ __forceinline__ BwdStep next_step(BwdWalk w, BwdStep st) {
+    return st.m0 < w.m_last ? BwdStep{st.hq, st.m0 + Tr::kBM} : BwdStep{st.hq + 1, w.m_first};
+}
+template <class Tr>
+__device__ __forceinline__ BwdStep prev_step(BwdWalk w, BwdStep st) {
+    return st.m0 > w.m_first ? BwdStep{st.hq, st.m0 - Tr::kBM} : BwdStep{st.hq - 1, w.m_last};
 }
 
 // cp.async Q, dO, LSE and row_dot of step st into buffer `buf` (rows past the sequence: zeros).
@@ -291,14 +358,19 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
         const bool unmasked = Tr::kDP <= 128 && step_unmasked<Tr>(p, a, st.m0);
 #pragma unroll
         for (int mt = 0; mt < Tr::kSMT; ++mt) {
-            const BwdRows rows =
-                load_rows<Tr>(p, a, s_rows, st.m0, st.m0 + row0 + mt * 16 + g, a.n0 + key0 + 2 * t);
+            const int qrow = st.m0 + row0 + mt * 16 + g, col0 = a.n0 + key0 + 2 * t;
+            const BwdRows rows = unmasked ? load_rows<Tr, true>(p, a, s_rows, st.m0, qrow, col0)
+                                          : load_rows<Tr, false>(p, a, s_rows, st.m0, qrow, col0);
             uint32_t P[Tr::kNT][2], dS[Tr::kNT][2];
-            if (unmasked)
+            // A row with LSE = -inf (it saw no key in the forward; only with such inputs in an
+            // unmasked step) sends its warp to the tested form: the unmasked one selects nothing
+            // (two FSEL per pair fewer).
+            const bool all_live = __all_sync(0xffffffffu, rows.lo[0] <= rows.hi[0] && rows.lo[1] <= rows.hi[1]);
+            if (unmasked && all_live)
                 probs_and_grads<Tr, E, true>(p, rows, S[mt], dP[mt], P, dS);
             else
                 probs_and_grads<Tr, E, false>(p, rows, S[mt], dP[mt], P, dS);
-            store_p_ds<Tr>(s_p, s_ds, row0 + mt * 16, key0, P, dS);
+            store_p_ds<Tr>(s_p, row0 + mt * 16, key0, P, dS);
         }
     }
     if (ordered) {
@@ -325,8 +397,9 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
             p_lane[mt] = s_p + pt_off;
             ds_lane[mt] = s_ds + pt_off;
         }
-        gemm_at_b<Tr, E>(dV, p_lane, at_column<QT>(QT::lane_base_full(s_do, lr_a, lb_a), col0), a.d - col0);
-        gemm_at_b<Tr, E>(dK, ds_lane, at_column<QT>(QT::lane_base_full(s_q, lr_a, lb_a), col0), a.d - col0);
+        const int ncols = cuda::warp_uniform(a.d - col0);  // no WARPSYNC around the skipped groups' mma
+        gemm_at_b<Tr, E>(dV, p_lane, at_column<QT>(QT::lane_base_full(s_do, lr_a, lb_a), col0), ncols);
+        gemm_at_b<Tr, E>(dK, ds_lane, at_column<QT>(QT::lane_base_full(s_q, lr_a, lb_a), col0), ncols);
     }
 }
 
@@ -392,13 +465,12 @@ __device__ __forceinline__ void bwd_key_block(const BwdParams &p, BwdBlockArgs &
         const uint16_t *vg = static_cast<const uint16_t *>(p.v) + voff + kvh * p.v_hs + a.n0 * p.v_rs;
         bwd_load_tile<Tr, Tr::kBN>(a.smem, kg, p.k_rs, a.sk - a.n0, a.d);
         bwd_load_tile<Tr, Tr::kBN>(a.smem + Tr::kKVBytes, vg, p.v_rs, a.sk - a.n0, a.d);
-        const int mb_first = static_cast<int>(i_lo / Tr::kBM);
-        const int nmb = static_cast<int>(i_hi / Tr::kBM) - mb_first + 1;
-        const int nsteps = p.group * nmb;
-        if (Tr::kStages == 2) load_q_do<Tr>(p, a, step_of<Tr>(0, kvh, p.group, mb_first, nmb), 0);
+        const BwdWalk walk{static_cast<int>(i_lo / Tr::kBM) * Tr::kBM, static_cast<int>(i_hi / Tr::kBM) * Tr::kBM};
+        const int nsteps = p.group * ((walk.m_last - walk.m_first) / Tr::kBM + 1);
+        BwdStep st{kvh * p.group, walk.m_first};
+        if (Tr::kStages == 2) load_q_do<Tr>(p, a, st, 0);
         cuda::cp_async_commit();
-        for (int s = 0; s < nsteps; ++s) {
-            const BwdStep st = step_of<Tr>(s, kvh, p.group, mb_first, nmb);
+        for (int s = 0; s < nsteps; ++s, st = next_step<Tr>(walk, st)) {
             const int buf = Tr::kStages == 2 ? (s & 1) : 0;
             if (Tr::kStages == 1) {
                 if (s > 0) __syncthreads();  // every warp is done with the previous step's tiles
@@ -412,19 +484,19 @@ __device__ __forceinline__ void bwd_key_block(const BwdParams &p, BwdBlockArgs &
                 // fence here orders them all before the counter moves (a grid barrier's pattern),
                 // where a fence per thread after each step stalled every warp on its own adds.
                 __threadfence();
-                atomicAdd(turn_of<Tr>(p, a, step_of<Tr>(s - 1, kvh, p.group, mb_first, nmb), nb).sem, 1);
+                atomicAdd(turn_of<Tr>(p, a, prev_step<Tr>(walk, st), nb).sem, 1);
             }
             if (Tr::kStages == 2 && s + 1 < nsteps) {  // the other buffer was the previous step's
-                load_q_do<Tr>(p, a, step_of<Tr>(s + 1, kvh, p.group, mb_first, nmb), buf ^ 1);
+                load_q_do<Tr>(p, a, next_step<Tr>(walk, st), buf ^ 1);
                 cuda::cp_async_commit();
             }
             bwd_query_block<Tr, E>(p, a, st, buf, dK, dV);
         }
         if (p.deterministic) {
             __syncthreads();
-            if (threadIdx.x == 0) {  // as at the step top
+            if (threadIdx.x == 0) {  // as at the step top (st is one past the last step)
                 __threadfence();
-                atomicAdd(turn_of<Tr>(p, a, step_of<Tr>(nsteps - 1, kvh, p.group, mb_first, nmb), nb).sem, 1);
+                atomicAdd(turn_of<Tr>(p, a, prev_step<Tr>(walk, st), nb).sem, 1);
             }
         }
     }
