@@ -484,6 +484,8 @@ static void run_grid(void) {
         {3, 260, 190, 6, 3, 48, 48, 0, 90, 40, 0, 1, 0, 1, bf, 1},    /* varlen, window, sq > sk, GQA */
         {1, 400, 650, 4, 1, 64, 64, 0, -1, -1, 0, 0, 0, 0, bf, 0},    /* MQA, per-tensor descales, no LSE */
         {2, 517, 300, 2, 2, 64, 64, 1, -1, -1, 0, 0, 0, 1, bf, 1},    /* causal, sq > sk */
+        /* Head dim 128 with a soft cap: the two-P mainloop form over several key tiles. */
+        {2, 150, 300, 4, 2, 128, 128, 0, -1, -1, 15.0, 0, 0, 1, hf, 1},
     };
     const int quick = getenv("FLASHATTN_TEST_FP8_QUICK") != NULL;  /* the sanitizers' reduced grid */
     size_t k;

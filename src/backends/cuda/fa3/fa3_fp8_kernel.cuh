@@ -562,6 +562,7 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
         score_mods_fp8<Tr>(p, c, S, c.kt.last - i, rdiag0, t, cap_scale);
         float alpha[2];
         softmax_step_fp8<kSlack>(S, row_max, row_sum, sl2, P_next, alpha);
+        softmax_before_wait();
         cuda::wgmma_wait<0>();
         cuda::fence_operands(O);
         release(&bars->vt_empty[vs], lane);
