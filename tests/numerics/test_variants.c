@@ -773,6 +773,16 @@ static const vcase forward_grid[] = {
     {1, 257, 2100, 4, 1, 128, 128, B16, 0, 0, -1, -1, 0, 0, 1, 0, 0},
     {2, 700, 300, 2, 2, 64, 64, F16, 0, 0, -1, -1, 0, 0, 1, 0, 1},
     {1, 500, 1500, 4, 2, 128, 128, B16, 1, 0, 300, -1, 4, 0, 1, 0, 0},
+    /* ... FA2's two-m16-tile kernels (128-row tiles, head dims <= 128; at 32 and 96 the bias of
+     * one query head per CTA is the first k-step's C operand): tiles left and right of every row's
+     * diagonal (sq > sk), fp16; pack-GQA on the 128-row tile (sq 90-100, several heads per kv
+     * head), which keeps the per-score bias; a soft cap, whose bias comes after the cap. */
+    {1, 300, 700, 2, 2, 32, 32, B16, 0, 0, -1, -1, 0, 0, 1, 0, 0},
+    {1, 500, 200, 2, 2, 96, 96, F16, 0, 0, -1, -1, 0, 0, 1, 0, 0},
+    {1, 600, 250, 2, 2, 128, 128, F16, 0, 0, -1, -1, 0, 0, 1, 0, 0},
+    {1, 90, 800, 4, 2, 96, 96, B16, 1, 0, -1, -1, 0, 0, 1, 0, 0},
+    {1, 100, 1000, 4, 1, 128, 128, B16, 1, 0, -1, -1, 0, 0, 1, 0, 0},
+    {1, 200, 900, 2, 2, 96, 96, B16, 1, 0, -1, -1, 0, 0, 1, 30.0, 0},
     /* head_dim_v != head_dim: (192, 128), (128, 64), (256, 128), (64, 128). */
     {2, 77, 93, 4, 2, 192, 128, B16, 1, 0, -1, -1, 0, 0, 0, 0, 0},
     {2, 50, 65, 4, 4, 128, 64, F16, 0, 0, -1, -1, 0, 0, 0, 0, 0},

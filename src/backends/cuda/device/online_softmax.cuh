@@ -103,6 +103,15 @@ __device__ __forceinline__ void alibi_scores_one_side(float (&S)[kNT][4], const 
     }
 }
 
+// The row offsets of alibi_scores_one_side alone, for a caller whose S holds the per-column part
+// s*c already (FA2's gemm_qk ramp, one slope for both rows).
+__device__ __forceinline__ void alibi_shift_one_side(const int (&rdiag)[2], const float (&slope)[2], int col0,
+                                                     float (&shift)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+        shift[h] = (col0 < rdiag[h] ? slope[h] : -slope[h]) * static_cast<float>(col0 - rdiag[h]);
+}
+
 // One online-softmax step: the new running max per row, alpha = exp2((m_old - m_new) * sl2) for
 // the caller's rescale of O, P = exp2(S*sl2 - m_new*sl2) packed to 16 bits as m16k16 A fragments
 // (n8 tiles 2k and 2k+1 form fragment k: no data movement), and the running sums. A row with

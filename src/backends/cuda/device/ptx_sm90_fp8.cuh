@@ -143,5 +143,22 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
 #endif
 }
 
+// A shared store of v0, v1 under a predicate that is false at run time (`never`), placed just
+// before a wgmma_wait: ptxas keeps shared-memory accesses in program order with the wgmma wait, so
+// whatever computes v0 and v1 is scheduled ahead of the wait. Without it ptxas put the wait
+// (WARPGROUP.DEPBAR) first in its basic block, ahead of computation that does not need it (the
+// FP8 kernel's softmax, under a P V it should overlap). Costs one predicated-off instruction;
+// `addr` must be a harmless shared word in case `never` is ever true.
+__device__ __forceinline__ void order_before_wgmma_wait(float v0, float v1, bool never, uint32_t addr) {
+#if FLASHATTN_SM90A_BODY
+    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %0, 0;\n\t@q st.shared.v2.f32 [%1], {%2, %3};\n\t}" ::"r"(
+                     static_cast<uint32_t>(never)),
+                 "r"(addr), "f"(v0), "f"(v1)
+                 : "memory");
+#else
+    (void)v0; (void)v1; (void)never; (void)addr; FLASHATTN_SM90A_TRAP();
+#endif
+}
+
 }  // namespace cuda
 }  // namespace flashattn

@@ -12,9 +12,12 @@
 // length (cu_seqlens), LSE, split-KV (fp32 partials into the workspace + fa2_merge.cu), seqused_k,
 // top-left causal, sink logits (joined after the key loop). In the kVariants instantiation: ALiBi
 // (general form in the edge-tile body, for the tiles that cross a row's diagonal; one FFMA per
-// score plus a softmax row offset in a third body elsewhere), sink tokens (their tiles walked
-// after the window's, in the same pipeline, with GEMMs bounded to the sink keys), head_dim_v != head_dim (V's columns past it load as zeros). A paged K/V cache is the one template
-// flag (kPaged): its per-tile page lookup, as a runtime test, cost the contiguous kernels spills.
+// score plus a softmax row offset in a third body elsewhere; at head dims 32 and 96 without
+// pack-GQA the per-column part is what S starts from, the first k-step's C operand), sink tokens
+// (their tiles walked after the window's, in the same pipeline, with GEMMs bounded to the sink
+// keys), head_dim_v != head_dim (V's columns past it load as zeros). A paged K/V cache is the one
+// template flag (kPaged): its per-tile page lookup, as a runtime test, cost the contiguous kernels
+// spills.
 //
 // This file only assembles the roles: CTA -> work (fa2_tile_scheduler.cuh), the sequence's offsets
 // and visible key tiles, the shared-memory layout and ldmatrix lane bases, then the main loop and

@@ -20,9 +20,14 @@ namespace fa2 {
 // k_f/k_h: lane bases of the current K buffer.
 // kBounded: only the first np_end 16-key chunks of the tile (a sink-token tile's sink keys,
 // np_end warp-uniform); the other scores stay 0 for the caller's mask.
-template <class Tr, class E, bool kBounded = false>
-__device__ __forceinline__ void gemm_qk(float (&S)[Tr::kMT][Tr::kNT][4], uint32_t q_f,
-                                        uint32_t q_h, uint32_t k_f, uint32_t k_h, int np_end = 0) {
+// kRamp: S = ramp*c + Q K^T, c = 8*nt + e the score's column in the tile less the thread's 2t
+// (FA2's one-sided ALiBi tiles with one slope per CTA, fwd_key_tile). The ramp is what S starts
+// from instead of zero, so it is the first k-step's C operand: two values per n8 tile, the same
+// for every m16 tile and both row halves (ptxas builds each n8 tile's C quad once, with 2 FMULs
+// and 2 MOVs, and reuses it as the last m16 tile's D).
+template <class Tr, class E, bool kBounded = false, bool kRamp = false>
+__device__ __forceinline__ void gemm_qk(float (&S)[Tr::kMT][Tr::kNT][4], uint32_t q_f, uint32_t q_h,
+                                        uint32_t k_f, uint32_t k_h, int np_end = 0, float ramp = 0.f) {
     using QT = typename Tr::QTile;
     using KT = typename Tr::KVTile;
 #pragma unroll
@@ -30,7 +35,7 @@ __device__ __forceinline__ void gemm_qk(float (&S)[Tr::kMT][Tr::kNT][4], uint32_
 #pragma unroll
         for (int nt = 0; nt < Tr::kNT; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) S[mt][nt][e] = 0.f;
+            for (int e = 0; e < 4; ++e) S[mt][nt][e] = kRamp ? ramp * static_cast<float>(8 * nt + (e & 1)) : 0.f;
 #pragma unroll
     for (int ks = 0; ks < Tr::kKS; ++ks) {
         uint32_t qa[Tr::kMT][4];

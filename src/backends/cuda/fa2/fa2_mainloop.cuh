@@ -553,6 +553,30 @@ __device__ __forceinline__ void wait_k_load_next(const Params &p, const FwdLoopA
     }
 }
 
+// The ALiBi ramp (gemm_qk's kRamp) where it saves work and registers allow it. Its kNT*4 FMULs
+// and MOVs per tile are shared by the warp's kMT m16 tiles, so with one m16 tile per warp (the
+// small tiles, head dims >= 160) they would cost what the per-score FFMAs do. Of the two-m16-tile
+// kVariants kernels (ptxas, CUDA 13.0, sm_90; docs/kernel-notes.md): head dims 32 and 96 take it
+// with no spill; at 128 it spilled one more value of the walk (8 -> 16-byte stack, a third local
+// load per key tile), at 64 (the 128 x 128 tile) 64 -> 104 bytes: those keep the FFMAs.
+template <class Tr>
+constexpr bool kAlibiRamp = Tr::kMT > 1 && (Tr::kD == 32 || Tr::kD == 96);
+
+// Whether a one-sided ALiBi tile takes its column bias as gemm_qk's ramp: one slope for all of the
+// CTA's rows (no pack-GQA, whose rows interleave heads) and no soft cap (the ramp enters S before
+// the cap; the bias belongs after it). Read from the parameters where used, so that the walk keeps
+// no register for it.
+__device__ __forceinline__ bool alibi_ramp_on(const Params &p) { return p.pack == 1 && p.softcap_scale == 0.f; }
+
+// The CTA's ALiBi slope in score units for the ramp (0 where alibi_ramp_on does not hold), staged
+// in shared memory by fwd_mainloop before the walk's first barrier and read at each tile: loaded
+// from global memory there, or kept in a register across the walk, it made the head dim 128
+// kVariants kernel spill more of the walk's values (ptxas, CUDA 13.0).
+__device__ __forceinline__ float &alibi_ramp_slope() {
+    __shared__ float slope;
+    return slope;
+}
+
 // One K/V tile nb, the it-th of the walk. kMasked: an edge tile that needs the element mask (a
 // separate copy of the body, so the steady state carries no mask code or registers); row_diag(mt,
 // h) is then the query position + (sk - sq) of this thread's row half h of m16 tile mt. It is the
@@ -564,8 +588,13 @@ __device__ __forceinline__ void wait_k_load_next(const Params &p, const FwdLoopA
 // partial): they are loaded with kAllRows.
 // next: the walk's next tile (has_next_tile).
 // kAlibi (kVariants, not kMasked): an ALiBi tile wholly on one side of every row's diagonal
-// (AlibiBand): the bias as one FFMA per score and a row offset to the softmax
-// (cuda::alibi_scores_one_side), in a third copy of the body so that the other two stay as they are.
+// (AlibiBand): the bias as a per-column part and a row offset to the softmax
+// (cuda::alibi_scores_one_side, softmax_step_shifted), in a third copy of the body so that the
+// other two stay as they are. The column part is one FFMA per score, or, where one slope holds
+// for all of the CTA's rows (alibi_ramp_on) and the warp has several m16 tiles (kAlibiRamp),
+// gemm_qk's ramp (the first k-step's C operand). Both forms share this body (a branch on a kernel
+// parameter): a fourth copy for the ramp alone spilled more. alibi_left: the tile lies left of
+// every row's diagonal (else right of every one).
 // kSink (kVariants, kMasked): a sink-token tile, whose only visible keys are sink keys: the GEMMs
 // stop after the 16-key chunks that hold them (a whole tile's GEMMs for 4 sink keys cost FA2 a
 // key tile per query tile).
@@ -574,7 +603,8 @@ template <class Tr, class E, bool kPaged, bool kVariants, bool kMasked, class Ro
 __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs &a, const int nb,
                                              const int it, const int next, float (&O)[Tr::kMT][Tr::kDT][4],
                                              float (&row_max)[Tr::kMT][2], float (&row_sum)[Tr::kMT][2],
-                                             const RowDiag &row_diag, const RowHead &row_head) {
+                                             const RowDiag &row_diag, const RowHead &row_head,
+                                             bool alibi_left = false) {
     constexpr int kBN = Tr::kBN, kMT = Tr::kMT, kNT = Tr::kNT, kDT = Tr::kDT;
     uint32_t st_off = Tr::kStages == 2 ? (it & 1) * 2 * Tr::kKVBytes : 0;
     if constexpr (Tr::kStages == 2) {
@@ -615,7 +645,10 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
     uint32_t P[kMT][Tr::kVS][4];
     if (a.warp_active || Tr::kEarlyK) {
         float S[kMT][kNT][4];
-        if (a.warp_active) gemm_qk<Tr, E, kSink>(S, a.q_f, a.q_h, a.k_f0 + st_off, a.k_h0 + st_off, sink_chunks);
+        constexpr bool kRamp = kAlibi && kAlibiRamp<Tr>;
+        if (a.warp_active)
+            gemm_qk<Tr, E, kSink, kRamp>(S, a.q_f, a.q_h, a.k_f0 + st_off, a.k_h0 + st_off, sink_chunks,
+                                         kRamp ? (alibi_left ? alibi_ramp_slope() : -alibi_ramp_slope()) : 0.f);
         if constexpr (Tr::kEarlyK) {
             wait_v_load_next_k<Tr, kPaged, kVariants>(p, a, a.s_kv, nb, next);
             if (!a.warp_active) return;
@@ -652,7 +685,10 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
                     rdiag[h] = row_diag(mt, h);
                     slope[h] = p.alibi_slopes[row_head(mt, h)] * p.alibi_to_score;
                 }
-                cuda::alibi_scores_one_side(S[mt], rdiag, slope, nb * kBN + 2 * a.t, shift);
+                if (kRamp && alibi_ramp_on(p))
+                    cuda::alibi_shift_one_side(rdiag, slope, nb * kBN + 2 * a.t, shift);
+                else
+                    cuda::alibi_scores_one_side(S[mt], rdiag, slope, nb * kBN + 2 * a.t, shift);
                 cuda::softmax_step_shifted<E>(S[mt], row_max[mt], row_sum[mt], a.sl2, P[mt], alpha, shift);
             } else {
                 cuda::softmax_step<E>(S[mt], row_max[mt], row_sum[mt], a.sl2, P[mt], alpha);
@@ -734,6 +770,11 @@ __device__ __forceinline__ void fwd_mainloop(const Params &p, const FwdLoopArgs 
         }
     } else {
         const bool window = nb_last >= a.nb_first;
+        if constexpr (kAlibiRamp<Tr>) {
+            // (published by the first tile's barrier; one query head when alibi_ramp_on holds)
+            if (band.on && a.tid == 0)
+                alibi_ramp_slope() = alibi_ramp_on(p) ? p.alibi_slopes[a.hbase] * p.alibi_to_score : 0.f;
+        }
         load_first_tiles<Tr, E, kPaged, kVariants>(p, a, window ? nb_last : s_last);
         int it = 0;
         for (int nb = window ? nb_last : s_last; nb >= 0; ++it) {
@@ -746,8 +787,8 @@ __device__ __forceinline__ void fwd_mainloop(const Params &p, const FwdLoopArgs 
                 fwd_key_tile<Tr, E, kPaged, kVariants, true>(p, a, nb, it, next, O, row_max, row_sum, row_diag,
                                                              row_head);
             else if (band.on)
-                fwd_key_tile<Tr, E, kPaged, kVariants, false, RowDiag, RowHead, true>(p, a, nb, it, next, O, row_max,
-                                                                                      row_sum, row_diag, row_head);
+                fwd_key_tile<Tr, E, kPaged, kVariants, false, RowDiag, RowHead, true>(
+                    p, a, nb, it, next, O, row_max, row_sum, row_diag, row_head, nb < band.lo);
             else
                 fwd_key_tile<Tr, E, kPaged, kVariants, false>(p, a, nb, it, next, O, row_max, row_sum, row_diag,
                                                               row_head);

@@ -61,6 +61,12 @@
 #ifndef FLASHATTN_FP8_LAZY_RESCALE
 #define FLASHATTN_FP8_LAZY_RESCALE true
 #endif
+#ifndef FLASHATTN_FP8_MAX_SLACK
+#define FLASHATTN_FP8_MAX_SLACK 0.75f
+#endif
+#ifndef FLASHATTN_FP8_ORDER_SOFTMAX
+#define FLASHATTN_FP8_ORDER_SOFTMAX false
+#endif
 #ifndef FLASHATTN_FP8_BLOCK_N_64
 #define FLASHATTN_FP8_BLOCK_N_64 256
 #endif
@@ -74,6 +80,14 @@ namespace fa3 {
 constexpr int kTransposeWarps = 3;      // warps 1..3 of the producer warpgroup
 constexpr float kPScaleLog2 = 8.f;      // P is stored times 2^8 = 256 before the E4M3 cast
 constexpr float kInvPScale = 1.f / 256.f;
+// kFp8MaxSlack: how far (log2 units) a key tile's row max may exceed the row's running max before
+// the running max moves (softmax_exp_fp8). Below it the row keeps the old max, so alpha is exactly
+// 1 and O *= alpha is skipped (kFp8LazyRescale) in most tiles of a long row, where only a new
+// max above the running one by any amount skipped nothing. Any max is exact for the softmax (P,
+// the row sums and the LSE all use the same one); the bound is E4M3's range: P is at most
+// 2^(kPScaleLog2 + slack) = 256 x 2^0.75 = 431 < 448, so the satfinite cast never clips.
+constexpr float kFp8MaxSlack = FLASHATTN_FP8_MAX_SLACK;
+static_assert(kFp8MaxSlack >= 0.f && kPScaleLog2 + kFp8MaxSlack <= 8.78f, "P must stay below E4M3's 448 = 2^8.807");
 
 // Speed knobs (docs/kernel-notes.md, "FP8 (E4M3) forward": each was measured against the form
 // without it on the H200; see there which are kept and why).
@@ -92,8 +106,23 @@ constexpr int kFp8ConsumerRegs =
 static_assert(setmaxnreg_split_fits(kFp8ProducerRegs, kFp8ConsumerRegs), "FP8 register split exceeds the launch's");
 static_assert(kFp8ConsumerRegs >= 232 && kFp8ConsumerRegs <= 256, "register split of the FP8 kernel");
 // kFp8LazyRescale: O *= alpha only when some row of the warp moved its max (alpha == 1 exactly
-// otherwise: exp2 of 0), a warp-uniform branch; head dim 128 only (rescale_o_fp8).
+// otherwise: exp2 of 0), a warp-uniform branch (rescale_o_fp8); with kFp8MaxSlack most tiles of a
+// long row keep their max.
 constexpr bool kFp8LazyRescale = FLASHATTN_FP8_LAZY_RESCALE;
+// Whether O (kN registers per thread) gets the lazy rescale: head dims 64 and 128, and 256 (128
+// registers) with the max slack (-Xptxas -v, 2026-12-03: 0 spill, no C75xx; without the slack
+// the vote spills 4 bytes there, and it skipped too few tiles to pay).
+constexpr bool fp8_lazy_rescale(int kN) { return kFp8LazyRescale && (kN <= 64 || kFp8MaxSlack > 0.f); }
+// kFp8OrderSoftmax: the overlapped forms' softmax scheduled ahead of the wait for the P V it runs
+// under (order_before_wgmma_wait, consumer_mainloop_fp8), where ptxas had put that wait first.
+// Off: measured on the H200 (docs/performance.md, "stop 24, lead, call 4", one round, with the max
+// slack) at 0.84-0.91x at head dim 64 and 0.98-1.06x at 128. On, it also gives head dims 64 and 128
+// the max slack (fp8_slack_form), the form that call measured: the A/B of both is this one knob.
+constexpr bool kFp8OrderSoftmax = FLASHATTN_FP8_ORDER_SOFTMAX;
+// The max slack and the exactly-1 alpha (softmax_exp_fp8<true>): head dim 256, where they turn the
+// lazy rescale on and measured 1.02-1.19x (same call); 64 and 128 keep their form unless
+// kFp8OrderSoftmax (above): there the slack was measured only together with the ordering.
+constexpr bool fp8_slack_form(int kD) { return kFp8MaxSlack > 0.f && (kD == 256 || kFp8OrderSoftmax); }
 // kFp8PrefetchS: head dim 128 issues S_{i+1} = Q K_{i+1}^T together with P_{i-1} V before the
 // softmax of S_i (two S register sets, one P set), so the tensor cores have a whole tile's GEMMs
 // under each softmax instead of P V alone (without a soft cap; capped plans keep overlapped_tiles).
@@ -414,7 +443,7 @@ __device__ __forceinline__ void issue_pv_fp8(float (&O)[Tr::kD / 2], const uint3
 // folded into the exp2 offset; row_sum sums the scaled values): S is overwritten with the scaled
 // fp32 P. pack_p_fp8 then packs it to E4M3 A fragments in the permuted key order of
 // pack_p_fragment.
-template <int kNT>
+template <bool kSlack, int kNT>
 __device__ __forceinline__ void softmax_exp_fp8(float (&S)[kNT][4], float (&row_max)[2], float (&row_sum)[2],
                                                 float sl2, float (&alpha)[2]) {
 #pragma unroll
@@ -424,9 +453,21 @@ __device__ __forceinline__ void softmax_exp_fp8(float (&S)[kNT][4], float (&row_
         for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(S[nt][2 * h], S[nt][2 * h + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float ms = mx == -INFINITY ? 0.f : mx * sl2;
+        // kSlack (fp8_slack_form; the caller's O gets the lazy rescale): the scaled maxima as two separately
+        // rounded products (__fmul_rn: not contracted into an FFMA with the subtraction below),
+        // so that alpha is exp2(0) = 1 exactly when the max stays; contracted, alpha was exp2 of
+        // the product's rounding residual, which need not be 1, and O was rescaled although no
+        // max had moved. (Only there: at head dim 256 without the lazy rescale the extra live
+        // product spilled 20 bytes.)
+        const float ms_old = kSlack ? __fmul_rn(row_max[h], sl2) : 0.f;
+        // With kSlack the max moves only when the tile's exceeds it by more than kFp8MaxSlack (log2
+        // units): otherwise alpha is exactly 1 and the lazy rescale skips O *= alpha. (A row with
+        // no max yet takes the tile's; the four threads of a row decide alike on the same values.)
+        if (kSlack && kFp8MaxSlack > 0.f && row_max[h] != -INFINITY && fmaf(mx, sl2, -ms_old) <= kFp8MaxSlack)
+            mx = row_max[h];
+        const float ms = mx == -INFINITY ? 0.f : kSlack ? __fmul_rn(mx, sl2) : mx * sl2;
         // (-inf * sl2 is NaN when a descale is 0, so a row with no key yet gets alpha = 0 by test.)
-        alpha[h] = row_max[h] == -INFINITY ? 0.f : cuda::fast_exp2(row_max[h] * sl2 - ms);
+        alpha[h] = row_max[h] == -INFINITY ? 0.f : cuda::fast_exp2(kSlack ? ms_old - ms : row_max[h] * sl2 - ms);
         row_max[h] = mx;
         const float offset = kPScaleLog2 - ms;
         float rs = 0.f;
@@ -449,10 +490,10 @@ __device__ __forceinline__ void pack_p_fp8(float (&S)[kNT][4], uint32_t (&P)[kNT
     for (int t = 0; t < kNT / 4; ++t) cuda::pack_p_fragment(flat, t, 1.f, P[t]);
 }
 
-template <int kNT>
+template <bool kSlack, int kNT>
 __device__ __forceinline__ void softmax_step_fp8(float (&S)[kNT][4], float (&row_max)[2], float (&row_sum)[2],
                                                  float sl2, uint32_t (&P)[kNT / 4][4], float (&alpha)[2]) {
-    softmax_exp_fp8(S, row_max, row_sum, sl2, alpha);
+    softmax_exp_fp8<kSlack>(S, row_max, row_sum, sl2, alpha);
     pack_p_fp8(S, P);
 }
 
@@ -460,8 +501,7 @@ __device__ __forceinline__ void softmax_step_fp8(float (&S)[kNT][4], float (&row
 // some row of the warp has alpha != 1 (a row whose max did not move has alpha exactly 1).
 template <int kN>
 __device__ __forceinline__ void rescale_o_fp8(float (&O)[kN], const float (&alpha)[2]) {
-    // (Head dim 128 only: at 256 with kFp8OverlapWide the vote's registers made ptxas spill.)
-    if constexpr (kFp8LazyRescale && kN <= 64) {
+    if constexpr (fp8_lazy_rescale(kN)) {
         if (!__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) return;
     }
 #pragma unroll
@@ -497,6 +537,13 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
     // A tile wider than 128 keys (kFp8TileN) takes the one-P form too (S 96+ registers).
     constexpr bool kOverlap = kD <= 128 && kBN == 128;
     constexpr bool kOverlapOneP = !kOverlap && kFp8OverlapWide;
+    // The exact alpha and the max slack (fp8_slack_form) only pay where the lazy rescale skips
+    // O *= alpha.
+    constexpr bool kSlack = fp8_slack_form(kD) && fp8_lazy_rescale(kD / 2);
+    // Head dims 64 and 128 with the lazy rescale: at 256 the softmax's registers beside O (128),
+    // S (64) and P (16) in flight spilled (20 bytes; 8 with one row half ordered), and at 128
+    // without the lazy rescale ptxas serialized the wgmmas (C7512).
+    constexpr bool kOrderSoftmax = kFp8OrderSoftmax && kD <= 128 && kSlack;
     const uint32_t s_base = cuda::smem_addr(smem);
     const uint64_t dq = cuda::make_desc_sw128(s_base + 64 * w * 128);
     const uint64_t dk = cuda::make_desc_sw128(s_base + Tr::kKOffset);
@@ -504,6 +551,17 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
 
     const int r0 = pipe.kv;
     const int n_tiles = c.kt.last - c.kt.first + 1;
+    // The softmax of the overlapped forms ahead of the wait for the P V it runs under (see
+    // order_before_wgmma_wait: ptxas moved that wait ahead of the whole softmax, SASS of
+    // 2026-12-03, so the softmax ran after P V, not under it). The row sums depend on every
+    // exponential; seqlen_q is never negative; the store's target, were it ever taken, is a word
+    // of the barrier block past Fp8Barriers. Where kOrderSoftmax (above).
+    static_assert(sizeof(Fp8Barriers) + 8 <= 512, "scratch word of the barrier block");
+    auto softmax_before_wait = [&]() {
+        if constexpr (kOrderSoftmax)
+            cuda::order_before_wgmma_wait(row_sum[0], row_sum[1], p.seqlen_q < 0,
+                                          s_base + static_cast<uint32_t>(Tr::kBarOffset + 512));
+    };
     auto step = [&](int i, uint32_t (&P)[kKS][4], uint32_t (&P_next)[kKS][4]) {
         const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
         float S[kNT][4];
@@ -519,7 +577,8 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
         if (i == n_tiles - 1) release(&bars->ring.q_empty, lane);
         score_mods_fp8<Tr>(p, c, S, c.kt.last - i, rdiag0, t, cap_scale);
         float alpha[2];
-        softmax_step_fp8(S, row_max, row_sum, sl2, P_next, alpha);
+        softmax_step_fp8<kSlack>(S, row_max, row_sum, sl2, P_next, alpha);
+        softmax_before_wait();
         cuda::wgmma_wait<0>();
         cuda::fence_operands(O);
         release(&bars->vt_empty[vs], lane);
@@ -554,7 +613,7 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
             if (i == n_tiles - 1) release(&bars->ring.q_empty, lane);
             score_mods_fp8<Tr>(p, c, S, c.kt.last - i, rdiag0, t, cap_scale);
             float alpha[2];
-            softmax_step_fp8(S, row_max, row_sum, sl2, P, alpha);  // alpha 0 on the first tile: O is 0
+            softmax_step_fp8<kSlack>(S, row_max, row_sum, sl2, P, alpha);  // alpha 0 on the first tile: O is 0
             rescale_o_fp8(O, alpha);
             cuda::mbar_wait(&bars->vt_full[st], ph);
             take_turn(w);
@@ -581,7 +640,7 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
             if (n_tiles == 1) release(&bars->ring.q_empty, lane);
             score_mods_fp8<Tr>(p, c, S, c.kt.last, rdiag0, t, cap_scale);
             float alpha[2];
-            softmax_step_fp8(S, row_max, row_sum, sl2, P0, alpha);
+            softmax_step_fp8<kSlack>(S, row_max, row_sum, sl2, P0, alpha);
         }
         int i = 1;
         for (; i + 1 < n_tiles; i += 2) {
@@ -613,7 +672,8 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
         if (i == n_tiles - 1) release(&bars->ring.q_empty, lane);
         score_mods_fp8<Tr, false>(p, c, S, c.kt.last - i, rdiag0, t, cap_scale);
         float alpha[2];
-        softmax_exp_fp8(S, row_max, row_sum, sl2, alpha);
+        softmax_exp_fp8<kSlack>(S, row_max, row_sum, sl2, alpha);
+        softmax_before_wait();
         cuda::wgmma_wait<0>();
         cuda::fence_operands(O);
         release(&bars->vt_empty[vs], lane);
@@ -635,7 +695,7 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
             if (n_tiles == 1) release(&bars->ring.q_empty, lane);
             score_mods_fp8<Tr, false>(p, c, S, c.kt.last, rdiag0, t, cap_scale);
             float alpha[2];
-            softmax_step_fp8(S, row_max, row_sum, sl2, P, alpha);  // O is 0: no rescale
+            softmax_step_fp8<kSlack>(S, row_max, row_sum, sl2, P, alpha);  // O is 0: no rescale
         }
 #pragma unroll 1
         for (int i = 1; i < n_tiles; ++i) step_one_p(i, P);
@@ -657,7 +717,8 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
         release(&bars->ring.k_empty[ks], lane);
         score_mods_fp8<Tr, false>(p, c, Sc, c.kt.last - i, rdiag0, t, cap_scale);
         float alpha[2];
-        softmax_exp_fp8(Sc, row_max, row_sum, sl2, alpha);
+        softmax_exp_fp8<kSlack>(Sc, row_max, row_sum, sl2, alpha);
+        softmax_before_wait();
         cuda::wgmma_wait<1>();  // P_{i-1} V
         cuda::fence_operands(O);
         release(&bars->vt_empty[vs], lane);
@@ -677,7 +738,8 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
         release(&bars->ring.q_empty, lane);
         score_mods_fp8<Tr, false>(p, c, Sc, c.kt.last - i, rdiag0, t, cap_scale);
         float alpha[2];
-        softmax_exp_fp8(Sc, row_max, row_sum, sl2, alpha);
+        softmax_exp_fp8<kSlack>(Sc, row_max, row_sum, sl2, alpha);
+        softmax_before_wait();
         cuda::wgmma_wait<0>();  // P_{i-1} V
         cuda::fence_operands(O);
         release(&bars->vt_empty[vs], lane);
@@ -700,7 +762,7 @@ __device__ __forceinline__ void consumer_mainloop_fp8(const Params &p, const Til
             release(&bars->ring.k_empty[k0], lane);
             score_mods_fp8<Tr, false>(p, c, Sa, c.kt.last, rdiag0, t, cap_scale);
             float alpha[2];
-            softmax_step_fp8(Sa, row_max, row_sum, sl2, P, alpha);  // O is 0: no rescale
+            softmax_step_fp8<kSlack>(Sa, row_max, row_sum, sl2, P, alpha);  // O is 0: no rescale
         }
         int i = 1;  // S_i of odd i is in Sb, of even i in Sa
 #pragma unroll 1
