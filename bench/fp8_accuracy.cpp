@@ -20,9 +20,16 @@
 // --emulate 1 adds an emulation (in double, no library call) of a kernel that also rounds P to
 // E4M3, with and without FA3's multiplication of P by a power of two before the cast.
 //
+// --breakdown 1 prints instead which rounding of an FP8 kernel costs what (breakdown below): Q, K,
+// V, P to E4M3 each alone and together, for (b) and (c), then the choices the issue leaves open
+// on (c): descales per --block N tokens (default 128), the P scale, the row sum, the max. It runs
+// on --rows query rows per head (default 256) against their fp64 reference, so seqlen 4k is cheap;
+// --seeds N pools the inputs of N seeds from --seed on.
+//
 // --speed-grid 64,128,256 runs only the performance grid of the issue on FA3 (speed_grid below).
 //
 // Usage: flashattn-fp8-accuracy [--speed-grid D,D..] [--backend cpu|fa3] [--fp8-backend cpu|fa3] [--reference 0|1] [--seqlen N] [--heads H] [--dim D] [--seed S] [--emulate 0|1]
+//        [--breakdown 0|1 [--rows R] [--block N] [--seeds N]]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -368,6 +375,183 @@ double emulate_kernel(const Shape &s, bool per_head, bool hadamard, double p_sca
     return std::sqrt(sum / static_cast<double>(ref.size()));
 }
 
+// --breakdown: what each rounding of an FP8 kernel costs, alone and together (issue 17's bar:
+// (c) <= 0.5 x (b)). One configuration of roundings is a Rounding; emulate_rows runs it in double
+// on `rows` query rows per head (evenly spaced; the inputs are iid, so a sample of rows estimates
+// the RMSE of all of them at seq/rows the cost) against the fp64 reference of the same rows.
+struct Rounding {
+    const char *name;
+    bool q = false, k = false, v = false, p = false;  // which operands go through E4M3
+    bool hadamard = false;       // Q and K rotated (one seed) before they are quantized
+    int64_t group = -1;          // descale group: -1 the tensor, 0 (sequence, head), N > 0 N tokens of a head
+    double p_scale = 256;        // P multiplied by it before the cast and divided after (FA3: 256)
+    bool l_rounded = false;      // row sum of the rounded P (the kernel: of the fp32 P)
+    bool final_max = false;      // P against the row's final max (the kernel: the running max, 128-key tiles)
+    double max_slack = 0.75;     // the running max moves only past max + slack, log2 units (main's kernel)
+    bool rotate_v = false;       // V rotated too and O rotated back (outside the issue's definition)
+};
+
+// x [seq, heads, dim] quantized to E4M3 and dequantized, one descale (amax / 448, in fp32) per group.
+std::vector<double> fake_quant(const Shape &s, const std::vector<double> &x, int64_t group) {
+    const int64_t block = group > 0 ? group : s.seq;
+    auto gid = [&](int64_t t, int64_t h) { return group < 0 ? 0 : (t / block) * s.heads + h; };
+    std::vector<double> amax(static_cast<size_t>((s.seq + block - 1) / block * s.heads), 0.0);
+    for (int64_t t = 0; t < s.seq; ++t)
+        for (int64_t h = 0; h < s.heads; ++h)
+            for (int64_t c = 0; c < s.dim; ++c) {
+                double &a = amax[static_cast<size_t>(gid(t, h))];
+                a = std::max(a, std::fabs(x[static_cast<size_t>((t * s.heads + h) * s.dim + c)]));
+            }
+    std::vector<double> y(x.size());
+    for (int64_t t = 0; t < s.seq; ++t)
+        for (int64_t h = 0; h < s.heads; ++h) {
+            const double a = amax[static_cast<size_t>(gid(t, h))];
+            const double d = a > 0 ? static_cast<float>(a / 448.0) : 1.0;
+            for (int64_t c = 0; c < s.dim; ++c) {
+                const size_t i = static_cast<size_t>((t * s.heads + h) * s.dim + c);
+                y[i] = e4m3_value(to_e4m3(x[i] / d)) * d;
+            }
+        }
+    return y;
+}
+
+// O of `rows` query rows per head ([heads][rows][dim]) under the roundings of r (all off: the fp64
+// reference, O not rounded; otherwise O rounded to bf16 as the kernel stores it).
+std::vector<double> emulate_rows(const Shape &s, const Rounding &r, int64_t rows, const std::vector<double> &q,
+                                 const std::vector<double> &k, const std::vector<double> &v) {
+    const bool exact = !r.q && !r.k && !r.v && !r.p;
+    const std::vector<double> qr = r.hadamard ? rotated(s, q, 2024) : q, kr = r.hadamard ? rotated(s, k, 2024) : k;
+    const std::vector<double> vr = r.rotate_v ? rotated(s, v, 2025) : v;
+    const std::vector<double> qx = r.q ? fake_quant(s, qr, r.group) : qr, kx = r.k ? fake_quant(s, kr, r.group) : kr;
+    const std::vector<double> vx = r.v ? fake_quant(s, vr, r.group) : vr;
+    std::vector<double> rot;  // rows of the V rotation R (row c = e_c R), to take O R back to O
+    if (r.rotate_v) {
+        std::vector<double> eye(static_cast<size_t>(s.dim * s.dim), 0.0);
+        for (int64_t c = 0; c < s.dim; ++c) eye[static_cast<size_t>(c * s.dim + c)] = 1.0;
+        rot = rotated(Shape{s.dim, 1, s.dim}, eye, 2025);
+    }
+    const double scale = 1.0 / std::sqrt(static_cast<double>(s.dim));
+    const int64_t tile = 128;
+    std::vector<double> out(static_cast<size_t>(s.heads * rows * s.dim)), sc(static_cast<size_t>(s.seq)),
+        o(static_cast<size_t>(s.dim));
+    auto at = [&](const std::vector<double> &x, int64_t t, int64_t h) { return &x[static_cast<size_t>((t * s.heads + h) * s.dim)]; };
+    for (int64_t h = 0; h < s.heads; ++h)
+        for (int64_t n = 0; n < rows; ++n) {
+            const int64_t i = n * s.seq / rows;
+            const double *qi = at(qx, i, h);
+            double m = -INFINITY;
+            for (int64_t j = 0; j < s.seq; ++j) {
+                const double *kj = at(kx, j, h);
+                double dot = 0;
+                for (int64_t c = 0; c < s.dim; ++c) dot += qi[c] * kj[c];
+                sc[static_cast<size_t>(j)] = dot * scale;
+                m = std::max(m, dot * scale);
+            }
+            std::fill(o.begin(), o.end(), 0.0);
+            double l = 0, run = r.final_max ? m : -INFINITY;
+            for (int64_t j0 = 0; j0 < s.seq; j0 += tile) {
+                const int64_t j1 = std::min(s.seq, j0 + tile);
+                double tile_max = -INFINITY;
+                for (int64_t j = j0; j < j1; ++j) tile_max = std::max(tile_max, sc[static_cast<size_t>(j)]);
+                if (tile_max > run + r.max_slack * std::log(2.0)) run = tile_max;
+                const double back = std::exp(run - m);  // the kernel's later rescaling by alpha, exact here
+                for (int64_t j = j0; j < j1; ++j) {
+                    const double e = std::exp(sc[static_cast<size_t>(j)] - run);
+                    const double pe = r.p ? e4m3_value(to_e4m3(e * r.p_scale)) / r.p_scale : e;
+                    l += (r.l_rounded ? pe : e) * back;
+                    const double *vj = at(vx, j, h);
+                    for (int64_t c = 0; c < s.dim; ++c) o[static_cast<size_t>(c)] += pe * back * vj[c];
+                }
+            }
+            double *dst = &out[static_cast<size_t>((h * rows + n) * s.dim)];
+            for (int64_t c = 0; c < s.dim; ++c) {
+                double y = 0;
+                if (r.rotate_v)
+                    for (int64_t e = 0; e < s.dim; ++e) y += o[static_cast<size_t>(e)] * rot[static_cast<size_t>(c * s.dim + e)];
+                else
+                    y = o[static_cast<size_t>(c)];
+                dst[c] = exact ? y / l : bf16_value(to_bf16(static_cast<float>(y / l)));
+            }
+        }
+    return out;
+}
+
+double rmse_rows(const std::vector<double> &o, const std::vector<double> &ref) {
+    double sum = 0;
+    for (size_t i = 0; i < ref.size(); ++i) sum += (o[i] - ref[i]) * (o[i] - ref[i]);
+    return std::sqrt(sum / static_cast<double>(ref.size()));
+}
+
+// The table: (b) per-tensor and (c) per-head + Hadamard, each rounding alone and together, then the
+// choices the issue leaves open applied to (c) (descale blocks of `block` tokens, the P scale, the
+// row sum, the max P is taken against) and one outside it (V rotated too). RMSE and the ratio to
+// (b) with every rounding (the kernel's (b)). With seeds > 1 the inputs of seeds seed, seed + 1, ..
+// are pooled (one RMSE over all their rows; the ratio of one seed swings with its few outliers
+// that Q and K share a channel with) and each seed's (c) / (b) of the kernel follows the table.
+int breakdown(const Shape &s, uint64_t seed, int64_t seeds, int64_t rows, int64_t block) {
+    rows = std::min(rows, s.seq);
+    auto make = [](const char *name, bool c, bool rq, bool rk, bool rv, bool rp) {
+        Rounding r{name};
+        r.q = rq, r.k = rk, r.v = rv, r.p = rp;
+        r.hadamard = c, r.group = c ? 0 : -1;
+        return r;
+    };
+    std::vector<Rounding> cases;
+    for (const bool c : {false, true}) {
+        cases.push_back(make(c ? "(c) Q alone" : "(b) Q alone", c, true, false, false, false));
+        cases.push_back(make(c ? "(c) K alone" : "(b) K alone", c, false, true, false, false));
+        cases.push_back(make(c ? "(c) V alone" : "(b) V alone", c, false, false, true, false));
+        cases.push_back(make(c ? "(c) P alone (x256)" : "(b) P alone (x256)", c, false, false, false, true));
+        cases.push_back(make(c ? "(c) Q, K" : "(b) Q, K", c, true, true, false, false));
+        cases.push_back(make(c ? "(c) Q, K, V (the CPU backend's FP8)" : "(b) Q, K, V (the CPU backend's FP8)", c, true, true, true, false));
+        cases.push_back(make(c ? "(c) Q, K, P (all but V)" : "(b) Q, K, P (all but V)", c, true, true, false, true));
+        cases.push_back(make(c ? "(c) Q, K, V, P (the kernel)" : "(b) Q, K, V, P (the kernel)", c, true, true, true, true));
+    }
+    const size_t b_kernel = 7, c_kernel = 15;  // the last case of each loop: every rounding
+    const Rounding kernel_c = cases.back();
+    auto variant = [&](const char *name, const std::function<void(Rounding &)> &f) {
+        Rounding r = kernel_c;
+        r.name = name;
+        f(r);
+        cases.push_back(r);
+    };
+    static char block_name[64];
+    std::snprintf(block_name, sizeof block_name, "(c) kernel, descales per %lld tokens", (long long)block);
+    variant(block_name, [&](Rounding &r) { r.group = block; });
+    variant("(c) kernel, per-head, no Hadamard", [](Rounding &r) { r.hadamard = false; });
+    variant("(c) kernel, per-tensor + Hadamard", [](Rounding &r) { r.group = -1; });
+    variant("(c) kernel, P x 1", [](Rounding &r) { r.p_scale = 1; });
+    variant("(c) kernel, P x 448, no slack (max to E4M3's top)", [](Rounding &r) { r.p_scale = 448, r.max_slack = 0; });
+    variant("(c) kernel, P x 2^-4 (into the subnormals)", [](Rounding &r) { r.p_scale = 1.0 / 16; });
+    variant("(c) kernel, row sum of the rounded P", [](Rounding &r) { r.l_rounded = true; });
+    variant("(c) kernel, P against the final row max", [](Rounding &r) { r.final_max = true; });
+    variant("(c) kernel, no max slack (P <= 256)", [](Rounding &r) { r.max_slack = 0; });
+    variant("(c) kernel + V rotated, O rotated back (not the issue's)", [](Rounding &r) { r.rotate_v = true; });
+    std::printf("FP8 rounding breakdown: 1 x %lld tokens x %lld heads x dim %lld, seed %llu", (long long)s.seq,
+                (long long)s.heads, (long long)s.dim, (unsigned long long)seed);
+    if (seeds > 1) std::printf("..%llu pooled", (unsigned long long)(seed + seeds - 1));
+    std::printf(", %lld query rows per head; N(0,1) with 0.1%% N(0,10), non-causal; RMSE of O vs fp64\n", (long long)rows);
+    std::vector<double> mse(cases.size(), 0.0), ratio;  // mean square error over the seeds; (c) / (b) per seed
+    for (int64_t r = 0; r < seeds; ++r) {
+        std::mt19937_64 rng(seed + static_cast<uint64_t>(r));
+        const std::vector<double> q = outlier_normal(s, rng), k = outlier_normal(s, rng), v = outlier_normal(s, rng);
+        const std::vector<double> ref = emulate_rows(s, Rounding{"reference"}, rows, q, k, v);
+        std::vector<double> err(cases.size());
+        for (size_t n = 0; n < cases.size(); ++n) err[n] = rmse_rows(emulate_rows(s, cases[n], rows, q, k, v), ref);
+        for (size_t n = 0; n < cases.size(); ++n) mse[n] += err[n] * err[n] / static_cast<double>(seeds);
+        ratio.push_back(err[c_kernel] / err[b_kernel]);
+    }
+    std::printf("| case | RMSE | / (b) kernel |\n|---|---|---|\n");
+    for (size_t n = 0; n < cases.size(); ++n)
+        std::printf("| %s | %.3e | %.3f |\n", cases[n].name, std::sqrt(mse[n]), std::sqrt(mse[n] / mse[b_kernel]));
+    if (seeds > 1) {
+        std::printf("(c) / (b) of the kernel per seed:");
+        for (const double x : ratio) std::printf(" %.3f", x);
+        std::printf("\n");
+    }
+    return 0;
+}
+
 #ifdef FLASHATTN_BENCH_WITH_CUDA
 // Seconds since the epoch (the system clock, as nvidia-smi's log timestamps).
 double wall_seconds() {
@@ -475,7 +659,8 @@ int main(int argc, char **argv) {
     Shape s;
     uint64_t seed = 17;
     flashattn_backend_t bf16_backend = FLASHATTN_BACKEND_CPU, fp8_backend = FLASHATTN_BACKEND_CPU;
-    bool emulate = false, with_reference = true;
+    bool emulate = false, with_reference = true, by_rounding = false;
+    int64_t rows = 256, block = 128, seeds = 1;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string key = argv[i];
         const long long value = std::atoll(argv[i + 1]);
@@ -484,6 +669,10 @@ int main(int argc, char **argv) {
         else if (key == "--dim") s.dim = value;
         else if (key == "--seed") seed = static_cast<uint64_t>(value);
         else if (key == "--emulate") emulate = value != 0;
+        else if (key == "--breakdown") by_rounding = value != 0;
+        else if (key == "--rows") rows = value;
+        else if (key == "--block") block = value;
+        else if (key == "--seeds") seeds = value;
         else if (key == "--reference") with_reference = value != 0;
         else if (key == "--fp8-backend") fp8_backend = std::string(argv[i + 1]) == "fa3" ? FLASHATTN_BACKEND_FA3 : FLASHATTN_BACKEND_CPU;
         else if (key == "--speed-grid") {  // a comma-separated list of head dims
@@ -513,6 +702,7 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
+    if (by_rounding) return breakdown(s, seed, std::max<int64_t>(seeds, 1), std::max<int64_t>(rows, 1), std::max<int64_t>(block, 1));
     std::mt19937_64 rng(seed);
     const std::vector<double> q = outlier_normal(s, rng), k = outlier_normal(s, rng), v = outlier_normal(s, rng);
     const std::vector<double> ref = with_reference ? reference(s, q, k, v) : std::vector<double>(q.size(), 0.0);
