@@ -209,7 +209,8 @@ cudaError_t launch_merge_states(const MergeParams &p, MergeInput in, bool bf16_o
 // b * seqlen_q (fixed length) or packed (varlen: one "batch" of total_rows rows). One CTA of 8
 // warps per (row, head): every warp reduces the split LSEs (one load per lane and 32 splits),
 // then warp w sums splits w, w + 8, ... four at a time (their 16-byte loads in flight together),
-// and warp 0 adds the eight sums in a fixed order. The first version, one warp walking every
+// and warp 0 adds the eight sums in a fixed order; each warp's first four partials are loaded
+// together with the LSEs. The first version, one warp walking every
 // split in turn, was a chain of dependent L2 round trips: 21 µs of a 51 µs decode step at b 1 /
 // 32k keys (29 splits, ncu). Same rules as merge_kernel for -inf rows, NaN and empty splits.
 namespace {
@@ -235,6 +236,16 @@ __global__ void __launch_bounds__(kCombineWarps * 32) split_combine_kernel(const
     const int row = blockIdx.x, head = blockIdx.y, b = blockIdx.z;
     cuda::pdl_wait();  // the partials come from the attention kernel just before
     const int S = p.splits;
+    const int c = lane * 8;
+    const bool col_ok = c < p.head_dim;
+    const float *po = p.o_part + b * p.p_bs + row * p.p_rs + head * p.p_hs + c;
+    // This warp's first kCombineBatch partials go out with the LSEs (one round trip instead of an
+    // LSE round trip and then the partials'): read whatever the split wrote or not, and used only
+    // where its weight is not 0 (an empty split's partial is unwritten).
+    Raw8<float> first[kCombineBatch];
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j)
+        if (warp + kCombineWarps * j < S && col_ok) load_raw8<float>(po, (warp + kCombineWarps * j) * p.o_split, first[j]);
     const float *ls = p.lse_part + b * p.l_bs + head * p.l_hs + row;
     float x[4];  // LSE of split lane + 32 i
 #pragma unroll
@@ -257,9 +268,6 @@ __global__ void __launch_bounds__(kCombineWarps * 32) split_combine_kernel(const
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     const float lse = nan ? NAN : sum == 0.f ? -INFINITY : mx + logf(sum);
 
-    const int c = lane * 8;
-    const bool col_ok = c < p.head_dim;
-    const float *po = p.o_part + b * p.p_bs + row * p.p_rs + head * p.p_hs + c;
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (!nan && lse != -INFINITY) {
 #pragma unroll
@@ -271,11 +279,15 @@ __global__ void __launch_bounds__(kCombineWarps * 32) split_combine_kernel(const
                 const int k = k0 + j, s = warp + kCombineWarps * k;  // s / 32 == k / 4, s % 32 below
                 const float lse_s = __shfl_sync(0xffffffffu, x[k / 4], warp + kCombineWarps * (k % 4));
                 w[j] = s < S ? expf(lse_s - lse) : 0.f;
-                // w == 0: an empty split's partial is unwritten, so it is not read at all.
+                // w == 0: an empty split's partial is unwritten: its values (the first batch reads them) are not used.
                 if (w[j] != 0.f && col_ok) {
-                    Raw8<float> raw;
-                    load_raw8<float>(po, s * p.o_split, raw);
-                    to_float8<float>(raw, v[j]);
+                    if (k0 == 0) {
+                        to_float8<float>(first[j], v[j]);
+                    } else {
+                        Raw8<float> raw;
+                        load_raw8<float>(po, s * p.o_split, raw);
+                        to_float8<float>(raw, v[j]);
+                    }
                 } else {
 #pragma unroll
                     for (int e = 0; e < 8; ++e) v[j][e] = 0.f;
