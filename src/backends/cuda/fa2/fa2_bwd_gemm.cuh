@@ -229,10 +229,18 @@ __device__ __forceinline__ void gemm_ds_k(float (&acc)[Tr::kQMT][2][4], const ui
 }
 
 // Whether the dQ GEMM runs k-step outer (gemm_ds_k_span): its accumulators for the whole column
-// span take no more registers than the dS rows that the column-group-outer form keeps live.
+// span take no more registers than the dS rows that the column-group-outer form keeps live, and
+// the head dim is one where it measured a gain. Stop 24 shipped it for head dims <= 128: d64
+// +6-8 %, d128 -0.5 % (stop 24's changes were measured together; this form is the one specific
+// to head dims <= 128). Head dims 65..128 (the 64 x 128 tile) take the column-group-outer form
+// again until an A/B says otherwise; -DFLASHATTN_FA2_BWD_DQ_SPAN_D128=1 restores stop 24's choice.
+#ifndef FLASHATTN_FA2_BWD_DQ_SPAN_D128
+#define FLASHATTN_FA2_BWD_DQ_SPAN_D128 0
+#endif
 template <class Tr>
 constexpr bool dq_span_outer() {
-    return Tr::kQGroups * Tr::kQMT * 8 <= Tr::kQMT * (Tr::kBN / 16) * 4;
+    return Tr::kQGroups * Tr::kQMT * 8 <= Tr::kQMT * (Tr::kBN / 16) * 4 &&
+           (Tr::kD <= 64 || FLASHATTN_FA2_BWD_DQ_SPAN_D128 != 0);
 }
 
 // acc[j] = dS K over this warp's whole column span, k-step outer: each k-step loads its kQMT dS
