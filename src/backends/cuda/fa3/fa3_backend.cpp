@@ -16,6 +16,7 @@
 #include "backends/cuda/fa3/fa3_config.h"
 #include "backends/cuda/fa3/fa3_fp8_params.h"
 #include "backends/cuda/fa3/fa3_params.h"
+#include "backends/cuda/fa3/fa3_schedule.h"
 #include "backends/cuda/host/cuda_host.h"
 #include "backends/cuda/host/tensor_args.h"
 #include "backends/cuda/host/tensor_map.h"
@@ -203,23 +204,6 @@ int test_cta_limit() {
     return limit;
 }
 
-// Causal L2 sections: as many (query head, sequence) pairs as have their K and V (seqlen_k x
-// head_dim, shared by a GQA group) in half the L2, but enough for 12 rounds of the persistent grid:
-// the heaviest-first dealing balances the CTAs only over several rounds (with one or two rounds
-// per section, hdim 256 causal at 16k lost 40%). At least one pair, at most all of them.
-int causal_section(const Problem &p, int64_t l2_bytes, int num_ctas) {
-    const int64_t pairs = p.heads_q * p.batch;
-    const int64_t m_blocks = (p.seqlen_q + fa3::kBlockM - 1) / fa3::kBlockM;
-    const int64_t elem_bytes = p.fp8() ? 1 : 2;  // K and V: E4M3 or 16-bit
-    const int64_t kv_per_pair = std::max<int64_t>(1, p.seqlen_k * p.head_dim * elem_bytes * 2 / p.group_size());
-    const int64_t budget = l2_bytes > 0 ? l2_bytes / 2 : (int64_t(16) << 20);
-    const int64_t for_l2 = std::max<int64_t>(1, budget / kv_per_pair);
-    const int64_t for_balance = (int64_t(12) * num_ctas + m_blocks - 1) / std::max<int64_t>(1, m_blocks);
-    const int64_t section = std::min<int64_t>({pairs, std::max(for_l2, for_balance),
-                                               static_cast<int64_t>(test_cta_limit())});
-    return static_cast<int>(std::max<int64_t>(1, section));
-}
-
 flashattn_status_t fa3_make_plan(const Problem &p, const DeviceInfo &dev, std::unique_ptr<BackendPlan> *out) {
     auto plan = std::make_unique<Fa3Plan>();
     if (p.fp8()) {  // the E4M3 kernel (fa3_fp8_kernel.cuh)
@@ -228,7 +212,7 @@ flashattn_status_t fa3_make_plan(const Problem &p, const DeviceInfo &dev, std::u
         const int block_n = kd == 64 ? fa3::fp8_block_n_hdim64() : kd == 128 ? fa3::fp8_block_n_hdim128() : fa3::fp8_block_n_hdim256();
         plan->cfg = fa3::TileConfig{kd, block_n};  // (block_n: the K / V boxes' rows)
         plan->num_ctas = std::max(1, std::min(dev.sm_count, test_cta_limit()));
-        plan->section = causal_section(p, dev.l2_bytes, plan->num_ctas);
+        plan->section = fa3::causal_section(p, dev.l2_bytes, plan->num_ctas, block_n, test_cta_limit());
         *out = std::move(plan);
         return FLASHATTN_SUCCESS;
     }
@@ -239,7 +223,7 @@ flashattn_status_t fa3_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     plan->cfg = fa3::config_for(kernel->head_dim, kernel->head_dim_v);
     plan->launch = kernel->launch;
     plan->num_ctas = std::max(1, std::min(dev.sm_count, test_cta_limit()));  // one persistent CTA per SM at most
-    plan->section = causal_section(p, dev.l2_bytes, plan->num_ctas);
+    plan->section = fa3::causal_section(p, dev.l2_bytes, plan->num_ctas, plan->cfg.block_n, test_cta_limit());
     if (fa3_backward_unsupported_reason(p, dev).empty()) plan->backward = fa3::plan_backward(p, &plan->backward_workspace);
     if (p.serving.rotary_dim > 0) plan->rotated_q = plan->workspace.add("fa3 rotated queries", rotated_q_bytes(p));
     *out = std::move(plan);
