@@ -188,12 +188,22 @@ bool paged_tma_plan(const Problem &p, const DeviceInfo &dev, const Variant &v) {
     return env == nullptr || std::strcmp(env, "0") != 0;
 }
 
+// FLASHATTN_FA2_PDL=0 launches the kernels after an execute's first as ordinary stream-ordered
+// ones (a developer's knob for A/B runs of the decode step's fixed costs). Read once.
+bool pdl_allowed() {
+    static const bool allowed = [] {
+        const char *env = std::getenv("FLASHATTN_FA2_PDL");
+        return env == nullptr || std::strcmp(env, "0") != 0;
+    }();
+    return allowed;
+}
+
 flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::unique_ptr<BackendPlan> *out) {
     auto plan = std::make_unique<Fa2Plan>();
     plan->variant = variant_for(p, dev.smem_per_block_optin);
     plan->launch = compiled_for(plan->variant.cfg.head_dim).launch;  // a small tile may be a wider head dim
     plan->num_splits = choose_splits(p, plan->variant, dev.sm_count);
-    plan->pdl = dev.cc_major >= 9;
+    plan->pdl = dev.cc_major >= 9 && pdl_allowed();
     plan->paged_tma = paged_tma_plan(p, dev, plan->variant);
     if (plan->num_splits > 1) add_split_slices(p, plan.get());
     if (p.serving.rotary_dim > 0)
