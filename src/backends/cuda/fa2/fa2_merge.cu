@@ -6,7 +6,10 @@
 // 16-byte loads once and O written once: the kernel is bandwidth-bound. Rows -inf in every partial get O = 0 and LSE = -inf. A NaN
 // partial LSE (a NaN reached the row in that partial) makes the row's O and LSE NaN: fmaxf would
 // drop it, and a row NaN in every partial then came out as a fully masked one.
+#include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include <cuda_fp16.h>
@@ -223,6 +226,8 @@ struct SplitCombineParams {
     float *lse = nullptr;
     int64_t o_bs = 0, o_rs = 0, o_hs = 0, lse_bs = 0, lse_hs = 0;
     int32_t splits = 0, head_dim = 0;
+    int64_t rows = 0;  // the grid's extents: rows x heads x batch (rows) of the warp kernel
+    int32_t heads = 0, batch = 0;
 };
 
 constexpr int kCombineWarps = 8;
@@ -329,6 +334,82 @@ __global__ void __launch_bounds__(kCombineWarps * 32) split_combine_kernel(const
     if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_bs + head * p.lse_hs + row] = lse;
 }
 
+// At most kWarpSplits splits (b 8 decode on 132 SMs takes 4): one warp per (row, head), its lanes
+// holding every partial's 8 columns and one split's LSE each, all loaded in one round trip; no
+// shared memory and no CTA barrier, and kWarpCombineWarps rows per CTA of 128 threads (~12K
+// registers), small enough to be resident beside two decode attention CTAs (46K registers) when
+// the PDL wait releases it (the CTA-per-row kernel's 256 CTAs of 256 threads at b 8 fit one per
+// SM there, so half of them could launch only as attention CTAs exited). Same rules for -inf
+// rows, NaN and empty splits as split_combine_kernel; the sum runs in split order.
+constexpr int kWarpSplits = 8;
+constexpr int kWarpCombineWarps = 4;
+
+template <class Out>
+__global__ void __launch_bounds__(kWarpCombineWarps * 32) split_combine_warp_kernel(const __grid_constant__ SplitCombineParams p) {
+    const int lane = threadIdx.x & 31;
+    const int64_t unit = static_cast<int64_t>(blockIdx.x) * kWarpCombineWarps + (threadIdx.x >> 5);
+    cuda::pdl_wait();  // the partials come from the attention kernel just before
+    if (unit >= p.rows * p.heads * p.batch) return;
+    const int64_t row = unit % p.rows;
+    const int64_t head = unit / p.rows % p.heads, b = unit / (p.rows * p.heads);
+    const int S = p.splits;
+    const int c = lane * 8;
+    const bool col_ok = c < p.head_dim;
+    const float *po = p.o_part + b * p.p_bs + row * p.p_rs + head * p.p_hs + c;
+    Raw8<float> part[kWarpSplits];
+#pragma unroll
+    for (int s = 0; s < kWarpSplits; ++s) {
+        if (s < S && col_ok)
+            load_raw8<float>(po, s * p.o_split, part[s]);
+        else
+            zero_raw8<float>(part[s]);
+    }
+    const float x = lane < S ? p.lse_part[b * p.l_bs + head * p.l_hs + row + lane * p.l_split] : -INFINITY;
+    const bool nan = __any_sync(0xffffffffu, x != x);
+    float mx = x;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = mx != -INFINITY ? expf(x - mx) : 0.f;  // expf(-inf) = 0 for the lanes past S
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float lse = nan ? NAN : sum == 0.f ? -INFINITY : mx + logf(sum);
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (!nan && lse != -INFINITY) {
+#pragma unroll
+        for (int s = 0; s < kWarpSplits; ++s) {
+            if (s >= S) break;  // uniform
+            const float w = expf(__shfl_sync(0xffffffffu, x, s) - lse);
+            // w == 0: an empty split's partial is unwritten: selected away, never multiplied.
+            float v[8];
+            to_float8<float>(part[s], v);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[e] = w != 0.f ? fmaf(w, v[e], acc[e]) : acc[e];
+        }
+    } else if (nan) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = NAN;
+    }
+    if (col_ok) {
+        uint4 u;
+        u.x = cuda::pack2<Out>(acc[0], acc[1]);
+        u.y = cuda::pack2<Out>(acc[2], acc[3]);
+        u.z = cuda::pack2<Out>(acc[4], acc[5]);
+        u.w = cuda::pack2<Out>(acc[6], acc[7]);
+        cuda::st_global_v4(static_cast<uint16_t *>(p.o) + b * p.o_bs + row * p.o_rs + head * p.o_hs + c, u);
+    }
+    if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_bs + head * p.lse_hs + row] = lse;
+}
+
+// FLASHATTN_FA2_WARP_COMBINE=0 keeps the CTA-per-row combine at every split count (a developer's
+// knob for A/B runs). Read once.
+bool warp_combine_allowed() {
+    static const bool allowed = [] {
+        const char *env = std::getenv("FLASHATTN_FA2_WARP_COMBINE");
+        return env == nullptr || std::strcmp(env, "0") != 0;
+    }();
+    return allowed;
+}
+
 }  // namespace
 
 cudaError_t launch_merge(const Params &p, bool bf16, bool pdl, cudaStream_t stream) {
@@ -354,9 +435,17 @@ cudaError_t launch_merge(const Params &p, bool bf16, bool pdl, cudaStream_t stre
     m.lse_bs = varlen ? 0 : static_cast<int64_t>(p.heads_q) * p.seqlen_q;
     m.lse_hs = varlen ? p.total_rows : p.seqlen_q;
     const int64_t rows = varlen ? p.total_rows : p.seqlen_q;
-    const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(p.heads_q),
-                    static_cast<unsigned>(varlen ? 1 : p.batch));
+    m.rows = rows;
+    m.heads = p.heads_q;
+    m.batch = varlen ? 1 : p.batch;
+    const int64_t warp_ctas = (rows * m.heads * m.batch + kWarpCombineWarps - 1) / kWarpCombineWarps;
+    if (p.num_splits <= kWarpSplits && warp_ctas <= INT_MAX && warp_combine_allowed()) {
+        const dim3 grid(static_cast<unsigned>(warp_ctas)), block(kWarpCombineWarps * 32);
+        return bf16 ? cuda::launch_kernel(pdl, split_combine_warp_kernel<cuda::Bf16>, grid, block, 0, stream, m)
+                    : cuda::launch_kernel(pdl, split_combine_warp_kernel<cuda::Fp16>, grid, block, 0, stream, m);
+    }
     const dim3 block(kCombineWarps * 32);
+    const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(p.heads_q), static_cast<unsigned>(m.batch));
     return bf16 ? cuda::launch_kernel(pdl, split_combine_kernel<cuda::Bf16>, grid, block, 0, stream, m)
                 : cuda::launch_kernel(pdl, split_combine_kernel<cuda::Fp16>, grid, block, 0, stream, m);
 }
