@@ -234,6 +234,22 @@ constexpr int kCombineWarps = 8;
 constexpr int kCombineBatch = 4;  // partial rows each warp has in flight
 static_assert(kMaxMergePartials <= 4 * 32 && kMaxMergePartials <= kCombineWarps * 16, "the combine's split bound");
 
+// A combined row: the lane's 8 columns of O (when they are within the head dim) and, from one
+// lane, the row's LSE.
+template <class Out>
+__device__ __forceinline__ void store_combined_row(const SplitCombineParams &p, int64_t b, int64_t row, int64_t head,
+                                                   int c, bool col_ok, const float (&o)[8], bool lse_lane, float lse) {
+    if (col_ok) {
+        uint4 u;
+        u.x = cuda::pack2<Out>(o[0], o[1]);
+        u.y = cuda::pack2<Out>(o[2], o[3]);
+        u.z = cuda::pack2<Out>(o[4], o[5]);
+        u.w = cuda::pack2<Out>(o[6], o[7]);
+        cuda::st_global_v4(static_cast<uint16_t *>(p.o) + b * p.o_bs + row * p.o_rs + head * p.o_hs + c, u);
+    }
+    if (lse_lane && p.lse != nullptr) p.lse[b * p.lse_bs + head * p.lse_hs + row] = lse;
+}
+
 template <class Out>
 __global__ void __launch_bounds__(kCombineWarps * 32) split_combine_kernel(const __grid_constant__ SplitCombineParams p) {
     __shared__ float4 sums[kCombineWarps][32][2];
@@ -323,15 +339,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) split_combine_kernel(const
     if (nan)
 #pragma unroll
         for (int e = 0; e < 8; ++e) out[e] = NAN;
-    if (col_ok) {
-        uint4 u;
-        u.x = cuda::pack2<Out>(out[0], out[1]);
-        u.y = cuda::pack2<Out>(out[2], out[3]);
-        u.z = cuda::pack2<Out>(out[4], out[5]);
-        u.w = cuda::pack2<Out>(out[6], out[7]);
-        cuda::st_global_v4(static_cast<uint16_t *>(p.o) + b * p.o_bs + row * p.o_rs + head * p.o_hs + c, u);
-    }
-    if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_bs + head * p.lse_hs + row] = lse;
+    store_combined_row<Out>(p, b, row, head, c, col_ok, out, lane == 0, lse);
 }
 
 // At most kWarpSplits splits (b 8 decode on 132 SMs takes 4): one warp per (row, head), its lanes
@@ -389,15 +397,7 @@ __global__ void __launch_bounds__(kWarpCombineWarps * 32) split_combine_warp_ker
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] = NAN;
     }
-    if (col_ok) {
-        uint4 u;
-        u.x = cuda::pack2<Out>(acc[0], acc[1]);
-        u.y = cuda::pack2<Out>(acc[2], acc[3]);
-        u.z = cuda::pack2<Out>(acc[4], acc[5]);
-        u.w = cuda::pack2<Out>(acc[6], acc[7]);
-        cuda::st_global_v4(static_cast<uint16_t *>(p.o) + b * p.o_bs + row * p.o_rs + head * p.o_hs + c, u);
-    }
-    if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_bs + head * p.lse_hs + row] = lse;
+    store_combined_row<Out>(p, b, row, head, c, col_ok, acc, lane == 0, lse);
 }
 
 // FLASHATTN_FA2_WARP_COMBINE=0 keeps the CTA-per-row combine at every split count (a developer's
