@@ -67,8 +67,21 @@ std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev)
     return std::string();
 }
 
+// The default mode's grid order: key blocks fastest with rotated query walks, so that the CTAs
+// resident at once share a few pairs' Q, dO and dQ rows in L2 without adding into the same dQ
+// rows at the same moment (stop 22: keys fastest alone, with an unrelated change, lost; heads
+// fastest gave every resident CTA a pair of its own, 2 MB each at d 128 / 2k, over the L2).
+// FLASHATTN_FA3_BWD_ORDER=0/1/2 picks one (a developer's knob for A/B runs). Read at finalize.
+int default_grid_order() {
+    const char *knob = std::getenv("FLASHATTN_FA3_BWD_ORDER");
+    if (knob != nullptr && (std::string(knob) == "0" || std::string(knob) == "1" || std::string(knob) == "2"))
+        return knob[0] - '0';
+    return kKeysRotated;
+}
+
 BwdPlan plan_backward(const Problem &p, WorkspaceLayout *ws) {
     BwdPlan plan;
+    plan.grid_order = p.deterministic ? kHeadsFastest : default_grid_order();
     plan.head_dim = compiled_for(p.head_dim).head_dim;
     plan.launch = compiled_for(p.head_dim).launch;
     static_cast<BwdSlices &>(plan) =
@@ -86,6 +99,7 @@ flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const Wor
 
     BwdParams k;
     fill_backward_args(p, t, ws, plan, &k);
+    k.grid_order = plan.grid_order;
 
     const bool bf16 = p.dtype == FLASHATTN_DTYPE_BF16;
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);

@@ -19,6 +19,7 @@ namespace fa3 {
 struct BwdPlan : BwdSlices {
     int head_dim = 0;    // the compiled head dim that runs the problem (fa3_head_dims.h)
     LaunchBwd launch = nullptr;
+    int grid_order = 0;  // BwdGridOrder of the default mode (fa3_bwd_params.h)
 };
 
 // Empty when the FA3 backward kernels can run `p` on `dev` (the forward's own conditions, TMA

@@ -211,6 +211,7 @@ struct BwdBlock {
     int b, kvh, nb, n0, sq, sk, off;
     int64_t q_row0, k_row0;
     int mb_first, nmb;
+    int rot = 0;  // kKeysRotated: the walk's first query block within [0, nmb)
     unsigned char *smem;
     BwdBarriers *bars;
 };
@@ -221,7 +222,15 @@ struct BwdStep {
 };
 __device__ __forceinline__ BwdStep bwd_step(const BwdParams &p, const BwdBlock &a, int s) {
     const int gi = s / a.nmb;
-    return BwdStep{a.kvh * p.group + gi, (a.mb_first + s - gi * a.nmb) * kBwdBM};
+    int m = s - gi * a.nmb + a.rot;
+    if (m >= a.nmb) m -= a.nmb;
+    return BwdStep{a.kvh * p.group + gi, (a.mb_first + m) * kBwdBM};
+}
+
+// kKeysRotated: key block nb of nkb starts its walk nb / nkb of the way through its nmb query
+// blocks, so that the key blocks of one pair resident together add into different dQ rows.
+__device__ __forceinline__ int walk_rotation(const BwdParams &p, int nb, int nkb, int nmb) {
+    return p.grid_order == kKeysRotated && nkb > 0 ? static_cast<int>(static_cast<int64_t>(nb) * nmb / nkb) : 0;
 }
 
 // Ring position of step s: buffer and the parity of its barriers' phase.
@@ -640,16 +649,28 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams &p, const BwdBlock &
     }
 }
 
-// The CTA's key block (grid: kv heads x batch fastest, key blocks slowest) with its sequence's
-// lengths and diagonal, and the shared-memory base both kernels lay their tiles from.
+// Key blocks of the longest sequence: the grid is kv heads x batch x these (launch_bwd_kernel).
+template <class Tr>
+__host__ __device__ constexpr int bwd_key_blocks(const BwdParams &p) {
+    return static_cast<int>((static_cast<int64_t>(p.seqlen_k) + Tr::kBN - 1) / Tr::kBN);
+}
+
+// The CTA's key block with its sequence's lengths and diagonal, and the shared-memory base both
+// kernels lay their tiles from. Grid order (p.grid_order): kv heads x batch fastest (the
+// deterministic mode: a key block's predecessor in the dQ turn order is an earlier wave's CTA, as
+// in the FA2 backward), or key blocks fastest (the default mode). Both enumerate the same blocks;
+// a block past its sequence's keys (variable length: the grid covers the longest) exits at once.
 template <class Tr>
 __device__ __forceinline__ BwdBlock key_block(const BwdParams &p, unsigned char *smem_raw) {
     // SW128 tiles need 1024-byte alignment; the dynamic base is not guaranteed to have it.
     unsigned char *smem = reinterpret_cast<unsigned char *>(
         (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
-    const int hb = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.heads_kv * p.batch));
+    const unsigned nkb = static_cast<unsigned>(bwd_key_blocks<Tr>(p));
+    const unsigned nhb = static_cast<unsigned>(p.heads_kv * p.batch);
+    const bool keys_fastest = p.grid_order != kHeadsFastest;
+    const int hb = static_cast<int>(keys_fastest ? blockIdx.x / nkb : blockIdx.x % nhb);
     BwdBlock a;
-    a.nb = static_cast<int>(blockIdx.x / static_cast<unsigned>(p.heads_kv * p.batch));
+    a.nb = static_cast<int>(keys_fastest ? blockIdx.x % nkb : blockIdx.x / nhb);
     a.kvh = hb % p.heads_kv;
     a.b = hb / p.heads_kv;
     const cuda::SeqInfo si = cuda::seq_info(p, a.b);
@@ -723,6 +744,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     if (rows.lo <= rows.hi) {
         a.mb_first = static_cast<int>(rows.lo / kBwdBM);
         a.nmb = static_cast<int>(rows.hi / kBwdBM) - a.mb_first + 1;
+        if constexpr (!kDet) a.rot = walk_rotation(p, a.nb, bwd_key_blocks<Tr>(p), a.nmb);
         const int nsteps = p.group * a.nmb;
         if (threadIdx.x == 0) load_k_v<Tr>(p, &tm_k, &tm_v, a);
         // Prologue: the first kStages - 1 steps (fresh buffers: no release to wait for).
@@ -947,8 +969,7 @@ cudaError_t launch_bwd_kernel(const BwdParams &p, const BwdMaps &maps, cudaStrea
     static unsigned long long optin_done = 0;  // one per instantiation
     cudaError_t e = cuda::ensure_smem_optin(kernel, kSmem, &optin_done);
     if (e != cudaSuccess) return e;
-    const int64_t nkb = (static_cast<int64_t>(p.seqlen_k) + Tr::kBN - 1) / Tr::kBN;
-    const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(p.heads_kv) * p.batch * nkb));
+    const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(p.heads_kv) * p.batch * bwd_key_blocks<Tr>(p)));
     kernel<<<grid, kThreadsPerCta, kSmem, stream>>>(maps.q, maps.k, maps.v, maps.dout, p);
     return cudaSuccess;
 }

@@ -24,10 +24,19 @@
 namespace flashattn {
 namespace fa3 {
 
-// The shared backward arguments (host/bwd_args.h, the fields device/bwd_prep.cuh reads); FA3 adds
-// none (sem_blocks counts query blocks of kBwdBM rows; the dQ adds of one query block take turns
-// in deterministic mode: fa3_bwd_kernel.cuh).
-struct BwdParams : BwdTensorArgs {};
+// The default mode's grid orders (fa3_bwd_kernel.cuh, key_block and bwd_step).
+enum BwdGridOrder : int32_t {
+    kHeadsFastest = 0,   // kv heads x sequences fastest, key blocks slowest (the deterministic kernels' order)
+    kKeysFastest = 1,    // key blocks fastest: the CTAs resident at once cover few (kv head, sequence) pairs
+    kKeysRotated = 2,    // keys fastest, each key block's query walk starting at its own rotated block
+};
+
+// The shared backward arguments (host/bwd_args.h, the fields device/bwd_prep.cuh reads), and the
+// grid order (sem_blocks counts query blocks of kBwdBM rows; the dQ adds of one query block take
+// turns in deterministic mode: fa3_bwd_kernel.cuh).
+struct BwdParams : BwdTensorArgs {
+    int32_t grid_order = kHeadsFastest;  // BwdGridOrder; kHeadsFastest in deterministic mode
+};
 
 // TMA descriptors: rank 4 {head_dim, rows, heads, batch} like the forward's, 64-column boxes of
 // kBwdBM rows (Q, dO) or bwd_block_n rows (K, V), 128-byte swizzle.
