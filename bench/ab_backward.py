@@ -25,20 +25,22 @@ import compare_torch as ct  # noqa: E402
 
 
 def lib_backward(bench, lib, gen, q, k, v, do, causal, dtype, deterministic, tile_form):
-    """(bwd ms, (dq, dk, dv)) or (None, reason). tile_form: FLASHATTN_FA2_BWD_TILE while planning."""
+    """(bwd ms, (dq, dk, dv)) or (None, reason). tile_form: FLASHATTN_FA2_BWD_TILE while planning,
+    or VAR=value: that environment variable while planning (a knob the plan reads at finalize)."""
     torch = bench.torch
     b, s, h, d = q.shape
-    old = os.environ.pop("FLASHATTN_FA2_BWD_TILE", None)
+    var, value = tile_form.split("=", 1) if "=" in tile_form else ("FLASHATTN_FA2_BWD_TILE", tile_form)
+    old = os.environ.pop(var, None)
     if tile_form:
-        os.environ["FLASHATTN_FA2_BWD_TILE"] = tile_form
+        os.environ[var] = value
     try:
         handle, ws_f, ws_b = bt.lib_plan(lib, gen, b, s, h, d, dtype, causal, deterministic)
     except ct.FlashAttnError as e:
         return None, ("n/a: " if e.status == ct.NOT_SUPPORTED else "ERR: ") + str(e)
     finally:
-        os.environ.pop("FLASHATTN_FA2_BWD_TILE", None)
+        os.environ.pop(var, None)
         if old is not None:
-            os.environ["FLASHATTN_FA2_BWD_TILE"] = old
+            os.environ[var] = old
     c = lib.lib
     try:
         o = torch.empty_like(q)
@@ -73,7 +75,8 @@ def main():
     ap.add_argument("--m", help="optional library M (an intermediate tree): a column between A and B")
     ap.add_argument("--gen", default="fa2")
     ap.add_argument("--deterministic", action="store_true", help="also time both libraries' deterministic mode")
-    ap.add_argument("--tile-forms", default="", help="comma list of FLASHATTN_FA2_BWD_TILE values: extra B columns")
+    ap.add_argument("--tile-forms", default="", help="comma list of FLASHATTN_FA2_BWD_TILE values, or of VAR=value "
+                    "settings of a knob the plan reads at finalize: extra B columns")
     ct.add_grid_args(ap, hdim="64,128,256", seqlen="2048,8192", warmup=2, reps=5, rounds=3)
     ap.add_argument("--markdown")
     args = ap.parse_args()
