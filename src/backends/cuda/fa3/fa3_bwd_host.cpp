@@ -70,21 +70,21 @@ std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev)
 // The default mode's grid order. Key blocks fastest (with rotated query walks) lets the CTAs
 // resident at once share a few pairs' Q, dO and dQ rows in L2, where heads fastest gives each a
 // pair of its own (2 MB at d 128 / 2k; stop 22's ncu: L2 hit 46 %). Measured on the H200 (stop 26,
-// performance.md "stop 26, lead, call 4"): d 64 / 128 at 2k keys 1.04-1.28x, at 8k 0.94-1.00x
-// (keys fastest without the rotation alike), so it is taken up to 2k keys at the head dims
-// measured; elsewhere heads fastest as before. FLASHATTN_FA3_BWD_ORDER=0/1/2 forces one (a
-// developer's knob for A/B runs). Read at finalize.
-int default_grid_order(const Problem &p, int head_dim) {
+// performance.md "stop 26, lead", calls 4-5): at 2k keys 1.04-1.28x at d 64 / 128 and 1.33-1.51x
+// at d 256, at 8k 0.93-1.00x (keys fastest without the rotation, or in groups of pairs dealt heads
+// fastest, alike), so it is taken up to 2k keys; longer keys keep heads fastest.
+// FLASHATTN_FA3_BWD_ORDER=0/1/2 forces one (a developer's knob for A/B runs). Read at finalize.
+int default_grid_order(const Problem &p) {
     const char *knob = std::getenv("FLASHATTN_FA3_BWD_ORDER");
     if (knob != nullptr && (std::string(knob) == "0" || std::string(knob) == "1" || std::string(knob) == "2"))
         return knob[0] - '0';
-    return head_dim <= 128 && p.seqlen_k <= 2048 ? kKeysRotated : kHeadsFastest;
+    return p.seqlen_k <= 2048 ? kKeysRotated : kHeadsFastest;
 }
 
 BwdPlan plan_backward(const Problem &p, WorkspaceLayout *ws) {
     BwdPlan plan;
     plan.head_dim = compiled_for(p.head_dim).head_dim;
-    plan.grid_order = p.deterministic ? kHeadsFastest : default_grid_order(p, plan.head_dim);
+    plan.grid_order = p.deterministic ? kHeadsFastest : default_grid_order(p);
     plan.launch = compiled_for(p.head_dim).launch;
     static_cast<BwdSlices &>(plan) =
         add_backward_slices(p, ceil_div(p.seqlen_q, kBwdBM),
