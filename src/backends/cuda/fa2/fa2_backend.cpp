@@ -69,6 +69,7 @@ struct Fa2Plan : BackendPlan {
     bool pdl = false;
     // sm_90, paged decode tiles with pages of a multiple of 16 keys: K/V by TMA (paged_tma_plan)
     bool paged_tma = false;
+    bool warp_combine = false;  // the split combine as one warp per row (fa2::warp_combine_fits)
     fa2::BwdPlan backward;  // laid out in backward_workspace when the backward can run
 };
 
@@ -184,18 +185,7 @@ bool paged_tma_plan(const Problem &p, const DeviceInfo &dev, const Variant &v) {
     // A tensor map's strides are multiples of 16 bytes: check_device_tensors holds the rows and heads
     // (and the pointers) to that, but not the page stride when the queries are varlen.
     if (p.k.batch % 8 != 0 || p.v.batch % 8 != 0) return false;
-    const char *env = std::getenv("FLASHATTN_FA2_PAGED_TMA");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-}
-
-// FLASHATTN_FA2_PDL=0 launches the kernels after an execute's first as ordinary stream-ordered
-// ones (a developer's knob for A/B runs of the decode step's fixed costs). Read once.
-bool pdl_allowed() {
-    static const bool allowed = [] {
-        const char *env = std::getenv("FLASHATTN_FA2_PDL");
-        return env == nullptr || std::strcmp(env, "0") != 0;
-    }();
-    return allowed;
+    return !knob_off("FLASHATTN_FA2_PAGED_TMA");
 }
 
 flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::unique_ptr<BackendPlan> *out) {
@@ -203,9 +193,13 @@ flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     plan->variant = variant_for(p, dev.smem_per_block_optin);
     plan->launch = compiled_for(plan->variant.cfg.head_dim).launch;  // a small tile may be a wider head dim
     plan->num_splits = choose_splits(p, plan->variant, dev.sm_count);
-    plan->pdl = dev.cc_major >= 9 && pdl_allowed();
+    // FLASHATTN_FA2_PDL=0: the kernels after an execute's first as ordinary stream-ordered launches.
+    plan->pdl = dev.cc_major >= 9 && !knob_off("FLASHATTN_FA2_PDL");
     plan->paged_tma = paged_tma_plan(p, dev, plan->variant);
     if (plan->num_splits > 1) add_split_slices(p, plan.get());
+    // FLASHATTN_FA2_WARP_COMBINE=0: the CTA-per-row combine at every split count.
+    plan->warp_combine = fa2::warp_combine_fits(plan->num_splits, p.total_query_rows() * p.heads_q) &&
+                         !knob_off("FLASHATTN_FA2_WARP_COMBINE");
     if (p.serving.rotary_dim > 0)
         plan->rotated_q = plan->workspace.add("fa2 rotated queries", rotated_q_bytes(p));
     if (fa2::backward_unsupported_reason(p, dev).empty())
@@ -311,7 +305,7 @@ flashattn_status_t fa2_execute(const Problem &p, const BackendPlan &base_plan, c
     if (err != cudaSuccess) return cuda_fail(err, "fa2 forward kernel setup");
     FLASHATTN_TRY(check_launch("fa2 forward kernel"));
     if (plan.num_splits > 1) {
-        err = fa2::launch_merge(k, bf16, plan.pdl, stream);
+        err = fa2::launch_merge(k, bf16, plan.warp_combine, plan.pdl, stream);
         if (err != cudaSuccess) return cuda_fail(err, "fa2 split-KV combine");
         FLASHATTN_TRY(check_launch("fa2 split-KV combine kernel"));
     }

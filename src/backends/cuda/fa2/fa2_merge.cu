@@ -8,8 +8,6 @@
 // drop it, and a row NaN in every partial then came out as a fully masked one.
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include <cuda_fp16.h>
@@ -400,19 +398,15 @@ __global__ void __launch_bounds__(kWarpCombineWarps * 32) split_combine_warp_ker
     store_combined_row<Out>(p, b, row, head, c, col_ok, acc, lane == 0, lse);
 }
 
-// FLASHATTN_FA2_WARP_COMBINE=0 keeps the CTA-per-row combine at every split count (a developer's
-// knob for A/B runs). Read once.
-bool warp_combine_allowed() {
-    static const bool allowed = [] {
-        const char *env = std::getenv("FLASHATTN_FA2_WARP_COMBINE");
-        return env == nullptr || std::strcmp(env, "0") != 0;
-    }();
-    return allowed;
-}
+int64_t warp_combine_ctas(int64_t units) { return (units + kWarpCombineWarps - 1) / kWarpCombineWarps; }
 
 }  // namespace
 
-cudaError_t launch_merge(const Params &p, bool bf16, bool pdl, cudaStream_t stream) {
+bool warp_combine_fits(int splits, int64_t units) {
+    return splits <= kWarpSplits && warp_combine_ctas(units) <= INT_MAX;
+}
+
+cudaError_t launch_merge(const Params &p, bool bf16, bool by_warps, bool pdl, cudaStream_t stream) {
     SplitCombineParams m;
     const bool varlen = p.cu_q != nullptr;
     const int64_t split_stride = static_cast<int64_t>(p.heads_q) * p.total_rows;
@@ -438,9 +432,8 @@ cudaError_t launch_merge(const Params &p, bool bf16, bool pdl, cudaStream_t stre
     m.rows = rows;
     m.heads = p.heads_q;
     m.batch = varlen ? 1 : p.batch;
-    const int64_t warp_ctas = (rows * m.heads * m.batch + kWarpCombineWarps - 1) / kWarpCombineWarps;
-    if (p.num_splits <= kWarpSplits && warp_ctas <= INT_MAX && warp_combine_allowed()) {
-        const dim3 grid(static_cast<unsigned>(warp_ctas)), block(kWarpCombineWarps * 32);
+    if (by_warps) {
+        const dim3 grid(static_cast<unsigned>(warp_combine_ctas(rows * m.heads * m.batch))), block(kWarpCombineWarps * 32);
         return bf16 ? cuda::launch_kernel(pdl, split_combine_warp_kernel<cuda::Bf16>, grid, block, 0, stream, m)
                     : cuda::launch_kernel(pdl, split_combine_warp_kernel<cuda::Fp16>, grid, block, 0, stream, m);
     }

@@ -65,9 +65,13 @@ using LaunchFwd = cudaError_t (*)(const Params &p, bool bf16, bool small, cudaSt
 FLASHATTN_FA2_HEAD_DIMS(FLASHATTN_FA2_DECLARE_LAUNCH)
 #undef FLASHATTN_FA2_DECLARE_LAUNCH
 
-// Split-KV combine (fa2_merge.cu); pdl: launched as a programmatic dependent of the attention
-// kernel (sm_90+, cuda/device/pdl.cuh).
-cudaError_t launch_merge(const Params &p, bool bf16, bool pdl, cudaStream_t s);
+// Split-KV combine (fa2_merge.cu); by_warps: one warp per row (only where warp_combine_fits);
+// pdl: launched as a programmatic dependent of the attention kernel (sm_90+, cuda/device/pdl.cuh).
+cudaError_t launch_merge(const Params &p, bool bf16, bool by_warps, bool pdl, cudaStream_t s);
+
+// Whether the combine of `splits` partials of `units` (query row, head) rows can run one warp per
+// row: few enough splits for a warp to hold them all, and a grid within CUDA's limit.
+bool warp_combine_fits(int splits, int64_t units);
 
 // The merge of partial states (fa2_merge.cu): partial s's element (sequence b, row, head, col) at
 // o_part[s] + b*p_bs + row*p_rs + head*p_hs + col (elements of its type), its LSE at

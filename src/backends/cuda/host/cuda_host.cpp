@@ -1,6 +1,8 @@
 #include "backends/cuda/host/cuda_host.h"
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "base/status.h"
@@ -116,6 +118,11 @@ flashattn_status_t check_launch(const char *kernel_name) {
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return cuda_fail(err, kernel_name);
     return FLASHATTN_SUCCESS;
+}
+
+bool knob_off(const char *name) {
+    const char *env = std::getenv(name);
+    return env != nullptr && std::strcmp(env, "0") == 0;
 }
 
 }  // namespace flashattn

@@ -45,4 +45,8 @@ std::string tensor_core_shape_problem(const Problem &p, const char *backend, boo
 // Launch bookkeeping: returns FLASHATTN_ERROR_DEVICE if the last launch failed.
 flashattn_status_t check_launch(const char *kernel_name);
 
+// A developer's knob (A/B runs and tests): whether the environment sets `name` to "0", turning off
+// the form it names. Read where a plan is finalized.
+bool knob_off(const char *name);
+
 }  // namespace flashattn
