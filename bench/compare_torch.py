@@ -446,6 +446,29 @@ def prefill_table(bench, lib, gens, dtype_name, out_lines, notes):
                 del q, k, v, outs, ref
 
 
+def decode_rounds(bench, lib, gens, qs, ks, vs, gqa):
+    """{name: (ms, reduced, out, note)} for every torch peer and generation on one decode cell:
+    --decode-rounds rounds, the order of the runners rotating by one each round (so that clock drift
+    at the power limit falls on all alike), ms the median of the rounds' medians; out and note from
+    the first round."""
+    from torch.nn.attention import SDPBackend
+    runners = [(name, lambda a=attr: run_torch(bench, getattr(SDPBackend, a), qs, ks, vs, False, gqa))
+               for name, attr in TORCH_PEERS]
+    runners += [(gen, lambda g=gen: run_lib(bench, lib, g, qs, ks, vs, False, "bf16")) for gen in gens]
+    first, times = {}, {name: [] for name, _ in runners}
+    for r in range(max(1, bench.args.decode_rounds)):
+        k = r % len(runners)
+        for name, fn in runners[k:] + runners[:k]:
+            if name in first and first[name][0] is None:
+                continue  # not runnable: reported once
+            result = fn()
+            first.setdefault(name, result)
+            if result[0] is not None:
+                times[name].append(result[0])
+    return {name: ((statistics.median(times[name]),) + first[name][1:]) if times[name] else first[name]
+            for name, _ in runners}
+
+
 def decode_table(bench, lib, gens, out_lines, notes):
     torch = bench.torch
     from torch.nn.attention import SDPBackend
@@ -459,7 +482,9 @@ def decode_table(bench, lib, gens, out_lines, notes):
     emit(out_lines, "")
     emit(out_lines, f"Inputs rotate among enough K/V sets to exceed 3x the {bench.l2 / 1e6:.0f} MB L2; shapes whose "
                     f"K+V exceed {args.max_decode_gb:.0f} GB are skipped. `+`: this torch backend has no GQA, so K/V "
-                    "were expanded to 32 heads before timing and it reads 4x the bytes counted.")
+                    "were expanded to 32 heads before timing and it reads 4x the bytes counted."
+                    + (f" Each cell: {args.decode_rounds} rounds, the libraries' order rotating per round; "
+                       "the median of the rounds' medians." if args.decode_rounds > 1 else ""))
     copy = bench.copy_gbps()
     if copy:
         emit(out_lines, "")
@@ -488,8 +513,9 @@ def decode_table(bench, lib, gens, out_lines, notes):
                 outs = {}
                 shape = dict(kind="decode", dtype="bf16", batch=b, seqlen_q=1, seqlen_k=sk, heads_q=hq,
                              heads_kv=hkv, head_dim=d, causal=False)
+                rounds = decode_rounds(bench, lib, gens, qs, ks, vs, hkv != hq)
                 for name, attr in TORCH_PEERS:
-                    ms, red, out, note = run_torch(bench, getattr(SDPBackend, attr), qs, ks, vs, False, hkv != hq)
+                    ms, red, out, note = rounds[name]
                     # "+": K/V expanded to the query heads, so the kernel read group x the bytes counted.
                     bench.record(shape, name, ms, red, note if ms is None else "", kv_bytes=kv_bytes,
                                  extra_note="K/V expanded (no GQA): reads 4x the bytes counted" if note == "+" else "")
@@ -502,7 +528,7 @@ def decode_table(bench, lib, gens, out_lines, notes):
                 ref = outs.get("torch-flash", outs.get("cuDNN"))
                 errs = []
                 for gen in gens:
-                    ms, red, out, note = run_lib(bench, lib, gen, qs, ks, vs, False, "bf16")
+                    ms, red, out, note = rounds[gen]
                     bench.record(shape, gen, ms, red, note, kv_bytes=kv_bytes)
                     if ms is None:
                         res[gen] = None
@@ -600,6 +626,9 @@ def main():
     ap.add_argument("--max-decode-gb", type=float, default=40.0)
     ap.add_argument("--decode-splits", type=int, default=0,
                     help="decode plans with FLASHATTN_I64_NUM_SPLITS = N (default 0: the library's choice)")
+    ap.add_argument("--decode-rounds", type=int, default=1,
+                    help="decode: time each cell's libraries this many rounds, their order rotating per round, "
+                         "and report the median (default 1)")
     ap.add_argument("--decode-batch", default="1,8,32", type=parse_list, help="decode batches (default 1,8,32)")
     ap.add_argument("--decode-kv-heads", default="8,32", type=parse_list,
                     help="decode key/value heads, of 32 query heads (default 8,32)")
