@@ -39,6 +39,10 @@ struct BwdTraits {
     static constexpr int kThreads = 32 * kNW;
     static constexpr BwdTile kTile{kBM_, kBN_, kNW_, kStages_, kSMT_, kKVMT_, kQMT_};
     static constexpr int kMinBlocks = bwd_min_blocks(kTile, kD_);  // per SM
+    // Whether per-thread load and ldmatrix offsets may be computed once per CTA and kept in
+    // registers over the step loop (else opaque() makes each step recompute them: the registers go
+    // to the GEMMs, stops 21-23). bwd_hoist_offsets has the rule and the override.
+    static constexpr bool kHoistOffsets = bwd_hoist_offsets(kTile, kD_);
     static constexpr int kDP = bwd_padded_dim(kD);
     // scores layout: kSMT m16 tiles of query rows per warp
     static constexpr int kSMT = kSMT_;
@@ -118,10 +122,10 @@ __device__ __forceinline__ void bwd_load_tile(uint32_t sbase, const uint16_t *g,
     constexpr int kCPR = Tr::kDP / 8;
     constexpr int kRowStep = Tr::kThreads / kCPR;
     static_assert(Tr::kThreads % kCPR == 0 && kRows % kRowStep == 0, "whole passes");
-    // opaque: the offsets are recomputed per call, not hoisted out of the step loop into
-    // registers the GEMMs need.
-    const uint32_t tid = opaque(static_cast<uint32_t>(threadIdx.x));
-    rs = opaque(rs);
+    // opaque (unless kHoistOffsets): the offsets are recomputed per call, not hoisted out of the
+    // step loop into registers the GEMMs need.
+    const uint32_t tid = opaque_if<!Tr::kHoistOffsets>(static_cast<uint32_t>(threadIdx.x));
+    rs = opaque_if<!Tr::kHoistOffsets>(rs);
     const int r0 = static_cast<int>(tid / kCPR), c = static_cast<int>(tid % kCPR);
     const bool col_ok = c * 8 < d;
     const uint16_t *gr = g + r0 * rs + c * 8;

@@ -330,10 +330,11 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
     const int g = lane >> 2, t = lane & 3;
     // ldmatrix lane bases (SwizzledTile): A-style rows lane%16 / chunk bit lane/16, B-style rows
     // (lane%8) + 8*(lane/16) / chunk bit (lane/8)%2. They go through opaque() (fa2_load.cuh) so
-    // that they are recomputed each step instead of being hoisted out of the loop into registers.
+    // that they are recomputed each step instead of being hoisted out of the loop into registers,
+    // unless Tr::kHoistOffsets (registers to spare: computed once per CTA).
     const int lr_a = lane & 15, lb_a = lane >> 4;
     const int lr_k = (lane & 7) | ((lane >> 4) << 3), lb_k = (lane >> 3) & 1;
-    const uint32_t s_k = opaque(a.smem);
+    const uint32_t s_k = opaque_if<!Tr::kHoistOffsets>(a.smem);
     const uint32_t s_v = s_k + Tr::kKVBytes;
     const uint32_t s_q = s_k + Tr::kQOffset + buf * 2 * Tr::kQBytes, s_do = s_q + Tr::kQBytes;
     const uint32_t s_p = s_k + Tr::kPOffset, s_ds = s_p + Tr::kPBytes;

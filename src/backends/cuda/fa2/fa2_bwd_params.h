@@ -79,6 +79,20 @@ constexpr int bwd_min_blocks(BwdTile t, int kd) {
                ? 2
                : 1;
 }
+// Whether the main kernel keeps its per-thread cp.async and ldmatrix offsets in registers over the
+// step loop (computed once per CTA) instead of recomputing them every step through opaque()
+// (fa2_load.cuh), which stops 21-23 needed where the GEMMs use every register. Where one CTA per
+// SM is the shared memory's limit anyway (bwd_min_blocks 1) more registers cost no occupancy; at
+// head dim <= 64 ptxas then holds them without a spill (255 / 254 registers at d64 / d32). Not at
+// d96 / d128 (no headroom at 255, stop 23 spilled there) nor on the two-CTA d64 fallback (128
+// registers, at its cap, for 7 instructions per step). -DFLASHATTN_FA2_BWD_HOIST=0 restores the
+// per-step recomputation everywhere (the A/B).
+#ifndef FLASHATTN_FA2_BWD_HOIST
+#define FLASHATTN_FA2_BWD_HOIST 1
+#endif
+constexpr bool bwd_hoist_offsets(BwdTile t, int kd) {
+    return FLASHATTN_FA2_BWD_HOIST != 0 && kd <= 64 && bwd_min_blocks(t, kd) == 1;
+}
 constexpr int kBwdSmallestOptin = 99 * 1024;  // sm_86 / sm_89 per-block opt-in
 constexpr bool bwd_has_fallback(int kd) { return bwd_smem_bytes(bwd_tile_main(kd), kd) > kBwdSmallestOptin; }
 
