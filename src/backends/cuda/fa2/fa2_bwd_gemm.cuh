@@ -43,6 +43,9 @@ struct BwdTraits {
     // registers over the step loop (else opaque() makes each step recompute them: the registers go
     // to the GEMMs, stops 21-23). bwd_hoist_offsets has the rule and the override.
     static constexpr bool kHoistOffsets = bwd_hoist_offsets(kTile, kD_);
+    // Whether the LSE / row_dot cp.async source is a per-thread base kept over the step loop
+    // (row_src, fa2_bwd_kernel.cuh).
+    static constexpr bool kHoistRowSrc = bwd_hoist_row_src(kTile, kD_);
     static constexpr int kDP = bwd_padded_dim(kD);
     // scores layout: kSMT m16 tiles of query rows per warp
     static constexpr int kSMT = kSMT_;

@@ -297,7 +297,7 @@ __device__ __forceinline__ BwdStep prev_step(BwdWalk w, BwdStep st) {
 }
 
 // Where this thread's LSE (tid < kBM) or row_dot word of a step comes from, with
-// Tr::kHoistOffsets: the word of query head hq, row m0 + r is base + hq * head_stride + m0
+// Tr::kHoistRowSrc: the word of query head hq, row m0 + r is base + hq * head_stride + m0
 // (cuda::lse_offset's two layouts and row_dot's [heads_q][total rows] with head 0's part folded
 // in). Computed once per key block; per step it costs one 64-bit multiply-add where
 // lse_offset's layout branch, clamp and products cost ~35 instructions per warp (d64).
@@ -316,7 +316,7 @@ __device__ __forceinline__ BwdRowSrc row_src(const BwdParams &p, const BwdBlockA
 }
 
 // cp.async Q, dO, LSE and row_dot of step st into buffer `buf` (rows past the sequence: zeros).
-// rsrc: row_src's, read only where Tr::kHoistOffsets.
+// rsrc: row_src's, read only where Tr::kHoistRowSrc.
 template <class Tr>
 __device__ __forceinline__ void load_q_do(const BwdParams &p, const BwdBlockArgs &a, BwdStep st, int buf,
                                           const BwdRowSrc &rsrc) {
@@ -332,7 +332,7 @@ __device__ __forceinline__ void load_q_do(const BwdParams &p, const BwdBlockArgs
         const int qpos = st.m0 + r;
         const bool ok = qpos < a.sq;
         const float *src;
-        if constexpr (Tr::kHoistOffsets) {  // unclamped: a row past the sequence copies 0 bytes
+        if constexpr (Tr::kHoistRowSrc) {  // unclamped: a row past the sequence copies 0 bytes
             src = rsrc.base + st.hq * rsrc.head_stride + st.m0;
         } else {
             const int q = ok ? qpos : 0;
@@ -495,7 +495,7 @@ __device__ __forceinline__ void bwd_key_block(const BwdParams &p, BwdBlockArgs &
         const BwdWalk walk{static_cast<int>(i_lo / Tr::kBM) * Tr::kBM, static_cast<int>(i_hi / Tr::kBM) * Tr::kBM};
         const int nsteps = p.group * ((walk.m_last - walk.m_first) / Tr::kBM + 1);
         BwdStep st{kvh * p.group, walk.m_first};
-        const BwdRowSrc rsrc = Tr::kHoistOffsets ? row_src<Tr>(p, a) : BwdRowSrc{};
+        const BwdRowSrc rsrc = Tr::kHoistRowSrc ? row_src<Tr>(p, a) : BwdRowSrc{};
         if (Tr::kStages == 2) load_q_do<Tr>(p, a, st, 0, rsrc);
         cuda::cp_async_commit();
         for (int s = 0; s < nsteps; ++s, st = next_step<Tr>(walk, st)) {
