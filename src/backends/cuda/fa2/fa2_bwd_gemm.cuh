@@ -39,6 +39,13 @@ struct BwdTraits {
     static constexpr int kThreads = 32 * kNW;
     static constexpr BwdTile kTile{kBM_, kBN_, kNW_, kStages_, kSMT_, kKVMT_, kQMT_};
     static constexpr int kMinBlocks = bwd_min_blocks(kTile, kD_);  // per SM
+    // Whether per-thread load and ldmatrix offsets may be computed once per CTA and kept in
+    // registers over the step loop (else opaque() makes each step recompute them: the registers go
+    // to the GEMMs, stops 21-23). bwd_hoist_offsets has the rule and the override.
+    static constexpr bool kHoistOffsets = bwd_hoist_offsets(kTile, kD_);
+    // Whether the LSE / row_dot cp.async source is a per-thread base kept over the step loop
+    // (row_src, fa2_bwd_kernel.cuh).
+    static constexpr bool kHoistRowSrc = bwd_hoist_row_src(kTile, kD_);
     static constexpr int kDP = bwd_padded_dim(kD);
     // scores layout: kSMT m16 tiles of query rows per warp
     static constexpr int kSMT = kSMT_;
@@ -118,10 +125,10 @@ __device__ __forceinline__ void bwd_load_tile(uint32_t sbase, const uint16_t *g,
     constexpr int kCPR = Tr::kDP / 8;
     constexpr int kRowStep = Tr::kThreads / kCPR;
     static_assert(Tr::kThreads % kCPR == 0 && kRows % kRowStep == 0, "whole passes");
-    // opaque: the offsets are recomputed per call, not hoisted out of the step loop into
-    // registers the GEMMs need.
-    const uint32_t tid = opaque(static_cast<uint32_t>(threadIdx.x));
-    rs = opaque(rs);
+    // opaque (unless kHoistOffsets): the offsets are recomputed per call, not hoisted out of the
+    // step loop into registers the GEMMs need.
+    const uint32_t tid = opaque_if<!Tr::kHoistOffsets>(static_cast<uint32_t>(threadIdx.x));
+    rs = opaque_if<!Tr::kHoistOffsets>(rs);
     const int r0 = static_cast<int>(tid / kCPR), c = static_cast<int>(tid % kCPR);
     const bool col_ok = c * 8 < d;
     const uint16_t *gr = g + r0 * rs + c * 8;
@@ -137,7 +144,9 @@ __device__ __forceinline__ void bwd_load_tile(uint32_t sbase, const uint16_t *g,
         const bool ok = col_ok && r < rows_valid;
         const uint32_t dst =
             kRowStep % 8 == 0 && !T::kHalfPage ? s0 + j * kRowStep * 128 : sbase + T::offset(r, c);
-        cuda::cp_async_16(dst, ok ? gr : g, ok ? 16u : 0u);
+        // Out-of-range chunks copy 0 bytes from the running pointer (nothing is read, as in
+        // load_tile): clamping it to g cost two SEL per 16-byte chunk (16 per step at d64).
+        cuda::cp_async_16(dst, gr, ok ? 16u : 0u);
     }
 }
 

@@ -296,9 +296,30 @@ __device__ __forceinline__ BwdStep prev_step(BwdWalk w, BwdStep st) {
     return st.m0 > w.m_first ? BwdStep{st.hq, st.m0 - Tr::kBM} : BwdStep{st.hq - 1, w.m_last};
 }
 
-// cp.async Q, dO, LSE and row_dot of step st into buffer `buf` (rows past the sequence: zeros).
+// Where this thread's LSE (tid < kBM) or row_dot word of a step comes from, with
+// Tr::kHoistRowSrc: the word of query head hq, row m0 + r is base + hq * head_stride + m0
+// (cuda::lse_offset's two layouts and row_dot's [heads_q][total rows] with head 0's part folded
+// in). Computed once per key block; per step it costs one 64-bit multiply-add where
+// lse_offset's layout branch, clamp and products cost ~35 instructions per warp (d64).
+struct BwdRowSrc {
+    const float *base;
+    int64_t head_stride;
+};
 template <class Tr>
-__device__ __forceinline__ void load_q_do(const BwdParams &p, const BwdBlockArgs &a, BwdStep st, int buf) {
+__device__ __forceinline__ BwdRowSrc row_src(const BwdParams &p, const BwdBlockArgs &a) {
+    const int tid = threadIdx.x;
+    const bool lse = tid < Tr::kBM;
+    const int r = lse ? tid : tid - Tr::kBM;
+    if (lse && p.cu_q == nullptr)  // LSE [batch][heads_q][seqlen_q]
+        return BwdRowSrc{p.lse + static_cast<int64_t>(a.b) * p.heads_q * p.seqlen_q + r, p.seqlen_q};
+    return BwdRowSrc{(lse ? p.lse : p.row_dot) + a.q_row0 + r, p.total_rows};  // [heads_q][total rows]
+}
+
+// cp.async Q, dO, LSE and row_dot of step st into buffer `buf` (rows past the sequence: zeros).
+// rsrc: row_src's, read only where Tr::kHoistRowSrc.
+template <class Tr>
+__device__ __forceinline__ void load_q_do(const BwdParams &p, const BwdBlockArgs &a, BwdStep st, int buf,
+                                          const BwdRowSrc &rsrc) {
     const uint32_t s_q = a.smem + Tr::kQOffset + buf * 2 * Tr::kQBytes;
     bwd_load_tile<Tr, Tr::kBM>(s_q, a.qg + st.hq * p.q_hs + static_cast<int64_t>(st.m0) * p.q_rs, p.q_rs,
                                a.sq - st.m0, a.d);
@@ -310,9 +331,14 @@ __device__ __forceinline__ void load_q_do(const BwdParams &p, const BwdBlockArgs
         const int r = tid < Tr::kBM ? tid : tid - Tr::kBM;
         const int qpos = st.m0 + r;
         const bool ok = qpos < a.sq;
-        const int q = ok ? qpos : 0;
-        const float *src = tid < Tr::kBM ? p.lse + cuda::lse_offset(p, a.b, st.hq, a.q_row0, q)
-                                         : p.row_dot + static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + q;
+        const float *src;
+        if constexpr (Tr::kHoistRowSrc) {  // unclamped: a row past the sequence copies 0 bytes
+            src = rsrc.base + st.hq * rsrc.head_stride + st.m0;
+        } else {
+            const int q = ok ? qpos : 0;
+            src = tid < Tr::kBM ? p.lse + cuda::lse_offset(p, a.b, st.hq, a.q_row0, q)
+                                : p.row_dot + static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + q;
+        }
         cuda::cp_async_4(a.smem + Tr::kRowsOffset + buf * Tr::kRowsBytes + tid * 4, src, ok ? 4u : 0u);
     }
 }
@@ -330,10 +356,11 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
     const int g = lane >> 2, t = lane & 3;
     // ldmatrix lane bases (SwizzledTile): A-style rows lane%16 / chunk bit lane/16, B-style rows
     // (lane%8) + 8*(lane/16) / chunk bit (lane/8)%2. They go through opaque() (fa2_load.cuh) so
-    // that they are recomputed each step instead of being hoisted out of the loop into registers.
+    // that they are recomputed each step instead of being hoisted out of the loop into registers,
+    // unless Tr::kHoistOffsets (registers to spare: computed once per CTA).
     const int lr_a = lane & 15, lb_a = lane >> 4;
     const int lr_k = (lane & 7) | ((lane >> 4) << 3), lb_k = (lane >> 3) & 1;
-    const uint32_t s_k = opaque(a.smem);
+    const uint32_t s_k = opaque_if<!Tr::kHoistOffsets>(a.smem);
     const uint32_t s_v = s_k + Tr::kKVBytes;
     const uint32_t s_q = s_k + Tr::kQOffset + buf * 2 * Tr::kQBytes, s_do = s_q + Tr::kQBytes;
     const uint32_t s_p = s_k + Tr::kPOffset, s_ds = s_p + Tr::kPBytes;
@@ -468,13 +495,14 @@ __device__ __forceinline__ void bwd_key_block(const BwdParams &p, BwdBlockArgs &
         const BwdWalk walk{static_cast<int>(i_lo / Tr::kBM) * Tr::kBM, static_cast<int>(i_hi / Tr::kBM) * Tr::kBM};
         const int nsteps = p.group * ((walk.m_last - walk.m_first) / Tr::kBM + 1);
         BwdStep st{kvh * p.group, walk.m_first};
-        if (Tr::kStages == 2) load_q_do<Tr>(p, a, st, 0);
+        const BwdRowSrc rsrc = Tr::kHoistRowSrc ? row_src<Tr>(p, a) : BwdRowSrc{};
+        if (Tr::kStages == 2) load_q_do<Tr>(p, a, st, 0, rsrc);
         cuda::cp_async_commit();
         for (int s = 0; s < nsteps; ++s, st = next_step<Tr>(walk, st)) {
             const int buf = Tr::kStages == 2 ? (s & 1) : 0;
             if (Tr::kStages == 1) {
                 if (s > 0) __syncthreads();  // every warp is done with the previous step's tiles
-                load_q_do<Tr>(p, a, st, 0);
+                load_q_do<Tr>(p, a, st, 0, rsrc);
                 cuda::cp_async_commit();
             }
             cuda::cp_async_wait<0>();  // this step's Q, dO (and K, V at the first step)
@@ -487,7 +515,7 @@ __device__ __forceinline__ void bwd_key_block(const BwdParams &p, BwdBlockArgs &
                 atomicAdd(turn_of<Tr>(p, a, prev_step<Tr>(walk, st), nb).sem, 1);
             }
             if (Tr::kStages == 2 && s + 1 < nsteps) {  // the other buffer was the previous step's
-                load_q_do<Tr>(p, a, next_step<Tr>(walk, st), buf ^ 1);
+                load_q_do<Tr>(p, a, next_step<Tr>(walk, st), buf ^ 1, rsrc);
                 cuda::cp_async_commit();
             }
             bwd_query_block<Tr, E>(p, a, st, buf, dK, dV);

@@ -79,6 +79,28 @@ constexpr int bwd_min_blocks(BwdTile t, int kd) {
                ? 2
                : 1;
 }
+// Whether the main kernel keeps its per-thread cp.async and ldmatrix offsets in registers over the
+// step loop (computed once per CTA) instead of recomputing them every step through opaque()
+// (fa2_load.cuh), which stops 21-23 needed where the GEMMs use every register. Where one CTA per
+// SM is the shared memory's limit anyway (bwd_min_blocks 1) more registers cost no occupancy; at
+// head dim <= 64 ptxas then holds them without a spill (255 / 254 registers at d64 / d32). Not at
+// d96 / d128 (no headroom at 255, stop 23 spilled there) nor on the two-CTA d64 fallback (128
+// registers, at its cap, for 7 instructions per step). -DFLASHATTN_FA2_BWD_HOIST=0 restores the
+// per-step recomputation everywhere (the A/B).
+#ifndef FLASHATTN_FA2_BWD_HOIST
+#define FLASHATTN_FA2_BWD_HOIST 1
+#endif
+constexpr bool bwd_hoist_offsets(BwdTile t, int kd) {
+    return FLASHATTN_FA2_BWD_HOIST != 0 && kd <= 64 && bwd_min_blocks(t, kd) == 1;
+}
+// Whether the LSE / row_dot source of each step is a per-thread base and head stride computed once
+// per key block (4 registers over the step loop) instead of lse_offset's form per step: where
+// bwd_hoist_offsets holds, and at padded head dim 256 (247 -> 251 registers on the main tile, 244
+// -> 245 on the fallback, no spill; one CTA per SM by shared memory either way). Not at d96 /
+// d128: their 255-register main tiles spill 4 / 20 bytes with it.
+constexpr bool bwd_hoist_row_src(BwdTile t, int kd) {
+    return FLASHATTN_FA2_BWD_HOIST != 0 && (bwd_hoist_offsets(t, kd) || bwd_padded_dim(kd) == 256);
+}
 constexpr int kBwdSmallestOptin = 99 * 1024;  // sm_86 / sm_89 per-block opt-in
 constexpr bool bwd_has_fallback(int kd) { return bwd_smem_bytes(bwd_tile_main(kd), kd) > kBwdSmallestOptin; }
 

@@ -29,6 +29,13 @@ __device__ __forceinline__ uint32_t opaque(uint32_t v) {
     asm volatile("" : "+r"(v));
     return v;
 }
+// opaque(v) where kHide, else v: a kernel with registers to spare lets the offsets be computed
+// once and hoisted (the FA2 backward at head dim <= 64, BwdTraits::kHoistOffsets).
+template <bool kHide, class T>
+__device__ __forceinline__ T opaque_if(T v) {
+    if constexpr (kHide) return opaque(v);
+    return v;
+}
 
 // cp.async a [kRows x kD] tile whose row r starts at g + (row0 + r)*rs (rows >= rows_valid and
 // columns >= d are zero-filled). Thread tid owns column chunk c = tid % kCPRp (the chunks per row
