@@ -39,7 +39,14 @@ struct Traits {
     static constexpr int kOWgBytes = kVPages * kOPage;     // ... of one warpgroup's O
     static constexpr int kOOffset = kVOffset + kStages * kVBytes;
     static constexpr int kBarOffset = kOOffset + (kOStaged ? 2 * kOWgBytes : 0);
-    static constexpr int kSmemBytes = kernel_smem_bytes(TileConfig{kD, kBN, kDV});
+    // ALiBi's column ramp (fa3_mainloop.cuh, kAlibiGemm): a static B operand of kBN key rows in
+    // the K tile's SW128 K-major layout (one 64-column page, 128 B a row), read as one more k16
+    // slice of S = Q K^T. Below head dim 256 (whose consumer registers are full: kAlibiOneSide),
+    // after the barriers' padded 1 KB; the 1 KB alignment slack stays last.
+    static constexpr bool kAlibiRamp = kD < 256;
+    static constexpr int kAlibiOffset = kBarOffset + 1024;
+    static constexpr int kAlibiBytes = kAlibiRamp ? kBN * 128 : 0;
+    static constexpr int kSmemBytes = kernel_smem_bytes(TileConfig{kD, kBN, kDV}) + kAlibiBytes;
     static constexpr int kNT = kBN / 8;   // n8 tiles of S per thread's rows
     static constexpr int kPF = kBN / 16;  // k16 fragments of P
     // Consumer ping-pong (fa3_mainloop.cuh take_turn): the square kernels below head dim 256 and
@@ -48,6 +55,8 @@ struct Traits {
     static constexpr bool kPingPong = kDV == kD ? kD < 256 : (kD == 128 && kDV == 64);
     static_assert(kD % 64 == 0 && kDV % 64 == 0 && kBN % 16 == 0 && kBN <= 256, "unsupported tile");
     static_assert(kKVPage % 1024 == 0, "K/V pages must keep the 1 KB swizzle alignment");
+    static_assert(kSmemBytes <= kMaxSmemBytes, "the ALiBi ramp does not fit beside the stages");
+    static_assert(kAlibiOffset % 1024 == 0, "the ALiBi ramp must keep the 1 KB swizzle alignment");
     static_assert(!kOStaged || 2 * kOWgBytes == o_stage_bytes(TileConfig{kD, kBN, kDV}), "O staging size");
 };
 
