@@ -44,20 +44,33 @@ __device__ __forceinline__ uint64_t k_step(int ks, int page) {
 // Issues S = Q K^T for K ring stage `st` (not waited for): kD / 16 wgmmas, both operands in
 // shared memory. Operand fences before wgmma.fence: no register of a wgmma is defined by an
 // ordinary instruction inside the issue window (ptxas would serialize the wgmmas, C7513).
-// kRamp: one more k16 slice after Q K^T, the ALiBi ramp (A = `a`, the rows' slopes; B at `dr`,
-// the key offsets: alibi_ramp_*), in the same commit group, accumulating into S.
-template <class Tr, class E, bool kRamp = false>
-__device__ __forceinline__ void issue_qk(float (&S)[Tr::kNT][4], uint64_t dq, uint64_t dk, int st,
-                                         uint32_t (&a)[4], uint64_t dr) {
+template <class Tr, class E>
+__device__ __forceinline__ void issue_qk(float (&S)[Tr::kNT][4], uint64_t dq, uint64_t dk, int st) {
     float(&acc)[Tr::kBN / 2] = reinterpret_cast<float(&)[Tr::kBN / 2]>(S);
     const uint64_t dks = dk + static_cast<uint64_t>((st * Tr::kKVBytes) >> 4);
     cuda::fence_operands(acc);
-    if constexpr (kRamp) cuda::fence_operands(a);
     cuda::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < Tr::kD / 16; ++ks)
         cuda::wgmma_ss<E, Tr::kBN>(acc, dq + k_step(ks, Tr::kQPage), dks + k_step(ks, Tr::kKVPage), ks > 0);
-    if constexpr (kRamp) cuda::wgmma_rs_kmajor<E, Tr::kBN>(acc, a, dr, 1);
+    cuda::wgmma_commit();
+}
+
+// issue_qk and one more k16 slice, ALiBi's ramp (kAlibiGemm below: A = `a`, the rows' slopes;
+// B at `dr`, the key offsets), in the same commit group, accumulating into S. A apart from the
+// plain form so that the plain kernels compile as before.
+template <class Tr, class E>
+__device__ __forceinline__ void issue_qk_ramp(float (&S)[Tr::kNT][4], uint64_t dq, uint64_t dk, int st,
+                                              uint32_t (&a)[4], uint64_t dr) {
+    float(&acc)[Tr::kBN / 2] = reinterpret_cast<float(&)[Tr::kBN / 2]>(S);
+    const uint64_t dks = dk + static_cast<uint64_t>((st * Tr::kKVBytes) >> 4);
+    cuda::fence_operands(acc);
+    cuda::fence_operands(a);
+    cuda::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Tr::kD / 16; ++ks)
+        cuda::wgmma_ss<E, Tr::kBN>(acc, dq + k_step(ks, Tr::kQPage), dks + k_step(ks, Tr::kKVPage), ks > 0);
+    cuda::wgmma_rs_kmajor<E, Tr::kBN>(acc, a, dr, 1);
     cuda::wgmma_commit();
 }
 
@@ -136,17 +149,18 @@ __device__ __forceinline__ void score_mods(const Params &p, const TileCoords &c,
     }
 }
 
-// ALiBi's column bias inside the GEMM (Params::alibi_gemm; no soft cap, which comes before the
-// bias). On a key tile wholly on one side of a row's diagonal the bias is s*c + s*(tile0 - rdiag)
-// with c the key's offset in the tile and s = +-slope by side (alibi_scores_one_side): the row
-// part goes to the softmax as its shift, the column part s*c is one more k16 slice of S = Q K^T,
-// A[row][0..2] = s split into three 16-bit parts (hi, mid, lo: s to ~24 bits, each product with
-// c exact in fp32), B[key][k] = c for k % 8 < 3 (every 16-byte chunk of a key's 128-byte row the
-// same, so the SW128 swizzle, which permutes a row's chunks, cannot move a value: the layout is
-// the K tile's, descriptor and all). The FFMA per score goes away for one m64n(kBN)k16 wgmma per
-// tile. A row whose diagonal crosses the tile gets A = 0 and the general bias after the GEMM.
+// ALiBi's column bias inside the GEMM (the ramp kernel, RampTraits: Params::alibi_gemm, no soft
+// cap, which comes before the bias). On a key tile wholly on one side of a row's diagonal the
+// bias is s*c + s*(tile0 - rdiag) with c the key's offset in the tile and s = +-slope by side
+// (alibi_scores_one_side): the row part goes to the softmax as its shift, the column part s*c is
+// one more k16 slice of S = Q K^T, A[row][0..2] = s split into three 16-bit parts (hi, mid, lo:
+// s to ~24 bits, each product with c exact in fp32), B[key][k] = c for k % 8 < 3 (every 16-byte
+// chunk of a key's 128-byte row the same, so the SW128 swizzle, which permutes a row's chunks,
+// cannot move a value: the layout is the K tile's, descriptor and all). The FFMA per score goes
+// away for one m64n(kBN)k16 wgmma per tile. A row whose diagonal crosses the tile gets A = 0 and
+// the general bias after the GEMM.
 template <class Tr>
-constexpr bool kAlibiGemm = Tr::kAlibiRamp && kAlibiOneSide<Tr>;
+constexpr bool kAlibiGemm = Tr::kAlibiRamp && kAlibiOneSide<Tr>;  // (one_side: its shifted softmax)
 constexpr int kAlibiRampBar = 5;  // named barrier of the ramp's writers (1, 2: ping-pong; 3, 4: O staging)
 
 // The ramp block (Traits::kAlibiOffset), written once per CTA by the 256 consumer threads
@@ -219,8 +233,9 @@ __device__ __forceinline__ void score_mods_ramp(const Params &p, const TileCoord
 // Consumer warpgroup `w` (0 or 1), rows 64w..64w+63 of a tile with at least one visible key
 // tile: accumulates the unnormalised O and the softmax row statistics (row_max, row_sum) over
 // all key tiles and advances `pipe` past them. `lane`, `t` (lane % 4) and `rdiag` (each of the
-// thread's two rows' diagonal key) place the thread in the accumulator layout. kRamp: ALiBi's column bias in the S GEMM (kAlibiGemm
-// above), `s` the head's slope in score units and `word` this thread's A-fragment word of it.
+// thread's two rows' diagonal key) place the thread in the accumulator layout. kRamp: ALiBi's
+// column bias in the S GEMM (kAlibiGemm above), `s` the head's slope in score units and `word`
+// this thread's A-fragment word of it (alibi_ramp_word).
 template <class Tr, class E, bool kRamp>
 __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const TileCoords &c, unsigned char *smem,
                                                        Barriers *bars, int w, int lane, int t, const int (&rdiag)[2],
@@ -244,15 +259,17 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
     auto step = [&](int i, uint32_t (&P)[kPF][4], uint32_t (&P_next)[kPF][4]) {
         const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
         float S[kNT][4];
-        const int nb = walk_tile<Tr>(c, i);
-        uint32_t a[4];
-        if constexpr (kRamp) alibi_ramp_a<Tr>(word, nb, rdiag, a);
+        uint32_t a[4];  // the ramp's A fragment (kRamp)
+        if constexpr (kRamp) alibi_ramp_a<Tr>(word, walk_tile<Tr>(c, i), rdiag, a);
         cuda::mbar_wait(&bars->k_full[ks], phase_of(r0 + i));
         if constexpr (Tr::kPingPong) {  // both waits before the turn (the form ptxas accepts)
             cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i - 1));
             take_turn(w);
         }
-        issue_qk<Tr, E, kRamp>(S, dq, dk, ks, a, dr);
+        if constexpr (kRamp)
+            issue_qk_ramp<Tr, E>(S, dq, dk, ks, a, dr);
+        else
+            issue_qk<Tr, E>(S, dq, dk, ks);
         if constexpr (!Tr::kPingPong) cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i - 1));
         issue_pv<Tr, E>(O, P, dv, vs);
         if constexpr (Tr::kPingPong) pass_turn(w);
@@ -262,9 +279,9 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
         if (i == n_tiles - 1) release(&bars->q_empty, lane);  // the last GEMM reading Q retired
         float shift[2];
         if constexpr (kRamp)
-            score_mods_ramp<Tr>(p, c, S, nb, rdiag, t, s, shift);
+            score_mods_ramp<Tr>(p, c, S, walk_tile<Tr>(c, i), rdiag, t, s, shift);
         else
-            score_mods<Tr>(p, c, S, nb, rdiag, t, shift);
+            score_mods<Tr>(p, c, S, walk_tile<Tr>(c, i), rdiag, t, shift);
         float alpha[2];
         if constexpr (kAlibiOneSide<Tr>)
             cuda::softmax_step_shifted<E>(S, row_max, row_sum, sl2, P_next, alpha, shift);
@@ -292,12 +309,14 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
     {  // the first (last-indexed) key tile: no O to rescale yet
         const int ks = stage_of(r0);
         float S[kNT][4];
-        const int nb = walk_tile<Tr>(c, 0);
         uint32_t a[4];
-        if constexpr (kRamp) alibi_ramp_a<Tr>(word, nb, rdiag, a);
+        if constexpr (kRamp) alibi_ramp_a<Tr>(word, walk_tile<Tr>(c, 0), rdiag, a);
         cuda::mbar_wait(&bars->k_full[ks], phase_of(r0));
         if constexpr (Tr::kPingPong) take_turn(w);
-        issue_qk<Tr, E, kRamp>(S, dq, dk, ks, a, dr);
+        if constexpr (kRamp)
+            issue_qk_ramp<Tr, E>(S, dq, dk, ks, a, dr);
+        else
+            issue_qk<Tr, E>(S, dq, dk, ks);
         if constexpr (Tr::kPingPong) pass_turn(w);
         cuda::wgmma_wait<0>();
         cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
@@ -305,9 +324,9 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
         if (n_tiles == 1) release(&bars->q_empty, lane);
         float shift[2];
         if constexpr (kRamp)
-            score_mods_ramp<Tr>(p, c, S, nb, rdiag, t, s, shift);
+            score_mods_ramp<Tr>(p, c, S, walk_tile<Tr>(c, 0), rdiag, t, s, shift);
         else
-            score_mods<Tr>(p, c, S, nb, rdiag, t, shift);
+            score_mods<Tr>(p, c, S, walk_tile<Tr>(c, 0), rdiag, t, shift);
         float alpha[2];
         if constexpr (kAlibiOneSide<Tr>)
             cuda::softmax_step_shifted<E>(S, row_max, row_sum, sl2, Pa, alpha, shift);
@@ -329,26 +348,25 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
     pipe.q += 1;
 }
 
-// The work tile's mainloop: the ramp's copy for ALiBi without soft cap where the kernel has the
-// ramp block (Params::alibi_gemm), main's FFMA form otherwise. The test is uniform over the launch
-// and made once per work tile, outside the key-tile loop; the first call of the CTA (pipe.q == 0,
-// the same call in both consumer warpgroups) writes the ramp block.
+// The work tile's mainloop. In the ramp kernel (Tr::kRamp: RampTraits, fa3_traits.cuh) ALiBi's
+// column bias goes into the S GEMM: its first call (pipe.q == 0, the same call in both consumer
+// warpgroups, before any S GEMM) writes the ramp block; the slope is loaded once per work tile.
+// Otherwise main's loop, the bias (if any) an FFMA per score.
 template <class Tr, class E>
 __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoords &c, unsigned char *smem,
                                                   Barriers *bars, int w, int lane, int t, const int (&rdiag)[2],
                                                   float sl2, float (&O)[Tr::kDV / 2], float (&row_max)[2],
                                                   float (&row_sum)[2], Pipe &pipe) {
-    if constexpr (kAlibiGemm<Tr>) {
-        if (p.alibi_slopes != nullptr && p.alibi_gemm && p.softcap_scale == 0.f) {
-            if (pipe.q == 0) alibi_ramp_write<Tr, E>(smem, static_cast<int>(threadIdx.x) - 128);
-            const float s = p.alibi_slopes[c.head] * p.alibi_to_score;
-            consumer_mainloop_impl<Tr, E, true>(p, c, smem, bars, w, lane, t, rdiag, sl2, O, row_max, row_sum, pipe,
-                                                s, alibi_ramp_word<E>(s, t));
-            return;
-        }
+    if constexpr (Tr::kRamp) {
+        static_assert(kAlibiGemm<Tr>, "no ALiBi ramp in this kernel");
+        if (pipe.q == 0) alibi_ramp_write<Tr, E>(smem, static_cast<int>(threadIdx.x) - 128);
+        const float s = p.alibi_slopes[c.head] * p.alibi_to_score;
+        consumer_mainloop_impl<Tr, E, true>(p, c, smem, bars, w, lane, t, rdiag, sl2, O, row_max, row_sum, pipe, s,
+                                            alibi_ramp_word<E>(s, t));
+    } else {
+        consumer_mainloop_impl<Tr, E, false>(p, c, smem, bars, w, lane, t, rdiag, sl2, O, row_max, row_sum, pipe,
+                                             0.f, 0u);
     }
-    consumer_mainloop_impl<Tr, E, false>(p, c, smem, bars, w, lane, t, rdiag, sl2, O, row_max, row_sum, pipe, 0.f,
-                                         0u);
 }
 
 }  // namespace fa3

@@ -21,10 +21,6 @@ struct Params : TensorArgs {
     // warpgroup row blocks with TMA; 0 (O's strides or base not TMA's, or no staging): every O
     // row from the registers.
     int32_t o_tma = 0;
-    // ALiBi (alibi_slopes non-null) without soft cap, head dims below 256: 1 adds the column part
-    // of a one-sided tile's bias inside S = Q K^T (fa3_mainloop.cuh, kAlibiGemm); 0 keeps the FFMA
-    // per score. FLASHATTN_FA3_ALIBI_GEMM=0 (knob_off, fa3_backend.cpp) turns it off for A/B runs.
-    int32_t alibi_gemm = 1;
 
     // Serving (issue 18). gather = 1: the whole producer warpgroup loads K and V with cp.async
     // (fa3_gather.cuh) instead of one thread issuing TMA boxes, so that each row can come from its
@@ -36,6 +32,11 @@ struct Params : TensorArgs {
     const int32_t *page_table = nullptr;
     int64_t page_table_stride = 0;
     int32_t page_size = 0;
+    // ALiBi (alibi_slopes non-null) without soft cap, head dims below 256: 1 launches the ramp
+    // kernel, the column part of a one-sided tile's bias inside S = Q K^T (fa3_mainloop.cuh,
+    // kAlibiGemm); 0 the plain one, an FFMA per score. FLASHATTN_FA3_ALIBI_GEMM=0 (knob_off,
+    // fa3_backend.cpp) for A/B runs. Last, so the fields before keep their parameter offsets.
+    int32_t alibi_gemm = 1;
 };
 
 // TMA descriptors of Q, K and V: rank 4 {head_dim, rows, heads, batch} (varlen: rows = total
