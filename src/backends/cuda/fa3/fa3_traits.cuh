@@ -44,8 +44,11 @@ struct Traits {
     // kBN key rows in the K tile's SW128 K-major layout (one 64-column page, 128 B a row), read as
     // one more k16 slice of S = Q K^T, after the barriers' padded 1 KB (the 1 KB alignment slack
     // stays last); the plain kernel launches with kSmemBytes, as before. Below head dim 256, whose
-    // consumer registers are full (kAlibiOneSide).
-    static constexpr bool kAlibiRamp = kD < 256;
+    // consumer registers are full (kAlibiOneSide), and not for the pair (128, 64), whose ramp
+    // kernel spilled the persistent loop's m_blocks / n_work (ptxas, CUDA 13.0: 8-byte stack,
+    // 7 LDL / 2 STL, one or two reloads per work tile; the slope's A word recomputed per key tile
+    // instead of kept live changed nothing).
+    static constexpr bool kAlibiRamp = kD < 256 && !(kD == 128 && kDV == 64);
     static constexpr bool kRamp = false;  // this kernel is the ramp kernel
     static constexpr int kAlibiOffset = kBarOffset + 1024;
     static constexpr int kAlibiBytes = kAlibiRamp ? kBN * 128 : 0;
