@@ -72,6 +72,22 @@ __device__ __forceinline__ void alibi_scores(float (&S)[kNT][4], const int (&rdi
     }
 }
 
+// alibi_scores on row half h alone (its row's slope s, diagonal rdiag_h): FA3's ALiBi ramp
+// (fa3_mainloop.cuh) takes the rows whose diagonal crosses the tile through it, the others in
+// the GEMM.
+template <int kNT>
+__device__ __forceinline__ void alibi_scores_half(float (&S)[kNT][4], int h, int rdiag_h, float s, int col0) {
+    const float sb = -s * static_cast<float>(rdiag_h - col0);
+    const float neg_sign = s >= 0.f ? -1.f : 1.f;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float t = fmaf(s, static_cast<float>(nt * 8 + e), sb);
+            S[nt][2 * h + e] = fmaf(neg_sign, fabsf(t), S[nt][2 * h + e]);
+        }
+}
+
 // ALiBi on a key tile that lies wholly on one side of each of the thread's two rows' diagonals
 // (every key j <= rdiag[h], or every j >= rdiag[h]), where |rdiag - j| has a known sign: the bias
 // is s*(j - rdiag) with s = slope (keys left of the diagonal) or -slope (right of it), that is

@@ -371,5 +371,49 @@ FLASHATTN_WGMMA_BOTH_TYPES(256)
 #undef FLASHATTN_WGMMA_SS
 #undef FLASHATTN_WGMMA_RS
 
+// Keeps the compiler from defining a wgmma A-fragment register inside the issue window (as
+// fence_operands for the accumulators): an ordinary instruction writing a wgmma operand between
+// wgmma.fence and the wgmma makes ptxas serialize the wgmmas (C7513).
+__device__ __forceinline__ void fence_operands(uint32_t (&r)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// D[64xN] (+)= A[64x16] * B[Nx16]^T: A from registers (wgmma_rs's fragment), B in shared memory
+// K-major (wgmma_ss's B: tnspB = 0). FA3's ALiBi column ramp (fa3_mainloop.cuh): a static
+// [keys x 16] block read as one more k16 slice of S = Q K^T.
+template <class E, int N>
+__device__ __forceinline__ void wgmma_rs_kmajor(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
+                                                int scale_d);
+
+#if FLASHATTN_SM90A_BODY
+#define FLASHATTN_WGMMA_RS_K(N, E, T)                                                                   \
+    template <>                                                                                        \
+    __device__ __forceinline__ void wgmma_rs_kmajor<E, N>(float(&d)[N / 2], const uint32_t(&a)[4],     \
+                                                          uint64_t desc_b, int scale_d) {              \
+        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, " FLASHATTN_WGMMA_N##N##_IN5                \
+                     ", 0;\n\twgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " "               \
+                     FLASHATTN_WGMMA_N##N##_REGS ", {" FLASHATTN_WGMMA_N##N##_IN0 ", "                  \
+                     FLASHATTN_WGMMA_N##N##_IN1 ", " FLASHATTN_WGMMA_N##N##_IN2 ", "                    \
+                     FLASHATTN_WGMMA_N##N##_IN3 "}, " FLASHATTN_WGMMA_N##N##_IN4 ", p, 1, 1, 0;\n\t}"    \
+                     : FLASHATTN_WGMMA_N##N##_OPS(d)                                                   \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)           \
+                     : "memory");                                                                      \
+    }
+#else
+#define FLASHATTN_WGMMA_RS_K(N, E, T)                                                                   \
+    template <>                                                                                        \
+    __device__ __forceinline__ void wgmma_rs_kmajor<E, N>(float(&)[N / 2], const uint32_t(&)[4],       \
+                                                          uint64_t, int) {                             \
+        FLASHATTN_SM90A_TRAP();                                                                        \
+    }
+#endif
+// The key tiles of the FA3 forward kernels that take the ramp (fa3_config.h: 96 and 128 keys).
+FLASHATTN_WGMMA_RS_K(96, cuda::Bf16, "bf16")
+FLASHATTN_WGMMA_RS_K(96, cuda::Fp16, "f16")
+FLASHATTN_WGMMA_RS_K(128, cuda::Bf16, "bf16")
+FLASHATTN_WGMMA_RS_K(128, cuda::Fp16, "f16")
+#undef FLASHATTN_WGMMA_RS_K
+
 }  // namespace cuda
 }  // namespace flashattn

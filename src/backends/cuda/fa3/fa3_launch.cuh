@@ -41,6 +41,12 @@ cudaError_t launch_fwd(const Params &p, const TensorMaps &maps, cudaStream_t str
     static_assert(cfg.head_dim == kD && cfg.head_dim_v == kDV, "no such compiled head dim");
     using Tr = Traits<cfg.head_dim, cfg.block_n, cfg.head_dim_v>;
     static unsigned long long optin_done = 0;  // one per instantiation
+    if constexpr (Tr::kAlibiRamp) {  // ALiBi's ramp kernel (fa3_mainloop.cuh kAlibiGemm)
+        static unsigned long long optin_ramp_done = 0;
+        if (p.alibi_slopes != nullptr && p.alibi_gemm && p.softcap_scale == 0.f)
+            return launch_persistent(fwd_kernel<RampTraits<Tr>, E>, Tr::kRampSmemBytes, &optin_ramp_done, p, stream,
+                                     maps.q, maps.k, maps.v, maps.o);
+    }
     return launch_persistent(fwd_kernel<Tr, E>, Tr::kSmemBytes, &optin_done, p, stream, maps.q, maps.k, maps.v, maps.o);
 }
 

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backends/cuda/device/online_softmax.cuh"
 #include "backends/cuda/device/ptx.cuh"
@@ -52,6 +53,24 @@ __device__ __forceinline__ void issue_qk(float (&S)[Tr::kNT][4], uint64_t dq, ui
 #pragma unroll
     for (int ks = 0; ks < Tr::kD / 16; ++ks)
         cuda::wgmma_ss<E, Tr::kBN>(acc, dq + k_step(ks, Tr::kQPage), dks + k_step(ks, Tr::kKVPage), ks > 0);
+    cuda::wgmma_commit();
+}
+
+// issue_qk and one more k16 slice, ALiBi's ramp (kAlibiGemm below: A = `a`, the rows' slopes;
+// B at `dr`, the key offsets), in the same commit group, accumulating into S. A apart from the
+// plain form so that the plain kernels compile as before.
+template <class Tr, class E>
+__device__ __forceinline__ void issue_qk_ramp(float (&S)[Tr::kNT][4], uint64_t dq, uint64_t dk, int st,
+                                              uint32_t (&a)[4], uint64_t dr) {
+    float(&acc)[Tr::kBN / 2] = reinterpret_cast<float(&)[Tr::kBN / 2]>(S);
+    const uint64_t dks = dk + static_cast<uint64_t>((st * Tr::kKVBytes) >> 4);
+    cuda::fence_operands(acc);
+    cuda::fence_operands(a);
+    cuda::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Tr::kD / 16; ++ks)
+        cuda::wgmma_ss<E, Tr::kBN>(acc, dq + k_step(ks, Tr::kQPage), dks + k_step(ks, Tr::kKVPage), ks > 0);
+    cuda::wgmma_rs_kmajor<E, Tr::kBN>(acc, a, dr, 1);
     cuda::wgmma_commit();
 }
 
@@ -130,21 +149,106 @@ __device__ __forceinline__ void score_mods(const Params &p, const TileCoords &c,
     }
 }
 
+// ALiBi's column bias inside the GEMM (the ramp kernel, RampTraits: Params::alibi_gemm, no soft
+// cap, which comes before the bias). On a key tile wholly on one side of a row's diagonal the
+// bias is s*c + s*(tile0 - rdiag) with c the key's offset in the tile and s = +-slope by side
+// (alibi_scores_one_side): the row part goes to the softmax as its shift, the column part s*c is
+// one more k16 slice of S = Q K^T, A[row][0..2] = s split into three 16-bit parts (hi, mid, lo:
+// s to ~24 bits, each product with c exact in fp32), B[key][k] = c for k % 8 < 3 (every 16-byte
+// chunk of a key's 128-byte row the same, so the SW128 swizzle, which permutes a row's chunks,
+// cannot move a value: the layout is the K tile's, descriptor and all). The FFMA per score goes
+// away for one m64n(kBN)k16 wgmma per tile. A row whose diagonal crosses the tile gets A = 0 and
+// the general bias after the GEMM.
+template <class Tr>
+constexpr bool kAlibiGemm = Tr::kAlibiRamp && kAlibiOneSide<Tr>;  // (one_side: its shifted softmax)
+constexpr int kAlibiRampBar = 5;  // named barrier of the ramp's writers (1, 2: ping-pong; 3, 4: O staging)
+
+// The ramp block (Traits::kAlibiOffset), written once per CTA by the 256 consumer threads
+// (`ctid`) before their first S GEMM: the async-proxy fence orders the stores before the
+// wgmmas' reads, the barrier before every consumer's first issue.
+template <class Tr, class E>
+__device__ __forceinline__ void alibi_ramp_write(unsigned char *smem, int ctid) {
+    uint4 *b = reinterpret_cast<uint4 *>(smem + Tr::kAlibiOffset);
+#pragma unroll 1
+    for (int i = ctid; i < Tr::kBN * 8; i += 2 * 128) {  // 8 chunks of 16 B per key row
+        const float c = static_cast<float>(i / 8);        // exact in 16 bits: kBN <= 256
+        b[i] = make_uint4(cuda::pack2<E>(c, c), cuda::pack2<E>(c, 0.f), 0u, 0u);
+    }
+    cuda::fence_proxy_async_smem();
+    cuda::named_barrier_sync(kAlibiRampBar, 2 * 128);
+}
+
+// x rounded to E, as E's bits (low half) and as a float.
+template <class E>
+__device__ __forceinline__ float round_e(float x, uint32_t &bits) {
+    bits = cuda::pack2<E>(x, 0.f) & 0xffffu;
+    if constexpr (std::is_same_v<E, cuda::Bf16>) return __uint_as_float(bits << 16);
+    float f;
+    asm("{\n\t.reg .b16 h;\n\tcvt.u16.u32 h, %1;\n\tcvt.f32.f16 %0, h;\n\t}" : "=f"(f) : "r"(bits));
+    return f;
+}
+
+// This thread's word of the ramp's A fragment for a row of slope s (score units): k columns 2t,
+// 2t+1 of the row, so t = 0 holds (hi, mid), t = 1 (lo, 0), t = 2, 3 zeros. s - hi and
+// s - hi - mid are exact in fp32.
+template <class E>
+__device__ __forceinline__ uint32_t alibi_ramp_word(float s, int t) {
+    uint32_t hb, mb, lb;
+    const float hi = round_e<E>(s, hb);
+    const float mid = round_e<E>(s - hi, mb);
+    round_e<E>(s - hi - mid, lb);
+    return t == 0 ? (hb | mb << 16) : t == 1 ? lb : 0u;
+}
+
+// The ramp's A fragment for key tile `nb`: row half h (a[h]: row g + 8h, k columns 2t, 2t + 1)
+// takes +s left of its diagonal (every key j <= rdiag), -s right of it (every j >= rdiag: both
+// 16-bit halves' signs flipped), 0 where the diagonal crosses the tile; k columns 8.. are 0.
+template <class Tr>
+__device__ __forceinline__ void alibi_ramp_a(uint32_t word, int nb, const int (&rdiag)[2], uint32_t (&a)[4]) {
+    const int first = nb * Tr::kBN, last = first + Tr::kBN - 1;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) a[h] = last <= rdiag[h] ? word : first >= rdiag[h] ? word ^ 0x80008000u : 0u;
+    a[2] = a[3] = 0u;
+}
+
+// score_mods for the ramp's loop: S holds s*c already on the rows alibi_ramp_a gave a slope;
+// they get the row shift, the others the general bias; then the mask.
+template <class Tr>
+__device__ __forceinline__ void score_mods_ramp(const Params &p, const TileCoords &c, float (&S)[Tr::kNT][4],
+                                                int nb, const int (&rdiag)[2], int t, float s, float (&shift)[2]) {
+    const int first = nb * Tr::kBN, last = first + Tr::kBN - 1, col0 = first + 2 * t;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        shift[h] = 0.f;
+        if (last <= rdiag[h])
+            shift[h] = s * static_cast<float>(first - rdiag[h]);
+        else if (first >= rdiag[h])
+            shift[h] = -s * static_cast<float>(first - rdiag[h]);
+        else
+            cuda::alibi_scores_half(S, h, rdiag[h], s, col0);
+    }
+    if (c.kt.masked(nb)) cuda::mask_scores<true>(S, rdiag, col0, c.seq.sk, p.right_i, p.left_i, p.sink_tokens);
+}
+
 // Consumer warpgroup `w` (0 or 1), rows 64w..64w+63 of a tile with at least one visible key
 // tile: accumulates the unnormalised O and the softmax row statistics (row_max, row_sum) over
 // all key tiles and advances `pipe` past them. `lane`, `t` (lane % 4) and `rdiag` (each of the
-// thread's two rows' diagonal key) place the thread in the accumulator layout.
-template <class Tr, class E>
-__device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoords &c, unsigned char *smem,
-                                                  Barriers *bars, int w, int lane, int t, const int (&rdiag)[2],
-                                                  float sl2, float (&O)[Tr::kDV / 2], float (&row_max)[2],
-                                                  float (&row_sum)[2], Pipe &pipe) {
+// thread's two rows' diagonal key) place the thread in the accumulator layout. kRamp: ALiBi's
+// column bias in the S GEMM (kAlibiGemm above), `s` the head's slope in score units and `word`
+// this thread's A-fragment word of it (alibi_ramp_word).
+template <class Tr, class E, bool kRamp>
+__device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const TileCoords &c, unsigned char *smem,
+                                                       Barriers *bars, int w, int lane, int t, const int (&rdiag)[2],
+                                                       float sl2, float (&O)[Tr::kDV / 2], float (&row_max)[2],
+                                                       float (&row_sum)[2], Pipe &pipe, float s, uint32_t word) {
     constexpr int kDV = Tr::kDV, kBN = Tr::kBN, kNT = Tr::kNT, kPF = Tr::kPF;
     // Descriptors: Q rows 64w.. (K-major), K (K-major), V (MN-major: LBO = one 64-column page).
     const uint32_t s_base = cuda::smem_addr(smem);
     const uint64_t dq = cuda::make_desc_sw128(s_base + 64 * w * 128);
     const uint64_t dk = cuda::make_desc_sw128(s_base + Tr::kKOffset);
     const uint64_t dv = cuda::make_desc_sw128(s_base + Tr::kVOffset, 1024, Tr::kKVPage);
+    // The ramp block: kBN key rows of 128 B, K-major SW128 like a K tile's first page.
+    const uint64_t dr = kRamp ? cuda::make_desc_sw128(s_base + Tr::kAlibiOffset) : 0;
 
     // Key tile i is consumed as S_i, then P_i V_i during step i+1. P alternates between two
     // register sets (the loop is unrolled by two) so that the softmax writing P_{i+1} never
@@ -155,12 +259,17 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
     auto step = [&](int i, uint32_t (&P)[kPF][4], uint32_t (&P_next)[kPF][4]) {
         const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
         float S[kNT][4];
+        uint32_t a[4];  // the ramp's A fragment (kRamp)
+        if constexpr (kRamp) alibi_ramp_a<Tr>(word, walk_tile<Tr>(c, i), rdiag, a);
         cuda::mbar_wait(&bars->k_full[ks], phase_of(r0 + i));
         if constexpr (Tr::kPingPong) {  // both waits before the turn (the form ptxas accepts)
             cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i - 1));
             take_turn(w);
         }
-        issue_qk<Tr, E>(S, dq, dk, ks);
+        if constexpr (kRamp)
+            issue_qk_ramp<Tr, E>(S, dq, dk, ks, a, dr);
+        else
+            issue_qk<Tr, E>(S, dq, dk, ks);
         if constexpr (!Tr::kPingPong) cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i - 1));
         issue_pv<Tr, E>(O, P, dv, vs);
         if constexpr (Tr::kPingPong) pass_turn(w);
@@ -169,7 +278,10 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
         release(&bars->k_empty[ks], lane);
         if (i == n_tiles - 1) release(&bars->q_empty, lane);  // the last GEMM reading Q retired
         float shift[2];
-        score_mods<Tr>(p, c, S, walk_tile<Tr>(c, i), rdiag, t, shift);
+        if constexpr (kRamp)
+            score_mods_ramp<Tr>(p, c, S, walk_tile<Tr>(c, i), rdiag, t, s, shift);
+        else
+            score_mods<Tr>(p, c, S, walk_tile<Tr>(c, i), rdiag, t, shift);
         float alpha[2];
         if constexpr (kAlibiOneSide<Tr>)
             cuda::softmax_step_shifted<E>(S, row_max, row_sum, sl2, P_next, alpha, shift);
@@ -197,16 +309,24 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
     {  // the first (last-indexed) key tile: no O to rescale yet
         const int ks = stage_of(r0);
         float S[kNT][4];
+        uint32_t a[4];
+        if constexpr (kRamp) alibi_ramp_a<Tr>(word, walk_tile<Tr>(c, 0), rdiag, a);
         cuda::mbar_wait(&bars->k_full[ks], phase_of(r0));
         if constexpr (Tr::kPingPong) take_turn(w);
-        issue_qk<Tr, E>(S, dq, dk, ks);
+        if constexpr (kRamp)
+            issue_qk_ramp<Tr, E>(S, dq, dk, ks, a, dr);
+        else
+            issue_qk<Tr, E>(S, dq, dk, ks);
         if constexpr (Tr::kPingPong) pass_turn(w);
         cuda::wgmma_wait<0>();
         cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
         release(&bars->k_empty[ks], lane);
         if (n_tiles == 1) release(&bars->q_empty, lane);
         float shift[2];
-        score_mods<Tr>(p, c, S, walk_tile<Tr>(c, 0), rdiag, t, shift);
+        if constexpr (kRamp)
+            score_mods_ramp<Tr>(p, c, S, walk_tile<Tr>(c, 0), rdiag, t, s, shift);
+        else
+            score_mods<Tr>(p, c, S, walk_tile<Tr>(c, 0), rdiag, t, shift);
         float alpha[2];
         if constexpr (kAlibiOneSide<Tr>)
             cuda::softmax_step_shifted<E>(S, row_max, row_sum, sl2, Pa, alpha, shift);
@@ -226,6 +346,27 @@ __device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoo
     }
     pipe.kv += n_tiles;
     pipe.q += 1;
+}
+
+// The work tile's mainloop. In the ramp kernel (Tr::kRamp: RampTraits, fa3_traits.cuh) ALiBi's
+// column bias goes into the S GEMM: its first call (pipe.q == 0, the same call in both consumer
+// warpgroups, before any S GEMM) writes the ramp block; the slope is loaded once per work tile.
+// Otherwise main's loop, the bias (if any) an FFMA per score.
+template <class Tr, class E>
+__device__ __forceinline__ void consumer_mainloop(const Params &p, const TileCoords &c, unsigned char *smem,
+                                                  Barriers *bars, int w, int lane, int t, const int (&rdiag)[2],
+                                                  float sl2, float (&O)[Tr::kDV / 2], float (&row_max)[2],
+                                                  float (&row_sum)[2], Pipe &pipe) {
+    if constexpr (Tr::kRamp) {
+        static_assert(kAlibiGemm<Tr>, "no ALiBi ramp in this kernel");
+        if (pipe.q == 0) alibi_ramp_write<Tr, E>(smem, static_cast<int>(threadIdx.x) - 128);
+        const float s = p.alibi_slopes[c.head] * p.alibi_to_score;
+        consumer_mainloop_impl<Tr, E, true>(p, c, smem, bars, w, lane, t, rdiag, sl2, O, row_max, row_sum, pipe, s,
+                                            alibi_ramp_word<E>(s, t));
+    } else {
+        consumer_mainloop_impl<Tr, E, false>(p, c, smem, bars, w, lane, t, rdiag, sl2, O, row_max, row_sum, pipe,
+                                             0.f, 0u);
+    }
 }
 
 }  // namespace fa3

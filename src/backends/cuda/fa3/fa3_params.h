@@ -32,6 +32,11 @@ struct Params : TensorArgs {
     const int32_t *page_table = nullptr;
     int64_t page_table_stride = 0;
     int32_t page_size = 0;
+    // ALiBi (alibi_slopes non-null) without soft cap, head dims below 256: 1 launches the ramp
+    // kernel, the column part of a one-sided tile's bias inside S = Q K^T (fa3_mainloop.cuh,
+    // kAlibiGemm); 0 the plain one, an FFMA per score. FLASHATTN_FA3_ALIBI_GEMM=0 (knob_off,
+    // fa3_backend.cpp) for A/B runs. Last, so the fields before keep their parameter offsets.
+    int32_t alibi_gemm = 1;
 };
 
 // TMA descriptors of Q, K and V: rank 4 {head_dim, rows, heads, batch} (varlen: rows = total

@@ -40,6 +40,19 @@ struct Traits {
     static constexpr int kOOffset = kVOffset + kStages * kVBytes;
     static constexpr int kBarOffset = kOOffset + (kOStaged ? 2 * kOWgBytes : 0);
     static constexpr int kSmemBytes = kernel_smem_bytes(TileConfig{kD, kBN, kDV});
+    // ALiBi's ramp kernel (RampTraits below; fa3_mainloop.cuh kAlibiGemm): a static B operand of
+    // kBN key rows in the K tile's SW128 K-major layout (one 64-column page, 128 B a row), read as
+    // one more k16 slice of S = Q K^T, after the barriers' padded 1 KB (the 1 KB alignment slack
+    // stays last); the plain kernel launches with kSmemBytes, as before. Below head dim 256, whose
+    // consumer registers are full (kAlibiOneSide), and not for the pair (128, 64), whose ramp
+    // kernel spilled the persistent loop's m_blocks / n_work (ptxas, CUDA 13.0: 8-byte stack,
+    // 7 LDL / 2 STL, one or two reloads per work tile; the slope's A word recomputed per key tile
+    // instead of kept live changed nothing).
+    static constexpr bool kAlibiRamp = kD < 256 && !(kD == 128 && kDV == 64);
+    static constexpr bool kRamp = false;  // this kernel is the ramp kernel
+    static constexpr int kAlibiOffset = kBarOffset + 1024;
+    static constexpr int kAlibiBytes = kAlibiRamp ? kBN * 128 : 0;
+    static constexpr int kRampSmemBytes = kSmemBytes + kAlibiBytes;
     static constexpr int kNT = kBN / 8;   // n8 tiles of S per thread's rows
     static constexpr int kPF = kBN / 16;  // k16 fragments of P
     // Consumer ping-pong (fa3_mainloop.cuh take_turn): the square kernels below head dim 256 and
@@ -48,7 +61,20 @@ struct Traits {
     static constexpr bool kPingPong = kDV == kD ? kD < 256 : (kD == 128 && kDV == 64);
     static_assert(kD % 64 == 0 && kDV % 64 == 0 && kBN % 16 == 0 && kBN <= 256, "unsupported tile");
     static_assert(kKVPage % 1024 == 0, "K/V pages must keep the 1 KB swizzle alignment");
+    static_assert(kRampSmemBytes <= kMaxSmemBytes, "the ALiBi ramp does not fit beside the stages");
+    static_assert(kAlibiOffset % 1024 == 0, "the ALiBi ramp must keep the 1 KB swizzle alignment");
     static_assert(!kOStaged || 2 * kOWgBytes == o_stage_bytes(TileConfig{kD, kBN, kDV}), "O staging size");
+};
+
+// The traits of ALiBi's ramp kernel, fwd_kernel<RampTraits<Tr>, E> (launch_fwd picks it for ALiBi
+// without soft cap where Tr::kAlibiRamp and Params::alibi_gemm): Tr's tile, with the one-sided
+// tiles' column bias added in the S GEMM (fa3_mainloop.cuh kAlibiGemm). A traits class rather
+// than a kernel parameter, so the plain kernels keep their names and code (test_fa3_sass counts
+// the forward kernels per Traits<D, N, DV>; it checks this one for spills under the fwd name).
+template <class Tr>
+struct RampTraits : Tr {
+    static_assert(Tr::kAlibiRamp, "no ALiBi ramp at this tile");
+    static constexpr bool kRamp = true;
 };
 
 // The V side of a traits class, for the roles shared with kernels whose traits have no V width of
