@@ -202,6 +202,11 @@ static void data_free(run_data *r) {
 static int64_t tok_q(const run_data *r, int64_t b, int64_t i) { return r->start_q[b] + i; }
 static int64_t tok_k(const run_data *r, int64_t b, int64_t j) { return r->start_k[b] + j; }
 
+/* alibi == 2: ALiBi with an explicit softmax scale of 2^-17, so that a slope in score units
+ * (slope / scale) passes fp16's 65504 for the first heads' slopes (0.5 and up): FA3's ALiBi ramp
+ * (the bias inside S = Q K^T, 16-bit parts of the slope) must fall back to the general bias there. */
+static const double kTinyScale = 1.0 / 131072.0;
+
 static flashattn_status_t set_keys(flashattn_plan_t *plan, const vcase *c, const run_data *r) {
     const struct { flashattn_i64_param_t key; int64_t value; } keys[] = {
         {FLASHATTN_I64_BATCH, c->batch}, {FLASHATTN_I64_SEQLEN_Q, c->sq}, {FLASHATTN_I64_SEQLEN_K, c->sk},
@@ -211,7 +216,7 @@ static flashattn_status_t set_keys(flashattn_plan_t *plan, const vcase *c, const
         {FLASHATTN_I64_BACKEND, TEST_BACKEND}, {FLASHATTN_I64_VARLEN, c->varlen != 0},
         {FLASHATTN_I64_MASK_ALIGN, c->top_left ? FLASHATTN_MASK_ALIGN_TOP_LEFT : FLASHATTN_MASK_ALIGN_BOTTOM_RIGHT},
         {FLASHATTN_I64_SINK_TOKENS, c->sink_tokens}, {FLASHATTN_I64_SINK_LOGITS, c->sinks},
-        {FLASHATTN_I64_ALIBI, c->alibi}};
+        {FLASHATTN_I64_ALIBI, c->alibi != 0}};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; ++i) {
         flashattn_status_t s = flashattn_plan_set_i64(plan, keys[i].key, keys[i].value);
         if (s != FLASHATTN_SUCCESS) return s;
@@ -221,6 +226,7 @@ static flashattn_status_t set_keys(flashattn_plan_t *plan, const vcase *c, const
         flashattn_plan_set_i64(plan, FLASHATTN_I64_TOTAL_K, r->total_k);
     }
     if (c->softcap > 0) flashattn_plan_set_f64(plan, FLASHATTN_F64_SOFTCAP, c->softcap);
+    if (c->alibi == 2) flashattn_plan_set_f64(plan, FLASHATTN_F64_SOFTMAX_SCALE, kTinyScale);
     return FLASHATTN_SUCCESS;
 }
 
@@ -285,7 +291,7 @@ static ref_in ref_for(const run_data *r, int64_t b, int64_t h, double *q, double
     in.q = q, in.k = k, in.v = v;
     in.sq = r->len_q[b], in.sk = r->len_k[b], in.d = c->d, in.dv = c->dv;
     in.causal = c->causal, in.top_left = c->top_left, in.wl = c->wl, in.wr = c->wr;
-    in.sink_tokens = c->sink_tokens, in.scale = 1.0 / sqrt((double)c->d), in.softcap = c->softcap;
+    in.sink_tokens = c->sink_tokens, in.scale = c->alibi == 2 ? kTinyScale : 1.0 / sqrt((double)c->d), in.softcap = c->softcap;
     in.has_sink = c->sinks, in.sink = c->sinks ? (r->sink_d ? r->sink_d[h] : r->sink[h]) : 0.0, in.slope = c->alibi ? r->slope[h] : 0.0;
     return in;
 }
@@ -793,6 +799,9 @@ static const vcase forward_grid[] = {
     {1, 280, 1200, 8, 2, 64, 64, F16, 0, 0, -1, -1, 0, 0, 1, 0, 0},
     {1, 700, 900, 2, 2, 128, 128, F16, 0, 0, 200, 50, 0, 0, 1, 0, 0},
     {2, 350, 600, 4, 2, 128, 128, B16, 0, 0, -1, -1, 0, 1, 1, 0, 1},
+    /* ... with slopes in score units past fp16's range on the first heads (alibi 2: tiny scale). */
+    {1, 300, 700, 4, 2, 128, 128, F16, 0, 0, -1, -1, 0, 0, 2, 0, 0},
+    {1, 500, 260, 4, 4, 64, 64, F16, 1, 0, -1, -1, 0, 0, 2, 0, 0},
     /* head_dim_v != head_dim: (192, 128), (128, 64), (256, 128), (64, 128). */
     {2, 77, 93, 4, 2, 192, 128, B16, 1, 0, -1, -1, 0, 0, 0, 0, 0},
     {2, 50, 65, 4, 4, 128, 64, F16, 0, 0, -1, -1, 0, 0, 0, 0, 0},

@@ -200,14 +200,25 @@ __device__ __forceinline__ uint32_t alibi_ramp_word(float s, int t) {
     return t == 0 ? (hb | mb << 16) : t == 1 ? lb : 0u;
 }
 
+// Whether a head's slope s (score units) can ride in the ramp: its leading 16-bit part must be
+// finite in E (fp16 tops out at 65504, which s passes with a tiny explicit scale); otherwise, and
+// for a non-finite s, every tile of the work tile takes the general bias, as main's FFMA form.
+template <class E>
+__device__ __forceinline__ bool alibi_ramp_fits(float s) {
+    return fabsf(s) <= (std::is_same_v<E, cuda::Bf16> ? 3.38e38f : 65504.f);  // false for NaN
+}
+
 // The ramp's A fragment for key tile `nb`: row half h (a[h]: row g + 8h, k columns 2t, 2t + 1)
 // takes +s left of its diagonal (every key j <= rdiag), -s right of it (every j >= rdiag: both
-// 16-bit halves' signs flipped), 0 where the diagonal crosses the tile; k columns 8.. are 0.
+// 16-bit halves' signs flipped), 0 where the diagonal crosses the tile or the slope does not fit
+// (`fits`, alibi_ramp_fits); k columns 8.. are 0.
 template <class Tr>
-__device__ __forceinline__ void alibi_ramp_a(uint32_t word, int nb, const int (&rdiag)[2], uint32_t (&a)[4]) {
+__device__ __forceinline__ void alibi_ramp_a(uint32_t word, bool fits, int nb, const int (&rdiag)[2],
+                                             uint32_t (&a)[4]) {
     const int first = nb * Tr::kBN, last = first + Tr::kBN - 1;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) a[h] = last <= rdiag[h] ? word : first >= rdiag[h] ? word ^ 0x80008000u : 0u;
+    for (int h = 0; h < 2; ++h)
+        a[h] = !fits ? 0u : last <= rdiag[h] ? word : first >= rdiag[h] ? word ^ 0x80008000u : 0u;
     a[2] = a[3] = 0u;
 }
 
@@ -215,14 +226,15 @@ __device__ __forceinline__ void alibi_ramp_a(uint32_t word, int nb, const int (&
 // they get the row shift, the others the general bias; then the mask.
 template <class Tr>
 __device__ __forceinline__ void score_mods_ramp(const Params &p, const TileCoords &c, float (&S)[Tr::kNT][4],
-                                                int nb, const int (&rdiag)[2], int t, float s, float (&shift)[2]) {
+                                                int nb, const int (&rdiag)[2], int t, float s, bool fits,
+                                                float (&shift)[2]) {
     const int first = nb * Tr::kBN, last = first + Tr::kBN - 1, col0 = first + 2 * t;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         shift[h] = 0.f;
-        if (last <= rdiag[h])
+        if (fits && last <= rdiag[h])
             shift[h] = s * static_cast<float>(first - rdiag[h]);
-        else if (first >= rdiag[h])
+        else if (fits && first >= rdiag[h])
             shift[h] = -s * static_cast<float>(first - rdiag[h]);
         else
             cuda::alibi_scores_half(S, h, rdiag[h], s, col0);
@@ -235,7 +247,8 @@ __device__ __forceinline__ void score_mods_ramp(const Params &p, const TileCoord
 // all key tiles and advances `pipe` past them. `lane`, `t` (lane % 4) and `rdiag` (each of the
 // thread's two rows' diagonal key) place the thread in the accumulator layout. kRamp: ALiBi's
 // column bias in the S GEMM (kAlibiGemm above), `s` the head's slope in score units and `word`
-// this thread's A-fragment word of it (alibi_ramp_word).
+// this thread's A-fragment word of it (alibi_ramp_word); a slope that does not fit the ramp
+// (alibi_ramp_fits) takes the general bias on every tile.
 template <class Tr, class E, bool kRamp>
 __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const TileCoords &c, unsigned char *smem,
                                                        Barriers *bars, int w, int lane, int t, const int (&rdiag)[2],
@@ -249,6 +262,7 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
     const uint64_t dv = cuda::make_desc_sw128(s_base + Tr::kVOffset, 1024, Tr::kKVPage);
     // The ramp block: kBN key rows of 128 B, K-major SW128 like a K tile's first page.
     const uint64_t dr = kRamp ? cuda::make_desc_sw128(s_base + Tr::kAlibiOffset) : 0;
+    const bool fits = kRamp && alibi_ramp_fits<E>(s);  // (uniform over the work tile)
 
     // Key tile i is consumed as S_i, then P_i V_i during step i+1. P alternates between two
     // register sets (the loop is unrolled by two) so that the softmax writing P_{i+1} never
@@ -260,7 +274,7 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
         const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
         float S[kNT][4];
         uint32_t a[4];  // the ramp's A fragment (kRamp)
-        if constexpr (kRamp) alibi_ramp_a<Tr>(word, walk_tile<Tr>(c, i), rdiag, a);
+        if constexpr (kRamp) alibi_ramp_a<Tr>(word, fits, walk_tile<Tr>(c, i), rdiag, a);
         cuda::mbar_wait(&bars->k_full[ks], phase_of(r0 + i));
         if constexpr (Tr::kPingPong) {  // both waits before the turn (the form ptxas accepts)
             cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i - 1));
@@ -279,7 +293,7 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
         if (i == n_tiles - 1) release(&bars->q_empty, lane);  // the last GEMM reading Q retired
         float shift[2];
         if constexpr (kRamp)
-            score_mods_ramp<Tr>(p, c, S, walk_tile<Tr>(c, i), rdiag, t, s, shift);
+            score_mods_ramp<Tr>(p, c, S, walk_tile<Tr>(c, i), rdiag, t, s, fits, shift);
         else
             score_mods<Tr>(p, c, S, walk_tile<Tr>(c, i), rdiag, t, shift);
         float alpha[2];
@@ -310,7 +324,7 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
         const int ks = stage_of(r0);
         float S[kNT][4];
         uint32_t a[4];
-        if constexpr (kRamp) alibi_ramp_a<Tr>(word, walk_tile<Tr>(c, 0), rdiag, a);
+        if constexpr (kRamp) alibi_ramp_a<Tr>(word, fits, walk_tile<Tr>(c, 0), rdiag, a);
         cuda::mbar_wait(&bars->k_full[ks], phase_of(r0));
         if constexpr (Tr::kPingPong) take_turn(w);
         if constexpr (kRamp)
@@ -324,7 +338,7 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
         if (n_tiles == 1) release(&bars->q_empty, lane);
         float shift[2];
         if constexpr (kRamp)
-            score_mods_ramp<Tr>(p, c, S, walk_tile<Tr>(c, 0), rdiag, t, s, shift);
+            score_mods_ramp<Tr>(p, c, S, walk_tile<Tr>(c, 0), rdiag, t, s, fits, shift);
         else
             score_mods<Tr>(p, c, S, walk_tile<Tr>(c, 0), rdiag, t, shift);
         float alpha[2];
