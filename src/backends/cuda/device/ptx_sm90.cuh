@@ -325,31 +325,33 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
                      : "l"(desc_a), "l"(desc_b), "r"(scale_d)                                          \
                      : "memory");                                                                      \
     }
-#define FLASHATTN_WGMMA_RS(N, E, T)                                                                     \
+// An RS wgmma function NAME<E, N>; TB: the tnspB bit ("1": B MN-major, "0": K-major).
+#define FLASHATTN_WGMMA_RS_AS(NAME, N, E, T, TB)                                                        \
     template <>                                                                                        \
-    __device__ __forceinline__ void wgmma_rs<E, N>(float(&d)[N / 2], const uint32_t(&a)[4],            \
-                                                   uint64_t desc_b, int scale_d) {                     \
+    __device__ __forceinline__ void NAME<E, N>(float(&d)[N / 2], const uint32_t(&a)[4], uint64_t desc_b, \
+                                               int scale_d) {                                          \
         asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, " FLASHATTN_WGMMA_N##N##_IN5                \
                      ", 0;\n\twgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " "               \
                      FLASHATTN_WGMMA_N##N##_REGS ", {" FLASHATTN_WGMMA_N##N##_IN0 ", "                  \
                      FLASHATTN_WGMMA_N##N##_IN1 ", " FLASHATTN_WGMMA_N##N##_IN2 ", "                    \
-                     FLASHATTN_WGMMA_N##N##_IN3 "}, " FLASHATTN_WGMMA_N##N##_IN4 ", p, 1, 1, 1;\n\t}"    \
+                     FLASHATTN_WGMMA_N##N##_IN3 "}, " FLASHATTN_WGMMA_N##N##_IN4 ", p, 1, 1, " TB ";\n\t}" \
                      : FLASHATTN_WGMMA_N##N##_OPS(d)                                                   \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)           \
                      : "memory");                                                                      \
     }
+#define FLASHATTN_WGMMA_RS(N, E, T) FLASHATTN_WGMMA_RS_AS(wgmma_rs, N, E, T, "1")
 #else
 #define FLASHATTN_WGMMA_SS(N, E, T)                                                                     \
     template <>                                                                                        \
     __device__ __forceinline__ void wgmma_ss<E, N>(float(&)[N / 2], uint64_t, uint64_t, int) {        \
         FLASHATTN_SM90A_TRAP();                                                                        \
     }
-#define FLASHATTN_WGMMA_RS(N, E, T)                                                                     \
+#define FLASHATTN_WGMMA_RS_AS(NAME, N, E, T, TB)                                                        \
     template <>                                                                                        \
-    __device__ __forceinline__ void wgmma_rs<E, N>(float(&)[N / 2], const uint32_t(&)[4], uint64_t,   \
-                                                   int) {                                              \
+    __device__ __forceinline__ void NAME<E, N>(float(&)[N / 2], const uint32_t(&)[4], uint64_t, int) { \
         FLASHATTN_SM90A_TRAP();                                                                        \
     }
+#define FLASHATTN_WGMMA_RS(N, E, T) FLASHATTN_WGMMA_RS_AS(wgmma_rs, N, E, T, "1")
 #endif
 #define FLASHATTN_WGMMA_BOTH_TYPES(N)          \
     FLASHATTN_WGMMA_SS(N, cuda::Bf16, "bf16") \
@@ -386,34 +388,14 @@ template <class E, int N>
 __device__ __forceinline__ void wgmma_rs_kmajor(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
                                                 int scale_d);
 
-#if FLASHATTN_SM90A_BODY
-#define FLASHATTN_WGMMA_RS_K(N, E, T)                                                                   \
-    template <>                                                                                        \
-    __device__ __forceinline__ void wgmma_rs_kmajor<E, N>(float(&d)[N / 2], const uint32_t(&a)[4],     \
-                                                          uint64_t desc_b, int scale_d) {              \
-        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, " FLASHATTN_WGMMA_N##N##_IN5                \
-                     ", 0;\n\twgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " "               \
-                     FLASHATTN_WGMMA_N##N##_REGS ", {" FLASHATTN_WGMMA_N##N##_IN0 ", "                  \
-                     FLASHATTN_WGMMA_N##N##_IN1 ", " FLASHATTN_WGMMA_N##N##_IN2 ", "                    \
-                     FLASHATTN_WGMMA_N##N##_IN3 "}, " FLASHATTN_WGMMA_N##N##_IN4 ", p, 1, 1, 0;\n\t}"    \
-                     : FLASHATTN_WGMMA_N##N##_OPS(d)                                                   \
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)           \
-                     : "memory");                                                                      \
-    }
-#else
-#define FLASHATTN_WGMMA_RS_K(N, E, T)                                                                   \
-    template <>                                                                                        \
-    __device__ __forceinline__ void wgmma_rs_kmajor<E, N>(float(&)[N / 2], const uint32_t(&)[4],       \
-                                                          uint64_t, int) {                             \
-        FLASHATTN_SM90A_TRAP();                                                                        \
-    }
-#endif
+#define FLASHATTN_WGMMA_RS_K(N, E, T) FLASHATTN_WGMMA_RS_AS(wgmma_rs_kmajor, N, E, T, "0")
 // The key tiles of the FA3 forward kernels that take the ramp (fa3_config.h: 96 and 128 keys).
 FLASHATTN_WGMMA_RS_K(96, cuda::Bf16, "bf16")
 FLASHATTN_WGMMA_RS_K(96, cuda::Fp16, "f16")
 FLASHATTN_WGMMA_RS_K(128, cuda::Bf16, "bf16")
 FLASHATTN_WGMMA_RS_K(128, cuda::Fp16, "f16")
 #undef FLASHATTN_WGMMA_RS_K
+#undef FLASHATTN_WGMMA_RS_AS
 
 }  // namespace cuda
 }  // namespace flashattn
