@@ -92,12 +92,12 @@ fwd_part() {  # FA3 forward, main and this tree against cuDNN in one process (is
     > "$out/fwd-fa3.txt" 2>&1
   note "fwd rc=$?"
 }
-cudnn_decode_part() {  # issue 18's contiguous bar: this tree's decode against cuDNN, two runs
+cudnn_decode_part() {  # issue 18's contiguous bar: this tree's decode against cuDNN, two runs of three rotated rounds
   local r
   for r in $(seq 1 $rounds); do
     [ $(pleft) -gt 60 ] || { note "cudnn decode $r skipped"; return; }
     on $new_bld timeout 90 python3 -W ignore "$root/bench/compare_torch.py" --lib $new_bld/src/libflashattn.so \
-      --gens fa2 --decode --decode-batch 1,8,64 --decode-kv-heads 8 --decode-seqlen 16384,32768,131072 \
+      --gens fa2 --decode --decode-rounds 3 --decode-batch 1,8,64 --decode-kv-heads 8 --decode-seqlen 16384,32768,131072 \
       > "$out/cudnn-decode-$r.txt" 2>&1
     note "cudnn decode $r rc=$?"
   done
