@@ -54,30 +54,10 @@ __device__ __forceinline__ void mask_scores(float (&S)[kNT][4], const int (&rdia
 // As -sign(slope) * |t|, t = slope * (c - base): an FFMA with the column an immediate, then the
 // absolute value and an FFMA, no integer-to-float conversion per score, whose MUFU-rate throughput
 // made the first form (abs, I2F, FFMA) cost ALiBi a third of the forward's speed (H200, hdim 128).
-template <int kNT>
-__device__ __forceinline__ void alibi_scores(float (&S)[kNT][4], const int (&rdiag)[2], const float (&slope)[2],
-                                             int col0) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const float base = static_cast<float>(rdiag[h] - col0);  // the diagonal key, as a tile column
-        const float sb = -slope[h] * base;
-        const float neg_sign = slope[h] >= 0.f ? -1.f : 1.f;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float t = fmaf(slope[h], static_cast<float>(nt * 8 + e), sb);
-                S[nt][2 * h + e] = fmaf(neg_sign, fabsf(t), S[nt][2 * h + e]);
-            }
-    }
-}
-
-// alibi_scores on row half h alone (its row's slope s, diagonal rdiag_h): FA3's ALiBi ramp
-// (fa3_mainloop.cuh) takes the rows whose diagonal crosses the tile through it, the others in
-// the GEMM.
+// alibi_scores_half: row half h alone (FA3's ALiBi ramp: the rows whose diagonal crosses the tile).
 template <int kNT>
 __device__ __forceinline__ void alibi_scores_half(float (&S)[kNT][4], int h, int rdiag_h, float s, int col0) {
-    const float sb = -s * static_cast<float>(rdiag_h - col0);
+    const float sb = -s * static_cast<float>(rdiag_h - col0);  // rdiag_h - col0: the diagonal key's tile column
     const float neg_sign = s >= 0.f ? -1.f : 1.f;
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
@@ -86,6 +66,14 @@ __device__ __forceinline__ void alibi_scores_half(float (&S)[kNT][4], int h, int
             const float t = fmaf(s, static_cast<float>(nt * 8 + e), sb);
             S[nt][2 * h + e] = fmaf(neg_sign, fabsf(t), S[nt][2 * h + e]);
         }
+}
+
+// Both of the thread's rows (row half h: slope[h], diagonal rdiag[h]).
+template <int kNT>
+__device__ __forceinline__ void alibi_scores(float (&S)[kNT][4], const int (&rdiag)[2], const float (&slope)[2],
+                                             int col0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) alibi_scores_half(S, h, rdiag[h], slope[h], col0);
 }
 
 // ALiBi on a key tile that lies wholly on one side of each of the thread's two rows' diagonals

@@ -44,33 +44,21 @@ __device__ __forceinline__ uint64_t k_step(int ks, int page) {
 // Issues S = Q K^T for K ring stage `st` (not waited for): kD / 16 wgmmas, both operands in
 // shared memory. Operand fences before wgmma.fence: no register of a wgmma is defined by an
 // ordinary instruction inside the issue window (ptxas would serialize the wgmmas, C7513).
-template <class Tr, class E>
-__device__ __forceinline__ void issue_qk(float (&S)[Tr::kNT][4], uint64_t dq, uint64_t dk, int st) {
+// kRamp (ALiBi's ramp kernel, kAlibiGemm below): one more k16 slice in the same commit group,
+// accumulating into S, A = `a` (the rows' slopes) from registers, B at `dr` (the key offsets);
+// the plain kernels never read `a` or `dr`.
+template <class Tr, class E, bool kRamp>
+__device__ __forceinline__ void issue_qk(float (&S)[Tr::kNT][4], uint64_t dq, uint64_t dk, int st,
+                                         uint32_t (&a)[4], uint64_t dr) {
     float(&acc)[Tr::kBN / 2] = reinterpret_cast<float(&)[Tr::kBN / 2]>(S);
     const uint64_t dks = dk + static_cast<uint64_t>((st * Tr::kKVBytes) >> 4);
     cuda::fence_operands(acc);
+    if constexpr (kRamp) cuda::fence_operands(a);
     cuda::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < Tr::kD / 16; ++ks)
         cuda::wgmma_ss<E, Tr::kBN>(acc, dq + k_step(ks, Tr::kQPage), dks + k_step(ks, Tr::kKVPage), ks > 0);
-    cuda::wgmma_commit();
-}
-
-// issue_qk and one more k16 slice, ALiBi's ramp (kAlibiGemm below: A = `a`, the rows' slopes;
-// B at `dr`, the key offsets), in the same commit group, accumulating into S. A apart from the
-// plain form so that the plain kernels compile as before.
-template <class Tr, class E>
-__device__ __forceinline__ void issue_qk_ramp(float (&S)[Tr::kNT][4], uint64_t dq, uint64_t dk, int st,
-                                              uint32_t (&a)[4], uint64_t dr) {
-    float(&acc)[Tr::kBN / 2] = reinterpret_cast<float(&)[Tr::kBN / 2]>(S);
-    const uint64_t dks = dk + static_cast<uint64_t>((st * Tr::kKVBytes) >> 4);
-    cuda::fence_operands(acc);
-    cuda::fence_operands(a);
-    cuda::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < Tr::kD / 16; ++ks)
-        cuda::wgmma_ss<E, Tr::kBN>(acc, dq + k_step(ks, Tr::kQPage), dks + k_step(ks, Tr::kKVPage), ks > 0);
-    cuda::wgmma_rs_kmajor<E, Tr::kBN>(acc, a, dr, 1);
+    if constexpr (kRamp) cuda::wgmma_rs_kmajor<E, Tr::kBN>(acc, a, dr, 1);
     cuda::wgmma_commit();
 }
 
@@ -124,6 +112,19 @@ __device__ __forceinline__ int walk_tile(const TileCoords &c, int i) {
 template <class Tr>
 constexpr bool kAlibiOneSide = Tr::kD < 256;
 
+// On an edge tile (every sink tile is one) the causal / window / ragged-end / sink-token mask of
+// key tile `nb` (the thread's first column at key col0).
+template <class Tr>
+__device__ __forceinline__ void mask_tile(const Params &p, const TileCoords &c, float (&S)[Tr::kNT][4], int nb,
+                                          const int (&rdiag)[2], int col0) {
+    if (c.kt.masked(nb)) {
+        if constexpr (kSinkTokens<Tr>)
+            cuda::mask_scores<true>(S, rdiag, col0, c.seq.sk, p.right_i, p.left_i, p.sink_tokens);
+        else
+            cuda::mask_scores<false>(S, rdiag, col0, c.seq.sk, p.right_i, p.left_i);
+    }
+}
+
 // Soft cap, ALiBi, then on an edge tile (every sink tile is one) the causal / window / ragged-end /
 // sink-token mask on key tile `nb`. shift: the row offset of the scores for the softmax (0 but
 // for ALiBi on a tile wholly on one side of the thread's rows' diagonals, which adds one FFMA per
@@ -141,12 +142,7 @@ __device__ __forceinline__ void score_mods(const Params &p, const TileCoords &c,
         else
             cuda::alibi_scores(S, rdiag, {s, s}, col0);
     }
-    if (c.kt.masked(nb)) {
-        if constexpr (kSinkTokens<Tr>)
-            cuda::mask_scores<true>(S, rdiag, col0, c.seq.sk, p.right_i, p.left_i, p.sink_tokens);
-        else
-            cuda::mask_scores<false>(S, rdiag, col0, c.seq.sk, p.right_i, p.left_i);
-    }
+    mask_tile<Tr>(p, c, S, nb, rdiag, col0);
 }
 
 // ALiBi's column bias inside the GEMM (the ramp kernel, RampTraits: Params::alibi_gemm, no soft
@@ -239,7 +235,7 @@ __device__ __forceinline__ void score_mods_ramp(const Params &p, const TileCoord
         else
             cuda::alibi_scores_half(S, h, rdiag[h], s, col0);
     }
-    if (c.kt.masked(nb)) cuda::mask_scores<true>(S, rdiag, col0, c.seq.sk, p.right_i, p.left_i, p.sink_tokens);
+    mask_tile<Tr>(p, c, S, nb, rdiag, col0);
 }
 
 // Consumer warpgroup `w` (0 or 1), rows 64w..64w+63 of a tile with at least one visible key
@@ -280,10 +276,7 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
             cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i - 1));
             take_turn(w);
         }
-        if constexpr (kRamp)
-            issue_qk_ramp<Tr, E>(S, dq, dk, ks, a, dr);
-        else
-            issue_qk<Tr, E>(S, dq, dk, ks);
+        issue_qk<Tr, E, kRamp>(S, dq, dk, ks, a, dr);
         if constexpr (!Tr::kPingPong) cuda::mbar_wait(&bars->v_full[vs], phase_of(r0 + i - 1));
         issue_pv<Tr, E>(O, P, dv, vs);
         if constexpr (Tr::kPingPong) pass_turn(w);
@@ -327,10 +320,7 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
         if constexpr (kRamp) alibi_ramp_a<Tr>(word, fits, walk_tile<Tr>(c, 0), rdiag, a);
         cuda::mbar_wait(&bars->k_full[ks], phase_of(r0));
         if constexpr (Tr::kPingPong) take_turn(w);
-        if constexpr (kRamp)
-            issue_qk_ramp<Tr, E>(S, dq, dk, ks, a, dr);
-        else
-            issue_qk<Tr, E>(S, dq, dk, ks);
+        issue_qk<Tr, E, kRamp>(S, dq, dk, ks, a, dr);
         if constexpr (Tr::kPingPong) pass_turn(w);
         cuda::wgmma_wait<0>();
         cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
