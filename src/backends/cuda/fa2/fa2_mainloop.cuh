@@ -577,6 +577,99 @@ __device__ __forceinline__ float &alibi_ramp_slope() {
     return slope;
 }
 
+// O of one m16 tile times the softmax step's alpha per row half. (Skipping this when no row's max
+// moved, behind a warp vote, measured 2-3% slower at head dim 64 and no better elsewhere on the
+// H200.)
+template <class Tr>
+__device__ __forceinline__ void rescale_o(float (&O)[Tr::kDT][4], const float (&alpha)[2]) {
+#pragma unroll
+    for (int dt = 0; dt < Tr::kDT; ++dt) {
+        O[dt][0] *= alpha[0];
+        O[dt][1] *= alpha[0];
+        O[dt][2] *= alpha[1];
+        O[dt][3] *= alpha[1];
+    }
+}
+
+// A sink tile's m16 tile mt when its sink keys all lie in the first 16 keys (fwd_key_tile's
+// narrow kSink form): soft cap, ALiBi's general bias, the sink mask and the softmax step on the
+// chunk's two n8 tiles of S, P into the first k16 fragment (the only one gemm_pv reads then).
+template <class Tr, class E, class RowDiag, class RowHead>
+__device__ __forceinline__ void sink_chunk_softmax(const Params &p, const FwdLoopArgs &a, int nb,
+                                                   const RowDiag &row_diag, const RowHead &row_head, int mt,
+                                                   float (&S_mt)[Tr::kNT][4], uint32_t (&P_mt)[Tr::kVS][4],
+                                                   float (&row_max)[2], float (&row_sum)[2], float (&alpha)[2]) {
+    float(&S)[2][4] = reinterpret_cast<float(&)[2][4]>(S_mt);
+    uint32_t(&P)[1][4] = reinterpret_cast<uint32_t(&)[1][4]>(P_mt);
+    if (p.softcap_scale != 0.f) cuda::softcap_scores(S, p.softcap_scale);
+    int rdiag[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) rdiag[h] = row_diag(mt, h);
+    const int col0 = nb * Tr::kBN + 2 * a.t;
+    if (p.alibi_slopes != nullptr) {
+        float slope[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) slope[h] = p.alibi_slopes[row_head(mt, h)] * p.alibi_to_score;
+        cuda::alibi_scores(S, rdiag, slope, col0);
+    }
+    cuda::mask_scores<true>(S, rdiag, col0, a.sk, p.right_i, p.left_i, p.sink_tokens);
+    cuda::softmax_step<E>(S, row_max, row_sum, a.sl2, P, alpha);
+}
+
+// The scores of one key tile (kMT m16 tiles) to P, with the soft cap, ALiBi (the general bias on
+// edge tiles, the one-sided form in the kAlibi body), the edge mask and the softmax step; O
+// rescaled by the step's alpha.
+template <class Tr, class E, bool kVariants, bool kMasked, bool kAlibi, class RowDiag, class RowHead>
+__device__ __forceinline__ void tile_softmax(const Params &p, const FwdLoopArgs &a, int nb, const RowDiag &row_diag,
+                                             const RowHead &row_head, float (&S)[Tr::kMT][Tr::kNT][4],
+                                             uint32_t (&P)[Tr::kMT][Tr::kVS][4], float (&O)[Tr::kMT][Tr::kDT][4],
+                                             float (&row_max)[Tr::kMT][2], float (&row_sum)[Tr::kMT][2]) {
+    constexpr int kBN = Tr::kBN, kMT = Tr::kMT;
+    constexpr bool kRamp = kAlibi && kAlibiRamp<Tr>;
+    if (p.softcap_scale != 0.f)
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) cuda::softcap_scores(S[mt], p.softcap_scale);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+        if constexpr (kMasked) {
+            int rdiag[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) rdiag[h] = row_diag(mt, h);
+            if constexpr (kVariants) {
+                // ALiBi plans take this body for the tiles that cross a row's diagonal
+                // (AlibiBand) besides the edge tiles: the general bias, then the mask.
+                if (p.alibi_slopes != nullptr) {
+                    float slope[2];
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) slope[h] = p.alibi_slopes[row_head(mt, h)] * p.alibi_to_score;
+                    cuda::alibi_scores(S[mt], rdiag, slope, nb * kBN + 2 * a.t);
+                }
+                cuda::mask_scores<true>(S[mt], rdiag, nb * kBN + 2 * a.t, a.sk, p.right_i, p.left_i, p.sink_tokens);
+            } else {
+                cuda::mask_scores(S[mt], rdiag, nb * kBN + 2 * a.t, a.sk, p.right_i, p.left_i);
+            }
+        }
+        float alpha[2];
+        if constexpr (kAlibi) {
+            int rdiag[2];
+            float slope[2], shift[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                rdiag[h] = row_diag(mt, h);
+                slope[h] = p.alibi_slopes[row_head(mt, h)] * p.alibi_to_score;
+            }
+            if (kRamp && alibi_ramp_on(p))
+                cuda::alibi_shift_one_side(rdiag, slope, nb * kBN + 2 * a.t, shift);
+            else
+                cuda::alibi_scores_one_side(S[mt], rdiag, slope, nb * kBN + 2 * a.t, shift);
+            cuda::softmax_step_shifted<E>(S[mt], row_max[mt], row_sum[mt], a.sl2, P[mt], alpha, shift);
+        } else {
+            cuda::softmax_step<E>(S[mt], row_max[mt], row_sum[mt], a.sl2, P[mt], alpha);
+        }
+        rescale_o<Tr>(O[mt], alpha);
+    }
+}
+
 // One K/V tile nb, the it-th of the walk. kMasked: an edge tile that needs the element mask (a
 // separate copy of the body, so the steady state carries no mask code or registers); row_diag(mt,
 // h) is then the query position + (sk - sq) of this thread's row half h of m16 tile mt. It is the
@@ -595,9 +688,12 @@ __device__ __forceinline__ float &alibi_ramp_slope() {
 // gemm_qk's ramp (the first k-step's C operand). Both forms share this body (a branch on a kernel
 // parameter): a fourth copy for the ramp alone spilled more. alibi_left: the tile lies left of
 // every row's diagonal (else right of every one).
-// kSink (kVariants, kMasked): a sink-token tile, whose only visible keys are sink keys: the GEMMs
-// stop after the 16-key chunks that hold them (a whole tile's GEMMs for 4 sink keys cost FA2 a
-// key tile per query tile).
+// kSink (kVariants, kMasked): a sink-token tile whose visible keys (sink keys only) all lie in its
+// first 16 keys (fwd_mainloop sends other sink tiles to the kMasked body): both GEMMs, the mask and
+// the softmax cover that chunk alone (a whole tile for 4 sink keys cost FA2 a key tile per query
+// tile; with the GEMMs bounded alone, stop 15, the softmax and mask on every column still cost
+// about one). A runtime choice between this and the whole-tile body inside one copy spilled
+// 136 bytes at head dim 128 (ptxas, CUDA 13.0), hence the dispatch in the walk.
 template <class Tr, class E, bool kPaged, bool kVariants, bool kMasked, class RowDiag, class RowHead,
           bool kAlibi = false, bool kSink = false>
 __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs &a, const int nb,
@@ -640,8 +736,8 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
     // A warp past the last query row (warp_active false) skips the math. With kEarlyK it must
     // still reach the barrier between the S GEMM and the softmax; it then leaves the tile, whose
     // remaining steps have no barrier.
-    // kSink: the 16-key chunks up to the last sink key (warp-uniform).
-    const int sink_chunks = kSink ? min(Tr::kVS, (p.sink_tokens - nb * kBN + 15) / 16) : 0;
+    // kSink: the tile's first 16-key chunk, which holds all its sink keys (fwd_mainloop).
+    constexpr int sink_chunks = kSink ? 1 : 0;
     uint32_t P[kMT][Tr::kVS][4];
     if (a.warp_active || Tr::kEarlyK) {
         float S[kMT][kNT][4];
@@ -653,55 +749,16 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
             wait_v_load_next_k<Tr, kPaged, kVariants>(p, a, a.s_kv, nb, next);
             if (!a.warp_active) return;
         }
-        if (p.softcap_scale != 0.f)
+        if constexpr (kSink) {
 #pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) cuda::softcap_scores(S[mt], p.softcap_scale);
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-            if constexpr (kMasked) {
-                int rdiag[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) rdiag[h] = row_diag(mt, h);
-                if constexpr (kVariants) {
-                    // ALiBi plans take this body for the tiles that cross a row's diagonal
-                    // (AlibiBand) besides the edge tiles: the general bias, then the mask.
-                    if (p.alibi_slopes != nullptr) {
-                        float slope[2];
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) slope[h] = p.alibi_slopes[row_head(mt, h)] * p.alibi_to_score;
-                        cuda::alibi_scores(S[mt], rdiag, slope, nb * kBN + 2 * a.t);
-                    }
-                    cuda::mask_scores<true>(S[mt], rdiag, nb * kBN + 2 * a.t, a.sk, p.right_i, p.left_i, p.sink_tokens);
-                } else {
-                    cuda::mask_scores(S[mt], rdiag, nb * kBN + 2 * a.t, a.sk, p.right_i, p.left_i);
-                }
+            for (int mt = 0; mt < kMT; ++mt) {
+                float alpha[2];
+                sink_chunk_softmax<Tr, E>(p, a, nb, row_diag, row_head, mt, S[mt], P[mt], row_max[mt], row_sum[mt],
+                                          alpha);
+                rescale_o<Tr>(O[mt], alpha);
             }
-            float alpha[2];
-            if constexpr (kAlibi) {
-                int rdiag[2];
-                float slope[2], shift[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    rdiag[h] = row_diag(mt, h);
-                    slope[h] = p.alibi_slopes[row_head(mt, h)] * p.alibi_to_score;
-                }
-                if (kRamp && alibi_ramp_on(p))
-                    cuda::alibi_shift_one_side(rdiag, slope, nb * kBN + 2 * a.t, shift);
-                else
-                    cuda::alibi_scores_one_side(S[mt], rdiag, slope, nb * kBN + 2 * a.t, shift);
-                cuda::softmax_step_shifted<E>(S[mt], row_max[mt], row_sum[mt], a.sl2, P[mt], alpha, shift);
-            } else {
-                cuda::softmax_step<E>(S[mt], row_max[mt], row_sum[mt], a.sl2, P[mt], alpha);
-            }
-            // (Skipping this when no row's max moved, behind a warp vote, measured 2-3% slower at
-            // head dim 64 and no better elsewhere on the H200.)
-#pragma unroll
-            for (int dt = 0; dt < kDT; ++dt) {
-                O[mt][dt][0] *= alpha[0];
-                O[mt][dt][1] *= alpha[0];
-                O[mt][dt][2] *= alpha[1];
-                O[mt][dt][3] *= alpha[1];
-            }
+        } else {
+            tile_softmax<Tr, E, kVariants, kMasked, kAlibi>(p, a, nb, row_diag, row_head, S, P, O, row_max, row_sum);
         }
     }
 
@@ -780,10 +837,10 @@ __device__ __forceinline__ void fwd_mainloop(const Params &p, const FwdLoopArgs 
         for (int nb = window ? nb_last : s_last; nb >= 0; ++it) {
             const bool sink = nb < a.nb_first || !window;
             const int next = sink ? nb - 1 : nb > a.nb_first ? nb - 1 : s_last;
-            if (sink)
+            if (sink && p.sink_tokens - nb * Tr::kBN <= 16)
                 fwd_key_tile<Tr, E, kPaged, kVariants, true, RowDiag, RowHead, false, true>(
                     p, a, nb, it, next, O, row_max, row_sum, row_diag, row_head);
-            else if (kt.masked(nb) || (nb >= band.lo && nb <= band.hi))
+            else if (sink || kt.masked(nb) || (nb >= band.lo && nb <= band.hi))
                 fwd_key_tile<Tr, E, kPaged, kVariants, true>(p, a, nb, it, next, O, row_max, row_sum, row_diag,
                                                              row_head);
             else if (band.on)
