@@ -389,11 +389,14 @@ __device__ __forceinline__ void wgmma_rs_kmajor(float (&d)[N / 2], const uint32_
                                                 int scale_d);
 
 #define FLASHATTN_WGMMA_RS_K(N, E, T) FLASHATTN_WGMMA_RS_AS(wgmma_rs_kmajor, N, E, T, "0")
-// The key tiles of the FA3 forward kernels that take the ramp (fa3_config.h: 96 and 128 keys).
+// The key tiles of the FA3 forward kernels that take the ramp (fa3_config.h: 96, 128, and 176 keys
+// in head dim 64's wide tile).
 FLASHATTN_WGMMA_RS_K(96, cuda::Bf16, "bf16")
 FLASHATTN_WGMMA_RS_K(96, cuda::Fp16, "f16")
 FLASHATTN_WGMMA_RS_K(128, cuda::Bf16, "bf16")
 FLASHATTN_WGMMA_RS_K(128, cuda::Fp16, "f16")
+FLASHATTN_WGMMA_RS_K(176, cuda::Bf16, "bf16")
+FLASHATTN_WGMMA_RS_K(176, cuda::Fp16, "f16")
 #undef FLASHATTN_WGMMA_RS_K
 #undef FLASHATTN_WGMMA_RS_AS
 

@@ -78,6 +78,7 @@ struct Fa3Plan : BackendPlan {
     int num_ctas = 1;       // persistent grid size
     int section = 1;        // causal schedule: (head, sequence) pairs per L2 section
     int alibi_gemm = 1;     // fa3::Params::alibi_gemm (FLASHATTN_FA3_ALIBI_GEMM=0: 0)
+    int wide_tile = 0;      // fa3::Params::wide_tile: cfg is the row's wide key tile (wide_tile_wins)
     fa3::BwdPlan backward;  // laid out in backward_workspace when the backward can run
     int rotated_q = -1;     // with a rotary append: Q rotated by the pre-kernel (host/cache_append.h)
     fa3::LaunchFp8Fwd launch_fp8 = nullptr;  // FP8 plans: the E4M3 kernel
@@ -205,6 +206,20 @@ int test_cta_limit() {
     return limit;
 }
 
+// Whether a square head-dim row with a wide key tile (fa3_config.h has_wide_tile: head dim 64, 176
+// keys) runs it: rows long enough that the per-tile costs it saves outweigh its partly filled last
+// tile and, causal, its wider masked diagonal tiles (measured: from 2k keys non-causal, from 4k
+// causal; level to 0.99x at 1k non-causal, 0.84-0.96x causal up to 2k). Not with a sliding window
+// (few keys per row) nor for the gathering producer (paged, seqused_k: not measured there).
+// FLASHATTN_FA3_WIDE_TILE=0 / 1 (tests, A/B): never / wherever compiled.
+bool wide_tile_wins(const Problem &p, const fa3::TileConfig &cfg) {
+    if (!fa3::has_wide_tile(cfg.head_dim) || cfg.head_dim_v != cfg.head_dim) return false;
+    const char *knob = std::getenv("FLASHATTN_FA3_WIDE_TILE");
+    if (knob != nullptr && (knob[0] == '0' || knob[0] == '1') && knob[1] == '\0') return knob[0] == '1';
+    if (uses_gather(p) || p.window_left >= 0 || p.window_right >= 0) return false;
+    return p.seqlen_k >= (p.causal ? 4096 : 2048);
+}
+
 flashattn_status_t fa3_make_plan(const Problem &p, const DeviceInfo &dev, std::unique_ptr<BackendPlan> *out) {
     auto plan = std::make_unique<Fa3Plan>();
     if (p.fp8()) {  // the E4M3 kernel (fa3_fp8_kernel.cuh)
@@ -222,6 +237,10 @@ flashattn_status_t fa3_make_plan(const Problem &p, const DeviceInfo &dev, std::u
         return fail(FLASHATTN_ERROR_INTERNAL, "fa3: no compiled kernel for head dims %lld / %lld",
                     static_cast<long long>(p.head_dim), static_cast<long long>(p.head_dim_v));
     plan->cfg = fa3::config_for(kernel->head_dim, kernel->head_dim_v);
+    if (wide_tile_wins(p, plan->cfg)) {
+        plan->cfg = fa3::wide_config_for(kernel->head_dim);
+        plan->wide_tile = 1;
+    }
     plan->launch = kernel->launch;
     plan->num_ctas = std::max(1, std::min(dev.sm_count, test_cta_limit()));  // one persistent CTA per SM at most
     plan->section = fa3::causal_section(p, dev.l2_bytes, plan->num_ctas, plan->cfg.block_n, test_cta_limit());
@@ -379,6 +398,7 @@ flashattn_status_t fa3_execute(const Problem &p, const BackendPlan &base_plan, c
     k.num_ctas = plan.num_ctas;
     k.section = plan.section;
     k.alibi_gemm = plan.alibi_gemm;
+    k.wide_tile = plan.wide_tile;
     const cudaError_t err = plan.launch(k, maps, p.dtype == FLASHATTN_DTYPE_BF16, stream);
     if (err != cudaSuccess) return cuda_fail(err, "fa3 forward kernel setup");
     return check_launch("fa3 forward kernel");

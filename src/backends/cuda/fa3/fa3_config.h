@@ -45,6 +45,15 @@ constexpr TileConfig config_for(int head_dim) {
                              : TileConfig{256, 80};
 }
 
+// Head dim 64's second, wider key tile (176 keys: 168 registers, no spill; 192 spilled): the
+// per-tile costs (the row max / sum shuffles, O's rescale, the barriers) over 1.375x the keys.
+// Measured (H200, bf16, against 128 keys in one process, docs/performance.md "stop 28, lead,
+// call 3"): 1.02-1.07x non-causal from 2k keys, 1.01-1.08x causal from 4k, but 0.84-0.99x below
+// (a partly filled last tile, and the causal diagonal's masked tiles twice as wide): the host
+// takes it only for long rows (fa3_backend.cpp, wide_tile_wins). A plan without it runs config_for.
+constexpr bool has_wide_tile(int head_dim) { return head_dim == 64; }
+constexpr TileConfig wide_config_for(int head_dim) { return TileConfig{head_dim, 176}; }
+
 constexpr int q_bytes(const TileConfig &c) { return kBlockM * c.head_dim * 2; }
 constexpr int kv_bytes(const TileConfig &c) { return c.block_n * c.head_dim * 2; }
 constexpr int v_bytes(const TileConfig &c) { return c.block_n * c.head_dim_v * 2; }
@@ -79,6 +88,7 @@ constexpr TileConfig config_for(int head_dim, int head_dim_v) {
 }
 
 static_assert(o_staged(config_for(128)), "the O staging no longer fits head dim 128");
+static_assert(smem_bytes(wide_config_for(64)) <= kMaxSmemBytes, "head dim 64's wide tile does not fit");
 static_assert(smem_bytes(config_for(256)) <= kMaxSmemBytes, "head dim 256 tile does not fit");
 static_assert(smem_bytes(config_for(192)) <= kMaxSmemBytes, "head dim 192 tile does not fit");
 static_assert(smem_bytes(config_for(128)) <= kMaxSmemBytes, "head dim 128 tile does not fit");

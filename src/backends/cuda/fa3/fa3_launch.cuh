@@ -34,12 +34,10 @@ cudaError_t launch_persistent(Kernel kernel, int smem_bytes, unsigned long long 
     return cudaSuccess;
 }
 
-// kDV: V's width (a P row of fa3_head_dims.h), kD for the square kernels.
-template <int kD, class E, int kDV = kD>
-cudaError_t launch_fwd(const Params &p, const TensorMaps &maps, cudaStream_t stream) {
-    constexpr TileConfig cfg = config_for(kD, kDV);
-    static_assert(cfg.head_dim == kD && cfg.head_dim_v == kDV, "no such compiled head dim");
-    using Tr = Traits<cfg.head_dim, cfg.block_n, cfg.head_dim_v>;
+// The kernels of one tile (head dim kD, kBN keys, V kDV wide): the ALiBi ramp's or the plain one.
+template <int kD, int kBN, int kDV, class E>
+cudaError_t launch_fwd_tile(const Params &p, const TensorMaps &maps, cudaStream_t stream) {
+    using Tr = Traits<kD, kBN, kDV>;
     static unsigned long long optin_done = 0;  // one per instantiation
     if constexpr (Tr::kAlibiRamp) {  // ALiBi's ramp kernel (fa3_mainloop.cuh kAlibiGemm)
         static unsigned long long optin_ramp_done = 0;
@@ -48,6 +46,19 @@ cudaError_t launch_fwd(const Params &p, const TensorMaps &maps, cudaStream_t str
                                      maps.q, maps.k, maps.v, maps.o);
     }
     return launch_persistent(fwd_kernel<Tr, E>, Tr::kSmemBytes, &optin_done, p, stream, maps.q, maps.k, maps.v, maps.o);
+}
+
+// kDV: V's width (a P row of fa3_head_dims.h), kD for the square kernels. p.wide_tile: the square
+// row's wide key tile where it has one (fa3_config.h has_wide_tile).
+template <int kD, class E, int kDV = kD>
+cudaError_t launch_fwd(const Params &p, const TensorMaps &maps, cudaStream_t stream) {
+    constexpr TileConfig cfg = config_for(kD, kDV);
+    static_assert(cfg.head_dim == kD && cfg.head_dim_v == kDV, "no such compiled head dim");
+    if constexpr (kDV == kD && has_wide_tile(kD)) {
+        constexpr TileConfig wide = wide_config_for(kD);
+        if (p.wide_tile) return launch_fwd_tile<kD, wide.block_n, kDV, E>(p, maps, stream);
+    }
+    return launch_fwd_tile<kD, cfg.block_n, kDV, E>(p, maps, stream);
 }
 
 }  // namespace fa3

@@ -21,6 +21,9 @@ struct Params : TensorArgs {
     // warpgroup row blocks with TMA; 0 (O's strides or base not TMA's, or no staging): every O
     // row from the registers.
     int32_t o_tma = 0;
+    // Host only: launch_fwd runs the row's wide key tile (fa3_config.h wide_config_for; head dim
+    // 64), whose boxes the K / V tensor maps then have. Decided at finalize.
+    int32_t wide_tile = 0;
 
     // Serving (issue 18). gather = 1: the whole producer warpgroup loads K and V with cp.async
     // (fa3_gather.cuh) instead of one thread issuing TMA boxes, so that each row can come from its
