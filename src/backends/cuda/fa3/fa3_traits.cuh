@@ -50,6 +50,7 @@ struct Traits {
     // instead of kept live changed nothing).
     static constexpr bool kAlibiRamp = kD < 256 && !(kD == 128 && kDV == 64);
     static constexpr bool kRamp = false;  // this kernel is the ramp kernel
+    static constexpr bool kSinkNarrow = false;  // this kernel is the sink kernel (SinkTraits below)
     static constexpr int kAlibiOffset = kBarOffset + 1024;
     static constexpr int kAlibiBytes = kAlibiRamp ? kBN * 128 : 0;
     static constexpr int kRampSmemBytes = kSmemBytes + kAlibiBytes;
@@ -75,6 +76,17 @@ template <class Tr>
 struct RampTraits : Tr {
     static_assert(Tr::kAlibiRamp, "no ALiBi ramp at this tile");
     static constexpr bool kRamp = true;
+};
+
+// The traits of the sink kernel, fwd_kernel<SinkTraits<Tr>, E> (launch_fwd picks it for 1..16 sink
+// tokens where Params::sink_narrow): Tr's tile, with the one sink tile below the window (key tile 0,
+// walked last) run 16 keys wide after the pipelined loop (fa3_mainloop.cuh sink_tile_narrow). Its
+// own kernel, as RampTraits, so that the plain kernels' code does not change.
+constexpr int kSinkNarrowKeys = 16;  // sink keys the narrow tile covers: one m64n16 S, one k16 P V
+template <class Tr>
+struct SinkTraits : Tr {
+    static_assert(Tr::kD < 256, "head dim 256 runs no sink tokens");
+    static constexpr bool kSinkNarrow = true;
 };
 
 // The V side of a traits class, for the roles shared with kernels whose traits have no V width of
