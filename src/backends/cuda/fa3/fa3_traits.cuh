@@ -79,10 +79,10 @@ struct RampTraits : Tr {
 };
 
 // The traits of the sink kernel, fwd_kernel<SinkTraits<Tr>, E> (launch_fwd picks it for 1..16 sink
-// tokens where Params::sink_narrow): Tr's tile, with the one sink tile below the window (key tile 0,
-// walked last) run 16 keys wide after the pipelined loop (fa3_mainloop.cuh sink_tile_narrow). Its
-// own kernel, as RampTraits, so that the plain kernels' code does not change.
-constexpr int kSinkNarrowKeys = 16;  // sink keys the narrow tile covers: one m64n16 S, one k16 P V
+// tokens where Params::sink_narrow): Tr's tile, with the one sink tile below the window (key tile 0)
+// walked first and 16 keys wide, before the pipelined loop (fa3_tile_scheduler.cuh sink_first,
+// fa3_mainloop.cuh sink_tile_first). Its own kernel, as RampTraits, so that the plain kernels'
+// code does not change.
 template <class Tr>
 struct SinkTraits : Tr {
     static_assert(Tr::kD < 256, "head dim 256 runs no sink tokens");
