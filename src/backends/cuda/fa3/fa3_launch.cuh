@@ -47,11 +47,9 @@ cudaError_t launch_fwd(const Params &p, const TensorMaps &maps, cudaStream_t str
             return launch_persistent(fwd_kernel<RampTraits<Tr>, E>, Tr::kRampSmemBytes, &optin_ramp_done, p, stream,
                                      maps.q, maps.k, maps.v, maps.o);
     }
-    if constexpr (Tr::kD < 256) {  // the sink kernel (SinkTraits): 1..16 sink tokens, one narrow sink tile
-        // Not with the gathering producer (fa3_gather.cuh walks TileCoords::key_tile's order, not
-        // sink_first's; the backend refuses sink tokens with a gather anyway).
+    if constexpr (Tr::kSinkNarrowOk) {  // the sink kernel (SinkTraits): 1..16 sink tokens, one narrow sink tile
         static unsigned long long optin_sink_done = 0;
-        if (p.sink_tokens > 0 && p.sink_tokens <= kSinkNarrowKeys && p.sink_narrow && !p.gather)
+        if (p.sink_tokens > 0 && p.sink_tokens <= kSinkNarrowKeys && p.sink_narrow)
             return launch_persistent(fwd_kernel<SinkTraits<Tr>, E>, Tr::kSmemBytes, &optin_sink_done, p, stream,
                                      maps.q, maps.k, maps.v, maps.o);
     }

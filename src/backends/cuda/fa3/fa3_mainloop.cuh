@@ -238,19 +238,28 @@ __device__ __forceinline__ void score_mods_ramp(const Params &p, const TileCoord
     mask_tile<Tr>(p, c, S, nb, rdiag, col0);
 }
 
-// The sink kernel's sink tile (key tile 0, ring position `pos`), walked first where sink_first
-// (fa3_tile_scheduler.cuh): no wgmma in flight and O not yet written, so the narrow GEMMs need no
-// registers beside a pipelined GEMM's. S16 = Q K_0[0:16]^T as kD/16 m64n16k16 wgmmas (K's
-// descriptor, 16 of its rows), soft cap, ALiBi (its general form) and the sink mask on 16 columns,
-// the softmax step from the empty state, then O = P16 V_0[0:16] as one m64n(kDV)k16 wgmma with
-// scale_d 0 (V's descriptor at offset 0: its first 16 rows), which also clears O's initial zeros.
-// The window's first tile then rescales O (consumer_mainloop_impl). No ping-pong turn: both
-// warpgroups skip it alike, so the loop's turns still pair up. Q stays: the window's S GEMMs follow.
+// The sink kernel (SinkTraits): whether this work tile's walk ends in the one narrow sink tile,
+// key tile 0 below at least one window tile (so it is walked last and is not the walk's first
+// tile), with every sink key among its first kSinkNarrowKeys columns. The tile's other keys are
+// invisible to every row (tile 0 lies below the window's first tile, cuda::sink_tile_last), so
+// dropping them changes nothing.
+template <class Tr>
+__device__ __forceinline__ bool sink_narrow(const Params &p, const TileCoords &c) {
+    return c.sink_last == 0 && c.kt.first <= c.kt.last && p.sink_tokens <= kSinkNarrowKeys;
+}
+
+// The narrow sink tile, ring position `pos`, after the loop's last P V has retired (O settled,
+// no wgmma in flight, so the n16 accumulator needs no register beside a pipelined GEMM's):
+// S16 = Q K_0[0:16]^T as kD/16 m64n16k16 wgmmas (K's descriptor, only 16 of its rows), the sink
+// mask and the softmax on 16 columns, O rescaled, then O += P16 V_0[0:16] as one m64n(kDV)k16
+// wgmma (V's descriptor at offset 0: its first 16 rows). Releases K_0, Q and V_0 as the loop would.
+// Soft cap and ALiBi as score_mods (ALiBi in its general form: the tile's bias is 16 columns).
+// No ping-pong turn: both warpgroups skip it alike, so the loop's turns still pair up.
 template <class Tr, class E>
-__device__ __forceinline__ void sink_tile_first(const Params &p, const TileCoords &c, Barriers *bars, uint64_t dq,
-                                                uint64_t dk, uint64_t dv, int pos, int lane, int t,
-                                                const int (&rdiag)[2], float sl2, float (&O)[Tr::kDV / 2],
-                                                float (&row_max)[2], float (&row_sum)[2]) {
+__device__ __forceinline__ void sink_tile_narrow(const Params &p, const TileCoords &c, Barriers *bars, uint64_t dq,
+                                                 uint64_t dk, uint64_t dv, int pos, int lane, int t,
+                                                 const int (&rdiag)[2], float sl2, float (&O)[Tr::kDV / 2],
+                                                 float (&row_max)[2], float (&row_sum)[2]) {
     constexpr int kN = kSinkNarrowKeys;
     const int st = stage_of(pos);
     float S[kN / 8][4];
@@ -266,7 +275,8 @@ __device__ __forceinline__ void sink_tile_first(const Params &p, const TileCoord
     cuda::wgmma_wait<0>();
     cuda::fence_operands(acc);
     release(&bars->k_empty[st], lane);
-    const int col0 = 2 * t;  // key tile 0
+    release(&bars->q_empty, lane);  // the walk's last GEMM reading Q
+    const int col0 = 2 * t;         // key tile 0
     if (p.softcap_scale != 0.f) cuda::softcap_scores(S, p.softcap_scale);
     if (p.alibi_slopes != nullptr) {
         const float s = p.alibi_slopes[c.head] * p.alibi_to_score;
@@ -274,13 +284,16 @@ __device__ __forceinline__ void sink_tile_first(const Params &p, const TileCoord
     }
     cuda::mask_scores<true>(S, rdiag, col0, c.seq.sk, p.right_i, p.left_i, p.sink_tokens);
     uint32_t P[kN / 16][4];
-    float alpha[2];  // (0: no earlier key)
+    float alpha[2];
     cuda::softmax_step<E>(S, row_max, row_sum, sl2, P, alpha);
+#pragma unroll
+    for (int j = 0; j < Tr::kDV / 2; ++j) O[j] *= alpha[(j % 4) / 2];
     const uint64_t dvs = dv + static_cast<uint64_t>((st * Tr::kVBytes) >> 4);
     cuda::mbar_wait(&bars->v_full[st], phase_of(pos));
     cuda::fence_operands(O);
+    cuda::fence_operands(P[0]);
     cuda::wgmma_fence();
-    cuda::wgmma_rs<E, Tr::kDV>(O, P[0], dvs, 0);
+    cuda::wgmma_rs<E, Tr::kDV>(O, P[0], dvs, 1);
     cuda::wgmma_commit();
     cuda::wgmma_wait<0>();
     cuda::fence_operands(O);
@@ -313,19 +326,16 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
     // register sets (the loop is unrolled by two) so that the softmax writing P_{i+1} never
     // targets registers the in-flight P_i V_i wgmma still reads; a plain copy would be
     // coalesced by ptxas and serialize the wgmmas (C7513).
-    // The sink kernel's narrow sink tile, where it is walked first (sink_first), takes ring position
-    // pipe.kv before this loop's tiles: r0 and n_tiles then count the window's. (Assigned under
-    // `if constexpr` only: a `narrow ? n_tiles - 1 : n_tiles` with narrow a constant false changed
-    // the plain kernels' PTX and SASS.)
-    int r0 = pipe.kv;  // ring position of this loop's first key tile
-    int n_tiles = walk_tiles<Tr>(c);
+    const int r0 = pipe.kv;  // ring position of this tile's first key tile
+    const int n_tiles = walk_tiles<Tr>(c);
+    // The sink kernel takes its narrow sink tile (the walk's last) out of the loop: n_loop tiles
+    // through it. (Under `if constexpr`: a `narrow ? n_tiles - 1 : n_tiles` with narrow a constant
+    // false still changed the plain kernels' code, PTX and SASS.)
+    int n_loop = n_tiles;
     bool narrow = false;
     if constexpr (Tr::kSinkNarrow) {
-        narrow = sink_first(p, c);
-        if (narrow) {
-            r0 += 1;
-            n_tiles -= 1;
-        }
+        narrow = sink_narrow<Tr>(p, c);
+        n_loop -= narrow ? 1 : 0;
     }
     auto step = [&](int i, uint32_t (&P)[kPF][4], uint32_t (&P_next)[kPF][4]) {
         const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
@@ -344,7 +354,9 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
         cuda::wgmma_wait<1>();  // S_i is ready; P_{i-1} V_{i-1} may still run
         cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
         release(&bars->k_empty[ks], lane);
-        if (i == n_tiles - 1) release(&bars->q_empty, lane);  // the last GEMM reading Q retired
+        // The last GEMM reading Q retired (the sink kernel: after the loop, so that only n_loop
+        // stays live through it).
+        if (!Tr::kSinkNarrow && i == n_tiles - 1) release(&bars->q_empty, lane);
         float shift[2];
         if constexpr (kRamp)
             score_mods_ramp<Tr>(p, c, S, walk_tile<Tr>(c, i), rdiag, t, s, fits, shift);
@@ -374,9 +386,7 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
 
     cuda::mbar_wait(&bars->q_full, static_cast<uint32_t>(pipe.q & 1));
     uint32_t Pa[kPF][4], Pb[kPF][4];
-    if constexpr (Tr::kSinkNarrow)
-        if (narrow) sink_tile_first<Tr, E>(p, c, bars, dq, dk, dv, r0 - 1, lane, t, rdiag, sl2, O, row_max, row_sum);
-    {  // the first (last-indexed) key tile: no O to rescale yet (but after the sink kernel's sink tile)
+    {  // the first (last-indexed) key tile: no O to rescale yet
         const int ks = stage_of(r0);
         float S[kNT][4];
         uint32_t a[4];
@@ -399,28 +409,25 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
             cuda::softmax_step_shifted<E>(S, row_max, row_sum, sl2, Pa, alpha, shift);
         else
             cuda::softmax_step<E>(S, row_max, row_sum, sl2, Pa, alpha);
-        if constexpr (Tr::kSinkNarrow) {
-            if (narrow) {  // O holds the narrow sink tile's P V
-#pragma unroll
-                for (int j = 0; j < kDV / 2; ++j) O[j] *= alpha[(j % 4) / 2];
-            }
-        }
     }
     int i = 1;
-    for (; i + 1 < n_tiles; i += 2) {
+    for (; i + 1 < n_loop; i += 2) {
         step(i, Pa, Pb);
         step(i + 1, Pb, Pa);
     }
-    if (i < n_tiles) {
+    if (i < n_loop) {
         step(i, Pa, Pb);
         last_pv(Pb, i);
     } else {
         last_pv(Pa, i - 1);
     }
-    if constexpr (Tr::kSinkNarrow)
-        pipe.kv = r0 + n_tiles;  // (past the sink tile, if any)
-    else
-        pipe.kv += n_tiles;
+    if constexpr (Tr::kSinkNarrow) {  // Q's release: by the narrow tile, else here (n_tiles > 1)
+        if (narrow)
+            sink_tile_narrow<Tr, E>(p, c, bars, dq, dk, dv, r0 + n_loop, lane, t, rdiag, sl2, O, row_max, row_sum);
+        else if (n_loop > 1)
+            release(&bars->q_empty, lane);
+    }
+    pipe.kv += n_tiles;
     pipe.q += 1;
 }
 

@@ -31,8 +31,7 @@ __device__ __forceinline__ void tma_tile(unsigned char *dst, int page_bytes, con
     for (int pg = 0; pg < Tr::kPages; ++pg) cuda::tma_load_4d(dst + pg * page_bytes, tm, bar, Tr::kPageCols * pg, row, head, batch);
 }
 
-// Producer: one thread. Per tile (in TileCoords::key_tile's order, or, in the sink kernel, with the
-// narrow sink tile first: sink_first) the first K tile goes out before the wait for the Q buffer
+// Producer: one thread. Per tile the first K tile goes out before the wait for the Q buffer
 // (the consumers release it only after their last GEMM of the previous tile), then Q, then V and
 // the remaining K/V tiles, each into its ring once the consumers have released the buffer (the
 // first kStages waits pass at once: parity rule).
@@ -43,13 +42,8 @@ __device__ __forceinline__ void produce(const Params &p, const TileCoords &c, co
     const int32_t bq = batch_coord(p, c);
     const int kvh = c.head / p.group;
     const int n_tiles = c.n_tiles();
-    bool first = false;  // the sink kernel's sink tile first (sink_first)
-    if constexpr (Tr::kSinkNarrow) first = sink_first(p, c);
     for (int j = 0; j < n_tiles; ++j) {
-        int nb = c.key_tile(j);
-        if constexpr (Tr::kSinkNarrow)
-            if (first) nb = sink_first_tile(c, j);
-        const int i = pipe.kv + j;
+        const int i = pipe.kv + j, nb = c.key_tile(j);
         const int st = stage_of(i);
         const uint32_t ph = phase_of(i);
         const int32_t krow = kv_row_coord(p, c, nb, Tr::kBN);

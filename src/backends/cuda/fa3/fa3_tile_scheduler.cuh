@@ -35,20 +35,6 @@ struct TileCoords {
     }
 };
 
-// The sink kernel (SinkTraits, fa3_traits.cuh): sink keys its narrow sink tile covers (one m64n16
-// S = Q K^T, one k16 step of P V).
-constexpr int kSinkNarrowKeys = 16;
-
-// The sink kernel walks a work tile's sink tile first, 16 keys wide, where it is the one sink tile,
-// key tile 0, below at least one window tile, with every sink key among its first kSinkNarrowKeys
-// columns: its other keys are invisible to every row (tile 0 lies below the window's first tile,
-// cuda::sink_tile_last), so they can be left out. The walk is then 0, kt.last, kt.last - 1, ...,
-// kt.first (sink_first_tile); otherwise TileCoords::key_tile's. Producer and consumers both ask.
-__device__ __forceinline__ bool sink_first(const Params &p, const TileCoords &c) {
-    return c.sink_last == 0 && c.kt.first <= c.kt.last && p.sink_tokens <= kSinkNarrowKeys;
-}
-__device__ __forceinline__ int sink_first_tile(const TileCoords &c, int i) { return i == 0 ? 0 : c.kt.last - (i - 1); }
-
 // Work tile `tile` of the persistent schedule. Equal-cost tiles (no causal mask): query tiles
 // fastest, so CTAs working at the same time share a head's K/V in L2. Causal: a tile's cost grows
 // with its query block, so within each L2 section (p.section (head, sequence) pairs whose K/V

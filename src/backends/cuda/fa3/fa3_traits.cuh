@@ -50,7 +50,12 @@ struct Traits {
     // instead of kept live changed nothing).
     static constexpr bool kAlibiRamp = kD < 256 && !(kD == 128 && kDV == 64);
     static constexpr bool kRamp = false;  // this kernel is the ramp kernel
-    static constexpr bool kSinkNarrow = false;  // this kernel is the sink kernel (SinkTraits below)
+    // The sink kernel (SinkTraits below; fa3_mainloop.cuh sink_tile_narrow): below head dim 256
+    // (which runs no sink tokens) and not at the square 192, whose sink kernel spilled one per-tile
+    // value (ptxas, CUDA 13.0: 4 bytes, the epilogue's query row, stored at the tile's start and
+    // reloaded after the loop) in every form of the narrow tile tried.
+    static constexpr bool kSinkNarrowOk = kD < 256 && !(kD == 192 && kDV == 192);
+    static constexpr bool kSinkNarrow = false;  // this kernel is the sink kernel
     static constexpr int kAlibiOffset = kBarOffset + 1024;
     static constexpr int kAlibiBytes = kAlibiRamp ? kBN * 128 : 0;
     static constexpr int kRampSmemBytes = kSmemBytes + kAlibiBytes;
@@ -79,13 +84,13 @@ struct RampTraits : Tr {
 };
 
 // The traits of the sink kernel, fwd_kernel<SinkTraits<Tr>, E> (launch_fwd picks it for 1..16 sink
-// tokens where Params::sink_narrow): Tr's tile, with the one sink tile below the window (key tile 0)
-// walked first and 16 keys wide, before the pipelined loop (fa3_tile_scheduler.cuh sink_first,
-// fa3_mainloop.cuh sink_tile_first). Its own kernel, as RampTraits, so that the plain kernels'
-// code does not change.
+// tokens where Params::sink_narrow): Tr's tile, with the one sink tile below the window (key tile 0,
+// walked last) run 16 keys wide after the pipelined loop (fa3_mainloop.cuh sink_tile_narrow). Its
+// own kernel, as RampTraits, so that the plain kernels' code does not change.
+constexpr int kSinkNarrowKeys = 16;  // sink keys the narrow tile covers: one m64n16 S, one k16 P V
 template <class Tr>
 struct SinkTraits : Tr {
-    static_assert(Tr::kD < 256, "head dim 256 runs no sink tokens");
+    static_assert(Tr::kSinkNarrowOk, "no sink kernel at this tile");
     static constexpr bool kSinkNarrow = true;
 };
 
