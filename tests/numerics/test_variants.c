@@ -774,6 +774,18 @@ static const vcase forward_grid[] = {
     {1, 1, 3000, 8, 1, 128, 128, B16, 1, 0, 256, -1, 4, 0, 1, 0, 0},
     {2, 5, 2500, 4, 2, 64, 64, F16, 0, 0, 300, 0, 16, 1, 0, 0, 0},
     {1, 3, 4000, 16, 2, 128, 128, F16, 1, 0, -1, -1, 0, 1, 1, 0, 0},
+    /* FA3's sink kernel (1..16 sink tokens: the sink tile below the window 16 keys wide) and
+     * main's kernel past it (17): one sink token with GQA and varlen, 16 with a soft cap, 17 with
+     * sink logits, sq > sk and sq < sk, windows far above key tile 0; ALiBi with a soft cap on
+     * (192, 128) (no ramp kernel then: the sink kernel's general bias on its narrow tile; the square
+     * 192 has no sink kernel), a two-sided window on (64, 128). Six, so
+     * that FLASHATTN_TEST_REDUCED's every third case stays the same after them. */
+    {2, 500, 500, 2, 2, 128, 128, F16, 1, 0, 200, -1, 16, 0, 0, 30.0, 0},
+    {2, 300, 700, 4, 2, 128, 128, B16, 1, 0, 150, -1, 1, 0, 0, 0, 1},
+    {1, 600, 450, 4, 1, 64, 64, F16, 1, 0, 100, -1, 17, 0, 0, 0, 0},
+    {1, 300, 900, 4, 2, 128, 128, B16, 1, 0, 128, -1, 17, 1, 0, 0, 1},
+    {1, 400, 800, 2, 2, 192, 128, F16, 1, 0, 150, -1, 4, 0, 1, 20.0, 0},
+    {2, 200, 600, 4, 2, 64, 128, B16, 0, 0, 100, 50, 8, 0, 0, 0, 0},
     /* ALiBi tiles wholly left or right of every row's diagonal (FA2/FA3 give their bias as a row
      * offset to the softmax): long rows both ways, pack-GQA, sq > sk, sink tokens with ALiBi. */
     {1, 257, 2100, 4, 1, 128, 128, B16, 0, 0, -1, -1, 0, 0, 1, 0, 0},

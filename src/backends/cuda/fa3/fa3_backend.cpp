@@ -79,6 +79,7 @@ struct Fa3Plan : BackendPlan {
     int section = 1;        // causal schedule: (head, sequence) pairs per L2 section
     int alibi_gemm = 1;     // fa3::Params::alibi_gemm (FLASHATTN_FA3_ALIBI_GEMM=0: 0)
     int wide_tile = 0;      // fa3::Params::wide_tile: cfg is the row's wide key tile (wide_tile_wins)
+    int sink_narrow = 1;    // fa3::Params::sink_narrow (FLASHATTN_FA3_SINK_NARROW=0: 0)
     fa3::BwdPlan backward;  // laid out in backward_workspace when the backward can run
     int rotated_q = -1;     // with a rotary append: Q rotated by the pre-kernel (host/cache_append.h)
     fa3::LaunchFp8Fwd launch_fp8 = nullptr;  // FP8 plans: the E4M3 kernel
@@ -245,6 +246,7 @@ flashattn_status_t fa3_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     plan->num_ctas = std::max(1, std::min(dev.sm_count, test_cta_limit()));  // one persistent CTA per SM at most
     plan->section = fa3::causal_section(p, dev.l2_bytes, plan->num_ctas, plan->cfg.block_n, test_cta_limit());
     plan->alibi_gemm = knob_off("FLASHATTN_FA3_ALIBI_GEMM") ? 0 : 1;
+    plan->sink_narrow = knob_off("FLASHATTN_FA3_SINK_NARROW") ? 0 : 1;
     if (fa3_backward_unsupported_reason(p, dev).empty()) plan->backward = fa3::plan_backward(p, &plan->backward_workspace);
     if (p.serving.rotary_dim > 0) plan->rotated_q = plan->workspace.add("fa3 rotated queries", rotated_q_bytes(p));
     *out = std::move(plan);
@@ -399,6 +401,7 @@ flashattn_status_t fa3_execute(const Problem &p, const BackendPlan &base_plan, c
     k.section = plan.section;
     k.alibi_gemm = plan.alibi_gemm;
     k.wide_tile = plan.wide_tile;
+    k.sink_narrow = plan.sink_narrow;
     const cudaError_t err = plan.launch(k, maps, p.dtype == FLASHATTN_DTYPE_BF16, stream);
     if (err != cudaSuccess) return cuda_fail(err, "fa3 forward kernel setup");
     return check_launch("fa3 forward kernel");

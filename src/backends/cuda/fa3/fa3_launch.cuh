@@ -45,6 +45,14 @@ cudaError_t launch_fwd_tile(const Params &p, const TensorMaps &maps, cudaStream_
             return launch_persistent(fwd_kernel<RampTraits<Tr>, E>, Tr::kRampSmemBytes, &optin_ramp_done, p, stream,
                                      maps.q, maps.k, maps.v, maps.o);
     }
+    // The sink kernel (SinkTraits): 1..16 sink tokens, one narrow sink tile. Not on a wide key
+    // tile (fa3_config.h), which plans with a window (where sink tiles exist) do not take.
+    if constexpr (Tr::kSinkNarrowOk && kBN == config_for(kD, kDV).block_n) {
+        static unsigned long long optin_sink_done = 0;
+        if (p.sink_tokens > 0 && p.sink_tokens <= kSinkNarrowKeys && p.sink_narrow)
+            return launch_persistent(fwd_kernel<SinkTraits<Tr>, E>, Tr::kSmemBytes, &optin_sink_done, p, stream,
+                                     maps.q, maps.k, maps.v, maps.o);
+    }
     return launch_persistent(fwd_kernel<Tr, E>, Tr::kSmemBytes, &optin_done, p, stream, maps.q, maps.k, maps.v, maps.o);
 }
 

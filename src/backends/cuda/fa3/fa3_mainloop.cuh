@@ -238,6 +238,68 @@ __device__ __forceinline__ void score_mods_ramp(const Params &p, const TileCoord
     mask_tile<Tr>(p, c, S, nb, rdiag, col0);
 }
 
+// The sink kernel (SinkTraits): whether this work tile's walk ends in the one narrow sink tile,
+// key tile 0 below at least one window tile (so it is walked last and is not the walk's first
+// tile), with every sink key among its first kSinkNarrowKeys columns. The tile's other keys are
+// invisible to every row (tile 0 lies below the window's first tile, cuda::sink_tile_last), so
+// dropping them changes nothing.
+template <class Tr>
+__device__ __forceinline__ bool sink_narrow(const Params &p, const TileCoords &c) {
+    return c.sink_last == 0 && c.kt.first <= c.kt.last && p.sink_tokens <= kSinkNarrowKeys;
+}
+
+// The narrow sink tile, ring position `pos`, after the loop's last P V has retired (O settled,
+// no wgmma in flight, so the n16 accumulator needs no register beside a pipelined GEMM's):
+// S16 = Q K_0[0:16]^T as kD/16 m64n16k16 wgmmas (K's descriptor, only 16 of its rows), the sink
+// mask and the softmax on 16 columns, O rescaled, then O += P16 V_0[0:16] as one m64n(kDV)k16
+// wgmma (V's descriptor at offset 0: its first 16 rows). Releases K_0, Q and V_0 as the loop would.
+// Soft cap and ALiBi as score_mods (ALiBi in its general form: the tile's bias is 16 columns).
+// No ping-pong turn: both warpgroups skip it alike, so the loop's turns still pair up.
+template <class Tr, class E>
+__device__ __forceinline__ void sink_tile_narrow(const Params &p, const TileCoords &c, Barriers *bars, uint64_t dq,
+                                                 uint64_t dk, uint64_t dv, int pos, int lane, int t,
+                                                 const int (&rdiag)[2], float sl2, float (&O)[Tr::kDV / 2],
+                                                 float (&row_max)[2], float (&row_sum)[2]) {
+    constexpr int kN = kSinkNarrowKeys;
+    const int st = stage_of(pos);
+    float S[kN / 8][4];
+    float(&acc)[kN / 2] = reinterpret_cast<float(&)[kN / 2]>(S);
+    const uint64_t dks = dk + static_cast<uint64_t>((st * Tr::kKVBytes) >> 4);
+    cuda::mbar_wait(&bars->k_full[st], phase_of(pos));
+    cuda::fence_operands(acc);
+    cuda::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Tr::kD / 16; ++ks)
+        cuda::wgmma_ss<E, kN>(acc, dq + k_step(ks, Tr::kQPage), dks + k_step(ks, Tr::kKVPage), ks > 0);
+    cuda::wgmma_commit();
+    cuda::wgmma_wait<0>();
+    cuda::fence_operands(acc);
+    release(&bars->k_empty[st], lane);
+    release(&bars->q_empty, lane);  // the walk's last GEMM reading Q
+    const int col0 = 2 * t;         // key tile 0
+    if (p.softcap_scale != 0.f) cuda::softcap_scores(S, p.softcap_scale);
+    if (p.alibi_slopes != nullptr) {
+        const float s = p.alibi_slopes[c.head] * p.alibi_to_score;
+        cuda::alibi_scores(S, rdiag, {s, s}, col0);
+    }
+    cuda::mask_scores<true>(S, rdiag, col0, c.seq.sk, p.right_i, p.left_i, p.sink_tokens);
+    uint32_t P[kN / 16][4];
+    float alpha[2];
+    cuda::softmax_step<E>(S, row_max, row_sum, sl2, P, alpha);
+#pragma unroll
+    for (int j = 0; j < Tr::kDV / 2; ++j) O[j] *= alpha[(j % 4) / 2];
+    const uint64_t dvs = dv + static_cast<uint64_t>((st * Tr::kVBytes) >> 4);
+    cuda::mbar_wait(&bars->v_full[st], phase_of(pos));
+    cuda::fence_operands(O);
+    cuda::fence_operands(P[0]);
+    cuda::wgmma_fence();
+    cuda::wgmma_rs<E, Tr::kDV>(O, P[0], dvs, 1);
+    cuda::wgmma_commit();
+    cuda::wgmma_wait<0>();
+    cuda::fence_operands(O);
+    release(&bars->v_empty[st], lane);
+}
+
 // Consumer warpgroup `w` (0 or 1), rows 64w..64w+63 of a tile with at least one visible key
 // tile: accumulates the unnormalised O and the softmax row statistics (row_max, row_sum) over
 // all key tiles and advances `pipe` past them. `lane`, `t` (lane % 4) and `rdiag` (each of the
@@ -266,6 +328,15 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
     // coalesced by ptxas and serialize the wgmmas (C7513).
     const int r0 = pipe.kv;  // ring position of this tile's first key tile
     const int n_tiles = walk_tiles<Tr>(c);
+    // The sink kernel takes its narrow sink tile (the walk's last) out of the loop: n_loop tiles
+    // through it. (Under `if constexpr`: a `narrow ? n_tiles - 1 : n_tiles` with narrow a constant
+    // false still changed the plain kernels' code, PTX and SASS.)
+    int n_loop = n_tiles;
+    bool narrow = false;
+    if constexpr (Tr::kSinkNarrow) {
+        narrow = sink_narrow<Tr>(p, c);
+        n_loop -= narrow ? 1 : 0;
+    }
     auto step = [&](int i, uint32_t (&P)[kPF][4], uint32_t (&P_next)[kPF][4]) {
         const int ks = stage_of(r0 + i), vs = stage_of(r0 + i - 1);
         float S[kNT][4];
@@ -283,7 +354,9 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
         cuda::wgmma_wait<1>();  // S_i is ready; P_{i-1} V_{i-1} may still run
         cuda::fence_operands(reinterpret_cast<float(&)[kBN / 2]>(S));
         release(&bars->k_empty[ks], lane);
-        if (i == n_tiles - 1) release(&bars->q_empty, lane);  // the last GEMM reading Q retired
+        // The last GEMM reading Q retired (the sink kernel: after the loop, so that only n_loop
+        // stays live through it).
+        if (!Tr::kSinkNarrow && i == n_tiles - 1) release(&bars->q_empty, lane);
         float shift[2];
         if constexpr (kRamp)
             score_mods_ramp<Tr>(p, c, S, walk_tile<Tr>(c, i), rdiag, t, s, fits, shift);
@@ -338,15 +411,21 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
             cuda::softmax_step<E>(S, row_max, row_sum, sl2, Pa, alpha);
     }
     int i = 1;
-    for (; i + 1 < n_tiles; i += 2) {
+    for (; i + 1 < n_loop; i += 2) {
         step(i, Pa, Pb);
         step(i + 1, Pb, Pa);
     }
-    if (i < n_tiles) {
+    if (i < n_loop) {
         step(i, Pa, Pb);
         last_pv(Pb, i);
     } else {
         last_pv(Pa, i - 1);
+    }
+    if constexpr (Tr::kSinkNarrow) {  // Q's release: by the narrow tile, else here (n_tiles > 1)
+        if (narrow)
+            sink_tile_narrow<Tr, E>(p, c, bars, dq, dk, dv, r0 + n_loop, lane, t, rdiag, sl2, O, row_max, row_sum);
+        else if (n_loop > 1)
+            release(&bars->q_empty, lane);
     }
     pipe.kv += n_tiles;
     pipe.q += 1;

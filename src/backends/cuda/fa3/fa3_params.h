@@ -40,6 +40,10 @@ struct Params : TensorArgs {
     // kAlibiGemm); 0 the plain one, an FFMA per score. FLASHATTN_FA3_ALIBI_GEMM=0 (knob_off,
     // fa3_backend.cpp) for A/B runs. Last, so the fields before keep their parameter offsets.
     int32_t alibi_gemm = 1;
+    // Sink tokens (1..16, head dims below 256): 1 launches the sink kernel, which runs the one sink
+    // tile below the window 16 keys wide (fa3_mainloop.cuh, sink_tile_narrow); 0 main's kernel, the
+    // sink tile a full key tile. FLASHATTN_FA3_SINK_NARROW=0 (knob_off, fa3_backend.cpp) for A/B runs.
+    int32_t sink_narrow = 1;
 };
 
 // TMA descriptors of Q, K and V: rank 4 {head_dim, rows, heads, batch} (varlen: rows = total

@@ -50,6 +50,12 @@ struct Traits {
     // instead of kept live changed nothing).
     static constexpr bool kAlibiRamp = kD < 256 && !(kD == 128 && kDV == 64);
     static constexpr bool kRamp = false;  // this kernel is the ramp kernel
+    // The sink kernel (SinkTraits below; fa3_mainloop.cuh sink_tile_narrow): below head dim 256
+    // (which runs no sink tokens) and not at the square 192, whose sink kernel spilled one per-tile
+    // value (ptxas, CUDA 13.0: 4 bytes, the epilogue's query row, stored at the tile's start and
+    // reloaded after the loop) in every form of the narrow tile tried.
+    static constexpr bool kSinkNarrowOk = kD < 256 && !(kD == 192 && kDV == 192);
+    static constexpr bool kSinkNarrow = false;  // this kernel is the sink kernel
     static constexpr int kAlibiOffset = kBarOffset + 1024;
     static constexpr int kAlibiBytes = kAlibiRamp ? kBN * 128 : 0;
     static constexpr int kRampSmemBytes = kSmemBytes + kAlibiBytes;
@@ -75,6 +81,17 @@ template <class Tr>
 struct RampTraits : Tr {
     static_assert(Tr::kAlibiRamp, "no ALiBi ramp at this tile");
     static constexpr bool kRamp = true;
+};
+
+// The traits of the sink kernel, fwd_kernel<SinkTraits<Tr>, E> (launch_fwd picks it for 1..16 sink
+// tokens where Params::sink_narrow): Tr's tile, with the one sink tile below the window (key tile 0,
+// walked last) run 16 keys wide after the pipelined loop (fa3_mainloop.cuh sink_tile_narrow). Its
+// own kernel, as RampTraits, so that the plain kernels' code does not change.
+constexpr int kSinkNarrowKeys = 16;  // sink keys the narrow tile covers: one m64n16 S, one k16 P V
+template <class Tr>
+struct SinkTraits : Tr {
+    static_assert(Tr::kSinkNarrowOk, "no sink kernel at this tile");
+    static constexpr bool kSinkNarrow = true;
 };
 
 // The V side of a traits class, for the roles shared with kernels whose traits have no V width of
