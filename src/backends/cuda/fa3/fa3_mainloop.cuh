@@ -46,20 +46,28 @@ __device__ __forceinline__ uint64_t k_step(int ks, int page) {
 // ordinary instruction inside the issue window (ptxas would serialize the wgmmas, C7513).
 // kRamp (ALiBi's ramp kernel, kAlibiGemm below): one more k16 slice in the same commit group,
 // accumulating into S, A = `a` (the rows' slopes) from registers, B at `dr` (the key offsets);
-// the plain kernels never read `a` or `dr`.
-template <class Tr, class E, bool kRamp>
-__device__ __forceinline__ void issue_qk(float (&S)[Tr::kNT][4], uint64_t dq, uint64_t dk, int st,
+// the plain kernels never read `a` or `dr`. kN: the keys of S, the K tile's first kN rows
+// (kBN; the sink kernel's narrow sink tile, kSinkNarrowKeys).
+template <class Tr, class E, bool kRamp, int kN = Tr::kBN>
+__device__ __forceinline__ void issue_qk(float (&S)[kN / 8][4], uint64_t dq, uint64_t dk, int st,
                                          uint32_t (&a)[4], uint64_t dr) {
-    float(&acc)[Tr::kBN / 2] = reinterpret_cast<float(&)[Tr::kBN / 2]>(S);
+    float(&acc)[kN / 2] = reinterpret_cast<float(&)[kN / 2]>(S);
     const uint64_t dks = dk + static_cast<uint64_t>((st * Tr::kKVBytes) >> 4);
     cuda::fence_operands(acc);
     if constexpr (kRamp) cuda::fence_operands(a);
     cuda::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < Tr::kD / 16; ++ks)
-        cuda::wgmma_ss<E, Tr::kBN>(acc, dq + k_step(ks, Tr::kQPage), dks + k_step(ks, Tr::kKVPage), ks > 0);
-    if constexpr (kRamp) cuda::wgmma_rs_kmajor<E, Tr::kBN>(acc, a, dr, 1);
+        cuda::wgmma_ss<E, kN>(acc, dq + k_step(ks, Tr::kQPage), dks + k_step(ks, Tr::kKVPage), ks > 0);
+    if constexpr (kRamp) cuda::wgmma_rs_kmajor<E, kN>(acc, a, dr, 1);
     cuda::wgmma_commit();
+}
+
+// O *= the softmax step's alpha, per row half (accumulator registers 2, 3 of every 4 are row g + 8).
+template <int kDV>
+__device__ __forceinline__ void rescale_o(float (&O)[kDV / 2], const float (&alpha)[2]) {
+#pragma unroll
+    for (int j = 0; j < kDV / 2; ++j) O[j] *= alpha[(j % 4) / 2];
 }
 
 // Issues O += P V for V ring stage `st` (not waited for): P from registers, 16 keys (16 rows of
@@ -243,7 +251,6 @@ __device__ __forceinline__ void score_mods_ramp(const Params &p, const TileCoord
 // tile), with every sink key among its first kSinkNarrowKeys columns. The tile's other keys are
 // invisible to every row (tile 0 lies below the window's first tile, cuda::sink_tile_last), so
 // dropping them changes nothing.
-template <class Tr>
 __device__ __forceinline__ bool sink_narrow(const Params &p, const TileCoords &c) {
     return c.sink_last == 0 && c.kt.first <= c.kt.last && p.sink_tokens <= kSinkNarrowKeys;
 }
@@ -263,17 +270,11 @@ __device__ __forceinline__ void sink_tile_narrow(const Params &p, const TileCoor
     constexpr int kN = kSinkNarrowKeys;
     const int st = stage_of(pos);
     float S[kN / 8][4];
-    float(&acc)[kN / 2] = reinterpret_cast<float(&)[kN / 2]>(S);
-    const uint64_t dks = dk + static_cast<uint64_t>((st * Tr::kKVBytes) >> 4);
+    uint32_t no_ramp[4];
     cuda::mbar_wait(&bars->k_full[st], phase_of(pos));
-    cuda::fence_operands(acc);
-    cuda::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < Tr::kD / 16; ++ks)
-        cuda::wgmma_ss<E, kN>(acc, dq + k_step(ks, Tr::kQPage), dks + k_step(ks, Tr::kKVPage), ks > 0);
-    cuda::wgmma_commit();
+    issue_qk<Tr, E, false, kN>(S, dq, dk, st, no_ramp, 0);
     cuda::wgmma_wait<0>();
-    cuda::fence_operands(acc);
+    cuda::fence_operands(reinterpret_cast<float(&)[kN / 2]>(S));
     release(&bars->k_empty[st], lane);
     release(&bars->q_empty, lane);  // the walk's last GEMM reading Q
     const int col0 = 2 * t;         // key tile 0
@@ -286,8 +287,7 @@ __device__ __forceinline__ void sink_tile_narrow(const Params &p, const TileCoor
     uint32_t P[kN / 16][4];
     float alpha[2];
     cuda::softmax_step<E>(S, row_max, row_sum, sl2, P, alpha);
-#pragma unroll
-    for (int j = 0; j < Tr::kDV / 2; ++j) O[j] *= alpha[(j % 4) / 2];
+    rescale_o<Tr::kDV>(O, alpha);
     const uint64_t dvs = dv + static_cast<uint64_t>((st * Tr::kVBytes) >> 4);
     cuda::mbar_wait(&bars->v_full[st], phase_of(pos));
     cuda::fence_operands(O);
@@ -334,7 +334,7 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
     int n_loop = n_tiles;
     bool narrow = false;
     if constexpr (Tr::kSinkNarrow) {
-        narrow = sink_narrow<Tr>(p, c);
+        narrow = sink_narrow(p, c);
         n_loop -= narrow ? 1 : 0;
     }
     auto step = [&](int i, uint32_t (&P)[kPF][4], uint32_t (&P_next)[kPF][4]) {
@@ -370,8 +370,7 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
         cuda::wgmma_wait<0>();
         cuda::fence_operands(O);
         release(&bars->v_empty[vs], lane);
-#pragma unroll
-        for (int j = 0; j < kDV / 2; ++j) O[j] *= alpha[(j % 4) / 2];
+        rescale_o<kDV>(O, alpha);
     };
     auto last_pv = [&](uint32_t (&P)[kPF][4], int i) {
         const int vs = stage_of(r0 + i);
