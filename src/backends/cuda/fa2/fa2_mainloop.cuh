@@ -591,15 +591,19 @@ __device__ __forceinline__ void rescale_o(float (&O)[Tr::kDT][4], const float (&
     }
 }
 
-// A sink tile's m16 tile mt when its sink keys all lie in the first 16 keys (fwd_key_tile's
-// narrow kSink form): soft cap, ALiBi's general bias, the sink mask and the softmax step on the
+// The keys of a narrow sink tile's chunk (fwd_key_tile's kSink body): one k16 step of P V, two n8
+// tiles of S. fwd_mainloop sends a sink tile there when all its sink keys lie among them.
+constexpr int kSinkChunkKeys = 16;
+
+// A sink tile's m16 tile mt when its sink keys all lie in the first kSinkChunkKeys keys
+// (fwd_key_tile's narrow kSink form): soft cap, ALiBi's general bias, the sink mask and the softmax step on the
 // chunk's two n8 tiles of S, P into the first k16 fragment (the only one gemm_pv reads then).
 template <class Tr, class E, class RowDiag, class RowHead>
 __device__ __forceinline__ void sink_chunk_softmax(const Params &p, const FwdLoopArgs &a, int nb,
                                                    const RowDiag &row_diag, const RowHead &row_head, int mt,
                                                    float (&S_mt)[Tr::kNT][4], uint32_t (&P_mt)[Tr::kVS][4],
                                                    float (&row_max)[2], float (&row_sum)[2], float (&alpha)[2]) {
-    float(&S)[2][4] = reinterpret_cast<float(&)[2][4]>(S_mt);
+    float(&S)[kSinkChunkKeys / 8][4] = reinterpret_cast<float(&)[kSinkChunkKeys / 8][4]>(S_mt);
     uint32_t(&P)[1][4] = reinterpret_cast<uint32_t(&)[1][4]>(P_mt);
     if (p.softcap_scale != 0.f) cuda::softcap_scores(S, p.softcap_scale);
     int rdiag[2];
@@ -736,8 +740,8 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
     // A warp past the last query row (warp_active false) skips the math. With kEarlyK it must
     // still reach the barrier between the S GEMM and the softmax; it then leaves the tile, whose
     // remaining steps have no barrier.
-    // kSink: the tile's first 16-key chunk, which holds all its sink keys (fwd_mainloop).
-    constexpr int sink_chunks = kSink ? 1 : 0;
+    // kSink: the tile's first chunk, which holds all its sink keys (fwd_mainloop).
+    constexpr int sink_chunks = kSink ? kSinkChunkKeys / 16 : 0;
     uint32_t P[kMT][Tr::kVS][4];
     if (a.warp_active || Tr::kEarlyK) {
         float S[kMT][kNT][4];
@@ -837,7 +841,7 @@ __device__ __forceinline__ void fwd_mainloop(const Params &p, const FwdLoopArgs 
         for (int nb = window ? nb_last : s_last; nb >= 0; ++it) {
             const bool sink = nb < a.nb_first || !window;
             const int next = sink ? nb - 1 : nb > a.nb_first ? nb - 1 : s_last;
-            if (sink && p.sink_tokens - nb * Tr::kBN <= 16)
+            if (sink && p.sink_tokens - nb * Tr::kBN <= kSinkChunkKeys)
                 fwd_key_tile<Tr, E, kPaged, kVariants, true, RowDiag, RowHead, false, true>(
                     p, a, nb, it, next, O, row_max, row_sum, row_diag, row_head);
             else if (sink || kt.masked(nb) || (nb >= band.lo && nb <= band.hi))
