@@ -220,11 +220,28 @@ struct BwdBlock {
 struct BwdStep {
     int hq, m0;
 };
-__device__ __forceinline__ BwdStep bwd_step(const BwdParams &p, const BwdBlock &a, int s) {
+// A step's place in the walk: query head gi of the GQA group, query block m (before the rotation).
+// The consumers' loops advance it one step at a time (walk_next) instead of dividing per step.
+struct WalkPos {
+    int gi, m;
+};
+__device__ __forceinline__ WalkPos walk_pos(const BwdBlock &a, int s) {
     const int gi = s / a.nmb;
-    int m = s - gi * a.nmb + a.rot;
+    return WalkPos{gi, s - gi * a.nmb};
+}
+__device__ __forceinline__ void walk_next(const BwdBlock &a, WalkPos &w) {
+    if (++w.m == a.nmb) {
+        w.m = 0;
+        ++w.gi;
+    }
+}
+__device__ __forceinline__ BwdStep walk_step(const BwdParams &p, const BwdBlock &a, WalkPos w) {
+    int m = w.m + a.rot;
     if (m >= a.nmb) m -= a.nmb;
-    return BwdStep{a.kvh * p.group + gi, (a.mb_first + m) * kBwdBM};
+    return BwdStep{a.kvh * p.group + w.gi, (a.mb_first + m) * kBwdBM};
+}
+__device__ __forceinline__ BwdStep bwd_step(const BwdParams &p, const BwdBlock &a, int s) {
+    return walk_step(p, a, walk_pos(a, s));
 }
 
 // kKeysRotated: key block nb of nkb starts its walk nb / nkb of the way through its nmb query
@@ -293,44 +310,117 @@ __device__ __forceinline__ void scores_and_dp_issue(float (&S)[Tr::kQN / 2], flo
     cuda::wgmma_commit();
 }
 
+// The step's LSE and row_dot of the thread's query columns c0 + 8j + 2t + e (c0: the warpgroup's
+// first column in the split layout; `base` = the rows' copy + (c0 + 2t) * 4), a pair of each per
+// n8 tile j, at immediate offsets from one base.
+template <int kOff>
+__device__ __forceinline__ float2 ld_shared_v2_f32_at(uint32_t base) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2+%3];\n" : "=f"(v.x), "=f"(v.y) : "r"(base), "n"(kOff) : "memory");
+    return v;
+}
+template <int j>
+__device__ __forceinline__ float2 col_lse(uint32_t base) { return ld_shared_v2_f32_at<32 * j>(base); }
+template <int j>
+__device__ __forceinline__ float2 col_row_dot(uint32_t base) { return ld_shared_v2_f32_at<4 * kBwdBM + 32 * j>(base); }
+
+// Whether no LSE among the thread's query columns is -inf (-inf, and only -inf, marks a row that
+// saw no key in the forward; it takes no part).
+template <class Tr, int j = 0>
+__device__ __forceinline__ bool cols_live(uint32_t base) {
+    if constexpr (j < Tr::kNT) {
+        const float2 l = col_lse<j>(base);
+        return l.x != -INFINITY && l.y != -INFINITY && cols_live<Tr, j + 1>(base);
+    } else {
+        return true;
+    }
+}
+
+// Whether every (query, key) pair of the step against warpgroup wg's keys is in range and visible
+// (mask.cuh's rule for the step's last row's first key and its first row's last key): then no
+// pair needs the element mask, only rows whose LSE is -inf stay out. Warpgroup-uniform.
+template <class Tr>
+__device__ __forceinline__ bool step_unmasked(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg) {
+    const int64_t qhi = st.m0 + kBwdBM - 1, klo = a.n0 + Tr::kKeyW * wg, khi = klo + (Tr::kSplit ? Tr::kBN : 64) - 1;
+    return qhi < a.sq && khi < a.sk && qhi + a.off - p.left <= klo && st.m0 + a.off + p.right >= khi;
+}
+
 // In place: S^T -> P^T and dP^T -> dS^T. Accumulator register i of the thread holds key row
 // 16 warp + g + 8 ((i % 4) / 2) of the warpgroup's keys and query column 8 (i / 4) + 2 t + (i % 2)
-// of its queries (split layout: the step's queries kQN wg ..).
-template <class Tr>
-__device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
-                                                uint32_t s_rows, float (&S)[Tr::kQN / 2], float (&dP)[Tr::kQN / 2]) {
-    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
-    const float sl2 = p.score_log2, cap = p.softcap_scale;
-    int lo[2], hi[2];  // the queries (relative to m0) that see each of the thread's two keys
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int key = a.n0 + Tr::kKeyW * wg + 16 * warp + g + 8 * h;
-        // key j is visible to query i iff j - off - right <= i <= j - off + left (mask.cuh's rule)
-        lo[h] = max(key - a.off - p.right_i, 0) - st.m0;
-        hi[h] = key < a.sk ? min(key - a.off + p.left_i, a.sq - 1) - st.m0 : -1;
-    }
-#pragma unroll
-    for (int j = 0; j < Tr::kNT; ++j) {
+// of its queries (split layout: the step's queries kQN wg ..). kUnmasked: every pair takes part
+// (step_unmasked and no -inf LSE among the warp's columns); else each pair is tested against its
+// key's visible query range. kCap: the soft cap's tanh and its derivative. One form per call site,
+// so the loop is straight-line code (per-element runtime tests cost a third of the step's
+// instructions before stop 29: a branch per element, the constants reloaded per element).
+template <class Tr, bool kUnmasked, bool kCap, int j = 0>
+__device__ __forceinline__ void probs_and_grads_tiles(const BwdParams &p, uint32_t base, int c0, const int (&lo)[2],
+                                                      const int (&hi)[2], float (&S)[Tr::kQN / 2],
+                                                      float (&dP)[Tr::kQN / 2]) {
+    if constexpr (j < Tr::kNT) {
+        const float sl2 = p.score_log2, cap = p.softcap_scale;
+        const float2 l = col_lse<j>(base), d = col_row_dot<j>(base);
+        const float lse[2] = {l.x, l.y}, rd[2] = {d.x, d.y};
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            const int c = (Tr::kSplit ? Tr::kQN * wg : 0) + 8 * j + 2 * t + e;
-            const float lse = cuda::ld_shared_f32(s_rows + c * 4);
-            const float rd = cuda::ld_shared_f32(s_rows + (kBwdBM + c) * 4);
-            const bool row_sees = lse != -INFINITY;  // -inf: the row sees no key, contributes nothing
-            const float lse2 = row_sees ? lse * 1.4426950408889634f : 0.f;
+            const int c = c0 + 8 * j + e;  // the query column (relative to m0)
+            const bool row_sees = kUnmasked || lse[e] != -INFINITY;
+            const float lse2 = lse[e] * 1.4426950408889634f;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int i = 4 * j + 2 * h + e;
-                const bool vis = row_sees && c >= lo[h] && c <= hi[h];
+                const bool vis = kUnmasked || (row_sees && c >= lo[h] && c <= hi[h]);
                 float x = S[i];
-                if (cap != 0.f) x = cuda::tanh_accurate(x * cap);
+                if constexpr (kCap) x = cuda::tanh_accurate(x * cap);
                 const float pr = vis ? cuda::fast_exp2(fmaf(x, sl2, -lse2)) : 0.f;
-                float ds = vis ? pr * (dP[i] - rd) : 0.f;
-                if (cap != 0.f) ds *= 1.f - x * x;  // d(cap * tanh(raw * scale / cap)) / d(raw * scale)
+                float ds = vis ? pr * (dP[i] - rd[e]) : 0.f;
+                if constexpr (kCap) ds *= 1.f - x * x;  // d(cap * tanh(raw * scale / cap)) / d(raw * scale)
                 S[i] = pr;
                 dP[i] = ds;
             }
         }
+        probs_and_grads_tiles<Tr, kUnmasked, kCap, j + 1>(p, base, c0, lo, hi, S, dP);
+    }
+}
+
+// In place: S^T -> P^T and dP^T -> dS^T. Accumulator register i of the thread holds key row
+// 16 warp + g + 8 ((i % 4) / 2) of the warpgroup's keys and query column 8 (i / 4) + 2 t + (i % 2)
+// of its queries (split layout: the step's queries kQN wg ..). kUnmasked: every pair takes part
+// (step_unmasked and no -inf LSE among the warp's columns); else each pair is tested against its
+// key's visible query range. kCap: the soft cap's tanh and its derivative. One form per call site,
+// so the loop is straight-line code (per-element runtime tests took a third of the step's
+// instructions before stop 29: a branch per element, the constants reloaded per element).
+template <class Tr, bool kUnmasked, bool kCap>
+__device__ __forceinline__ void probs_and_grads_form(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
+                                                     uint32_t base, float (&S)[Tr::kQN / 2], float (&dP)[Tr::kQN / 2]) {
+    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
+    int lo[2] = {0, 0}, hi[2] = {0, 0};  // the queries (relative to m0) that see each of the thread's two keys
+    if constexpr (!kUnmasked) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int key = a.n0 + Tr::kKeyW * wg + 16 * warp + g + 8 * h;
+            // key j is visible to query i iff j - off - right <= i <= j - off + left (mask.cuh's rule)
+            lo[h] = max(key - a.off - p.right_i, 0) - st.m0;
+            hi[h] = key < a.sk ? min(key - a.off + p.left_i, a.sq - 1) - st.m0 : -1;
+        }
+    }
+    probs_and_grads_tiles<Tr, kUnmasked, kCap>(p, base, (Tr::kSplit ? Tr::kQN * wg : 0) + 2 * t, lo, hi, S, dP);
+}
+
+template <class Tr>
+__device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
+                                                uint32_t s_rows, float (&S)[Tr::kQN / 2], float (&dP)[Tr::kQN / 2]) {
+    const uint32_t base = s_rows + ((Tr::kSplit ? Tr::kQN * wg : 0) + 2 * (threadIdx.x & 3)) * 4;
+    const bool unmasked = step_unmasked<Tr>(p, a, st, wg) && __all_sync(0xffffffffu, cols_live<Tr>(base));
+    if (p.softcap_scale != 0.f) {
+        if (unmasked)
+            probs_and_grads_form<Tr, true, true>(p, a, st, wg, base, S, dP);
+        else
+            probs_and_grads_form<Tr, false, true>(p, a, st, wg, base, S, dP);
+    } else {
+        if (unmasked)
+            probs_and_grads_form<Tr, true, false>(p, a, st, wg, base, S, dP);
+        else
+            probs_and_grads_form<Tr, false, false>(p, a, st, wg, base, S, dP);
     }
 }
 
@@ -735,7 +825,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     }
     __syncthreads();
 
-    const int wg = threadIdx.x / 128;
+    const int wg = cuda::warp_uniform(threadIdx.x / 128);  // so that its wgmma descriptors are uniform registers
     float dK[Tr::kDW / 2], dV[Tr::kDW / 2];
 #pragma unroll
     for (int i = 0; i < Tr::kDW / 2; ++i) dK[i] = dV[i] = 0.f;
@@ -757,19 +847,21 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             cuda::cp_async_commit();
         }
         cuda::mbar_wait(&a.bars->kv_full, 0);
-        for (int s = 0; s < nsteps; ++s) {
-            const BwdStep st = bwd_step(p, a, s);
+        WalkPos ws{0, 0}, wr = walk_pos(a, Tr::kStages - 1);  // steps s and r
+        for (int s = 0; s < nsteps; ++s, walk_next(a, ws), walk_next(a, wr)) {
+            const BwdStep st = walk_step(p, a, ws);
             const int buf = ring_buf<Tr>(s);
             // Step r = s + kStages - 1 refills the buffer of step s - 1: the loader waits for both
             // warpgroups to release it; this warpgroup's own copy of the rows was last read before
             // the warpgroup barrier of its step s - 1.
             const int r = s + Tr::kStages - 1;
             if (r < nsteps) {
+                const BwdStep sr = walk_step(p, a, wr);
                 if (threadIdx.x == 0) {
                     if (s >= 1) cuda::mbar_wait(&a.bars->qdo_empty[ring_buf<Tr>(s - 1)], ring_phase<Tr>(s - 1));
-                    load_q_do<Tr>(p, &tm_q, &tm_do, a, bwd_step(p, a, r), ring_buf<Tr>(r));
+                    load_q_do<Tr>(p, &tm_q, &tm_do, a, sr, ring_buf<Tr>(r));
                 }
-                load_rows<Tr>(p, a, bwd_step(p, a, r), ring_buf<Tr>(r), wg);
+                load_rows<Tr>(p, a, sr, ring_buf<Tr>(r), wg);
             }
             cuda::cp_async_commit();
             cuda::cp_async_wait<Tr::kStages - 1>();  // this step's rows, from this thread ...
@@ -877,13 +969,14 @@ __device__ __forceinline__ void det_consume(const BwdParams &p, const BwdBlock &
         cuda::cp_async_commit();
     }
     cuda::mbar_wait(&a.bars->kv_full, 0);
-    for (int s = 0; s < nsteps; ++s) {
-        const BwdStep st = bwd_step(p, a, s);
+    WalkPos ws{0, 0}, wr = walk_pos(a, Tr::kStages - 1);  // steps s and r
+    for (int s = 0; s < nsteps; ++s, walk_next(a, ws), walk_next(a, wr)) {
+        const BwdStep st = walk_step(p, a, ws);
         const int buf = ring_buf<Tr>(s);
         // Step r = s + kStages - 1's rows go to the buffer of step s - 1: this warpgroup's copy
         // was last read before the warpgroup barrier of its step s - 1.
         const int r = s + Tr::kStages - 1;
-        if (r < nsteps) load_rows<Tr>(p, a, bwd_step(p, a, r), ring_buf<Tr>(r), wg);
+        if (r < nsteps) load_rows<Tr>(p, a, walk_step(p, a, wr), ring_buf<Tr>(r), wg);
         cuda::cp_async_commit();
         cuda::cp_async_wait<Tr::kStages - 1>();  // this step's rows, from this thread ...
         warpgroup_sync(wg);                      // ... and from every thread of the warpgroup
@@ -943,7 +1036,7 @@ __global__ void __launch_bounds__(kBwdDetThreads, 1)
         return;
     }
     cuda::setmaxnreg_inc<kBwdConsumerRegs>();
-    const int wg = threadIdx.x / 128 - 1;
+    const int wg = cuda::warp_uniform(threadIdx.x / 128 - 1);
     float dK[Tr::kDW / 2], dV[Tr::kDW / 2];
 #pragma unroll
     for (int i = 0; i < Tr::kDW / 2; ++i) dK[i] = dV[i] = 0.f;
