@@ -579,7 +579,7 @@ __device__ __forceinline__ uint32_t dq_frag_bytes(const BwdParams &p, const BwdB
     return static_cast<uint32_t>(rows * cuda::dq_frag_cols(p.head_dim) * 4);
 }
 
-// dQ += dS K_w for the step's 64 queries, head dims above 64 (bwd_bulk_dq): the warpgroup's fp32
+// dQ += dS K_w for the step's 64 queries, head dims 64 and 128 (bwd_bulk_dq): the warpgroup's fp32
 // tile (dq_tile_to_smem), then one bulk reduction of the sequence's rows by thread 0 of the
 // warpgroup (default mode; the deterministic kernel's dQ goes through its
 // writer warp: accumulate_dq_slot). The caller made sure that the previous step's reduction has

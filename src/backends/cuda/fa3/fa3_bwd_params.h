@@ -73,10 +73,11 @@ constexpr int bwd_block_n(int kd) { return bwd_split(kd) ? 64 : kBwdBN; }  // ke
 constexpr int bwd_stages(int kd) { return kd <= 64 ? 3 : 2; }
 
 // dQ of a step reaches the fp32 accumulator as one bulk reduction from a shared-memory tile (head
-// dim 128; in deterministic mode at 64 and 128 too, issued by the producer's dQ writer warp) or as
-// vector reductions from registers (default mode at 64, where they measured faster; the split
-// layout in both modes, which has no room for an fp32 tile: 64 x 256 x 4 = 64 KB).
-constexpr bool bwd_bulk_dq(int kd) { return kd > 64 && !bwd_split(kd); }
+// dims 64 and 128; in deterministic mode issued by the producer's dQ writer warp) or as vector
+// reductions from registers (the split layout in both modes, which has no room for an fp32 tile:
+// 64 x 256 x 4 = 64 KB). Head dim 64's default mode reduced from registers until stop 29 (measured
+// 10-20 % faster before that stop's instruction diet; its ncu then found L2 78 % busy with them).
+constexpr bool bwd_bulk_dq(int kd) { return !bwd_split(kd); }
 constexpr bool bwd_dq_tiles(int kd) { return !bwd_split(kd); }
 // The dQ accumulator's layout: fragment order (device/dq_accum.cuh) where the default mode reduces
 // a shared tile (bwd_bulk_dq): the wgmma fragment stores into it without bank conflicts and a
