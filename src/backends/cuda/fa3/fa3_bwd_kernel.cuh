@@ -326,11 +326,13 @@ __device__ __forceinline__ float2 col_row_dot(uint32_t base) { return ld_shared_
 
 // Whether no LSE among the thread's query columns is -inf (-inf, and only -inf, marks a row that
 // saw no key in the forward; it takes no part).
+// (Every load issued, then one AND: a short-circuit chain made the loads wait on each other.)
 template <class Tr, int j = 0>
 __device__ __forceinline__ bool cols_live(uint32_t base) {
     if constexpr (j < Tr::kNT) {
         const float2 l = col_lse<j>(base);
-        return l.x != -INFINITY && l.y != -INFINITY && cols_live<Tr, j + 1>(base);
+        const bool rest = cols_live<Tr, j + 1>(base);
+        return (l.x != -INFINITY) & (l.y != -INFINITY) & rest;
     } else {
         return true;
     }
@@ -406,11 +408,24 @@ __device__ __forceinline__ void probs_and_grads_form(const BwdParams &p, const B
     probs_and_grads_tiles<Tr, kUnmasked, kCap>(p, base, (Tr::kSplit ? Tr::kQN * wg : 0) + 2 * t, lo, hi, S, dP);
 }
 
+// The thread's base address in the step's rows (load_cols' offsets start there).
+template <class Tr>
+__device__ __forceinline__ uint32_t cols_base(uint32_t s_rows, int wg) {
+    return s_rows + ((Tr::kSplit ? Tr::kQN * wg : 0) + 2 * (threadIdx.x & 3)) * 4;
+}
+
+// Whether the warp takes probs_and_grads' unmasked form (step_unmasked and no -inf LSE among the
+// warp's columns). Evaluated while the S / dP wgmmas run: its loads wait under them.
+template <class Tr>
+__device__ __forceinline__ bool warp_unmasked(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg, uint32_t s_rows) {
+    return step_unmasked<Tr>(p, a, st, wg) && __all_sync(0xffffffffu, cols_live<Tr>(cols_base<Tr>(s_rows, wg)));
+}
+
 template <class Tr>
 __device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
-                                                uint32_t s_rows, float (&S)[Tr::kQN / 2], float (&dP)[Tr::kQN / 2]) {
-    const uint32_t base = s_rows + ((Tr::kSplit ? Tr::kQN * wg : 0) + 2 * (threadIdx.x & 3)) * 4;
-    const bool unmasked = step_unmasked<Tr>(p, a, st, wg) && __all_sync(0xffffffffu, cols_live<Tr>(base));
+                                                uint32_t s_rows, bool unmasked, float (&S)[Tr::kQN / 2],
+                                                float (&dP)[Tr::kQN / 2]) {
+    const uint32_t base = cols_base<Tr>(s_rows, wg);
     if (p.softcap_scale != 0.f) {
         if (unmasked)
             probs_and_grads_form<Tr, true, true>(p, a, st, wg, base, S, dP);
@@ -677,10 +692,11 @@ __device__ __forceinline__ void step_compute(const BwdParams &p, const BwdBlock 
 
     float S[Tr::kQN / 2], dP[Tr::kQN / 2];
     scores_and_dp_issue<Tr, E>(S, dP, s_k, s_v, s_q + q_rows, s_do + q_rows);
+    const bool unmasked = warp_unmasked<Tr>(p, a, st, wg, s_rows);
     cuda::wgmma_wait<0>();
     cuda::fence_operands(S);
     cuda::fence_operands(dP);
-    probs_and_grads<Tr>(p, a, st, wg, s_rows, S, dP);
+    probs_and_grads<Tr>(p, a, st, wg, s_rows, unmasked, S, dP);
     uint32_t Pf[Tr::kKF][4], dSf[Tr::kKF][4];
     to_fragments<Tr, E>(S, Pf);
     to_fragments<Tr, E>(dP, dSf);
