@@ -519,7 +519,7 @@ __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a
 // both key-major in shared memory (MN-major operands). The wait also retires the step's earlier
 // wgmmas (dV, dK).
 template <class Tr, class E>
-__device__ __forceinline__ void dq_page_gemm(float (&acc)[32], uint32_t s_ds, uint32_t s_kp) {
+__device__ __forceinline__ void dq_page_issue(float (&acc)[32], uint32_t s_ds, uint32_t s_kp) {
     const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
     const uint64_t dk = cuda::make_desc_sw128(s_kp, 1024, Tr::kKPage);
     cuda::fence_operands(acc);
@@ -529,52 +529,58 @@ __device__ __forceinline__ void dq_page_gemm(float (&acc)[32], uint32_t s_ds, ui
         wgmma_ss_mn64<E>(acc, dds + static_cast<uint64_t>((kk * 16 * 128) >> 4),
                          dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
     cuda::wgmma_commit();
+}
+template <class Tr, class E>
+__device__ __forceinline__ void dq_page_gemm(float (&acc)[32], uint32_t s_ds, uint32_t s_kp) {
+    dq_page_issue<Tr, E>(acc, s_ds, s_kp);
     cuda::wgmma_wait<0>();
     cuda::fence_operands(acc);
 }
 
 // dQ = dS K_w for the step's 64 queries (this warpgroup's 64 keys), 64 head-dim columns at a time
 // (dq_page_gemm), stored at s_dq in the accumulator's layout (bwd_dq_frag):
-// - default mode (!kSlot), fragment order (device/dq_accum.cuh, dq_frag_cols(head_dim) columns):
-//   warp w's 16 rows are 16-row block w, and the wgmma fragment of an 8-column block j (thread
-//   4g + t: rows g, g + 8, columns 2t, 2t + 1, registers 4j .. 4j + 3) is exactly that layout's
-//   m16n8 fragment, so each thread stores its four floats as one 16-byte vector and the warp's 32
-//   vectors are 512 contiguous bytes: 4 wavefronts, no bank conflict. Row-major rows of 512 bytes
-//   put an instruction's 8 rows (lanes 0-15: rows 0-3, 32 bytes each) on the same 8 banks: 8
-//   wavefronts per 256 bytes (stop 22's profile: 7.3-way); padded rows would break the one dense
-//   bulk reduction. At head dim 128, per warpgroup and step: 64 STS.128 / 256 wavefronts where
-//   the row-major form took 128 STS.64 / 1024. Blocks past head_dim inside dq_frag_cols are
-//   stored too (zeros: K's columns there load as zeros): the reduction reads no unwritten bytes.
-// - kSlot (the deterministic kernel's writer slot of warpgroup wg): row-major rows of head_dim
-//   floats (the fragment-order writer spilled on its 24 registers); from step s = 1 on, wait after
-//   the first GEMM, before the first store, for the writer to have read the slot's previous tile
-//   (dq_empty).
-template <class Tr, class E, bool kSlot>
-__device__ __forceinline__ void dq_tile_to_smem(int d, uint32_t s_ds, uint32_t s_k, uint32_t s_dq, const BwdBlock &a,
+// - default mode (store_dq_frag_page), fragment order (device/dq_accum.cuh, dq_frag_cols(head_dim)
+//   columns): warp w's 16 rows are 16-row block w, and the wgmma fragment of an 8-column block j
+//   (thread 4g + t: rows g, g + 8, columns 2t, 2t + 1, registers 4j .. 4j + 3) is exactly that
+//   layout's m16n8 fragment, so each thread stores its four floats as one 16-byte vector and the
+//   warp's 32 vectors are 512 contiguous bytes: 4 wavefronts, no bank conflict. Row-major rows of
+//   512 bytes put an instruction's 8 rows (lanes 0-15: rows 0-3, 32 bytes each) on the same 8
+//   banks: 8 wavefronts per 256 bytes (stop 22's profile: 7.3-way); padded rows would break the one
+//   dense bulk reduction. At head dim 128, per warpgroup and step: 64 STS.128 / 256 wavefronts where
+//   the row-major form took 128 STS.64 / 1024. Blocks past head_dim inside dq_frag_cols are stored
+//   too (zeros: K's columns there load as zeros): the reduction reads no unwritten bytes.
+// - the deterministic kernel's writer slot of warpgroup wg (dq_tile_to_slot): row-major rows of
+//   head_dim floats (the fragment-order writer spilled on its 24 registers); from step s = 1 on, wait
+//   after the first GEMM, before the first store, for the writer to have read the slot's previous
+//   tile (dq_empty).
+__device__ __forceinline__ void store_dq_frag_page(const float (&acc)[32], int half, uint32_t s_dq, int dcols) {
+    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31;
+    // this thread's 8-column block 0 in fragment order
+    const uint32_t at = s_dq + static_cast<uint32_t>((16 * warp * dcols + 4 * lane) * 4);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int block = half * 8 + j;  // 8-column block; head_dim is a multiple of 8 and dcols of 16
+        if (8 * block >= dcols) continue;
+        st_shared_v4_f32(at + block * 512, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+    }
+}
+template <class Tr, class E>
+__device__ __forceinline__ void dq_tile_to_slot(int d, uint32_t s_ds, uint32_t s_k, uint32_t s_dq, const BwdBlock &a,
                                                 int s, int wg) {
-    const int dcols = cuda::dq_frag_cols(d);
 #pragma unroll
     for (int half = 0; half < Tr::kPages; ++half) {
         float acc[32];
         dq_page_gemm<Tr, E>(acc, s_ds, s_k + half * Tr::kKPage);
-        if (kSlot && half == 0 && s > 0) cuda::mbar_wait(&a.bars->dq_empty[wg], static_cast<uint32_t>((s - 1) & 1));
+        if (half == 0 && s > 0) cuda::mbar_wait(&a.bars->dq_empty[wg], static_cast<uint32_t>((s - 1) & 1));
         const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
-        // this thread's 8-column block 0 in fragment order (computed here: nothing more lives across the GEMM)
-        const uint32_t at = s_dq + static_cast<uint32_t>((16 * warp * dcols + 4 * lane) * 4);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            const int block = half * 8 + j;  // 8-column block; head_dim is a multiple of 8 and dcols of 16
-            if constexpr (kSlot) {
-                const int col = 8 * block + 2 * t;
-                if (col >= d) continue;
+            const int col = 8 * (half * 8 + j) + 2 * t;
+            if (col >= d) continue;
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int row = 16 * warp + g + 8 * h;
-                    st_shared_v2_f32(s_dq + (row * d + col) * 4, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-                }
-            } else {
-                if (8 * block >= dcols) continue;
-                st_shared_v4_f32(at + block * 512, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+            for (int h = 0; h < 2; ++h) {
+                const int row = 16 * warp + g + 8 * h;
+                st_shared_v2_f32(s_dq + (row * d + col) * 4, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
             }
         }
     }
@@ -594,15 +600,10 @@ __device__ __forceinline__ uint32_t dq_frag_bytes(const BwdParams &p, const BwdB
     return static_cast<uint32_t>(rows * cuda::dq_frag_cols(p.head_dim) * 4);
 }
 
-// dQ += dS K_w for the step's 64 queries, head dims 64 and 128 (bwd_bulk_dq): the warpgroup's fp32
-// tile (dq_tile_to_smem), then one bulk reduction of the sequence's rows by thread 0 of the
-// warpgroup (default mode; the deterministic kernel's dQ goes through its
-// writer warp: accumulate_dq_slot). The caller made sure that the previous step's reduction has
-// finished reading the tile (the step-top barrier).
-template <class Tr, class E>
-__device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
-                                                   uint32_t s_ds, uint32_t s_k, uint32_t s_dq) {
-    dq_tile_to_smem<Tr, E, false>(p.head_dim, s_ds, s_k, s_dq, a, 0, wg);
+// The warpgroup's dQ tile, once in shared memory, added by one bulk reduction (thread 0 of the
+// warpgroup).
+template <class Tr>
+__device__ __forceinline__ void reduce_dq_tile(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg, uint32_t s_dq) {
     fence_proxy_async_smem();  // the tile, before the bulk reduction reads it
     warpgroup_sync(wg);
     if ((threadIdx.x & 127) == 0) {
@@ -610,6 +611,36 @@ __device__ __forceinline__ void accumulate_dq_bulk(const BwdParams &p, const Bwd
         cuda::bulk_commit();
     }
 }
+
+// The default mode's dQ with dV and dK (the layouts with an fp32 tile, bwd_bulk_dq): page 0's
+// GEMM issued before dV += P^T dO and dK += dS^T Q, so that its stores run while they do; then
+// the other pages, and the bulk reduction (the caller made sure that the previous step's
+// reduction has finished reading the tile: the step-top barrier).
+template <class Tr, class E>
+__device__ __forceinline__ void dkv_and_dq_bulk(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
+                                                float (&dK)[Tr::kDW / 2], float (&dV)[Tr::kDW / 2],
+                                                const uint32_t (&Pf)[Tr::kKF][4], const uint32_t (&dSf)[Tr::kKF][4],
+                                                uint32_t s_q, uint32_t s_do, uint32_t s_ds, uint32_t s_k,
+                                                uint32_t s_dq) {
+    const int dcols = cuda::dq_frag_cols(p.head_dim);
+    {
+        float acc[32];
+        dq_page_issue<Tr, E>(acc, s_ds, s_k);
+        issue_dkv<Tr, E, Tr::kKF>(dK, dV, Pf, dSf, s_q, s_do);
+        cuda::wgmma_wait<1>();  // page 0 (dV, dK may still run)
+        cuda::fence_operands(acc);
+        store_dq_frag_page(acc, 0, s_dq, dcols);
+    }
+#pragma unroll
+    for (int half = 1; half < Tr::kPages; ++half) {
+        float acc[32];
+        dq_page_gemm<Tr, E>(acc, s_ds, s_k + half * Tr::kKPage);
+        store_dq_frag_page(acc, half, s_dq, dcols);
+    }
+    cuda::wgmma_wait<0>();  // dV, dK (one page: not waited for yet)
+    reduce_dq_tile<Tr>(p, a, st, wg, s_dq);
+}
+
 
 // dQ += dS K_w from registers: vector reductions into the fp32 accumulator, one 64-column page
 // of the warpgroup's columns at a time (dq_page_gemm). The default mode at head dim 64 (measured
@@ -663,13 +694,13 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
 }
 
 // dQ += dS K_w for the step's 64 queries, deterministic kernel: the tile into the warpgroup's
-// writer slot (dq_tile_to_smem, which first waits on dq_empty for the writer to have read the
+// writer slot (dq_tile_to_slot, which first waits on dq_empty for the writer to have read the
 // previous one); then every thread fences its stores for the async proxy (the writer's bulk
 // reduction reads them) and arrives on dq_full.
 template <class Tr, class E>
 __device__ __forceinline__ void accumulate_dq_slot(const BwdParams &p, const BwdBlock &a, int s, int wg,
                                                    uint32_t s_ds, uint32_t s_k, uint32_t s_dq) {
-    dq_tile_to_smem<Tr, E, true>(p.head_dim, s_ds, s_k, s_dq, a, s, wg);
+    dq_tile_to_slot<Tr, E>(p.head_dim, s_ds, s_k, s_dq, a, s, wg);
     fence_proxy_async_smem();  // this thread's stores, before the writer's bulk reduction reads them
     cuda::mbar_arrive(&a.bars->dq_full[wg]);
 }
@@ -715,12 +746,15 @@ __device__ __forceinline__ void step_compute(const BwdParams &p, const BwdBlock 
         store_frags<Tr>(s_ds, 0, dSf);
         fence_proxy_async_smem();  // the generic-proxy stores, before the wgmma reads them
         warpgroup_sync(wg);
-        issue_dkv<Tr, E, Tr::kKF>(dK, dV, Pf, dSf, s_q, s_do);
+        if constexpr (Tr::kBulkDQ && !kDet)
+            dkv_and_dq_bulk<Tr, E>(p, a, st, wg, dK, dV, Pf, dSf, s_q, s_do, s_ds, s_k, s_dq);
+        else
+            issue_dkv<Tr, E, Tr::kKF>(dK, dV, Pf, dSf, s_q, s_do);
     }
     if constexpr (kDet && !Tr::kSplit)  // each waits for every wgmma of the step
         accumulate_dq_slot<Tr, E>(p, a, s, wg, s_ds, s_k, s_dq);
     else if constexpr (Tr::kBulkDQ)
-        accumulate_dq_bulk<Tr, E>(p, a, st, wg, s_ds, s_k, s_dq);
+        static_assert(!Tr::kSplit, "dkv_and_dq_bulk above");
     else
         accumulate_dq_red<Tr, E, kDet>(p, a, st, wg, s_ds, Tr::kSplit ? base + Tr::kKOff : s_k);
     cuda::fence_operands(dK);
