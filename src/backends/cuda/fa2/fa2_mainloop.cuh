@@ -705,7 +705,7 @@ __device__ __forceinline__ void fwd_key_tile(const Params &p, const FwdLoopArgs 
                                              float (&row_max)[Tr::kMT][2], float (&row_sum)[Tr::kMT][2],
                                              const RowDiag &row_diag, const RowHead &row_head,
                                              bool alibi_left = false) {
-    constexpr int kBN = Tr::kBN, kMT = Tr::kMT, kNT = Tr::kNT, kDT = Tr::kDT;
+    constexpr int kBN = Tr::kBN, kMT = Tr::kMT, kNT = Tr::kNT;
     uint32_t st_off = Tr::kStages == 2 ? (it & 1) * 2 * Tr::kKVBytes : 0;
     if constexpr (Tr::kStages == 2) {
         // The sm_90 paged TMA walk (kv_tma) takes three stages (kTmaStages); the other kernels'
