@@ -32,9 +32,9 @@ static buffers *make_buffers(const flashattn_plan_t *plan) {
     buffers *b = calloc(1, sizeof *b);
     assert_non_null(b);
     srand(12345);
-    for (size_t i = 0; i < sizeof b->q / sizeof *b->q; ++i) b->q[i] = (float)rand() / RAND_MAX - 0.5f;
-    for (size_t i = 0; i < sizeof b->k / sizeof *b->k; ++i) b->k[i] = (float)rand() / RAND_MAX - 0.5f;
-    for (size_t i = 0; i < sizeof b->v / sizeof *b->v; ++i) b->v[i] = (float)rand() / RAND_MAX - 0.5f;
+    for (size_t i = 0; i < sizeof b->q / sizeof *b->q; ++i) b->q[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+    for (size_t i = 0; i < sizeof b->k / sizeof *b->k; ++i) b->k[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+    for (size_t i = 0; i < sizeof b->v / sizeof *b->v; ++i) b->v[i] = (float)rand() / (float)RAND_MAX - 0.5f;
     memset(b->o, 0x7f, sizeof b->o);
     memset(b->lse, 0x7f, sizeof b->lse);
     memcpy(b->o_poison, b->o, sizeof b->o);

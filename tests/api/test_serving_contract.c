@@ -75,14 +75,14 @@ static fixture *make_fixture(const flashattn_plan_t *plan) {
     fixture *f = calloc(1, sizeof *f);
     assert_non_null(f);
     srand(777);
-    for (size_t i = 0; i < sizeof f->q / sizeof *f->q; ++i) f->q[i] = (float)rand() / RAND_MAX - 0.5f;
+    for (size_t i = 0; i < sizeof f->q / sizeof *f->q; ++i) f->q[i] = (float)rand() / (float)RAND_MAX - 0.5f;
     for (size_t i = 0; i < sizeof f->k / sizeof *f->k; ++i) {
-        f->k[i] = (float)rand() / RAND_MAX - 0.5f;
-        f->v[i] = (float)rand() / RAND_MAX - 0.5f;
+        f->k[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+        f->v[i] = (float)rand() / (float)RAND_MAX - 0.5f;
     }
     for (size_t i = 0; i < sizeof f->k_new / sizeof *f->k_new; ++i) {
-        f->k_new[i] = (float)rand() / RAND_MAX - 0.5f;
-        f->v_new[i] = (float)rand() / RAND_MAX - 0.5f;
+        f->k_new[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+        f->v_new[i] = (float)rand() / (float)RAND_MAX - 0.5f;
     }
     for (int p = 0; p < NSK; ++p)
         for (int i = 0; i < ROT / 2; ++i) {
