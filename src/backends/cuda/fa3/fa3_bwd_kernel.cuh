@@ -347,13 +347,8 @@ __device__ __forceinline__ bool step_unmasked(const BwdParams &p, const BwdBlock
     return qhi < a.sq && khi < a.sk && qhi + a.off - p.left <= klo && st.m0 + a.off + p.right >= khi;
 }
 
-// In place: S^T -> P^T and dP^T -> dS^T. Accumulator register i of the thread holds key row
-// 16 warp + g + 8 ((i % 4) / 2) of the warpgroup's keys and query column 8 (i / 4) + 2 t + (i % 2)
-// of its queries (split layout: the step's queries kQN wg ..). kUnmasked: every pair takes part
-// (step_unmasked and no -inf LSE among the warp's columns); else each pair is tested against its
-// key's visible query range. kCap: the soft cap's tanh and its derivative. One form per call site,
-// so the loop is straight-line code (per-element runtime tests cost a third of the step's
-// instructions before stop 29: a branch per element, the constants reloaded per element).
+// probs_and_grads_form's n8 tile j of S^T and dP^T (and, recursively, the ones after it), with
+// the tile's LSE / row_dot pair loaded where it is used.
 template <class Tr, bool kUnmasked, bool kCap, int j = 0>
 __device__ __forceinline__ void probs_and_grads_tiles(const BwdParams &p, uint32_t base, int c0, const int (&lo)[2],
                                                       const int (&hi)[2], float (&S)[Tr::kQN / 2],
@@ -408,7 +403,7 @@ __device__ __forceinline__ void probs_and_grads_form(const BwdParams &p, const B
     probs_and_grads_tiles<Tr, kUnmasked, kCap>(p, base, (Tr::kSplit ? Tr::kQN * wg : 0) + 2 * t, lo, hi, S, dP);
 }
 
-// The thread's base address in the step's rows (load_cols' offsets start there).
+// The thread's base address in the step's rows (col_lse / col_row_dot offsets start there).
 template <class Tr>
 __device__ __forceinline__ uint32_t cols_base(uint32_t s_rows, int wg) {
     return s_rows + ((Tr::kSplit ? Tr::kQN * wg : 0) + 2 * (threadIdx.x & 3)) * 4;
@@ -515,9 +510,9 @@ __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a
 }
 
 // acc = dS K_page for the step's 64 queries and one 64-column page of K (64 keys from s_kp: the
-// warpgroup's, or the split layout's whole block), issued and waited for: wgmma with dS^T and K
-// both key-major in shared memory (MN-major operands). The wait also retires the step's earlier
-// wgmmas (dV, dK).
+// warpgroup's, or the split layout's whole block): wgmma with dS^T and K both key-major in shared
+// memory (MN-major operands), issued and committed as one group (dq_page_gemm also waits for it,
+// and with it for every earlier group of the thread).
 template <class Tr, class E>
 __device__ __forceinline__ void dq_page_issue(float (&acc)[32], uint32_t s_ds, uint32_t s_kp) {
     const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
@@ -641,18 +636,15 @@ __device__ __forceinline__ void dkv_and_dq_bulk(const BwdParams &p, const BwdBlo
     reduce_dq_tile<Tr>(p, a, st, wg, s_dq);
 }
 
-
 // dQ += dS K_w from registers: vector reductions into the fp32 accumulator, one 64-column page
-// of the warpgroup's columns at a time (dq_page_gemm). The default mode at head dim 64 (measured
-// 1.1-1.2x faster than the bulk reduction there) and the split layout in both modes (no room for
-// an fp32 tile). kDet (split layout only): the CTA's adds take the key block's turn (turn_of):
+// of the warpgroup's columns at a time (dq_page_gemm). The split layout in both modes (no room for
+// an fp32 tile; head dim 64's default mode used it until stop 29). kDet: the CTA's adds take the key block's turn (turn_of):
 // thread 0 waits for it, the whole CTA meets, every thread adds and fences, the CTA meets again
 // and thread 0 moves the counter on.
 template <class Tr, class E, bool kDet>
 __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
                                                   uint32_t s_ds, uint32_t s_k) {
-    static_assert(!kDet || Tr::kSplit, "the deterministic kernel of the other layouts has its dQ writer warp");
-    static_assert(Tr::kSplit || Tr::kPages == 1, "the red path reduces the whole dQ tile from registers");
+    static_assert(Tr::kSplit, "the other layouts have an fp32 dQ tile (bwd_bulk_dq)");
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
     const int col0 = Tr::kSplit ? wg * Tr::kDW : 0;
     float *rows[2];
@@ -751,12 +743,11 @@ __device__ __forceinline__ void step_compute(const BwdParams &p, const BwdBlock 
         else
             issue_dkv<Tr, E, Tr::kKF>(dK, dV, Pf, dSf, s_q, s_do);
     }
+    // (the default mode's fp32 tile went with dV and dK above: dkv_and_dq_bulk)
     if constexpr (kDet && !Tr::kSplit)  // each waits for every wgmma of the step
         accumulate_dq_slot<Tr, E>(p, a, s, wg, s_ds, s_k, s_dq);
-    else if constexpr (Tr::kBulkDQ)
-        static_assert(!Tr::kSplit, "dkv_and_dq_bulk above");
-    else
-        accumulate_dq_red<Tr, E, kDet>(p, a, st, wg, s_ds, Tr::kSplit ? base + Tr::kKOff : s_k);
+    else if constexpr (Tr::kSplit)
+        accumulate_dq_red<Tr, E, kDet>(p, a, st, wg, s_ds, base + Tr::kKOff);
     cuda::fence_operands(dK);
     cuda::fence_operands(dV);
     __syncwarp();  // every lane's wgmmas reading Q and dO have retired
