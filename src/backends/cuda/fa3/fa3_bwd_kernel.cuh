@@ -36,9 +36,11 @@
 // TMA loads, each warpgroup's thread 0 its bulk reductions. bwd_det_kernel, the deterministic mode
 // (since stop 20): FlashAttention-3's shape, a third warpgroup that produces on 24 registers
 // (setmaxnreg; the consumers run on 240): its warp 0 issues the TMA loads, its warp 1 is the dQ
-// writer. The consumers store their fp32 dQ tiles to two slots (dq_full / dq_empty mbarriers); the
-// writer takes the key block's turn (ascending key order per (query head, query block), a counter
-// each, as FA2's), reduces slot 0, then slot 1, and releases the turn: no consumer waits on L2.
+// writer. After a barrier of the two consumer warpgroups (both halves of dS^T in shared memory),
+// each computes whole 64-column pages of the step's dQ over all 128 keys and stores them to the
+// step's slot (two slots, by step parity; dq_full / dq_empty mbarriers); the writer takes the key
+// block's turn (ascending key order per (query head, query block), a counter each, as FA2's),
+// reduces the slot in one bulk reduction and releases the turn: no consumer waits on L2.
 // The same producer warpgroup ran the default mode 1-14 % slower (docs/kernel-notes.md).
 //
 // Head dim 256 (and 136..256, zero-padded; since stop 21): the split layout (BwdTraits), where
@@ -112,6 +114,9 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 __device__ __forceinline__ void warpgroup_sync(int wg) {
     asm volatile("bar.sync %0, 128;" ::"r"(wg + 1) : "memory");
 }
+// The deterministic kernel's barrier of both consumer warpgroups (256 threads; warpgroup_sync takes
+// ids 1 and 2, __syncthreads 0).
+constexpr int kBwdDetConsumerBar = 3;
 
 // Two fp32 values into shared memory (8-byte aligned).
 __device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y) {
@@ -156,10 +161,10 @@ struct BwdBarriers {
     uint64_t kv_full;                 // K and V landed (one phase: loaded once per CTA)
     uint64_t qdo_full[kBwdMaxStages];   // Q and dO of the buffer's step landed
     uint64_t qdo_empty[kBwdMaxStages];  // every consumer warp (8) is done with the buffer's Q and dO
-    // bwd_det_kernel's dQ slots, one phase per step: every thread of consumer warpgroup w has stored
-    // its dQ tile in slot w ...
+    // bwd_det_kernel's dQ slots, slot s & 1 for step s, one phase per use: every thread of both
+    // consumer warpgroups is done with the step's dQ (its pages stored, its dQ GEMM retired) ...
     uint64_t dq_full[2];
-    // ... and every lane of the writer warp is done with it (its bulk reduction has read it).
+    // ... and every lane of the writer warp is done with the slot (its bulk reduction has read it).
     uint64_t dq_empty[2];
 };
 
@@ -544,10 +549,8 @@ __device__ __forceinline__ void dq_page_gemm(float (&acc)[32], uint32_t s_ds, ui
 //   dense bulk reduction. At head dim 128, per warpgroup and step: 64 STS.128 / 256 wavefronts where
 //   the row-major form took 128 STS.64 / 1024. Blocks past head_dim inside dq_frag_cols are stored
 //   too (zeros: K's columns there load as zeros): the reduction reads no unwritten bytes.
-// - the deterministic kernel's writer slot of warpgroup wg (dq_tile_to_slot): row-major rows of
-//   head_dim floats (the fragment-order writer spilled on its 24 registers); from step s = 1 on, wait
-//   after the first GEMM, before the first store, for the writer to have read the slot's previous
-//   tile (dq_empty).
+// (The deterministic kernel's writer slot, row-major rows of head_dim floats, takes whole pages
+// over all 128 keys: store_dq_slot_page.)
 __device__ __forceinline__ void store_dq_frag_page(const float (&acc)[32], int half, uint32_t s_dq, int dcols) {
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31;
     // this thread's 8-column block 0 in fragment order
@@ -559,24 +562,35 @@ __device__ __forceinline__ void store_dq_frag_page(const float (&acc)[32], int h
         st_shared_v4_f32(at + block * 512, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
     }
 }
+// The deterministic kernel: dQ page pg (64 head-dim columns) of the step's 64 queries over all
+// kBwdBN keys, acc = dS K[:, page] (not waited for): both warpgroups' dS^T pages are contiguous in
+// shared memory, [128 keys][64 queries] (kDSBytes = 64 key rows of 128 bytes each), as are the K
+// page's 128 key rows, so the K = 128 GEMM is eight k16 steps down both.
 template <class Tr, class E>
-__device__ __forceinline__ void dq_tile_to_slot(int d, uint32_t s_ds, uint32_t s_k, uint32_t s_dq, const BwdBlock &a,
-                                                int s, int wg) {
+__device__ __forceinline__ void dq_full_page_issue(float (&acc)[32], uint32_t s_ds0, uint32_t s_kp) {
+    static_assert(!Tr::kSplit && Tr::kBN == 128, "both warpgroups' keys in one page");
+    const uint64_t dds = cuda::make_desc_sw128(s_ds0, 1024, Tr::kQPage);
+    const uint64_t dk = cuda::make_desc_sw128(s_kp, 1024, Tr::kKPage);
+    cuda::fence_operands(acc);
+    cuda::wgmma_fence();
 #pragma unroll
-    for (int half = 0; half < Tr::kPages; ++half) {
-        float acc[32];
-        dq_page_gemm<Tr, E>(acc, s_ds, s_k + half * Tr::kKPage);
-        if (half == 0 && s > 0) cuda::mbar_wait(&a.bars->dq_empty[wg], static_cast<uint32_t>((s - 1) & 1));
-        const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
+    for (int kk = 0; kk < Tr::kBN / 16; ++kk)
+        wgmma_ss_mn64<E>(acc, dds + static_cast<uint64_t>((kk * 16 * 128) >> 4),
+                         dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
+    cuda::wgmma_commit();
+}
+// ... stored as columns 64 pg .. 64 pg + 63 of the slot's row-major [64 rows][head_dim] fp32 tile
+// (the writer's layout, dq_rows; columns past head_dim are not stored).
+__device__ __forceinline__ void store_dq_slot_page(const float (&acc)[32], int pg, uint32_t s_slot, int d) {
+    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int col = 8 * (half * 8 + j) + 2 * t;
-            if (col >= d) continue;
+    for (int j = 0; j < 8; ++j) {
+        const int col = 64 * pg + 8 * j + 2 * t;  // head_dim is a multiple of 8: the pair is in or out
+        if (col >= d) continue;
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = 16 * warp + g + 8 * h;
-                st_shared_v2_f32(s_dq + (row * d + col) * 4, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-            }
+        for (int h = 0; h < 2; ++h) {
+            const int row = 16 * warp + g + 8 * h;
+            st_shared_v2_f32(s_slot + (row * d + col) * 4, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
         }
     }
 }
@@ -685,16 +699,43 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
     }
 }
 
-// dQ += dS K_w for the step's 64 queries, deterministic kernel: the tile into the warpgroup's
-// writer slot (dq_tile_to_slot, which first waits on dq_empty for the writer to have read the
-// previous one); then every thread fences its stores for the async proxy (the writer's bulk
-// reduction reads them) and arrives on dq_full.
+// The deterministic kernel's dV, dK and dQ of step s, after the consumers' barrier (both dS^T
+// pages stored): warpgroup wg computes the step's dQ pages pg with (pg + s) & 1 == wg over all 128
+// keys (dq_full_page_issue: one page each at head dim 128, at 64 the one page every other step),
+// issued ahead of dV / dK and waited for alone; it waits for the writer to have read the slot's
+// previous tile (dq_empty, two steps back), stores, fences its stores for the async proxy (the
+// writer's bulk reduction reads them) and arrives on dq_full, whose completion also tells the
+// other warpgroup that its dS^T page has been read (dS_page_free).
 template <class Tr, class E>
-__device__ __forceinline__ void accumulate_dq_slot(const BwdParams &p, const BwdBlock &a, int s, int wg,
-                                                   uint32_t s_ds, uint32_t s_k, uint32_t s_dq) {
-    dq_tile_to_slot<Tr, E>(p.head_dim, s_ds, s_k, s_dq, a, s, wg);
-    fence_proxy_async_smem();  // this thread's stores, before the writer's bulk reduction reads them
-    cuda::mbar_arrive(&a.bars->dq_full[wg]);
+__device__ __forceinline__ void det_dkv_and_dq(const BwdParams &p, const BwdBlock &a, int s, int wg,
+                                               float (&dK)[Tr::kDW / 2], float (&dV)[Tr::kDW / 2],
+                                               const uint32_t (&Pf)[Tr::kKF][4], const uint32_t (&dSf)[Tr::kKF][4],
+                                               uint32_t s_q, uint32_t s_do, uint32_t s_ds0, uint32_t s_k0) {
+    const int slot = s & 1;
+    const int pg = Tr::kPages == 1 ? 0 : wg ^ slot;
+    const bool owns = Tr::kPages == 1 ? wg == slot : true;
+    static_assert(Tr::kPages <= 2, "one page per warpgroup and step");
+    if (owns) {
+        float acc[32];
+        dq_full_page_issue<Tr, E>(acc, s_ds0, s_k0 + pg * Tr::kKPage);
+        issue_dkv<Tr, E, Tr::kKF>(dK, dV, Pf, dSf, s_q, s_do);
+        cuda::wgmma_wait<1>();  // dQ (dV, dK may still run)
+        cuda::fence_operands(acc);
+        if (s >= 2) cuda::mbar_wait(&a.bars->dq_empty[slot], static_cast<uint32_t>(((s >> 1) & 1) ^ 1));
+        store_dq_slot_page(acc, pg, cuda::smem_addr(a.smem) + Tr::kDQOff + slot * Tr::kDQBytes, p.head_dim);
+        fence_proxy_async_smem();  // this thread's stores, before the writer's bulk reduction reads them
+    } else {
+        issue_dkv<Tr, E, Tr::kKF>(dK, dV, Pf, dSf, s_q, s_do);
+    }
+    cuda::mbar_arrive(&a.bars->dq_full[slot]);
+    cuda::wgmma_wait<0>();
+}
+
+// Before the deterministic kernel's warpgroup overwrites its dS^T page at step s: the other
+// warpgroup's dQ GEMM of step s - 1 read it; dq_full of step s - 1 completes after that GEMM.
+template <class Tr>
+__device__ __forceinline__ void ds_page_free(const BwdBlock &a, int s) {
+    if (s > 0) cuda::mbar_wait(&a.bars->dq_full[(s - 1) & 1], static_cast<uint32_t>(((s - 1) >> 1) & 1));
 }
 
 // Step s (query block st, buffer buf) for consumer warpgroup wg. The modes differ only in where
@@ -723,7 +764,13 @@ __device__ __forceinline__ void step_compute(const BwdParams &p, const BwdBlock 
     uint32_t Pf[Tr::kKF][4], dSf[Tr::kKF][4];
     to_fragments<Tr, E>(S, Pf);
     to_fragments<Tr, E>(dP, dSf);
-    if constexpr (Tr::kSplit) {
+    if constexpr (kDet && !Tr::kSplit) {
+        ds_page_free<Tr>(a, s);
+        store_frags<Tr>(s_ds, 0, dSf);
+        fence_proxy_async_smem();                       // the generic-proxy stores, before the wgmma reads them
+        cuda::named_barrier_sync(kBwdDetConsumerBar, 256);  // both warpgroups' dS^T pages
+        det_dkv_and_dq<Tr, E>(p, a, s, wg, dK, dV, Pf, dSf, s_q, s_do, base + Tr::kDSOff, base + Tr::kKOff);
+    } else if constexpr (Tr::kSplit) {
         const uint32_t s_p = base + Tr::kDSOff;  // P^T's page; dS^T's is the next
         store_frags<Tr>(s_p, Tr::kQN / 8 * wg, Pf);
         store_frags<Tr>(s_ds, Tr::kQN / 8 * wg, dSf);
@@ -738,16 +785,11 @@ __device__ __forceinline__ void step_compute(const BwdParams &p, const BwdBlock 
         store_frags<Tr>(s_ds, 0, dSf);
         fence_proxy_async_smem();  // the generic-proxy stores, before the wgmma reads them
         warpgroup_sync(wg);
-        if constexpr (Tr::kBulkDQ && !kDet)
-            dkv_and_dq_bulk<Tr, E>(p, a, st, wg, dK, dV, Pf, dSf, s_q, s_do, s_ds, s_k, s_dq);
-        else
-            issue_dkv<Tr, E, Tr::kKF>(dK, dV, Pf, dSf, s_q, s_do);
+        static_assert(Tr::kBulkDQ, "the layouts without the split have an fp32 dQ tile");
+        dkv_and_dq_bulk<Tr, E>(p, a, st, wg, dK, dV, Pf, dSf, s_q, s_do, s_ds, s_k, s_dq);
     }
-    // (the default mode's fp32 tile went with dV and dK above: dkv_and_dq_bulk)
-    if constexpr (kDet && !Tr::kSplit)  // each waits for every wgmma of the step
-        accumulate_dq_slot<Tr, E>(p, a, s, wg, s_ds, s_k, s_dq);
-    else if constexpr (Tr::kSplit)
-        accumulate_dq_red<Tr, E, kDet>(p, a, st, wg, s_ds, base + Tr::kKOff);
+    // (dQ went with dV and dK above: dkv_and_dq_bulk, det_dkv_and_dq)
+    if constexpr (Tr::kSplit) accumulate_dq_red<Tr, E, kDet>(p, a, st, wg, s_ds, base + Tr::kKOff);
     cuda::fence_operands(dK);
     cuda::fence_operands(dV);
     __syncwarp();  // every lane's wgmmas reading Q and dO have retired
@@ -948,48 +990,40 @@ __device__ __forceinline__ uint32_t dq_bytes(const BwdParams &p, const BwdBlock 
 }
 
 // Warp 1 of the producer warpgroup, the dQ writer (every lane runs it; lane 0 issues the bulk
-// operations). Per step: waits for both consumers' tiles (dq_full), waits for the key block's
-// turn, reduces slot 0, waits for that to complete (two bulk reductions in flight have no defined
-// order, and the sum must be the same every run), reduces slot 1, and releases the turn once that
-// has completed (fenced); each slot goes back (dq_empty, every lane arrives) once it has been read.
-// The consumers never wait for L2: a turn, a poll or a reduction's latency sits here, in front of
-// no wgmma. (Stop 20 also measured a writer that summed slot 0 into slot 1 in shared memory and
-// reduced the sum once: 0.64-0.72x of the default mode, against 0.80-0.99x for this one.)
+// operations). Per step: waits for the step's slot (dq_full: both consumers' pages), waits for
+// the key block's turn, reduces the slot in one bulk reduction, gives the slot back once it has
+// been read (dq_empty, every lane arrives) and releases the turn once the adds have completed
+// (fenced). The consumers never wait for L2: a turn, a poll or a reduction's latency sits here, in
+// front of no wgmma. Until stop 30 each consumer warpgroup had a slot of its own (its 64 keys'
+// partial dQ over all columns) and the writer reduced the two one after the other, waiting for the
+// first to complete (two bulk reductions in flight have no defined order): two L2 round trips per
+// step in the turn, which at head dim 128 took about as long as the consumers' step. (Stop 20
+// also measured a writer that summed slot 0 into slot 1 in shared memory: 0.64-0.72x of the
+// default mode.)
 template <class Tr>
 __device__ __forceinline__ void write_dq_det(const BwdParams &p, const BwdBlock &a, int nsteps) {
     // The producer warpgroup runs at kBwdProducerRegs (24): little is held across the loop (32-bit
     // shared addresses; the step's global address computed where it is used).
     const int lane = threadIdx.x & 31;
-    const uint32_t s_dq0 = cuda::smem_addr(a.smem) + Tr::kDQOff, s_dq1 = s_dq0 + Tr::kDQBytes;
+    const uint32_t s_dq0 = cuda::smem_addr(a.smem) + Tr::kDQOff;
     const uint32_t full0 = cuda::smem_addr(&a.bars->dq_full[0]), empty0 = cuda::smem_addr(&a.bars->dq_empty[0]);
     static_assert(sizeof(BwdBarriers::dq_full) == 16 && sizeof(BwdBarriers::dq_empty) == 16,
                   "slot w's barriers at full0 + 8 w and empty0 + 8 w");
     for (int s = 0; s < nsteps; ++s) {
-        const uint32_t par = static_cast<uint32_t>(s & 1);
-        cuda::mbar_wait_s(full0, par);
-        cuda::mbar_wait_s(full0 + 8, par);
+        const uint32_t slot = static_cast<uint32_t>(s & 1);
+        cuda::mbar_wait_s(full0 + 8 * slot, static_cast<uint32_t>((s >> 1) & 1));
         if (lane == 0) {
             const BwdStep st = bwd_step(p, a, s);
             const BwdTurn turn = turn_of<Tr>(p, a, st);
             while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
             }
             fence_proxy_async_global();  // the predecessors' adds, before this one
-            bulk_reduce_add_f32(dq_rows(p, a, st), s_dq0, dq_bytes(p, a, st));
+            bulk_reduce_add_f32(dq_rows(p, a, st), s_dq0 + slot * Tr::kDQBytes, dq_bytes(p, a, st));
             cuda::bulk_commit();
             cuda::bulk_wait_read_all();
         }
         __syncwarp();
-        cuda::mbar_arrive_s(empty0);
-        if (lane == 0) {
-            const BwdStep st = bwd_step(p, a, s);
-            cuda::bulk_wait_all();  // slot 0's adds performed before slot 1's begin
-            fence_proxy_async_global();
-            bulk_reduce_add_f32(dq_rows(p, a, st), s_dq1, dq_bytes(p, a, st));
-            cuda::bulk_commit();
-            cuda::bulk_wait_read_all();
-        }
-        __syncwarp();
-        cuda::mbar_arrive_s(empty0 + 8);
+        cuda::mbar_arrive_s(empty0 + 8 * slot);
         if (lane == 0) {
             cuda::bulk_wait_all();
             fence_proxy_async_global();
@@ -1048,7 +1082,7 @@ __global__ void __launch_bounds__(kBwdDetThreads, 1)
         }
 #pragma unroll
         for (int w = 0; w < 2; ++w) {
-            cuda::mbar_init(&a.bars->dq_full[w], 128);  // every thread of consumer warpgroup w
+            cuda::mbar_init(&a.bars->dq_full[w], 2 * 128);  // every thread of both consumer warpgroups
             cuda::mbar_init(&a.bars->dq_empty[w], 32);  // every lane of the writer warp
         }
         cuda::fence_mbar_init();
