@@ -72,6 +72,13 @@ __device__ __forceinline__ void consume(const Params &p, const TileCoords &c, un
         store_output<Tr, E>(p, c, O, row_max, row_sum, sl2, qpos, t);
 }
 
+// The schedule's reciprocals (Traits::kSchedOffset), as an offset from the aligned base every role
+// keeps anyway: a pointer of their own would be one more value live through the mainloop.
+template <class Tr>
+__device__ __forceinline__ ScheduleRecips *sched_recips(unsigned char *smem) {
+    return reinterpret_cast<ScheduleRecips *>(smem + Tr::kSchedOffset);
+}
+
 template <class Tr, class E>
 __global__ void __launch_bounds__(kThreads, 1)
     fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -96,13 +103,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             cuda::mbar_init(&bars->v_empty[s], kConsumerWarps);
         }
         cuda::fence_mbar_init();
+        schedule_recips_write(p, sched_recips<Tr>(smem));
     }
     __syncthreads();
 
     // Persistent: each CTA takes every gridDim.x-th tile (nth_tile). Both roles walk the same list and skip
     // the same tiles (no query rows: nothing; no visible key: the consumers write O = 0 alone).
-    const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-    const int n_work = m_blocks * p.heads_q * p.batch;
+    // Each role sizes the list itself (tile_schedule); the divisors' reciprocals are computed once per
+    // CTA, not per tile (schedule_recips_write).
     const int wg = threadIdx.x / 128;
     Pipe pipe;
     if (wg == 0) {
@@ -111,6 +119,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         // backend refuses a gathering plan with head_dim_v != head_dim (fa3_unsupported_reason).
         if (Tr::kDV == Tr::kD && p.gather) {
             if (threadIdx.x == 0) cuda::prefetch_tensormap(&tm_q);
+            // The dividing tile_coords: the divisors' registers spilled this warpgroup at its 40
+            // (ptxas 13.0, head dim 64: 8-16 bytes, reloaded per tile).
+            const int m_blocks = query_blocks(p);
+            const int n_work = m_blocks * p.heads_q * p.batch;
             for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
                 const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
                 if (c.has_keys()) produce_gather<Tr>(p, c, &tm_q, smem, bars, pipe, threadIdx.x);
@@ -122,15 +134,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         cuda::prefetch_tensormap(&tm_k);
         cuda::prefetch_tensormap(&tm_v);
         if (Tr::kOStaged && p.o_tma) cuda::prefetch_tensormap(&tm_o);
-        for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
-            const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
+        const TileSchedule ts = tile_schedule(p);
+        for (int r = 0, tile; (tile = nth_tile(r, ts.n_work)) >= 0; ++r) {
+            const TileCoords c = tile_coords(p, tile, ts, sched_recips<Tr>(smem), Tr::kBN);
             if (c.has_keys()) produce<Tr>(p, c, &tm_q, &tm_k, &tm_v, smem, bars, pipe);
         }
     } else {
         cuda::setmaxnreg_inc<kConsumerRegs>();
         if (Tr::kPingPong && wg == 2) pass_turn(1);  // warpgroup 0 (wg 1) issues first
-        for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
-            const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
+        const TileSchedule ts = tile_schedule(p);
+        for (int r = 0, tile; (tile = nth_tile(r, ts.n_work)) >= 0; ++r) {
+            const TileCoords c = tile_coords(p, tile, ts, sched_recips<Tr>(smem), Tr::kBN);
             if (c.has_rows()) consume<Tr, E>(p, c, smem, bars, wg - 1, pipe, &tm_o);
         }
         if (Tr::kPingPong && wg == 1) take_turn(0);  // warpgroup 1's last pass

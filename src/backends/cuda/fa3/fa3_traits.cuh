@@ -57,6 +57,9 @@ struct Traits {
     static constexpr bool kSinkNarrowOk = kD < 256 && !(kD == 192 && kDV == 192);
     static constexpr bool kSinkNarrow = false;  // this kernel is the sink kernel
     static constexpr int kAlibiOffset = kBarOffset + 1024;
+    // The schedule's reciprocals (fa3_tile_scheduler.cuh ScheduleRecips), in the barriers' padded
+    // 1 KB behind the mbarriers.
+    static constexpr int kSchedOffset = kBarOffset + 512;
     static constexpr int kAlibiBytes = kAlibiRamp ? kBN * 128 : 0;
     static constexpr int kRampSmemBytes = kSmemBytes + kAlibiBytes;
     static constexpr int kNT = kBN / 8;   // n8 tiles of S per thread's rows
@@ -115,6 +118,8 @@ struct Barriers {
     uint64_t k_full[kStages], k_empty[kStages];
     uint64_t v_full[kStages], v_empty[kStages];
 };
+
+static_assert(sizeof(Barriers) <= 512, "the schedule's reciprocals follow the barriers at +512 (Traits::kSchedOffset)");
 
 constexpr int kConsumerWarps = 8;  // each consumer warp arrives once on an "empty" barrier
 
