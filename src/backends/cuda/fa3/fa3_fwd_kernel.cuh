@@ -137,7 +137,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const TileSchedule ts = tile_schedule(p);
         for (int r = 0, tile; (tile = nth_tile(r, ts.n_work)) >= 0; ++r) {
             const TileCoords c = tile_coords(p, tile, ts, sched_recips<Tr>(smem), Tr::kBN);
-            if (c.has_keys()) produce<Tr>(p, c, &tm_q, &tm_k, &tm_v, smem, bars, pipe);
+            if (c.has_keys())
+                produce<Tr>(p, c, kv_head(p, c.head, sched_recips<Tr>(smem)), &tm_q, &tm_k, &tm_v, smem, bars, pipe);
         }
     } else {
         cuda::setmaxnreg_inc<kConsumerRegs>();

@@ -34,13 +34,12 @@ __device__ __forceinline__ void tma_tile(unsigned char *dst, int page_bytes, con
 // Producer: one thread. Per tile the first K tile goes out before the wait for the Q buffer
 // (the consumers release it only after their last GEMM of the previous tile), then Q, then V and
 // the remaining K/V tiles, each into its ring once the consumers have released the buffer (the
-// first kStages waits pass at once: parity rule).
+// first kStages waits pass at once: parity rule). kvh: the tile's K/V head (kv_head).
 template <class Tr>
-__device__ __forceinline__ void produce(const Params &p, const TileCoords &c, const CUtensorMap *tm_q,
+__device__ __forceinline__ void produce(const Params &p, const TileCoords &c, int kvh, const CUtensorMap *tm_q,
                                         const CUtensorMap *tm_k, const CUtensorMap *tm_v, unsigned char *smem,
                                         Barriers *bars, Pipe &pipe) {
     const int32_t bq = batch_coord(p, c);
-    const int kvh = c.head / p.group;
     const int n_tiles = c.n_tiles();
     for (int j = 0; j < n_tiles; ++j) {
         const int i = pipe.kv + j, nb = c.key_tile(j);

@@ -101,9 +101,10 @@ __device__ __forceinline__ int divmod(int n, int d, uint32_t y, int &rem) {
 // before the CTA's first barrier (schedule_recips_write), read per tile by tile_coords. Registers
 // for them, live across the consumer's mainloop, spilled 44 bytes at head dim 128 (ptxas 13.0).
 // outer: of m_blocks, or with reverse_m of a section's tiles (section * m_blocks); width: of the
-// pairs of a full section (reverse_m); heads: of heads_q.
+// pairs of a full section (reverse_m); heads: of heads_q; group: of heads_q / heads_kv (the
+// producer's K/V head, kv_head).
 struct ScheduleRecips {
-    uint32_t outer, width, heads;
+    uint32_t outer, width, heads, group;
 };
 
 __device__ __forceinline__ int query_blocks(const Params &p) { return (p.seqlen_q + kBlockM - 1) / kBlockM; }
@@ -113,6 +114,7 @@ __device__ __forceinline__ void schedule_recips_write(const Params &p, ScheduleR
     r->outer = recip(p.reverse_m ? p.section * m_blocks : m_blocks);
     r->width = p.reverse_m ? recip(p.section) : 0u;
     r->heads = recip(p.heads_q);
+    r->group = recip(p.group);
 }
 
 // What a role keeps of the schedule through its walk: m_blocks query blocks per (head, sequence)
@@ -160,6 +162,15 @@ __device__ __forceinline__ TileCoords tile_coords(const Params &p, int tile, con
     int head;
     const int b = divmod(rest, p.heads_q, rc.heads, head);
     return coords_of(p, mblk, head, b, kBN);
+}
+
+// The K/V head of query head `head` (GQA / MQA: head / group), without a division (the producer,
+// once per tile).
+__device__ __forceinline__ int kv_head(const Params &p, int head, const ScheduleRecips *recips) {
+    uint32_t y;
+    asm volatile("ld.shared.u32 %0, [%1+12];" : "=r"(y) : "r"(cuda::smem_addr(recips)));  // as tile_coords
+    int rem;
+    return divmod(head, p.group, y, rem);
 }
 
 // The r-th tile of this CTA: round r of the list, dealt forwards in even rounds and backwards in
