@@ -315,10 +315,7 @@ __device__ __forceinline__ void consumer_mainloop_impl(const Params &p, const Ti
     constexpr int kDV = Tr::kDV, kBN = Tr::kBN, kNT = Tr::kNT, kPF = Tr::kPF;
     // Descriptors: Q rows 64w.. (K-major), K (K-major), V (MN-major: LBO = one 64-column page).
     const uint32_t s_base = cuda::smem_addr(smem);
-    // Traits::kUniformQDesc: w re-read as warp-uniform, so that Q's descriptors live in uniform
-    // registers (from threadIdx, ptxas builds them in vector registers, 8 held through the loop,
-    // and moves them with an R2UR before every S wgmma).
-    const uint64_t dq = cuda::make_desc_sw128(s_base + 64 * (Tr::kUniformQDesc ? cuda::warp_uniform(w) : w) * 128);
+    const uint64_t dq = cuda::make_desc_sw128(s_base + 64 * w * 128);
     const uint64_t dk = cuda::make_desc_sw128(s_base + Tr::kKOffset);
     const uint64_t dv = cuda::make_desc_sw128(s_base + Tr::kVOffset, 1024, Tr::kKVPage);
     // The ramp block: kBN key rows of 128 B, K-major SW128 like a K tile's first page.

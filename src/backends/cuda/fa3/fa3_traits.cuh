@@ -68,11 +68,6 @@ struct Traits {
     // (128, 64). ptxas -v (CUDA 13.0) with the turns: (64, 128) spills 8 B, (192, 128) 44 B, and
     // head dim 256's consumer registers are full; those keep the lockstep loop.
     static constexpr bool kPingPong = kDV == kD ? kD < 256 : (kD == 128 && kDV == 64);
-    // The mainloop's Q descriptors in uniform registers (fa3_mainloop.cuh, a warp-uniform w): no
-    // R2UR per S wgmma (d64: 16 -> 0 per two key tiles, 11 instructions fewer per key tile). ptxas
-    // -v (13.0): clean at head dim 64 and the pairs (64, 128), (128, 64); at (128, 128), (192, 192),
-    // (256, 256), (192, 128), (256, 128) the uniform registers it takes spilled 8-16 bytes.
-    static constexpr bool kUniformQDesc = kD + kDV <= 192;
     static_assert(kD % 64 == 0 && kDV % 64 == 0 && kBN % 16 == 0 && kBN <= 256, "unsupported tile");
     static_assert(kKVPage % 1024 == 0, "K/V pages must keep the 1 KB swizzle alignment");
     static_assert(kRampSmemBytes <= kMaxSmemBytes, "the ALiBi ramp does not fit beside the stages");
