@@ -79,6 +79,36 @@ __device__ __forceinline__ ScheduleRecips *sched_recips(unsigned char *smem) {
     return reinterpret_cast<ScheduleRecips *>(smem + Tr::kSchedOffset);
 }
 
+// A role's walk over the CTA's work tiles (nth_tile): f(c) per tile. Traits::kSchedRecips: the
+// coordinates without a division (tile_coords on the schedule's reciprocals); else the dividing
+// form.
+template <class Tr, class F>
+__device__ __forceinline__ void walk_tiles(const Params &p, unsigned char *smem, F &&f) {
+    if constexpr (Tr::kSchedRecips) {
+        const TileSchedule ts = tile_schedule(p);
+        for (int r = 0, tile; (tile = nth_tile(r, ts.n_work)) >= 0; ++r) {
+            const TileCoords c = tile_coords(p, tile, ts, sched_recips<Tr>(smem), Tr::kBN);
+            f(c);
+        }
+    } else {
+        const int m_blocks = query_blocks(p);
+        const int n_work = m_blocks * p.heads_q * p.batch;
+        for (int r = 0, tile; (tile = nth_tile(r, n_work)) >= 0; ++r) {
+            const TileCoords c = tile_coords(p, tile, m_blocks, Tr::kBN);
+            f(c);
+        }
+    }
+}
+
+// The tile's K/V head (the producer's), by the same rule.
+template <class Tr>
+__device__ __forceinline__ int tile_kv_head(const Params &p, const TileCoords &c, unsigned char *smem) {
+    if constexpr (Tr::kSchedRecips)
+        return kv_head(p, c.head, sched_recips<Tr>(smem));
+    else
+        return c.head / p.group;
+}
+
 template <class Tr, class E>
 __global__ void __launch_bounds__(kThreads, 1)
     fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -103,14 +133,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             cuda::mbar_init(&bars->v_empty[s], kConsumerWarps);
         }
         cuda::fence_mbar_init();
-        schedule_recips_write(p, sched_recips<Tr>(smem));
+        if (Tr::kSchedRecips) schedule_recips_write(p, sched_recips<Tr>(smem));
     }
     __syncthreads();
 
     // Persistent: each CTA takes every gridDim.x-th tile (nth_tile). Both roles walk the same list and skip
     // the same tiles (no query rows: nothing; no visible key: the consumers write O = 0 alone).
-    // Each role sizes the list itself (tile_schedule); the divisors' reciprocals are computed once per
-    // CTA, not per tile (schedule_recips_write).
+    // Each role sizes the list itself (walk_tiles); where Traits::kSchedRecips holds the divisors'
+    // reciprocals are computed once per CTA, not per tile (schedule_recips_write).
     const int wg = threadIdx.x / 128;
     Pipe pipe;
     if (wg == 0) {
@@ -134,20 +164,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         cuda::prefetch_tensormap(&tm_k);
         cuda::prefetch_tensormap(&tm_v);
         if (Tr::kOStaged && p.o_tma) cuda::prefetch_tensormap(&tm_o);
-        const TileSchedule ts = tile_schedule(p);
-        for (int r = 0, tile; (tile = nth_tile(r, ts.n_work)) >= 0; ++r) {
-            const TileCoords c = tile_coords(p, tile, ts, sched_recips<Tr>(smem), Tr::kBN);
-            if (c.has_keys())
-                produce<Tr>(p, c, kv_head(p, c.head, sched_recips<Tr>(smem)), &tm_q, &tm_k, &tm_v, smem, bars, pipe);
-        }
+        walk_tiles<Tr>(p, smem, [&](const TileCoords &c) {
+            if (c.has_keys()) produce<Tr>(p, c, tile_kv_head<Tr>(p, c, smem), &tm_q, &tm_k, &tm_v, smem, bars, pipe);
+        });
     } else {
         cuda::setmaxnreg_inc<kConsumerRegs>();
         if (Tr::kPingPong && wg == 2) pass_turn(1);  // warpgroup 0 (wg 1) issues first
-        const TileSchedule ts = tile_schedule(p);
-        for (int r = 0, tile; (tile = nth_tile(r, ts.n_work)) >= 0; ++r) {
-            const TileCoords c = tile_coords(p, tile, ts, sched_recips<Tr>(smem), Tr::kBN);
+        walk_tiles<Tr>(p, smem, [&](const TileCoords &c) {
             if (c.has_rows()) consume<Tr, E>(p, c, smem, bars, wg - 1, pipe, &tm_o);
-        }
+        });
         if (Tr::kPingPong && wg == 1) take_turn(0);  // warpgroup 1's last pass
         // The last TMA store of O (store_output_tma) must have read its staging before the CTA's
         // shared memory goes away.

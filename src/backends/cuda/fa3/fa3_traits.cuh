@@ -60,6 +60,10 @@ struct Traits {
     // The schedule's reciprocals (fa3_tile_scheduler.cuh ScheduleRecips), in the barriers' padded
     // 1 KB behind the mbarriers.
     static constexpr int kSchedOffset = kBarOffset + 512;
+    // The schedule's divisions as multiplies by those reciprocals (fa3_fwd_kernel.cuh walk_tiles)
+    // from head dim 128: on the H200 (stop 30) 1.01-1.04x at 512-2k there, while head dim 64 ran
+    // 0.97-0.98x at 512 keys with them (non-causal and causal, two calls) and keeps the divisions.
+    static constexpr bool kSchedRecips = kD >= 128;
     static constexpr int kAlibiBytes = kAlibiRamp ? kBN * 128 : 0;
     static constexpr int kRampSmemBytes = kSmemBytes + kAlibiBytes;
     static constexpr int kNT = kBN / 8;   // n8 tiles of S per thread's rows
