@@ -184,7 +184,7 @@ static const bwd_case grid[] = {
      * seqlen_q < seqlen_k and > (the first and the last key block that sees a query block both
      * move), windows, and varlen with sequences of different lengths (key blocks past a short
      * sequence's end exit at once): the dQ turns may run in either key order
-     * (FLASHATTN_FA3_BWD_DET_FORM). */
+     * (FLASHATTN_FA3_BWD_DET_ORDER=0 forces fa3 to ascending key blocks where it would rotate). */
     GPU_CASE(2, 64, 1000, 8, 2, 128, 0, B16, 1, -1, -1, 0, 0, 0, 0, 1),
     GPU_CASE(1, 100, 1100, 4, 1, 64, 0, F16, 0, -1, -1, 0, 0, 0, 0, 1),
     GPU_CASE(1, 300, 700, 4, 2, 128, 0, F16, 1, -1, -1, 0, 0, 0, 0, 1),
@@ -192,6 +192,18 @@ static const bwd_case grid[] = {
     GPU_CASE(1, 600, 500, 2, 2, 128, 0, B16, 0, 100, 30, 0, 0, 0, 0, 1),
     GPU_CASE(6, 500, 900, 4, 2, 128, 0, B16, 1, -1, -1, 0, 0, 1, 0, 1),
     GPU_CASE(5, 900, 400, 6, 3, 64, 0, F16, 1, -1, -1, 0, 0, 1, 0, 1),
+    /* Deterministic without a mask up to 2k keys: fa3 takes its turns in the order of the
+     * keys-rotated walks (fa3_bwd_turns.h): more query blocks than key blocks and fewer, varlen
+     * (sequences with fewer key blocks than the grid), GQA, the split layout. */
+    CASE(2, 100, 300, 2, 1, 128, 0, B16, 0, -1, -1, 0, 0, 1, 0, 1),
+    GPU_CASE(1, 2000, 600, 4, 2, 128, 0, B16, 0, -1, -1, 0, 0, 0, 0, 1),
+    GPU_CASE(6, 500, 900, 4, 2, 128, 0, F16, 0, -1, -1, 0, 0, 1, 0, 1),
+    GPU_CASE(2, 700, 2000, 6, 3, 64, 0, B16, 0, -1, -1, 0, 0, 0, 0, 1),
+    GPU_CASE(2, 300, 1000, 4, 2, 256, 0, F16, 0, -1, -1, 0, 0, 0, 0, 1),
+    /* ... and many pairs of eight key blocks at head dim 64, whose dQ pages alternate between the
+     * consumer warpgroups (stop 30: a turn count written by the warpgroup that did not own the
+     * slot hung the benchmark's shape, b 16 h 32 s 1024). */
+    GPU_CASE(4, 1024, 1024, 8, 8, 64, 0, B16, 0, -1, -1, 0, 0, 0, 0, 1),
 };
 
 #define NUM_CASES (sizeof grid / sizeof grid[0])

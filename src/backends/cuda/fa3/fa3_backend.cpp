@@ -247,7 +247,7 @@ flashattn_status_t fa3_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     plan->section = fa3::causal_section(p, dev.l2_bytes, plan->num_ctas, plan->cfg.block_n, test_cta_limit());
     plan->alibi_gemm = knob_off("FLASHATTN_FA3_ALIBI_GEMM") ? 0 : 1;
     plan->sink_narrow = knob_off("FLASHATTN_FA3_SINK_NARROW") ? 0 : 1;
-    if (fa3_backward_unsupported_reason(p, dev).empty()) plan->backward = fa3::plan_backward(p, &plan->backward_workspace);
+    if (fa3_backward_unsupported_reason(p, dev).empty()) plan->backward = fa3::plan_backward(p, dev.sm_count, &plan->backward_workspace);
     if (p.serving.rotary_dim > 0) plan->rotated_q = plan->workspace.add("fa3 rotated queries", rotated_q_bytes(p));
     *out = std::move(plan);
     return FLASHATTN_SUCCESS;

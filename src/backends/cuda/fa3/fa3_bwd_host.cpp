@@ -81,10 +81,26 @@ int default_grid_order(const Problem &p) {
     return p.seqlen_k <= 2048 ? kKeysRotated : kHeadsFastest;
 }
 
-BwdPlan plan_backward(const Problem &p, WorkspaceLayout *ws) {
+// The deterministic mode's grid order: its dQ adds take turns in a fixed order per query block
+// (fa3_bwd_kernel.cuh, turn_of). Heads fastest (ascending key blocks) is right for any mask. Without
+// a mask every key block sees every query block, and the keys-rotated walks of the default mode
+// give each resident key block a different query block at every step, so that the turns (in the
+// order the walks reach a block) pass without waiting: taken up to 2k keys as in the default mode,
+// and only while the key blocks of one pair can all be resident at once (one CTA per SM): a turn
+// waits only for key blocks of its own pair, which the in-order dispatch then guarantees to make
+// progress. FLASHATTN_FA3_BWD_DET_ORDER=0 forces heads fastest (a developer's knob for A/B runs).
+int det_grid_order(const Problem &p, int sm_count) {
+    const char *knob = std::getenv("FLASHATTN_FA3_BWD_DET_ORDER");
+    if (knob != nullptr && std::string(knob) == "0") return kHeadsFastest;
+    const int64_t key_blocks = ceil_div(p.seqlen_k, bwd_block_n(compiled_for(p.head_dim).head_dim));
+    const bool small_turns = ceil_div(p.seqlen_q, kBwdBM) * key_blocks < (int64_t{1} << 31);  // rotated_before's 32 bits
+    return !p.has_mask() && p.seqlen_k <= 2048 && key_blocks <= sm_count && small_turns ? kKeysRotated : kHeadsFastest;
+}
+
+BwdPlan plan_backward(const Problem &p, int sm_count, WorkspaceLayout *ws) {
     BwdPlan plan;
     plan.head_dim = compiled_for(p.head_dim).head_dim;
-    plan.grid_order = p.deterministic ? kHeadsFastest : default_grid_order(p);
+    plan.grid_order = p.deterministic ? det_grid_order(p, sm_count) : default_grid_order(p);
     plan.launch = compiled_for(p.head_dim).launch;
     static_cast<BwdSlices &>(plan) =
         add_backward_slices(p, ceil_div(p.seqlen_q, kBwdBM),

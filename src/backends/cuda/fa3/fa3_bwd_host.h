@@ -19,15 +19,16 @@ namespace fa3 {
 struct BwdPlan : BwdSlices {
     int head_dim = 0;    // the compiled head dim that runs the problem (fa3_head_dims.h)
     LaunchBwd launch = nullptr;
-    int grid_order = 0;  // BwdGridOrder of the default mode (fa3_bwd_params.h)
+    int grid_order = 0;  // BwdGridOrder (fa3_bwd_params.h): default_grid_order / det_grid_order
 };
 
 // Empty when the FA3 backward kernels can run `p` on `dev` (the forward's own conditions, TMA
 // strides included, are the caller's); otherwise one sentence saying why not.
 std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev);
 
-// Pick the kernel and add the backward's slices to `ws`.
-BwdPlan plan_backward(const Problem &p, WorkspaceLayout *ws);
+// Pick the kernel and the grid order (sm_count: the deterministic mode's keys-rotated order needs a
+// pair's key blocks resident at once) and add the backward's slices to `ws`.
+BwdPlan plan_backward(const Problem &p, int sm_count, WorkspaceLayout *ws);
 
 // Enqueue the backward kernels on t.stream. The C boundary has checked pointers and workspace;
 // `maps` describe Q, K, V and dO (fa3_bwd_params.h).

@@ -166,6 +166,9 @@ struct BwdBarriers {
     uint64_t dq_full[2];
     // ... and every lane of the writer warp is done with the slot (its bulk reduction has read it).
     uint64_t dq_empty[2];
+    // The slot's turn: how many key blocks add to its query block before this one (turn_of), written
+    // by the consumer warpgroup that owns the slot's page 0 before it arrives on dq_full.
+    int dq_before[2];
 };
 
 // Two layouts. Up to head dim 128, warpgroup w owns keys 64w .. 64w + 63 of the CTA's kBwdBN over
@@ -211,6 +214,12 @@ struct BwdTraits {
     static_assert(kBarOff + static_cast<int>(sizeof(BwdBarriers)) + 1024 <= kSmemBytes, "layout exceeds the budget");
 };
 
+// Key blocks of the longest sequence: the grid is kv heads x batch x these (launch_bwd_kernel).
+template <class Tr>
+__host__ __device__ constexpr int bwd_key_blocks(const BwdParams &p) {
+    return static_cast<int>((static_cast<int64_t>(p.seqlen_k) + Tr::kBN - 1) / Tr::kBN);
+}
+
 // What every step of a CTA shares.
 struct BwdBlock {
     int b, kvh, nb, n0, sq, sk, off;
@@ -252,7 +261,7 @@ __device__ __forceinline__ BwdStep bwd_step(const BwdParams &p, const BwdBlock &
 // kKeysRotated: key block nb of nkb starts its walk nb / nkb of the way through its nmb query
 // blocks, so that the key blocks of one pair resident together add into different dQ rows.
 __device__ __forceinline__ int walk_rotation(const BwdParams &p, int nb, int nkb, int nmb) {
-    return p.grid_order == kKeysRotated && nkb > 0 ? static_cast<int>(static_cast<int64_t>(nb) * nmb / nkb) : 0;
+    return p.grid_order == kKeysRotated && nkb > 0 ? bwd_rotation(nb, nkb, nmb) : 0;
 }
 
 // Ring position of step s: buffer and the parity of its barriers' phase.
@@ -499,18 +508,33 @@ __device__ __forceinline__ void issue_dkv(float (&dK)[Tr::kDW / 2], float (&dV)[
 }
 
 // Deterministic mode: the counter of the step's (query head, query block) and the number of
-// key blocks that add to its dQ before this one. The key blocks that see a query block are
-// contiguous from the one holding key m0 + off - left (mask.cuh's rule for its first row); each
-// adds in one turn, taken by bwd_det_kernel's writer warp for both consumer warpgroups.
+// key blocks that add to its dQ before this one, in a fixed order either way:
+// - heads fastest (the grid order): ascending key blocks. The key blocks that see a query block
+//   are contiguous from the one holding key m0 + off - left (mask.cuh's rule for its first row).
+// - keys rotated (no mask: every key block sees every query block; finalize's det_grid_order):
+//   the order in which the key blocks' walks reach the query block, key block n at its step
+//   t_n(q) = (q - r(n)) mod nmb within the head (r = walk_rotation, nondecreasing in n), ties by n.
+//   The key blocks of one pair run at the same time and each reaches a different query block at
+//   each step, so that no one waits in the steady state; bwd_rotated_turn (fa3_bwd_params.h)
+//   counts its predecessors.
+// Each adds in one turn, taken by bwd_det_kernel's writer warp for both consumer warpgroups (the
+// split layout: by bwd_kernel's thread 0). m: the step's place in the walk of its head
+// (WalkPos::m, before the rotation).
 struct BwdTurn {
     int *sem;
     int before;
 };
+__device__ __forceinline__ int *turn_sem(const BwdParams &p, const BwdBlock &a, BwdStep st) {
+    return p.dq_sem + (static_cast<int64_t>(a.b) * p.heads_q + st.hq) * p.sem_blocks + st.m0 / kBwdBM;
+}
 template <class Tr>
-__device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a, BwdStep st) {
+__device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a, BwdStep st, int m) {
+    int *sem = turn_sem(p, a, st);
+    if (p.grid_order == kKeysRotated)
+        return BwdTurn{sem, bwd_rotated_turn(m, st.m0 / kBwdBM - a.mb_first, a.nb, a.rot, a.nmb, bwd_key_blocks<Tr>(p),
+                                             (a.sk + Tr::kBN - 1) / Tr::kBN)};
     const int64_t first_key = st.m0 + a.off - p.left;
     const int nb_first = first_key > 0 ? static_cast<int>(first_key / Tr::kBN) : 0;
-    int *sem = p.dq_sem + (static_cast<int64_t>(a.b) * p.heads_q + st.hq) * p.sem_blocks + st.m0 / kBwdBM;
     return BwdTurn{sem, a.nb - nb_first};
 }
 
@@ -656,7 +680,7 @@ __device__ __forceinline__ void dkv_and_dq_bulk(const BwdParams &p, const BwdBlo
 // thread 0 waits for it, the whole CTA meets, every thread adds and fences, the CTA meets again
 // and thread 0 moves the counter on.
 template <class Tr, class E, bool kDet>
-__device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
+__device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdBlock &a, BwdStep st, int m, int wg,
                                                   uint32_t s_ds, uint32_t s_k) {
     static_assert(Tr::kSplit, "the other layouts have an fp32 dQ tile (bwd_bulk_dq)");
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
@@ -673,7 +697,7 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
     BwdTurn turn{nullptr, 0};
     if constexpr (kDet) {
         if (threadIdx.x == 0) {
-            turn = turn_of<Tr>(p, a, st);
+            turn = turn_of<Tr>(p, a, st, m);
             while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
             }
         }
@@ -707,7 +731,7 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
 // writer's bulk reduction reads them) and arrives on dq_full, whose completion also tells the
 // other warpgroup that its dS^T page has been read (dS_page_free).
 template <class Tr, class E>
-__device__ __forceinline__ void det_dkv_and_dq(const BwdParams &p, const BwdBlock &a, int s, int wg,
+__device__ __forceinline__ void det_dkv_and_dq(const BwdParams &p, const BwdBlock &a, int s, BwdStep st, int m, int wg,
                                                float (&dK)[Tr::kDW / 2], float (&dV)[Tr::kDW / 2],
                                                const uint32_t (&Pf)[Tr::kKF][4], const uint32_t (&dSf)[Tr::kKF][4],
                                                uint32_t s_q, uint32_t s_do, uint32_t s_ds0, uint32_t s_k0) {
@@ -724,6 +748,11 @@ __device__ __forceinline__ void det_dkv_and_dq(const BwdParams &p, const BwdBloc
         if (s >= 2) cuda::mbar_wait(&a.bars->dq_empty[slot], static_cast<uint32_t>(((s >> 1) & 1) ^ 1));
         store_dq_slot_page(acc, pg, cuda::smem_addr(a.smem) + Tr::kDQOff + slot * Tr::kDQBytes, p.head_dim);
         fence_proxy_async_smem();  // this thread's stores, before the writer's bulk reduction reads them
+        // The turn's count for the writer (whose 24 registers spilled computing the rotated one), by
+        // the warpgroup that owns page 0 this step: it has waited for dq_empty, so the writer has
+        // read the slot's previous count (at head dim 64 the other warpgroup does not wait: from it,
+        // the count of step s + 2 could overwrite step s's unread; stop 30's first form hung so).
+        if (wg == slot && (threadIdx.x & 127) == 0) a.bars->dq_before[slot] = turn_of<Tr>(p, a, st, m).before;
     } else {
         issue_dkv<Tr, E, Tr::kKF>(dK, dV, Pf, dSf, s_q, s_do);
     }
@@ -744,7 +773,7 @@ __device__ __forceinline__ void ds_page_free(const BwdBlock &a, int s) {
 // split layout: red in turns). The split layout meets the other warpgroup (a CTA barrier) once its
 // half of P^T and dS^T is in shared memory, and reads both halves back for dV, dK and dQ.
 template <class Tr, class E, bool kDet>
-__device__ __forceinline__ void step_compute(const BwdParams &p, const BwdBlock &a, int s, BwdStep st, int buf, int wg,
+__device__ __forceinline__ void step_compute(const BwdParams &p, const BwdBlock &a, int s, BwdStep st, int m, int buf, int wg,
                                              float (&dK)[Tr::kDW / 2], float (&dV)[Tr::kDW / 2]) {
     const uint32_t base = cuda::smem_addr(a.smem);
     const uint32_t s_k = base + Tr::kKOff + Tr::kKeyW * wg * 128, s_v = base + Tr::kVOff + Tr::kKeyW * wg * 128;
@@ -769,7 +798,7 @@ __device__ __forceinline__ void step_compute(const BwdParams &p, const BwdBlock 
         store_frags<Tr>(s_ds, 0, dSf);
         fence_proxy_async_smem();                       // the generic-proxy stores, before the wgmma reads them
         cuda::named_barrier_sync(kBwdDetConsumerBar, 256);  // both warpgroups' dS^T pages
-        det_dkv_and_dq<Tr, E>(p, a, s, wg, dK, dV, Pf, dSf, s_q, s_do, base + Tr::kDSOff, base + Tr::kKOff);
+        det_dkv_and_dq<Tr, E>(p, a, s, st, m, wg, dK, dV, Pf, dSf, s_q, s_do, base + Tr::kDSOff, base + Tr::kKOff);
     } else if constexpr (Tr::kSplit) {
         const uint32_t s_p = base + Tr::kDSOff;  // P^T's page; dS^T's is the next
         store_frags<Tr>(s_p, Tr::kQN / 8 * wg, Pf);
@@ -789,7 +818,7 @@ __device__ __forceinline__ void step_compute(const BwdParams &p, const BwdBlock 
         dkv_and_dq_bulk<Tr, E>(p, a, st, wg, dK, dV, Pf, dSf, s_q, s_do, s_ds, s_k, s_dq);
     }
     // (dQ went with dV and dK above: dkv_and_dq_bulk, det_dkv_and_dq)
-    if constexpr (Tr::kSplit) accumulate_dq_red<Tr, E, kDet>(p, a, st, wg, s_ds, base + Tr::kKOff);
+    if constexpr (Tr::kSplit) accumulate_dq_red<Tr, E, kDet>(p, a, st, m, wg, s_ds, base + Tr::kKOff);
     cuda::fence_operands(dK);
     cuda::fence_operands(dV);
     __syncwarp();  // every lane's wgmmas reading Q and dO have retired
@@ -820,12 +849,6 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams &p, const BwdBlock &
             *reinterpret_cast<uint32_t *>(vr + c) = cuda::pack2<E>(dV[4 * j + 2 * h], dV[4 * j + 2 * h + 1]);
         }
     }
-}
-
-// Key blocks of the longest sequence: the grid is kv heads x batch x these (launch_bwd_kernel).
-template <class Tr>
-__host__ __device__ constexpr int bwd_key_blocks(const BwdParams &p) {
-    return static_cast<int>((static_cast<int64_t>(p.seqlen_k) + Tr::kBN - 1) / Tr::kBN);
 }
 
 // The CTA's key block with its sequence's lengths and diagonal, and the shared-memory base both
@@ -917,7 +940,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     if (rows.lo <= rows.hi) {
         a.mb_first = static_cast<int>(rows.lo / kBwdBM);
         a.nmb = static_cast<int>(rows.hi / kBwdBM) - a.mb_first + 1;
-        if constexpr (!kDet) a.rot = walk_rotation(p, a.nb, bwd_key_blocks<Tr>(p), a.nmb);
+        a.rot = walk_rotation(p, a.nb, bwd_key_blocks<Tr>(p), a.nmb);
         const int nsteps = p.group * a.nmb;
         if (threadIdx.x == 0) load_k_v<Tr>(p, &tm_k, &tm_v, a);
         // Prologue: the first kStages - 1 steps (fresh buffers: no release to wait for).
@@ -956,7 +979,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             else
                 warpgroup_sync(wg);
             cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
-            step_compute<Tr, E, kDet>(p, a, s, st, buf, wg, dK, dV);
+            step_compute<Tr, E, kDet>(p, a, s, st, ws.m, buf, wg, dK, dV);
         }
         if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) cuda::bulk_wait_all();  // the last reduction, before shared memory goes away
     }
@@ -1014,8 +1037,9 @@ __device__ __forceinline__ void write_dq_det(const BwdParams &p, const BwdBlock 
         cuda::mbar_wait_s(full0 + 8 * slot, static_cast<uint32_t>((s >> 1) & 1));
         if (lane == 0) {
             const BwdStep st = bwd_step(p, a, s);
-            const BwdTurn turn = turn_of<Tr>(p, a, st);
-            while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
+            const int *sem = turn_sem(p, a, st);
+            const int before = static_cast<int>(cuda::ld_shared_b32(cuda::smem_addr(&a.bars->dq_before[slot])));
+            while (cuda::ld_acquire_gpu(sem) != before) {
             }
             fence_proxy_async_global();  // the predecessors' adds, before this one
             bulk_reduce_add_f32(dq_rows(p, a, st), s_dq0 + slot * Tr::kDQBytes, dq_bytes(p, a, st));
@@ -1028,7 +1052,7 @@ __device__ __forceinline__ void write_dq_det(const BwdParams &p, const BwdBlock 
             cuda::bulk_wait_all();
             fence_proxy_async_global();
             __threadfence();  // the adds land before the counter moves
-            atomicAdd(turn_of<Tr>(p, a, bwd_step(p, a, s)).sem, 1);
+            atomicAdd(turn_sem(p, a, bwd_step(p, a, s)), 1);
         }
     }
 }
@@ -1056,7 +1080,7 @@ __device__ __forceinline__ void det_consume(const BwdParams &p, const BwdBlock &
         cuda::cp_async_wait<Tr::kStages - 1>();  // this step's rows, from this thread ...
         warpgroup_sync(wg);                      // ... and from every thread of the warpgroup
         cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
-        step_compute<Tr, E, true>(p, a, s, st, buf, wg, dK, dV);
+        step_compute<Tr, E, true>(p, a, s, st, ws.m, buf, wg, dK, dV);
     }
 }
 
@@ -1097,12 +1121,14 @@ __global__ void __launch_bounds__(kBwdDetThreads, 1)
         a.nmb = static_cast<int>(rows.hi / kBwdBM) - a.mb_first + 1;
         nsteps = p.group * a.nmb;
     }
+    // a.rot is set per role, after its setmaxnreg: live across the producer's setmaxnreg.dec it spilled.
     static_assert(setmaxnreg_split_fits(kBwdProducerRegs, kBwdConsumerRegs) && kThreads == kBwdDetThreads,
                   "the backward's register split exceeds the launch's");
     if (threadIdx.x < 128) {
         cuda::setmaxnreg_dec<kBwdProducerRegs>();
         const int warp = threadIdx.x / 32;
         if (!any) return;
+        a.rot = walk_rotation(p, a.nb, bwd_key_blocks<Tr>(p), a.nmb);
         if (warp == 0) {
             if (threadIdx.x == 0) produce_q_do<Tr>(p, &tm_q, &tm_k, &tm_v, &tm_do, a, nsteps);
         } else if (warp == 1) {
@@ -1115,7 +1141,10 @@ __global__ void __launch_bounds__(kBwdDetThreads, 1)
     float dK[Tr::kDW / 2], dV[Tr::kDW / 2];
 #pragma unroll
     for (int i = 0; i < Tr::kDW / 2; ++i) dK[i] = dV[i] = 0.f;
-    if (any) det_consume<Tr, E>(p, a, nsteps, wg, dK, dV);
+    if (any) {
+        a.rot = walk_rotation(p, a.nb, bwd_key_blocks<Tr>(p), a.nmb);
+        det_consume<Tr, E>(p, a, nsteps, wg, dK, dV);
+    }
     store_dk_dv<Tr, E>(p, a, wg, dK, dV);
 }
 

@@ -18,15 +18,16 @@
 
 #include <cstdint>
 
+#include "backends/cuda/fa3/fa3_bwd_turns.h"
 #include "backends/cuda/fa3/fa3_head_dims.h"
 #include "backends/cuda/host/bwd_args.h"
 
 namespace flashattn {
 namespace fa3 {
 
-// The default mode's grid orders (fa3_bwd_kernel.cuh, key_block and bwd_step).
+// The grid orders (fa3_bwd_kernel.cuh, key_block and bwd_step; the deterministic mode's turns, turn_of).
 enum BwdGridOrder : int32_t {
-    kHeadsFastest = 0,   // kv heads x sequences fastest, key blocks slowest (the deterministic kernels' order)
+    kHeadsFastest = 0,   // kv heads x sequences fastest, key blocks slowest (the deterministic kernels' order with a mask)
     kKeysFastest = 1,    // key blocks fastest: the CTAs resident at once cover few (kv head, sequence) pairs
     kKeysRotated = 2,    // keys fastest, each key block's query walk starting at its own rotated block
 };
@@ -35,7 +36,7 @@ enum BwdGridOrder : int32_t {
 // grid order (sem_blocks counts query blocks of kBwdBM rows; the dQ adds of one query block take
 // turns in deterministic mode: fa3_bwd_kernel.cuh).
 struct BwdParams : BwdTensorArgs {
-    int32_t grid_order = kHeadsFastest;  // BwdGridOrder; kHeadsFastest in deterministic mode
+    int32_t grid_order = kHeadsFastest;  // BwdGridOrder; deterministic mode: kHeadsFastest or (no mask) kKeysRotated
 };
 
 // TMA descriptors: rank 4 {head_dim, rows, heads, batch} like the forward's, 64-column boxes of
