@@ -67,33 +67,39 @@ std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev)
     return std::string();
 }
 
-// The default mode's grid order. Key blocks fastest (with rotated query walks) lets the CTAs
-// resident at once share a few pairs' Q, dO and dQ rows in L2, where heads fastest gives each a
-// pair of its own (2 MB at d 128 / 2k; stop 22's ncu: L2 hit 46 %). Measured on the H200 (stop 26,
-// performance.md "stop 26, lead", calls 4-5): at 2k keys 1.04-1.28x at d 64 / 128 and 1.33-1.51x
-// at d 256, at 8k 0.93-1.00x (keys fastest without the rotation, or in groups of pairs dealt heads
-// fastest, alike), so it is taken up to 2k keys; longer keys keep heads fastest.
-// FLASHATTN_FA3_BWD_ORDER=0/1/2 forces one (a developer's knob for A/B runs). Read at finalize.
+// Up to how many keys the keys-rotated order wins (below). Key blocks fastest (with rotated query
+// walks) lets the CTAs resident at once share a few pairs' Q, dO and dQ rows in L2, where heads
+// fastest gives each a pair of its own (2 MB at d 128 / 2k; stop 22's ncu: L2 hit 46 %). Measured
+// on the H200: at 2k keys 1.04-1.28x at d 64 / 128 and 1.33-1.51x at d 256 (stop 26,
+// performance.md "stop 26, lead", calls 4-5); at 4k 1.23-1.36x at d 64, 1.18-1.41x at d 128, d 256
+// 1.25x non-causal and 0.97x causal; at 8k 1.17-1.26x at d 64, 0.93-0.98x at d 128, 1.00x at d 256
+// (stop 30, call 5). Longer keys keep heads fastest.
+int64_t rotated_order_max_keys(const Problem &p) { return compiled_for(p.head_dim).head_dim == 64 ? 8192 : 4096; }
+
+// The default mode's grid order. FLASHATTN_FA3_BWD_ORDER=0/1/2 forces one (a developer's knob for
+// A/B runs). Read at finalize.
 int default_grid_order(const Problem &p) {
     const char *knob = std::getenv("FLASHATTN_FA3_BWD_ORDER");
     if (knob != nullptr && (std::string(knob) == "0" || std::string(knob) == "1" || std::string(knob) == "2"))
         return knob[0] - '0';
-    return p.seqlen_k <= 2048 ? kKeysRotated : kHeadsFastest;
+    return p.seqlen_k <= rotated_order_max_keys(p) ? kKeysRotated : kHeadsFastest;
 }
 
 // The deterministic mode's grid order: its dQ adds take turns in a fixed order per query block
 // (fa3_bwd_kernel.cuh, turn_of). Heads fastest (ascending key blocks) is right for any mask. Without
 // a mask every key block sees every query block, and the keys-rotated walks of the default mode
 // give each resident key block a different query block at every step, so that the turns (in the
-// order the walks reach a block) pass without waiting: taken up to 2k keys as in the default mode,
-// and only while the key blocks of one pair can all be resident at once (one CTA per SM): a turn
-// waits only for key blocks of its own pair, which the in-order dispatch then guarantees to make
-// progress. FLASHATTN_FA3_BWD_DET_ORDER=0 forces heads fastest (a developer's knob for A/B runs).
+// order the walks reach a block) pass without waiting. Measured and taken up to 2k keys (stop 30,
+// calls 3-4: 1.05-1.41x the ascending order at 1k / 2k; at 4k and 8k, where the default mode now
+// rotates too, not measured yet), and only while the key blocks of one pair can all be resident at
+// once (one CTA per SM): a turn waits only for key blocks of its own pair, which the in-order
+// dispatch then guarantees to make progress. FLASHATTN_FA3_BWD_DET_ORDER=0 forces heads fastest (a
+// developer's knob for A/B runs).
 int det_grid_order(const Problem &p, int sm_count) {
     const char *knob = std::getenv("FLASHATTN_FA3_BWD_DET_ORDER");
     if (knob != nullptr && std::string(knob) == "0") return kHeadsFastest;
     const int64_t key_blocks = ceil_div(p.seqlen_k, bwd_block_n(compiled_for(p.head_dim).head_dim));
-    const bool small_turns = ceil_div(p.seqlen_q, kBwdBM) * key_blocks < (int64_t{1} << 31);  // rotated_before's 32 bits
+    const bool small_turns = ceil_div(p.seqlen_q, kBwdBM) * key_blocks < (int64_t{1} << 31);  // bwd_rotated_turn's 32 bits
     return !p.has_mask() && p.seqlen_k <= 2048 && key_blocks <= sm_count && small_turns ? kKeysRotated : kHeadsFastest;
 }
 
