@@ -90,7 +90,7 @@ int default_grid_order(const Problem &p) {
 // a mask every key block sees every query block, and the keys-rotated walks of the default mode
 // give each resident key block a different query block at every step, so that the turns (in the
 // order the walks reach a block) pass without waiting. Measured and taken up to 2k keys (stop 30,
-// calls 3-4: 1.05-1.41x the ascending order at 1k / 2k; at 4k and 8k, where the default mode now
+// calls 3-4: 1.09-1.54x the ascending order at 1k / 2k; at 4k and 8k, where the default mode now
 // rotates too, not measured yet), and only while the key blocks of one pair can all be resident at
 // once (one CTA per SM): a turn waits only for key blocks of its own pair, which the in-order
 // dispatch then guarantees to make progress. FLASHATTN_FA3_BWD_DET_ORDER=0 forces heads fastest (a
