@@ -39,8 +39,9 @@
 // writer. After a barrier of the two consumer warpgroups (both halves of dS^T in shared memory),
 // each computes whole 64-column pages of the step's dQ over all 128 keys and stores them to the
 // step's slot (two slots, by step parity; dq_full / dq_empty mbarriers); the writer takes the key
-// block's turn (ascending key order per (query head, query block), a counter each, as FA2's),
-// reduces the slot in one bulk reduction and releases the turn: no consumer waits on L2.
+// block's turn (a counter per (query head, query block), as FA2's: ascending key blocks, or
+// without a mask the order of the keys-rotated walks, turn_of), reduces the slot in one bulk
+// reduction and releases the turn: no consumer waits on L2.
 // The same producer warpgroup ran the default mode 1-14 % slower (docs/kernel-notes.md).
 //
 // Head dim 256 (and 136..256, zero-padded; since stop 21): the split layout (BwdTraits), where
