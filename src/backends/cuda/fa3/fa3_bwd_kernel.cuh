@@ -516,7 +516,7 @@ __device__ __forceinline__ void issue_dkv(float (&dK)[Tr::kDW / 2], float (&dV)[
 //   the order in which the key blocks' walks reach the query block, key block n at its step
 //   t_n(q) = (q - r(n)) mod nmb within the head (r = walk_rotation, nondecreasing in n), ties by n.
 //   The key blocks of one pair run at the same time and each reaches a different query block at
-//   each step, so that no one waits in the steady state; bwd_rotated_turn (fa3_bwd_params.h)
+//   each step, so that no one waits in the steady state; bwd_rotated_turn (fa3_bwd_turns.h)
 //   counts its predecessors.
 // Each adds in one turn, taken by bwd_det_kernel's writer warp for both consumer warpgroups (the
 // split layout: by bwd_kernel's thread 0). m: the step's place in the walk of its head
@@ -1122,7 +1122,8 @@ __global__ void __launch_bounds__(kBwdDetThreads, 1)
         a.nmb = static_cast<int>(rows.hi / kBwdBM) - a.mb_first + 1;
         nsteps = p.group * a.nmb;
     }
-    // a.rot is set per role, after its setmaxnreg: live across the producer's setmaxnreg.dec it spilled.
+    // a.rot is set per role, after its setmaxnreg, as the forward's schedule is: values live across
+    // the producer's setmaxnreg.dec compete for its 24 registers (not measured on its own here).
     static_assert(setmaxnreg_split_fits(kBwdProducerRegs, kBwdConsumerRegs) && kThreads == kBwdDetThreads,
                   "the backward's register split exceeds the launch's");
     if (threadIdx.x < 128) {
