@@ -76,7 +76,8 @@ def main():
     ap.add_argument("--gen", default="fa2")
     ap.add_argument("--deterministic", action="store_true", help="also time both libraries' deterministic mode")
     ap.add_argument("--tile-forms", default="", help="comma list of FLASHATTN_FA2_BWD_TILE values, or of VAR=value "
-                    "settings of a knob the plan reads at finalize: extra B columns")
+                    "settings of a knob the plan reads at finalize: extra B columns; det:VAR=value: an extra "
+                    "column of B's deterministic mode")
     ct.add_grid_args(ap, hdim="64,128,256", seqlen="2048,8192", warmup=2, reps=5, rounds=3)
     ap.add_argument("--markdown")
     args = ap.parse_args()
@@ -97,11 +98,14 @@ def main():
     if args.m:
         cols["M"] = ("M", False, "")
     cols["B"] = ("B", False, "")
-    for f in [f for f in args.tile_forms.split(",") if f]:
+    forms = [f for f in args.tile_forms.split(",") if f]
+    for f in [f for f in forms if not f.startswith("det:")]:
         cols[f"B {f}"] = ("B", False, f)
     if args.deterministic:
         cols["A det"] = ("A", True, "")
         cols["B det"] = ("B", True, "")
+    for f in [f[len("det:"):] for f in forms if f.startswith("det:")]:
+        cols[f"B det {f}"] = ("B", True, f)
     lines = []
     p = bench.props
     ct.emit(lines, f"# A/B of the {args.gen} backward ({p.name}, {p.multi_processor_count} SMs, {args.dtype}, "
