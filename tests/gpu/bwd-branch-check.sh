@@ -9,6 +9,7 @@
 # racecheck / synccheck of the reduced grid. Logs under $OUT packed into logs.tgz (the device tool
 # returns a few files only), the A/B table and a summary last. Stop 30 ran the same steps as
 #   BASE_SRC=.xfer/main HDIMS=64,128,256 SEQLENS=1024,2048,4096 bash tests/gpu/bwd-branch-check.sh
+# TILE_FORMS: ab_backward's --tile-forms (extra B columns, e.g. det:FLASHATTN_FA3_BWD_DET_ORDER=0).
 set -uo pipefail
 out=${OUT:-/tmp/bwd-branch}
 mkdir -p "$out"
@@ -29,17 +30,25 @@ note "build rc=$? $(tail -1 "$out/build.log" | cut -c1-80)"
 wait; note "$(cat "$out/base.rc")"
 timeout "${AB_LIMIT:-150}" python3 bench/ab_backward.py --a "$base/src/libflashattn.so" --b "$cand/src/libflashattn.so" \
   --gen fa3 --deterministic --hdim "${HDIMS:-64,128,256}" --seqlen "${SEQLENS:-1024,2048,4096}" --rounds "${ROUNDS:-2}" \
-  --markdown "$out/ab.md" > "$out/ab.txt" 2>&1
+  --tile-forms "${TILE_FORMS:-}" --markdown "$out/ab.md" > "$out/ab.txt" 2>&1
 note "ab_backward rc=$? (124: timed out - a hang?)"
 (cd "$cand" && timeout 150 ctest -R "test_fa3_sass|test_fa3_bwd_turns" --output-on-failure > "$out/ctest.log" 2>&1
  echo "rc=$?" >> "$out/ctest.log") &
-(timeout 200 "$cand/tests/test_backward_fa3" > "$out/test_backward_fa3.log" 2>&1; echo "rc=$?" >> "$out/test_backward_fa3.log") &
-wait
-note "test_backward_fa3 $(tail -1 "$out/test_backward_fa3.log") $(grep -aE '^\[ +(PASSED|FAILED) +\]' "$out/test_backward_fa3.log" | tr '\n' ' ')"
-note "ctest $(tail -1 "$out/ctest.log") $(grep -aE 'tests passed|Failed' "$out/ctest.log" | tail -1)"
-limit=$(( $(left) - 15 )); [ "$limit" -gt 150 ] && limit=150; pids=()
+# The test twice (the second with the deterministic mode's ascending order, which the first runs
+# only where the keys-rotated one is not taken) and the sanitizers, all at once.
+test_limit=$(( $(left) - 20 )); [ "$test_limit" -gt 300 ] && test_limit=300
+for order in "" 0; do
+  (FLASHATTN_FA3_BWD_DET_ORDER=$order timeout "$test_limit" "$cand/tests/test_backward_fa3" > "$out/test_backward_fa3$order.log" 2>&1
+   echo "rc=$?" >> "$out/test_backward_fa3$order.log") &
+done
+limit=$(( $(left) - 20 )); [ "$limit" -gt 200 ] && limit=200; pids=()
 san_start "$cand/tests/test_backward_fa3"
-wait "${pids[@]}"; san_notes
+wait
+for order in "" 0; do
+  note "test_backward_fa3${order:+ DET_ORDER=$order} $(tail -1 "$out/test_backward_fa3$order.log") $(grep -aE '^\[ +(PASSED|FAILED) +\]' "$out/test_backward_fa3$order.log" | tr '\n' ' ')"
+done
+note "ctest $(tail -1 "$out/ctest.log") $(grep -aE 'tests passed|Failed' "$out/ctest.log" | tail -1)"
+san_notes
 echo; cat "$out/ab.md" 2>/dev/null
 echo "==== summary"; printf '%s\n' "${summary[@]}"
 (cd "$out" && tar czf /tmp/bwd-branch-logs.tgz . && find . -type f ! -name ab.md -delete && mv /tmp/bwd-branch-logs.tgz logs.tgz)
