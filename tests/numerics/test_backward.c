@@ -212,6 +212,13 @@ static const bwd_case grid[] = {
     GPU_CASE(1, 300, 4000, 2, 1, 256, 0, F16, 0, -1, -1, 0, 0, 0, 0, 0),
     GPU_CASE(1, 500, 7000, 2, 1, 64, 0, B16, 0, 500, 0, 0, 0, 0, 0, 0),
     GPU_CASE(2, 300, 6000, 2, 1, 64, 0, F16, 0, -1, -1, 0, 0, 0, 0, 0),
+    /* ... and the deterministic mode there, whose turns follow the same walks (a per-CTA turn
+     * table under every mask): causal both ways, a window, varlen. */
+    GPU_CASE(1, 700, 3500, 2, 1, 128, 0, B16, 1, -1, -1, 0, 0, 0, 0, 1),
+    GPU_CASE(1, 2600, 2300, 2, 1, 128, 0, F16, 1, -1, -1, 0, 0, 0, 0, 1),
+    GPU_CASE(1, 300, 4000, 2, 1, 256, 0, F16, 1, -1, -1, 0, 0, 0, 0, 1),
+    GPU_CASE(1, 500, 7000, 2, 1, 64, 0, B16, 0, 500, 0, 0, 0, 0, 0, 1),
+    GPU_CASE(3, 600, 3000, 2, 1, 64, 0, B16, 1, -1, -1, 0, 0, 1, 0, 1),
 };
 
 #define NUM_CASES (sizeof grid / sizeof grid[0])

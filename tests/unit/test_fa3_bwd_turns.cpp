@@ -1,12 +1,14 @@
-// The FA3 deterministic backward's turns under the keys-rotated walk (src/backends/cuda/fa3/
-// fa3_bwd_turns.h): for every query block, the counts the key blocks wait for must be exactly the
-// order in which their walks reach it (step, then key block), a permutation of 0 .. seq_blocks - 1.
-// A wrong count hangs the kernel (a turn that never comes) or breaks its determinism.
+// The FA3 backward's walks and the deterministic mode's keys-rotated turns (src/backends/cuda/fa3/
+// fa3_bwd_turns.h), the code the kernels run, on the CPU: each key block's walk covers exactly the
+// query blocks that see one of its keys under the mask rule, visits each once, and the turns
+// (bwd_turn) let every key block of a pair add into every query block of its walk, each query
+// block's adds in a fixed order, without a deadlock. A wrong count hangs the kernel (a turn that
+// never comes) or breaks its determinism.
 #include <cstdarg>
 #include <cstddef>
 #include <csetjmp>
 #include <cstdint>
-#include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 extern "C" {
@@ -19,56 +21,123 @@ using namespace flashattn::fa3;
 
 namespace {
 
-// One (nmb, nkb, seq_blocks): every query block q, against the order written out directly.
-bool turns_follow_the_walks(int nmb, int nkb, int seq_blocks, int q) {
-    struct Visit {
-        int64_t t;
-        int n;
-    };
-    std::vector<Visit> visits;
-    std::vector<int> turns;
-    for (int n = 0; n < seq_blocks; ++n) {
-        const int rot = bwd_rotation(n, nkb, nmb);
-        const int t = ((q - rot) % nmb + nmb) % nmb;  // the step at which key block n reaches q
-        visits.push_back({t, n});
-        turns.push_back(bwd_rotated_turn(t, q, n, rot, nmb, nkb, seq_blocks));
-    }
-    std::sort(visits.begin(), visits.end(),
-              [](const Visit &a, const Visit &b) { return a.t != b.t ? a.t < b.t : a.n < b.n; });
-    for (int pos = 0; pos < seq_blocks; ++pos)
-        if (turns[static_cast<size_t>(visits[static_cast<size_t>(pos)].n)] != pos) {
-            print_error("nmb %d nkb %d seq_blocks %d q %d: key block %d reaches it at step %lld, position %d, "
-                        "counts %d before it\n", nmb, nkb, seq_blocks, q, visits[static_cast<size_t>(pos)].n,
-                        static_cast<long long>(visits[static_cast<size_t>(pos)].t), pos,
-                        turns[static_cast<size_t>(visits[static_cast<size_t>(pos)].n)]);
-            return false;
+constexpr int64_t kUnbounded = int64_t(1) << 40;  // host/tensor_args.h kUnboundedWindow
+constexpr int kBm = 64;                            // query rows per block (kBwdBM)
+
+struct Shape {
+    int sq, sk, kbn, nkb;  // nkb: the grid's key blocks per pair (a longer sequence's under varlen)
+    int64_t off, left, right;
+    bool rotated;
+};
+
+std::vector<BwdWalk> walks_of(const Shape &c) {
+    std::vector<BwdWalk> w;
+    const int seq_blocks = (c.sk + c.kbn - 1) / c.kbn;
+    for (int n = 0; n < seq_blocks; ++n)
+        w.push_back(bwd_walk(n, c.kbn, kBm, c.sq, c.sk, c.off, c.left, c.right, c.nkb, c.rotated));
+    return w;
+}
+
+// The walk against the mask rule written out: query block q is in key block n's walk iff one of
+// its rows sees one of the block's keys (i + off - left <= j <= i + off + right).
+bool walks_cover_the_mask(const Shape &c, const std::vector<BwdWalk> &w) {
+    for (size_t n = 0; n < w.size(); ++n) {
+        for (int q = 0; q * kBm < c.sq; ++q) {
+            bool sees = false;
+            for (int i = q * kBm; i < c.sq && i < (q + 1) * kBm && !sees; ++i)
+                for (int j = static_cast<int>(n) * c.kbn; j < c.sk && j < (static_cast<int>(n) + 1) * c.kbn; ++j)
+                    if (i + c.off - c.left <= j && j <= i + c.off + c.right) {
+                        sees = true;
+                        break;
+                    }
+            const bool in = q >= w[n].first && q < w[n].first + w[n].count;
+            if (sees != in) {
+                print_error("sq %d sk %d off %lld left %lld right %lld: key block %zu, query block %d: %s by the mask, "
+                            "%s the walk [%d, +%d)\n", c.sq, c.sk, static_cast<long long>(c.off),
+                            static_cast<long long>(c.left), static_cast<long long>(c.right), n, q,
+                            sees ? "seen" : "not seen", in ? "in" : "not in", w[n].first, w[n].count);
+                return false;
+            }
         }
+        for (int t = 0; t < w[n].count; ++t)  // the walk visits each of its blocks once, step and block inverse
+            if (bwd_walk_step(w[n], bwd_walk_block(w[n], t)) != t) {
+                print_error("key block %zu: step %d does not come back\n", n, t);
+                return false;
+            }
+    }
     return true;
 }
 
-// Every small shape: more query blocks than key blocks and fewer (ties in the rotation), and
-// sequences shorter than the grid's longest (variable length: seq_blocks < nkb).
-void small_shapes(void **) {
-    for (int nmb = 1; nmb <= 24; ++nmb)
-        for (int nkb = 1; nkb <= 24; ++nkb)
-            for (int seq_blocks = 1; seq_blocks <= nkb; ++seq_blocks)
-                for (int q = 0; q < nmb; ++q) assert_true(turns_follow_the_walks(nmb, nkb, seq_blocks, q));
+// Every key block walks its blocks in order and adds into one only when the block's counter equals
+// its turn; the pair's key blocks are all resident. All must finish, each block's counter at the
+// number of key blocks that visit it.
+bool turns_complete(const Shape &c, const std::vector<BwdWalk> &w) {
+    const int seq_blocks = static_cast<int>(w.size());
+    const auto walks = [&w](int n) { return w[static_cast<size_t>(n)]; };
+    std::vector<int> sem(static_cast<size_t>((c.sq + kBm - 1) / kBm) + 1, 0), step(w.size(), 0);
+    for (bool moved = true; moved;) {
+        moved = false;
+        for (int n = 0; n < seq_blocks; ++n)
+            while (step[static_cast<size_t>(n)] < w[static_cast<size_t>(n)].count) {
+                const int q = bwd_walk_block(w[static_cast<size_t>(n)], step[static_cast<size_t>(n)]);
+                if (sem[static_cast<size_t>(q)] != bwd_turn(walks, seq_blocks, n, q)) break;
+                ++sem[static_cast<size_t>(q)];
+                ++step[static_cast<size_t>(n)];
+                moved = true;
+            }
+    }
+    for (int n = 0; n < seq_blocks; ++n)
+        if (step[static_cast<size_t>(n)] != w[static_cast<size_t>(n)].count) {
+            print_error("sq %d sk %d kbn %d off %lld left %lld right %lld rotated %d: key block %d stuck at step %d of %d\n",
+                        c.sq, c.sk, c.kbn, static_cast<long long>(c.off), static_cast<long long>(c.left),
+                        static_cast<long long>(c.right), c.rotated, n, step[static_cast<size_t>(n)],
+                        w[static_cast<size_t>(n)].count);
+            return false;
+        }
+    for (int q = 0; q * kBm < c.sq; ++q) {
+        int visitors = 0;
+        for (const BwdWalk &x : w) visitors += q >= x.first && q < x.first + x.count ? 1 : 0;
+        if (sem[static_cast<size_t>(q)] != visitors) return false;
+    }
+    return true;
 }
 
-// The sizes finalize allows at the edges: 132 key blocks (one per SM of an H200), query blocks up
-// to nmb x nkb < 2^31 (the 32-bit arithmetic), a few query blocks each.
-void large_shapes(void **) {
-    const int nkbs[] = {16, 31, 132};
-    for (int nkb : nkbs) {
-        const int nmbs[] = {nkb, 2 * nkb + 3, 4093, static_cast<int>(((int64_t{1} << 31) - 1) / nkb)};
-        for (int nmb : nmbs) {
-            const int qs[] = {0, 1, nmb / 3, nmb - 2, nmb - 1};
-            for (int q : qs)
-                if (q >= 0 && q < nmb) {
-                    assert_true(turns_follow_the_walks(nmb, nkb, nkb, q));
-                    assert_true(turns_follow_the_walks(nmb, nkb, nkb / 2 + 1, q));
-                }
-        }
+Shape random_shape(unsigned *seed) {
+    auto rnd = [seed](int n) { return static_cast<int>(rand_r(seed) % static_cast<unsigned>(n)); };
+    Shape c{};
+    c.sq = 1 + rnd(700);
+    c.sk = 1 + rnd(700);
+    c.kbn = rnd(2) ? 128 : 64;
+    c.nkb = (c.sk + c.kbn - 1) / c.kbn + rnd(3);  // a longer sequence in the batch (varlen)
+    c.off = rnd(2) ? c.sk - c.sq : 0;             // bottom-right or top-left
+    switch (rnd(4)) {
+    case 0: c.left = c.right = kUnbounded; break;           // no mask
+    case 1: c.left = kUnbounded; c.right = 0; break;        // causal
+    case 2: c.left = rnd(300); c.right = rnd(2) ? 0 : rnd(100); break;  // sliding window
+    default: c.left = rnd(200); c.right = kUnbounded; break;
+    }
+    c.rotated = rnd(4) != 0;
+    return c;
+}
+
+void random_masks(void **) {
+    unsigned seed = 20261204u;
+    for (int i = 0; i < 600; ++i) {
+        const Shape c = random_shape(&seed);
+        const std::vector<BwdWalk> w = walks_of(c);
+        assert_true(walks_cover_the_mask(c, w));
+        assert_true(turns_complete(c, w));
+    }
+}
+
+// The sizes finalize allows at the edges: up to 132 key blocks per pair (an H200's SMs) and 224
+// query blocks per walk (kBwdTurnTableMax), with and without a mask.
+void large_pairs(void **) {
+    const int64_t rights[] = {kUnbounded, 0};
+    for (int64_t right : rights) {
+        const Shape a{224 * kBm, 132 * 128, 128, 132, 132 * 128 - 224 * kBm, kUnbounded, right, true};
+        const Shape b{224 * kBm - 5, 8192, 64, 130, 8192 - (224 * kBm - 5), kUnbounded, right, true};
+        for (const Shape &c : {a, b}) assert_true(turns_complete(c, walks_of(c)));
     }
 }
 
@@ -76,8 +145,8 @@ void large_shapes(void **) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(small_shapes),
-        cmocka_unit_test(large_shapes),
+        cmocka_unit_test(random_masks),
+        cmocka_unit_test(large_pairs),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

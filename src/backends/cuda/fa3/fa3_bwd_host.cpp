@@ -86,21 +86,24 @@ int default_grid_order(const Problem &p) {
 }
 
 // The deterministic mode's grid order: its dQ adds take turns in a fixed order per query block
-// (fa3_bwd_kernel.cuh, turn_of). Heads fastest (ascending key blocks) is right for any mask. Without
-// a mask every key block sees every query block, and the keys-rotated walks of the default mode
-// give each resident key block a different query block at every step, so that the turns (in the
-// order the walks reach a block) pass without waiting. Measured and taken up to 2k keys (stop 30,
-// calls 3-4: 1.09-1.54x the ascending order at 1k / 2k; at 4k and 8k, where the default mode now
-// rotates too, not measured yet), and only while the key blocks of one pair can all be resident at
-// once (one CTA per SM): a turn waits only for key blocks of its own pair, which the in-order
-// dispatch then guarantees to make progress. FLASHATTN_FA3_BWD_DET_ORDER=0 forces heads fastest (a
-// developer's knob for A/B runs).
+// (fa3_bwd_kernel.cuh, turn_of). Heads fastest (ascending key blocks, earlier CTAs first) is right
+// for any size. Keys rotated, as the default mode where it takes it: the adds into a query block in
+// the order the rotated walks reach it (fa3_bwd_turns.h bwd_turn), so that the key blocks of a pair,
+// running together, seldom wait for each other; each CTA counts its turns into a table of
+// kBwdTurnTableMax entries (so at most that many query blocks), and the pair's key blocks must
+// fit one wave (one CTA per SM): a turn waits only for key blocks of its own pair at lower steps,
+// which the in-order dispatch then guarantees to make progress. Under a mask only up to 2k keys:
+// the walks' lengths then differ, and past 2k the turns wait more than they save (stop 31, call 2,
+// H200 bf16, rotated / ascending: causal 1k 1.06-1.22x, 2k 1.01-1.16x, 4k 0.86-1.0x, 8k d64 0.82x;
+// without a mask 1.08-1.48x up to the default's limits). FLASHATTN_FA3_BWD_DET_ORDER=0 forces heads
+// fastest (a developer's knob).
 int det_grid_order(const Problem &p, int sm_count) {
     const char *knob = std::getenv("FLASHATTN_FA3_BWD_DET_ORDER");
     if (knob != nullptr && std::string(knob) == "0") return kHeadsFastest;
     const int64_t key_blocks = ceil_div(p.seqlen_k, bwd_block_n(compiled_for(p.head_dim).head_dim));
-    const bool small_turns = ceil_div(p.seqlen_q, kBwdBM) * key_blocks < (int64_t{1} << 31);  // bwd_rotated_turn's 32 bits
-    return !p.has_mask() && p.seqlen_k <= 2048 && key_blocks <= sm_count && small_turns ? kKeysRotated : kHeadsFastest;
+    const bool fits = key_blocks <= sm_count && ceil_div(p.seqlen_q, kBwdBM) <= kBwdTurnTableMax;
+    const bool turns_pass = !p.has_mask() || p.seqlen_k <= 2048;
+    return fits && turns_pass && default_grid_order(p) == kKeysRotated ? kKeysRotated : kHeadsFastest;
 }
 
 BwdPlan plan_backward(const Problem &p, int sm_count, WorkspaceLayout *ws) {

@@ -39,8 +39,8 @@
 // writer. After a barrier of the two consumer warpgroups (both halves of dS^T in shared memory),
 // each computes whole 64-column pages of the step's dQ over all 128 keys and stores them to the
 // step's slot (two slots, by step parity; dq_full / dq_empty mbarriers); the writer takes the key
-// block's turn (a counter per (query head, query block), as FA2's: ascending key blocks, or
-// without a mask the order of the keys-rotated walks, turn_of), reduces the slot in one bulk
+// block's turn (a counter per (query head, query block), as FA2's: ascending key blocks, or in
+// the keys-rotated grid the order of the walks, from the CTA's turn table: turn_of), reduces the slot in one bulk
 // reduction and releases the turn: no consumer waits on L2.
 // The same producer warpgroup ran the default mode 1-14 % slower (docs/kernel-notes.md).
 //
@@ -167,9 +167,6 @@ struct BwdBarriers {
     uint64_t dq_full[2];
     // ... and every lane of the writer warp is done with the slot (its bulk reduction has read it).
     uint64_t dq_empty[2];
-    // The slot's turn: how many key blocks add to its query block before this one (turn_of), written
-    // by the consumer warpgroup that owns the slot's page 0 before it arrives on dq_full.
-    int dq_before[2];
 };
 
 // Two layouts. Up to head dim 128, warpgroup w owns keys 64w .. 64w + 63 of the CTA's kBwdBN over
@@ -205,6 +202,9 @@ struct BwdTraits {
     static constexpr int kDQOff = kDSOff + 2 * kDSBytes;
     static constexpr int kRowsOff = kDQOff + 2 * kDQBytes;
     static constexpr int kBarOff = kRowsOff + kStages * 2 * kRowsBytes;  // stage s, warpgroup w: s * 2 + w
+    // The deterministic mode's turn table (keys rotated: build_turn_table), kBwdTurnTableMax ints
+    // in the barriers' padded 1 KB.
+    static constexpr int kTurnOff = kBarOff + 128;
     static constexpr int kSmemBytes = bwd_smem_bytes(kD);
     static constexpr int kNT = kQN / 8;   // n8 tiles of S^T per thread row
     static constexpr int kKF = kQN / 16;  // k16 fragments of the warpgroup's P^T
@@ -213,6 +213,7 @@ struct BwdTraits {
     static_assert(!kSplit || (kBN == 64 && kDW % 64 == 0), "the split layout: 64 keys, whole pages per warpgroup");
     static_assert(kDSOff % 1024 == 0, "SW128 tiles need 1 KB alignment");
     static_assert(kBarOff + static_cast<int>(sizeof(BwdBarriers)) + 1024 <= kSmemBytes, "layout exceeds the budget");
+    static_assert(sizeof(BwdBarriers) <= 128 && 128 + 4 * kBwdTurnTableMax <= 1024, "the turn table follows the barriers");
 };
 
 // Key blocks of the longest sequence: the grid is kv heads x batch x these (launch_bwd_kernel).
@@ -257,12 +258,6 @@ __device__ __forceinline__ BwdStep walk_step(const BwdParams &p, const BwdBlock 
 }
 __device__ __forceinline__ BwdStep bwd_step(const BwdParams &p, const BwdBlock &a, int s) {
     return walk_step(p, a, walk_pos(a, s));
-}
-
-// kKeysRotated: key block nb of nkb starts its walk nb / nkb of the way through its nmb query
-// blocks, so that the key blocks of one pair resident together add into different dQ rows.
-__device__ __forceinline__ int walk_rotation(const BwdParams &p, int nb, int nkb, int nmb) {
-    return p.grid_order == kKeysRotated && nkb > 0 ? bwd_rotation(nb, nkb, nmb) : 0;
 }
 
 // Ring position of step s: buffer and the parity of its barriers' phase.
@@ -512,15 +507,13 @@ __device__ __forceinline__ void issue_dkv(float (&dK)[Tr::kDW / 2], float (&dV)[
 // key blocks that add to its dQ before this one, in a fixed order either way:
 // - heads fastest (the grid order): ascending key blocks. The key blocks that see a query block
 //   are contiguous from the one holding key m0 + off - left (mask.cuh's rule for its first row).
-// - keys rotated (no mask: every key block sees every query block; finalize's det_grid_order):
-//   the order in which the key blocks' walks reach the query block, key block n at its step
-//   t_n(q) = (q - r(n)) mod nmb within the head (r = walk_rotation, nondecreasing in n), ties by n.
-//   The key blocks of one pair run at the same time and each reaches a different query block at
-//   each step, so that no one waits in the steady state; bwd_rotated_turn (fa3_bwd_turns.h)
-//   counts its predecessors.
+// - keys rotated (finalize's det_grid_order): the order in which the key blocks' walks reach the
+//   query block (fa3_bwd_turns.h bwd_turn: by step within the head, then by key block). The key
+//   blocks of one pair run at the same time and tend to reach different query blocks at each
+//   step, so that few turns wait. The CTA counts its predecessors for each query block of its
+//   walk once (build_turn_table) into the turn table (Traits::kTurnOff).
 // Each adds in one turn, taken by bwd_det_kernel's writer warp for both consumer warpgroups (the
-// split layout: by bwd_kernel's thread 0). m: the step's place in the walk of its head
-// (WalkPos::m, before the rotation).
+// split layout: by bwd_kernel's thread 0).
 struct BwdTurn {
     int *sem;
     int before;
@@ -529,11 +522,11 @@ __device__ __forceinline__ int *turn_sem(const BwdParams &p, const BwdBlock &a, 
     return p.dq_sem + (static_cast<int64_t>(a.b) * p.heads_q + st.hq) * p.sem_blocks + st.m0 / kBwdBM;
 }
 template <class Tr>
-__device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a, BwdStep st, int m) {
+__device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a, BwdStep st) {
     int *sem = turn_sem(p, a, st);
     if (p.grid_order == kKeysRotated)
-        return BwdTurn{sem, bwd_rotated_turn(m, st.m0 / kBwdBM - a.mb_first, a.nb, a.rot, a.nmb, bwd_key_blocks<Tr>(p),
-                                             (a.sk + Tr::kBN - 1) / Tr::kBN)};
+        return BwdTurn{sem, static_cast<int>(cuda::ld_shared_b32(cuda::smem_addr(a.smem) + Tr::kTurnOff +
+                                                                  4 * (st.m0 / kBwdBM - a.mb_first)))};
     const int64_t first_key = st.m0 + a.off - p.left;
     const int nb_first = first_key > 0 ? static_cast<int>(first_key / Tr::kBN) : 0;
     return BwdTurn{sem, a.nb - nb_first};
@@ -681,7 +674,7 @@ __device__ __forceinline__ void dkv_and_dq_bulk(const BwdParams &p, const BwdBlo
 // thread 0 waits for it, the whole CTA meets, every thread adds and fences, the CTA meets again
 // and thread 0 moves the counter on.
 template <class Tr, class E, bool kDet>
-__device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdBlock &a, BwdStep st, int m, int wg,
+__device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
                                                   uint32_t s_ds, uint32_t s_k) {
     static_assert(Tr::kSplit, "the other layouts have an fp32 dQ tile (bwd_bulk_dq)");
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
@@ -698,7 +691,7 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
     BwdTurn turn{nullptr, 0};
     if constexpr (kDet) {
         if (threadIdx.x == 0) {
-            turn = turn_of<Tr>(p, a, st, m);
+            turn = turn_of<Tr>(p, a, st);
             while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
             }
         }
@@ -732,7 +725,7 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
 // writer's bulk reduction reads them) and arrives on dq_full, whose completion also tells the
 // other warpgroup that its dS^T page has been read (dS_page_free).
 template <class Tr, class E>
-__device__ __forceinline__ void det_dkv_and_dq(const BwdParams &p, const BwdBlock &a, int s, BwdStep st, int m, int wg,
+__device__ __forceinline__ void det_dkv_and_dq(const BwdParams &p, const BwdBlock &a, int s, int wg,
                                                float (&dK)[Tr::kDW / 2], float (&dV)[Tr::kDW / 2],
                                                const uint32_t (&Pf)[Tr::kKF][4], const uint32_t (&dSf)[Tr::kKF][4],
                                                uint32_t s_q, uint32_t s_do, uint32_t s_ds0, uint32_t s_k0) {
@@ -749,11 +742,6 @@ __device__ __forceinline__ void det_dkv_and_dq(const BwdParams &p, const BwdBloc
         if (s >= 2) cuda::mbar_wait(&a.bars->dq_empty[slot], static_cast<uint32_t>(((s >> 1) & 1) ^ 1));
         store_dq_slot_page(acc, pg, cuda::smem_addr(a.smem) + Tr::kDQOff + slot * Tr::kDQBytes, p.head_dim);
         fence_proxy_async_smem();  // this thread's stores, before the writer's bulk reduction reads them
-        // The turn's count for the writer (whose 24 registers spilled computing the rotated one), by
-        // the warpgroup that owns page 0 this step: it has waited for dq_empty, so the writer has
-        // read the slot's previous count (at head dim 64 the other warpgroup does not wait: from it,
-        // the count of step s + 2 could overwrite step s's unread; stop 30's first form hung so).
-        if (wg == slot && (threadIdx.x & 127) == 0) a.bars->dq_before[slot] = turn_of<Tr>(p, a, st, m).before;
     } else {
         issue_dkv<Tr, E, Tr::kKF>(dK, dV, Pf, dSf, s_q, s_do);
     }
@@ -774,7 +762,7 @@ __device__ __forceinline__ void ds_page_free(const BwdBlock &a, int s) {
 // split layout: red in turns). The split layout meets the other warpgroup (a CTA barrier) once its
 // half of P^T and dS^T is in shared memory, and reads both halves back for dV, dK and dQ.
 template <class Tr, class E, bool kDet>
-__device__ __forceinline__ void step_compute(const BwdParams &p, const BwdBlock &a, int s, BwdStep st, int m, int buf, int wg,
+__device__ __forceinline__ void step_compute(const BwdParams &p, const BwdBlock &a, int s, BwdStep st, int buf, int wg,
                                              float (&dK)[Tr::kDW / 2], float (&dV)[Tr::kDW / 2]) {
     const uint32_t base = cuda::smem_addr(a.smem);
     const uint32_t s_k = base + Tr::kKOff + Tr::kKeyW * wg * 128, s_v = base + Tr::kVOff + Tr::kKeyW * wg * 128;
@@ -799,7 +787,7 @@ __device__ __forceinline__ void step_compute(const BwdParams &p, const BwdBlock 
         store_frags<Tr>(s_ds, 0, dSf);
         fence_proxy_async_smem();                       // the generic-proxy stores, before the wgmma reads them
         cuda::named_barrier_sync(kBwdDetConsumerBar, 256);  // both warpgroups' dS^T pages
-        det_dkv_and_dq<Tr, E>(p, a, s, st, m, wg, dK, dV, Pf, dSf, s_q, s_do, base + Tr::kDSOff, base + Tr::kKOff);
+        det_dkv_and_dq<Tr, E>(p, a, s, wg, dK, dV, Pf, dSf, s_q, s_do, base + Tr::kDSOff, base + Tr::kKOff);
     } else if constexpr (Tr::kSplit) {
         const uint32_t s_p = base + Tr::kDSOff;  // P^T's page; dS^T's is the next
         store_frags<Tr>(s_p, Tr::kQN / 8 * wg, Pf);
@@ -819,7 +807,7 @@ __device__ __forceinline__ void step_compute(const BwdParams &p, const BwdBlock 
         dkv_and_dq_bulk<Tr, E>(p, a, st, wg, dK, dV, Pf, dSf, s_q, s_do, s_ds, s_k, s_dq);
     }
     // (dQ went with dV and dK above: dkv_and_dq_bulk, det_dkv_and_dq)
-    if constexpr (Tr::kSplit) accumulate_dq_red<Tr, E, kDet>(p, a, st, m, wg, s_ds, base + Tr::kKOff);
+    if constexpr (Tr::kSplit) accumulate_dq_red<Tr, E, kDet>(p, a, st, wg, s_ds, base + Tr::kKOff);
     cuda::fence_operands(dK);
     cuda::fence_operands(dV);
     __syncwarp();  // every lane's wgmmas reading Q and dO have retired
@@ -882,16 +870,50 @@ __device__ __forceinline__ BwdBlock key_block(const BwdParams &p, unsigned char 
     return a;
 }
 
-// The query rows that see any key of the block [n0, n_hi] (none when lo > hi): key j is visible
-// to row i iff i + off - left <= j <= i + off + right (mask.cuh), so i in
-// [n0 - off - right, n_hi - off + left].
-struct RowRange {
-    int64_t lo, hi;
-};
+// Key block nb's walk over the query blocks of its sequence that see one of its keys
+// (fa3_bwd_turns.h bwd_walk: mask.cuh's rule; rotated in the keys-rotated grid order). The
+// deterministic turn table recomputes it for every key block of the pair: one function for both.
 template <class Tr>
-__device__ __forceinline__ RowRange visible_rows(const BwdParams &p, const BwdBlock &a) {
-    const int64_t n_hi = min(a.n0 + Tr::kBN, a.sk) - 1;
-    return RowRange{max(int64_t(0), a.n0 - a.off - p.right), min(static_cast<int64_t>(a.sq) - 1, n_hi - a.off + p.left)};
+__device__ __forceinline__ BwdWalk key_walk(const BwdParams &p, const BwdBlock &a, int nb) {
+    return bwd_walk(nb, Tr::kBN, kBwdBM, a.sq, a.sk, a.off, p.left, p.right, bwd_key_blocks<Tr>(p),
+                    p.grid_order == kKeysRotated);
+}
+// The CTA's own walk into a (false: no query block sees its keys).
+template <class Tr>
+__device__ __forceinline__ bool set_walk(const BwdParams &p, BwdBlock &a) {
+    const BwdWalk w = key_walk<Tr>(p, a, a.nb);
+    a.mb_first = w.first;
+    a.nmb = w.count;
+    a.rot = w.rot;
+    return w.count > 0;
+}
+
+// The deterministic mode's turn table (keys-rotated grid): for each query block of the CTA's walk,
+// how many key blocks of its sequence add into it first (fa3_bwd_turns.h bwd_turn), computed once
+// per CTA by `threads` threads (thread index tid; barrier id bar, or __syncthreads for 0) into
+// Traits::kTurnOff, the key blocks' walks staged at scratch (3 ints each; a region no one uses
+// before the first step). Finalize takes this order only where the walk has at most
+// kBwdTurnTableMax query blocks and the pair at most one key block per SM.
+template <class Tr>
+__device__ __forceinline__ void build_turn_table(const BwdParams &p, const BwdBlock &a, int tid, int threads, int bar,
+                                                 uint32_t scratch) {
+    const int seq_blocks = (a.sk + Tr::kBN - 1) / Tr::kBN;
+    for (int n = tid; n < seq_blocks; n += threads) {
+        const BwdWalk w = key_walk<Tr>(p, a, n);
+        cuda::st_shared_b32(scratch + 12 * n, static_cast<uint32_t>(w.first));
+        cuda::st_shared_b32(scratch + 12 * n + 4, static_cast<uint32_t>(w.count));
+        cuda::st_shared_b32(scratch + 12 * n + 8, static_cast<uint32_t>(w.rot));
+    }
+    if (bar == 0) __syncthreads(); else cuda::named_barrier_sync(bar, threads);
+    const auto walks = [scratch](int n) {
+        const uint32_t at = scratch + 12 * n;
+        return BwdWalk{static_cast<int>(cuda::ld_shared_b32(at)), static_cast<int>(cuda::ld_shared_b32(at + 4)),
+                       static_cast<int>(cuda::ld_shared_b32(at + 8))};
+    };
+    const uint32_t table = cuda::smem_addr(a.smem) + Tr::kTurnOff;
+    for (int j = tid; j < a.nmb; j += threads)
+        cuda::st_shared_b32(table + 4 * j, static_cast<uint32_t>(bwd_turn(walks, seq_blocks, a.nb, a.mb_first + j)));
+    if (bar == 0) __syncthreads(); else cuda::named_barrier_sync(bar, threads);  // the table, and scratch free again
 }
 
 // One thread: the key block's K and V tiles, once per CTA, by TMA on kv_full.
@@ -937,11 +959,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
     for (int i = 0; i < Tr::kDW / 2; ++i) dK[i] = dV[i] = 0.f;
 
-    const RowRange rows = visible_rows<Tr>(p, a);
-    if (rows.lo <= rows.hi) {
-        a.mb_first = static_cast<int>(rows.lo / kBwdBM);
-        a.nmb = static_cast<int>(rows.hi / kBwdBM) - a.mb_first + 1;
-        a.rot = walk_rotation(p, a.nb, bwd_key_blocks<Tr>(p), a.nmb);
+    if (set_walk<Tr>(p, a)) {
+        // the split layout's deterministic mode: its turns, staged in the P^T / dS^T pages
+        if (kDet && p.grid_order == kKeysRotated)
+            build_turn_table<Tr>(p, a, threadIdx.x, kBwdThreads, 0, cuda::smem_addr(a.smem) + Tr::kDSOff);
         const int nsteps = p.group * a.nmb;
         if (threadIdx.x == 0) load_k_v<Tr>(p, &tm_k, &tm_v, a);
         // Prologue: the first kStages - 1 steps (fresh buffers: no release to wait for).
@@ -980,7 +1001,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             else
                 warpgroup_sync(wg);
             cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
-            step_compute<Tr, E, kDet>(p, a, s, st, ws.m, buf, wg, dK, dV);
+            step_compute<Tr, E, kDet>(p, a, s, st, buf, wg, dK, dV);
         }
         if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) cuda::bulk_wait_all();  // the last reduction, before shared memory goes away
     }
@@ -1038,9 +1059,8 @@ __device__ __forceinline__ void write_dq_det(const BwdParams &p, const BwdBlock 
         cuda::mbar_wait_s(full0 + 8 * slot, static_cast<uint32_t>((s >> 1) & 1));
         if (lane == 0) {
             const BwdStep st = bwd_step(p, a, s);
-            const int *sem = turn_sem(p, a, st);
-            const int before = static_cast<int>(cuda::ld_shared_b32(cuda::smem_addr(&a.bars->dq_before[slot])));
-            while (cuda::ld_acquire_gpu(sem) != before) {
+            const BwdTurn turn = turn_of<Tr>(p, a, st);
+            while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
             }
             fence_proxy_async_global();  // the predecessors' adds, before this one
             bulk_reduce_add_f32(dq_rows(p, a, st), s_dq0 + slot * Tr::kDQBytes, dq_bytes(p, a, st));
@@ -1081,7 +1101,7 @@ __device__ __forceinline__ void det_consume(const BwdParams &p, const BwdBlock &
         cuda::cp_async_wait<Tr::kStages - 1>();  // this step's rows, from this thread ...
         warpgroup_sync(wg);                      // ... and from every thread of the warpgroup
         cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
-        step_compute<Tr, E, true>(p, a, s, st, ws.m, buf, wg, dK, dV);
+        step_compute<Tr, E, true>(p, a, s, st, buf, wg, dK, dV);
     }
 }
 
@@ -1114,23 +1134,14 @@ __global__ void __launch_bounds__(kBwdDetThreads, 1)
     }
     __syncthreads();
 
-    const RowRange rows = visible_rows<Tr>(p, a);
-    const bool any = rows.lo <= rows.hi;
-    int nsteps = 0;
-    if (any) {
-        a.mb_first = static_cast<int>(rows.lo / kBwdBM);
-        a.nmb = static_cast<int>(rows.hi / kBwdBM) - a.mb_first + 1;
-        nsteps = p.group * a.nmb;
-    }
-    // a.rot is set per role, after its setmaxnreg, as the forward's schedule is: values live across
-    // the producer's setmaxnreg.dec compete for its 24 registers (not measured on its own here).
+    const bool any = set_walk<Tr>(p, a);
+    const int nsteps = p.group * a.nmb;
     static_assert(setmaxnreg_split_fits(kBwdProducerRegs, kBwdConsumerRegs) && kThreads == kBwdDetThreads,
                   "the backward's register split exceeds the launch's");
     if (threadIdx.x < 128) {
         cuda::setmaxnreg_dec<kBwdProducerRegs>();
         const int warp = threadIdx.x / 32;
         if (!any) return;
-        a.rot = walk_rotation(p, a.nb, bwd_key_blocks<Tr>(p), a.nmb);
         if (warp == 0) {
             if (threadIdx.x == 0) produce_q_do<Tr>(p, &tm_q, &tm_k, &tm_v, &tm_do, a, nsteps);
         } else if (warp == 1) {
@@ -1144,7 +1155,9 @@ __global__ void __launch_bounds__(kBwdDetThreads, 1)
 #pragma unroll
     for (int i = 0; i < Tr::kDW / 2; ++i) dK[i] = dV[i] = 0.f;
     if (any) {
-        a.rot = walk_rotation(p, a.nb, bwd_key_blocks<Tr>(p), a.nmb);
+        // the turns, staged in the dQ slots (first written at the end of step 0)
+        if (p.grid_order == kKeysRotated)
+            build_turn_table<Tr>(p, a, threadIdx.x - 128, 256, kBwdDetConsumerBar, cuda::smem_addr(a.smem) + Tr::kDQOff);
         det_consume<Tr, E>(p, a, nsteps, wg, dK, dV);
     }
     store_dk_dv<Tr, E>(p, a, wg, dK, dV);

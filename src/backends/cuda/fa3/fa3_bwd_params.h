@@ -54,6 +54,9 @@ constexpr int kBwdDetThreads = 384;  // deterministic mode: the producer warpgro
 constexpr int kBwdProducerRegs = 24;
 constexpr int kBwdConsumerRegs = 240;
 constexpr int kBwdMaxStages = 3;  // Q / dO / LSE / row_dot buffers (bwd_stages)
+// The deterministic mode's keys-rotated turns: one int per query block of a CTA's walk, in the
+// barriers' padded kilobyte (fa3_bwd_kernel.cuh, build_turn_table); longer walks take ascending turns.
+constexpr int kBwdTurnTableMax = 224;
 
 // Compiled head dims of the backward (rows of fa3_head_dims.h). Up to 128, dK and dV of a
 // warpgroup's 64 keys over the padded head dim live in registers (kD / 2 + kD / 2 per thread,

@@ -1,6 +1,7 @@
-// The FA3 backward's keys-rotated walk and the deterministic mode's turns under it (fa3_bwd_kernel.cuh
-// walk_rotation, turn_of). Plain constexpr C++ without CUDA headers, so that a CPU test
-// (tests/unit/test_fa3_bwd_turns.cpp) checks the same code the kernels run.
+// The FA3 backward's walks over query blocks and the deterministic mode's turns under them
+// (fa3_bwd_kernel.cuh: key_walk, walk_step, turn_of, build_turn_table). Plain constexpr C++
+// without CUDA headers, so that a CPU test (tests/unit/test_fa3_bwd_turns.cpp) checks the same
+// code the kernels run.
 #pragma once
 
 #include <cstdint>
@@ -8,31 +9,57 @@
 namespace flashattn {
 namespace fa3 {
 
-// kKeysRotated: key block nb of nkb starts its walk over nmb query blocks at block r(nb) =
-// floor(nb nmb / nkb) (nondecreasing in nb), so that the key blocks of a pair resident together
-// add into different dQ rows.
-constexpr int bwd_rotation(int nb, int nkb, int nmb) {  // nkb > 0
-    return static_cast<int>(static_cast<int64_t>(nb) * nmb / nkb);
+// kKeysRotated: key block nb of nkb starts its walk over its nmb query blocks at block r(nb) =
+// floor(nb nmb / nkb), so that the key blocks of a pair resident together add into different dQ
+// rows (nkb > 0).
+constexpr int bwd_rotation(int nb, int nkb, int nmb) { return static_cast<int>(static_cast<int64_t>(nb) * nmb / nkb); }
+
+// The query blocks a key block visits, in walk order: blocks first .. first + count - 1 (count 0:
+// none), starting at first + rot and wrapping around.
+struct BwdWalk {
+    int first, count, rot;
+};
+
+// Key block nb (keys nb kbn .. min((nb + 1) kbn, sk) - 1) of a sequence with sq queries and sk keys:
+// key j is visible to row i iff i + off - left <= j <= i + off + right (device/mask.cuh), so the rows
+// that see one of its keys are [n0 - off - right, n_hi - off + left] within [0, sq), in blocks of
+// bm rows. rotated: the walk starts at bwd_rotation (nkb: the grid's key blocks per pair).
+constexpr BwdWalk bwd_walk(int nb, int kbn, int bm, int sq, int sk, int64_t off, int64_t left, int64_t right,
+                           int nkb, bool rotated) {
+    const int64_t n0 = static_cast<int64_t>(nb) * kbn;
+    const int64_t n_hi = (n0 + kbn < sk ? n0 + kbn : sk) - 1;
+    const int64_t lo_raw = n0 - off - right, hi_raw = n_hi - off + left;
+    const int64_t lo = lo_raw > 0 ? lo_raw : 0, hi = hi_raw < sq - 1 ? hi_raw : sq - 1;
+    if (lo > hi) return BwdWalk{0, 0, 0};
+    const int first = static_cast<int>(lo / bm), count = static_cast<int>(hi / bm) - first + 1;
+    return BwdWalk{first, count, rotated ? bwd_rotation(nb, nkb, count) : 0};
 }
 
-// The deterministic mode's turn under kKeysRotated (no mask: each of the sequence's seq_blocks
-// key blocks visits every one of the nmb query blocks): key block n reaches query block q at step
-// t_n(q) = (q - r(n)) mod nmb of its head's walk, and the adds into q go in the order of (t, n).
-// Returns how many key blocks add into q before key block nb, which reaches it at step t (q =
-// (t + rot) mod nmb, rot = r(nb)): those whose r lies in the cyclic range (q - t, q], and those
-// with r = rot and a lower index. 32-bit arithmetic: finalize takes this order only where
-// nmb x nkb < 2^31. tests/unit/test_fa3_bwd_turns.cpp checks it against the order it defines.
-constexpr int bwd_rotated_turn(int t, int q, int nb, int rot, int nmb, int nkb, int seq_blocks) {
-    // below(x): how many key blocks have r(n) <= x (r(n) <= x <=> n < (x + 1) nkb / nmb)
-    auto below = [&](int x) {
-        if (x < 0) return 0;
-        const int n = static_cast<int>((static_cast<uint32_t>(x + 1) * static_cast<uint32_t>(nkb) +
-                                        static_cast<uint32_t>(nmb) - 1) / static_cast<uint32_t>(nmb));
-        return n < seq_blocks ? n : seq_blocks;
-    };
-    const int lo = q - t + 1;
-    const int earlier = lo >= 0 ? below(q) - below(lo - 1) : below(q) + below(nmb - 1) - below(nmb + lo - 1);
-    return earlier + nb - below(rot - 1);
+// The step of its head's walk at which w reaches query block q (first <= q < first + count).
+constexpr int bwd_walk_step(const BwdWalk &w, int q) {
+    const int t = q - w.first - w.rot;
+    return t < 0 ? t + w.count : t;
+}
+// ... and the query block it reaches at step t (0 <= t < count): what the kernels' walk_step does.
+constexpr int bwd_walk_block(const BwdWalk &w, int t) {
+    const int m = t + w.rot;
+    return w.first + (m >= w.count ? m - w.count : m);
+}
+
+// The deterministic mode's turn (keys-rotated grid): the adds into query block q go in the order
+// in which the walks reach it, by step, then by key block. Returns how many of the seq_blocks key
+// blocks add into q before key block nb (which visits q). walks(n): key block n's BwdWalk.
+template <class Walks>
+constexpr int bwd_turn(const Walks &walks, int seq_blocks, int nb, int q) {
+    const int t = bwd_walk_step(walks(nb), q);
+    int before = 0;
+    for (int n = 0; n < seq_blocks; ++n) {
+        const BwdWalk w = walks(n);
+        if (q < w.first || q >= w.first + w.count) continue;
+        const int tn = bwd_walk_step(w, q);
+        before += (tn < t || (tn == t && n < nb)) ? 1 : 0;
+    }
+    return before;
 }
 
 }  // namespace fa3
