@@ -670,11 +670,15 @@ __device__ __forceinline__ void dkv_and_dq_bulk(const BwdParams &p, const BwdBlo
 
 // dQ += dS K_w from registers: vector reductions into the fp32 accumulator, one 64-column page
 // of the warpgroup's columns at a time (dq_page_gemm). The split layout in both modes (no room for
-// an fp32 tile; head dim 64's default mode used it until stop 29). kDet: the CTA's adds take the key block's turn (turn_of):
-// thread 0 waits for it, the whole CTA meets, every thread adds and fences, the CTA meets again
-// and thread 0 moves the counter on.
+// an fp32 tile; head dim 64's default mode used it until stop 29). kDet: the CTA's adds take the
+// key block's turn (turn_of): page 0's GEMM is issued first and runs (with dV and dK's) while
+// thread 0 polls for the turn; the CTA meets, every thread adds. Returns the turn's counter
+// (kDet, else nullptr), which thread 0 moves on only after the CTA's next barrier (release_turn):
+// the barrier orders every thread's adds before thread 0's release at GPU scope, so no thread
+// waits on a fence for its own adds (until stop 31 each did, then a CTA barrier, then the add:
+// an L2 round trip and a barrier inside every step).
 template <class Tr, class E, bool kDet>
-__device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
+__device__ __forceinline__ int *accumulate_dq_red(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
                                                   uint32_t s_ds, uint32_t s_k) {
     static_assert(Tr::kSplit, "the other layouts have an fp32 dQ tile (bwd_bulk_dq)");
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
@@ -688,6 +692,8 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
         rows[h] = p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + (row_ok[h] ? qpos : 0)) *
                                    p.head_dim + col0 + 2 * t;
     }
+    float acc[32];
+    dq_page_issue<Tr, E>(acc, s_ds, s_k + (col0 / 64) * Tr::kKPage);
     BwdTurn turn{nullptr, 0};
     if constexpr (kDet) {
         if (threadIdx.x == 0) {
@@ -697,10 +703,11 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
         }
         __syncthreads();
     }
+    cuda::wgmma_wait<0>();
+    cuda::fence_operands(acc);
 #pragma unroll
     for (int pg = 0; pg < Tr::kWPages; ++pg) {
-        float acc[32];
-        dq_page_gemm<Tr, E>(acc, s_ds, s_k + (col0 / 64 + pg) * Tr::kKPage);
+        if (pg > 0) dq_page_gemm<Tr, E>(acc, s_ds, s_k + (col0 / 64 + pg) * Tr::kKPage);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const int col = 64 * pg + 8 * j;  // + 2t: head_dim is a multiple of 8, the pair is in or out
@@ -710,11 +717,14 @@ __device__ __forceinline__ void accumulate_dq_red(const BwdParams &p, const BwdB
                 if (row_ok[h]) cuda::red_add_f32x2(rows[h] + col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
         }
     }
-    if constexpr (kDet) {
-        __threadfence();  // this thread's adds are performed before the counter moves
-        __syncthreads();
-        if (threadIdx.x == 0) atomicAdd(turn.sem, 1);
-    }
+    return turn.sem;
+}
+
+// Thread 0 moves a turn's counter on (accumulate_dq_red's), after a CTA barrier that followed
+// every thread's adds: a release at GPU scope, cumulative over the adds the barrier ordered
+// before it (as CUTLASS's split-K semaphore releases after __syncthreads).
+__device__ __forceinline__ void release_turn(int *sem) {
+    if (threadIdx.x == 0 && sem != nullptr) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
 }
 
 // The deterministic kernel's dV, dK and dQ of step s, after the consumers' barrier (both dS^T
@@ -761,9 +771,13 @@ __device__ __forceinline__ void ds_page_free(const BwdBlock &a, int s) {
 // deterministic kernel (kDet) hands it to the dQ writer warp through its shared-memory slot (the
 // split layout: red in turns). The split layout meets the other warpgroup (a CTA barrier) once its
 // half of P^T and dS^T is in shared memory, and reads both halves back for dV, dK and dQ.
+//
+// The split layout's deterministic mode: `held`, the previous step's turn (thread 0's), is released
+// once this step's S and dP GEMMs are issued (the loop's CTA barrier came after its adds); the
+// step returns its own turn to hold (nullptr otherwise).
 template <class Tr, class E, bool kDet>
-__device__ __forceinline__ void step_compute(const BwdParams &p, const BwdBlock &a, int s, BwdStep st, int buf, int wg,
-                                             float (&dK)[Tr::kDW / 2], float (&dV)[Tr::kDW / 2]) {
+__device__ __forceinline__ int *step_compute(const BwdParams &p, const BwdBlock &a, int s, BwdStep st, int buf, int wg,
+                                             float (&dK)[Tr::kDW / 2], float (&dV)[Tr::kDW / 2], int *held) {
     const uint32_t base = cuda::smem_addr(a.smem);
     const uint32_t s_k = base + Tr::kKOff + Tr::kKeyW * wg * 128, s_v = base + Tr::kVOff + Tr::kKeyW * wg * 128;
     const uint32_t s_q = base + Tr::kQOff + buf * 2 * Tr::kQBytes, s_do = s_q + Tr::kQBytes;
@@ -774,6 +788,7 @@ __device__ __forceinline__ void step_compute(const BwdParams &p, const BwdBlock 
 
     float S[Tr::kQN / 2], dP[Tr::kQN / 2];
     scores_and_dp_issue<Tr, E>(S, dP, s_k, s_v, s_q + q_rows, s_do + q_rows);
+    if constexpr (kDet && Tr::kSplit) release_turn(held);
     const bool unmasked = warp_unmasked<Tr>(p, a, st, wg, s_rows);
     cuda::wgmma_wait<0>();
     cuda::fence_operands(S);
@@ -807,11 +822,13 @@ __device__ __forceinline__ void step_compute(const BwdParams &p, const BwdBlock 
         dkv_and_dq_bulk<Tr, E>(p, a, st, wg, dK, dV, Pf, dSf, s_q, s_do, s_ds, s_k, s_dq);
     }
     // (dQ went with dV and dK above: dkv_and_dq_bulk, det_dkv_and_dq)
-    if constexpr (Tr::kSplit) accumulate_dq_red<Tr, E, kDet>(p, a, st, wg, s_ds, base + Tr::kKOff);
+    int *turn = nullptr;
+    if constexpr (Tr::kSplit) turn = accumulate_dq_red<Tr, E, kDet>(p, a, st, wg, s_ds, base + Tr::kKOff);
     cuda::fence_operands(dK);
     cuda::fence_operands(dV);
     __syncwarp();  // every lane's wgmmas reading Q and dO have retired
     if ((threadIdx.x & 31) == 0) cuda::mbar_arrive(&a.bars->qdo_empty[buf]);
+    return turn;
 }
 
 // dK * scale and dV of the thread's two keys (16-bit pairs), zeros where no query saw the key.
@@ -975,6 +992,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             cuda::cp_async_commit();
         }
         cuda::mbar_wait(&a.bars->kv_full, 0);
+        int *held = nullptr;  // the split layout's deterministic mode: the turn thread 0 has yet to release
         WalkPos ws{0, 0}, wr = walk_pos(a, Tr::kStages - 1);  // steps s and r
         for (int s = 0; s < nsteps; ++s, walk_next(a, ws), walk_next(a, wr)) {
             const BwdStep st = walk_step(p, a, ws);
@@ -1001,9 +1019,13 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
             else
                 warpgroup_sync(wg);
             cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
-            step_compute<Tr, E, kDet>(p, a, s, st, buf, wg, dK, dV);
+            held = step_compute<Tr, E, kDet>(p, a, s, st, buf, wg, dK, dV, held);
         }
         if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) cuda::bulk_wait_all();  // the last reduction, before shared memory goes away
+        if constexpr (kDet && Tr::kSplit) {
+            __syncthreads();  // the last step's adds, before its turn moves on
+            release_turn(held);
+        }
     }
     store_dk_dv<Tr, E>(p, a, wg, dK, dV);
 }
@@ -1101,7 +1123,7 @@ __device__ __forceinline__ void det_consume(const BwdParams &p, const BwdBlock &
         cuda::cp_async_wait<Tr::kStages - 1>();  // this step's rows, from this thread ...
         warpgroup_sync(wg);                      // ... and from every thread of the warpgroup
         cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
-        step_compute<Tr, E, true>(p, a, s, st, buf, wg, dK, dV);
+        step_compute<Tr, E, true>(p, a, s, st, buf, wg, dK, dV, nullptr);
     }
 }
 
