@@ -1018,8 +1018,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                 __syncthreads();
             else
                 warpgroup_sync(wg);
+            if constexpr (kDet && Tr::kSplit) release_turn(held);  // the barrier above followed its adds
             cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
-            held = step_compute<Tr, E, kDet>(p, a, s, st, buf, wg, dK, dV, held);
+            held = step_compute<Tr, E, kDet>(p, a, s, st, buf, wg, dK, dV, nullptr);
         }
         if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) cuda::bulk_wait_all();  // the last reduction, before shared memory goes away
         if constexpr (kDet && Tr::kSplit) {
