@@ -771,13 +771,11 @@ __device__ __forceinline__ void ds_page_free(const BwdBlock &a, int s) {
 // deterministic kernel (kDet) hands it to the dQ writer warp through its shared-memory slot (the
 // split layout: red in turns). The split layout meets the other warpgroup (a CTA barrier) once its
 // half of P^T and dS^T is in shared memory, and reads both halves back for dV, dK and dQ.
-//
-// The split layout's deterministic mode: `held`, the previous step's turn (thread 0's), is released
-// once this step's S and dP GEMMs are issued (the loop's CTA barrier came after its adds); the
-// step returns its own turn to hold (nullptr otherwise).
+// Returns the split layout's deterministic turn for bwd_kernel's thread 0 to release after the
+// loop's next CTA barrier (nullptr otherwise).
 template <class Tr, class E, bool kDet>
 __device__ __forceinline__ int *step_compute(const BwdParams &p, const BwdBlock &a, int s, BwdStep st, int buf, int wg,
-                                             float (&dK)[Tr::kDW / 2], float (&dV)[Tr::kDW / 2], int *held) {
+                                             float (&dK)[Tr::kDW / 2], float (&dV)[Tr::kDW / 2]) {
     const uint32_t base = cuda::smem_addr(a.smem);
     const uint32_t s_k = base + Tr::kKOff + Tr::kKeyW * wg * 128, s_v = base + Tr::kVOff + Tr::kKeyW * wg * 128;
     const uint32_t s_q = base + Tr::kQOff + buf * 2 * Tr::kQBytes, s_do = s_q + Tr::kQBytes;
@@ -788,7 +786,6 @@ __device__ __forceinline__ int *step_compute(const BwdParams &p, const BwdBlock 
 
     float S[Tr::kQN / 2], dP[Tr::kQN / 2];
     scores_and_dp_issue<Tr, E>(S, dP, s_k, s_v, s_q + q_rows, s_do + q_rows);
-    if constexpr (kDet && Tr::kSplit) release_turn(held);
     const bool unmasked = warp_unmasked<Tr>(p, a, st, wg, s_rows);
     cuda::wgmma_wait<0>();
     cuda::fence_operands(S);
@@ -1018,9 +1015,12 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
                 __syncthreads();
             else
                 warpgroup_sync(wg);
-            if constexpr (kDet && Tr::kSplit) release_turn(held);  // the barrier above followed its adds
+            // The previous step's turn, released as early as the barrier above allows (stop 31: after
+            // this step's S / dP issue instead, the next key block also waited out the Q / dO wait
+            // below, 3-8 % slower at the masked keys-rotated cells).
+            if constexpr (kDet && Tr::kSplit) release_turn(held);
             cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
-            held = step_compute<Tr, E, kDet>(p, a, s, st, buf, wg, dK, dV, nullptr);
+            held = step_compute<Tr, E, kDet>(p, a, s, st, buf, wg, dK, dV);
         }
         if (Tr::kBulkDQ && (threadIdx.x & 127) == 0) cuda::bulk_wait_all();  // the last reduction, before shared memory goes away
         if constexpr (kDet && Tr::kSplit) {
@@ -1124,7 +1124,7 @@ __device__ __forceinline__ void det_consume(const BwdParams &p, const BwdBlock &
         cuda::cp_async_wait<Tr::kStages - 1>();  // this step's rows, from this thread ...
         warpgroup_sync(wg);                      // ... and from every thread of the warpgroup
         cuda::mbar_wait(&a.bars->qdo_full[buf], ring_phase<Tr>(s));
-        step_compute<Tr, E, true>(p, a, s, st, buf, wg, dK, dV, nullptr);
+        step_compute<Tr, E, true>(p, a, s, st, buf, wg, dK, dV);
     }
 }
 
