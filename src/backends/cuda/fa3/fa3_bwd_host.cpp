@@ -92,17 +92,18 @@ int default_grid_order(const Problem &p) {
 // running together, seldom wait for each other; each CTA counts its turns into a table of
 // kBwdTurnTableMax entries (so at most that many query blocks), and the pair's key blocks must
 // fit one wave (one CTA per SM): a turn waits only for key blocks of its own pair at lower steps,
-// which the in-order dispatch then guarantees to make progress. Under a mask only up to 2k keys:
-// the walks' lengths then differ, and past 2k the turns wait more than they save (stop 31, call 2,
-// H200 bf16, rotated / ascending: causal 1k 1.06-1.22x, 2k 1.01-1.16x, 4k 0.86-1.0x, 8k d64 0.82x;
-// without a mask 1.08-1.48x up to the default's limits). FLASHATTN_FA3_BWD_DET_ORDER=0 forces heads
-// fastest (a developer's knob).
+// which the in-order dispatch then guarantees to make progress. Under a mask only up to 2k keys
+// (1k in the split layout, head dims above 128): the walks' lengths then differ, and past that the
+// turns wait more than they save (stop 31, call 2, H200 bf16, rotated / ascending: causal 1k
+// 1.06-1.22x, 2k 1.01-1.16x, 4k 0.86-1.0x, 8k d64 0.82x; without a mask 1.08-1.48x up to the
+// default's limits; call 5, once the split layout's turn release moved out of its steps: d256
+// causal 1k 1.08x, 2k 0.90x). FLASHATTN_FA3_BWD_DET_ORDER=0 forces heads fastest (a developer's knob).
 int det_grid_order(const Problem &p, int sm_count) {
     const char *knob = std::getenv("FLASHATTN_FA3_BWD_DET_ORDER");
     if (knob != nullptr && std::string(knob) == "0") return kHeadsFastest;
     const int64_t key_blocks = ceil_div(p.seqlen_k, bwd_block_n(compiled_for(p.head_dim).head_dim));
     const bool fits = key_blocks <= sm_count && ceil_div(p.seqlen_q, kBwdBM) <= kBwdTurnTableMax;
-    const bool turns_pass = !p.has_mask() || p.seqlen_k <= 2048;
+    const bool turns_pass = !p.has_mask() || p.seqlen_k <= (bwd_split(compiled_for(p.head_dim).head_dim) ? 1024 : 2048);
     return fits && turns_pass && default_grid_order(p) == kKeysRotated ? kKeysRotated : kHeadsFastest;
 }
 
