@@ -16,8 +16,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include "backends/cuda/fa3/fa3_bwd_turns.h"
 #include "backends/cuda/host/cuda_host.h"
 #include "backends/cuda/host/bwd_args.h"
+#include "backends/cuda/host/tensor_args.h"
 #include "base/checked_math.h"
 #include "base/status.h"
 
@@ -85,6 +87,14 @@ int default_grid_order(const Problem &p) {
     return p.seqlen_k <= rotated_order_max_keys(p) ? kKeysRotated : kHeadsFastest;
 }
 
+// The key blocks (of the longest sequence) whose walks start at query block 0 (fa3_bwd_turns.h).
+int64_t walks_from_block0(const Problem &p, int kbn, int64_t key_blocks) {
+    const MaskBounds m = mask_bounds(p);
+    const int64_t off = p.top_left ? 0 : p.seqlen_k - p.seqlen_q;
+    return bwd_walks_from_block0(kbn, kBwdBM, static_cast<int>(p.seqlen_q), static_cast<int>(p.seqlen_k), off, m.left,
+                                 m.right, static_cast<int>(key_blocks));
+}
+
 // The deterministic mode's grid order: its dQ adds take turns in a fixed order per query block
 // (fa3_bwd_kernel.cuh, turn_of). Heads fastest (ascending key blocks, earlier CTAs first) is right
 // for any size. Keys rotated, as the default mode where it takes it: the adds into a query block in
@@ -92,18 +102,25 @@ int default_grid_order(const Problem &p) {
 // running together, seldom wait for each other; each CTA counts its turns into a table of
 // kBwdTurnTableMax entries (so at most that many query blocks), and the pair's key blocks must
 // fit one wave (one CTA per SM): a turn waits only for key blocks of its own pair at lower steps,
-// which the in-order dispatch then guarantees to make progress. Under a mask only up to 2k keys
-// (1k in the split layout, head dims above 128): the walks' lengths then differ, and past that the
-// turns wait more than they save (stop 31, call 2, H200 bf16, rotated / ascending: causal 1k
-// 1.06-1.22x, 2k 1.01-1.16x, 4k 0.86-1.0x, 8k d64 0.82x; without a mask 1.08-1.48x up to the
-// default's limits; call 5, once the split layout's turn release moved out of its steps: d256
-// causal 1k 1.08x, 2k 0.90x). FLASHATTN_FA3_BWD_DET_ORDER=0 forces heads fastest (a developer's knob).
+// which the in-order dispatch then guarantees to make progress.
+// Under a mask only up to 2k keys (1k in the split layout, head dims above 128): the walks' lengths
+// differ, and past that the turns wait more than they save (stop 31, call 2, H200 bf16, rotated /
+// ascending: causal 1k 1.06-1.22x, 2k 1.01-1.16x, 4k 0.86-1.0x, 8k d64 0.82x; without a mask
+// 1.08-1.48x up to the default's limits; call 5, once the split layout's turn release moved out of
+// its steps: d256 causal 1k 1.08x, 2k 0.90x). And only while at most a quarter of the key blocks
+// walk from query block 0 (causal with seqlen_k >~ 1.33 seqlen_q, chunked prefill): those walks
+// reach the same query blocks together, and a timing model of the grid (bench/det_order_model.cpp
+// on wip/detkeys) put the rotated order at 0.2-0.65 of the ascending one's speed there; stop 31
+// measured square shapes only, which this leaves rotated.
+// FLASHATTN_FA3_BWD_DET_ORDER=0 forces heads fastest (a developer's knob).
 int det_grid_order(const Problem &p, int sm_count) {
     const char *knob = std::getenv("FLASHATTN_FA3_BWD_DET_ORDER");
     if (knob != nullptr && std::string(knob) == "0") return kHeadsFastest;
-    const int64_t key_blocks = ceil_div(p.seqlen_k, bwd_block_n(compiled_for(p.head_dim).head_dim));
+    const int kd = compiled_for(p.head_dim).head_dim, kbn = bwd_block_n(kd);
+    const int64_t key_blocks = ceil_div(p.seqlen_k, kbn);
     const bool fits = key_blocks <= sm_count && ceil_div(p.seqlen_q, kBwdBM) <= kBwdTurnTableMax;
-    const bool turns_pass = !p.has_mask() || p.seqlen_k <= (bwd_split(compiled_for(p.head_dim).head_dim) ? 1024 : 2048);
+    const bool turns_pass = !p.has_mask() || (p.seqlen_k <= (bwd_split(kd) ? 1024 : 2048) &&
+                                              4 * walks_from_block0(p, kbn, key_blocks) <= key_blocks);
     return fits && turns_pass && default_grid_order(p) == kKeysRotated ? kKeysRotated : kHeadsFastest;
 }
 

@@ -35,6 +35,19 @@ constexpr BwdWalk bwd_walk(int nb, int kbn, int bm, int sq, int sk, int64_t off,
     return BwdWalk{first, count, rotated ? bwd_rotation(nb, nkb, count) : 0};
 }
 
+// How many of a sequence's key blocks walk from query block 0 (the keys every query row sees, as
+// under causal when sk > sq): their walks reach the same query blocks at the same steps unless
+// rotated, so in the deterministic mode their adds queue up. Loops over the sequence's key blocks.
+constexpr int bwd_walks_from_block0(int kbn, int bm, int sq, int sk, int64_t off, int64_t left, int64_t right,
+                                    int nkb) {
+    int n = 0;
+    for (int nb = 0; static_cast<int64_t>(nb) * kbn < sk; ++nb) {
+        const BwdWalk w = bwd_walk(nb, kbn, bm, sq, sk, off, left, right, nkb, false);
+        n += w.count > 0 && w.first == 0 ? 1 : 0;
+    }
+    return n;
+}
+
 // The step of its head's walk at which w reaches query block q (first <= q < first + count).
 constexpr int bwd_walk_step(const BwdWalk &w, int q) {
     const int t = q - w.first - w.rot;

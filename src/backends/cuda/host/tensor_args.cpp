@@ -6,6 +6,13 @@
 
 namespace flashattn {
 
+MaskBounds mask_bounds(const Problem &p) {
+    int64_t right = kUnboundedWindow;
+    if (p.causal) right = 0;
+    if (p.window_right >= 0) right = std::min(right, p.window_right);
+    return MaskBounds{p.window_left >= 0 ? p.window_left : kUnboundedWindow, right};
+}
+
 void fill_tensor_args(const Problem &p, const Tensors &t, TensorArgs *out) {
     TensorArgs a;
     a.q = t.q;
@@ -33,11 +40,9 @@ void fill_tensor_args(const Problem &p, const Tensors &t, TensorArgs *out) {
     constexpr double kLog2e = 1.4426950408889634;
     a.score_log2 = static_cast<float>((p.softcap > 0.0 ? p.softcap : p.scale) * kLog2e);
     a.softcap_scale = p.softcap > 0.0 ? static_cast<float>(p.scale / p.softcap) : 0.f;
-    int64_t right = kUnboundedWindow;
-    if (p.causal) right = 0;
-    if (p.window_right >= 0) right = std::min(right, p.window_right);
-    a.right = right;
-    a.left = p.window_left >= 0 ? p.window_left : kUnboundedWindow;
+    const MaskBounds m = mask_bounds(p);
+    a.right = m.right;
+    a.left = m.left;
     a.right_i = static_cast<int32_t>(std::min<int64_t>(a.right, int64_t(1) << 29));
     a.left_i = static_cast<int32_t>(std::min<int64_t>(a.left, int64_t(1) << 29));
     a.top_left = p.top_left ? 1 : 0;

@@ -69,4 +69,11 @@ struct TensorArgs {
 // Pointers, strides, sizes and the score scaling of one execute call.
 void fill_tensor_args(const Problem &p, const Tensors &t, TensorArgs *out);
 
+// The mask as one key interval per query (TensorArgs::left / right): causal folded into right,
+// absent windows kUnboundedWindow.
+struct MaskBounds {
+    int64_t left, right;
+};
+MaskBounds mask_bounds(const Problem &p);
+
 }  // namespace flashattn
