@@ -119,9 +119,12 @@ int det_grid_order(const Problem &p, int sm_count) {
     const int kd = compiled_for(p.head_dim).head_dim, kbn = bwd_block_n(kd);
     const int64_t key_blocks = ceil_div(p.seqlen_k, kbn);
     const bool fits = key_blocks <= sm_count && ceil_div(p.seqlen_q, kBwdBM) <= kBwdTurnTableMax;
-    const bool turns_pass = !p.has_mask() || (p.seqlen_k <= (bwd_split(kd) ? 1024 : 2048) &&
-                                              4 * walks_from_block0(p, kbn, key_blocks) <= key_blocks);
-    return fits && turns_pass && default_grid_order(p) == kKeysRotated ? kKeysRotated : kHeadsFastest;
+    if (!fits || default_grid_order(p) != kKeysRotated) return kHeadsFastest;
+    if (!p.has_mask()) return kKeysRotated;
+    // (fits: both lengths are small enough for walks_from_block0's int arithmetic)
+    const bool turns_pass = p.seqlen_k <= (bwd_split(kd) ? 1024 : 2048) &&
+                            4 * walks_from_block0(p, kbn, key_blocks) <= key_blocks;
+    return turns_pass ? kKeysRotated : kHeadsFastest;
 }
 
 BwdPlan plan_backward(const Problem &p, int sm_count, WorkspaceLayout *ws) {
