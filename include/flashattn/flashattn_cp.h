@@ -37,6 +37,17 @@
  * flashattn_plan_merge_states(). In the zigzag layout each step's block is one call: the own block
  * (causal square), a block from a lower rank (all local queries against its first chunk, no mask)
  * or a block from a higher rank (the second local chunk against both of its chunks, no mask).
+ *
+ * **Backward** (flashattn_cp_plan_execute_backward(), since 0.3): the same W steps with the
+ * forward's merged O and LSE. Each step runs the core library's backward pass on the block in
+ * hand (flashattn_plan_execute_backward(), so P is recomputed from the global LSE and no N×N
+ * matrix exists): its dQ part is added to the rank's fp32 dQ, its dK / dV parts to fp32
+ * accumulators that travel around the ring with the K/V block, one step behind it, and come home
+ * to their owner after the last step (one more exchange). dQ, dK, dV are written in the plan's
+ * dtype once, at the end, so an error leaves them untouched. Each step's parts are stored in the
+ * plan's dtype before they are added (as the forward's partial outputs are). With
+ * #FLASHATTN_I64_DETERMINISTIC = 1 on the local plan (or on the CPU), two runs are bitwise
+ * identical: the ring adds in a fixed order.
  */
 #ifndef FLASHATTN_CP_H
 #define FLASHATTN_CP_H
@@ -174,6 +185,57 @@ FLASHATTN_API flashattn_status_t flashattn_cp_plan_execute(const flashattn_cp_pl
                                                            const void *const *v, void *const *o,
                                                            float *const *lse, void *workspace,
                                                            size_t workspace_bytes, flashattn_stream_t stream);
+
+/**
+ * @brief Bytes of workspace one backward execute needs (for all the ranks this process plays).
+ *
+ * Host memory for the CPU backend, device memory otherwise; aligned to 256 bytes. Per rank: two
+ * K/V blocks in flight, two fp32 dK / dV accumulators in flight and an fp32 dQ; shared by the
+ * ranks of a process: one step's dQ / dK / dV parts, an LSE slice and the core backward's own
+ * workspace. Separate from flashattn_cp_plan_get_workspace_size(). Since 0.3.
+ * @param plan A finalized plan.
+ * @param[out] bytes Receives the size.
+ * @retval FLASHATTN_SUCCESS
+ * @retval FLASHATTN_ERROR_INVALID_ARGUMENT NULL argument.
+ * @retval FLASHATTN_ERROR_INVALID_STATE the plan is not finalized.
+ * @retval FLASHATTN_ERROR_NOT_SUPPORTED the local plan's backend has no backward pass for this
+ * problem (the message says why; the forward ring still runs).
+ */
+FLASHATTN_API flashattn_status_t flashattn_cp_plan_get_backward_workspace_size(const flashattn_cp_plan_t *plan,
+                                                                               size_t *bytes);
+
+/**
+ * @brief Run the ring backward pass: dQ, dK, dV of every rank's share.
+ *
+ * Each array has one entry per rank this process plays, as for flashattn_cp_plan_execute(); all
+ * tensors are the rank's local ones in the layout above (dO like O, dQ like Q, dK like K, dV like
+ * V, contiguous). Gradients of the loss with respect to the whole sequence's Q, K, V, restricted
+ * to the rank's rows: dK and dV include every rank's queries (GQA: summed over each key/value
+ * head's query group). Since 0.3.
+ *
+ * @param plan A finalized plan.
+ * @param num_ranks W for loopback, 1 for NCCL.
+ * @param q, k, v The forward's inputs.
+ * @param o, lse The forward's outputs (flashattn_cp_plan_execute(); the LSE is required here).
+ * @param dout dO [batch, L, heads_q, head_dim_v].
+ * @param dq, dk, dv Outputs; must not overlap each other, any input or the workspace.
+ * @param workspace, workspace_bytes At least flashattn_cp_plan_get_backward_workspace_size() bytes.
+ * @param stream As for flashattn_cp_plan_execute() (the dK / dV accumulators travel on the plan's
+ * exchange stream too). One execute of a plan at a time.
+ * @retval FLASHATTN_SUCCESS
+ * @retval FLASHATTN_ERROR_INVALID_ARGUMENT a NULL array or tensor, a wrong @p num_ranks, a
+ * misaligned workspace, overlapping outputs, a host pointer for a GPU plan's output, or an
+ * argument the core library refuses (message: flashattn_cp_last_error()).
+ * @retval FLASHATTN_ERROR_INVALID_STATE the plan is not finalized.
+ * @retval FLASHATTN_ERROR_NOT_SUPPORTED no backward pass for this plan (see
+ * flashattn_cp_plan_get_backward_workspace_size()).
+ * @retval FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE too small a workspace.
+ * @retval FLASHATTN_ERROR_DEVICE a kernel, copy or NCCL call failed.
+ */
+FLASHATTN_API flashattn_status_t flashattn_cp_plan_execute_backward(
+    const flashattn_cp_plan_t *plan, int32_t num_ranks, const void *const *q, const void *const *k,
+    const void *const *v, const void *const *o, const void *const *dout, const float *const *lse, void *const *dq,
+    void *const *dk, void *const *dv, void *workspace, size_t workspace_bytes, flashattn_stream_t stream);
 
 /** @} */
 
