@@ -66,6 +66,54 @@ bool overlaps(const void *a, size_t a_bytes, const void *b, size_t b_bytes) {
     return x < y + b_bytes && y < x + a_bytes;
 }
 
+flashattn_status_t check_num_ranks(const flashattn_cp::Ring &ring, int32_t num_ranks) {
+    if (num_ranks != ring.local_ranks())
+        return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "num_ranks: %d, but this plan's process plays %d rank(s)",
+                         static_cast<int>(num_ranks), ring.local_ranks());
+    return FLASHATTN_SUCCESS;
+}
+
+flashattn_status_t check_workspace(const void *workspace, size_t workspace_bytes, size_t need) {
+    if (workspace_bytes < need)
+        return set_error(FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE, "workspace_bytes: %zu, the plan needs %zu",
+                         workspace_bytes, need);
+    if (need > 0 && workspace == nullptr) return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: NULL");
+    if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
+        return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: not aligned to 256 bytes");
+    return FLASHATTN_SUCCESS;
+}
+
+// One argument's per-rank tensors, `bytes` each (the caller's array copied, so arrays of any
+// pointer type are read as what they are).
+struct Tensors {
+    template <typename T>
+    Tensors(T *const *array, const char *tensor_name, size_t tensor_bytes, int ranks)
+        : name(tensor_name), bytes(tensor_bytes), count(ranks), null_array(array == nullptr) {
+        for (int p = 0; p < ranks && array != nullptr; ++p) at[p] = array[p];
+    }
+    const char *name;
+    size_t bytes;
+    int count;
+    bool null_array;
+    const void *at[flashattn_cp::kMaxWorld] = {};
+};
+
+flashattn_status_t check_tensors(const Tensors &t) {
+    if (t.null_array) return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: NULL array", t.name);
+    for (int p = 0; p < t.count; ++p)
+        if (t.at[p] == nullptr) return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s[%d]: NULL tensor", t.name, p);
+    return FLASHATTN_SUCCESS;
+}
+
+// Every tensor of `a` apart from every tensor of `b` (from the others of `a` when b is a).
+flashattn_status_t check_apart(const Tensors &a, const Tensors &b) {
+    for (int p = 0; p < a.count; ++p)
+        for (int r = 0; r < b.count; ++r)
+            if (!(&a == &b && p == r) && overlaps(a.at[p], a.bytes, b.at[r], b.bytes))
+                return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s[%d]: overlaps %s[%d]", a.name, p, b.name, r);
+    return FLASHATTN_SUCCESS;
+}
+
 int64_t local_device(const flashattn_plan_t *local) {
     int64_t device = 0;
     flashattn_plan_get_i64(local, FLASHATTN_I64_DEVICE, &device);  // a finalized plan answers every key
@@ -189,33 +237,62 @@ FLASHATTN_API flashattn_status_t flashattn_cp_plan_execute(const flashattn_cp_pl
     return guarded(__func__, [&, entry = __func__] {
         FLASHATTN_CP_TRY(check_finalized(plan, entry));
         const flashattn_cp::Ring &ring = *plan->ring;
-        if (num_ranks != ring.local_ranks())
-            return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "num_ranks: %d, but this plan's process plays %d rank(s)",
-                             static_cast<int>(num_ranks), ring.local_ranks());
-        const struct {
-            const void *array;
-            const char *name;
-        } arrays[] = {{q, "q"}, {k, "k"}, {v, "v"}, {o, "o"}};
-        for (const auto &a : arrays)
-            if (a.array == nullptr) return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s: NULL array", a.name);
-        for (int p = 0; p < num_ranks; ++p) {
-            if (!q[p] || !k[p] || !v[p] || !o[p])
-                return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s[%d]: NULL tensor",
-                                 !q[p] ? "q" : !k[p] ? "k" : !v[p] ? "v" : "o", p);
-        }
+        FLASHATTN_CP_TRY(check_num_ranks(ring, num_ranks));
+        const int n = num_ranks;
+        const Tensors arrays[] = {{q, "q", 0, n}, {k, "k", 0, n}, {v, "v", 0, n}, {o, "o", 0, n}};
+        for (const Tensors &t : arrays) FLASHATTN_CP_TRY(check_tensors(t));
         const size_t need = ring.workspace_bytes();
-        if (workspace_bytes < need)
-            return set_error(FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE, "workspace_bytes: %zu, the plan needs %zu",
-                             workspace_bytes, need);
-        if (need > 0 && workspace == nullptr) return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: NULL");
-        if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0)
-            return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "workspace: not aligned to 256 bytes");
+        FLASHATTN_CP_TRY(check_workspace(workspace, workspace_bytes, need));
         // Outputs must not overlap the workspace: the core checks each call's own tensors, but not
         // the partials it is handed later.
         for (int p = 0; p < num_ranks; ++p)
             if (overlaps(o[p], 1, workspace, need) || (lse && lse[p] && overlaps(lse[p], 1, workspace, need)))
                 return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "o[%d] or lse[%d]: inside the workspace", p, p);
         return ring.execute(q, k, v, o, lse, static_cast<char *>(workspace), stream);
+    });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_cp_plan_get_backward_workspace_size(const flashattn_cp_plan_t *plan,
+                                                                               size_t *bytes) {
+    return guarded(__func__, [&, entry = __func__] {
+        FLASHATTN_CP_TRY(check_finalized(plan, entry));
+        if (bytes == nullptr) return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "bytes: NULL");
+        FLASHATTN_CP_TRY(plan->ring->backward_supported());
+        *bytes = plan->ring->backward_workspace_bytes();
+        return FLASHATTN_SUCCESS;
+    });
+}
+
+FLASHATTN_API flashattn_status_t flashattn_cp_plan_execute_backward(
+    const flashattn_cp_plan_t *plan, int32_t num_ranks, const void *const *q, const void *const *k,
+    const void *const *v, const void *const *o, const void *const *dout, const float *const *lse, void *const *dq,
+    void *const *dk, void *const *dv, void *workspace, size_t workspace_bytes, flashattn_stream_t stream) {
+    return guarded(__func__, [&, entry = __func__] {
+        FLASHATTN_CP_TRY(check_finalized(plan, entry));
+        const flashattn_cp::Ring &ring = *plan->ring;
+        FLASHATTN_CP_TRY(ring.backward_supported());
+        FLASHATTN_CP_TRY(check_num_ranks(ring, num_ranks));
+        const flashattn_cp::TensorBytes size = ring.tensor_bytes();
+        const int n = num_ranks;
+        const Tensors inputs[] = {{q, "q", size.q, n}, {k, "k", size.k, n},       {v, "v", size.v, n},
+                                  {o, "o", size.o, n}, {dout, "dout", size.o, n}, {lse, "lse", size.lse, n}};
+        const Tensors outputs[] = {{dq, "dq", size.q, n}, {dk, "dk", size.k, n}, {dv, "dv", size.v, n}};
+        for (const Tensors &t : inputs) FLASHATTN_CP_TRY(check_tensors(t));
+        for (const Tensors &t : outputs) FLASHATTN_CP_TRY(check_tensors(t));
+        const size_t need = ring.backward_workspace_bytes();
+        FLASHATTN_CP_TRY(check_workspace(workspace, workspace_bytes, need));
+        // The ring writes the outputs itself, at the end: nothing it reads may lie under them.
+        const Tensors scratch(&workspace, "workspace", need, 1);
+        for (const Tensors &out : outputs) {
+            for (int p = 0; p < n; ++p) FLASHATTN_CP_TRY(ring.transport().check_output(out.at[p], out.name, p));
+            for (const Tensors &other : inputs) FLASHATTN_CP_TRY(check_apart(out, other));
+            for (const Tensors &other : outputs) FLASHATTN_CP_TRY(check_apart(out, other));
+            FLASHATTN_CP_TRY(check_apart(out, scratch));
+        }
+        std::unique_ptr<flashattn_cp::RankGrads[]> ranks(new flashattn_cp::RankGrads[num_ranks]);
+        for (int p = 0; p < num_ranks; ++p)
+            ranks[p] = {q[p], k[p], v[p], o[p], dout[p], lse[p], dq[p], dk[p], dv[p]};
+        return ring.execute_backward(ranks.get(), static_cast<char *>(workspace), stream);
     });
 }
 

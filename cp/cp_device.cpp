@@ -42,19 +42,66 @@ flashattn_status_t DeviceLseScatter::scatter(float *dst, const float *src, size_
     return FLASHATTN_SUCCESS;
 }
 
+flashattn_status_t DeviceTransport::scatter_lse_second_half(float *dst, const float *src, size_t rows, size_t cols,
+                                                            flashattn_stream_t stream) {
+    return scatter_.scatter(dst, src, rows, cols, static_cast<cudaStream_t>(stream));
+}
+
+flashattn_status_t DeviceTransport::gather_lse_second_half(float *dst, const float *src, size_t rows, size_t cols,
+                                                           flashattn_stream_t stream) {
+    const size_t row_bytes = cols * sizeof(float);
+    CP_CUDA(cudaMemcpy2DAsync(dst, row_bytes, src + cols, 2 * row_bytes, row_bytes, rows, cudaMemcpyDeviceToDevice,
+                              static_cast<cudaStream_t>(stream)),
+            "LSE gather");
+    return FLASHATTN_SUCCESS;
+}
+
+// The kernels run on the plan's device whatever the calling thread's current device is (a thread
+// that never touched CUDA has device 0 current).
+flashattn_status_t DeviceTransport::accumulate(float *acc, const void *part, int64_t dtype, const RowRange &rows,
+                                               bool add, flashattn_stream_t stream) {
+    const DeviceScope scope(device_);
+    CP_CUDA(scope.error, "device");
+    CP_CUDA(launch_grad_accumulate(acc, part, dtype, rows, add, static_cast<cudaStream_t>(stream)), "gradient sum");
+    return FLASHATTN_SUCCESS;
+}
+
+flashattn_status_t DeviceTransport::store(void *out, const float *acc, int64_t dtype, size_t count,
+                                          flashattn_stream_t stream) {
+    const DeviceScope scope(device_);
+    CP_CUDA(scope.error, "device");
+    CP_CUDA(launch_grad_store(out, acc, dtype, count, static_cast<cudaStream_t>(stream)), "gradient store");
+    return FLASHATTN_SUCCESS;
+}
+
+flashattn_status_t DeviceTransport::check_output(const void *pointer, const char *name, int rank) const {
+    cudaPointerAttributes attributes{};
+    const cudaError_t error = cudaPointerGetAttributes(&attributes, pointer);
+    if (error != cudaSuccess) {
+        cudaGetLastError();  // an unknown pointer is the caller's mistake, not a sticky error
+        return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s[%d]: not a pointer CUDA knows (%s)", name, rank,
+                         cudaGetErrorString(error));
+    }
+    const bool device_memory = attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+    if (!device_memory || attributes.device != device_)
+        return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "%s[%d]: not device memory of the plan's device %d", name,
+                         rank, device_);
+    return FLASHATTN_SUCCESS;
+}
+
 namespace {
 
 // Every rank's tensors and workspace on the plan's device; everything on the caller's stream, so
 // the copies of an exchange are ordered after the previous step's reads and before the next
-// step's (the ring never receives into a block in hand, cp_ring.cpp).
-class GpuLoopbackTransport final : public Transport {
+// step's (the ring never receives into a block in hand, cp_ring.cpp); both channels are in order.
+class GpuLoopbackTransport final : public DeviceTransport {
 public:
-    GpuLoopbackTransport(int world_size, int device) : world_(world_size), scatter_(device) {}
+    GpuLoopbackTransport(int world_size, int device) : DeviceTransport(device), world_(world_size) {}
     int local_ranks() const override { return world_; }
     int first_rank() const override { return 0; }
 
-    flashattn_status_t start_exchange(const KvBlock *in_hand, const KvSlot *next, size_t k_bytes, size_t v_bytes,
-                                      flashattn_stream_t stream) override {
+    flashattn_status_t start_exchange(Channel, const KvBlock *in_hand, const KvSlot *next, size_t k_bytes,
+                                      size_t v_bytes, flashattn_stream_t stream) override {
         const auto s = static_cast<cudaStream_t>(stream);
         for (int rank = 0; rank < world_; ++rank) {
             const KvBlock &from = in_hand[(rank + world_ - 1) % world_];
@@ -63,17 +110,10 @@ public:
         }
         return FLASHATTN_SUCCESS;
     }
-    flashattn_status_t finish_exchange(flashattn_stream_t) override { return FLASHATTN_SUCCESS; }
-
-    flashattn_status_t prepare(size_t rows, size_t cols) override { return scatter_.prepare(rows, cols); }
-    flashattn_status_t scatter_lse_second_half(float *dst, const float *src, size_t rows, size_t cols,
-                                               flashattn_stream_t stream) override {
-        return scatter_.scatter(dst, src, rows, cols, static_cast<cudaStream_t>(stream));
-    }
+    flashattn_status_t finish_exchange(Channel, flashattn_stream_t) override { return FLASHATTN_SUCCESS; }
 
 private:
     int world_;
-    DeviceLseScatter scatter_;
 };
 
 }  // namespace

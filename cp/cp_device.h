@@ -1,6 +1,8 @@
 // Device-memory helpers of the GPU transports (loopback on one GPU, NCCL): CUDA error reporting,
-// a scope that makes the plan's device current and restores the caller's, and the LSE scatter of
-// a step that only the second local chunk took part in. Compiled only in a CUDA build.
+// a scope that makes the plan's device current and restores the caller's, the LSE scatter of a
+// step that only the second local chunk took part in, and DeviceTransport, the base of both GPU
+// transports, which does the backward's gradient arithmetic (cp_grad.cu's kernels). Compiled
+// only in a CUDA build.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,7 +39,7 @@ struct DeviceScope {
 };
 
 // dst[row] = [-inf × cols, src[row]] for `rows` rows, as two strided device copies from a -inf
-// block kept for the plan's life (no kernel of our own, so this component compiles no CUDA code).
+// block kept for the plan's life.
 class DeviceLseScatter {
 public:
     explicit DeviceLseScatter(int device) : device_(device) {}
@@ -51,6 +53,33 @@ private:
     int device_;
     float *neg_inf_ = nullptr;
     size_t rows_ = 0, cols_ = 0;
+};
+
+// cp_grad.cu: acc (=|+=) part on `rows`, and out = acc rounded to `dtype`, on the current device.
+cudaError_t launch_grad_accumulate(float *acc, const void *part, int64_t dtype, const RowRange &rows, bool add,
+                                   cudaStream_t stream);
+cudaError_t launch_grad_store(void *out, const float *acc, int64_t dtype, size_t count, cudaStream_t stream);
+
+// What the GPU loopback and the NCCL transport share: everything but the exchange.
+class DeviceTransport : public Transport {
+public:
+    explicit DeviceTransport(int device) : device_(device), scatter_(device) {}
+    flashattn_status_t prepare(size_t rows, size_t cols) override { return scatter_.prepare(rows, cols); }
+    flashattn_status_t scatter_lse_second_half(float *dst, const float *src, size_t rows, size_t cols,
+                                               flashattn_stream_t stream) override;
+    flashattn_status_t gather_lse_second_half(float *dst, const float *src, size_t rows, size_t cols,
+                                              flashattn_stream_t stream) override;
+    flashattn_status_t accumulate(float *acc, const void *part, int64_t dtype, const RowRange &rows, bool add,
+                                  flashattn_stream_t stream) override;
+    flashattn_status_t store(void *out, const float *acc, int64_t dtype, size_t count,
+                             flashattn_stream_t stream) override;
+    flashattn_status_t check_output(const void *pointer, const char *name, int rank) const override;
+
+protected:
+    int device_;
+
+private:
+    DeviceLseScatter scatter_;
 };
 
 }  // namespace flashattn_cp

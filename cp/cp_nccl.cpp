@@ -3,7 +3,9 @@
 //   start: comm stream waits for the work enqueued so far on the caller's stream (the previous
 //          step, which last read the slot about to be overwritten); grouped send to rank + 1 and
 //          receive from rank − 1;
-//   finish: the caller's stream waits for the exchange before the next step reads the slot.
+//   finish: the caller's stream waits for the channel's exchange before the next step reads the
+//          slot. The backward's two channels (K/V blocks, dK / dV accumulators) share the comm
+//          stream, in the order they start, but each has its own completion event.
 // Run so far on one GPU only (2026-12-01, H200): a 1-rank communicator, including a send/receive
 // to its own rank (tests/cp/test_cp_nccl.cpp); a ring of several ranks waits for a multi-GPU
 // machine (tests/gpu/cp-multi.sh, issue 23).
@@ -26,14 +28,15 @@ flashattn_status_t nccl_failed(ncclResult_t result, const char *what) {
     } while (0)
 
 // One execute at a time per plan: the events below are the plan's (documented in flashattn_cp.h).
-class NcclTransport final : public Transport {
+class NcclTransport final : public DeviceTransport {
 public:
     NcclTransport(ncclComm_t comm, int world, int rank, int device)
-        : comm_(comm), world_(world), rank_(rank), device_(device), scatter_(device) {}
+        : DeviceTransport(device), comm_(comm), world_(world), rank_(rank) {}
     ~NcclTransport() override {
         const DeviceScope scope(device_);
         if (ready_) cudaEventDestroy(ready_);
-        if (done_) cudaEventDestroy(done_);
+        for (cudaEvent_t done : done_)
+            if (done) cudaEventDestroy(done);
         if (comm_stream_) cudaStreamDestroy(comm_stream_);
     }
 
@@ -49,15 +52,15 @@ public:
         CP_CUDA(scope.error, "device");
         CP_CUDA(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking), "comm stream");
         CP_CUDA(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "event");
-        CP_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "event");
+        for (cudaEvent_t &done : done_) CP_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event");
         return FLASHATTN_SUCCESS;
     }
 
     int local_ranks() const override { return 1; }
     int first_rank() const override { return rank_; }
 
-    flashattn_status_t start_exchange(const KvBlock *in_hand, const KvSlot *next, size_t k_bytes, size_t v_bytes,
-                                      flashattn_stream_t stream) override {
+    flashattn_status_t start_exchange(Channel channel, const KvBlock *in_hand, const KvSlot *next, size_t k_bytes,
+                                      size_t v_bytes, flashattn_stream_t stream) override {
         const auto caller = reinterpret_cast<cudaStream_t>(stream);
         const int to = (rank_ + 1) % world_, from = (rank_ + world_ - 1) % world_;
         CP_CUDA(cudaEventRecord(ready_, caller), "ring exchange");
@@ -70,27 +73,21 @@ public:
         const ncclResult_t end = ncclGroupEnd();  // always closes the group, even after a failure
         CP_NCCL(r, "ring exchange");
         CP_NCCL(end, "ring exchange");
-        CP_CUDA(cudaEventRecord(done_, comm_stream_), "ring exchange");
+        CP_CUDA(cudaEventRecord(done_[static_cast<int>(channel)], comm_stream_), "ring exchange");
         return FLASHATTN_SUCCESS;
     }
 
-    flashattn_status_t finish_exchange(flashattn_stream_t stream) override {
-        CP_CUDA(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(stream), done_, 0), "ring exchange");
+    flashattn_status_t finish_exchange(Channel channel, flashattn_stream_t stream) override {
+        CP_CUDA(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(stream), done_[static_cast<int>(channel)], 0),
+                "ring exchange");
         return FLASHATTN_SUCCESS;
-    }
-
-    flashattn_status_t prepare(size_t rows, size_t cols) override { return scatter_.prepare(rows, cols); }
-    flashattn_status_t scatter_lse_second_half(float *dst, const float *src, size_t rows, size_t cols,
-                                               flashattn_stream_t stream) override {
-        return scatter_.scatter(dst, src, rows, cols, reinterpret_cast<cudaStream_t>(stream));
     }
 
 private:
     ncclComm_t comm_;
-    int world_, rank_, device_;
+    int world_, rank_;
     cudaStream_t comm_stream_ = nullptr;
-    cudaEvent_t ready_ = nullptr, done_ = nullptr;
-    DeviceLseScatter scatter_;
+    cudaEvent_t ready_ = nullptr, done_[kChannels] = {};
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "flashattn/flashattn.h"
@@ -31,6 +32,18 @@ struct KvSlot {
     void *v = nullptr;
 };
 
+// What an exchange carries: the K/V blocks (forward and backward) or, in the backward, the fp32
+// dK / dV accumulators that travel one step behind them. Each has its own completion, so the
+// backward can wait for the accumulators without waiting for the next K/V block.
+enum class Channel { kv = 0, grad = 1 };
+constexpr int kChannels = 2;
+
+// Rows [row_begin, row_begin + row_count) of every batch of a [batch][batch_rows][width] tensor:
+// the rows one backward step's gradient part covers.
+struct RowRange {
+    size_t batch = 0, batch_rows = 0, row_begin = 0, row_count = 0, width = 0;
+};
+
 class Transport {
 public:
     virtual ~Transport() = default;
@@ -39,10 +52,11 @@ public:
     virtual int first_rank() const = 0;
     // Pass each local rank's block in hand to rank + 1 and receive rank − 1's into its slot. The
     // loopback version copies at once; the NCCL version enqueues on its own stream, ordered after
-    // the work enqueued so far on `stream`, and finish_exchange() orders `stream` after it.
-    virtual flashattn_status_t start_exchange(const KvBlock *in_hand, const KvSlot *next, size_t k_bytes,
-                                              size_t v_bytes, flashattn_stream_t stream) = 0;
-    virtual flashattn_status_t finish_exchange(flashattn_stream_t stream) = 0;
+    // the work enqueued so far on `stream`, and finish_exchange() orders `stream` after the
+    // channel's last exchange.
+    virtual flashattn_status_t start_exchange(Channel channel, const KvBlock *in_hand, const KvSlot *next,
+                                              size_t k_bytes, size_t v_bytes, flashattn_stream_t stream) = 0;
+    virtual flashattn_status_t finish_exchange(Channel channel, flashattn_stream_t stream) = 0;
     // dst[row][0 .. cols) = -inf and dst[row][cols .. 2·cols) = src[row][0 .. cols), for `rows` rows:
     // the LSE of a step that only the second local chunk took part in.
     // Called once by finalize with the LSE scatter's sizes (a device transport keeps a -inf row block).
@@ -53,6 +67,26 @@ public:
     }
     virtual flashattn_status_t scatter_lse_second_half(float *dst, const float *src, size_t rows, size_t cols,
                                                        flashattn_stream_t stream) = 0;
+
+    // The backward's arithmetic, where the tensors live:
+    // dst[row][0 .. cols) = src[row][cols .. 2·cols): the LSE of the second local chunk's queries.
+    virtual flashattn_status_t gather_lse_second_half(float *dst, const float *src, size_t rows, size_t cols,
+                                                      flashattn_stream_t stream) = 0;
+    // acc = part (add false) or acc += part (add true) on `rows`; part in `dtype`, acc fp32, both
+    // laid out as [batch][batch_rows][width].
+    virtual flashattn_status_t accumulate(float *acc, const void *part, int64_t dtype, const RowRange &rows,
+                                          bool add, flashattn_stream_t stream) = 0;
+    // out[i] = acc[i] rounded to `dtype`, for `count` elements.
+    virtual flashattn_status_t store(void *out, const float *acc, int64_t dtype, size_t count,
+                                     flashattn_stream_t stream) = 0;
+    // Whether an output the ring writes itself (not through the core) is memory of the right
+    // kind; the core checks the tensors it is handed.
+    virtual flashattn_status_t check_output(const void *pointer, const char *name, int rank) const {
+        (void)pointer;
+        (void)name;
+        (void)rank;
+        return FLASHATTN_SUCCESS;
+    }
 };
 
 // Loopback on the host (CPU-backend plans).

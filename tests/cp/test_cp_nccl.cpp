@@ -110,12 +110,15 @@ void test_transport(ncclComm_t comm) {
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     const KvBlock in_hand{dk, dv};
     const KvSlot next{slot_k, slot_v};
-    for (int round = 0; round < 3; ++round) {  // the events and the stream are reused each step
+    for (int round = 0; round < 4; ++round) {  // the events and the stream are reused each step
+        // Both channels (the backward sends its dK / dV accumulators on the second).
+        const Channel channel = round % 2 ? Channel::grad : Channel::kv;
         cudaMemsetAsync(slot_k, 0xff, k_bytes, stream);
         cudaMemsetAsync(slot_v, 0xff, v_bytes, stream);
-        CHECK(transport->start_exchange(&in_hand, &next, k_bytes, v_bytes, stream) == FLASHATTN_SUCCESS,
+        CHECK(transport->start_exchange(channel, &in_hand, &next, k_bytes, v_bytes, stream) == FLASHATTN_SUCCESS,
               "start_exchange: %s", transport_error);
-        CHECK(transport->finish_exchange(stream) == FLASHATTN_SUCCESS, "finish_exchange: %s", transport_error);
+        CHECK(transport->finish_exchange(channel, stream) == FLASHATTN_SUCCESS, "finish_exchange: %s",
+              transport_error);
         cudaStreamSynchronize(stream);
         CHECK(host_copy(static_cast<uint8_t *>(slot_k), k_bytes) == k, "round %d: K block not received intact", round);
         CHECK(host_copy(static_cast<uint8_t *>(slot_v), v_bytes) == v, "round %d: V block not received intact", round);
@@ -139,7 +142,7 @@ void test_transport(ncclComm_t comm) {
         }
     CHECK(transport->scatter_lse_second_half(ddst, dsrc, rows + 1, cols, stream) == FLASHATTN_ERROR_INTERNAL,
           "scatter of an unprepared size");
-    std::printf("transport: self send/recv of %zu + %zu bytes x3, LSE scatter %zux%zu: checked\n", k_bytes, v_bytes,
+    std::printf("transport: self send/recv of %zu + %zu bytes x4 (both channels), LSE scatter %zux%zu: checked\n", k_bytes, v_bytes,
                 rows, cols);
     transport.reset();
     cudaStreamDestroy(stream);

@@ -38,6 +38,7 @@ static int failures = 0;
 typedef struct {
     int batch, world, local_rows, heads_q, heads_kv, dim, dim_v, causal, dtype;
     double scale, softcap; /* 0: the core's defaults (1/sqrt(dim), no cap) */
+    int deterministic;     /* the local plan's FLASHATTN_I64_DETERMINISTIC (the CPU always is) */
 } Case;
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -118,6 +119,7 @@ static flashattn_plan_t *core_plan(const Case *c, int rows) {
     flashattn_plan_set_i64(plan, FLASHATTN_I64_BACKEND, TEST_BACKEND);
     if (c->scale > 0) flashattn_plan_set_f64(plan, FLASHATTN_F64_SOFTMAX_SCALE, c->scale);
     if (c->softcap > 0) flashattn_plan_set_f64(plan, FLASHATTN_F64_SOFTCAP, c->softcap);
+    flashattn_plan_set_i64(plan, FLASHATTN_I64_DETERMINISTIC, c->deterministic);
     if (flashattn_plan_finalize(plan) != FLASHATTN_SUCCESS) {
         fprintf(stderr, "core finalize: %s\n", flashattn_last_error());
         flashattn_plan_destroy(plan);
@@ -215,14 +217,266 @@ static void reference_row(const Case *c, const void *q, const void *k, const voi
     *lse = max + log(sum);
 }
 
+/* Elements per row and bytes of the [batch, rows] tensors of a case (the LSE [batch, heads_q, rows]). */
+typedef struct {
+    size_t q_row, k_row, v_row, o_row, q, k, v, o, lse;
+} Sizes;
+static Sizes sizes_of(const Case *c, int rows) {
+    Sizes z;
+    const size_t n = (size_t)c->batch * rows, e = elt(c);
+    z.q_row = (size_t)c->heads_q * c->dim;
+    z.k_row = (size_t)c->heads_kv * c->dim;
+    z.v_row = (size_t)c->heads_kv * c->dim_v;
+    z.o_row = (size_t)c->heads_q * c->dim_v;
+    z.q = n * z.q_row * e;
+    z.k = n * z.k_row * e;
+    z.v = n * z.v_row * e;
+    z.o = n * z.o_row * e;
+    z.lse = n * c->heads_q * sizeof(float);
+    return z;
+}
+
+/* Double reference gradients of the whole sequence (loss = sum(O * dO)), written out term by term:
+ * P = softmax(S), dP = dO V^T, dS = P (dP - rowsum(dO * O)), through the softcap's tanh; dK and
+ * dV summed over each key/value head's query group. Outputs zeroed here. */
+static void reference_grads(const Case *c, const void *q, const void *k, const void *v, const void *dout, int S,
+                            double *dq, double *dk, double *dv) {
+    const int group = c->heads_q / c->heads_kv;
+    const double scale = c->scale > 0 ? c->scale : 1.0 / sqrt((double)c->dim);
+    double *p = malloc((size_t)S * sizeof(double)), *chain = malloc((size_t)S * sizeof(double));
+    double *o = malloc((size_t)c->dim_v * sizeof(double));
+    memset(dq, 0, (size_t)c->batch * S * c->heads_q * c->dim * sizeof(double));
+    memset(dk, 0, (size_t)c->batch * S * c->heads_kv * c->dim * sizeof(double));
+    memset(dv, 0, (size_t)c->batch * S * c->heads_kv * c->dim_v * sizeof(double));
+    for (int b = 0; b < c->batch; ++b)
+        for (int h = 0; h < c->heads_q; ++h)
+            for (int i = 0; i < S; ++i) {
+                const int hk = h / group, seen = c->causal ? i + 1 : S;
+                const size_t qi = (((size_t)b * S + i) * c->heads_q + h);
+                double max = -INFINITY, sum = 0, di = 0;
+                for (int j = 0; j < seen; ++j) {
+                    const size_t kj = ((size_t)b * S + j) * c->heads_kv + hk;
+                    double s = 0;
+                    for (int d = 0; d < c->dim; ++d)
+                        s += (double)load(c, q, qi * c->dim + d) * load(c, k, kj * c->dim + d);
+                    s *= scale;
+                    chain[j] = scale;
+                    if (c->softcap > 0) {
+                        const double t = tanh(s / c->softcap);
+                        s = c->softcap * t;
+                        chain[j] = scale * (1 - t * t);
+                    }
+                    p[j] = s;
+                    if (s > max) max = s;
+                }
+                for (int j = 0; j < seen; ++j) sum += (p[j] = exp(p[j] - max));
+                for (int d = 0; d < c->dim_v; ++d) o[d] = 0;
+                for (int j = 0; j < seen; ++j) {
+                    const size_t kj = ((size_t)b * S + j) * c->heads_kv + hk;
+                    p[j] /= sum;
+                    for (int d = 0; d < c->dim_v; ++d) o[d] += p[j] * load(c, v, kj * c->dim_v + d);
+                }
+                for (int d = 0; d < c->dim_v; ++d) di += load(c, dout, qi * c->dim_v + d) * o[d];
+                for (int j = 0; j < seen; ++j) {
+                    const size_t kj = ((size_t)b * S + j) * c->heads_kv + hk;
+                    double dp = 0;
+                    for (int d = 0; d < c->dim_v; ++d) {
+                        const double g = load(c, dout, qi * c->dim_v + d);
+                        dp += g * load(c, v, kj * c->dim_v + d);
+                        dv[kj * c->dim_v + d] += p[j] * g;
+                    }
+                    const double ds = p[j] * (dp - di) * chain[j];
+                    for (int d = 0; d < c->dim; ++d) {
+                        dq[qi * c->dim + d] += ds * load(c, k, kj * c->dim + d);
+                        dk[kj * c->dim + d] += ds * load(c, q, qi * c->dim + d);
+                    }
+                }
+            }
+    free(p);
+    free(chain);
+    free(o);
+}
+
+/* Largest |x| of n doubles (at least 1): gradients' tolerances scale with their size. */
+static double magnitude(const double *x, size_t n) {
+    double m = 1;
+    for (size_t i = 0; i < n; ++i)
+        if (fabs(x[i]) > m) m = fabs(x[i]);
+    return m;
+}
+
+/* One gradient tensor of every rank against the gathered single call (want, global layout) and
+ * the double reference (ref, may be NULL). Returns the largest error against the single call. */
+static double compare_grad(const Case *c, const char *name, const char *what, void *const *got, size_t row_elems,
+                           const void *want, const double *ref, double tol, size_t rank_bytes) {
+    const int W = c->world, L = c->local_rows, S = W * L;
+    double *single = malloc((size_t)c->batch * S * row_elems * sizeof(double));
+    for (size_t i = 0; i < (size_t)c->batch * S * row_elems; ++i) single[i] = load(c, want, i);
+    const double scale = magnitude(ref ? ref : single, (size_t)c->batch * S * row_elems);
+    void *host = malloc(rank_bytes);
+    double worst = 0, worst_ref = 0;
+    for (int r = 0; r < W; ++r) {
+        buffer_download(host, got[r], rank_bytes);
+        for (int b = 0; b < c->batch; ++b)
+            for (int i = 0; i < L; ++i) {
+                const size_t g = ((size_t)b * S + global_row(c, r, i)) * row_elems, l = ((size_t)b * L + i) * row_elems;
+                for (size_t e = 0; e < row_elems; ++e) {
+                    const double x = load(c, host, l + e);
+                    if (!(fabs(x - single[g + e]) <= worst)) worst = fabs(x - single[g + e]); /* NaN sticks */
+                    if (ref && !(fabs(x - ref[g + e]) <= worst_ref)) worst_ref = fabs(x - ref[g + e]);
+                }
+            }
+    }
+    CHECK(worst <= tol * scale, "%s: %s ring vs single call: max error %g > %g", name, what, worst, tol * scale);
+    CHECK(worst_ref <= tol * scale, "%s: %s ring vs double reference: max error %g > %g", name, what, worst_ref,
+          tol * scale);
+    free(single);
+    free(host);
+    return worst / scale;
+}
+
+/* Shards a global [batch, S, row_elems] host tensor into rank r's local rows (host). */
+static void *shard(const Case *c, const void *global, size_t row_bytes, int r) {
+    const int L = c->local_rows, S = c->world * L;
+    char *out = poisoned((size_t)c->batch * L * row_bytes);
+    for (int b = 0; b < c->batch; ++b)
+        for (int i = 0; i < L; ++i)
+            memcpy(out + ((size_t)b * L + i) * row_bytes,
+                   (const char *)global + ((size_t)b * S + global_row(c, r, i)) * row_bytes, row_bytes);
+    return out;
+}
+
+/* The ring backward over the ring forward's own O and LSE (ro, rl) against the core's single
+ * backward call on the gathered sequence (with the single call's O and LSE) and, when asked, the
+ * double reference; then again on the dirty workspace, bitwise the same where the backend is
+ * deterministic. */
+static void run_backward(const Case *c, const char *name, flashattn_plan_t *global, flashattn_cp_plan_t *cp,
+                         const void *q, const void *k, const void *v, const void *o, const float *lse,
+                         void *const *rq, void *const *rk, void *const *rv, void *const *ro, float *const *rl,
+                         int with_reference) {
+    const int W = c->world, L = c->local_rows, S = W * L;
+    const size_t e = elt(c);
+    const Sizes z = sizes_of(c, S);
+    const size_t q_row = z.q_row, k_row = z.k_row, v_row = z.v_row, o_row = z.o_row;
+    const size_t q_bytes = z.q, k_bytes = z.k, v_bytes = z.v, o_bytes = z.o, lse_bytes = z.lse;
+    flashattn_backend_t backend = FLASHATTN_BACKEND_AUTO;
+    const char *reason = NULL;
+    if (flashattn_plan_get_backward_backend(global, &backend, &reason) != FLASHATTN_SUCCESS) {
+        /* No backward in the core for this problem (e.g. head_dim_v != head_dim on a GPU): the
+         * ring must say so too, and keep its forward. */
+        size_t bytes = 0;
+        CHECK(flashattn_cp_plan_get_backward_workspace_size(cp, &bytes) == FLASHATTN_ERROR_NOT_SUPPORTED,
+              "%s: the core has no backward (%s) but the ring claims one", name, flashattn_last_error());
+        printf("%-70s backward not supported by the core: checked the ring says so\n", name);
+        return;
+    }
+    void *dout = poisoned(o_bytes), *want_dq = poisoned(q_bytes), *want_dk = poisoned(k_bytes),
+         *want_dv = poisoned(v_bytes);
+    for (size_t i = 0; i < (size_t)c->batch * S * o_row; ++i) store(c, dout, i, uniform());
+    {
+        size_t ws_bytes = 0;
+        CHECK(flashattn_plan_get_backward_workspace_size(global, &ws_bytes) == FLASHATTN_SUCCESS,
+              "%s: single backward workspace: %s", name, flashattn_last_error());
+        void *ws = buffer_new(ws_bytes), *dq_ = buffer_from(q, q_bytes), *dk_ = buffer_from(k, k_bytes),
+             *dv_ = buffer_from(v, v_bytes), *do_ = buffer_from(o, o_bytes), *ddout = buffer_from(dout, o_bytes),
+             *dl = buffer_from(lse, lse_bytes), *gq = buffer_new(q_bytes), *gk = buffer_new(k_bytes),
+             *gv = buffer_new(v_bytes);
+        CHECK(flashattn_plan_execute_backward(global, dq_, dk_, dv_, do_, ddout, dl, gq, gk, gv, ws, ws_bytes, NULL) ==
+                  FLASHATTN_SUCCESS,
+              "%s: single backward: %s", name, flashattn_last_error());
+        buffer_download(want_dq, gq, q_bytes);
+        buffer_download(want_dk, gk, k_bytes);
+        buffer_download(want_dv, gv, v_bytes);
+        void *all[] = {ws, dq_, dk_, dv_, do_, ddout, dl, gq, gk, gv};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) buffer_free(all[i]);
+    }
+
+    const Sizes local = sizes_of(c, L);
+    const size_t rq_bytes = local.q, rk_bytes = local.k, rv_bytes = local.v;
+    void *rdo[8], *rdq[8], *rdk[8], *rdv[8], *first[3][8];
+    for (int r = 0; r < W; ++r) {
+        void *host = shard(c, dout, o_row * e, r);
+        rdo[r] = buffer_from(host, local.o);
+        free(host);
+        rdq[r] = buffer_new(rq_bytes);
+        rdk[r] = buffer_new(rk_bytes);
+        rdv[r] = buffer_new(rv_bytes);
+    }
+    size_t cp_bytes = 0;
+    flashattn_status_t st = flashattn_cp_plan_get_backward_workspace_size(cp, &cp_bytes);
+    CHECK(st == FLASHATTN_SUCCESS, "%s: cp backward workspace: %s", name, flashattn_cp_last_error());
+    void *cp_ws = buffer_new(cp_bytes);
+    st = flashattn_cp_plan_execute_backward(cp, W, (const void *const *)rq, (const void *const *)rk,
+                                            (const void *const *)rv, (const void *const *)ro,
+                                            (const void *const *)rdo, (const float *const *)rl, rdq, rdk, rdv, cp_ws,
+                                            cp_bytes, NULL);
+    CHECK(st == FLASHATTN_SUCCESS, "%s: cp backward: %s", name, flashattn_cp_last_error());
+
+    double *ref[3] = {NULL, NULL, NULL};
+    if (with_reference) {
+        ref[0] = malloc((size_t)c->batch * S * q_row * sizeof(double));
+        ref[1] = malloc((size_t)c->batch * S * k_row * sizeof(double));
+        ref[2] = malloc((size_t)c->batch * S * v_row * sizeof(double));
+        reference_grads(c, q, k, v, dout, S, ref[0], ref[1], ref[2]);
+    }
+    /* Each step's parts are rounded to the dtype before they are summed: a few roundings more
+     * than the single call's, hence the forward's tolerance relative to the gradient's size. */
+    const double tol = c->dtype == FLASHATTN_DTYPE_BF16 ? 3e-2 : c->dtype == FLASHATTN_DTYPE_FP16 ? 6e-3 : 2e-5;
+    double worst = 0;
+    if (st == FLASHATTN_SUCCESS) {
+        const double errors[3] = {compare_grad(c, name, "dQ", rdq, q_row, want_dq, ref[0], tol, rq_bytes),
+                                  compare_grad(c, name, "dK", rdk, k_row, want_dk, ref[1], tol, rk_bytes),
+                                  compare_grad(c, name, "dV", rdv, v_row, want_dv, ref[2], tol, rv_bytes)};
+        for (int i = 0; i < 3; ++i)
+            if (errors[i] > worst) worst = errors[i];
+    }
+    /* Again on the dirty workspace with poisoned outputs: bitwise the same where deterministic. */
+    const int deterministic = c->deterministic || TEST_BACKEND == FLASHATTN_BACKEND_CPU;
+    if (st == FLASHATTN_SUCCESS && deterministic) {
+        void *const *outs[3] = {rdq, rdk, rdv};
+        const size_t sizes[3] = {rq_bytes, rk_bytes, rv_bytes};
+        for (int t = 0; t < 3; ++t)
+            for (int r = 0; r < W; ++r) {
+                first[t][r] = malloc(sizes[t]);
+                buffer_download(first[t][r], outs[t][r], sizes[t]);
+                buffer_poison(outs[t][r], sizes[t]);
+            }
+        st = flashattn_cp_plan_execute_backward(cp, W, (const void *const *)rq, (const void *const *)rk,
+                                                (const void *const *)rv, (const void *const *)ro,
+                                                (const void *const *)rdo, (const float *const *)rl, rdq, rdk, rdv,
+                                                cp_ws, cp_bytes, NULL);
+        CHECK(st == FLASHATTN_SUCCESS, "%s: cp backward again: %s", name, flashattn_cp_last_error());
+        for (int t = 0; t < 3; ++t)
+            for (int r = 0; r < W; ++r) {
+                void *again = malloc(sizes[t]);
+                buffer_download(again, outs[t][r], sizes[t]);
+                CHECK(st != FLASHATTN_SUCCESS || memcmp(again, first[t][r], sizes[t]) == 0,
+                      "%s: rank %d: %s differs between two runs", name, r, t == 0 ? "dQ" : t == 1 ? "dK" : "dV");
+                free(again);
+                free(first[t][r]);
+            }
+    }
+    printf("%-70s backward ring-vs-single %.2e (relative)%s\n", name, worst, deterministic ? ", rerun bitwise" : "");
+    for (int i = 0; i < 3; ++i) free(ref[i]);
+    buffer_free(cp_ws);
+    for (int r = 0; r < W; ++r) {
+        buffer_free(rdo[r]);
+        buffer_free(rdq[r]);
+        buffer_free(rdk[r]);
+        buffer_free(rdv[r]);
+    }
+    free(dout);
+    free(want_dq);
+    free(want_dk);
+    free(want_dv);
+}
+
 static void run_case(const Case *c, int with_reference) {
     const int W = c->world, L = c->local_rows, S = W * L;
     const size_t e = elt(c);
-    const size_t q_row = (size_t)c->heads_q * c->dim, k_row = (size_t)c->heads_kv * c->dim,
-                 v_row = (size_t)c->heads_kv * c->dim_v, o_row = (size_t)c->heads_q * c->dim_v;
-    const size_t q_bytes = (size_t)c->batch * S * q_row * e, k_bytes = (size_t)c->batch * S * k_row * e,
-                 v_bytes = (size_t)c->batch * S * v_row * e, o_bytes = (size_t)c->batch * S * o_row * e,
-                 lse_bytes = (size_t)c->batch * c->heads_q * S * sizeof(float);
+    const Sizes z = sizes_of(c, S);
+    const size_t q_row = z.q_row, k_row = z.k_row, v_row = z.v_row, o_row = z.o_row;
+    const size_t q_bytes = z.q, k_bytes = z.k, v_bytes = z.v, o_bytes = z.o, lse_bytes = z.lse;
     char name[160];
     snprintf(name, sizeof name, "W=%d L=%d b=%d hq=%d hkv=%d d=%d dv=%d causal=%d dtype=%d scale=%g cap=%g", W, L,
              c->batch, c->heads_q, c->heads_kv, c->dim, c->dim_v, c->causal, c->dtype, c->scale, c->softcap);
@@ -254,20 +508,13 @@ static void run_case(const Case *c, int with_reference) {
     }
 
     /* Shard by the documented layout (host), then hand the shards to the backend's memory. */
-    const size_t rq_bytes = (size_t)c->batch * L * q_row * e, rk_bytes = (size_t)c->batch * L * k_row * e,
-                 rv_bytes = (size_t)c->batch * L * v_row * e, ro_bytes = (size_t)c->batch * L * o_row * e,
-                 rl_bytes = (size_t)c->batch * c->heads_q * L * sizeof(float);
+    const Sizes shard_sizes = sizes_of(c, L);
+    const size_t rq_bytes = shard_sizes.q, rk_bytes = shard_sizes.k, rv_bytes = shard_sizes.v,
+                 ro_bytes = shard_sizes.o, rl_bytes = shard_sizes.lse;
     void *rq[8], *rk[8], *rv[8], *ro[8], *ho[8];
     float *rl[8], *hl[8];
     for (int r = 0; r < W; ++r) {
-        void *sq = poisoned(rq_bytes), *sk = poisoned(rk_bytes), *sv = poisoned(rv_bytes);
-        for (int b = 0; b < c->batch; ++b)
-            for (int i = 0; i < L; ++i) {
-                const size_t g = (size_t)b * S + global_row(c, r, i), l = (size_t)b * L + i;
-                memcpy((char *)sq + l * q_row * e, (char *)q + g * q_row * e, q_row * e);
-                memcpy((char *)sk + l * k_row * e, (char *)k + g * k_row * e, k_row * e);
-                memcpy((char *)sv + l * v_row * e, (char *)v + g * v_row * e, v_row * e);
-            }
+        void *sq = shard(c, q, q_row * e, r), *sk = shard(c, k, k_row * e, r), *sv = shard(c, v, v_row * e, r);
         rq[r] = buffer_from(sq, rq_bytes);
         rk[r] = buffer_from(sk, rk_bytes);
         rv[r] = buffer_from(sv, rv_bytes);
@@ -339,6 +586,14 @@ static void run_case(const Case *c, int with_reference) {
         free(again);
     }
     printf("%-70s ring-vs-single %.2e%s\n", name, worst, with_reference ? "  (double reference checked)" : "");
+    if (st == FLASHATTN_SUCCESS) {
+        /* The forward's outputs again, with the LSE the backward needs. */
+        st = flashattn_cp_plan_execute(cp, W, (const void *const *)rq, (const void *const *)rk,
+                                       (const void *const *)rv, ro, rl, cp_ws, cp_bytes, NULL);
+        CHECK(st == FLASHATTN_SUCCESS, "%s: cp execute: %s", name, flashattn_cp_last_error());
+    }
+    if (st == FLASHATTN_SUCCESS)
+        run_backward(c, name, global, cp, q, k, v, o, lse, rq, rk, rv, ro, rl, with_reference);
 
     flashattn_cp_plan_destroy(cp);
     buffer_free(cp_ws);
@@ -361,10 +616,18 @@ out_plans:
     free(lse);
 }
 
+/* Every byte of a rank's outputs still the poison: nothing was written. */
+static int untouched(void *const *outs, int n, size_t bytes) {
+    for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < bytes; ++i)
+            if (((const unsigned char *)outs[r])[i] != 0xff) return 0;
+    return 1;
+}
+
 #ifndef CP_TEST_GPU
 /* The argument checks (host buffers: they are refused before anything is read). */
 static void test_bad_arguments(void) {
-    const Case c = {1, 2, 4, 2, 1, 16, 16, 1, FLASHATTN_DTYPE_FP32, 0, 0};
+    const Case c = {1, 2, 4, 2, 1, 16, 16, 1, FLASHATTN_DTYPE_FP32, 0, 0, 0};
     flashattn_plan_t *local = core_plan(&c, 4), *odd = NULL;
     Case odd_case = c;
     odd_case.local_rows = 3;
@@ -466,9 +729,142 @@ static void test_bad_arguments(void) {
     flashattn_plan_destroy(odd);
 }
 
+/* The backward's argument checks: each refused with its status and the argument's name, no
+ * output written. */
+static void test_backward_arguments(void) {
+    const Case c = {1, 2, 4, 2, 1, 16, 16, 1, FLASHATTN_DTYPE_FP32, 0, 0, 0};
+    const size_t q_bytes = 4 * 2 * 16 * 4, kv_bytes = 4 * 1 * 16 * 4, lse_bytes = 2 * 4 * 4;
+    flashattn_plan_t *local = core_plan(&c, 4);
+    flashattn_cp_plan_t *cp = NULL;
+    flashattn_cp_plan_create(&cp);
+    size_t bytes = 0;
+    CHECK(flashattn_cp_plan_get_backward_workspace_size(NULL, &bytes) == FLASHATTN_ERROR_INVALID_ARGUMENT, "NULL plan");
+    CHECK(flashattn_cp_plan_get_backward_workspace_size(cp, &bytes) == FLASHATTN_ERROR_INVALID_STATE,
+          "backward workspace before finalize");
+    flashattn_cp_plan_set_i64(cp, FLASHATTN_CP_I64_WORLD_SIZE, 2);
+    flashattn_cp_plan_set_i64(cp, FLASHATTN_CP_I64_TRANSPORT, FLASHATTN_CP_TRANSPORT_LOOPBACK);
+    CHECK(flashattn_cp_plan_finalize(cp, local) == FLASHATTN_SUCCESS, "finalize: %s", flashattn_cp_last_error());
+    CHECK(flashattn_cp_plan_get_backward_workspace_size(cp, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT &&
+              strstr(flashattn_cp_last_error(), "bytes"),
+          "NULL bytes");
+    CHECK(flashattn_cp_plan_get_backward_workspace_size(cp, &bytes) == FLASHATTN_SUCCESS && bytes > 0,
+          "backward workspace: %s", flashattn_cp_last_error());
+    void *t[9][2]; /* q k v o dout lse dq dk dv, two ranks, each its own allocation */
+    const size_t sizes[9] = {q_bytes, kv_bytes, kv_bytes, q_bytes, q_bytes, lse_bytes, q_bytes, kv_bytes, kv_bytes};
+    for (int i = 0; i < 9; ++i)
+        for (int r = 0; r < 2; ++r) {
+            t[i][r] = poisoned(sizes[i]);
+            if (i < 6) memset(t[i][r], 0, sizes[i]); /* inputs: zeros are finite */
+        }
+    void *ws = poisoned(bytes);
+    const void *in[6][2];
+    for (int i = 0; i < 6; ++i)
+        for (int r = 0; r < 2; ++r) in[i][r] = t[i][r];
+    void *dq[2] = {t[6][0], t[6][1]}, *dk[2] = {t[7][0], t[7][1]}, *dv[2] = {t[8][0], t[8][1]};
+    const float *lse[2] = {(const float *)t[5][0], (const float *)t[5][1]};
+#define BACKWARD(n, q_, dout_, lse_, dq_, dk_, ws_, bytes_) \
+    flashattn_cp_plan_execute_backward(cp, n, q_, in[1], in[2], in[3], dout_, lse_, dq_, dk_, dv, ws_, bytes_, NULL)
+    CHECK(BACKWARD(1, in[0], in[4], lse, dq, dk, ws, bytes) == FLASHATTN_ERROR_INVALID_ARGUMENT &&
+              strstr(flashattn_cp_last_error(), "num_ranks"),
+          "num_ranks 1: %s", flashattn_cp_last_error());
+    CHECK(BACKWARD(2, in[0], NULL, lse, dq, dk, ws, bytes) == FLASHATTN_ERROR_INVALID_ARGUMENT &&
+              strstr(flashattn_cp_last_error(), "dout"),
+          "NULL dout: %s", flashattn_cp_last_error());
+    const float *holey_lse[2] = {lse[0], NULL};
+    CHECK(BACKWARD(2, in[0], in[4], holey_lse, dq, dk, ws, bytes) == FLASHATTN_ERROR_INVALID_ARGUMENT &&
+              strstr(flashattn_cp_last_error(), "lse[1]"),
+          "NULL lse[1]: %s", flashattn_cp_last_error());
+    void *dq_on_q[2] = {t[0][0], dq[1]};
+    CHECK(BACKWARD(2, in[0], in[4], lse, dq_on_q, dk, ws, bytes) == FLASHATTN_ERROR_INVALID_ARGUMENT &&
+              strstr(flashattn_cp_last_error(), "dq[0]: overlaps q[0]"),
+          "dq[0] on q[0]: %s", flashattn_cp_last_error());
+    void *dk_in_dq[2] = {dk[0], (char *)dq[0] + 64}; /* rank 1's dK inside rank 0's dQ */
+    CHECK(BACKWARD(2, in[0], in[4], lse, dq, dk_in_dq, ws, bytes) == FLASHATTN_ERROR_INVALID_ARGUMENT &&
+              strstr(flashattn_cp_last_error(), "overlaps"),
+          "dk[1] inside dq[0]: %s", flashattn_cp_last_error());
+    void *dq_in_ws[2] = {dq[0], (char *)ws + 256};
+    CHECK(BACKWARD(2, in[0], in[4], lse, dq_in_ws, dk, ws, bytes) == FLASHATTN_ERROR_INVALID_ARGUMENT &&
+              strstr(flashattn_cp_last_error(), "workspace"),
+          "dq[1] inside the workspace: %s", flashattn_cp_last_error());
+    CHECK(BACKWARD(2, in[0], in[4], lse, dq, dk, ws, bytes - 1) == FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE,
+          "small workspace");
+    CHECK(BACKWARD(2, in[0], in[4], lse, dq, dk, (char *)ws + 8, bytes) == FLASHATTN_ERROR_INVALID_ARGUMENT &&
+              strstr(flashattn_cp_last_error(), "aligned"),
+          "misaligned workspace: %s", flashattn_cp_last_error());
+    CHECK(untouched(dq, 2, q_bytes) && untouched(dk, 2, kv_bytes) && untouched(dv, 2, kv_bytes),
+          "an output was written by a refused call");
+    CHECK(BACKWARD(2, in[0], in[4], lse, dq, dk, ws, bytes) == FLASHATTN_SUCCESS, "valid call: %s",
+          flashattn_cp_last_error());
+    flashattn_cp_plan_set_i64(cp, FLASHATTN_CP_I64_WORLD_SIZE, 2); /* a setter unfinalizes */
+    CHECK(BACKWARD(2, in[0], in[4], lse, dq, dk, ws, bytes) == FLASHATTN_ERROR_INVALID_STATE, "after a setter");
+#undef BACKWARD
+    /* A local plan whose gradients are strided: the forward ring runs, the backward says why not. */
+    flashattn_plan_t *strided = NULL;
+    flashattn_plan_create(&strided);
+    const int64_t keys[][2] = {{FLASHATTN_I64_BATCH, 1},         {FLASHATTN_I64_SEQLEN_Q, 4},
+                               {FLASHATTN_I64_SEQLEN_K, 4},      {FLASHATTN_I64_HEADS_Q, 2},
+                               {FLASHATTN_I64_HEAD_DIM, 16},     {FLASHATTN_I64_DTYPE, FLASHATTN_DTYPE_FP32},
+                               {FLASHATTN_I64_CAUSAL, 1},        {FLASHATTN_I64_BACKEND, FLASHATTN_BACKEND_CPU},
+                               {FLASHATTN_I64_DQ_ROW_STRIDE, 64}};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; ++i)
+        flashattn_plan_set_i64(strided, (flashattn_i64_param_t)keys[i][0], keys[i][1]);
+    CHECK(flashattn_plan_finalize(strided) == FLASHATTN_SUCCESS, "strided core plan: %s", flashattn_last_error());
+    CHECK(flashattn_cp_plan_finalize(cp, strided) == FLASHATTN_SUCCESS, "finalize with strided dQ: %s",
+          flashattn_cp_last_error());
+    CHECK(flashattn_cp_plan_get_backward_workspace_size(cp, &bytes) == FLASHATTN_ERROR_NOT_SUPPORTED &&
+              strstr(flashattn_cp_last_error(), "dQ"),
+          "strided dQ: %s", flashattn_cp_last_error());
+    CHECK(flashattn_cp_plan_execute_backward(cp, 2, in[0], in[1], in[2], in[3], in[4], lse, dq, dk, dv, ws, bytes,
+                                             NULL) == FLASHATTN_ERROR_NOT_SUPPORTED,
+          "execute with strided dQ");
+    CHECK(flashattn_cp_plan_get_workspace_size(cp, &bytes) == FLASHATTN_SUCCESS, "the forward keeps running");
+    flashattn_plan_destroy(strided);
+    for (int i = 0; i < 9; ++i)
+        for (int r = 0; r < 2; ++r) free(t[i][r]);
+    free(ws);
+    flashattn_cp_plan_destroy(cp);
+    flashattn_plan_destroy(local);
+}
+
 #endif
 
 #ifdef CP_TEST_GPU
+/* The ring writes dQ, dK, dV itself (not through the core, which checks what it is handed): a host
+ * pointer for a GPU plan's output is refused by name, nothing written. */
+static void test_backward_host_output(void) {
+    const Case c = {1, 2, 8, 2, 2, 64, 64, 1, FLASHATTN_DTYPE_FP16, 0, 0, 0};
+    const size_t bytes = 8 * 2 * 64 * 2, lse_bytes = 2 * 8 * 4;
+    flashattn_plan_t *local = core_plan(&c, 8);
+    flashattn_cp_plan_t *cp = NULL;
+    flashattn_cp_plan_create(&cp);
+    flashattn_cp_plan_set_i64(cp, FLASHATTN_CP_I64_WORLD_SIZE, 2);
+    flashattn_cp_plan_set_i64(cp, FLASHATTN_CP_I64_TRANSPORT, FLASHATTN_CP_TRANSPORT_LOOPBACK);
+    CHECK(local && flashattn_cp_plan_finalize(cp, local) == FLASHATTN_SUCCESS, "finalize: %s", flashattn_cp_last_error());
+    size_t ws_bytes = 0;
+    if (flashattn_cp_plan_get_backward_workspace_size(cp, &ws_bytes) == FLASHATTN_SUCCESS) {
+        void *t[8][2], *ws = buffer_new(ws_bytes), *host = poisoned(bytes);
+        for (int i = 0; i < 8; ++i)
+            for (int r = 0; r < 2; ++r) t[i][r] = buffer_new(i == 5 ? lse_bytes : bytes);
+        const void *in[6][2];
+        for (int i = 0; i < 6; ++i)
+            for (int r = 0; r < 2; ++r) in[i][r] = t[i][r];
+        const float *lse[2] = {(const float *)t[5][0], (const float *)t[5][1]};
+        void *dq[2] = {t[6][0], host}, *dkv[2] = {t[7][0], t[7][1]};
+        void *dv[2] = {t[0][0], t[0][1]}; /* never reached: dq[1] is refused first */
+        CHECK(flashattn_cp_plan_execute_backward(cp, 2, in[0], in[1], in[2], in[3], in[4], lse, dq, dkv, dv, ws,
+                                                 ws_bytes, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT &&
+                  strstr(flashattn_cp_last_error(), "dq[1]") && strstr(flashattn_cp_last_error(), "device memory"),
+              "host dq[1]: %s", flashattn_cp_last_error());
+        CHECK(untouched(&host, 1, bytes), "the host output was written");
+        for (int i = 0; i < 8; ++i)
+            for (int r = 0; r < 2; ++r) buffer_free(t[i][r]);
+        buffer_free(ws);
+        free(host);
+    }
+    flashattn_cp_plan_destroy(cp);
+    flashattn_plan_destroy(local);
+}
+
 /* GPU backends: fp16 and bf16, head dims in multiples of 8. */
 static void run_cases(void) {
     int devices = 0;
@@ -476,10 +872,11 @@ static void run_cases(void) {
         printf("no CUDA device: skipped\n");
         exit(77);
     }
+    test_backward_host_output();
     for (int causal = 0; causal <= 1; ++causal) {
-        const Case tiny = {2, 3, 6, 4, 2, 64, 64, causal, FLASHATTN_DTYPE_FP16, 0, 0};
+        const Case tiny = {2, 3, 6, 4, 2, 64, 64, causal, FLASHATTN_DTYPE_FP16, 0, 0, 0};
         run_case(&tiny, 1);
-        const Case capped = {1, 4, 8, 2, 1, 128, 128, causal, FLASHATTN_DTYPE_BF16, 0.07, 1.5};
+        const Case capped = {1, 4, 8, 2, 1, 128, 128, causal, FLASHATTN_DTYPE_BF16, 0.07, 1.5, 1};
         run_case(&capped, 1);
     }
     /* W = 1..8, both layouts, GQA, odd chunk sizes, bf16 hdim 128 and fp16 hdim 64 in turn. */
@@ -488,13 +885,13 @@ static void run_cases(void) {
             const int L = causal ? 2 * (W % 3 + 1) + 4 * (W % 2) + 2 : 3 + 2 * (W % 3);
             const int dim = W % 2 ? 128 : 64;
             const Case c = {1 + W % 2, W, L, 6, W % 2 ? 3 : 2, dim, dim, causal,
-                            W % 2 ? FLASHATTN_DTYPE_BF16 : FLASHATTN_DTYPE_FP16, 0, 0};
+                            W % 2 ? FLASHATTN_DTYPE_BF16 : FLASHATTN_DTYPE_FP16, 0, 0, W % 4 == 1};
             run_case(&c, W <= 3);
         }
     /* Chunks of several kernel tiles (odd c: tile edges inside a chunk), a small V head dim, MQA. */
-    const Case big_causal = {1, 4, 2 * 197, 8, 2, 128, 128, 1, FLASHATTN_DTYPE_BF16, 0, 0};
-    const Case big_plain = {2, 3, 261, 4, 4, 64, 64, 0, FLASHATTN_DTYPE_FP16, 0, 0};
-    const Case mqa = {1, 5, 130, 8, 1, 128, 64, 1, FLASHATTN_DTYPE_BF16, 0, 0};
+    const Case big_causal = {1, 4, 2 * 197, 8, 2, 128, 128, 1, FLASHATTN_DTYPE_BF16, 0, 0, 1};
+    const Case big_plain = {2, 3, 261, 4, 4, 64, 64, 0, FLASHATTN_DTYPE_FP16, 0, 0, 0};
+    const Case mqa = {1, 5, 130, 8, 1, 128, 64, 1, FLASHATTN_DTYPE_BF16, 0, 0, 0};
     run_case(&big_causal, 0);
     run_case(&big_plain, 0);
     run_case(&mqa, 1);
@@ -503,29 +900,30 @@ static void run_cases(void) {
 static void run_cases(void) {
     /* A tiny case against the double reference, both layouts. */
     for (int causal = 0; causal <= 1; ++causal) {
-        const Case tiny = {2, 3, 6, 4, 2, 16, 8, causal, FLASHATTN_DTYPE_FP32, 0, 0};
+        const Case tiny = {2, 3, 6, 4, 2, 16, 8, causal, FLASHATTN_DTYPE_FP32, 0, 0, 0};
         run_case(&tiny, 1);
         /* The scale and the softcap travel from the local plan to the ring's plans. */
-        const Case capped = {1, 4, 4, 2, 1, 16, 16, causal, FLASHATTN_DTYPE_FP32, 0.7, 1.5};
+        const Case capped = {1, 4, 4, 2, 1, 16, 16, causal, FLASHATTN_DTYPE_FP32, 0.7, 1.5, 0};
         run_case(&capped, 1);
     }
     /* W = 1..8, both layouts, GQA, odd chunk sizes (c = L/2 odd when causal), fp32. */
     for (int W = 1; W <= 8; ++W)
         for (int causal = 0; causal <= 1; ++causal) {
             const int L = causal ? 2 * (W % 3 + 1) + 4 * (W % 2) + 2 : 3 + 2 * (W % 3); /* 5..7 rows, chunks 1..7 */
-            const Case c = {1 + W % 2, W, L, 6, W % 2 ? 3 : 2, 24, 16, causal, FLASHATTN_DTYPE_FP32, 0, 0};
+            const Case c = {1 + W % 2, W, L, 6, W % 2 ? 3 : 2, 24, 16, causal, FLASHATTN_DTYPE_FP32, 0, 0, 0};
             run_case(&c, W <= 3);
         }
     /* bf16, MHA and multi-query. */
-    const Case bf16_causal = {2, 4, 10, 4, 4, 32, 32, 1, FLASHATTN_DTYPE_BF16, 0, 0};
-    const Case bf16_mqa = {1, 5, 7, 4, 1, 64, 64, 0, FLASHATTN_DTYPE_BF16, 0, 0};
-    const Case fp16_causal = {1, 6, 6, 8, 2, 40, 24, 1, FLASHATTN_DTYPE_FP16, 0, 0};
-    const Case fp16_plain = {2, 2, 9, 2, 2, 128, 128, 0, FLASHATTN_DTYPE_FP16, 0, 0};
+    const Case bf16_causal = {2, 4, 10, 4, 4, 32, 32, 1, FLASHATTN_DTYPE_BF16, 0, 0, 0};
+    const Case bf16_mqa = {1, 5, 7, 4, 1, 64, 64, 0, FLASHATTN_DTYPE_BF16, 0, 0, 0};
+    const Case fp16_causal = {1, 6, 6, 8, 2, 40, 24, 1, FLASHATTN_DTYPE_FP16, 0, 0, 0};
+    const Case fp16_plain = {2, 2, 9, 2, 2, 128, 128, 0, FLASHATTN_DTYPE_FP16, 0, 0, 0};
     run_case(&bf16_causal, 0);
     run_case(&bf16_mqa, 0);
     run_case(&fp16_causal, 1);
     run_case(&fp16_plain, 0);
     test_bad_arguments();
+    test_backward_arguments();
 }
 #endif
 
