@@ -11,7 +11,8 @@
  * Until the component's first multi-GPU run this header, its enums and its semantics may still
  * change in a later 0.x release. What has run (2026-12-01): the loopback transport on the CPU and
  * on one GPU (H200), and the NCCL transport on a 1-rank communicator (one GPU, including a
- * send/receive to its own rank); a ring of several NCCL ranks has not run yet.
+ * send/receive to its own rank); a ring of several NCCL ranks has not run yet. The backward
+ * (2026-12-04) has run through the CPU loopback only.
  *
  * **Precision.** Each step's partial output is stored in the plan's dtype before the merge (as a
  * single call's output is), so a ring of W steps rounds O once per partial and once after the
