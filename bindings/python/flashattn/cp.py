@@ -10,6 +10,8 @@ chunk r then chunk 2W - 1 - r; ``shard_rows`` gives the global rows of a rank in
                            dtype="bf16", causal=True)
     ring = cp.CpPlan(local, world_size=W, transport="nccl", rank=r, nccl_comm=comm_address)
     ring.execute([q], [k], [v], [o], [lse], workspace=(ptr, ring.workspace_size), stream=s)
+    ring.execute_backward([q], [k], [v], [o], [dout], [lse], [dq], [dk], [dv],
+                          workspace=(ptr2, ring.backward_workspace_size), stream=s)
 
 The library is found through FLASHATTN_CP_LIBRARY (a path), then next to the loaded libflashattn,
 then ``pkg-config --variable=libdir flashattn_cp``, then the system loader. ``available()`` says
@@ -53,6 +55,7 @@ c_status = ctypes.c_int
 c_plan_p = ctypes.c_void_p
 P = ctypes.POINTER
 _PP = P(ctypes.c_void_p)
+_PPF = P(P(ctypes.c_float))
 PROTOTYPES = {
     "flashattn_cp_last_error": (ctypes.c_char_p, []),
     "flashattn_cp_plan_create": (c_status, [P(c_plan_p)]),
@@ -63,7 +66,13 @@ PROTOTYPES = {
     "flashattn_cp_plan_get_workspace_size": (c_status, [c_plan_p, P(ctypes.c_size_t)]),
     "flashattn_cp_plan_execute": (c_status, [c_plan_p, ctypes.c_int32, _PP, _PP, _PP, _PP, P(P(ctypes.c_float)),
                                              ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]),
+    "flashattn_cp_plan_get_backward_workspace_size": (c_status, [c_plan_p, P(ctypes.c_size_t)]),
+    "flashattn_cp_plan_execute_backward": (c_status, [c_plan_p, ctypes.c_int32, _PP, _PP, _PP, _PP, _PP, _PPF, _PP,
+                                                      _PP, _PP, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]),
 }
+# Declared after the forward (the ring backward): a libflashattn_cp built before them still loads,
+# and these raise NotSupportedError when called (as the core's newer functions do).
+_LATER = ("flashattn_cp_plan_get_backward_workspace_size", "flashattn_cp_plan_execute_backward")
 
 _cp = None
 _load_error = None
@@ -109,7 +118,13 @@ def _lib():
             tried.append("%s: %s" % (path, e))
             continue
         for name, (restype, argtypes) in PROTOTYPES.items():
-            fn = getattr(cdll, name)
+            try:
+                fn = getattr(cdll, name)
+            except AttributeError:
+                if name not in _LATER:
+                    raise
+                setattr(cdll, name, _missing(name, path))
+                continue
             fn.restype, fn.argtypes = restype, argtypes
         cdll.path = path
         _cp = cdll
@@ -118,6 +133,13 @@ def _lib():
                    "FLASHATTN_BUILD_CP is on; set FLASHATTN_CP_LIBRARY to its path. Tried:\n  %s"
                    % ("FLASHATTN_CP_LIBRARY" if explicit else "search", "\n  ".join(tried)))
     raise _capi.LibraryNotFoundError(_load_error)
+
+
+def _missing(name, path):
+    def fn(*args):
+        raise _capi.NotSupportedError(Status.ERROR_NOT_SUPPORTED, "the loaded libflashattn_cp (%s) lacks %s "
+                                      "(built before the ring backward)" % (path, name), name)
+    return fn
 
 
 def available():
@@ -229,6 +251,46 @@ class CpPlan:
         _call("flashattn_cp_plan_get_workspace_size", self.handle, ctypes.byref(size))
         return size.value
 
+    @property
+    def backward_workspace_size(self):
+        """Bytes of workspace each execute_backward needs (separate from workspace_size);
+        NotSupportedError when the local plan's backend has no backward pass for this problem."""
+        size = ctypes.c_size_t()
+        _call("flashattn_cp_plan_get_backward_workspace_size", self.handle, ctypes.byref(size))
+        return size.value
+
+    def _lists(self, lists):
+        for name, values in lists.items():
+            if len(values) != self.local_ranks:
+                raise ValueError("%s: %d tensors, this plan's process plays %d rank(s)"
+                                 % (name, len(values), self.local_ranks))
+
+    def _addresses(self, refs, name, values, ctype=None, allow_none=False):
+        """A C array of the local_ranks addresses of values (void*, or ctype* when given); the
+        arrays/tensors are appended to refs (kept alive through the call)."""
+        n = self.local_ranks
+        if ctype is None:
+            out = (ctypes.c_void_p * n)()
+        else:
+            out = (P(ctype) * n)()
+        for i, value in enumerate(values):
+            ptr, ref = _pointer(value, "%s[%d]" % (name, i), allow_none=allow_none)
+            refs.append(ref)
+            out[i] = ptr if ctype is None else _c_ptr(ptr, ctype)
+        return ctypes.cast(out, _PP if ctype is None else P(P(ctype)))
+
+    def _workspace_arg(self, workspace, size_of):
+        """(address, bytes, owner) of the caller's workspace, or when None of a host one of
+        size_of() bytes allocated here (owner: keep it alive through the call)."""
+        keep = None
+        if workspace is None:
+            need = size_of()
+            if need > 0:
+                keep = _host_workspace(need)
+                workspace = (ctypes.addressof(keep) + (-ctypes.addressof(keep)) % 256, need)
+        ws_ptr, ws_bytes = self._local._workspace(workspace)
+        return ws_ptr, ws_bytes, keep
+
     def execute(self, q, k, v, o, lse=None, workspace=None, stream=None):
         """flashattn_cp_plan_execute. q, k, v, o: lists of local_ranks tensors (arrays, torch/cupy
         tensors or int addresses); lse None or a list (entries may be None) of float32
@@ -236,38 +298,39 @@ class CpPlan:
         allocates one here. stream: an int, a torch/cupy stream or None."""
         n = self.local_ranks
         lists = {"q": q, "k": k, "v": v, "o": o}
-        for name, values in lists.items():
-            if len(values) != n:
-                raise ValueError("%s: %d tensors, this plan's process plays %d rank(s)" % (name, len(values), n))
+        self._lists(lists)
         refs = []  # keep the arrays alive through the call
-
-        def addresses(name, values, allow_none=False):
-            out = (ctypes.c_void_p * n)()
-            for i, value in enumerate(values):
-                ptr, ref = _pointer(value, "%s[%d]" % (name, i), allow_none=allow_none)
-                refs.append(ref)
-                out[i] = ptr
-            return ctypes.cast(out, _PP)
-
-        ptrs = {name: addresses(name, values) for name, values in lists.items()}
+        ptrs = {name: self._addresses(refs, name, values) for name, values in lists.items()}
         lse_arg = None
         if lse is not None:
             if len(lse) != n:
                 raise ValueError("lse: %d entries, this plan's process plays %d rank(s)" % (len(lse), n))
-            arr = (P(ctypes.c_float) * n)()
-            for i, value in enumerate(lse):
-                ptr, ref = _pointer(value, "lse[%d]" % i, allow_none=True)
-                refs.append(ref)
-                arr[i] = _c_ptr(ptr, ctypes.c_float)
-            lse_arg = ctypes.cast(arr, P(P(ctypes.c_float)))
-        keep = None
-        if workspace is None and self.workspace_size > 0:
-            keep = _host_workspace(self.workspace_size)
-            workspace = (ctypes.addressof(keep) + (-ctypes.addressof(keep)) % 256, self.workspace_size)
-        ws_ptr, ws_bytes = self._local._workspace(workspace)
+            lse_arg = self._addresses(refs, "lse", lse, ctype=ctypes.c_float, allow_none=True)
+        ws_ptr, ws_bytes, keep = self._workspace_arg(workspace, lambda: self.workspace_size)
         s = _capi_stream(stream)
         _call("flashattn_cp_plan_execute", self.handle, n, ptrs["q"], ptrs["k"], ptrs["v"], ptrs["o"], lse_arg,
               ws_ptr, ws_bytes, s)
+        del refs, keep
+
+    def execute_backward(self, q, k, v, o, dout, lse, dq, dk, dv, workspace=None, stream=None):
+        """flashattn_cp_plan_execute_backward: writes every rank's dq, dk, dv (layouts of its q, k,
+        v; gradients with respect to the whole sequence, restricted to the rank's rows) from the
+        forward's q, k, v, o and lse (required: float32 [batch, heads_q, L] per rank) and dout
+        (layout of o). Lists of local_ranks tensors as in execute(). workspace: an array/tensor or
+        (address, bytes) of at least backward_workspace_size bytes; None on the CPU allocates one
+        here. stream: an int, a torch/cupy stream or None."""
+        n = self.local_ranks
+        if lse is None:
+            raise TypeError("lse: required by the backward pass (the forward's, one per rank)")
+        lists = {"q": q, "k": k, "v": v, "o": o, "dout": dout, "dq": dq, "dk": dk, "dv": dv}
+        self._lists(dict(lists, lse=lse))
+        refs = []  # keep the arrays alive through the call
+        ptrs = {name: self._addresses(refs, name, values) for name, values in lists.items()}
+        lse_arg = self._addresses(refs, "lse", lse, ctype=ctypes.c_float)
+        ws_ptr, ws_bytes, keep = self._workspace_arg(workspace, lambda: self.backward_workspace_size)
+        s = _capi_stream(stream)
+        _call("flashattn_cp_plan_execute_backward", self.handle, n, ptrs["q"], ptrs["k"], ptrs["v"], ptrs["o"],
+              ptrs["dout"], lse_arg, ptrs["dq"], ptrs["dk"], ptrs["dv"], ws_ptr, ws_bytes, s)
         del refs, keep
 
 

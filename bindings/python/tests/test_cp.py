@@ -1,6 +1,7 @@
 """libflashattn_cp (context parallelism, experimental) through flashattn.cp: the loopback ring on
 the CPU backend (every rank in this process) against a float64 reference and one single call,
-the zigzag layout helper, errors, and the ctypes prototypes and enums against flashattn_cp.h.
+its backward pass against the core library's single-call backward on the gathered sequence, the
+zigzag layout helper, errors, and the ctypes prototypes and enums against flashattn_cp.h.
 Skipped when libflashattn_cp is not built (FLASHATTN_BUILD_CP off)."""
 
 import ctypes
@@ -13,7 +14,7 @@ import pytest
 import flashattn
 from flashattn import cp
 
-from conftest import assert_close, reference_attention
+from conftest import assert_close, reference_attention, reference_attention_backward
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "common"))
@@ -61,6 +62,87 @@ def test_loopback_ring(rng, world, causal):
         assert_close(lses[r], lse_ref[:, :, s], atol=2e-5, what="rank %d LSE vs float64" % r)
         assert_close(os_[r], o_one[:, s], atol=2e-5, what="rank %d O vs one call" % r)
 
+
+def _ring_inputs(rng, world, causal, batch=2, local_rows=6, hq=4, hkv=2, d=16):
+    """Global q, k, v, dout and the ring (loopback, CPU, fp32) with every rank's shards of them,
+    its forward O and LSE: (global tensors, shards, ring, local plan parameters)."""
+    S = world * local_rows
+    q = rng.standard_normal((batch, S, hq, d)).astype(np.float32)
+    k = rng.standard_normal((batch, S, hkv, d)).astype(np.float32)
+    v = rng.standard_normal((batch, S, hkv, d)).astype(np.float32)
+    dout = rng.standard_normal((batch, S, hq, d)).astype(np.float32)
+    params = dict(batch=batch, seqlen_q=local_rows, seqlen_k=local_rows, heads_q=hq, heads_kv=hkv, head_dim=d,
+                  dtype="fp32", causal=causal, backend="cpu")
+    ring = cp.CpPlan(flashattn.Plan(**params).finalize(), world_size=world, transport="loopback")
+    rows = [cp.shard_rows(world, r, local_rows, causal) for r in range(world)]
+    sh = {name: [np.ascontiguousarray(x[:, s]) for s in rows]
+          for name, x in (("q", q), ("k", k), ("v", v), ("dout", dout))}
+    sh["o"] = [np.empty((batch, local_rows, hq, d), np.float32) for _ in range(world)]
+    sh["lse"] = [np.empty((batch, hq, local_rows), np.float32) for _ in range(world)]
+    ring.execute(sh["q"], sh["k"], sh["v"], sh["o"], sh["lse"])
+    return (q, k, v, dout), rows, sh, ring, params
+
+
+def _nan_like(arrays):
+    return [np.full_like(a, np.nan) for a in arrays]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("causal", [False, True])
+def test_loopback_ring_backward(rng, world, causal):
+    (q, k, v, dout), rows, sh, ring, params = _ring_inputs(rng, world, causal)
+    assert ring.backward_workspace_size > 0
+    dqs, dks, dvs = _nan_like(sh["q"]), _nan_like(sh["k"]), _nan_like(sh["v"])
+    ring.execute_backward(sh["q"], sh["k"], sh["v"], sh["o"], sh["dout"], sh["lse"], dqs, dks, dvs)
+    # The core library's single backward call on the gathered sequence, with its own forward.
+    S = world * params["seqlen_q"]
+    o, lse = flashattn.attention(q, k, v, causal=causal, return_lse=True, backend="cpu")
+    whole = flashattn.Plan(**dict(params, seqlen_q=S, seqlen_k=S)).finalize()
+    dq1, dk1, dv1 = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+    whole.backward(q, k, v, o, dout, lse, dq1, dk1, dv1)
+    dq_ref, dk_ref, dv_ref = reference_attention_backward(q, k, v, dout, causal=causal)
+    for r, s in enumerate(rows):
+        for name, got, one, ref in (("dQ", dqs[r], dq1, dq_ref), ("dK", dks[r], dk1, dk_ref),
+                                    ("dV", dvs[r], dv1, dv_ref)):
+            assert_close(got, one[:, s], atol=1e-4, what="rank %d %s vs one call" % (r, name))
+            assert_close(got, ref[:, s], atol=1e-4, what="rank %d %s vs float64" % (r, name))
+    # On the CPU the ring adds in a fixed order: a second run is bitwise identical.
+    again = [_nan_like(sh["q"]), _nan_like(sh["k"]), _nan_like(sh["v"])]
+    ring.execute_backward(sh["q"], sh["k"], sh["v"], sh["o"], sh["dout"], sh["lse"], *again)
+    for first, second in zip((dqs, dks, dvs), again):
+        for a, b in zip(first, second):
+            assert np.array_equal(a, b)
+
+
+def test_backward_errors(rng):
+    _, _, sh, ring, _ = _ring_inputs(rng, 2, True)
+    need = ring.backward_workspace_size
+    args = [sh[name] for name in ("q", "k", "v", "o", "dout", "lse")]
+
+    def outputs():
+        return _nan_like(sh["q"]), _nan_like(sh["k"]), _nan_like(sh["v"])
+
+    dq, dk, dv = outputs()
+    ws = np.empty(need + 256, np.uint8)
+    aligned = (ws.ctypes.data + 255) // 256 * 256
+    with pytest.raises(flashattn.InsufficientWorkspaceError):
+        ring.execute_backward(*args, dq, dk, dv, workspace=(aligned, need - 1))
+    assert all(np.isnan(x).all() for x in dq + dk + dv)  # an error leaves the outputs untouched
+    ring.execute_backward(*args, dq, dk, dv, workspace=(aligned, need))  # exactly the size is enough
+    assert not any(np.isnan(x).any() for x in dq + dk + dv)
+    dq, dk, dv = outputs()
+    with pytest.raises(flashattn.InvalidArgumentError):  # a NULL LSE entry (address 0)
+        ring.execute_backward(*args[:5], [sh["lse"][0], 0], dq, dk, dv)
+    with pytest.raises(flashattn.InvalidArgumentError):  # dK of rank 1 overlaps its dQ
+        ring.execute_backward(*args, dq, [dk[0], dq[1]], dv)
+    assert all(np.isnan(x).all() for x in dq + dk + dv)
+    with pytest.raises(ValueError, match="2 rank"):
+        ring.execute_backward(*[x[:1] for x in args], dq[:1], dk[:1], dv[:1])
+    with pytest.raises(TypeError, match="lse"):
+        ring.execute_backward(*args[:5], None, dq, dk, dv)
+    ring.close()
+    with pytest.raises(ValueError, match="closed"):
+        ring.backward_workspace_size
 
 def test_errors():
     local = flashattn.Plan(batch=1, seqlen_q=3, seqlen_k=3, heads_q=2, head_dim=16, dtype="fp32", causal=True,
