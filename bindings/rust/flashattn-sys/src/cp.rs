@@ -50,4 +50,22 @@ extern "C" {
         workspace_bytes: usize,
         stream: flashattn_stream_t,
     ) -> flashattn_status_t;
+    pub fn flashattn_cp_plan_get_backward_workspace_size(plan: *const flashattn_cp_plan_t, bytes: *mut usize)
+        -> flashattn_status_t;
+    pub fn flashattn_cp_plan_execute_backward(
+        plan: *const flashattn_cp_plan_t,
+        num_ranks: i32,
+        q: *const *const c_void,
+        k: *const *const c_void,
+        v: *const *const c_void,
+        o: *const *const c_void,
+        dout: *const *const c_void,
+        lse: *const *const f32,
+        dq: *const *mut c_void,
+        dk: *const *mut c_void,
+        dv: *const *mut c_void,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+        stream: flashattn_stream_t,
+    ) -> flashattn_status_t;
 }

@@ -98,6 +98,26 @@ impl CpPlan {
         Ok(bytes)
     }
 
+    /// Bytes of workspace one backward execute needs (not the forward's); `NotSupported` with the
+    /// reason when the local plan's backend has no backward pass for this problem.
+    pub fn backward_workspace_size(&self) -> Result<usize> {
+        let mut bytes = 0usize;
+        cp_check(unsafe { csys::flashattn_cp_plan_get_backward_workspace_size(self.raw.as_ptr(), &mut bytes) })?;
+        Ok(bytes)
+    }
+
+    /// One slice per rank, each holding at least `need` elements (`lens`: argument `name`'s slices' lengths).
+    fn check_host_lengths(&self, name: &str, lens: &[usize], need: usize) -> Result<()> {
+        let n = self.local_ranks;
+        if lens.len() != n {
+            return Err(Error::new(Status::InvalidArgument, format!("{name}: {} slices for {n} rank(s)", lens.len())));
+        }
+        if let Some((r, len)) = lens.iter().enumerate().find(|(_, &len)| len < need) {
+            return Err(Error::new(Status::InvalidArgument, format!("{name}[{r}]: {len} elements, the plan needs {need}")));
+        }
+        Ok(())
+    }
+
     /// The loopback ring on host slices (CPU backend): one slice per rank for each argument, each
     /// holding at least what the local plan's tensor spans; `lse`, when given, one fp32
     /// [batch, heads_q, L] slice per rank. The workspace is allocated for this call.
@@ -142,6 +162,38 @@ impl CpPlan {
                                   ws_ptr, ws_bytes, ptr::null_mut()) }
     }
 
+    /// The loopback ring's backward pass on host slices (CPU backend): from the forward's `q`,
+    /// `k`, `v`, `o` and `lse` (one fp32 [batch, heads_q, L] slice per rank, required) and `dout`
+    /// (layout of O), writes every rank's `dq`, `dk`, `dv` (layouts of Q, K, V): the gradients with
+    /// respect to the whole sequence, restricted to the rank's rows. One slice per rank for each
+    /// argument, each holding at least what the local plan's tensor spans. The workspace is
+    /// allocated for this call.
+    #[allow(clippy::too_many_arguments)]
+    pub fn execute_backward_host<T: Element>(&self, q: &[&[T]], k: &[&[T]], v: &[&[T]], o: &[&[T]], dout: &[&[T]],
+                                             lse: &[&[f32]], dq: &mut [&mut [T]], dk: &mut [&mut [T]],
+                                             dv: &mut [&mut [T]]) -> Result<()> {
+        let e = &self.extents;
+        let lens = |list: &[&[T]]| list.iter().map(|s| s.len()).collect::<Vec<_>>();
+        let lens_mut = |list: &[&mut [T]]| list.iter().map(|s| s.len()).collect::<Vec<_>>();
+        for (name, list, need) in [("q", q, e.q), ("k", k, e.k), ("v", v, e.v), ("o", o, e.o), ("dout", dout, e.dout)] {
+            self.check_host_lengths(name, &lens(list), need)?;
+        }
+        self.check_host_lengths("lse", &lse.iter().map(|s| s.len()).collect::<Vec<_>>(), e.lse)?;
+        for (name, list, need) in [("dq", &*dq, e.dq), ("dk", &*dk, e.dk), ("dv", &*dv, e.dv)] {
+            self.check_host_lengths(name, &lens_mut(list), need)?;
+        }
+        let inputs = |list: &[&[T]]| list.iter().map(|s| s.as_ptr() as *const c_void).collect::<Vec<_>>();
+        let outputs = |list: &mut [&mut [T]]| list.iter_mut().map(|s| s.as_mut_ptr() as *mut c_void).collect::<Vec<_>>();
+        let lp: Vec<*const f32> = lse.iter().map(|s| s.as_ptr()).collect();
+        let (dqp, dkp, dvp) = (outputs(dq), outputs(dk), outputs(dv));
+        let mut ws = Workspace::new(self.backward_workspace_size()?);
+        let (ws_ptr, ws_bytes) = ws.raw();
+        unsafe {
+            self.execute_backward_raw(&inputs(q), &inputs(k), &inputs(v), &inputs(o), &inputs(dout), &lp, &dqp, &dkp,
+                                      &dvp, ws_ptr, ws_bytes, ptr::null_mut())
+        }
+    }
+
     /// `flashattn_cp_plan_execute` with raw pointers (device memory and a `cudaStream_t` on GPUs).
     ///
     /// # Safety
@@ -158,5 +210,27 @@ impl CpPlan {
         cp_check(csys::flashattn_cp_plan_execute(self.raw.as_ptr(), n as i32, q.as_ptr(), k.as_ptr(), v.as_ptr(),
                                                  o.as_ptr(), lse.map_or(ptr::null(), |l| l.as_ptr()), workspace,
                                                  workspace_bytes, stream as sys::flashattn_stream_t))
+    }
+
+    /// `flashattn_cp_plan_execute_backward` with raw pointers (device memory and a `cudaStream_t`
+    /// on GPUs); `lse` is required.
+    ///
+    /// # Safety
+    /// As [`Plan::backward_raw`], for each rank's tensors; the slices hold [`CpPlan::local_ranks`]
+    /// pointers each, and `dq`, `dk`, `dv` must not overlap each other, any input or the workspace.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn execute_backward_raw(&self, q: &[*const c_void], k: &[*const c_void], v: &[*const c_void],
+                                       o: &[*const c_void], dout: &[*const c_void], lse: &[*const f32],
+                                       dq: &[*mut c_void], dk: &[*mut c_void], dv: &[*mut c_void],
+                                       workspace: *mut c_void, workspace_bytes: usize, stream: *mut c_void)
+                                       -> Result<()> {
+        let n = self.local_ranks;
+        if [q.len(), k.len(), v.len(), o.len(), dout.len(), lse.len(), dq.len(), dk.len(), dv.len()].iter().any(|&l| l != n) {
+            return Err(Error::new(Status::InvalidArgument, format!("every pointer array must hold {n} entries")));
+        }
+        cp_check(csys::flashattn_cp_plan_execute_backward(self.raw.as_ptr(), n as i32, q.as_ptr(), k.as_ptr(),
+                                                          v.as_ptr(), o.as_ptr(), dout.as_ptr(), lse.as_ptr(),
+                                                          dq.as_ptr(), dk.as_ptr(), dv.as_ptr(), workspace,
+                                                          workspace_bytes, stream as sys::flashattn_stream_t))
     }
 }
