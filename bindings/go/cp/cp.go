@@ -155,6 +155,86 @@ func (p *Plan) WorkspaceSize() (int, error) {
 	return int(n), err
 }
 
+// BackwardWorkspaceSize is the bytes one ExecuteBackward needs (separate from WorkspaceSize);
+// StatusNotSupported with the reason when the local plan's backend has no backward pass for
+// this problem.
+func (p *Plan) BackwardWorkspaceSize() (int, error) {
+	if p == nil || p.p == nil {
+		return 0, &flashattn.Error{Status: flashattn.StatusInvalidArgument, Message: "the plan is closed", Op: "cp.BackwardWorkspaceSize"}
+	}
+	var n C.size_t
+	err := call("flashattn_cp_plan_get_backward_workspace_size", func() C.flashattn_status_t {
+		return C.flashattn_cp_plan_get_backward_workspace_size(p.p, &n)
+	})
+	return int(n), err
+}
+
+// pointerArrays copies each list of n addresses into a C array (cgo passes no Go memory that
+// holds pointers); a nil list gives a nil array. free releases them.
+func pointerArrays(n int, lists ...[]unsafe.Pointer) (arrays []unsafe.Pointer, free func()) {
+	arrays = make([]unsafe.Pointer, len(lists))
+	for i, list := range lists {
+		if list == nil {
+			continue
+		}
+		arr := C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof(uintptr(0))))
+		copy(unsafe.Slice((*unsafe.Pointer)(arr), n), list)
+		arrays[i] = arr
+	}
+	return arrays, func() {
+		for _, arr := range arrays {
+			C.free(arr)
+		}
+	}
+}
+
+// checkHost checks that list holds one slice per rank, each of at least need elements.
+func (p *Plan) checkHost(op, name string, list [][]float32, need int) error {
+	n := p.localRanks
+	if len(list) != n {
+		return &flashattn.Error{Status: flashattn.StatusInvalidArgument,
+			Message: fmt.Sprintf("%s: %d slices for %d rank(s)", name, len(list), n), Op: op}
+	}
+	for r, s := range list {
+		if len(s) < need {
+			return &flashattn.Error{Status: flashattn.StatusInvalidArgument,
+				Message: fmt.Sprintf("%s[%d]: %d elements, the plan needs %d", name, r, len(s), need), Op: op}
+		}
+	}
+	return nil
+}
+
+// hostCopies copies each slice of list to C memory (malloc'd, aligned enough for the CPU
+// backend, which needs no more than element alignment); nil gives nil. Free them with freeAll.
+func hostCopies(list [][]float32) []unsafe.Pointer {
+	if list == nil {
+		return nil
+	}
+	out := make([]unsafe.Pointer, len(list))
+	for r, s := range list {
+		out[r] = C.malloc(C.size_t(len(s)*4 + 4))
+		if len(s) > 0 {
+			C.memcpy(out[r], unsafe.Pointer(&s[0]), C.size_t(len(s)*4))
+		}
+	}
+	return out
+}
+
+func freeAll(lists ...[]unsafe.Pointer) {
+	for _, list := range lists {
+		for _, ptr := range list {
+			C.free(ptr)
+		}
+	}
+}
+
+// copyBack copies each C array of src back into the Go slice of dst.
+func copyBack(dst [][]float32, src []unsafe.Pointer) {
+	for r := range dst {
+		copy(dst[r], unsafe.Slice((*float32)(src[r]), len(dst[r])))
+	}
+}
+
 // ExecuteRaw is flashattn_cp_plan_execute on device (or host) addresses, LocalRanks() of each;
 // lse may be nil. The addresses must not point into Go memory (cgo forbids C arrays of Go
 // pointers): device memory, or C memory for the CPU backend.
@@ -165,17 +245,8 @@ func (p *Plan) ExecuteRaw(q, k, v, o, lse []unsafe.Pointer, workspace unsafe.Poi
 		return &flashattn.Error{Status: flashattn.StatusInvalidArgument,
 			Message: fmt.Sprintf("every pointer list must hold %d entries", n), Op: "cp.ExecuteRaw"}
 	}
-	arrays := make([]unsafe.Pointer, 5)
-	for i, list := range [][]unsafe.Pointer{q, k, v, o, lse} {
-		if list == nil {
-			continue
-		}
-		arr := C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof(uintptr(0))))
-		defer C.free(arr)
-		ptrs := unsafe.Slice((*unsafe.Pointer)(arr), n)
-		copy(ptrs, list)
-		arrays[i] = arr
-	}
+	arrays, free := pointerArrays(n, q, k, v, o, lse)
+	defer free()
 	return call("flashattn_cp_plan_execute", func() C.flashattn_status_t {
 		return C.flashattn_cp_plan_execute(p.p, C.int32_t(n), (*unsafe.Pointer)(arrays[0]), (*unsafe.Pointer)(arrays[1]),
 			(*unsafe.Pointer)(arrays[2]), (*unsafe.Pointer)(arrays[3]), (**C.float)(arrays[4]), workspace,
@@ -187,57 +258,23 @@ func (p *Plan) ExecuteRaw(q, k, v, o, lse []unsafe.Pointer, workspace unsafe.Poi
 // (lse nil, or one [batch, heads_q, L] slice per rank). The tensors are copied to C memory for
 // the call (cgo passes no arrays of Go pointers) and the outputs copied back.
 func (p *Plan) ExecuteHost(q, k, v, o, lse [][]float32) error {
-	n := p.localRanks
 	e := p.extents
-	check := func(name string, list [][]float32, need int) error {
-		if len(list) != n {
-			return &flashattn.Error{Status: flashattn.StatusInvalidArgument,
-				Message: fmt.Sprintf("%s: %d slices for %d rank(s)", name, len(list), n), Op: "cp.ExecuteHost"}
-		}
-		for r, s := range list {
-			if len(s) < need {
-				return &flashattn.Error{Status: flashattn.StatusInvalidArgument,
-					Message: fmt.Sprintf("%s[%d]: %d elements, the plan needs %d", name, r, len(s), need), Op: "cp.ExecuteHost"}
-			}
-		}
-		return nil
-	}
 	for _, c := range []struct {
 		name string
 		list [][]float32
 		need int
 	}{{"q", q, e.Q}, {"k", k, e.K}, {"v", v, e.V}, {"o", o, e.O}} {
-		if err := check(c.name, c.list, c.need); err != nil {
+		if err := p.checkHost("cp.ExecuteHost", c.name, c.list, c.need); err != nil {
 			return err
 		}
 	}
 	if lse != nil {
-		if err := check("lse", lse, e.LSE); err != nil {
+		if err := p.checkHost("cp.ExecuteHost", "lse", lse, e.LSE); err != nil {
 			return err
 		}
 	}
-	// C copies (posix-aligned by malloc; the CPU backend needs no more than element alignment).
-	toC := func(list [][]float32) []unsafe.Pointer {
-		if list == nil {
-			return nil
-		}
-		out := make([]unsafe.Pointer, n)
-		for r, s := range list {
-			out[r] = C.malloc(C.size_t(len(s)*4 + 4))
-			if len(s) > 0 {
-				C.memcpy(out[r], unsafe.Pointer(&s[0]), C.size_t(len(s)*4))
-			}
-		}
-		return out
-	}
-	cq, ck, cv, co, cl := toC(q), toC(k), toC(v), toC(o), toC(lse)
-	defer func() {
-		for _, list := range [][]unsafe.Pointer{cq, ck, cv, co, cl} {
-			for _, ptr := range list {
-				C.free(ptr)
-			}
-		}
-	}()
+	cq, ck, cv, co, cl := hostCopies(q), hostCopies(k), hostCopies(v), hostCopies(o), hostCopies(lse)
+	defer freeAll(cq, ck, cv, co, cl)
 	bytes, err := p.WorkspaceSize()
 	if err != nil {
 		return err
@@ -247,11 +284,66 @@ func (p *Plan) ExecuteHost(q, k, v, o, lse [][]float32) error {
 	if err := p.ExecuteRaw(cq, ck, cv, co, cl, ws, uintptr(bytes), nil); err != nil {
 		return err
 	}
-	for r := 0; r < n; r++ {
-		copy(o[r], unsafe.Slice((*float32)(co[r]), len(o[r])))
-		if lse != nil {
-			copy(lse[r], unsafe.Slice((*float32)(cl[r]), len(lse[r])))
+	copyBack(o, co)
+	if lse != nil {
+		copyBack(lse, cl)
+	}
+	return nil
+}
+
+// ExecuteBackwardRaw is flashattn_cp_plan_execute_backward on device (or host) addresses,
+// LocalRanks() of each; lse is required. The addresses must not point into Go memory (see
+// ExecuteRaw); dq, dk, dv must not overlap each other, any input or the workspace.
+func (p *Plan) ExecuteBackwardRaw(q, k, v, o, dout, lse, dq, dk, dv []unsafe.Pointer, workspace unsafe.Pointer,
+	workspaceBytes uintptr, stream unsafe.Pointer) error {
+	n := p.localRanks
+	for _, list := range [][]unsafe.Pointer{q, k, v, o, dout, lse, dq, dk, dv} {
+		if len(list) != n {
+			return &flashattn.Error{Status: flashattn.StatusInvalidArgument,
+				Message: fmt.Sprintf("every pointer list must hold %d entries", n), Op: "cp.ExecuteBackwardRaw"}
 		}
 	}
+	a, free := pointerArrays(n, q, k, v, o, dout, lse, dq, dk, dv)
+	defer free()
+	return call("flashattn_cp_plan_execute_backward", func() C.flashattn_status_t {
+		return C.flashattn_cp_plan_execute_backward(p.p, C.int32_t(n), (*unsafe.Pointer)(a[0]), (*unsafe.Pointer)(a[1]),
+			(*unsafe.Pointer)(a[2]), (*unsafe.Pointer)(a[3]), (*unsafe.Pointer)(a[4]), (**C.float)(a[5]),
+			(*unsafe.Pointer)(a[6]), (*unsafe.Pointer)(a[7]), (*unsafe.Pointer)(a[8]), workspace,
+			C.size_t(workspaceBytes), C.flashattn_stream_t(stream))
+	})
+}
+
+// ExecuteBackwardHost runs the loopback ring's backward pass on the CPU backend with fp32 Go
+// slices, one per rank: from the forward's q, k, v, o and lse (required, [batch, heads_q, L]) and
+// dout (layout of o) it writes dq, dk, dv (layouts of q, k, v): the gradients with respect to the
+// whole sequence, restricted to each rank's rows. The tensors are copied to C memory for the call
+// (cgo passes no arrays of Go pointers) and the gradients copied back.
+func (p *Plan) ExecuteBackwardHost(q, k, v, o, dout, lse, dq, dk, dv [][]float32) error {
+	e := p.extents
+	for _, c := range []struct {
+		name string
+		list [][]float32
+		need int
+	}{{"q", q, e.Q}, {"k", k, e.K}, {"v", v, e.V}, {"o", o, e.O}, {"dout", dout, e.DOut}, {"lse", lse, e.LSE},
+		{"dq", dq, e.DQ}, {"dk", dk, e.DK}, {"dv", dv, e.DV}} {
+		if err := p.checkHost("cp.ExecuteBackwardHost", c.name, c.list, c.need); err != nil {
+			return err
+		}
+	}
+	cq, ck, cv, co, cdo, cl := hostCopies(q), hostCopies(k), hostCopies(v), hostCopies(o), hostCopies(dout), hostCopies(lse)
+	cdq, cdk, cdv := hostCopies(dq), hostCopies(dk), hostCopies(dv)
+	defer freeAll(cq, ck, cv, co, cdo, cl, cdq, cdk, cdv)
+	bytes, err := p.BackwardWorkspaceSize()
+	if err != nil {
+		return err
+	}
+	ws := C.aligned_alloc(256, C.size_t((bytes+256)/256*256))
+	defer C.free(ws)
+	if err := p.ExecuteBackwardRaw(cq, ck, cv, co, cdo, cl, cdq, cdk, cdv, ws, uintptr(bytes), nil); err != nil {
+		return err
+	}
+	copyBack(dq, cdq)
+	copyBack(dk, cdk)
+	copyBack(dv, cdv)
 	return nil
 }

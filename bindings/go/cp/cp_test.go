@@ -7,6 +7,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"unsafe"
 
 	flashattn "github.com/libflashattn/libflashattn/bindings/go"
 )
@@ -142,6 +143,169 @@ func TestLoopbackRing(t *testing.T) {
 			ring.Close()
 			local.Close()
 		}
+	}
+}
+
+// shardAll is every rank's rows of a global [s][heads][d] tensor, in their local order.
+func shardAll(x []float32, world, l, heads, d int, causal bool) [][]float32 {
+	out := make([][]float32, world)
+	for r := range out {
+		for _, g := range ShardRows(world, r, l, causal) {
+			out[r] = append(out[r], x[g*heads*d:(g+1)*heads*d]...)
+		}
+	}
+	return out
+}
+
+func nanSlices(world, n int) [][]float32 {
+	out := make([][]float32, world)
+	for r := range out {
+		out[r] = make([]float32, n)
+		for i := range out[r] {
+			out[r][i] = float32(math.NaN())
+		}
+	}
+	return out
+}
+
+// ringBackward runs the ring's forward, then its backward: dq, dk, dv per rank.
+func ringBackward(t *testing.T, ring *Plan, qs, ks, vs, douts [][]float32, l, hq, hkv, d int) (dq, dk, dv [][]float32) {
+	world := len(qs)
+	os, ls := nanSlices(world, l*hq*d), nanSlices(world, hq*l)
+	if err := ring.ExecuteHost(qs, ks, vs, os, ls); err != nil {
+		t.Fatal(err)
+	}
+	dq, dk, dv = nanSlices(world, l*hq*d), nanSlices(world, l*hkv*d), nanSlices(world, l*hkv*d)
+	if err := ring.ExecuteBackwardHost(qs, ks, vs, os, douts, ls, dq, dk, dv); err != nil {
+		t.Fatal(err)
+	}
+	return dq, dk, dv
+}
+
+func TestLoopbackRingBackward(t *testing.T) {
+	hq, hkv, d, l := 4, 2, 16, 6
+	seed := uint64(23)
+	for world := 1; world <= 3; world++ {
+		for _, causal := range []bool{false, true} {
+			s := world * l
+			q, k, v := randSlice(s*hq*d, &seed), randSlice(s*hkv*d, &seed), randSlice(s*hkv*d, &seed)
+			dout := randSlice(s*hq*d, &seed)
+			local := localPlan(t, l, hq, hkv, d, causal)
+			ring, err := NewLoopback(local, world)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n, err := ring.BackwardWorkspaceSize(); err != nil || n <= 0 {
+				t.Fatalf("BackwardWorkspaceSize: %d, %v", n, err)
+			}
+			qs, ks, vs := shardAll(q, world, l, hq, d, causal), shardAll(k, world, l, hkv, d, causal),
+				shardAll(v, world, l, hkv, d, causal)
+			douts := shardAll(dout, world, l, hq, d, causal)
+			dqs, dks, dvs := ringBackward(t, ring, qs, ks, vs, douts, l, hq, hkv, d)
+			// The core library's single call on the gathered sequence: forward, then backward.
+			shape := flashattn.Shape{Batch: 1, SeqlenQ: s, SeqlenK: s, HeadsQ: hq, HeadsKV: hkv, HeadDim: d}
+			opts := flashattn.Options{Causal: causal, Backend: flashattn.BackendCPU}
+			o, lse, err := flashattn.Attention(q, k, v, shape, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dq, dk, dv, err := flashattn.AttentionBackward(q, k, v, o, lse, dout, shape, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			worst := 0.0
+			for r := 0; r < world; r++ {
+				for i, g := range ShardRows(world, r, l, causal) {
+					for _, c := range []struct {
+						got, one []float32
+						heads    int
+					}{{dqs[r], dq, hq}, {dks[r], dk, hkv}, {dvs[r], dv, hkv}} {
+						for x := 0; x < c.heads*d; x++ {
+							e := math.Abs(float64(c.got[i*c.heads*d+x]) - float64(c.one[g*c.heads*d+x]))
+							if !(e <= worst) { // NaN (a gradient not written) fails too
+								worst = e
+							}
+						}
+					}
+				}
+			}
+			if !(worst <= 1e-4) {
+				t.Errorf("W=%d causal=%v: max |ring - one call| %g", world, causal, worst)
+			}
+			// On the CPU the ring adds in a fixed order: a second run is bitwise identical.
+			dqs2, dks2, dvs2 := ringBackward(t, ring, qs, ks, vs, douts, l, hq, hkv, d)
+			for _, pair := range [][2][][]float32{{dqs, dqs2}, {dks, dks2}, {dvs, dvs2}} {
+				for r := range pair[0] {
+					for i := range pair[0][r] {
+						if math.Float32bits(pair[0][r][i]) != math.Float32bits(pair[1][r][i]) {
+							t.Fatalf("W=%d causal=%v: rank %d differs between two runs at %d", world, causal, r, i)
+						}
+					}
+				}
+			}
+			ring.Close()
+			local.Close()
+		}
+	}
+}
+
+func TestBackwardErrors(t *testing.T) {
+	hq, hkv, d, l, world := 4, 2, 16, 4, 2
+	local := localPlan(t, l, hq, hkv, d, true)
+	defer local.Close()
+	ring, err := NewLoopback(local, world)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ring.Close()
+	seed := uint64(3)
+	qs, kvs := make([][]float32, world), make([][]float32, world)
+	for r := range qs {
+		qs[r], kvs[r] = randSlice(l*hq*d, &seed), randSlice(l*hkv*d, &seed)
+	}
+	ls := make([][]float32, world)
+	for r := range ls {
+		ls[r] = make([]float32, hq*l)
+	}
+	need, err := ring.BackwardWorkspaceSize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Raw calls on C copies: too small a workspace, then a NULL LSE entry.
+	cq, ckv, cl := hostCopies(qs), hostCopies(kvs), hostCopies(ls)
+	cdq, cdk, cdv := hostCopies(nanSlices(world, l*hq*d)), hostCopies(nanSlices(world, l*hkv*d)),
+		hostCopies(nanSlices(world, l*hkv*d))
+	defer freeAll(cq, ckv, cl, cdq, cdk, cdv)
+	block := hostCopies([][]float32{make([]float32, need/4+128)})
+	defer freeAll(block)
+	ws := []unsafe.Pointer{unsafe.Add(block[0], (256-uintptr(block[0])%256)%256)} // aligned to 256 bytes
+	err = ring.ExecuteBackwardRaw(cq, ckv, ckv, cq, cq, cl, cdq, cdk, cdv, ws[0], uintptr(need-1), nil)
+	if !errors.Is(err, flashattn.ErrInsufficientWorkspace) {
+		t.Fatalf("workspace of %d bytes, %d needed: %v", need-1, need, err)
+	}
+	nullLSE := []unsafe.Pointer{cl[0], nil}
+	err = ring.ExecuteBackwardRaw(cq, ckv, ckv, cq, cq, nullLSE, cdq, cdk, cdv, ws[0], uintptr(need), nil)
+	if !errors.Is(err, flashattn.ErrInvalidArgument) {
+		t.Fatalf("a NULL lse entry: %v", err)
+	}
+	for _, list := range [][]unsafe.Pointer{cdq, cdk, cdv} { // an error leaves the outputs untouched
+		for _, ptr := range list {
+			if x := *(*float32)(ptr); !math.IsNaN(float64(x)) {
+				t.Fatalf("an output was written by a failed call: %g", x)
+			}
+		}
+	}
+	if err := ring.ExecuteBackwardRaw(cq[:1], ckv, ckv, cq, cq, cl, cdq, cdk, cdv, ws[0], uintptr(need), nil); !errors.Is(err, flashattn.ErrInvalidArgument) {
+		t.Fatalf("one pointer for 2 ranks: %v", err)
+	}
+	// Host slices: a short one, and the wrong number of ranks.
+	dq, dk, dv := nanSlices(world, l*hq*d), nanSlices(world, l*hkv*d), nanSlices(world, l*hkv*d)
+	err = ring.ExecuteBackwardHost(qs, kvs, kvs, qs, qs, [][]float32{ls[0], ls[1][:3]}, dq, dk, dv)
+	if err == nil || !strings.Contains(err.Error(), "lse[1]") {
+		t.Fatalf("short lse: %v", err)
+	}
+	if err := ring.ExecuteBackwardHost(qs[:1], kvs, kvs, qs, qs, ls, dq, dk, dv); err == nil || !strings.Contains(err.Error(), "rank") {
+		t.Fatalf("one slice for 2 ranks: %v", err)
 	}
 }
 
