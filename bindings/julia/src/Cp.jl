@@ -4,7 +4,8 @@
 libflashattn_cp from Julia: context parallelism (ring attention), EXPERIMENTAL as its header
 `include/flashattn/flashattn_cp.h` says. The raw layer mirrors that header one to one;
 `test/check_wrappers.py include/flashattn/flashattn_cp.h src/Cp.jl` checks it. On top:
-[`CpPlan`](@ref) and [`shard_rows`](@ref) (the zigzag layout of a causal ring).
+[`CpPlan`](@ref), [`shard_rows`](@ref) (the zigzag layout of a causal ring), [`execute!`](@ref)
+and the ring's backward pass, [`execute_backward!`](@ref).
 
 The library is found through ENV["FLASHATTN_CP_LIBRARY"] (a path), then beside the loaded
 libflashattn, then the system loader (`libflashattn_cp.so.0`).
@@ -15,7 +16,7 @@ using Libdl
 import ..FlashAttn
 import ..FlashAttn: flashattn_status_t, flashattn_plan_t, flashattn_stream_t, FLASHATTN_SUCCESS, FlashAttnError
 
-export CpPlan, shard_rows, execute!
+export CpPlan, shard_rows, execute!, execute_backward!
 
 const flashattn_cp_plan_t = Cvoid
 
@@ -30,7 +31,11 @@ const FLASHATTN_CP_I64_TRANSPORT = flashattn_cp_i64_param_t(3)
 
 const FUNCTIONS = (:flashattn_cp_last_error, :flashattn_cp_plan_create, :flashattn_cp_plan_destroy,
                    :flashattn_cp_plan_set_i64, :flashattn_cp_plan_set_nccl_comm, :flashattn_cp_plan_finalize,
-                   :flashattn_cp_plan_get_workspace_size, :flashattn_cp_plan_execute)
+                   :flashattn_cp_plan_get_workspace_size, :flashattn_cp_plan_execute,
+                   :flashattn_cp_plan_get_backward_workspace_size, :flashattn_cp_plan_execute_backward)
+# Declared after the forward (the ring backward): a libflashattn_cp built before them still
+# loads, and calling one of these throws.
+const LATER = (:flashattn_cp_plan_get_backward_workspace_size, :flashattn_cp_plan_execute_backward)
 
 const _symbols = Dict{Symbol,Ptr{Cvoid}}()
 const _load_lock = ReentrantLock()
@@ -55,7 +60,12 @@ function _load!()
             h = Libdl.dlopen(path; throw_error=false)
             h === nothing && continue
             for f in FUNCTIONS
-                _symbols[f] = Libdl.dlsym(h, f)
+                if f in LATER
+                    p = Libdl.dlsym(h, f; throw_error=false)
+                    _symbols[f] = p === nothing ? C_NULL : p
+                else
+                    _symbols[f] = Libdl.dlsym(h, f)
+                end
             end
             return
         end
@@ -75,7 +85,9 @@ end
 
 @inline function fptr(name::Symbol)
     isempty(_symbols) && _load!()
-    return _symbols[name]
+    p = _symbols[name]
+    p == C_NULL && error("FlashAttn.Cp: the loaded libflashattn_cp lacks $name (built before the ring backward)")
+    return p
 end
 
 # ---------------------------------------------------------------------------------------------
@@ -89,6 +101,8 @@ flashattn_cp_plan_set_nccl_comm(plan, comm) = ccall(fptr(:flashattn_cp_plan_set_
 flashattn_cp_plan_finalize(plan, local_plan) = ccall(fptr(:flashattn_cp_plan_finalize), flashattn_status_t, (Ptr{flashattn_cp_plan_t}, Ptr{flashattn_plan_t}), plan, local_plan)
 flashattn_cp_plan_get_workspace_size(plan, bytes) = ccall(fptr(:flashattn_cp_plan_get_workspace_size), flashattn_status_t, (Ptr{flashattn_cp_plan_t}, Ptr{Csize_t}), plan, bytes)
 flashattn_cp_plan_execute(plan, num_ranks, q, k, v, o, lse, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_cp_plan_execute), flashattn_status_t, (Ptr{flashattn_cp_plan_t}, Int32, Ptr{Ptr{Cvoid}}, Ptr{Ptr{Cvoid}}, Ptr{Ptr{Cvoid}}, Ptr{Ptr{Cvoid}}, Ptr{Ptr{Cfloat}}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, num_ranks, q, k, v, o, lse, workspace, workspace_bytes, stream)
+flashattn_cp_plan_get_backward_workspace_size(plan, bytes) = ccall(fptr(:flashattn_cp_plan_get_backward_workspace_size), flashattn_status_t, (Ptr{flashattn_cp_plan_t}, Ptr{Csize_t}), plan, bytes)
+flashattn_cp_plan_execute_backward(plan, num_ranks, q, k, v, o, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream) = ccall(fptr(:flashattn_cp_plan_execute_backward), flashattn_status_t, (Ptr{flashattn_cp_plan_t}, Int32, Ptr{Ptr{Cvoid}}, Ptr{Ptr{Cvoid}}, Ptr{Ptr{Cvoid}}, Ptr{Ptr{Cvoid}}, Ptr{Ptr{Cvoid}}, Ptr{Ptr{Cfloat}}, Ptr{Ptr{Cvoid}}, Ptr{Ptr{Cvoid}}, Ptr{Ptr{Cvoid}}, Ptr{Cvoid}, Csize_t, flashattn_stream_t), plan, num_ranks, q, k, v, o, dout, lse, dq, dk, dv, workspace, workspace_bytes, stream)
 
 @inline function check(status, func::String)
     status == FLASHATTN_SUCCESS && return nothing
@@ -160,6 +174,43 @@ function execute!(plan::CpPlan, q::Vector{Ptr{Cvoid}}, k::Vector{Ptr{Cvoid}}, v:
     GC.@preserve q k v o lse check(flashattn_cp_plan_execute(plan.ptr, Int32(n), pointer(q), pointer(k), pointer(v),
                                                              pointer(o), lse_ptr, workspace, workspace_bytes, stream),
                                    "flashattn_cp_plan_execute")
+    return nothing
+end
+
+"""
+    backward_workspace_size(plan::CpPlan)
+
+Bytes of workspace one [`execute_backward!`](@ref) needs (separate from `workspace_size`); throws
+(`FLASHATTN_ERROR_NOT_SUPPORTED`, with the reason) when the local plan's backend has no backward
+pass for this problem.
+"""
+function backward_workspace_size(plan::CpPlan)
+    n = Ref{Csize_t}(0)
+    check(flashattn_cp_plan_get_backward_workspace_size(plan.ptr, n), "flashattn_cp_plan_get_backward_workspace_size")
+    return Int(n[])
+end
+
+"""
+    execute_backward!(plan, q, k, v, o, dout, lse, dq, dk, dv; workspace=C_NULL, workspace_bytes=0, stream=C_NULL)
+
+Raw backward: `q`, `k`, `v`, `o`, `dout`, `dq`, `dk`, `dv` are vectors of `plan.local_ranks`
+pointers as for [`execute!`](@ref), `lse` (the forward's, required) a vector of `Ptr{Cfloat}`.
+Writes every rank's `dq`, `dk`, `dv` (layouts of its `q`, `k`, `v`): the gradients with respect to
+the whole sequence, restricted to the rank's rows. The workspace holds at least
+[`backward_workspace_size`](@ref) bytes.
+"""
+function execute_backward!(plan::CpPlan, q::Vector{Ptr{Cvoid}}, k::Vector{Ptr{Cvoid}}, v::Vector{Ptr{Cvoid}},
+                           o::Vector{Ptr{Cvoid}}, dout::Vector{Ptr{Cvoid}}, lse::Vector{Ptr{Cfloat}},
+                           dq::Vector{Ptr{Cvoid}}, dk::Vector{Ptr{Cvoid}}, dv::Vector{Ptr{Cvoid}};
+                           workspace::Ptr{Cvoid}=C_NULL, workspace_bytes::Integer=0, stream::Ptr{Cvoid}=C_NULL)
+    n = plan.local_ranks
+    all(length(x) == n for x in (q, k, v, o, dout, lse, dq, dk, dv)) ||
+        throw(ArgumentError("every pointer vector must hold $n entries"))
+    GC.@preserve q k v o dout lse dq dk dv check(
+        flashattn_cp_plan_execute_backward(plan.ptr, Int32(n), pointer(q), pointer(k), pointer(v), pointer(o),
+                                           pointer(dout), pointer(lse), pointer(dq), pointer(dk), pointer(dv),
+                                           workspace, workspace_bytes, stream),
+        "flashattn_cp_plan_execute_backward")
     return nothing
 end
 

@@ -103,6 +103,32 @@ function close_enough(a, b; atol, rtol)
     return true
 end
 
+# FlashAttn.Cp (libflashattn_cp) helpers: the pointer vectors its raw calls take, and one ring's
+# forward then backward on every rank's shards (host arrays, CPU backend), sizes (d, hq, hkv, l).
+cp_voids(xs) = Ptr{Cvoid}[Ptr{Cvoid}(pointer(x)) for x in xs]
+cp_floats(xs) = Ptr{Cfloat}[pointer(x) for x in xs]
+
+function cp_ring_pass(ring, qs, ks, vs, douts, sizes)
+    Cp = FA.Cp
+    d, hq, hkv, l = sizes
+    w = length(qs)
+    os = [fill(NaN32, d, hq, l, 1) for _ in 1:w]
+    lses = [fill(NaN32, l, hq, 1) for _ in 1:w]  # C [batch, heads_q, L]
+    nbytes = Cp.workspace_size(ring)
+    owner, ws = FA.host_workspace(nbytes)
+    GC.@preserve qs ks vs os lses owner Cp.execute!(ring, cp_voids(qs), cp_voids(ks), cp_voids(vs), cp_voids(os);
+                                                   lse=cp_floats(lses), workspace=ws, workspace_bytes=nbytes)
+    dqs = [fill(NaN32, d, hq, l, 1) for _ in 1:w]
+    dks = [fill(NaN32, d, hkv, l, 1) for _ in 1:w]
+    dvs = [fill(NaN32, d, hkv, l, 1) for _ in 1:w]
+    need = Cp.backward_workspace_size(ring)
+    bowner, bws = FA.host_workspace(need)
+    GC.@preserve qs ks vs os douts lses dqs dks dvs bowner Cp.execute_backward!(
+        ring, cp_voids(qs), cp_voids(ks), cp_voids(vs), cp_voids(os), cp_voids(douts), cp_floats(lses), cp_voids(dqs),
+        cp_voids(dks), cp_voids(dvs); workspace=bws, workspace_bytes=need)
+    return os, lses, dqs, dks, dvs
+end
+
 @testset "FlashAttn.jl" begin
     @testset "information" begin
         @test FA.version().major == 0
@@ -400,5 +426,80 @@ end
         @test close_enough(o, ro; atol=2e-5, rtol=2e-5)
         close(p1)
         close(p2)
+    end
+
+    @testset "context parallelism: the loopback ring and its backward (FlashAttn.Cp)" begin
+        Cp = FA.Cp
+        if !Cp.available()
+            @info "libflashattn_cp not loaded (FLASHATTN_CP_LIBRARY, which CTest sets when it is built): skipped"
+        else
+            @test Cp.shard_rows(2, 0, 4, true) == [0, 1, 6, 7]
+            @test Cp.shard_rows(2, 1, 4, false) == [4, 5, 6, 7]
+            d, hq, hkv, l = 16, 4, 2, 6
+            for world in 1:3, causal in (false, true)
+                s = world * l
+                q, k, v = randn(Float32, d, hq, s, 1), randn(Float32, d, hkv, s, 1), randn(Float32, d, hkv, s, 1)
+                dout = randn(Float32, d, hq, s, 1)
+                local_plan = Plan(batch=1, seqlen_q=l, seqlen_k=l, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=:fp32,
+                                  backend=:cpu, causal=causal ? 1 : 0)
+                finalize!(local_plan)
+                ring = Cp.CpPlan(local_plan, world)
+                @test ring.local_ranks == world
+                @test Cp.backward_workspace_size(ring) > 0
+                rows = [Cp.shard_rows(world, r, l, causal) .+ 1 for r in 0:world-1]  # 1-based global rows
+                shard(x) = [x[:, :, rs, :] for rs in rows]
+                qs, ks, vs, douts = shard(q), shard(k), shard(v), shard(dout)
+                os, lses, dqs, dks, dvs = cp_ring_pass(ring, qs, ks, vs, douts, (d, hq, hkv, l))
+                # The core library's single calls on the gathered sequence, and the Float64 reference.
+                o1, lse1 = attention(q, k, v; causal=causal)
+                dq1, dk1, dv1 = attention_backward(q, k, v, o1, lse1, dout; causal=causal)
+                rq, rk, rv = reference_backward(q, k, v, dout; causal=causal)
+                for r in 1:world
+                    @test close_enough(os[r], o1[:, :, rows[r], :]; atol=2e-5, rtol=0)
+                    @test close_enough(lses[r], lse1[rows[r], :, :]; atol=2e-5, rtol=0)
+                    for (got, one, ref) in ((dqs[r], dq1, rq), (dks[r], dk1, rk), (dvs[r], dv1, rv))
+                        @test all(isfinite, got)  # close_enough lets NaN through
+                        @test close_enough(got, one[:, :, rows[r], :]; atol=1e-4, rtol=0)
+                        @test close_enough(got, ref[:, :, rows[r], :]; atol=1e-4, rtol=0)
+                    end
+                end
+                # On the CPU the ring adds in a fixed order: a second run is bitwise identical.
+                _, _, dqs2, dks2, dvs2 = cp_ring_pass(ring, qs, ks, vs, douts, (d, hq, hkv, l))
+                @test dqs2 == dqs && dks2 == dks && dvs2 == dvs
+                close(local_plan)
+            end
+
+            # Errors: too small a workspace, a NULL LSE entry, the wrong number of pointers.
+            let
+                local_plan = Plan(batch=1, seqlen_q=l, seqlen_k=l, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=:fp32,
+                                  backend=:cpu, causal=1)
+                finalize!(local_plan)
+                ring = Cp.CpPlan(local_plan, 2)
+                qs, kvs = [randn(Float32, d, hq, l, 1) for _ in 1:2], [randn(Float32, d, hkv, l, 1) for _ in 1:2]
+                lses = [zeros(Float32, l, hq, 1) for _ in 1:2]
+                dqs, dks, dvs = [fill(NaN32, d, hq, l, 1) for _ in 1:2], [fill(NaN32, d, hkv, l, 1) for _ in 1:2],
+                                [fill(NaN32, d, hkv, l, 1) for _ in 1:2]
+                need = Cp.backward_workspace_size(ring)
+                owner, ws = FA.host_workspace(need)
+                function attempt(lse_ptrs, nbytes)
+                    try
+                        GC.@preserve qs kvs lses dqs dks dvs owner Cp.execute_backward!(
+                            ring, cp_voids(qs), cp_voids(kvs), cp_voids(kvs), cp_voids(qs), cp_voids(qs), lse_ptrs, cp_voids(dqs),
+                            cp_voids(dks), cp_voids(dvs); workspace=ws, workspace_bytes=nbytes)
+                        return nothing
+                    catch e
+                        return e
+                    end
+                end
+                err = GC.@preserve lses attempt(cp_floats(lses), need - 1)
+                @test err isa FlashAttnError && err.status == FA.FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE
+                @test err isa FlashAttnError && !isempty(err.message)
+                err = GC.@preserve lses attempt(Ptr{Cfloat}[pointer(lses[1]), Ptr{Cfloat}(C_NULL)], need)
+                @test err isa FlashAttnError && err.status == FA.FLASHATTN_ERROR_INVALID_ARGUMENT
+                @test all(x -> all(isnan, x), dqs) && all(x -> all(isnan, x), dks) && all(x -> all(isnan, x), dvs)
+                @test attempt(cp_floats(lses[1:1]), need) isa ArgumentError
+                close(local_plan)
+            end
+        end
     end
 end
