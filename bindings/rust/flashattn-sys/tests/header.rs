@@ -2,7 +2,9 @@
 //! is declared here with the same argument count and types, and every enum value matches. Both
 //! files are parsed as text (the header is C99 in one regular style); the link test below also
 //! makes the linker resolve every declared function against the real library.
-use std::collections::BTreeMap;
+mod common;
+
+use common::*;
 use std::path::PathBuf;
 
 const LIB_RS: &str = include_str!("../src/lib.rs");
@@ -12,158 +14,6 @@ fn header_path() -> PathBuf {
         return PathBuf::from(p);
     }
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../include/flashattn/flashattn.h")
-}
-
-fn strip_c_comments(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let b = text.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'/' && i + 1 < b.len() && b[i + 1] == b'*' {
-            i += 2;
-            while i + 1 < b.len() && !(b[i] == b'*' && b[i + 1] == b'/') {
-                i += 1;
-            }
-            i += 2;
-            out.push(' ');
-        } else if b[i] == b'/' && i + 1 < b.len() && b[i + 1] == b'/' {
-            while i < b.len() && b[i] != b'\n' {
-                i += 1;
-            }
-        } else {
-            out.push(b[i] as char);
-            i += 1;
-        }
-    }
-    out
-}
-
-fn squash(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// "const  char *" -> "const char*", "flashattn_plan_t **" -> "flashattn_plan_t**"
-fn normalize_c_type(t: &str) -> String {
-    let mut t = squash(t);
-    while t.contains(" *") || t.contains("* ") {
-        t = t.replace(" *", "*").replace("* ", "*");
-    }
-    t
-}
-
-type Signature = (String, Vec<String>); // (return type, parameter types), C spelling
-
-fn parse_header_functions(text: &str) -> BTreeMap<String, Signature> {
-    let text = strip_c_comments(text);
-    let mut out = BTreeMap::new();
-    for chunk in text.split("FLASHATTN_API").skip(1) {
-        let decl = &chunk[..chunk.find(';').expect("declaration without ';'")];
-        let open = decl.find('(').expect("declaration without '('");
-        let close = decl.rfind(')').expect("declaration without ')'");
-        let head = decl[..open].trim();
-        let name_start = head.rfind(|c: char| !(c.is_alphanumeric() || c == '_')).map_or(0, |i| i + 1);
-        let name = head[name_start..].to_string();
-        let ret = normalize_c_type(&head[..name_start]);
-        let params = decl[open + 1..close].trim();
-        let mut types = Vec::new();
-        if params != "void" {
-            for p in params.split(',') {
-                let p = p.trim();
-                let ident_start = p.rfind(|c: char| !(c.is_alphanumeric() || c == '_')).map_or(0, |i| i + 1);
-                assert!(ident_start > 0, "{name}: unnamed parameter {p:?}");
-                types.push(normalize_c_type(&p[..ident_start]));
-            }
-        }
-        assert!(name.starts_with("flashattn_"), "unexpected declaration {decl:?}");
-        out.insert(name, (ret, types));
-    }
-    out
-}
-
-fn parse_header_enums(text: &str) -> BTreeMap<String, BTreeMap<String, i64>> {
-    let text = strip_c_comments(text);
-    let mut out = BTreeMap::new();
-    for chunk in text.split("typedef enum").skip(1) {
-        let open = chunk.find('{').unwrap();
-        let close = chunk.find('}').unwrap();
-        let name = chunk[close + 1..chunk.find(';').unwrap()].trim().to_string();
-        let mut values = BTreeMap::new();
-        let mut next = 0i64;
-        for item in chunk[open + 1..close].split(',') {
-            let item = item.trim();
-            if item.is_empty() {
-                continue;
-            }
-            let (n, v) = match item.split_once('=') {
-                Some((n, v)) => (n.trim(), v.trim().parse::<i64>().expect("enum value")),
-                None => (item, next),
-            };
-            values.insert(n.to_string(), v);
-            next = v + 1;
-        }
-        out.insert(name, values);
-    }
-    out
-}
-
-/// A Rust FFI type spelled the way the header spells the C type.
-fn rust_to_c(t: &str, enums: &[&str]) -> String {
-    let t = squash(t);
-    if let Some(rest) = t.strip_prefix("*mut ") {
-        return format!("{}*", rust_to_c(rest, enums));
-    }
-    if let Some(rest) = t.strip_prefix("*const ") {
-        let inner = rust_to_c(rest, enums);
-        return if inner.ends_with('*') { format!("{inner}const*") } else { format!("const {inner}*") };
-    }
-    match t.as_str() {
-        "c_char" => "char".into(),
-        "c_void" => "void".into(),
-        "usize" => "size_t".into(),
-        "i64" => "int64_t".into(),
-        "i32" => "int32_t".into(),
-        "u32" => "uint32_t".into(),
-        "u64" => "uint64_t".into(),
-        "f64" => "double".into(),
-        "f32" => "float".into(),
-        "()" => "void".into(),
-        other if other.starts_with("flashattn_") => other.into(),
-        other => panic!("unknown Rust FFI type {other:?} in src/lib.rs (enums: {enums:?})"),
-    }
-}
-
-fn parse_rust_functions(text: &str, enums: &[&str]) -> BTreeMap<String, Signature> {
-    let block_start = text.find("extern \"C\" {").expect("no extern \"C\" block in src/lib.rs");
-    let block = &text[block_start..];
-    let block = &block[..block.find("\n}").unwrap()];
-    let mut out = BTreeMap::new();
-    for chunk in block.split("pub fn ").skip(1) {
-        let decl = squash(&chunk[..chunk.find(';').unwrap()]);
-        let open = decl.find('(').unwrap();
-        let close = decl.rfind(')').unwrap();
-        let name = decl[..open].trim().to_string();
-        let ret = decl[close + 1..].trim().strip_prefix("->").map_or("()".to_string(), |r| r.trim().to_string());
-        let types = decl[open + 1..close]
-            .split(',')
-            .map(str::trim)
-            .filter(|p| !p.is_empty())
-            .map(|p| rust_to_c(p.split_once(':').expect("parameter without type").1, enums))
-            .collect();
-        out.insert(name, (rust_to_c(&ret, enums), types));
-    }
-    out
-}
-
-fn parse_rust_consts(text: &str) -> BTreeMap<String, (String, i64)> {
-    let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.trim().strip_prefix("pub const ") else { continue };
-        let (name, rest) = rest.split_once(':').unwrap();
-        let (ty, value) = rest.split_once('=').unwrap();
-        let value = value.trim().trim_end_matches(';').parse::<i64>().unwrap();
-        out.insert(name.trim().to_string(), (ty.trim().to_string(), value));
-    }
-    out
 }
 
 fn header_text() -> String {
