@@ -23,4 +23,4 @@ timeout ${MEMCHECK_S:-120} compute-sanitizer --tool memcheck --error-exitcode 99
 echo "memcheck test_cp_ring_gpu rc=$? $(grep -E 'ERROR SUMMARY' "$out/memcheck-cp-ring-gpu.log" | tail -1)"
 FLASHATTN_LIBRARY=$b/src/libflashattn.so FLASHATTN_CP_LIBRARY=$b/cp/libflashattn_cp.so PYTHONPATH=$PWD/bindings/python \
   timeout ${MULTI_S:-240} torchrun --standalone --nproc-per-node=1 tests/gpu/cp_multi.py check > "$out/cp-multi-1.log" 2>&1
-echo "cp_multi.py check W=1 rc=$?"; grep -E '^check|cp_multi:|Error|error' "$out/cp-multi-1.log" | head -12
+echo "cp_multi.py check W=1 rc=$?"; grep -E '^check|cp_multi:|Error|error' "$out/cp-multi-1.log" | head -30

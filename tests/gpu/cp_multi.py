@@ -6,7 +6,9 @@ every rank calls ncclCommInitRank (ctypes, on the libnccl.so.2 that libflashattn
   check  every rank shards the same seeded global Q/K/V by flashattn.cp.shard_rows (zigzag when
          causal), runs the ring, the O and LSE shards are gathered, and rank 0 compares every
          element with one single-GPU call (flashattn.Plan) on the global inputs; causal and not,
-         GQA, odd chunks. Exit status 1 on any mismatch.
+         GQA, odd chunks. Then the ring backward on a seeded dO (dK / dV travelling with their
+         blocks), its dQ / dK / dV shards gathered and compared with the single-GPU backward.
+         Exit status 1 on any mismatch.
   bench  the issue's bar: bf16, head dim 128, 32 heads, TOTAL tokens (default 262144) split over
          the ranks, causal zigzag and non-causal: the ring's time (median of CUDA-event timings,
          all ranks started together), against (a) WORLD x the single-GPU FA3 throughput on the
@@ -77,6 +79,61 @@ class Ring:
         self.plan.execute([q], [k], [v], [o], [lse], workspace=self.ws,
                           stream=torch.cuda.current_stream().cuda_stream)
 
+    def backward(self, q, k, v, o, dout, lse, dq, dk, dv):
+        ws = torch.empty(max(self.plan.backward_workspace_size, 1), dtype=torch.uint8, device="cuda")
+        self.plan.execute_backward([q], [k], [v], [o], [dout], [lse], [dq], [dk], [dv], workspace=ws,
+                                   stream=torch.cuda.current_stream().cuda_stream)
+
+
+def gathered_error(shards, whole, world, L, causal, row_dim):
+    """Largest |shard - whole[rows of the shard]| over the gathered shards (inf where NaN)."""
+    worst = 0.0
+    for r in range(world):
+        ridx = torch.tensor(cp.shard_rows(world, r, L, causal), device="cuda")
+        diff = (shards[r].float() - whole.index_select(row_dim, ridx).float()).abs()
+        worst = max(worst, float("inf") if diff.isnan().any() else float(diff.max()))
+    return worst
+
+
+def check_backward(ring, rank, world, case, q, k, v, ql, kl, vl, o, lse):
+    """The ring backward on this rank's shards against rank 0's single-GPU backward; returns
+    whether it failed (on rank 0; 0 elsewhere)."""
+    batch, L, hq, hkv, d, causal = case
+    S = world * L
+    g = torch.Generator().manual_seed(4321 + L)
+    dout = (torch.rand(batch, S, hq, d, generator=g) - 0.5).to(torch.bfloat16)
+    rows = torch.tensor(cp.shard_rows(world, rank, L, causal))
+    dol = dout[:, rows].contiguous().cuda()
+    grads = [torch.full_like(x, float("nan")) for x in (ql, kl, vl)]
+    ring.backward(ql, kl, vl, o, dol, lse, *grads)
+    torch.cuda.synchronize()
+    gathered = []
+    for x in grads:
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x)
+        gathered.append(parts)
+    if rank != 0:
+        return 0
+    one = local_plan(S, hq, hkv, d, causal, batch=batch)
+    qg, kg, vg, dog = q.cuda(), k.cuda(), v.cuda(), dout.cuda()
+    og = torch.empty(batch, S, hq, d, dtype=torch.bfloat16, device="cuda")
+    lg = torch.empty(batch, hq, S, dtype=torch.float32, device="cuda")
+    one.execute(qg, kg, vg, og, lg, workspace=torch.empty(max(one.workspace_size, 1), dtype=torch.uint8,
+                                                           device="cuda"))
+    want = [torch.full_like(x, float("nan")) for x in (qg, kg, vg)]
+    one.backward(qg, kg, vg, og, dog, lg, *want,
+                 workspace=torch.empty(max(one.backward_workspace_size, 1), dtype=torch.uint8, device="cuda"))
+    torch.cuda.synchronize()
+    failed = 0
+    for name, parts, whole in zip(("dQ", "dK", "dV"), gathered, want):
+        scale = max(1.0, float(whole.float().abs().max()))
+        err = gathered_error(parts, whole, world, L, causal, 1) / scale
+        ok = err <= 3e-2
+        failed |= not ok
+        print("check backward W=%d b=%d L=%d hq=%d hkv=%d d=%d causal=%d: %s max err %.2e (relative)  %s"
+              % (world, batch, L, hq, hkv, d, causal, name, err, "ok" if ok else "FAIL"), flush=True)
+    return failed
+
 
 def check(comm, rank, world, args):
     failures = 0
@@ -97,7 +154,8 @@ def check(comm, rank, world, args):
         ql, kl, vl = (x[:, idx].contiguous().cuda() for x in (q, k, v))
         o = torch.full((batch, L, hq, d), float("nan"), dtype=torch.bfloat16, device="cuda")
         lse = torch.full((batch, hq, L), float("nan"), dtype=torch.float32, device="cuda")
-        Ring(comm, rank, world, L, hq, hkv, d, causal, batch=batch)(ql, kl, vl, o, lse)
+        ring = Ring(comm, rank, world, L, hq, hkv, d, causal, batch=batch)
+        ring(ql, kl, vl, o, lse)
         torch.cuda.synchronize()
         os_ = [torch.empty_like(o) for _ in range(world)]
         ls = [torch.empty_like(lse) for _ in range(world)]
@@ -111,17 +169,14 @@ def check(comm, rank, world, args):
             ws = torch.empty(max(one.workspace_size, 1), dtype=torch.uint8, device="cuda")
             one.execute(qg, kg, vg, og, lg, workspace=ws)
             torch.cuda.synchronize()
-            worst_o = worst_l = 0.0
-            for r in range(world):
-                ridx = torch.tensor(cp.shard_rows(world, r, L, causal), device="cuda")
-                diff_o = (os_[r].float() - og[:, ridx].float()).abs()
-                diff_l = (ls[r] - lg[:, :, ridx]).abs()
-                worst_o = max(worst_o, float("inf") if diff_o.isnan().any() else float(diff_o.max()))
-                worst_l = max(worst_l, float("inf") if diff_l.isnan().any() else float(diff_l.max()))
+            worst_o = gathered_error(os_, og, world, L, causal, 1)
+            worst_l = gathered_error(ls, lg, world, L, causal, 2)
             ok = worst_o <= 2e-2 and worst_l <= 1e-3
             failures += not ok
             print("check W=%d b=%d L=%d hq=%d hkv=%d d=%d causal=%d: O max err %.2e, LSE max err %.2e  %s"
                   % (world, batch, L, hq, hkv, d, causal, worst_o, worst_l, "ok" if ok else "FAIL"), flush=True)
+        case = (batch, L, hq, hkv, d, causal)
+        failures += check_backward(ring, rank, world, case, q, k, v, ql, kl, vl, o, lse)
     box = [failures]
     dist.broadcast_object_list(box, src=0)
     return box[0]
