@@ -624,6 +624,36 @@ static int untouched(void *const *outs, int n, size_t bytes) {
     return 1;
 }
 
+/* Shapes the grids above do not choose: `count` cases drawn from FLASHATTN_TEST_SEED (printed, so
+ * a failure can be replayed), every dimension odd or even, W = 1..8, GQA groups of 1-3, both
+ * layouts, scale and softcap on or off; each against the single call, and the double reference. */
+static void run_random_cases(int count, int gpu) {
+    const char *env = getenv("FLASHATTN_TEST_SEED");
+    uint64_t state = env && env[0] ? strtoull(env, NULL, 0) : 0x5eed0c0ffeeull;
+    printf("random cases: FLASHATTN_TEST_SEED=%llu\n", (unsigned long long)state);
+    state |= 1;
+#define DRAW(n) ((int)((state ^= state << 13, state ^= state >> 7, state ^= state << 17) % (uint64_t)(n)))
+    const int dtypes[3] = {FLASHATTN_DTYPE_FP32, FLASHATTN_DTYPE_BF16, FLASHATTN_DTYPE_FP16};
+    for (int i = 0; i < count; ++i) {
+        Case c;
+        memset(&c, 0, sizeof c);
+        c.world = 1 + DRAW(8);
+        c.causal = DRAW(2);
+        c.local_rows = c.causal ? 2 * (1 + DRAW(7)) : 1 + DRAW(12);
+        c.batch = 1 + DRAW(2);
+        c.heads_kv = 1 + DRAW(3);
+        c.heads_q = c.heads_kv * (1 + DRAW(3));
+        c.dim = gpu ? (DRAW(2) ? 128 : 64) : 8 * (1 + DRAW(8));
+        c.dim_v = gpu || DRAW(2) ? c.dim : 8 * (1 + DRAW(8));
+        c.dtype = gpu ? dtypes[1 + DRAW(2)] : dtypes[DRAW(3)];
+        c.scale = DRAW(3) == 0 ? 0.05 + 0.01 * DRAW(20) : 0;
+        c.softcap = DRAW(3) == 0 ? 1.0 + 0.25 * DRAW(16) : 0;
+        c.deterministic = gpu && DRAW(2);
+        run_case(&c, 1);
+    }
+#undef DRAW
+}
+
 #ifndef CP_TEST_GPU
 /* The argument checks (host buffers: they are refused before anything is read). */
 static void test_bad_arguments(void) {
@@ -895,6 +925,7 @@ static void run_cases(void) {
     run_case(&big_causal, 0);
     run_case(&big_plain, 0);
     run_case(&mqa, 1);
+    run_random_cases(24, 1);
 }
 #else
 static void run_cases(void) {
@@ -922,6 +953,7 @@ static void run_cases(void) {
     run_case(&bf16_mqa, 0);
     run_case(&fp16_causal, 1);
     run_case(&fp16_plain, 0);
+    run_random_cases(60, 0);
     test_bad_arguments();
     test_backward_arguments();
 }
