@@ -2,7 +2,8 @@
  * naive attention gradient in double precision, and the same naive algorithm run in the input
  * dtype (the baseline of FlashAttention's tolerance rule "error at most 2x that of the naive
  * algorithm in the input dtype"). Both materialise every score of a row; neither shares code with
- * src/. */
+ * src/. Both run on every core (ref_parallel(), test_reference.h; FLASHATTN_TEST_REF_THREADS=1 for
+ * one thread), with results bitwise those of one thread. */
 #ifndef FLASHATTN_TEST_BACKWARD_REFERENCE_H
 #define FLASHATTN_TEST_BACKWARD_REFERENCE_H
 

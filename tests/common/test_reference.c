@@ -3,8 +3,10 @@
  * references that materialise every score of a row. */
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "test_internal.h"
 
@@ -178,6 +180,19 @@ ref_row ref_rows_begin(void) {
     return r;
 }
 
+ref_row ref_row_at(const ref_problem *p, int64_t b, int64_t h, int64_t i) {
+    ref_row r;
+    r.b = b;
+    r.h = h;
+    r.i = i;
+    r.kh = h / (p->heads_q / p->heads_kv);
+    r.sq = p->len_q[b];
+    r.sk = p->len_k[b];
+    r.tq = p->start_q[b] + i;
+    r.q = p->q + (r.tq * p->heads_q + h) * p->head_dim;
+    return r;
+}
+
 int ref_next_row(const ref_problem *p, ref_row *r) {
     for (;;) {
         if (r->b >= p->batch) return 0;
@@ -187,12 +202,64 @@ int ref_next_row(const ref_problem *p, ref_row *r) {
         r->h = 0;
         ++r->b;
     }
-    r->kh = r->h / (p->heads_q / p->heads_kv);
-    r->sq = p->len_q[r->b];
-    r->sk = p->len_k[r->b];
-    r->tq = p->start_q[r->b] + r->i;
-    r->q = p->q + (r->tq * p->heads_q + r->h) * p->head_dim;
+    *r = ref_row_at(p, r->b, r->h, r->i);
     return 1;
+}
+
+/* ---- On every core ------------------------------------------------------------------------- */
+
+/* The references, not the library, take most of a GPU suite's time (seconds a case against
+ * milliseconds), so they run on every core of the machine: a queue of jobs that threads take one at a
+ * time. */
+#define REF_MAX_THREADS 64
+
+typedef struct ref_queue {
+    pthread_mutex_t lock;
+    int64_t next, jobs;
+    size_t scratch_bytes;
+    ref_job job;
+    void *arg;
+} ref_queue;
+
+static void *ref_worker(void *arg) {
+    ref_queue *q = (ref_queue *)arg;
+    void *scratch = calloc(q->scratch_bytes ? q->scratch_bytes : 1, 1);
+    if (scratch == NULL) abort();
+    for (;;) {
+        int64_t index;
+        pthread_mutex_lock(&q->lock);
+        index = q->next++;
+        pthread_mutex_unlock(&q->lock);
+        if (index >= q->jobs) break;
+        q->job(q->arg, index, scratch);
+    }
+    free(scratch);
+    return NULL;
+}
+
+static int ref_threads(void) {
+    const char *env = getenv("FLASHATTN_TEST_REF_THREADS");
+    long n = env != NULL && env[0] != '\0' ? strtol(env, NULL, 10) : 0;
+    if (n < 1) n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > REF_MAX_THREADS ? REF_MAX_THREADS : (int)n;
+}
+
+void ref_parallel(int64_t jobs, size_t scratch_bytes, ref_job job, void *arg) {
+    ref_queue q;
+    pthread_t threads[REF_MAX_THREADS];
+    int64_t n = ref_threads();
+    int started = 0;
+    q.next = 0;
+    q.jobs = jobs;
+    q.scratch_bytes = scratch_bytes;
+    q.job = job;
+    q.arg = arg;
+    if (n > jobs) n = jobs;
+    pthread_mutex_init(&q.lock, NULL);
+    while (started + 1 < n && pthread_create(&threads[started], NULL, ref_worker, &q) == 0) ++started;
+    ref_worker(&q); /* the caller works too, so every job runs even where no thread could start */
+    while (started > 0) pthread_join(threads[--started], NULL);
+    pthread_mutex_destroy(&q.lock);
 }
 
 void ref_attention(const ref_problem *p, double *o, double *lse) {

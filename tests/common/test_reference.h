@@ -4,6 +4,7 @@
 #ifndef FLASHATTN_TEST_REFERENCE_H
 #define FLASHATTN_TEST_REFERENCE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "flashattn/flashattn.h"
@@ -49,6 +50,18 @@ typedef struct ref_row {
 /* Before the first row; ref_next_row() moves to the next row and returns 0 after the last. */
 ref_row ref_rows_begin(void);
 int ref_next_row(const ref_problem *p, ref_row *r);
+/* Row i of query head h of sequence b. */
+ref_row ref_row_at(const ref_problem *p, int64_t b, int64_t h, int64_t i);
+
+/* The references on every core. Runs job(arg, index, scratch) once for each index in [0, jobs), in
+ * any order and on several threads at once, the calling thread among them; returns when all have
+ * run. Each thread has its own zeroed scratch of scratch_bytes, handed to every job it runs (jobs
+ * must not expect it zeroed again). The jobs must write disjoint outputs, each with a fixed order of
+ * operations, so that the result is bitwise that of one thread. Threads: the online cores, or
+ * FLASHATTN_TEST_REF_THREADS (1 = the calling thread alone), at most 64; where a thread cannot be
+ * started, the others (at least the caller) run its jobs. */
+typedef void (*ref_job)(void *arg, int64_t index, void *scratch);
+void ref_parallel(int64_t jobs, size_t scratch_bytes, ref_job job, void *arg);
 
 /* The problem of one case over its logical arrays q, k, v and dout (NULL for the forward). */
 ref_problem shape_problem(const case_shape *s, const attn_case *c, const float *q, const float *k, const float *v,

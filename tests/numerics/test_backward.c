@@ -25,7 +25,9 @@
  * What each backend runs: cpu: fp32, fp16, bf16, any head_dim / head_dim_v; fa2: fp16, bf16
  * (the grid's fp32 cases run in bf16), head_dim 8..256, head_dim_v == head_dim; fa3: as fa2
  * (136..256 on its 256 kernel since stop 21). FLASHATTN_TEST_REDUCED=1
- * keeps every third small case (for compute-sanitizer). FLASHATTN_TEST_SEED changes the inputs. */
+ * keeps every third small case (for compute-sanitizer). FLASHATTN_TEST_SEED changes the inputs.
+ * The references run on every core; FLASHATTN_TEST_REF_THREADS=n sets how many threads (the same
+ * results bit for bit). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
