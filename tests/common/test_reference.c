@@ -1,6 +1,6 @@
 /* The tests' own arithmetic, written independently of the library: a splitmix64 generator, dtype
  * rounding through double arithmetic (frexp/nearbyint, not bit tricks), and two naive attention
- * references that materialise every score of a row. */
+ * references that materialise every score of a row, on every core (ref_parallel()). */
 #include <float.h>
 #include <math.h>
 #include <pthread.h>
@@ -262,98 +262,135 @@ void ref_parallel(int64_t jobs, size_t scratch_bytes, ref_job job, void *arg) {
     pthread_mutex_destroy(&q.lock);
 }
 
-void ref_attention(const ref_problem *p, double *o, double *lse) {
-    const int64_t hq = p->heads_q, hk = p->heads_kv, d = p->head_dim, dv = p->head_dim_v;
-    double *s = (double *)malloc((size_t)ref_longest(p->len_k, p->batch) * sizeof(double));
-    double *acc = (double *)malloc((size_t)dv * sizeof(double));
-    ref_row r = ref_rows_begin();
-    int64_t j, c;
-    if (!s || !acc) abort();
-    while (ref_next_row(p, &r)) {
-        const float *q = r.q;
-        double *out = o + (r.tq * hq + r.h) * dv;
-        double m = -INFINITY, l = 0.0;
-        int any = 0;
-        for (j = 0; j < r.sk; ++j) {
-            const float *k = p->k + ((p->start_k[r.b] + j) * hk + r.kh) * d;
-            double dot = 0.0;
-            if (!ref_visible(p, r.i, j, r.sq, r.sk)) {
-                s[j] = -INFINITY;
-                continue;
-            }
-            for (c = 0; c < d; ++c) dot += (double)q[c] * (double)k[c];
-            dot *= p->scale;
-            if (p->softcap > 0.0) dot = p->softcap * tanh(dot / p->softcap);
-            s[j] = dot;
-            if (dot > m) m = dot;
-            any = 1;
-        }
-        for (c = 0; c < dv; ++c) acc[c] = 0.0;
-        if (!any) {
-            for (c = 0; c < dv; ++c) out[c] = 0.0;
-            lse[r.h * p->total_q + r.tq] = -INFINITY;
-            continue;
-        }
-        for (j = 0; j < r.sk; ++j) {
-            const float *v = p->v + ((p->start_k[r.b] + j) * hk + r.kh) * dv;
-            double e;
-            if (s[j] == -INFINITY) continue;
-            e = exp(s[j] - m);
-            l += e;
-            for (c = 0; c < dv; ++c) acc[c] += e * (double)v[c];
-        }
-        for (c = 0; c < dv; ++c) out[c] = acc[c] / l;
-        lse[r.h * p->total_q + r.tq] = m + log(l);
+/* ---- The forward references ----------------------------------------------------------------- */
+
+/* Rows are independent (each writes its own O row and LSE), so any split is bitwise that of one
+ * thread: a job per 16 rows of one query head of one sequence. */
+#define FWD_ROWS_PER_JOB 16
+
+typedef struct fwd_args {
+    const ref_problem *p;
+    double *o, *lse;
+    int64_t blocks; /* jobs per query head of a sequence: the longest sequence in blocks of rows */
+    void (*row)(const struct fwd_args *a, const ref_row *r, void *scratch);
+} fwd_args;
+
+static void fwd_job(void *arg, int64_t index, void *scratch) {
+    const fwd_args *a = (const fwd_args *)arg;
+    const int64_t bh = index / a->blocks, b = bh / a->p->heads_q, h = bh % a->p->heads_q;
+    const int64_t first = index % a->blocks * FWD_ROWS_PER_JOB;
+    int64_t i;
+    for (i = first; i < first + FWD_ROWS_PER_JOB && i < a->p->len_q[b]; ++i) {
+        const ref_row r = ref_row_at(a->p, b, h, i);
+        a->row(a, &r, scratch);
     }
-    free(acc);
-    free(s);
 }
 
-void ref_attention_lowp(const ref_problem *p, double *o) {
+static void fwd_run(fwd_args *a, size_t scratch_bytes) {
+    a->blocks = (ref_longest(a->p->len_q, a->p->batch) + FWD_ROWS_PER_JOB - 1) / FWD_ROWS_PER_JOB;
+    ref_parallel(a->p->batch * a->p->heads_q * a->blocks, scratch_bytes, fwd_job, a);
+}
+
+/* s [longest key sequence], acc [head_dim_v] */
+static void ref_attention_row(const fwd_args *a, const ref_row *r, void *scratch) {
+    const ref_problem *p = a->p;
+    const int64_t hq = p->heads_q, hk = p->heads_kv, d = p->head_dim, dv = p->head_dim_v;
+    double *s = (double *)scratch, *acc = s + ref_longest(p->len_k, p->batch);
+    const float *q = r->q;
+    double *out = a->o + (r->tq * hq + r->h) * dv;
+    double m = -INFINITY, l = 0.0;
+    int any = 0;
+    int64_t j, c;
+    for (j = 0; j < r->sk; ++j) {
+        const float *k = p->k + ((p->start_k[r->b] + j) * hk + r->kh) * d;
+        double dot = 0.0;
+        if (!ref_visible(p, r->i, j, r->sq, r->sk)) {
+            s[j] = -INFINITY;
+            continue;
+        }
+        for (c = 0; c < d; ++c) dot += (double)q[c] * (double)k[c];
+        dot *= p->scale;
+        if (p->softcap > 0.0) dot = p->softcap * tanh(dot / p->softcap);
+        s[j] = dot;
+        if (dot > m) m = dot;
+        any = 1;
+    }
+    for (c = 0; c < dv; ++c) acc[c] = 0.0;
+    if (!any) {
+        for (c = 0; c < dv; ++c) out[c] = 0.0;
+        a->lse[r->h * p->total_q + r->tq] = -INFINITY;
+        return;
+    }
+    for (j = 0; j < r->sk; ++j) {
+        const float *v = p->v + ((p->start_k[r->b] + j) * hk + r->kh) * dv;
+        double e;
+        if (s[j] == -INFINITY) continue;
+        e = exp(s[j] - m);
+        l += e;
+        for (c = 0; c < dv; ++c) acc[c] += e * (double)v[c];
+    }
+    for (c = 0; c < dv; ++c) out[c] = acc[c] / l;
+    a->lse[r->h * p->total_q + r->tq] = m + log(l);
+}
+
+void ref_attention(const ref_problem *p, double *o, double *lse) {
+    fwd_args a;
+    a.p = p;
+    a.o = o;
+    a.lse = lse;
+    a.row = ref_attention_row;
+    fwd_run(&a, (size_t)(ref_longest(p->len_k, p->batch) + p->head_dim_v) * sizeof(double));
+}
+
+/* s [longest key sequence], acc [head_dim_v], vis [longest key sequence] */
+static void ref_attention_lowp_row(const fwd_args *a, const ref_row *r, void *scratch) {
+    const ref_problem *p = a->p;
     const int64_t hq = p->heads_q, hk = p->heads_kv, d = p->head_dim, dv = p->head_dim_v;
     const flashattn_dtype_t dt = p->dtype;
     const float scale = (float)p->scale, cap = (float)p->softcap;
-    float *s = (float *)malloc((size_t)ref_longest(p->len_k, p->batch) * sizeof(float));
-    unsigned char *vis = (unsigned char *)malloc((size_t)ref_longest(p->len_k, p->batch));
-    float *acc = (float *)malloc((size_t)dv * sizeof(float));
-    ref_row r = ref_rows_begin();
+    float *s = (float *)scratch, *acc = s + ref_longest(p->len_k, p->batch);
+    unsigned char *vis = (unsigned char *)(acc + dv);
+    const float *q = r->q;
+    double *out = a->o + (r->tq * hq + r->h) * dv;
+    float m = -INFINITY, l = 0.0f;
+    int any = 0;
     int64_t j, c;
-    if (!s || !vis || !acc) abort();
-    while (ref_next_row(p, &r)) {
-        const float *q = r.q;
-        double *out = o + (r.tq * hq + r.h) * dv;
-        float m = -INFINITY, l = 0.0f;
-        int any = 0;
-        for (j = 0; j < r.sk; ++j) {
-            const float *k = p->k + ((p->start_k[r.b] + j) * hk + r.kh) * d;
-            float dot = 0.0f;
-            vis[j] = (unsigned char)ref_visible(p, r.i, j, r.sq, r.sk);
-            if (!vis[j]) continue;
-            for (c = 0; c < d; ++c) dot += q[c] * k[c];
-            dot = (float)test_round(dt, (double)(dot * scale));
-            if (cap > 0.0f) dot = (float)test_round(dt, (double)(cap * tanhf(dot / cap)));
-            s[j] = dot;
-            if (dot > m) m = dot;
-            any = 1;
-        }
-        for (c = 0; c < dv; ++c) acc[c] = 0.0f;
-        if (any) {
-            for (j = 0; j < r.sk; ++j) {
-                if (!vis[j]) continue;
-                s[j] = expf(s[j] - m);
-                l += s[j];
-            }
-            for (j = 0; j < r.sk; ++j) {
-                const float *v = p->v + ((p->start_k[r.b] + j) * hk + r.kh) * dv;
-                float pr;
-                if (!vis[j]) continue;
-                pr = (float)test_round(dt, (double)(s[j] / l));
-                for (c = 0; c < dv; ++c) acc[c] += pr * v[c];
-            }
-        }
-        for (c = 0; c < dv; ++c) out[c] = test_round(dt, (double)acc[c]);
+    for (j = 0; j < r->sk; ++j) {
+        const float *k = p->k + ((p->start_k[r->b] + j) * hk + r->kh) * d;
+        float dot = 0.0f;
+        vis[j] = (unsigned char)ref_visible(p, r->i, j, r->sq, r->sk);
+        if (!vis[j]) continue;
+        for (c = 0; c < d; ++c) dot += q[c] * k[c];
+        dot = (float)test_round(dt, (double)(dot * scale));
+        if (cap > 0.0f) dot = (float)test_round(dt, (double)(cap * tanhf(dot / cap)));
+        s[j] = dot;
+        if (dot > m) m = dot;
+        any = 1;
     }
-    free(acc);
-    free(vis);
-    free(s);
+    for (c = 0; c < dv; ++c) acc[c] = 0.0f;
+    if (any) {
+        for (j = 0; j < r->sk; ++j) {
+            if (!vis[j]) continue;
+            s[j] = expf(s[j] - m);
+            l += s[j];
+        }
+        for (j = 0; j < r->sk; ++j) {
+            const float *v = p->v + ((p->start_k[r->b] + j) * hk + r->kh) * dv;
+            float pr;
+            if (!vis[j]) continue;
+            pr = (float)test_round(dt, (double)(s[j] / l));
+            for (c = 0; c < dv; ++c) acc[c] += pr * v[c];
+        }
+    }
+    for (c = 0; c < dv; ++c) out[c] = test_round(dt, (double)acc[c]);
+}
+
+void ref_attention_lowp(const ref_problem *p, double *o) {
+    const int64_t maxk = ref_longest(p->len_k, p->batch);
+    fwd_args a;
+    a.p = p;
+    a.o = o;
+    a.lse = NULL;
+    a.row = ref_attention_lowp_row;
+    fwd_run(&a, (size_t)(maxk + p->head_dim_v) * sizeof(float) + (size_t)maxk);
 }

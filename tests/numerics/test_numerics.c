@@ -4,7 +4,8 @@
  *
  * Each case gets fresh random inputs (seed = FLASHATTN_TEST_SEED, default fixed, mixed with the
  * case index), poisoned outputs, every element of O and LSE checked, and a second run that must be
- * bit-identical (see check_attention_case()).
+ * bit-identical (see check_attention_case()). The references run on every core;
+ * FLASHATTN_TEST_REF_THREADS=n sets how many threads (the same results bit for bit).
  *
  * What each backend documents it runs (cases outside are not run; a case inside that fails to
  * finalize, e.g. with NOT_SUPPORTED, fails):
