@@ -156,3 +156,39 @@ pub fn parse_rust_consts(text: &str) -> BTreeMap<String, (String, i64)> {
     out
 }
 
+/// Every function `header` declares is declared in `rust` (the text of `file`) with the same
+/// return type and argument types, and no other; `count` pins the header's number of functions so
+/// a parse that silently finds fewer fails.
+pub fn assert_functions_match(header: &str, rust: &str, file: &str, count: usize) {
+    let enums = parse_header_enums(header);
+    let enum_names: Vec<&str> = enums.keys().map(String::as_str).collect();
+    let c = parse_header_functions(header);
+    let rust = parse_rust_functions(rust, &enum_names);
+    assert_eq!(c.len(), count, "the header declares {} functions; update this test and {file}", c.len());
+    let c_names: Vec<_> = c.keys().collect();
+    let rust_names: Vec<_> = rust.keys().collect();
+    assert_eq!(c_names, rust_names, "function sets differ");
+    for (name, (ret, params)) in &c {
+        let (rret, rparams) = &rust[name];
+        assert_eq!(params.len(), rparams.len(), "{name}: argument count");
+        assert_eq!(ret, rret, "{name}: return type");
+        assert_eq!(params, rparams, "{name}: argument types");
+    }
+}
+
+/// Every enum value of `header` is a constant of `rust` (the text of `file`) with its type and
+/// value, and `rust` declares no other constant.
+pub fn assert_enums_match(header: &str, rust: &str, file: &str) {
+    let enums = parse_header_enums(header);
+    let consts = parse_rust_consts(rust);
+    let mut count = 0;
+    for (typedef, values) in &enums {
+        for (name, value) in values {
+            let (ty, rvalue) = consts.get(name).unwrap_or_else(|| panic!("{name} is not declared in {file}"));
+            assert_eq!(ty, typedef, "{name}: type");
+            assert_eq!(rvalue, value, "{name}: value");
+            count += 1;
+        }
+    }
+    assert_eq!(count, consts.len(), "{file} declares constants the header does not have");
+}
