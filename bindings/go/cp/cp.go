@@ -188,8 +188,14 @@ func pointerArrays(n int, lists ...[]unsafe.Pointer) (arrays []unsafe.Pointer, f
 	}
 }
 
-// checkHost checks that list holds one slice per rank, each of at least need elements.
+// checkHost checks that list holds one slice per rank, each of at least need elements, and that
+// the plan's elements are float32 (a 16-bit plan would read the copies as other numbers).
 func (p *Plan) checkHost(op, name string, list [][]float32, need int) error {
+	if p.extents.DType != flashattn.FP32 {
+		return &flashattn.Error{Status: flashattn.StatusInvalidArgument,
+			Message: fmt.Sprintf("%s: float32 slices, but the plan's dtype is %d (use the Raw call)", name,
+				int(p.extents.DType)), Op: op}
+	}
 	n := p.localRanks
 	if len(list) != n {
 		return &flashattn.Error{Status: flashattn.StatusInvalidArgument,

@@ -330,6 +330,24 @@ func TestErrors(t *testing.T) {
 	if err := ring.ExecuteHost(one, one, one, one, nil); err == nil || !strings.Contains(err.Error(), "rank") {
 		t.Fatalf("one slice for 2 ranks: %v", err)
 	}
+	// float32 slices for a bf16 plan: refused (the library would read the copies as bf16).
+	half := localPlan(t, 4, 2, 2, 16, true)
+	defer half.Close()
+	if err := half.SetI64(flashattn.Dtype, int64(flashattn.BF16)); err != nil {
+		t.Fatal(err)
+	}
+	if err := half.Finalize(); err != nil {
+		t.Fatal(err)
+	}
+	halfRing, err := NewLoopback(half, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer halfRing.Close()
+	two := [][]float32{make([]float32, 128), make([]float32, 128)}
+	if err := halfRing.ExecuteHost(two, two, two, two, nil); err == nil || !strings.Contains(err.Error(), "dtype") {
+		t.Fatalf("float32 slices for a bf16 plan: %v", err)
+	}
 	if got := ShardRows(2, 1, 4, true); len(got) != 4 || got[0] != 2 || got[3] != 5 {
 		t.Fatalf("ShardRows(2, 1, 4, causal) = %v", got)
 	}

@@ -95,6 +95,42 @@ def _pointer(value, name, allow_none=False):
     return ref.ptr, ref
 
 
+def check_refs(ext, chosen, refs, outputs, per_head_bytes):
+    """Checks tensors against a finalized plan's extents (Plan.extents()) for a pass that runs on
+    backend `chosen`: memory kind, dtype, contiguity, writability of `outputs`, and span;
+    per_head_bytes: the span of the [heads_q] arrays. Raises TypeError / ValueError naming the tensor."""
+    on_cpu = chosen == Backend.CPU
+    for name, ref in refs.items():
+        if ref is None:
+            continue
+        if ref.on_host != on_cpu:
+            raise ValueError("%s: %s, but the plan runs on backend '%s'"
+                             % (name, ref.describe(), chosen.name.lower()))
+        key = "cu" if name.startswith("cu_seqlens") else name
+        if name == "o" and ext["o_dtype"] != ext["dtype"]:  # FP8 plans: O is bf16 or fp16
+            if ref.flash_dtype != ext["o_dtype"]:
+                raise TypeError("o: %s, but the plan's output dtype is %s" % (ref.describe(), ext["o_dtype"].name.lower()))
+        elif name in ("q", "k", "v") and ext["dtype"] == DType.FP8_E4M3:
+            if ref.flash_dtype != DType.FP8_E4M3 and ref.dtype_name not in ("uint8", "int8"):
+                raise TypeError("%s: %s, but the plan's dtype is fp8_e4m3 (E4M3 bytes)" % (name, ref.describe()))
+        elif name in ("q", "k", "v", "o", "dout", "dq", "dk", "dv", "k_new", "v_new"):
+            if ref.flash_dtype != ext["dtype"]:
+                raise TypeError("%s: %s, but the plan's dtype is %s" % (name, ref.describe(), ext["dtype"].name.lower()))
+        elif name in ("lse", "rotary_cos", "rotary_sin") + _VARIANT_ARGS + _FP8_ARGS + ("dsink_logits",) and \
+                ref.dtype_name != "float32":
+            raise TypeError("%s: %s; it must be float32" % (name, ref.describe()))
+        elif name in ("cu_seqlens_q", "cu_seqlens_k", "page_table", "seqused_k") and ref.dtype_name != "int32":
+            raise TypeError("%s: %s; it must be int32" % (name, ref.describe()))
+        if name in _CONTIGUOUS_ARGS and not ref.is_contiguous:
+            raise ValueError("%s: must be contiguous" % name)
+        if name in outputs and not ref.writeable:
+            raise ValueError("%s: the array is read-only" % name)
+        need = ext[key] if key in ext else per_head_bytes  # the [heads_q] arrays
+        if ref.span_bytes < need:
+            raise ValueError("%s: %s spans %d bytes, the plan needs %d (check its shape and strides)"
+                             % (name, ref.describe(), ref.span_bytes, need))
+
+
 class Plan:
     """One attention problem: ``flashattn_plan_t`` with its lifecycle.
 
@@ -279,38 +315,8 @@ class Plan:
 
     # -- execute -----------------------------------------------------------------------------
     def _check_refs(self, refs, outputs=("o", "lse"), backend=None):
-        ext = self.extents()
         chosen = backend if backend is not None else self.backend
-        on_cpu = chosen == Backend.CPU
-        for name, ref in refs.items():
-            if ref is None:
-                continue
-            if ref.on_host != on_cpu:
-                raise ValueError("%s: %s, but the plan runs on backend '%s'"
-                                 % (name, ref.describe(), chosen.name.lower()))
-            key = "cu" if name.startswith("cu_seqlens") else name
-            if name == "o" and ext["o_dtype"] != ext["dtype"]:  # FP8 plans: O is bf16 or fp16
-                if ref.flash_dtype != ext["o_dtype"]:
-                    raise TypeError("o: %s, but the plan's output dtype is %s" % (ref.describe(), ext["o_dtype"].name.lower()))
-            elif name in ("q", "k", "v") and ext["dtype"] == DType.FP8_E4M3:
-                if ref.flash_dtype != DType.FP8_E4M3 and ref.dtype_name not in ("uint8", "int8"):
-                    raise TypeError("%s: %s, but the plan's dtype is fp8_e4m3 (E4M3 bytes)" % (name, ref.describe()))
-            elif name in ("q", "k", "v", "o", "dout", "dq", "dk", "dv", "k_new", "v_new"):
-                if ref.flash_dtype != ext["dtype"]:
-                    raise TypeError("%s: %s, but the plan's dtype is %s" % (name, ref.describe(), ext["dtype"].name.lower()))
-            elif name in ("lse", "rotary_cos", "rotary_sin") + _VARIANT_ARGS + _FP8_ARGS + ("dsink_logits",) and \
-                    ref.dtype_name != "float32":
-                raise TypeError("%s: %s; it must be float32" % (name, ref.describe()))
-            elif name in ("cu_seqlens_q", "cu_seqlens_k", "page_table", "seqused_k") and ref.dtype_name != "int32":
-                raise TypeError("%s: %s; it must be int32" % (name, ref.describe()))
-            if name in _CONTIGUOUS_ARGS and not ref.is_contiguous:
-                raise ValueError("%s: must be contiguous" % name)
-            if name in outputs and not ref.writeable:
-                raise ValueError("%s: the array is read-only" % name)
-            need = ext[key] if key in ext else 4 * self.get_i64(I64.HEADS_Q)  # the [heads_q] arrays
-            if ref.span_bytes < need:
-                raise ValueError("%s: %s spans %d bytes, the plan needs %d (check its shape and strides)"
-                                 % (name, ref.describe(), ref.span_bytes, need))
+        check_refs(self.extents(), chosen, refs, outputs, 4 * self.get_i64(I64.HEADS_Q))
 
     def _workspace(self, workspace):
         if workspace is None:

@@ -26,7 +26,7 @@ import subprocess
 
 from . import _capi
 from ._capi import Status
-from ._plan import Plan, _c_ptr, _pointer
+from ._plan import Plan, _c_ptr, _pointer, check_refs
 
 __all__ = ["Transport", "I64", "CpPlan", "available", "library_path", "shard_rows", "load_error"]
 
@@ -221,6 +221,15 @@ class CpPlan:
         self.transport = Transport(transport)
         self.local_ranks = self.world_size if self.transport == Transport.LOOPBACK else 1
         self._local = local
+        # What each rank's tensors are checked against (the C ring keeps no reference to the local
+        # plan either, so the caller may close it).
+        self._extents = local.extents()
+        self._per_head_bytes = 4 * local.get_i64(_capi.I64.HEADS_Q)
+        self._backend = local.backend
+        try:
+            self._backward_backend = local.backward_backend
+        except _capi.NotSupportedError:
+            self._backward_backend = None
 
     def set_i64(self, key, value):
         _call("flashattn_cp_plan_set_i64", self.handle, int(key), int(value))
@@ -265,9 +274,11 @@ class CpPlan:
                 raise ValueError("%s: %d tensors, this plan's process plays %d rank(s)"
                                  % (name, len(values), self.local_ranks))
 
-    def _addresses(self, refs, name, values, ctype=None, allow_none=False):
+    def _addresses(self, refs, name, values, ctype=None, allow_none=False, check=None):
         """A C array of the local_ranks addresses of values (void*, or ctype* when given); the
-        arrays/tensors are appended to refs (kept alive through the call)."""
+        arrays/tensors are appended to refs (kept alive through the call). check: (backend,
+        output names): each array/tensor is checked against the local plan as its own execute
+        checks it (memory kind, dtype, span; int addresses are the caller's word)."""
         n = self.local_ranks
         if ctype is None:
             out = (ctypes.c_void_p * n)()
@@ -275,6 +286,11 @@ class CpPlan:
             out = (P(ctype) * n)()
         for i, value in enumerate(values):
             ptr, ref = _pointer(value, "%s[%d]" % (name, i), allow_none=allow_none)
+            if check is not None and ref is not None:
+                try:
+                    check_refs(self._extents, check[0], {name: ref}, check[1], self._per_head_bytes)
+                except (TypeError, ValueError) as e:
+                    raise type(e)("rank %d: %s" % (i, e)) from None
             refs.append(ref)
             out[i] = ptr if ctype is None else _c_ptr(ptr, ctype)
         return ctypes.cast(out, _PP if ctype is None else P(P(ctype)))
@@ -300,12 +316,13 @@ class CpPlan:
         lists = {"q": q, "k": k, "v": v, "o": o}
         self._lists(lists)
         refs = []  # keep the arrays alive through the call
-        ptrs = {name: self._addresses(refs, name, values) for name, values in lists.items()}
+        check = (self._backend, ("o", "lse"))
+        ptrs = {name: self._addresses(refs, name, values, check=check) for name, values in lists.items()}
         lse_arg = None
         if lse is not None:
             if len(lse) != n:
                 raise ValueError("lse: %d entries, this plan's process plays %d rank(s)" % (len(lse), n))
-            lse_arg = self._addresses(refs, "lse", lse, ctype=ctypes.c_float, allow_none=True)
+            lse_arg = self._addresses(refs, "lse", lse, ctype=ctypes.c_float, allow_none=True, check=check)
         ws_ptr, ws_bytes, keep = self._workspace_arg(workspace, lambda: self.workspace_size)
         s = _capi_stream(stream)
         _call("flashattn_cp_plan_execute", self.handle, n, ptrs["q"], ptrs["k"], ptrs["v"], ptrs["o"], lse_arg,
@@ -324,9 +341,12 @@ class CpPlan:
             raise TypeError("lse: required by the backward pass (the forward's, one per rank)")
         lists = {"q": q, "k": k, "v": v, "o": o, "dout": dout, "dq": dq, "dk": dk, "dv": dv}
         self._lists(dict(lists, lse=lse))
+        if self._backward_backend is None:
+            self.backward_workspace_size  # raises NotSupportedError with the library's reason
         refs = []  # keep the arrays alive through the call
-        ptrs = {name: self._addresses(refs, name, values) for name, values in lists.items()}
-        lse_arg = self._addresses(refs, "lse", lse, ctype=ctypes.c_float)
+        check = (self._backward_backend, ("dq", "dk", "dv"))
+        ptrs = {name: self._addresses(refs, name, values, check=check) for name, values in lists.items()}
+        lse_arg = self._addresses(refs, "lse", lse, ctype=ctypes.c_float, check=check)
         ws_ptr, ws_bytes, keep = self._workspace_arg(workspace, lambda: self.backward_workspace_size)
         s = _capi_stream(stream)
         _call("flashattn_cp_plan_execute_backward", self.handle, n, ptrs["q"], ptrs["k"], ptrs["v"], ptrs["o"],

@@ -140,9 +140,33 @@ def test_backward_errors(rng):
         ring.execute_backward(*[x[:1] for x in args], dq[:1], dk[:1], dv[:1])
     with pytest.raises(TypeError, match="lse"):
         ring.execute_backward(*args[:5], None, dq, dk, dv)
+    # Arrays are checked against the local plan before the C call, as Plan.backward checks them:
+    # a wrong dtype or too short an array would otherwise be read or written past its end.
+    with pytest.raises(TypeError, match="rank 1: dq"):
+        ring.execute_backward(*args, [dq[0], dq[1].astype(np.float64)], dk, dv)
+    with pytest.raises(ValueError, match="rank 0: dk.*spans"):
+        ring.execute_backward(*args, dq, [dk[0][:, :2].copy(), dk[1]], dv)
+    with pytest.raises(TypeError, match="rank 0: lse"):
+        ring.execute_backward(*args[:5], [x.astype(np.float16) for x in sh["lse"]], dq, dk, dv)
+    with pytest.raises(ValueError, match="read-only"):
+        frozen = [x.copy() for x in dv]
+        frozen[1].flags.writeable = False
+        ring.execute_backward(*args, dq, dk, frozen)
+    with pytest.raises(TypeError, match="rank 0: q"):  # the forward too
+        ring.execute([x.astype(np.float16) for x in sh["q"]], sh["k"], sh["v"], sh["o"])
+    assert all(np.isnan(x).all() for x in dq + dk + dv)
     ring.close()
     with pytest.raises(ValueError, match="closed"):
         ring.backward_workspace_size
+
+def test_local_plan_may_close_first(rng):
+    # The C ring keeps nothing of the local plan, and neither do the binding's checks.
+    (q, k, v, dout), rows, sh, ring, params = _ring_inputs(rng, 2, False)
+    ring._local.close()
+    dq, dk, dv = _nan_like(sh["q"]), _nan_like(sh["k"]), _nan_like(sh["v"])
+    ring.execute_backward(sh["q"], sh["k"], sh["v"], sh["o"], sh["dout"], sh["lse"], dq, dk, dv)
+    assert not any(np.isnan(x).any() for x in dq + dk + dv)
+
 
 def test_errors():
     local = flashattn.Plan(batch=1, seqlen_q=3, seqlen_k=3, heads_q=2, head_dim=16, dtype="fp32", causal=True,

@@ -6,7 +6,7 @@ use std::ffi::{c_void, CStr};
 use std::ptr::{self, NonNull};
 
 use crate::sys::cp as csys;
-use crate::{sys, Element, Error, Plan, Result, Status, Workspace};
+use crate::{sys, Backend, DType, Element, Error, I64Param, Plan, Result, Status, Workspace};
 
 fn cp_check(raw: sys::flashattn_status_t) -> Result<()> {
     match Status::from_raw(raw) {
@@ -38,6 +38,10 @@ pub struct CpPlan {
     raw: NonNull<csys::flashattn_cp_plan_t>,
     local_ranks: usize,
     extents: crate::Extents,
+    // What the host-slice calls check (the local plan's, read once: the C ring keeps nothing of it).
+    dtype: Option<DType>,
+    backend: Backend,
+    backward_backend: Option<Backend>,
 }
 
 impl Drop for CpPlan {
@@ -55,6 +59,9 @@ impl CpPlan {
             raw: NonNull::new(raw).expect("flashattn_cp_plan_create returned success and NULL"),
             local_ranks: if transport == csys::FLASHATTN_CP_TRANSPORT_LOOPBACK { world_size } else { 1 },
             extents: local.extents()?,
+            dtype: DType::from_raw(local.get_i64(I64Param::Dtype)?),
+            backend: local.backend()?.0,
+            backward_backend: local.backward_backend().ok().map(|(b, _)| b),
         };
         let p = plan.raw.as_ptr();
         unsafe {
@@ -106,6 +113,21 @@ impl CpPlan {
         Ok(bytes)
     }
 
+    /// Host slices of `T` need a plan of `T`'s dtype (else the library would read or write past
+    /// their ends) whose pass (the backward when `backward`) runs on the CPU backend.
+    fn check_host_kind<T: Element>(&self, backward: bool) -> Result<()> {
+        if self.dtype != Some(T::DTYPE) {
+            return Err(Error::new(Status::InvalidArgument,
+                format!("slices of {:?} elements, but the plan's dtype is {:?}", T::DTYPE, self.dtype)));
+        }
+        let backend = if backward { self.backward_backend } else { Some(self.backend) };
+        if let Some(b) = backend.filter(|&b| b != Backend::Cpu) {
+            return Err(Error::new(Status::InvalidArgument,
+                format!("host slices need the CPU backend; this ring runs {b:?} (use the _raw call with device memory)")));
+        }
+        Ok(())
+    }
+
     /// One slice per rank, each holding at least `need` elements (`lens`: argument `name`'s slices' lengths).
     fn check_host_lengths(&self, name: &str, lens: &[usize], need: usize) -> Result<()> {
         let n = self.local_ranks;
@@ -123,6 +145,7 @@ impl CpPlan {
     /// [batch, heads_q, L] slice per rank. The workspace is allocated for this call.
     pub fn execute_host<T: Element>(&self, q: &[&[T]], k: &[&[T]], v: &[&[T]], o: &mut [&mut [T]],
                                     lse: Option<&mut [&mut [f32]]>) -> Result<()> {
+        self.check_host_kind::<T>(false)?;
         let n = self.local_ranks;
         let e = &self.extents;
         let short = |name: &str, len: usize, need: usize, r: usize| {
@@ -172,6 +195,10 @@ impl CpPlan {
     pub fn execute_backward_host<T: Element>(&self, q: &[&[T]], k: &[&[T]], v: &[&[T]], o: &[&[T]], dout: &[&[T]],
                                              lse: &[&[f32]], dq: &mut [&mut [T]], dk: &mut [&mut [T]],
                                              dv: &mut [&mut [T]]) -> Result<()> {
+        if self.backward_backend.is_none() {
+            self.backward_workspace_size()?; // NotSupported with the library's reason
+        }
+        self.check_host_kind::<T>(true)?;
         let e = &self.extents;
         let lens = |list: &[&[T]]| list.iter().map(|s| s.len()).collect::<Vec<_>>();
         let lens_mut = |list: &[&mut [T]]| list.iter().map(|s| s.len()).collect::<Vec<_>>();

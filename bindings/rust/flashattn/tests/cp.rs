@@ -243,6 +243,22 @@ fn errors_carry_the_component_message() {
     let mut out = vec![0f32; 4 * 2 * 16];
     let err = ring.execute_host(&[&one[..]], &[&one[..]], &[&one[..]], &mut [&mut out[..]], None).unwrap_err();
     assert!(err.message.contains("rank"), "{}", err.message);
+    // Slices of another dtype than the plan's are refused before the library could read past them.
+    let half = vec![F16(0); 4 * 2 * 16];
+    let mut half_out = vec![F16(0); 4 * 2 * 16];
+    let two = [&half[..], &half[..]];
+    let err = ring.execute_host(&two, &two, &two, &mut [&mut half_out[..], &mut vec![F16(0); 4 * 2 * 16][..]], None)
+        .unwrap_err();
+    assert!(err.message.contains("dtype"), "{}", err.message);
+    let lse = vec![0f32; 2 * 4];
+    let lses = [&lse[..], &lse[..]];
+    let (mut a, mut b, mut c, mut d2, mut e2, mut f) =
+        (half.clone(), half.clone(), half.clone(), half.clone(), half.clone(), half.clone());
+    let err = ring
+        .execute_backward_host(&two, &two, &two, &two, &two, &lses, &mut [&mut a[..], &mut b[..]],
+                               &mut [&mut c[..], &mut d2[..]], &mut [&mut e2[..], &mut f[..]])
+        .unwrap_err();
+    assert!(err.message.contains("dtype"), "{}", err.message);
     assert_eq!(shard_rows(2, 0, 4, true), vec![0, 1, 6, 7]);
     assert_eq!(shard_rows(2, 1, 4, false), vec![4, 5, 6, 7]);
 }
