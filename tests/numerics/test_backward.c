@@ -221,6 +221,13 @@ static const bwd_case grid[] = {
     GPU_CASE(1, 300, 4000, 2, 1, 256, 0, F16, 1, -1, -1, 0, 0, 0, 0, 1),
     GPU_CASE(1, 500, 7000, 2, 1, 64, 0, B16, 0, 500, 0, 0, 0, 0, 0, 1),
     GPU_CASE(3, 600, 3000, 2, 1, 64, 0, B16, 1, -1, -1, 0, 0, 1, 0, 1),
+    /* Many query rows past 2k keys, now that the references run on every core (stop 31's
+     * 3000 x 3500 x 4 heads took test_backward_fa3 past 200 s on one): near-square causal and
+     * not, both modes, GQA, each head dim's layout. */
+    GPU_CASE(1, 3000, 3500, 4, 2, 128, 0, B16, 1, -1, -1, 0, 0, 0, 0, 0),
+    GPU_CASE(1, 3000, 3500, 4, 2, 128, 0, B16, 1, -1, -1, 0, 0, 0, 0, 1),
+    GPU_CASE(1, 4100, 4100, 2, 2, 64, 0, F16, 0, -1, -1, 0, 0, 0, 0, 1),
+    GPU_CASE(1, 2500, 2100, 2, 1, 256, 0, B16, 1, -1, -1, 0, 0, 0, 0, 1),
 };
 
 #define NUM_CASES (sizeof grid / sizeof grid[0])
