@@ -239,15 +239,18 @@ FLASHATTN_API flashattn_status_t flashattn_cp_plan_execute(const flashattn_cp_pl
         const flashattn_cp::Ring &ring = *plan->ring;
         FLASHATTN_CP_TRY(check_num_ranks(ring, num_ranks));
         const int n = num_ranks;
-        const Tensors arrays[] = {{q, "q", 0, n}, {k, "k", 0, n}, {v, "v", 0, n}, {o, "o", 0, n}};
+        const flashattn_cp::TensorBytes size = ring.tensor_bytes();
+        const Tensors arrays[] = {{q, "q", size.q, n}, {k, "k", size.k, n}, {v, "v", size.v, n}, {o, "o", size.o, n}};
         for (const Tensors &t : arrays) FLASHATTN_CP_TRY(check_tensors(t));
         const size_t need = ring.workspace_bytes();
         FLASHATTN_CP_TRY(check_workspace(workspace, workspace_bytes, need));
-        // Outputs must not overlap the workspace: the core checks each call's own tensors, but not
-        // the partials it is handed later.
-        for (int p = 0; p < num_ranks; ++p)
-            if (overlaps(o[p], 1, workspace, need) || (lse && lse[p] && overlaps(lse[p], 1, workspace, need)))
-                return set_error(FLASHATTN_ERROR_INVALID_ARGUMENT, "o[%d] or lse[%d]: inside the workspace", p, p);
+        // No tensor may overlap the workspace: the ring writes K/V blocks and partials there, and
+        // the core checks each call's own tensors, not the partials it is handed later. (LSE
+        // entries may be NULL here: a NULL one overlaps nothing.)
+        const Tensors scratch(&workspace, "workspace", need, 1);
+        const Tensors lses(lse, "lse", size.lse, lse ? n : 0);
+        for (const Tensors &t : arrays) FLASHATTN_CP_TRY(check_apart(t, scratch));
+        FLASHATTN_CP_TRY(check_apart(lses, scratch));
         return ring.execute(q, k, v, o, lse, static_cast<char *>(workspace), stream);
     });
 }
@@ -281,8 +284,10 @@ FLASHATTN_API flashattn_status_t flashattn_cp_plan_execute_backward(
         for (const Tensors &t : outputs) FLASHATTN_CP_TRY(check_tensors(t));
         const size_t need = ring.backward_workspace_bytes();
         FLASHATTN_CP_TRY(check_workspace(workspace, workspace_bytes, need));
-        // The ring writes the outputs itself, at the end: nothing it reads may lie under them.
+        // The ring writes the outputs itself, at the end: nothing it reads may lie under them, and
+        // nothing may lie in the workspace, which it writes all along.
         const Tensors scratch(&workspace, "workspace", need, 1);
+        for (const Tensors &in : inputs) FLASHATTN_CP_TRY(check_apart(in, scratch));
         for (const Tensors &out : outputs) {
             for (int p = 0; p < n; ++p) FLASHATTN_CP_TRY(ring.transport().check_output(out.at[p], out.name, p));
             for (const Tensors &other : inputs) FLASHATTN_CP_TRY(check_apart(out, other));

@@ -744,8 +744,19 @@ static void test_bad_arguments(void) {
               FLASHATTN_ERROR_INVALID_ARGUMENT,
           "misaligned workspace");
     void *inside[2] = {ws, buf[3]};
-    CHECK(flashattn_cp_plan_execute(cp, 2, in, in, in, inside, NULL, ws, bytes, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT,
-          "o inside the workspace");
+    CHECK(flashattn_cp_plan_execute(cp, 2, in, in, in, inside, NULL, ws, bytes, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT &&
+              strstr(flashattn_cp_last_error(), "o[0]: overlaps workspace"),
+          "o inside the workspace: %s", flashattn_cp_last_error());
+    const void *k_inside[2] = {buf[0], (char *)ws + bytes - 8}; /* its last bytes */
+    CHECK(flashattn_cp_plan_execute(cp, 2, in, k_inside, in, out, NULL, ws, bytes, NULL) ==
+                  FLASHATTN_ERROR_INVALID_ARGUMENT &&
+              strstr(flashattn_cp_last_error(), "k[1]: overlaps workspace"),
+          "k inside the workspace: %s", flashattn_cp_last_error());
+    float *lse_inside[2] = {NULL, (float *)ws};
+    CHECK(flashattn_cp_plan_execute(cp, 2, in, in, in, out, lse_inside, ws, bytes, NULL) ==
+                  FLASHATTN_ERROR_INVALID_ARGUMENT &&
+              strstr(flashattn_cp_last_error(), "lse[1]: overlaps workspace"),
+          "lse inside the workspace: %s", flashattn_cp_last_error());
     CHECK(flashattn_cp_plan_execute(NULL, 2, in, in, in, out, NULL, ws, bytes, NULL) == FLASHATTN_ERROR_INVALID_ARGUMENT,
           "NULL plan");
     /* Setting a parameter unfinalizes. */
@@ -816,6 +827,10 @@ static void test_backward_arguments(void) {
     CHECK(BACKWARD(2, in[0], in[4], lse, dq_in_ws, dk, ws, bytes) == FLASHATTN_ERROR_INVALID_ARGUMENT &&
               strstr(flashattn_cp_last_error(), "workspace"),
           "dq[1] inside the workspace: %s", flashattn_cp_last_error());
+    const void *q_in_ws[2] = {in[0][0], (char *)ws + 512}; /* the ring writes its workspace all along */
+    CHECK(BACKWARD(2, q_in_ws, in[4], lse, dq, dk, ws, bytes) == FLASHATTN_ERROR_INVALID_ARGUMENT &&
+              strstr(flashattn_cp_last_error(), "q[1]: overlaps workspace"),
+          "q[1] inside the workspace: %s", flashattn_cp_last_error());
     CHECK(BACKWARD(2, in[0], in[4], lse, dq, dk, ws, bytes - 1) == FLASHATTN_ERROR_INSUFFICIENT_WORKSPACE,
           "small workspace");
     CHECK(BACKWARD(2, in[0], in[4], lse, dq, dk, (char *)ws + 8, bytes) == FLASHATTN_ERROR_INVALID_ARGUMENT &&
