@@ -18,6 +18,7 @@
 
 #ifdef CP_TEST_GPU
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 #define TEST_BACKEND FLASHATTN_BACKEND_AUTO
 #else
 #define TEST_BACKEND FLASHATTN_BACKEND_CPU
@@ -910,6 +911,127 @@ static void test_backward_host_output(void) {
     flashattn_plan_destroy(local);
 }
 
+/* One ring backward call's arguments (W ranks), so a thread or a capture can make it. */
+typedef struct {
+    flashattn_cp_plan_t *cp;
+    int world;
+    void *t[9][8]; /* q k v o dout lse dq dk dv, per rank */
+    void *ws;
+    size_t ws_bytes;
+    void *stream;
+    flashattn_status_t status;
+} BackwardCall;
+
+static flashattn_status_t call_backward(BackwardCall *b) {
+    void *const *x[9];
+    for (int i = 0; i < 9; ++i) x[i] = b->t[i];
+    return b->status = flashattn_cp_plan_execute_backward(
+               b->cp, b->world, (const void *const *)x[0], (const void *const *)x[1], (const void *const *)x[2],
+               (const void *const *)x[3], (const void *const *)x[4], (const float *const *)x[5], x[6], x[7], x[8],
+               b->ws, b->ws_bytes, b->stream);
+}
+
+static void *backward_thread(void *arg) {
+    call_backward((BackwardCall *)arg);
+    return NULL;
+}
+
+/* Every rank's dQ, dK, dV (host copies, one block) and whether they equal `want` bitwise. */
+static int grads_equal(BackwardCall *b, const size_t *bytes, unsigned char *host, const unsigned char *want) {
+    size_t at = 0;
+    for (int i = 6; i < 9; ++i)
+        for (int r = 0; r < b->world; ++r) {
+            buffer_download(host + at, b->t[i][r], bytes[i]);
+            at += bytes[i];
+        }
+    return want == NULL || memcmp(host, want, at) == 0;
+}
+
+static void poison_grads(BackwardCall *b, const size_t *bytes) {
+    for (int i = 6; i < 9; ++i)
+        for (int r = 0; r < b->world; ++r) buffer_poison(b->t[i][r], bytes[i]);
+    cudaDeviceSynchronize();
+}
+
+/* The execute contract for the ring backward (deterministic mode, so runs compare bitwise): from
+ * a thread that never touched CUDA, and inside CUDA-graph capture on a stream of its own, the
+ * outputs equal a plain call's. */
+static void test_backward_thread_and_graph(void) {
+    const Case c = {1, 3, 64, 4, 2, 64, 64, 1, FLASHATTN_DTYPE_FP16, 0, 0, 1};
+    const Sizes z = sizes_of(&c, c.local_rows);
+    const size_t bytes[9] = {z.q, z.k, z.v, z.o, z.o, z.lse, z.q, z.k, z.v};
+    flashattn_plan_t *local = core_plan(&c, c.local_rows);
+    BackwardCall b;
+    memset(&b, 0, sizeof b);
+    b.world = c.world;
+    flashattn_cp_plan_create(&b.cp);
+    flashattn_cp_plan_set_i64(b.cp, FLASHATTN_CP_I64_WORLD_SIZE, c.world);
+    flashattn_cp_plan_set_i64(b.cp, FLASHATTN_CP_I64_TRANSPORT, FLASHATTN_CP_TRANSPORT_LOOPBACK);
+    if (!local || flashattn_cp_plan_finalize(b.cp, local) != FLASHATTN_SUCCESS ||
+        flashattn_cp_plan_get_backward_workspace_size(b.cp, &b.ws_bytes) != FLASHATTN_SUCCESS) {
+        CHECK(0, "thread/graph: set-up: %s", flashattn_cp_last_error());
+        flashattn_cp_plan_destroy(b.cp);
+        flashattn_plan_destroy(local);
+        return;
+    }
+    for (int i = 0; i < 9; ++i)
+        for (int r = 0; r < c.world; ++r) {
+            void *host = poisoned(bytes[i]);
+            if (i < 5 && i != 3)
+                for (size_t e = 0; e < bytes[i] / 2; ++e) store(&c, host, e, uniform());
+            b.t[i][r] = buffer_from(host, bytes[i]);
+            free(host);
+        }
+    size_t fwd_bytes = 0;
+    flashattn_cp_plan_get_workspace_size(b.cp, &fwd_bytes);
+    b.ws = buffer_new(fwd_bytes > b.ws_bytes ? fwd_bytes : b.ws_bytes);
+    CHECK(flashattn_cp_plan_execute(b.cp, c.world, (const void *const *)b.t[0], (const void *const *)b.t[1],
+                                    (const void *const *)b.t[2], b.t[3], (float *const *)b.t[5], b.ws, fwd_bytes,
+                                    NULL) == FLASHATTN_SUCCESS,
+          "thread/graph: forward: %s", flashattn_cp_last_error());
+    size_t all = 0;
+    for (int i = 6; i < 9; ++i) all += bytes[i] * c.world;
+    unsigned char *want = malloc(all), *got = malloc(all);
+    CHECK(call_backward(&b) == FLASHATTN_SUCCESS, "thread/graph: plain call: %s", flashattn_cp_last_error());
+    grads_equal(&b, bytes, want, NULL);
+
+    poison_grads(&b, bytes);
+    pthread_t thread;
+    CHECK(pthread_create(&thread, NULL, backward_thread, &b) == 0, "thread/graph: pthread_create");
+    pthread_join(thread, NULL);
+    CHECK(b.status == FLASHATTN_SUCCESS, "thread/graph: call from a new thread failed");
+    CHECK(grads_equal(&b, bytes, got, want), "thread/graph: a new thread's gradients differ from the plain call's");
+
+    poison_grads(&b, bytes);
+    cudaStream_t stream = NULL;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    b.stream = stream;
+    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess, "thread/graph: begin capture");
+    call_backward(&b);
+    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+    CHECK(b.status == FLASHATTN_SUCCESS && end == cudaSuccess, "thread/graph: captured call: %s / %s",
+          flashattn_cp_last_error(), cudaGetErrorString(end));
+    if (b.status == FLASHATTN_SUCCESS && end == cudaSuccess) {
+        CHECK(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess, "thread/graph: instantiate");
+        CHECK(cudaGraphLaunch(exec, stream) == cudaSuccess && cudaStreamSynchronize(stream) == cudaSuccess,
+              "thread/graph: launch: %s", cudaGetErrorString(cudaGetLastError()));
+        CHECK(grads_equal(&b, bytes, got, want), "thread/graph: the graph's gradients differ from the plain call's");
+    }
+    printf("ring backward from a new thread and in a CUDA graph: checked\n");
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+    for (int i = 0; i < 9; ++i)
+        for (int r = 0; r < c.world; ++r) buffer_free(b.t[i][r]);
+    buffer_free(b.ws);
+    free(want);
+    free(got);
+    flashattn_cp_plan_destroy(b.cp);
+    flashattn_plan_destroy(local);
+}
+
 /* GPU backends: fp16 and bf16, head dims in multiples of 8. */
 static void run_cases(void) {
     int devices = 0;
@@ -918,6 +1040,7 @@ static void run_cases(void) {
         exit(77);
     }
     test_backward_host_output();
+    test_backward_thread_and_graph();
     for (int causal = 0; causal <= 1; ++causal) {
         const Case tiny = {2, 3, 6, 4, 2, 64, 64, causal, FLASHATTN_DTYPE_FP16, 0, 0, 0};
         run_case(&tiny, 1);
