@@ -68,7 +68,8 @@ flashattn_status_t check_supported(const flashattn_plan_t *local) {
 }
 
 // The ring copies K/V blocks, partials and gradients as whole contiguous tensors: default strides
-// only. The first tensor of `names` (Q, K, V, O, then dO, dQ, dK, dV) whose strides are not, or NULL.
+// only. first_strided() names the first of `tensors` (Q, K, V, O, or dO, dQ, dK, dV) whose strides
+// are not, or returns NULL.
 struct Strides {
     const char *name;
     flashattn_i64_param_t batch, row, head;
@@ -342,7 +343,8 @@ flashattn_status_t Ring::attend(int rank, int step, const void *q, KvBlock in_ha
 flashattn_status_t Ring::execute(const void *const *q, const void *const *k, const void *const *v, void *const *o,
                                  float *const *lse, char *workspace, flashattn_stream_t stream) const {
     const int ranks = transport_->local_ranks(), first = transport_->first_rank();
-    const size_t k_bytes = tensor_bytes().k, v_bytes = tensor_bytes().v;
+    const TensorBytes bytes = tensor_bytes();
+    const size_t k_bytes = bytes.k, v_bytes = bytes.v;
     char *core_ws = core_ws_bytes_ ? workspace + core_ws_offset_ : nullptr;
     std::unique_ptr<KvBlock[]> in_hand(new KvBlock[ranks]);
     std::unique_ptr<KvSlot[]> next(new KvSlot[ranks]);
@@ -448,10 +450,10 @@ flashattn_status_t Ring::store_gradients(const RankGrads &t, const char *rank_ws
 
 // W steps of "backward on the block in hand, pass the block on", with the block's fp32 dK / dV
 // accumulators one exchange behind it: sent on after this step's parts are added, so they reach
-// the next holder of the block while it computes; after the last step they go home (rank r then
-// holds the accumulators of rank r + 1's block). The outputs are written only at the end.
+// the next holder of the block while it computes; after the last step rank r holds those of rank
+// r + 1's block and sends them home. The outputs are written only at the end. The caller has
+// checked backward_supported().
 flashattn_status_t Ring::execute_backward(const RankGrads *t, char *workspace, flashattn_stream_t stream) const {
-    FLASHATTN_CP_TRY(backward_supported());
     const int ranks = transport_->local_ranks(), first = transport_->first_rank();
     const TensorBytes bytes = tensor_bytes();
     const size_t fp32_per_element = sizeof(float) / shape_.element_bytes;

@@ -70,7 +70,7 @@ public:
     // The backward: NOT_SUPPORTED (with the core's reason) where the backend has none.
     flashattn_status_t backward_supported() const;
     size_t backward_workspace_bytes() const { return grad_ws_.bytes; }
-    // `ranks` has local_ranks() entries.
+    // `ranks` has local_ranks() entries; only where backward_supported().
     flashattn_status_t execute_backward(const RankGrads *ranks, char *workspace, flashattn_stream_t stream) const;
 
 private:
