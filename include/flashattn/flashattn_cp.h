@@ -172,8 +172,10 @@ FLASHATTN_API flashattn_status_t flashattn_cp_plan_get_workspace_size(const flas
  * @param workspace, workspace_bytes At least flashattn_cp_plan_get_workspace_size() bytes.
  * @param stream CUDA stream (GPU plans); ignored on the CPU. The call only enqueues work: the attention
  * and the merge on @p stream, the exchange on a stream of the plan's own, ordered with @p stream by
- * events, so it overlaps the attention on the block in hand. One execute of a plan at a time (the
- * events are the plan's); plans do not share state.
+ * events, so it overlaps the attention on the block in hand. NCCL: one execute of a plan at a time
+ * (the events are the plan's, and the ranks' calls must pair up in order). Loopback: executes of
+ * one plan may run at once from any threads on any streams, each with its own workspace (nothing
+ * an execute changes is the plan's). Plans do not share state.
  * @retval FLASHATTN_SUCCESS
  * @retval FLASHATTN_ERROR_INVALID_ARGUMENT a NULL array or tensor, a wrong @p num_ranks, a
  * misaligned workspace, or an argument the core library refuses (message: flashattn_cp_last_error()).
@@ -222,7 +224,9 @@ FLASHATTN_API flashattn_status_t flashattn_cp_plan_get_backward_workspace_size(c
  * @param dq, dk, dv Outputs; must not overlap each other, any input or the workspace.
  * @param workspace, workspace_bytes At least flashattn_cp_plan_get_backward_workspace_size() bytes.
  * @param stream As for flashattn_cp_plan_execute() (the dK / dV accumulators travel on the plan's
- * exchange stream too). One execute of a plan at a time.
+ * exchange stream too). At once from several threads and streams as flashattn_cp_plan_execute()
+ * allows (loopback: yes, each with its own workspace; NCCL: one at a time); from any thread, and
+ * inside CUDA-graph capture on a GPU loopback plan.
  * @retval FLASHATTN_SUCCESS
  * @retval FLASHATTN_ERROR_INVALID_ARGUMENT a NULL array or tensor, a wrong @p num_ranks, a
  * misaligned workspace, overlapping outputs, a host pointer for a GPU plan's output, or an

@@ -16,9 +16,10 @@
 #include "flashattn/flashattn.h"
 #include "flashattn/flashattn_cp.h"
 
+#include <pthread.h>
+
 #ifdef CP_TEST_GPU
 #include <cuda_runtime_api.h>
-#include <pthread.h>
 #define TEST_BACKEND FLASHATTN_BACKEND_AUTO
 #else
 #define TEST_BACKEND FLASHATTN_BACKEND_CPU
@@ -655,6 +656,209 @@ static void run_random_cases(int count, int gpu) {
 #undef DRAW
 }
 
+/* ---- The execute contract of the ring backward: a fresh thread, two calls at once, a graph ---- */
+
+/* One ring backward call's arguments (W ranks), so a thread or a capture can make it. Calls built
+ * by backward_call_twin() share the plan and the inputs, each with its workspace and outputs. */
+typedef struct {
+    flashattn_cp_plan_t *cp;
+    int world;
+    void *t[9][8]; /* q k v o dout lse dq dk dv, per rank */
+    size_t bytes[9];
+    void *ws;
+    size_t ws_bytes;
+    void *stream;
+    flashattn_status_t status;
+} BackwardCall;
+
+static flashattn_status_t call_backward(BackwardCall *b) {
+    void *const *x[9];
+    for (int i = 0; i < 9; ++i) x[i] = b->t[i];
+    return b->status = flashattn_cp_plan_execute_backward(
+               b->cp, b->world, (const void *const *)x[0], (const void *const *)x[1], (const void *const *)x[2],
+               (const void *const *)x[3], (const void *const *)x[4], (const float *const *)x[5], x[6], x[7], x[8],
+               b->ws, b->ws_bytes, b->stream);
+}
+
+static void *backward_thread(void *arg) {
+    call_backward((BackwardCall *)arg);
+    return NULL;
+}
+
+static size_t grads_bytes(const BackwardCall *b) {
+    return (b->bytes[6] + b->bytes[7] + b->bytes[8]) * (size_t)b->world;
+}
+
+/* Every rank's dQ, dK, dV into `host` (one block); whether they equal `want` bitwise (NULL: yes). */
+static int grads_equal(const BackwardCall *b, unsigned char *host, const unsigned char *want) {
+    size_t at = 0;
+    for (int i = 6; i < 9; ++i)
+        for (int r = 0; r < b->world; ++r) {
+            buffer_download(host + at, b->t[i][r], b->bytes[i]);
+            at += b->bytes[i];
+        }
+    return want == NULL || memcmp(host, want, at) == 0;
+}
+
+static void poison_grads(BackwardCall *b) {
+    for (int i = 6; i < 9; ++i)
+        for (int r = 0; r < b->world; ++r) buffer_poison(b->t[i][r], b->bytes[i]);
+#ifdef CP_TEST_GPU
+    cudaDeviceSynchronize();
+#endif
+}
+
+/* A finalized ring over `c` (deterministic where it matters), random inputs, the forward's O and
+ * LSE, poisoned outputs; 0 when the set-up failed (reported). */
+static int backward_call_new(const Case *c, flashattn_plan_t *local, BackwardCall *b) {
+    const Sizes z = sizes_of(c, c->local_rows);
+    const size_t bytes[9] = {z.q, z.k, z.v, z.o, z.o, z.lse, z.q, z.k, z.v};
+    size_t fwd_bytes = 0;
+    memset(b, 0, sizeof *b);
+    memcpy(b->bytes, bytes, sizeof bytes);
+    b->world = c->world;
+    flashattn_cp_plan_create(&b->cp);
+    flashattn_cp_plan_set_i64(b->cp, FLASHATTN_CP_I64_WORLD_SIZE, c->world);
+    flashattn_cp_plan_set_i64(b->cp, FLASHATTN_CP_I64_TRANSPORT, FLASHATTN_CP_TRANSPORT_LOOPBACK);
+    if (!local || flashattn_cp_plan_finalize(b->cp, local) != FLASHATTN_SUCCESS ||
+        flashattn_cp_plan_get_backward_workspace_size(b->cp, &b->ws_bytes) != FLASHATTN_SUCCESS ||
+        flashattn_cp_plan_get_workspace_size(b->cp, &fwd_bytes) != FLASHATTN_SUCCESS) {
+        CHECK(0, "execute contract: set-up: %s", flashattn_cp_last_error());
+        return 0;
+    }
+    for (int i = 0; i < 9; ++i)
+        for (int r = 0; r < c->world; ++r) {
+            void *host = poisoned(bytes[i]);
+            if (i < 5 && i != 3)
+                for (size_t e = 0; e < bytes[i] / elt(c); ++e) store(c, host, e, uniform());
+            b->t[i][r] = buffer_from(host, bytes[i]);
+            free(host);
+        }
+    b->ws = buffer_new(fwd_bytes > b->ws_bytes ? fwd_bytes : b->ws_bytes);
+    CHECK(flashattn_cp_plan_execute(b->cp, c->world, (const void *const *)b->t[0], (const void *const *)b->t[1],
+                                    (const void *const *)b->t[2], b->t[3], (float *const *)b->t[5], b->ws, fwd_bytes,
+                                    NULL) == FLASHATTN_SUCCESS,
+          "execute contract: forward: %s", flashattn_cp_last_error());
+    return 1;
+}
+
+/* The same plan and inputs, a workspace and outputs of its own. */
+static void backward_call_twin(const BackwardCall *b, BackwardCall *twin) {
+    *twin = *b;
+    for (int i = 6; i < 9; ++i)
+        for (int r = 0; r < b->world; ++r) twin->t[i][r] = buffer_new(b->bytes[i]);
+    twin->ws = buffer_new(b->ws_bytes);
+}
+
+static void backward_call_free(BackwardCall *b, int twin) {
+    for (int i = twin ? 6 : 0; i < 9; ++i)
+        for (int r = 0; r < b->world; ++r) buffer_free(b->t[i][r]);
+    buffer_free(b->ws);
+    if (!twin) flashattn_cp_plan_destroy(b->cp);
+}
+
+#ifdef CP_TEST_GPU
+static void *new_stream(void) {
+    cudaStream_t stream = NULL;
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    return stream;
+}
+static void sync_stream(void *stream) { cudaStreamSynchronize((cudaStream_t)stream); }
+static void free_stream(void *stream) { cudaStreamDestroy((cudaStream_t)stream); }
+#else
+static void *new_stream(void) { return NULL; }
+static void sync_stream(void *stream) { (void)stream; }
+static void free_stream(void *stream) { (void)stream; }
+#endif
+
+/* Under CUDA-graph capture on a stream of its own: the graph's launch gives `want`. */
+static void check_backward_in_graph(BackwardCall *b, unsigned char *got, const unsigned char *want) {
+#ifdef CP_TEST_GPU
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    poison_grads(b);
+    b->stream = new_stream();
+    CHECK(cudaStreamBeginCapture((cudaStream_t)b->stream, cudaStreamCaptureModeGlobal) == cudaSuccess,
+          "graph: begin capture");
+    call_backward(b);
+    const cudaError_t end = cudaStreamEndCapture((cudaStream_t)b->stream, &graph);
+    CHECK(b->status == FLASHATTN_SUCCESS && end == cudaSuccess, "graph: captured call: %s / %s",
+          flashattn_cp_last_error(), cudaGetErrorString(end));
+    if (b->status == FLASHATTN_SUCCESS && end == cudaSuccess) {
+        CHECK(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess, "graph: instantiate");
+        CHECK(cudaGraphLaunch(exec, (cudaStream_t)b->stream) == cudaSuccess &&
+                  cudaStreamSynchronize((cudaStream_t)b->stream) == cudaSuccess,
+              "graph: launch: %s", cudaGetErrorString(cudaGetLastError()));
+        CHECK(grads_equal(b, got, want), "graph: the graph's gradients differ from the plain call's");
+    }
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    free_stream(b->stream);
+    b->stream = NULL;
+#else
+    (void)b;
+    (void)got;
+    (void)want;
+#endif
+}
+
+/* The ring backward from a thread that never made a library (or CUDA) call, two calls of one plan
+ * at once from two threads on two streams (loopback plans hold no state an execute changes), and
+ * on the GPU a CUDA graph: each gives the plain call's gradients bitwise. */
+static void test_backward_execute_contract(const Case *c) {
+    flashattn_plan_t *local = core_plan(c, c->local_rows);
+    BackwardCall b, twin;
+    if (!backward_call_new(c, local, &b)) {
+        flashattn_cp_plan_destroy(b.cp);
+        flashattn_plan_destroy(local);
+        return;
+    }
+    unsigned char *want = malloc(grads_bytes(&b)), *got = malloc(grads_bytes(&b));
+    CHECK(call_backward(&b) == FLASHATTN_SUCCESS, "contract: plain call: %s", flashattn_cp_last_error());
+    grads_equal(&b, want, NULL);
+
+    poison_grads(&b);
+    pthread_t threads[2];
+    CHECK(pthread_create(&threads[0], NULL, backward_thread, &b) == 0, "contract: pthread_create");
+    pthread_join(threads[0], NULL);
+    CHECK(b.status == FLASHATTN_SUCCESS, "contract: a call from a new thread failed");
+    CHECK(grads_equal(&b, got, want), "contract: a new thread's gradients differ from the plain call's");
+
+    poison_grads(&b);
+    backward_call_twin(&b, &twin);
+    poison_grads(&twin);
+    b.stream = new_stream();
+    twin.stream = new_stream();
+    for (int round = 0; round < 3; ++round) {
+        CHECK(pthread_create(&threads[0], NULL, backward_thread, &b) == 0 &&
+                  pthread_create(&threads[1], NULL, backward_thread, &twin) == 0,
+              "contract: pthread_create");
+        pthread_join(threads[0], NULL);
+        pthread_join(threads[1], NULL);
+        sync_stream(b.stream);
+        sync_stream(twin.stream);
+        CHECK(b.status == FLASHATTN_SUCCESS && twin.status == FLASHATTN_SUCCESS, "contract: concurrent calls failed");
+        CHECK(grads_equal(&b, got, want) && grads_equal(&twin, got, want),
+              "contract: round %d: concurrent calls' gradients differ from the plain call's", round);
+    }
+    free_stream(b.stream);
+    free_stream(twin.stream);
+    b.stream = NULL;
+    check_backward_in_graph(&b, got, want);
+    printf("ring backward from a new thread, two at once%s: checked\n",
+#ifdef CP_TEST_GPU
+           " on two streams, in a CUDA graph"
+#else
+           ""
+#endif
+    );
+    backward_call_free(&twin, 1);
+    backward_call_free(&b, 0);
+    free(want);
+    free(got);
+    flashattn_plan_destroy(local);
+}
+
 #ifndef CP_TEST_GPU
 /* The argument checks (host buffers: they are refused before anything is read). */
 static void test_bad_arguments(void) {
@@ -911,127 +1115,6 @@ static void test_backward_host_output(void) {
     flashattn_plan_destroy(local);
 }
 
-/* One ring backward call's arguments (W ranks), so a thread or a capture can make it. */
-typedef struct {
-    flashattn_cp_plan_t *cp;
-    int world;
-    void *t[9][8]; /* q k v o dout lse dq dk dv, per rank */
-    void *ws;
-    size_t ws_bytes;
-    void *stream;
-    flashattn_status_t status;
-} BackwardCall;
-
-static flashattn_status_t call_backward(BackwardCall *b) {
-    void *const *x[9];
-    for (int i = 0; i < 9; ++i) x[i] = b->t[i];
-    return b->status = flashattn_cp_plan_execute_backward(
-               b->cp, b->world, (const void *const *)x[0], (const void *const *)x[1], (const void *const *)x[2],
-               (const void *const *)x[3], (const void *const *)x[4], (const float *const *)x[5], x[6], x[7], x[8],
-               b->ws, b->ws_bytes, b->stream);
-}
-
-static void *backward_thread(void *arg) {
-    call_backward((BackwardCall *)arg);
-    return NULL;
-}
-
-/* Every rank's dQ, dK, dV (host copies, one block) and whether they equal `want` bitwise. */
-static int grads_equal(BackwardCall *b, const size_t *bytes, unsigned char *host, const unsigned char *want) {
-    size_t at = 0;
-    for (int i = 6; i < 9; ++i)
-        for (int r = 0; r < b->world; ++r) {
-            buffer_download(host + at, b->t[i][r], bytes[i]);
-            at += bytes[i];
-        }
-    return want == NULL || memcmp(host, want, at) == 0;
-}
-
-static void poison_grads(BackwardCall *b, const size_t *bytes) {
-    for (int i = 6; i < 9; ++i)
-        for (int r = 0; r < b->world; ++r) buffer_poison(b->t[i][r], bytes[i]);
-    cudaDeviceSynchronize();
-}
-
-/* The execute contract for the ring backward (deterministic mode, so runs compare bitwise): from
- * a thread that never touched CUDA, and inside CUDA-graph capture on a stream of its own, the
- * outputs equal a plain call's. */
-static void test_backward_thread_and_graph(void) {
-    const Case c = {1, 3, 64, 4, 2, 64, 64, 1, FLASHATTN_DTYPE_FP16, 0, 0, 1};
-    const Sizes z = sizes_of(&c, c.local_rows);
-    const size_t bytes[9] = {z.q, z.k, z.v, z.o, z.o, z.lse, z.q, z.k, z.v};
-    flashattn_plan_t *local = core_plan(&c, c.local_rows);
-    BackwardCall b;
-    memset(&b, 0, sizeof b);
-    b.world = c.world;
-    flashattn_cp_plan_create(&b.cp);
-    flashattn_cp_plan_set_i64(b.cp, FLASHATTN_CP_I64_WORLD_SIZE, c.world);
-    flashattn_cp_plan_set_i64(b.cp, FLASHATTN_CP_I64_TRANSPORT, FLASHATTN_CP_TRANSPORT_LOOPBACK);
-    if (!local || flashattn_cp_plan_finalize(b.cp, local) != FLASHATTN_SUCCESS ||
-        flashattn_cp_plan_get_backward_workspace_size(b.cp, &b.ws_bytes) != FLASHATTN_SUCCESS) {
-        CHECK(0, "thread/graph: set-up: %s", flashattn_cp_last_error());
-        flashattn_cp_plan_destroy(b.cp);
-        flashattn_plan_destroy(local);
-        return;
-    }
-    for (int i = 0; i < 9; ++i)
-        for (int r = 0; r < c.world; ++r) {
-            void *host = poisoned(bytes[i]);
-            if (i < 5 && i != 3)
-                for (size_t e = 0; e < bytes[i] / 2; ++e) store(&c, host, e, uniform());
-            b.t[i][r] = buffer_from(host, bytes[i]);
-            free(host);
-        }
-    size_t fwd_bytes = 0;
-    flashattn_cp_plan_get_workspace_size(b.cp, &fwd_bytes);
-    b.ws = buffer_new(fwd_bytes > b.ws_bytes ? fwd_bytes : b.ws_bytes);
-    CHECK(flashattn_cp_plan_execute(b.cp, c.world, (const void *const *)b.t[0], (const void *const *)b.t[1],
-                                    (const void *const *)b.t[2], b.t[3], (float *const *)b.t[5], b.ws, fwd_bytes,
-                                    NULL) == FLASHATTN_SUCCESS,
-          "thread/graph: forward: %s", flashattn_cp_last_error());
-    size_t all = 0;
-    for (int i = 6; i < 9; ++i) all += bytes[i] * c.world;
-    unsigned char *want = malloc(all), *got = malloc(all);
-    CHECK(call_backward(&b) == FLASHATTN_SUCCESS, "thread/graph: plain call: %s", flashattn_cp_last_error());
-    grads_equal(&b, bytes, want, NULL);
-
-    poison_grads(&b, bytes);
-    pthread_t thread;
-    CHECK(pthread_create(&thread, NULL, backward_thread, &b) == 0, "thread/graph: pthread_create");
-    pthread_join(thread, NULL);
-    CHECK(b.status == FLASHATTN_SUCCESS, "thread/graph: call from a new thread failed");
-    CHECK(grads_equal(&b, bytes, got, want), "thread/graph: a new thread's gradients differ from the plain call's");
-
-    poison_grads(&b, bytes);
-    cudaStream_t stream = NULL;
-    cudaGraph_t graph = NULL;
-    cudaGraphExec_t exec = NULL;
-    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-    b.stream = stream;
-    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess, "thread/graph: begin capture");
-    call_backward(&b);
-    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-    CHECK(b.status == FLASHATTN_SUCCESS && end == cudaSuccess, "thread/graph: captured call: %s / %s",
-          flashattn_cp_last_error(), cudaGetErrorString(end));
-    if (b.status == FLASHATTN_SUCCESS && end == cudaSuccess) {
-        CHECK(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess, "thread/graph: instantiate");
-        CHECK(cudaGraphLaunch(exec, stream) == cudaSuccess && cudaStreamSynchronize(stream) == cudaSuccess,
-              "thread/graph: launch: %s", cudaGetErrorString(cudaGetLastError()));
-        CHECK(grads_equal(&b, bytes, got, want), "thread/graph: the graph's gradients differ from the plain call's");
-    }
-    printf("ring backward from a new thread and in a CUDA graph: checked\n");
-    if (exec) cudaGraphExecDestroy(exec);
-    if (graph) cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
-    for (int i = 0; i < 9; ++i)
-        for (int r = 0; r < c.world; ++r) buffer_free(b.t[i][r]);
-    buffer_free(b.ws);
-    free(want);
-    free(got);
-    flashattn_cp_plan_destroy(b.cp);
-    flashattn_plan_destroy(local);
-}
-
 /* GPU backends: fp16 and bf16, head dims in multiples of 8. */
 static void run_cases(void) {
     int devices = 0;
@@ -1040,7 +1123,8 @@ static void run_cases(void) {
         exit(77);
     }
     test_backward_host_output();
-    test_backward_thread_and_graph();
+    const Case contract = {1, 3, 64, 4, 2, 64, 64, 1, FLASHATTN_DTYPE_FP16, 0, 0, 1};
+    test_backward_execute_contract(&contract);
     for (int causal = 0; causal <= 1; ++causal) {
         const Case tiny = {2, 3, 6, 4, 2, 64, 64, causal, FLASHATTN_DTYPE_FP16, 0, 0, 0};
         run_case(&tiny, 1);
@@ -1092,6 +1176,8 @@ static void run_cases(void) {
     run_case(&fp16_causal, 1);
     run_case(&fp16_plain, 0);
     run_random_cases(60, 0);
+    const Case contract = {1, 3, 8, 4, 2, 16, 16, 1, FLASHATTN_DTYPE_BF16, 0, 0, 0};
+    test_backward_execute_contract(&contract);
     test_bad_arguments();
     test_backward_arguments();
 }
