@@ -55,8 +55,14 @@
 
 /* Default random cases: the cpu run stays under a minute on two cores (Release). */
 #define DEFAULT_CASES 1500
-/* Per case at most batch * seqlen_q * seqlen_k * heads_q * (head_dim + head_dim_v) score terms. */
+/* Per case at most batch * seqlen_q * seqlen_k * heads_q * (head_dim + head_dim_v) score terms,
+ * and sequences of at most MAX_SEQLEN (a campaign build may raise both with -D). */
+#ifndef WORK_BUDGET
 #define WORK_BUDGET 12000000.0
+#endif
+#ifndef MAX_SEQLEN
+#define MAX_SEQLEN 200
+#endif
 
 static uint64_t g_seed = 0x4a11d5eed0b4c7ull;
 static int g_checked = 0, g_refused_fwd = 0, g_refused_bwd = 0;
@@ -72,13 +78,14 @@ typedef struct mix_case {
     int64_t sink_tokens;
     int sinks, alibi, deterministic, use_args;
     int threads; /* cpu: FLASHATTN_CPU_THREADS at finalize, 0 unset (small problems then run on one) */
+    int nan_in;  /* cpu: 1 + T_Q, T_K, T_V or T_DO: one element of that input is NaN; 0 none */
     int64_t pad[NUM_TENSORS][3]; /* gaps after each head, row and batch, in elements (multiples of 8) */
 } mix_case;
 
 static int chance(test_rng *rng, int percent) { return test_rng_range(rng, 0, 99) < percent; }
 
 static int64_t draw_seqlen(test_rng *rng) {
-    return chance(rng, 30) ? test_rng_range(rng, 1, 16) : test_rng_range(rng, 1, 200);
+    return chance(rng, 30) ? test_rng_range(rng, 1, 16) : test_rng_range(rng, 1, MAX_SEQLEN);
 }
 
 static int64_t draw_dim(test_rng *rng) {
@@ -164,6 +171,12 @@ static void draw_case(test_rng *rng, mix_case *c) {
     c->deterministic = chance(rng, 50);
     c->use_args = c->sinks || c->alibi || chance(rng, 50);
     c->threads = chance(rng, 50) ? (int)test_rng_range(rng, 1, 5) : 0;
+    /* The cpu keeps a NaN to the gradients of the pairs it takes part in (GPU backends may spread
+     * it over a tile, so they get none). */
+    if (TEST_BACKEND == FLASHATTN_BACKEND_CPU && chance(rng, 6)) {
+        static const int inputs[] = {T_Q, T_K, T_V, T_DO};
+        c->nan_in = 1 + inputs[test_rng_range(rng, 0, 3)];
+    }
     draw_pads(rng, c);
     fit_budget(a);
 }
@@ -172,7 +185,7 @@ static void draw_case(test_rng *rng, mix_case *c) {
  * sq, sk, hq, hkv, d, dv, dtype, causal, wl, wr, softcap, scale, varlen; top_left, sink_tokens,
  * sinks, alibi, deterministic, use_args, threads. */
 #define FIXED(b, sq, sk, hq, hk, d, dv, dt, causal, wl, wr, cap, scale, varlen, tl, st, sinks, alibi, det, args, thr) \
-    {{b, sq, sk, hq, hk, d, dv, dt, causal, wl, wr, cap, scale, varlen, 0, 0}, tl, st, sinks, alibi, det, args, thr, {{0}}}
+    {{b, sq, sk, hq, hk, d, dv, dt, causal, wl, wr, cap, scale, varlen, 0, 0}, tl, st, sinks, alibi, det, args, thr, 0, {{0}}}
 static const mix_case fixed_cases[] = {
     /* Top-left with seqlen_q > seqlen_k and a left window: the last rows see only the sink tokens. */
     FIXED(2, 60, 20, 4, 2, 64, 64, F32, 0, 5, -1, 0, 0, 0, 1, 3, 1, 0, 0, 1, 3),
@@ -184,11 +197,12 @@ static const mix_case fixed_cases[] = {
 #define NUM_FIXED (sizeof fixed_cases / sizeof fixed_cases[0])
 
 /* Whether the case needs this file's reference: the common one knows no sink logits, no ALiBi,
- * bottom-right alignment only and no sink tokens (which change nothing without a left window). */
+ * bottom-right alignment only and no sink tokens (which change nothing without a left window);
+ * and vref's NaN follows the header's rule (each gradient of a pair the NaN takes part in). */
 static int needs_vref(const mix_case *c, const case_shape *s) {
     const attn_case *a = &c->attn;
     int64_t b;
-    if (c->sinks || c->alibi || (c->sink_tokens > 0 && a->window_left >= 0)) return 1;
+    if (c->nan_in || c->sinks || c->alibi || (c->sink_tokens > 0 && a->window_left >= 0)) return 1;
     if (!c->top_left || (!a->causal && a->window_left < 0 && a->window_right < 0)) return 0;
     for (b = 0; b < s->batch; ++b)
         if (s->len_q[b] != s->len_k[b]) return 1; /* the two alignments differ */
@@ -258,7 +272,13 @@ static void vref_row(const vref *r, int64_t b, int64_t h, int64_t i, const vref_
         if (fabs(w->s[j]) > big) big = fabs(w->s[j]);
         ++seen;
     }
-    if (seen == 0) return; /* O = 0 and dQ = 0 (the outputs start zeroed); the sink takes no gradient */
+    if (seen == 0) { /* O = 0 and dQ = 0 (the outputs start zeroed) */
+        /* The header's dsink term, -exp(sink - LSE) (dO . O) with LSE = sink and O = 0: 0, but NaN
+         * where dO holds one (0 * NaN), as IEEE arithmetic and PyTorch's autograd give it. */
+        const double *g = r->dout + (tq * r->hq + h) * r->dv;
+        for (c = 0; r->sink && r->gq && c < r->dv; ++c) r->dsink_part[b * r->hq + h] -= g[c] * 0.0;
+        return;
+    }
     if (fabs(m) > big) big = fabs(m);
     if (r->smax_job && big > r->smax_job[b * r->hk + kvh]) r->smax_job[b * r->hk + kvh] = big;
     l = r->sink ? exp(r->sink[h] - m) : 0.0;
@@ -530,10 +550,30 @@ static void describe(ctx *x, uint64_t seed) {
         if (c->pad[t][0] || c->pad[t][1] || c->pad[t][2])
             n += snprintf(x->desc + n, sizeof x->desc - (size_t)n, " %s_pad=(%lld,%lld,%lld)", tensor_names[t],
                           (long long)c->pad[t][0], (long long)c->pad[t][1], (long long)c->pad[t][2]);
+    if (c->nan_in)
+        n += snprintf(x->desc + n, sizeof x->desc - (size_t)n, " NaN in %s", tensor_names[c->nan_in - 1]);
     for (b = 0; b < x->s.batch && x->s.varlen; ++b)
         n += snprintf(x->desc + n, sizeof x->desc - (size_t)n, "%s%lld/%lld", b ? "," : " lengths q/k=",
                       (long long)x->s.len_q[b], (long long)x->s.len_k[b]);
     snprintf(x->desc + n, sizeof x->desc - (size_t)n, " seed=%llu]", (unsigned long long)seed);
+}
+
+/* One random element of input t (when it has any) becomes NaN, in the tensor and its logical copy. */
+static void plant_nan(ctx *x, test_rng *rng, int t) {
+    const case_shape *s = &x->s;
+    int q_side;
+    int64_t heads, dim, tok, h, col, b = 0;
+    tensor_shape(x, t, &q_side, &heads, &dim);
+    if ((q_side ? s->total_q : s->total_k) == 0) return;
+    tok = test_rng_range(rng, 0, (q_side ? s->total_q : s->total_k) - 1);
+    h = test_rng_range(rng, 0, heads - 1);
+    col = test_rng_range(rng, 0, dim - 1);
+    while (tok >= (q_side ? s->start_q[b] + s->len_q[b] : s->start_k[b] + s->len_k[b])) ++b;
+    x->logical[t][(tok * heads + h) * dim + col] = NAN;
+    test_store(s->dtype,
+               (unsigned char *)x->mem[t].host +
+                   x->es * (size_t)(layout_offset(&x->lay[t], s->varlen, b, tok, tok - (q_side ? s->start_q[b] : s->start_k[b]), h) + col),
+               NAN);
 }
 
 /* Sequences, layouts, buffers and random inputs (every gap poisoned), uploaded. */
@@ -557,6 +597,7 @@ static int ctx_inputs(ctx *x, test_rng *rng) {
         x->logical[t] = (float *)malloc((size_t)((q_side ? s->total_q : s->total_k) * heads * dim + 1) * sizeof(float));
         if (!x->logical[t]) return ctx_fail(x, "out of memory");
         fill_random_tensor(s, rng, &x->mem[t], &x->lay[t], x->logical[t], q_side, heads, dim);
+        if (c->nan_in == t + 1) plant_nan(x, rng, t);
     }
     if (alloc_buf(&x->lse, (size_t)(s->hq * s->total_q) * sizeof(float)) || alloc_buf(&x->cu_q, (size_t)(s->batch + 1) * 4) ||
         alloc_buf(&x->cu_k, (size_t)(s->batch + 1) * 4) || alloc_buf(&x->sink, (size_t)s->hq * 4) ||
@@ -897,6 +938,7 @@ static int check_gradient(ctx *x, const reference *ref, int g) {
                     const double want = ref->grad[g][row * dim + col];
                     const double got = test_load(s->dtype, (const unsigned char *)x->mem[t].host + x->es * (size_t)(off + col));
                     inside[off + col] = 1;
+                    if (isnan(want) && isnan(got)) continue; /* the NaN reached it, as it must */
                     element_errors_add(&errs, b, i, h, col, got, want, abs_tol + rel_tol * fabs(want), !seen[row]);
                 }
             }
@@ -923,7 +965,7 @@ static int check_dsink(ctx *x, const reference *ref) {
     for (h = 0; h < x->s.hq && x->c->sinks; ++h) {
         const double got = ((const float *)x->dsink.host)[h], want = ref->dsink[h];
         const double bound = f * (1.0 + fabs(want)) + 2.0 * ref->odev[3];
-        if (!(fabs(got - want) <= bound))
+        if (isnan(want) ? !isnan(got) : !(fabs(got - want) <= bound))
             return ctx_fail(x, "dsink[%lld] = %.8g, reference %.8g (bound %.3g)", (long long)h, got, want, bound);
     }
     return 0;
