@@ -193,6 +193,8 @@ static const mix_case fixed_cases[] = {
     FIXED(3, 40, 50, 6, 2, 32, 48, F16, 1, -1, -1, 8.0, 1.0, 1, 0, 0, 1, 1, 1, 1, 2),
     /* Causal bottom-right with seqlen_q > seqlen_k through the 0.2 call, bf16, MQA. */
     FIXED(2, 130, 40, 4, 1, 128, 128, B16, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+    /* Windows of INT64_MAX (they mask nothing; the common reference once overflowed diag + window). */
+    FIXED(2, 37, 90, 4, 2, 64, 64, F32, 0, INT64_MAX, INT64_MAX, 0, 0, 1, 0, 0, 0, 0, 0, 0, 2),
 };
 #define NUM_FIXED (sizeof fixed_cases / sizeof fixed_cases[0])
 
