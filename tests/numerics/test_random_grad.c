@@ -226,7 +226,7 @@ typedef struct vref {
     double *gq, *gk, *gv;       /* gradients of L = sum(O * dout) */
     double *dsink_part;         /* [batch][hq]: each sequence's share of dL/dsink */
     flashattn_dtype_t o_dtype;  /* when set: D from O rounded to it, the O the library's backward reads */
-    double *smax_job;           /* [batch][hk]: the largest |score| or |row max| of the job's rows */
+    double *smax_job;           /* [batch][hk]: the largest |score| or |sink logit| of the job's rows */
     unsigned char *q_sees, *k_seen;
 } vref;
 
@@ -281,7 +281,8 @@ static void vref_row(const vref *r, int64_t b, int64_t h, int64_t i, const vref_
         for (c = 0; r->sink && r->gq && c < r->dv; ++c) r->dsink_part[b * r->hq + h] -= g[c] * 0.0;
         return;
     }
-    if (fabs(m) > big) big = fabs(m);
+    /* The row max is a score or the sink; not m itself, still -inf when every score is NaN. */
+    if (r->sink && fabs(r->sink[h]) > big) big = fabs(r->sink[h]);
     if (r->smax_job && big > r->smax_job[b * r->hk + kvh]) r->smax_job[b * r->hk + kvh] = big;
     l = r->sink ? exp(r->sink[h] - m) : 0.0;
     for (c = 0; c < r->dv; ++c) w->o[c] = 0.0;
