@@ -157,10 +157,17 @@ static void draw_case(test_rng *rng, mix_case *c) {
     c->top_left = chance(rng, 30);
     a->window_left = draw_window(rng, a->seqlen_q + a->seqlen_k);
     a->window_right = draw_window(rng, a->seqlen_q + a->seqlen_k);
-    if (chance(rng, 30)) /* mostly bending the scores, sometimes flattening them to +-cap */
-        a->softcap = chance(rng, 80) ? test_rng_uniform(rng, 0.5, 20.0) : test_rng_uniform(rng, 0.001, 0.5);
-    if (chance(rng, 30)) /* up to a softmax peaked on one key */
-        a->scale = chance(rng, 80) ? test_rng_uniform(rng, 0.05, 1.5) : test_rng_uniform(rng, 1.5, 8.0);
+    if (chance(rng, 30)) { /* mostly bending the scores, sometimes flattening them to +-cap; rarely
+                            * 2^-20..2^10 (above 65504 the common fp16 naive reference overflows) */
+        const int64_t u = test_rng_range(rng, 0, 19);
+        a->softcap = u < 16 ? test_rng_uniform(rng, 0.5, 20.0)
+                            : u < 19 ? test_rng_uniform(rng, 0.001, 0.5) : exp2(test_rng_uniform(rng, -20.0, 10.0));
+    }
+    if (chance(rng, 30)) { /* up to a softmax peaked on one key; rarely anything in 2^-30..2^6 */
+        const int64_t u = test_rng_range(rng, 0, 9);
+        a->scale = u < 8 ? test_rng_uniform(rng, 0.05, 1.5)
+                         : u < 9 ? test_rng_uniform(rng, 1.5, 8.0) : exp2(test_rng_uniform(rng, -30.0, 6.0));
+    }
     a->varlen = chance(rng, 35);
     if (chance(rng, 30)) { /* a few, any number of key blocks, or every key */
         const int64_t u = test_rng_range(rng, 0, 9), sk = a->seqlen_k;
@@ -229,6 +236,8 @@ typedef struct vref {
     flashattn_dtype_t o_dtype;  /* when set: D from O rounded to it, the O the library's backward reads,
                                  * and the scores' dot products in fp32 */
     double *smax_job;           /* [batch][hk]: the largest |score| or |sink logit| of the job's rows */
+    double *eq, *ek;            /* when set: per element of dQ, dK, the variance of what the fp32
+                                 * rounding of tanh's argument moves (soft cap; see cap_rounding()) */
     unsigned char *q_sees, *k_seen;
 } vref;
 
@@ -253,6 +262,19 @@ static double dot_fp32(const double *a, const double *b, int64_t n) {
     int64_t c;
     for (c = 0; c < n; ++c) s += (float)a[c] * (float)b[c];
     return s;
+}
+
+/* The soft cap's chain factor 1 - tanh^2(u), u = scale Q.K / cap, moves by 2 |tanh (1 - tanh^2)| du
+ * when u carries du: an fp32 dot product's roundings, each up to 2^-24 of a partial sum, add up as a
+ * random walk (standard deviation ~2^-24 sqrt(sum of the squared partial sums)), multiplied by
+ * scale / cap in u. Under a tiny cap (scale / cap in the thousands) that is the library's largest
+ * error in dQ and dK, and a sampled fp32 sum (dot_fp32) underestimated it 4x (cap 6.5e-5, scale
+ * 0.13). Returns the factor's standard deviation for key k. */
+static double cap_rounding(const vref *r, const double *q, const double *k, double th) {
+    double partial = 0.0, squares = 0.0;
+    int64_t c;
+    for (c = 0; c < r->d; ++c) partial += q[c] * k[c], squares += partial * partial;
+    return 2.0 * fabs(th * (1.0 - th * th)) * ldexp(sqrt(squares), -24) * r->scale / r->softcap;
 }
 
 /* Scratch of one row: scores, tanh values, unnormalised probabilities, O, visibility. */
@@ -321,6 +343,11 @@ static void vref_row(const vref *r, int64_t b, int64_t h, int64_t i, const vref_
             if (!w->vis[j]) continue;
             p = w->e[j] / l;
             ds = p * (dot(g, v, r->dv) - dsum) * r->scale; /* softmax backward, then the scale */
+            if (r->softcap > 0.0 && r->eq) {
+                const double e = fabs(ds) * cap_rounding(r, q, k, w->th[j]);
+                double *eq = r->eq + (tq * r->hq + h) * r->d, *ek = r->ek + (tk * r->hk + kvh) * r->d;
+                for (c = 0; c < r->d; ++c) eq[c] += e * e * k[c] * k[c], ek[c] += e * e * q[c] * q[c];
+            }
             if (r->softcap > 0.0) ds *= 1.0 - w->th[j] * w->th[j]; /* through cap * tanh(x / cap) */
             for (c = 0; c < r->d; ++c) dq[c] += ds * k[c];
             for (c = 0; c < r->d; ++c) dk[c] += ds * q[c];
@@ -362,6 +389,8 @@ static void vref_run(vref *r, int64_t total_q, int64_t total_k, double *dsink) {
     zero(r->gv, total_k * r->hk * r->dv, sizeof(double));
     zero(r->dsink_part, r->batch * r->hq, sizeof(double));
     zero(r->smax_job, r->batch * r->hk, sizeof(double));
+    zero(r->eq, total_q * r->hq * r->d, sizeof(double));
+    zero(r->ek, total_k * r->hk * r->d, sizeof(double));
     zero(r->q_sees, total_q * r->hq, 1);
     zero(r->k_seen, total_k * r->hk, 1);
     ref_parallel(r->batch * r->hk, (size_t)(3 * r->maxk + r->dv) * sizeof(double) + (size_t)r->maxk, vref_job, r);
@@ -823,9 +852,10 @@ static double *widen(const float *x, int64_t n) {
 }
 
 /* vref on the case's values (as the library read them): grad [3] and dsink [hq]; D from O
- * rounded to the dtype when round_o. */
+ * rounded to the dtype when round_o, and then, where cap_err [2] is given, cap_rounding()'s
+ * variances. */
 static void run_vref(const ctx *x, int round_o, double *const *grad, double *dsink, unsigned char *q_sees,
-                     unsigned char *k_seen, double *smax) {
+                     unsigned char *k_seen, double *smax, double *const *cap_err) {
     const case_shape *s = &x->s;
     const mix_case *c = x->c;
     double *in[4], sink[64], slope[64], *part = (double *)malloc((size_t)(s->batch * s->hq) * sizeof(double));
@@ -849,11 +879,20 @@ static void run_vref(const ctx *x, int round_o, double *const *grad, double *dsi
     r.q_sees = q_sees, r.k_seen = k_seen;
     r.o_dtype = round_o ? s->dtype : (flashattn_dtype_t)0;
     r.smax_job = big;
+    if (round_o && cap_err) r.eq = cap_err[0], r.ek = cap_err[1];
     vref_run(&r, s->total_q, s->total_k, dsink);
     for (h = 0; smax && h < s->batch * s->hk; ++h)
         if (big[h] > *smax) *smax = big[h];
     for (h = 0; h < 4; ++h) free(in[h]);
     free(part), free(big);
+}
+
+static double max_abs(const double *a, int64_t n) {
+    double m = 0.0;
+    int64_t i;
+    for (i = 0; i < n; ++i)
+        if (fabs(a[i]) > m) m = fabs(a[i]);
+    return m;
 }
 
 static double max_diff(const double *a, const double *b, int64_t n) {
@@ -871,17 +910,22 @@ static double max_diff(const double *a, const double *b, int64_t n) {
  * fp32 dot product for every dtype: a tiny soft cap multiplies its rounding by scale / cap in
  * tanh's argument (2e-5 relative at scale 5.6, cap 0.006, fp32). adev: how far the exact gradient
  * moves with both (vref in double otherwise; the fp32 sums in order, as a sample of the error's
- * size, not the library's bits). */
+ * size, not the library's bits), plus 2 standard deviations of the latter's effect through the
+ * chain factor (cap_rounding(): there a sample is least representative, few keys near tanh's knee
+ * carry it). */
 static int arithmetic_effect(const ctx *x, reference *ref, const int64_t *n) {
-    double *moved[3], dsink[64];
+    double *moved[3], *cap_err[2], dsink[64];
     int i, ok = 1;
     for (i = 0; i < 3; ++i) ok &= (moved[i] = (double *)malloc((size_t)(n[i] + 1) * sizeof(double))) != NULL;
+    for (i = 0; i < 2; ++i) ok &= (cap_err[i] = (double *)calloc((size_t)(n[i] + 1), sizeof(double))) != NULL;
     if (ok) {
-        run_vref(x, 1, moved, dsink, NULL, NULL, &ref->smax);
+        run_vref(x, 1, moved, dsink, NULL, NULL, &ref->smax, cap_err);
         for (i = 0; i < 3; ++i) ref->adev[i] = max_diff(moved[i], ref->grad[i], n[i]);
+        for (i = 0; i < 2; ++i) ref->adev[i] += 2.0 * sqrt(max_abs(cap_err[i], n[i])); /* 4 sigma in the bound */
         ref->adev[3] = max_diff(dsink, ref->dsink, x->c->sinks ? x->s.hq : 0);
     }
     for (i = 0; i < 3; ++i) free(moved[i]);
+    for (i = 0; i < 2; ++i) free(cap_err[i]);
     return ok ? 0 : -1;
 }
 
@@ -901,7 +945,7 @@ static int make_reference(const ctx *x, reference *ref) {
     ref->k_seen = (unsigned char *)malloc((size_t)(s->total_k * s->hk + 1));
     if (!ref->q_sees || !ref->k_seen) return -1;
     if (ref->vref) {
-        run_vref(x, 0, ref->grad, ref->dsink, ref->q_sees, ref->k_seen, NULL);
+        run_vref(x, 0, ref->grad, ref->dsink, ref->q_sees, ref->k_seen, NULL, NULL);
     } else {
         const ref_problem p = shape_problem(s, &x->c->attn, x->logical[T_Q], x->logical[T_K], x->logical[T_V],
                                             x->logical[T_DO]);
