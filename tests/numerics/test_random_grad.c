@@ -203,6 +203,10 @@ static const mix_case fixed_cases[] = {
     FIXED(2, 130, 40, 4, 1, 128, 128, B16, 1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
     /* Windows of INT64_MAX (they mask nothing; the common reference once overflowed diag + window). */
     FIXED(2, 37, 90, 4, 2, 64, 64, F32, 0, INT64_MAX, INT64_MAX, 0, 0, 1, 0, 0, 0, 0, 0, 0, 2),
+    /* Tiny soft caps (scale / cap 900 and 2000): fp32 Q.K roundings reach the chain factor, beyond
+     * test_backward.c's bound and once beyond a sampled estimate (see cap_rounding()). */
+    FIXED(3, 62, 145, 1, 1, 128, 128, F32, 1, -1, -1, 0.00615, 5.62, 0, 0, 0, 0, 0, 0, 1, 0),
+    FIXED(3, 39, 36, 3, 1, 56, 56, F32, 0, -1, -1, 6.5e-5, 0.134, 0, 1, 22, 1, 1, 1, 1, 5),
 };
 #define NUM_FIXED (sizeof fixed_cases / sizeof fixed_cases[0])
 
