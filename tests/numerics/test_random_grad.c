@@ -45,6 +45,7 @@
  * FLASHATTN_TEST_MIX_CASES=n runs n random cases; FLASHATTN_TEST_MIX_ONLY=i runs case i alone (to
  * reproduce a failure, whose line prints both); FLASHATTN_TEST_REDUCED=1 runs a quarter of them;
  * FLASHATTN_TEST_VERBOSE=1 prints every case with its errors. */
+#define _POSIX_C_SOURCE 200112L /* setenv, unsetenv */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
