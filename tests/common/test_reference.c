@@ -164,8 +164,9 @@ int test_verbose(void) {
 
 int ref_visible(const ref_problem *p, int64_t i, int64_t j, int64_t sq, int64_t sk) {
     const int64_t diag = i + sk - sq;
-    return (!p->causal || j <= diag) && (p->window_left < 0 || j >= diag - p->window_left) &&
-           (p->window_right < 0 || j <= diag + p->window_right);
+    /* Distances from the diagonal, not diag -+ window: windows go up to INT64_MAX. */
+    return (!p->causal || j <= diag) && (p->window_left < 0 || diag - j <= p->window_left) &&
+           (p->window_right < 0 || j - diag <= p->window_right);
 }
 
 int64_t ref_longest(const int64_t *len, int64_t n) {
