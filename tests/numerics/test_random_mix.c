@@ -66,6 +66,10 @@ typedef struct mix_case {
     int interleaved;
     int layout[6]; /* Q, K, V, O, K_new, V_new: 0 contiguous, 1 padded, 2 head-major padded */
     int with_lse, args_call;
+    int64_t splits;   /* FLASHATTN_I64_NUM_SPLITS asked (0: auto; the CPU runs unsplit) */
+    double amplitude; /* Q and K drawn from U(-a, a) */
+    int repeat;       /* run twice: bitwise the same O, LSE and caches */
+    int kv_pool;      /* K and V interleave in one pool ([pages or batch][2][rows][heads][dim]) */
     int mutation;
 } mix_case;
 
@@ -73,14 +77,15 @@ static void describe(char *buf, size_t n, const mix_case *c, size_t index) {
     snprintf(buf, n,
              "[%s seed %#llx case %zu: %s b=%lld sq=%lld sk=%lld hq=%lld hk=%lld d=%lld dv=%lld causal=%d top_left=%d "
              "wl=%lld wr=%lld sink_tokens=%lld sinks=%d alibi=%d softcap=%g scale=%g varlen=%d seqused=%d page=%lld "
-             "new=%lld rotary=%lld%s layouts=%d%d%d%d%d%d lse=%d args=%d mutation=%d]",
+             "new=%lld rotary=%lld%s layouts=%d%d%d%d%d%d lse=%d args=%d splits=%lld amplitude=%g repeat=%d pool=%d mutation=%d]",
              test_backend_name(TEST_BACKEND), (unsigned long long)g_seed, index, test_dtype_name(c->dt),
              (long long)c->batch, (long long)c->sq, (long long)c->sk, (long long)c->hq, (long long)c->hk,
              (long long)c->d, (long long)c->dv, c->causal, c->top_left, (long long)c->wl, (long long)c->wr,
              (long long)c->sink_tokens, c->sinks, c->alibi, c->softcap, c->scale, c->varlen, c->seqused,
              (long long)c->page_size, (long long)c->new_rows, (long long)c->rotary_dim,
              c->rotary_dim && c->interleaved ? "i" : "", c->layout[0], c->layout[1], c->layout[2], c->layout[3],
-             c->layout[4], c->layout[5], c->with_lse, c->args_call, c->mutation);
+             c->layout[4], c->layout[5], c->with_lse, c->args_call, (long long)c->splits, c->amplitude, c->repeat,
+             c->kv_pool, c->mutation);
 }
 
 static int chance(test_rng *rng, double p) { return test_rng_uniform(rng, 0.0, 1.0) < p; }
@@ -100,7 +105,7 @@ static int64_t draw_window(test_rng *rng, int64_t sq, int64_t sk) {
     if (u < 0.5) return 0;
     if (u < 0.8) return test_rng_range(rng, 1, 24);
     if (u < 0.95) return test_rng_range(rng, 0, sq + sk + 2);
-    return (int64_t)1 << 40;
+    return u < 0.975 ? (int64_t)1 << 40 : INT64_MAX;
 }
 
 static int64_t draw_dim(test_rng *rng) {
@@ -169,6 +174,12 @@ static void draw_case(test_rng *rng, mix_case *c, int reduced) {
         c->layout[t] = u < 0.5 ? 0 : u < 0.8 ? 1 : 2;
     }
     c->with_lse = chance(rng, 0.6);
+    c->splits = chance(rng, 0.2) ? test_rng_range(rng, 1, 128) : 0;
+    c->amplitude = chance(rng, 0.3) ? test_rng_uniform(rng, 1.0, 4.0) : 1.0;
+    c->repeat = chance(rng, 0.15);
+    /* one K/V pool: where the batch (or page) stride is honoured, V shaped like K */
+    c->kv_pool = c->d == c->dv && !(c->varlen && c->page_size == 0) && chance(rng, 0.25);
+    if (c->kv_pool) c->layout[1] = c->layout[2] = c->layout[1] ? c->layout[1] : 1;
     /* sink logits, ALiBi and the serving features run only through the argument set */
     c->args_call = c->sinks || c->alibi || c->seqused || c->page_size > 0 || chance(rng, 0.5);
     c->mutation = chance(rng, 0.12) ? (int)test_rng_range(rng, 1, MUT_COUNT - 1) : MUT_NONE;
@@ -186,6 +197,7 @@ typedef struct mix_data {
     int64_t *len_q, *start_q, *len_k, *start_k, *used, *keys; /* keys: L_b, what sequence b attends */
     int64_t total_q, total_k, kmax;
     int64_t max_pages, table_stride, num_pages;
+    int64_t pool_block; /* kv_pool: elements from a K block to its V block */
     tensor_layout lq, lk, lv, lo, lkn, lvn;
     test_mem q, k, v, o, lse, kn, vn, table, seqused, cu_q, cu_k, cos_t, sin_t, sink, slope, ws;
     size_t lse_elems;
@@ -237,7 +249,8 @@ static double *kx_at(const mix_data *d, double *base, int64_t b, int64_t pos, in
     return base + ((b * d->kmax + pos) * d->c->hk + h) * dim;
 }
 
-static double random_value(const mix_data *d, test_rng *rng) { return test_round(d->c->dt, test_rng_uniform(rng, -1.0, 1.0)); }
+/* U(-a, a) rounded to the dtype: a = 1 for V, the case's amplitude for Q and K (larger scores). */
+static double random_value(const mix_data *d, test_rng *rng, double a) { return test_round(d->c->dt, test_rng_uniform(rng, -a, a)); }
 
 static int64_t pick_used(test_rng *rng, int64_t room) {
     const double u = test_rng_uniform(rng, 0.0, 1.0);
@@ -264,7 +277,8 @@ static void make_lengths(mix_data *d, test_rng *rng) {
     }
     if (maxq == 0) maxq = d->len_q[0] = 1; /* at least one query row in the batch */
     d->sq = c->varlen ? maxq + (chance(rng, 0.3) ? test_rng_range(rng, 1, 5) : 0) : c->sq;
-    d->sk = packed_keys ? (maxk > 0 ? maxk : 1) : maxk;
+    /* packed keys: SEQLEN_K is a maximum, sometimes above every length (finalize lowers it to total_k) */
+    d->sk = packed_keys ? (maxk > 0 ? maxk : 1) + (chance(rng, 0.3) ? test_rng_range(rng, 1, 40) : 0) : maxk;
     if (!packed_keys) for (b = 0; b < c->batch; ++b) d->len_k[b] = d->sk;
     d->total_q = d->total_k = 0;
     d->kmax = 1;
@@ -314,8 +328,8 @@ static void make_caches(mix_data *d, test_rng *rng) {
                 unsigned char *kp = (unsigned char *)d->k.host + d->es * (size_t)cache_offset(d, &d->lk, b, pos, h);
                 unsigned char *vp = (unsigned char *)d->v.host + d->es * (size_t)cache_offset(d, &d->lv, b, pos, h);
                 double *kr = kx_at(d, d->kx, b, pos, h, c->d), *vr = kx_at(d, d->vx, b, pos, h, c->dv);
-                for (col = 0; col < c->d; ++col) test_store(c->dt, kp + d->es * (size_t)col, kr[col] = random_value(d, rng));
-                for (col = 0; col < c->dv; ++col) test_store(c->dt, vp + d->es * (size_t)col, vr[col] = random_value(d, rng));
+                for (col = 0; col < c->d; ++col) test_store(c->dt, kp + d->es * (size_t)col, kr[col] = random_value(d, rng, c->amplitude));
+                for (col = 0; col < c->dv; ++col) test_store(c->dt, vp + d->es * (size_t)col, vr[col] = random_value(d, rng, 1.0));
             }
     memcpy(d->k_expect, d->k.host, d->k.bytes);
     memcpy(d->v_expect, d->v.host, d->v.bytes);
@@ -328,8 +342,8 @@ static void make_caches(mix_data *d, test_rng *rng) {
                 unsigned char *kd = d->k_expect + d->es * (size_t)cache_offset(d, &d->lk, b, p, h);
                 unsigned char *vd = d->v_expect + d->es * (size_t)cache_offset(d, &d->lv, b, p, h);
                 double *kr = kx_at(d, d->kx, b, p, h, c->d), *vr = kx_at(d, d->vx, b, p, h, c->dv);
-                for (col = 0; col < c->d; ++col) test_store(c->dt, ks + d->es * (size_t)col, row[col] = random_value(d, rng));
-                for (col = 0; col < c->dv; ++col) test_store(c->dt, vs + d->es * (size_t)col, vr[col] = random_value(d, rng));
+                for (col = 0; col < c->d; ++col) test_store(c->dt, ks + d->es * (size_t)col, row[col] = random_value(d, rng, c->amplitude));
+                for (col = 0; col < c->dv; ++col) test_store(c->dt, vs + d->es * (size_t)col, vr[col] = random_value(d, rng, 1.0));
                 /* rotate (in double, rounded once), then write */
                 for (col = 0; col < c->d; ++col) kr[col] = row[col];
                 for (i = 0; i < half; ++i) {
@@ -357,7 +371,7 @@ static void make_queries(mix_data *d, test_rng *rng) {
                 double *x = d->qx + ((d->start_q[b] + i) * c->hq + h) * c->d;
                 const int64_t p = d->used[b] + i;
                 double pair[2];
-                for (col = 0; col < c->d; ++col) test_store(c->dt, qp + d->es * (size_t)col, x[col] = random_value(d, rng));
+                for (col = 0; col < c->d; ++col) test_store(c->dt, qp + d->es * (size_t)col, x[col] = random_value(d, rng, c->amplitude));
                 for (r = 0; r < half; ++r) {
                     const int64_t a = c->interleaved ? 2 * r : r, e = c->interleaved ? 2 * r + 1 : r + half;
                     const double cs = ((const float *)d->cos_t.host)[p * half + r], sn = ((const float *)d->sin_t.host)[p * half + r];
@@ -400,10 +414,16 @@ static int data_make(mix_data *d, const mix_case *c, uint64_t seed) {
         d->lo = draw_layout(&rng, c->layout[3], c->varlen ? 1 : B, c->varlen ? d->total_q : d->sq, c->hq, c->dv);
         d->lkn = draw_layout(&rng, c->layout[4], B, c->new_rows, c->hk, c->d);
         d->lvn = draw_layout(&rng, c->layout[5], B, c->new_rows, c->hk, c->dv);
+        if (c->kv_pool) { /* V's block follows K's in each page (or batch) */
+            d->pool_block = d->lk.batch_stride;
+            d->lk.batch_stride *= 2;
+            d->lk.elems *= 2;
+            d->lv = d->lk;
+        }
     }
     d->lse_elems = (size_t)(c->hq * (c->varlen ? d->total_q : B * d->sq));
     if (alloc(d, &d->q, d->lq.elems * d->es) || alloc(d, &d->k, d->lk.elems * d->es) ||
-        alloc(d, &d->v, d->lv.elems * d->es) || alloc(d, &d->o, d->lo.elems * d->es) ||
+        (!c->kv_pool && alloc(d, &d->v, d->lv.elems * d->es)) || alloc(d, &d->o, d->lo.elems * d->es) ||
         alloc(d, &d->lse, d->lse_elems * 4) || alloc(d, &d->kn, c->new_rows ? d->lkn.elems * d->es : 0) ||
         alloc(d, &d->vn, c->new_rows ? d->lvn.elems * d->es : 0) ||
         alloc(d, &d->table, (size_t)(B * d->table_stride) * 4) || alloc(d, &d->seqused, (size_t)B * 4) ||
@@ -415,8 +435,13 @@ static int data_make(mix_data *d, const mix_case *c, uint64_t seed) {
     d->qx = malloc((size_t)(d->total_q * c->hq * c->d + 1) * sizeof(double));
     d->kx = calloc((size_t)(B * d->kmax * c->hk * c->d), sizeof(double));
     d->vx = calloc((size_t)(B * d->kmax * c->hk * c->dv), sizeof(double));
+    if (c->kv_pool) { /* V: a view into K's pool, and into its expected image */
+        d->v.host = (unsigned char *)d->k.host + d->pool_block * (int64_t)d->es;
+        d->v.device = d->k.device ? (unsigned char *)d->k.device + d->pool_block * (int64_t)d->es : NULL;
+        d->v.bytes = d->k.bytes - (size_t)d->pool_block * d->es;
+    }
     d->k_expect = malloc(d->k.bytes);
-    d->v_expect = malloc(d->v.bytes);
+    d->v_expect = c->kv_pool ? d->k_expect + d->pool_block * (int64_t)d->es : malloc(d->v.bytes);
     if (!d->qx || !d->kx || !d->vx || !d->k_expect || !d->v_expect) return -1;
 
     for (b = 0; b <= B; ++b) {
@@ -451,8 +476,10 @@ static test_mem *inputs_of(mix_data *d, int i) {
 static void data_free(mix_data *d) {
     test_mem *all[] = {&d->q, &d->k, &d->v, &d->o, &d->lse, &d->kn, &d->vn, &d->table, &d->seqused, &d->cu_q,
                        &d->cu_k, &d->cos_t, &d->sin_t, &d->sink, &d->slope, &d->ws};
-    void *mem[] = {d->len_q, d->start_q, d->len_k, d->start_k, d->used, d->keys, d->qx, d->kx, d->vx, d->k_expect, d->v_expect};
+    void *mem[] = {d->len_q, d->start_q, d->len_k, d->start_k, d->used, d->keys, d->qx, d->kx, d->vx, d->k_expect,
+                   d->c->kv_pool ? NULL : d->v_expect}; /* a pool's V is a view into K's */
     size_t i;
+    if (d->c->kv_pool) memset(&d->v, 0, sizeof d->v);
     for (i = 0; i < sizeof all / sizeof all[0]; ++i) test_mem_free(all[i]);
     for (i = 0; i < sizeof mem / sizeof mem[0]; ++i) free(mem[i]);
     for (i = 0; i < 12; ++i) free(d->snap[i]);
@@ -472,8 +499,8 @@ typedef struct ref_out {
  * window from below except for the first sink_tokens keys. */
 static int visible(const mix_case *c, int64_t diag, int64_t j) {
     if (c->causal && j > diag) return 0;
-    if (c->wr >= 0 && j > diag + c->wr) return 0;
-    if (c->wl >= 0 && j < diag - c->wl && j >= c->sink_tokens) return 0;
+    if (c->wr >= 0 && j - diag > c->wr) return 0; /* distances, not diag + window: windows reach INT64_MAX */
+    if (c->wl >= 0 && diag - j > c->wl && j >= c->sink_tokens) return 0;
     return 1;
 }
 
@@ -593,6 +620,7 @@ static flashattn_status_t set_keys(flashattn_plan_t *plan, const mix_data *d, in
     KEY(FLASHATTN_I64_SINK_TOKENS, c->sink_tokens);
     KEY(FLASHATTN_I64_SINK_LOGITS, c->sinks);
     KEY(FLASHATTN_I64_ALIBI, c->alibi);
+    if (c->splits > 0) KEY(FLASHATTN_I64_NUM_SPLITS, c->splits);
     if (mutation == MUT_HEADS) KEY(FLASHATTN_I64_HEADS_KV, c->hq + 1);
     if (mutation == MUT_HEAD_DIM) KEY(FLASHATTN_I64_HEAD_DIM, c->d + 4);
     if (c->page_size > 0) {
@@ -779,6 +807,31 @@ static int mutation_expect(const mix_case *c, int m, flashattn_status_t *want) {
     }
 }
 
+/* A second run from the same inputs (caches reset): bitwise the first's O, LSE and caches. */
+static int check_repeat(const flashattn_plan_t *plan, mix_data *d, size_t ws, const unsigned char *k_init,
+                        const unsigned char *v_init, const char *what) {
+    test_mem *outs[4] = {&d->o, &d->lse, &d->k, &d->v};
+    unsigned char *first[4];
+    int t, bad = 0;
+    flashattn_status_t st;
+    for (t = 0; t < 4; ++t) {
+        test_mem_download(outs[t]);
+        first[t] = malloc(outs[t]->bytes);
+        memcpy(first[t], outs[t]->host, outs[t]->bytes);
+    }
+    prepare_buffers(d, k_init, v_init);
+    st = execute(plan, d, MUT_NONE, ws);
+    EXPECT(st == FLASHATTN_SUCCESS, "%s second run: status %d (%s)", what, (int)st, flashattn_last_error());
+    for (t = 0; t < 4; ++t) {
+        if (st == FLASHATTN_SUCCESS && !test_mem_unchanged(outs[t], first[t])) {
+            EXPECT(0, "%s second run: %s not bitwise the first run's", what, t == 0 ? "O" : t == 1 ? "LSE" : t == 2 ? "K cache" : "V cache");
+            bad = 1;
+        }
+        free(first[t]);
+    }
+    return bad || st != FLASHATTN_SUCCESS;
+}
+
 /* ---- One case ----------------------------------------------------------------------------------- */
 
 static void run_case(const mix_case *c, uint64_t seed, size_t index) {
@@ -818,6 +871,14 @@ static void run_case(const mix_case *c, uint64_t seed, size_t index) {
         goto done;
     }
     flashattn_plan_get_workspace_size(plan, &ws);
+    {
+        int64_t splits = -1, sq = -1; /* the number the plan runs: 1 where the backend has no split-KV */
+        flashattn_plan_get_i64(plan, FLASHATTN_I64_NUM_SPLITS, &splits);
+        flashattn_plan_get_i64(plan, FLASHATTN_I64_SEQLEN_Q, &sq); /* varlen: lowered to total_q when larger */
+        EXPECT(sq == (c->varlen && d.sq > d.total_q ? d.total_q : d.sq), "%s the plan reports SEQLEN_Q = %lld", what, (long long)sq);
+        EXPECT(TEST_BACKEND == FLASHATTN_BACKEND_FA2 ? splits >= 1 && splits <= (c->splits ? c->splits : 128) : splits == 1,
+               "%s the plan reports NUM_SPLITS = %lld", what, (long long)splits);
+    }
     if (ws && test_mem_alloc(&d.ws, ws, d.dev)) {
         EXPECT(0, "%s could not allocate %zu bytes of workspace", what, ws);
         goto done;
@@ -898,6 +959,7 @@ static void run_case(const mix_case *c, uint64_t seed, size_t index) {
         bad |= check_caches(&d, c->new_rows > 0 ? d.k_expect : k_init, c->new_rows > 0 ? d.v_expect : v_init, what);
         if (test_verbose())
             printf("  %s: %.1f ms, max|score| %.3g, lowp err %.3g\n", what, exec_s * 1e3, worst, base_err);
+        if (!bad && c->repeat) bad |= check_repeat(plan, &d, ws, k_init, v_init, what);
         if (!bad) ++g_checked;
         free(r.o), free(r.low), free(r.lse), free(r.seen), free(r.max_score);
     }
