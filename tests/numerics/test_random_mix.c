@@ -95,12 +95,14 @@ static void describe(char *buf, size_t n, const mix_case *c, size_t index) {
 
 static int chance(test_rng *rng, double p) { return test_rng_uniform(rng, 0.0, 1.0) < p; }
 
-/* A sequence length: 1, short, or up to ~300 (small when reduced). */
+/* A sequence length: 1, short, up to ~300, now and then long (many of every backend's tiles;
+ * fit_budget() then takes heads away); small when reduced. */
 static int64_t draw_len(test_rng *rng, int reduced) {
     const double u = test_rng_uniform(rng, 0.0, 1.0);
     if (u < 0.15) return 1;
     if (u < 0.45) return test_rng_range(rng, 2, 24);
-    return test_rng_range(rng, 25, reduced ? 80 : 300);
+    if (u < 0.95 || reduced) return test_rng_range(rng, 25, reduced ? 80 : 300);
+    return test_rng_range(rng, 301, 1200);
 }
 
 /* A window side: none, 0, small, about the sequence, or huge (stored as none by finalize). */
@@ -135,7 +137,7 @@ static void fit_budget(mix_case *c, double budget) {
 
 static void draw_case(test_rng *rng, mix_case *c, int reduced) {
     static const int64_t pages[] = {1, 2, 3, 5, 7, 8, 16, 17, 32, 48, 64, 100, 256};
-    static const int64_t groups[] = {1, 1, 2, 3, 4, 8};
+    static const int64_t groups[] = {1, 1, 2, 3, 4, 8, 16};
     memset(c, 0, sizeof *c);
     if (TEST_BACKEND == FLASHATTN_BACKEND_CPU) {
         static const flashattn_dtype_t dts[] = {FLASHATTN_DTYPE_FP32, FLASHATTN_DTYPE_FP16, FLASHATTN_DTYPE_BF16};
@@ -143,11 +145,11 @@ static void draw_case(test_rng *rng, mix_case *c, int reduced) {
     } else {
         c->dt = chance(rng, 0.5) ? FLASHATTN_DTYPE_FP16 : FLASHATTN_DTYPE_BF16;
     }
-    c->batch = test_rng_range(rng, 1, 4);
+    c->batch = chance(rng, 0.85) ? test_rng_range(rng, 1, 4) : test_rng_range(rng, 5, 12);
     c->sq = draw_len(rng, reduced);
-    c->sk = draw_len(rng, reduced);
+    c->sk = chance(rng, 0.15) ? c->sq : draw_len(rng, reduced); /* square, as self-attention is */
     c->hk = test_rng_range(rng, 1, 4);
-    c->hq = c->hk * groups[test_rng_range(rng, 0, 5)];
+    c->hq = c->hk * groups[test_rng_range(rng, 0, 6)];
     c->d = draw_dim(rng);
     c->dv = chance(rng, 0.7) ? c->d : draw_dim(rng);
     c->causal = chance(rng, 0.4);
