@@ -75,6 +75,7 @@ typedef struct mix_case {
     double amplitude; /* Q and K drawn from U(-a, a) */
     int repeat;       /* run twice: bitwise the same O, LSE and caches */
     int kv_pool;      /* K and V interleave in one pool ([pages or batch][2][rows][heads][dim]) */
+    int share_pages;  /* (paged, no append) sequences share some of sequence 0's pages */
     int mutation;
 } mix_case;
 
@@ -82,7 +83,7 @@ static void describe(char *buf, size_t n, const mix_case *c, size_t index) {
     snprintf(buf, n,
              "[%s seed %#llx case %zu: %s b=%lld sq=%lld sk=%lld hq=%lld hk=%lld d=%lld dv=%lld causal=%d top_left=%d "
              "wl=%lld wr=%lld sink_tokens=%lld sinks=%d alibi=%d softcap=%g scale=%g varlen=%d seqused=%d page=%lld "
-             "new=%lld rotary=%lld%s layouts=%d%d%d%d%d%d lse=%d args=%d splits=%lld amplitude=%g repeat=%d pool=%d mutation=%d]",
+             "new=%lld rotary=%lld%s layouts=%d%d%d%d%d%d lse=%d args=%d splits=%lld amplitude=%g repeat=%d pool=%d shared_pages=%d mutation=%d]",
              test_backend_name(TEST_BACKEND), (unsigned long long)g_seed, index, test_dtype_name(c->dt),
              (long long)c->batch, (long long)c->sq, (long long)c->sk, (long long)c->hq, (long long)c->hk,
              (long long)c->d, (long long)c->dv, c->causal, c->top_left, (long long)c->wl, (long long)c->wr,
@@ -90,7 +91,7 @@ static void describe(char *buf, size_t n, const mix_case *c, size_t index) {
              (long long)c->page_size, (long long)c->new_rows, (long long)c->rotary_dim,
              c->rotary_dim && c->interleaved ? "i" : "", c->layout[0], c->layout[1], c->layout[2], c->layout[3],
              c->layout[4], c->layout[5], c->with_lse, c->args_call, (long long)c->splits, c->amplitude, c->repeat,
-             c->kv_pool, c->mutation);
+             c->kv_pool, c->share_pages, c->mutation);
 }
 
 static int chance(test_rng *rng, double p) { return test_rng_uniform(rng, 0.0, 1.0) < p; }
@@ -187,6 +188,7 @@ static void draw_case(test_rng *rng, mix_case *c, int reduced) {
     /* one K/V pool: where the batch (or page) stride is honoured, V shaped like K */
     c->kv_pool = c->d == c->dv && !(c->varlen && c->page_size == 0) && chance(rng, 0.25);
     if (c->kv_pool) c->layout[1] = c->layout[2] = c->layout[1] ? c->layout[1] : 1;
+    c->share_pages = c->page_size > 0 && c->new_rows == 0 && chance(rng, 0.3);
     /* sink logits, ALiBi and the serving features run only through the argument set */
     c->args_call = c->sinks || c->alibi || c->seqused || c->page_size > 0 || chance(rng, 0.5);
     c->mutation = chance(rng, 0.12) ? (int)test_rng_range(rng, 1, MUT_COUNT - 1) : MUT_NONE;
@@ -310,8 +312,11 @@ static void make_page_table(mix_data *d, test_rng *rng) {
     test_rng_permutation(rng, perm, d->num_pages);
     for (b = 0; b < c->batch; ++b) {
         const int64_t needed = (d->keys[b] + c->page_size - 1) / c->page_size;
+        /* shared pages (a common prefix, read only): the first ones of sequence 0's row */
+        const int64_t shared = c->share_pages && b > 0 ? test_rng_range(rng, 0, needed) : 0;
         for (i = 0; i < d->table_stride; ++i)
-            t[b * d->table_stride + i] = i >= d->max_pages ? -1 : i >= needed ? 0x7fffffff : (int32_t)perm[b * d->max_pages + i];
+            t[b * d->table_stride + i] = i >= d->max_pages ? -1 : i >= needed ? 0x7fffffff
+                                         : i < shared ? (int32_t)perm[i] : (int32_t)perm[b * d->max_pages + i];
     }
     free(perm);
 }
@@ -363,6 +368,17 @@ static void make_caches(mix_data *d, test_rng *rng) {
                 for (col = 0; col < c->dv; ++col) test_store(c->dt, vd + d->es * (size_t)col, vr[col]);
             }
     free(row);
+    /* Shared pages: a later sequence's keys overwrote an earlier one's; read every sequence's keys
+     * back from the final image. */
+    if (c->share_pages)
+        for (b = 0; b < c->batch; ++b)
+            for (pos = 0; pos < d->keys[b]; ++pos)
+                for (h = 0; h < c->hk; ++h) {
+                    const unsigned char *kp = d->k_expect + d->es * (size_t)cache_offset(d, &d->lk, b, pos, h);
+                    const unsigned char *vp = d->v_expect + d->es * (size_t)cache_offset(d, &d->lv, b, pos, h);
+                    for (col = 0; col < c->d; ++col) kx_at(d, d->kx, b, pos, h, c->d)[col] = test_load(c->dt, kp + d->es * (size_t)col);
+                    for (col = 0; col < c->dv; ++col) kx_at(d, d->vx, b, pos, h, c->dv)[col] = test_load(c->dt, vp + d->es * (size_t)col);
+                }
 }
 
 /* Q (gaps NaN) and Q as attention sees it: rotated at position used + i, rounded once. */
