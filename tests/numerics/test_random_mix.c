@@ -69,7 +69,7 @@ typedef struct mix_case {
     int64_t page_size; /* 0: contiguous caches */
     int64_t new_rows, rotary_dim;
     int interleaved;
-    int layout[6]; /* Q, K, V, O, K_new, V_new: 0 contiguous, 1 padded, 2 head-major padded */
+    int layout[6]; /* Q, K, V, O, K_new, V_new: 0 contiguous, 1 padded, 2 head-major, 3 sequence-major */
     int with_lse, args_call;
     int64_t splits;   /* FLASHATTN_I64_NUM_SPLITS asked (0: auto; the CPU runs unsplit) */
     double amplitude; /* Q and K drawn from U(-a, a) */
@@ -179,7 +179,7 @@ static void draw_case(test_rng *rng, mix_case *c, int reduced) {
     }
     for (int t = 0; t < 6; ++t) {
         const double u = test_rng_uniform(rng, 0.0, 1.0);
-        c->layout[t] = u < 0.5 ? 0 : u < 0.8 ? 1 : 2;
+        c->layout[t] = u < 0.45 ? 0 : u < 0.7 ? 1 : u < 0.85 ? 2 : 3;
     }
     c->with_lse = chance(rng, 0.6);
     c->splits = chance(rng, 0.2) ? test_rng_range(rng, 1, 128) : 0;
@@ -187,7 +187,7 @@ static void draw_case(test_rng *rng, mix_case *c, int reduced) {
     c->repeat = chance(rng, 0.15);
     /* one K/V pool: where the batch (or page) stride is honoured, V shaped like K */
     c->kv_pool = c->d == c->dv && !(c->varlen && c->page_size == 0) && chance(rng, 0.25);
-    if (c->kv_pool) c->layout[1] = c->layout[2] = c->layout[1] ? c->layout[1] : 1;
+    if (c->kv_pool) c->layout[1] = c->layout[2] = c->layout[1] == 2 ? 2 : 1; /* a block per page or batch */
     c->share_pages = c->page_size > 0 && c->new_rows == 0 && chance(rng, 0.3);
     /* sink logits, ALiBi and the serving features run only through the argument set */
     c->args_call = c->sinks || c->alibi || c->seqused || c->page_size > 0 || chance(rng, 0.5);
@@ -216,8 +216,8 @@ typedef struct mix_data {
     unsigned char *snap[12];            /* the inputs before the call */
 } mix_data;
 
-/* A [outer][rows][heads][dim] tensor: contiguous, padded, or head-major ([outer][heads][rows][dim])
- * with pads; rows = all packed tokens and one outer when varlen. Pads are multiples of 8 elements
+/* A [outer][rows][heads][dim] tensor: contiguous, padded, head-major ([outer][heads][rows][dim])
+ * or sequence-major ([rows][outer][heads][dim]) with pads; rows = all packed tokens and one outer when varlen. Pads are multiples of 8 elements
  * (16-byte rows for every dtype). */
 static tensor_layout draw_layout(test_rng *rng, int mode, int64_t outer, int64_t rows, int64_t heads, int64_t dim) {
     tensor_layout l;
@@ -228,6 +228,12 @@ static tensor_layout draw_layout(test_rng *rng, int mode, int64_t outer, int64_t
         l.row_stride = dim + p1;
         l.head_stride = rows * l.row_stride + p2;
         l.batch_stride = heads * l.head_stride + p3;
+    } else if (mode == 3) { /* sequence-major: [rows][outer][heads][dim] */
+        l.head_stride = dim + p1;
+        l.batch_stride = heads * l.head_stride + p2;
+        l.row_stride = outer * l.batch_stride + p3;
+        l.elems = (size_t)(rows * l.row_stride);
+        return l;
     } else {
         l.head_stride = dim + p1;
         l.row_stride = heads * l.head_stride + p2;
