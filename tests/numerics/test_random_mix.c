@@ -278,11 +278,14 @@ static int64_t pick_used(test_rng *rng, int64_t room) {
 static void make_lengths(mix_data *d, test_rng *rng) {
     const mix_case *c = d->c;
     const int packed_keys = c->varlen && c->page_size == 0;
+    /* now and then a varlen batch without any query (total_q = 0) or any packed key (total_k = 0) */
+    const int64_t empty = c->varlen ? test_rng_range(rng, 0, 99) : 99;
+    const int no_q = empty < 3, no_k = empty >= 3 && empty < 6 && packed_keys && c->new_rows == 0;
     int64_t b, maxq = 0, maxk = 0;
     for (b = 0; b < c->batch; ++b) {
         /* empty sequences only where the batch has others */
-        d->len_q[b] = c->varlen ? (c->batch > 1 && chance(rng, 0.15) ? 0 : test_rng_range(rng, 1, c->sq)) : c->sq;
-        d->len_k[b] = packed_keys ? (c->batch > 1 && chance(rng, 0.15) ? 0 : test_rng_range(rng, 1, c->sk)) : c->sk;
+        d->len_q[b] = c->varlen ? (no_q || (c->batch > 1 && chance(rng, 0.15)) ? 0 : test_rng_range(rng, 1, c->sq)) : c->sq;
+        d->len_k[b] = packed_keys ? (no_k || (c->batch > 1 && chance(rng, 0.15)) ? 0 : test_rng_range(rng, 1, c->sk)) : c->sk;
         if (c->new_rows > 0) { /* the cache must hold the append and every rotary position */
             const int64_t need = c->rotary_dim > 0 && d->len_q[b] > c->new_rows ? d->len_q[b] : c->new_rows;
             if (d->len_k[b] < need) d->len_k[b] = need;
@@ -290,8 +293,8 @@ static void make_lengths(mix_data *d, test_rng *rng) {
         if (d->len_q[b] > maxq) maxq = d->len_q[b];
         if (d->len_k[b] > maxk) maxk = d->len_k[b];
     }
-    if (maxq == 0) maxq = d->len_q[0] = 1; /* at least one query row in the batch */
-    d->sq = c->varlen ? maxq + (chance(rng, 0.3) ? test_rng_range(rng, 1, 5) : 0) : c->sq;
+    if (maxq == 0 && !no_q) maxq = d->len_q[0] = 1;
+    d->sq = c->varlen ? (maxq > 0 ? maxq : 1) + (chance(rng, 0.3) ? test_rng_range(rng, 1, 5) : 0) : c->sq;
     /* packed keys: SEQLEN_K is a maximum, sometimes above every length (finalize lowers it to total_k) */
     d->sk = packed_keys ? (maxk > 0 ? maxk : 1) + (chance(rng, 0.3) ? test_rng_range(rng, 1, 40) : 0) : maxk;
     if (!packed_keys) for (b = 0; b < c->batch; ++b) d->len_k[b] = d->sk;
@@ -914,7 +917,8 @@ static void run_case(const mix_case *c, uint64_t seed, size_t index) {
         int64_t splits = -1, sq = -1; /* the number the plan runs: 1 where the backend has no split-KV */
         flashattn_plan_get_i64(plan, FLASHATTN_I64_NUM_SPLITS, &splits);
         flashattn_plan_get_i64(plan, FLASHATTN_I64_SEQLEN_Q, &sq); /* varlen: lowered to total_q when larger */
-        EXPECT(sq == (c->varlen && d.sq > d.total_q ? d.total_q : d.sq), "%s the plan reports SEQLEN_Q = %lld", what, (long long)sq);
+        const int64_t low = d.total_q > 0 ? d.total_q : 1; /* SEQLEN_Q is at least 1 */
+        EXPECT(sq == (c->varlen && d.sq > low ? low : d.sq), "%s the plan reports SEQLEN_Q = %lld", what, (long long)sq);
         EXPECT(TEST_BACKEND == FLASHATTN_BACKEND_FA2 ? splits >= 1 && splits <= (c->splits ? c->splits : 128) : splits == 1,
                "%s the plan reports NUM_SPLITS = %lld", what, (long long)splits);
     }
