@@ -1,30 +1,34 @@
 /* Random mixes of every forward feature on one backend (TEST_BACKEND), through the public C API
  * only, against this file's own double-precision reference. The fixed grids of test_numerics.c,
  * test_variants.c and test_serving.c choose their shapes; here every case draws its shape AND its
- * combination of features from the seed, so that combinations no grid lists get exercised:
- * dtype, batch, seqlen_q and seqlen_k (1 to ~300, independently), GQA/MQA groups, head_dim and
- * head_dim_v (multiples of 8 up to 256), causal, both mask alignments, sliding windows (0, small,
- * huge), sink tokens, sink logits, ALiBi (slopes of both signs), softcap, an explicit scale,
- * variable lengths (empty sequences), seqused_k (empty caches), paged caches (any page size,
- * shuffled page tables), the append of new K/V rows with rotary (interleaved or half-split),
- * strided tensors of three layouts (gaps poisoned with NaN), LSE or not, the 0.2 execute calls or
- * flashattn_plan_execute_args. About one case in eight also breaks a documented rule (a key
- * combination, a call, a pointer, a bad cache length or page index) and expects the documented
- * status with nothing written.
+ * combination of features from the seed, so that combinations no grid lists get run: dtype,
+ * batch (1-12), seqlen_q and seqlen_k (1 to ~300, now and then 1200; independent or square), GQA/MQA
+ * groups, head_dim and head_dim_v (multiples of 8 up to 256), causal, both mask alignments, sliding
+ * windows (0, small, up to INT64_MAX), sink tokens, sink logits, ALiBi (slopes of both signs),
+ * softcap, an explicit scale, Q/K amplitudes, variable lengths (empty sequences, batches without
+ * queries or keys, SEQLEN maxima above every length), seqused_k (empty caches), paged caches (any
+ * page size, shuffled page tables, pages shared between sequences), one interleaved K/V pool, the
+ * append of new K/V rows with rotary (interleaved or half-split), four layouts per tensor
+ * (contiguous, padded, head-major, sequence-major; gaps poisoned with NaN), forced split counts,
+ * LSE or not, the 0.2 execute calls or flashattn_plan_execute_args. About one case in eight also
+ * breaks a documented rule (a key, a combination of keys, a call, a pointer, a cache length, a page
+ * index, cu_seqlens) and expects the documented status, with nothing written.
  *
  * Checks per case: every element of O (and LSE) against the reference (rows that see no key:
  * O = 0 exactly, LSE = -inf or the sink logit); the gaps of O untouched; every input unchanged;
  * with an append, every element of both caches (the appended rows rotated and rounded once, the
- * rest untouched). Tolerances, as check_attention_case() (test_support.h): fp16/bf16 at most twice
- * the error of the same naive algorithm run in the dtype, + 1e-5; fp32 2e-5 (O is O(1)) plus the
- * float rounding of the largest score, 1e-6 |s|; LSE 1e-4 (1 + |ref|).
+ * rest untouched); the resolved scale, SEQLEN_Q and NUM_SPLITS the plan reports; for some cases a
+ * second run bitwise the first. Tolerances, as check_attention_case() (test_support.h): fp16/bf16
+ * at most twice the error of the same naive algorithm run in the dtype, + 1e-5; fp32 2e-5 (O is
+ * O(1)) plus the float rounding of the largest score, 1e-6 |s|; LSE 1e-4 (1 + |ref|).
  *
  * The CPU backend must run every valid case. A GPU backend may refuse a valid combination at
- * finalize with NOT_SUPPORTED and a message; those are counted and printed.
+ * finalize with NOT_SUPPORTED and a message; those are counted (the first 20 printed).
  *
  * FLASHATTN_TEST_SEED (printed) picks the cases; FLASHATTN_TEST_MIX_CASES=n sets their number;
- * FLASHATTN_TEST_MIX_FIRST=i starts at case i (to replay one); FLASHATTN_TEST_REDUCED=1 runs few
- * small ones (compute-sanitizer). A failure prints the case in full with its index. */
+ * FLASHATTN_TEST_MIX_FIRST=i starts at case i (FLASHATTN_TEST_SEED=s FLASHATTN_TEST_MIX_FIRST=i
+ * FLASHATTN_TEST_MIX_CASES=1 replays the case a failure names); FLASHATTN_TEST_REDUCED=1 runs 40
+ * small ones (compute-sanitizer); FLASHATTN_TEST_VERBOSE=1 prints every case with its errors. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +59,7 @@ enum {
     MUT_TABLE_STRIDE,   /* page table stride below max_pages: INVALID_ARGUMENT */
     MUT_BIG_APPEND,     /* more new rows than SEQLEN_K: INVALID_ARGUMENT */
     MUT_BIG_ROTARY,     /* rotary_dim above head_dim: INVALID_ARGUMENT */
+    MUT_BAD_CU,         /* (CPU) cu_seqlens_q not ending at total_q, or cu_seqlens_k not starting at 0: INVALID_ARGUMENT */
     MUT_COUNT
 };
 
@@ -845,6 +850,7 @@ static int mutation_expect(const mix_data *d, int m, flashattn_status_t *want) {
     case MUT_TABLE_STRIDE: return c->page_size > 0 ? 0 : -1;
     case MUT_BIG_APPEND: return c->new_rows > 0 ? 0 : -1;
     case MUT_BIG_ROTARY: return c->rotary_dim > 0 && c->d < 256 ? 0 : -1;
+    case MUT_BAD_CU: return cpu && c->varlen ? 1 : -1;
     default: return -1;
     }
 }
@@ -940,6 +946,10 @@ static void run_case(const mix_case *c, uint64_t seed, size_t index) {
         const int64_t b = (int64_t)(seed % (uint64_t)c->batch);
         if (d.keys[b] > 0) ((int32_t *)d.table.host)[b * d.table_stride] = (int32_t)d.num_pages;
         else want = FLASHATTN_SUCCESS, where = -1; /* no page of that sequence is read */
+    }
+    if (where == 1 && c->mutation == MUT_BAD_CU) {
+        if (c->page_size == 0 && seed % 2) ((int32_t *)d.cu_k.host)[0] = 1;
+        else ((int32_t *)d.cu_q.host)[c->batch] = (int32_t)d.total_q + 1;
     }
     prepare_buffers(&d, k_init, v_init);
     for (i = 0; i < 12; ++i) {
