@@ -171,6 +171,7 @@ static void draw_case(test_rng *rng, mix_case *c, int reduced) {
     c->alibi = chance(rng, 0.3);
     c->softcap = chance(rng, 0.3) ? (chance(rng, 0.3) ? test_rng_uniform(rng, 0.5, 5.0) : test_rng_uniform(rng, 5.0, 50.0)) : 0.0;
     c->scale = chance(rng, 0.3) ? test_rng_uniform(rng, 0.3, 2.0) / sqrt((double)c->d) : 0.0;
+    if (chance(rng, 0.05)) c->scale = chance(rng, 0.5) ? 1.0 : ldexp(1.0, -20); /* unscaled; uniform rows */
     c->varlen = chance(rng, 0.4);
     c->seqused = chance(rng, 0.35);
     c->page_size = chance(rng, 0.35) ? pages[test_rng_range(rng, 0, 12)] : 0;
