@@ -924,8 +924,18 @@ static void run_case(const mix_case *c, uint64_t seed, size_t index) {
         int64_t splits = -1, sq = -1; /* the number the plan runs: 1 where the backend has no split-KV */
         flashattn_plan_get_i64(plan, FLASHATTN_I64_NUM_SPLITS, &splits);
         flashattn_plan_get_i64(plan, FLASHATTN_I64_SEQLEN_Q, &sq); /* varlen: lowered to total_q when larger */
-        const int64_t low = d.total_q > 0 ? d.total_q : 1; /* SEQLEN_Q is at least 1 */
-        EXPECT(sq == (c->varlen && d.sq > low ? low : d.sq), "%s the plan reports SEQLEN_Q = %lld", what, (long long)sq);
+        const int64_t low = d.total_q > 0 ? d.total_q : 1, low_k = d.total_k > 0 ? d.total_k : 1; /* at least 1 */
+        const int64_t want_sq = c->varlen && d.sq > low ? low : d.sq;
+        const int64_t want_sk = c->varlen && !c->page_size && d.sk > low_k ? low_k : d.sk; /* pages: not packed */
+        int64_t sk = -1, wl = -2, wr = -2;
+        flashattn_plan_get_i64(plan, FLASHATTN_I64_SEQLEN_K, &sk);
+        flashattn_plan_get_i64(plan, FLASHATTN_I64_WINDOW_LEFT, &wl);
+        flashattn_plan_get_i64(plan, FLASHATTN_I64_WINDOW_RIGHT, &wr);
+        EXPECT(sq == want_sq && sk == want_sk, "%s the plan reports SEQLEN_Q = %lld, SEQLEN_K = %lld", what,
+               (long long)sq, (long long)sk);
+        /* a window of at least seqlen_q + seqlen_k masks nothing: stored as -1 */
+        EXPECT(wl == (c->wl - want_sk >= want_sq ? -1 : c->wl) && wr == (c->wr - want_sk >= want_sq ? -1 : c->wr),
+               "%s the plan reports windows %lld, %lld", what, (long long)wl, (long long)wr);
         EXPECT(TEST_BACKEND == FLASHATTN_BACKEND_FA2 ? splits >= 1 && splits <= (c->splits ? c->splits : 128) : splits == 1,
                "%s the plan reports NUM_SPLITS = %lld", what, (long long)splits);
     }
