@@ -31,6 +31,16 @@ int64_t test_rng_range(test_rng *rng, int64_t lo, int64_t hi) {
     return lo + (int64_t)(test_rng_next(rng) % (uint64_t)(hi - lo + 1));
 }
 
+void test_rng_permutation(test_rng *rng, int64_t *perm, int64_t n) {
+    int64_t i;
+    for (i = 0; i < n; ++i) perm[i] = i;
+    for (i = n - 1; i > 0; --i) {
+        const int64_t j = test_rng_range(rng, 0, i), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+}
+
 /* ---- Dtypes ------------------------------------------------------------------------------- */
 
 size_t test_dtype_size(flashattn_dtype_t dtype) {

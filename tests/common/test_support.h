@@ -55,6 +55,8 @@ void test_rng_seed(test_rng *rng, uint64_t seed);
 uint64_t test_rng_next(test_rng *rng);
 double test_rng_uniform(test_rng *rng, double lo, double hi); /* [lo, hi) */
 int64_t test_rng_range(test_rng *rng, int64_t lo, int64_t hi); /* [lo, hi] inclusive */
+/* perm[0..n) = a uniformly shuffled 0..n-1 (Fisher-Yates). */
+void test_rng_permutation(test_rng *rng, int64_t *perm, int64_t n);
 
 /* Bytes per element of a dtype (fp8: 1). */
 size_t test_dtype_size(flashattn_dtype_t dtype);

@@ -214,12 +214,7 @@ static void make_page_table(case_data *d, test_rng *rng) {
     const serving_case *c = d->c;
     int64_t *perm = (int64_t *)malloc((size_t)d->num_pages * sizeof(int64_t));
     int64_t i, b;
-    for (i = 0; i < d->num_pages; ++i) perm[i] = i;
-    for (i = d->num_pages - 1; i > 0; --i) {
-        const int64_t j = test_rng_range(rng, 0, i), t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
+    test_rng_permutation(rng, perm, d->num_pages);
     for (b = 0; b < c->batch; ++b)
         for (i = 0; i < d->table_stride; ++i) {
             const int64_t needed = (d->len[b] + c->page_size - 1) / c->page_size;
