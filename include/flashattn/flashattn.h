@@ -77,7 +77,7 @@ typedef enum flashattn_backend {
  */
 typedef enum flashattn_i64_param {
     FLASHATTN_I64_BATCH = 1,      /**< Batch size (number of sequences when variable length). Required. */
-    FLASHATTN_I64_SEQLEN_Q = 2,   /**< Query length (maximum query length when variable length; finalize lowers it to total_q when larger, which get_i64 then reports). Required. */
+    FLASHATTN_I64_SEQLEN_Q = 2,   /**< Query length (maximum query length when variable length; finalize lowers it to total_q when larger, but not below 1, which get_i64 then reports). Required. */
     FLASHATTN_I64_SEQLEN_K = 3,   /**< Key length (maximum key length when variable length; finalize lowers it to total_k when larger). Required. */
     FLASHATTN_I64_HEADS_Q = 4,    /**< Query heads. Required. */
     FLASHATTN_I64_HEADS_KV = 5,   /**< Key/value heads; heads_q must be a multiple. Default: heads_q. */
@@ -91,7 +91,7 @@ typedef enum flashattn_i64_param {
     FLASHATTN_I64_DEVICE = 13,    /**< CUDA device ordinal for GPU backends. Default 0. */
     FLASHATTN_I64_VARLEN = 14,    /**< 0 or 1: variable-length batch, run with flashattn_plan_execute_varlen(). Default 0. */
     FLASHATTN_I64_TOTAL_Q = 15,   /**< Variable length: rows of packed Q and O (= cu_seqlens_q[batch]); at most 2^31 - 1 (cu_seqlens are int32). Required when varlen. */
-    FLASHATTN_I64_TOTAL_K = 16,   /**< Variable length: rows of packed K and V (= cu_seqlens_k[batch]); at most 2^31 - 1. Required when varlen. */
+    FLASHATTN_I64_TOTAL_K = 16,   /**< Variable length: rows of packed K and V (= cu_seqlens_k[batch]); at most 2^31 - 1. Required when varlen, except with #FLASHATTN_I64_PAGED_KV (paged keys are not packed: the key length then stays seqlen_k). */
     FLASHATTN_I64_Q_BATCH_STRIDE = 20, /**< Elements between batches of Q. Default: contiguous. */
     FLASHATTN_I64_Q_ROW_STRIDE = 21,   /**< Elements between sequence positions of Q. Default: heads_q*head_dim. */
     FLASHATTN_I64_Q_HEAD_STRIDE = 22,  /**< Elements between heads of Q. Default: head_dim. */
@@ -149,7 +149,9 @@ typedef enum flashattn_i64_param {
     /** 0 or 1: ALiBi. Each score of query head h gets -slope[h]·|i' - j| added after the softcap,
      * where i' is the key on query i's diagonal (i + seqlen_k - seqlen_q bottom-right, as
      * FlashAttention-2 defines it; i with #FLASHATTN_MASK_ALIGN_TOP_LEFT). The slopes (fp32,
-     * [heads_q]) are passed to each call as #FLASHATTN_ARG_ALIBI_SLOPES; they get no gradient. Default 0. Since 0.3. */
+     * [heads_q]) are passed to each call as #FLASHATTN_ARG_ALIBI_SLOPES; they get no gradient. The
+     * diagonal uses each sequence's own lengths (variable length; with seqused_k or an append, L_b of
+     * @ref flashattn_serving), and the LSE includes the bias. Default 0. Since 0.3. */
     FLASHATTN_I64_ALIBI = 63,
     /** Element type of O (a #flashattn_dtype_t). With #FLASHATTN_I64_DTYPE = #FLASHATTN_DTYPE_FP8_E4M3:
      * #FLASHATTN_DTYPE_BF16 (default) or #FLASHATTN_DTYPE_FP16; otherwise it must equal
@@ -224,7 +226,7 @@ typedef enum flashattn_arg {
     FLASHATTN_ARG_ROTARY_SIN = 13,  /**< Rotary: fp32 [seqlen_k, r/2] contiguous, the sines. */
     FLASHATTN_ARG_SINK_LOGITS = 20, /**< #FLASHATTN_I64_SINK_LOGITS: fp32 [heads_q] sink logit of each query head. Read only. */
     FLASHATTN_ARG_ALIBI_SLOPES = 21, /**< #FLASHATTN_I64_ALIBI: fp32 [heads_q] ALiBi slope of each query head. Read only. */
-    FLASHATTN_ARG_DSINK_LOGITS = 22, /**< Backward with #FLASHATTN_I64_SINK_LOGITS: fp32 [heads_q] output, dLoss/dsink (overwritten): the sum over the head's query rows of -exp(sink - LSE)·(dO·O). Required there. */
+    FLASHATTN_ARG_DSINK_LOGITS = 22, /**< Backward with #FLASHATTN_I64_SINK_LOGITS: fp32 [heads_q] output, dLoss/dsink (overwritten): the sum over the head's query rows of -exp(sink - LSE)·(dO·O). Rows that see no key take part too (their LSE is the sink: a term of 0, or NaN when that row's dO holds a NaN). Required there. */
     FLASHATTN_ARG_DOUT = 30,        /**< Backward: dO, laid out as O with the DO_* strides. Required there. */
     FLASHATTN_ARG_DQ = 31,          /**< Backward output: dQ (layout of Q, DQ_* strides). Required there. */
     FLASHATTN_ARG_DK = 32,          /**< Backward output: dK (layout of K, DK_* strides). Required there. */
@@ -648,7 +650,8 @@ FLASHATTN_API flashattn_status_t flashattn_plan_execute_backward_varlen(
  *
  * **Keys.** Sequence b attends over L_b keys: seqused_k[b] (+ n when appending) with
  * #FLASHATTN_I64_SEQUSED_K, otherwise its cu_seqlens_k length (varlen) or seqlen_k. Causal and
- * window masks are aligned to L_b (query i of a sequence of s_q queries sees key j <= i + L_b - s_q).
+ * window masks, and ALiBi's diagonal, are aligned to L_b (query i of a sequence of s_q queries sees
+ * key j <= i + L_b - s_q).
  * Paged: key t of sequence b is row t % page_size of page page_table[b][t / page_size] of the caches;
  * only the pages that hold keys below L_b are read.
  *
