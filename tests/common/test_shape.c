@@ -131,6 +131,19 @@ flashattn_status_t set_problem_keys(flashattn_plan_t *plan, const case_shape *s,
     return flashattn_plan_set_f64(plan, FLASHATTN_F64_SOFTCAP, c->softcap);
 }
 
+const flashattn_i64_param_t test_stride_keys[TEST_STRIDES_COUNT][3] = {
+    {FLASHATTN_I64_Q_BATCH_STRIDE, FLASHATTN_I64_Q_ROW_STRIDE, FLASHATTN_I64_Q_HEAD_STRIDE},
+    {FLASHATTN_I64_K_BATCH_STRIDE, FLASHATTN_I64_K_ROW_STRIDE, FLASHATTN_I64_K_HEAD_STRIDE},
+    {FLASHATTN_I64_V_BATCH_STRIDE, FLASHATTN_I64_V_ROW_STRIDE, FLASHATTN_I64_V_HEAD_STRIDE},
+    {FLASHATTN_I64_O_BATCH_STRIDE, FLASHATTN_I64_O_ROW_STRIDE, FLASHATTN_I64_O_HEAD_STRIDE},
+    {FLASHATTN_I64_DO_BATCH_STRIDE, FLASHATTN_I64_DO_ROW_STRIDE, FLASHATTN_I64_DO_HEAD_STRIDE},
+    {FLASHATTN_I64_DQ_BATCH_STRIDE, FLASHATTN_I64_DQ_ROW_STRIDE, FLASHATTN_I64_DQ_HEAD_STRIDE},
+    {FLASHATTN_I64_DK_BATCH_STRIDE, FLASHATTN_I64_DK_ROW_STRIDE, FLASHATTN_I64_DK_HEAD_STRIDE},
+    {FLASHATTN_I64_DV_BATCH_STRIDE, FLASHATTN_I64_DV_ROW_STRIDE, FLASHATTN_I64_DV_HEAD_STRIDE},
+    {FLASHATTN_I64_K_NEW_BATCH_STRIDE, FLASHATTN_I64_K_NEW_ROW_STRIDE, FLASHATTN_I64_K_NEW_HEAD_STRIDE},
+    {FLASHATTN_I64_V_NEW_BATCH_STRIDE, FLASHATTN_I64_V_NEW_ROW_STRIDE, FLASHATTN_I64_V_NEW_HEAD_STRIDE},
+};
+
 flashattn_status_t set_strides_of(flashattn_plan_t *plan, const flashattn_i64_param_t (*keys)[3],
                                   const tensor_layout *const *layouts, int n, int varlen) {
     int t;
@@ -144,14 +157,8 @@ flashattn_status_t set_strides_of(flashattn_plan_t *plan, const flashattn_i64_pa
 
 flashattn_status_t set_forward_strides(flashattn_plan_t *plan, const tensor_layout *lq, const tensor_layout *lk,
                                        const tensor_layout *lv, const tensor_layout *lo, int varlen) {
-    static const flashattn_i64_param_t keys[4][3] = {
-        {FLASHATTN_I64_Q_BATCH_STRIDE, FLASHATTN_I64_Q_ROW_STRIDE, FLASHATTN_I64_Q_HEAD_STRIDE},
-        {FLASHATTN_I64_K_BATCH_STRIDE, FLASHATTN_I64_K_ROW_STRIDE, FLASHATTN_I64_K_HEAD_STRIDE},
-        {FLASHATTN_I64_V_BATCH_STRIDE, FLASHATTN_I64_V_ROW_STRIDE, FLASHATTN_I64_V_HEAD_STRIDE},
-        {FLASHATTN_I64_O_BATCH_STRIDE, FLASHATTN_I64_O_ROW_STRIDE, FLASHATTN_I64_O_HEAD_STRIDE},
-    };
     const tensor_layout *const layouts[4] = {lq, lk, lv, lo};
-    return set_strides_of(plan, keys, layouts, 4, varlen);
+    return set_strides_of(plan, &test_stride_keys[TEST_STRIDES_Q], layouts, 4, varlen);
 }
 
 ref_problem shape_problem(const case_shape *s, const attn_case *c, const float *q, const float *k, const float *v,

@@ -108,6 +108,14 @@ int shape_describe(char *buf, size_t size, flashattn_backend_t backend, const at
  * the first failing setter's status. */
 flashattn_status_t set_problem_keys(flashattn_plan_t *plan, const case_shape *s, const attn_case *c,
                                     flashattn_backend_t backend);
+/* Each tensor's batch, row and head stride keys (test_stride_keys[TEST_STRIDES_DQ] = the DQ_* keys),
+ * the rows in this order so that a run of them (Q..O, dO..dV) can go to set_strides_of at once. */
+enum {
+    TEST_STRIDES_Q, TEST_STRIDES_K, TEST_STRIDES_V, TEST_STRIDES_O,
+    TEST_STRIDES_DO, TEST_STRIDES_DQ, TEST_STRIDES_DK, TEST_STRIDES_DV,
+    TEST_STRIDES_K_NEW, TEST_STRIDES_V_NEW, TEST_STRIDES_COUNT
+};
+extern const flashattn_i64_param_t test_stride_keys[TEST_STRIDES_COUNT][3];
 /* Sets the strides of n tensors: keys[t] are tensor t's batch (fixed length only), row and head
  * stride keys, layouts[t] its layout. */
 flashattn_status_t set_strides_of(flashattn_plan_t *plan, const flashattn_i64_param_t (*keys)[3],

@@ -363,14 +363,8 @@ static int ctx_inputs(ctx *x, test_rng *rng) {
 
 /* The strides of dO, dQ, dK and dV from their layouts. */
 static flashattn_status_t set_gradient_strides(const ctx *x) {
-    static const flashattn_i64_param_t keys[4][3] = {
-        {FLASHATTN_I64_DO_BATCH_STRIDE, FLASHATTN_I64_DO_ROW_STRIDE, FLASHATTN_I64_DO_HEAD_STRIDE},
-        {FLASHATTN_I64_DQ_BATCH_STRIDE, FLASHATTN_I64_DQ_ROW_STRIDE, FLASHATTN_I64_DQ_HEAD_STRIDE},
-        {FLASHATTN_I64_DK_BATCH_STRIDE, FLASHATTN_I64_DK_ROW_STRIDE, FLASHATTN_I64_DK_HEAD_STRIDE},
-        {FLASHATTN_I64_DV_BATCH_STRIDE, FLASHATTN_I64_DV_ROW_STRIDE, FLASHATTN_I64_DV_HEAD_STRIDE},
-    };
     const tensor_layout *const layouts[4] = {&x->ldo, &x->ldq, &x->ldk, &x->ldv};
-    return set_strides_of(x->plan, keys, layouts, 4, x->s.varlen);
+    return set_strides_of(x->plan, &test_stride_keys[TEST_STRIDES_DO], layouts, 4, x->s.varlen);
 }
 
 /* Fails unless `chosen` is the backend the plan was forced to. */

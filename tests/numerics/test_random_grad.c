@@ -673,16 +673,8 @@ static int ctx_inputs(ctx *x, test_rng *rng) {
     return 0;
 }
 
-static const flashattn_i64_param_t stride_keys[NUM_TENSORS][3] = {
-    {FLASHATTN_I64_Q_BATCH_STRIDE, FLASHATTN_I64_Q_ROW_STRIDE, FLASHATTN_I64_Q_HEAD_STRIDE},
-    {FLASHATTN_I64_K_BATCH_STRIDE, FLASHATTN_I64_K_ROW_STRIDE, FLASHATTN_I64_K_HEAD_STRIDE},
-    {FLASHATTN_I64_V_BATCH_STRIDE, FLASHATTN_I64_V_ROW_STRIDE, FLASHATTN_I64_V_HEAD_STRIDE},
-    {FLASHATTN_I64_O_BATCH_STRIDE, FLASHATTN_I64_O_ROW_STRIDE, FLASHATTN_I64_O_HEAD_STRIDE},
-    {FLASHATTN_I64_DO_BATCH_STRIDE, FLASHATTN_I64_DO_ROW_STRIDE, FLASHATTN_I64_DO_HEAD_STRIDE},
-    {FLASHATTN_I64_DQ_BATCH_STRIDE, FLASHATTN_I64_DQ_ROW_STRIDE, FLASHATTN_I64_DQ_HEAD_STRIDE},
-    {FLASHATTN_I64_DK_BATCH_STRIDE, FLASHATTN_I64_DK_ROW_STRIDE, FLASHATTN_I64_DK_HEAD_STRIDE},
-    {FLASHATTN_I64_DV_BATCH_STRIDE, FLASHATTN_I64_DV_ROW_STRIDE, FLASHATTN_I64_DV_HEAD_STRIDE},
-};
+/* Tensor t's stride keys: this file's T_Q .. T_DV are test_stride_keys' first eight rows. */
+_Static_assert(T_DV == TEST_STRIDES_DV && T_DO == TEST_STRIDES_DO, "tensor order of test_stride_keys");
 
 /* Variants each GPU backward runs (docs/architecture.md); the rest it must refuse by name. */
 static int backward_runs_variants(const mix_case *c) {
@@ -731,7 +723,7 @@ static int ctx_plan(ctx *x) {
     for (t = 0; t < NUM_TENSORS; ++t) /* strides only where there are gaps: the defaults run too */
         if (c->pad[t][0] || c->pad[t][1] || c->pad[t][2]) {
             const tensor_layout *l = &x->lay[t];
-            CALL(x, set_strides_of(x->plan, &stride_keys[t], &l, 1, x->s.varlen));
+            CALL(x, set_strides_of(x->plan, &test_stride_keys[t], &l, 1, x->s.varlen));
         }
     if (TEST_BACKEND == FLASHATTN_BACKEND_CPU) set_cpu_threads(c->threads);
     st = flashattn_plan_finalize(x->plan);

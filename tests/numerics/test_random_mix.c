@@ -627,13 +627,8 @@ static void ref_job_fn(void *arg, int64_t index, void *scratch) {
  * scale, softcap), with `mutation` applied, and finalizes it. */
 static flashattn_status_t set_keys(flashattn_plan_t *plan, const mix_data *d, int mutation) {
     const mix_case *c = d->c;
-    static const flashattn_i64_param_t stride_keys[6][3] = {
-        {FLASHATTN_I64_Q_BATCH_STRIDE, FLASHATTN_I64_Q_ROW_STRIDE, FLASHATTN_I64_Q_HEAD_STRIDE},
-        {FLASHATTN_I64_K_BATCH_STRIDE, FLASHATTN_I64_K_ROW_STRIDE, FLASHATTN_I64_K_HEAD_STRIDE},
-        {FLASHATTN_I64_V_BATCH_STRIDE, FLASHATTN_I64_V_ROW_STRIDE, FLASHATTN_I64_V_HEAD_STRIDE},
-        {FLASHATTN_I64_O_BATCH_STRIDE, FLASHATTN_I64_O_ROW_STRIDE, FLASHATTN_I64_O_HEAD_STRIDE},
-        {FLASHATTN_I64_K_NEW_BATCH_STRIDE, FLASHATTN_I64_K_NEW_ROW_STRIDE, FLASHATTN_I64_K_NEW_HEAD_STRIDE},
-        {FLASHATTN_I64_V_NEW_BATCH_STRIDE, FLASHATTN_I64_V_NEW_ROW_STRIDE, FLASHATTN_I64_V_NEW_HEAD_STRIDE}};
+    static const int stride_rows[6] = {TEST_STRIDES_Q, TEST_STRIDES_K, TEST_STRIDES_V,
+                                       TEST_STRIDES_O, TEST_STRIDES_K_NEW, TEST_STRIDES_V_NEW};
     const tensor_layout *ls[6] = {&d->lq, &d->lk, &d->lv, &d->lo, &d->lkn, &d->lvn};
     case_shape shape;
     attn_case ac;
@@ -650,7 +645,7 @@ static flashattn_status_t set_keys(flashattn_plan_t *plan, const mix_data *d, in
     if ((st = set_problem_keys(plan, &shape, &ac, TEST_BACKEND)) != FLASHATTN_SUCCESS) return st;
     for (t = 0; t < (c->new_rows > 0 ? 6 : 4); ++t) /* contiguous tensors sometimes keep the defaults */
         if ((c->layout[t] != 0 || (t + (int)c->batch) % 2 != 0) &&
-            (st = set_strides_of(plan, &stride_keys[t], &ls[t], 1, c->varlen && t < 4 && !(t && t < 3 && c->page_size))) !=
+            (st = set_strides_of(plan, &test_stride_keys[stride_rows[t]], &ls[t], 1, c->varlen && t < 4 && !(t && t < 3 && c->page_size))) !=
                 FLASHATTN_SUCCESS)
             return st;
 #define KEY(k, v) (kv[n].key = (k), kv[n].value = (v), ++n)
