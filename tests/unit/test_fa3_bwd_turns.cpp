@@ -27,14 +27,14 @@ constexpr int kBm = 64;                            // query rows per block (kBwd
 struct Shape {
     int sq, sk, kbn, nkb;  // nkb: the grid's key blocks per pair (a longer sequence's under varlen)
     int64_t off, left, right;
-    bool rotated;
+    int rotation;  // BwdWalkRotation
 };
 
 std::vector<BwdWalk> walks_of(const Shape &c) {
     std::vector<BwdWalk> w;
     const int seq_blocks = (c.sk + c.kbn - 1) / c.kbn;
     for (int n = 0; n < seq_blocks; ++n)
-        w.push_back(bwd_walk(n, c.kbn, kBm, c.sq, c.sk, c.off, c.left, c.right, c.nkb, c.rotated));
+        w.push_back(bwd_walk(n, c.kbn, kBm, c.sq, c.sk, c.off, c.left, c.right, c.nkb, c.rotation));
     return w;
 }
 
@@ -88,9 +88,9 @@ bool turns_complete(const Shape &c, const std::vector<BwdWalk> &w) {
     }
     for (int n = 0; n < seq_blocks; ++n)
         if (step[static_cast<size_t>(n)] != w[static_cast<size_t>(n)].count) {
-            print_error("sq %d sk %d kbn %d off %lld left %lld right %lld rotated %d: key block %d stuck at step %d of %d\n",
+            print_error("sq %d sk %d kbn %d off %lld left %lld right %lld rotation %d: key block %d stuck at step %d of %d\n",
                         c.sq, c.sk, c.kbn, static_cast<long long>(c.off), static_cast<long long>(c.left),
-                        static_cast<long long>(c.right), c.rotated, n, step[static_cast<size_t>(n)],
+                        static_cast<long long>(c.right), c.rotation, n, step[static_cast<size_t>(n)],
                         w[static_cast<size_t>(n)].count);
             return false;
         }
@@ -116,7 +116,7 @@ Shape random_shape(unsigned *seed) {
     case 2: c.left = rnd(300); c.right = rnd(2) ? 0 : rnd(100); break;  // sliding window
     default: c.left = rnd(200); c.right = kUnbounded; break;
     }
-    c.rotated = rnd(4) != 0;
+    c.rotation = rnd(3);  // plain, rotated, staggered
     return c;
 }
 

@@ -97,34 +97,32 @@ int64_t walks_from_block0(const Problem &p, int kbn, int64_t key_blocks) {
 
 // The deterministic mode's grid order: its dQ adds take turns in a fixed order per query block
 // (fa3_bwd_kernel.cuh, turn_of). Heads fastest (ascending key blocks, earlier CTAs first) is right
-// for any size. Keys rotated, as the default mode where it takes it: the adds into a query block in
-// the order the rotated walks reach it (fa3_bwd_turns.h bwd_turn), so that the key blocks of a pair,
-// running together, seldom wait for each other; each CTA counts its turns into a table of
-// kBwdTurnTableMax entries (so at most that many query blocks), and the pair's key blocks must
-// fit one wave (one CTA per SM): a turn waits only for key blocks of its own pair at lower steps,
-// which the in-order dispatch then guarantees to make progress.
-// Under a mask only up to 2k keys (1k in the split layout, head dims above 128): the walks' lengths
-// differ, and past that the turns wait more than they save (stop 31, call 2, H200 bf16, rotated /
-// ascending: causal 1k 1.06-1.22x, 2k 1.01-1.16x, 4k 0.86-1.0x, 8k d64 0.82x; without a mask
-// 1.08-1.48x up to the default's limits; call 5, once the split layout's turn release moved out of
-// its steps: d256 causal 1k 1.08x, 2k 0.90x). And only while at most a quarter of the key blocks
-// walk from query block 0 (causal with seqlen_k >~ 1.33 seqlen_q, chunked prefill): those walks
-// reach the same query blocks together, and a timing model of the grid (bench/det_order_model.cpp
-// on wip/detkeys) put the rotated order at 0.2-0.65 of the ascending one's speed there; stop 31
-// measured square shapes only, which this leaves rotated.
-// FLASHATTN_FA3_BWD_DET_ORDER=0 forces heads fastest (a developer's knob).
+// for any size. Keys fastest: the adds into a query block in the order the walks reach it
+// (fa3_bwd_turns.h bwd_turn), counted by each CTA into a table of kBwdTurnTableMax entries (so at
+// most that many query blocks); the pair's key blocks must fit one wave (one CTA per SM): a turn
+// waits only for key blocks of its own pair, which the in-order dispatch then guarantees to make
+// progress. Without a mask the walks are rotated (plain walks would all reach query block 0 at
+// step 0); under a mask only those that start at query block 0 (kKeysStaggered): the others start
+// at their own diagonal, the order by step is then descending key blocks, and each key block
+// reaches a query block a step or two after the one above it, so no turn waits (the ascending
+// order makes key block n of a resident pair wait about 2n steps for key block 0 to reach its
+// diagonal). Measured on the H200 (stop 34, bf16, d 64 / 128 / 256, 1k-8k, causal and not): the
+// deterministic mode 0.82-0.97x the default where the ascending order gave 0.71-0.97x.
+// FLASHATTN_FA3_BWD_DET_ORDER=0 forces heads fastest (a developer's knob for A/B runs).
 int det_grid_order(const Problem &p, int sm_count) {
     const char *knob = std::getenv("FLASHATTN_FA3_BWD_DET_ORDER");
     if (knob != nullptr && std::string(knob) == "0") return kHeadsFastest;
-    const int kd = compiled_for(p.head_dim).head_dim, kbn = bwd_block_n(kd);
+    const int kbn = bwd_block_n(compiled_for(p.head_dim).head_dim);
     const int64_t key_blocks = ceil_div(p.seqlen_k, kbn);
     const bool fits = key_blocks <= sm_count && ceil_div(p.seqlen_q, kBwdBM) <= kBwdTurnTableMax;
-    if (!fits || default_grid_order(p) != kKeysRotated) return kHeadsFastest;
+    if (!fits) return kHeadsFastest;
     if (!p.has_mask()) return kKeysRotated;
-    // (fits: both lengths are small enough for walks_from_block0's int arithmetic)
-    const bool turns_pass = p.seqlen_k <= (bwd_split(kd) ? 1024 : 2048) &&
-                            4 * walks_from_block0(p, kbn, key_blocks) <= key_blocks;
-    return turns_pass ? kKeysRotated : kHeadsFastest;
+    // Staggered turns wait on the key blocks above, which the grid dispatches later: a pair that
+    // spans two waves leaves its first-dispatched (lowest) key blocks waiting for SMs to free
+    // (stop 31 call 6: d256 causal 8k, 128 key blocks, 0.61x the default against 0.83x ascending).
+    // Walks from query block 0 (chunked prefill) queue up as under the rotated order.
+    return key_blocks <= sm_count / 2 && 4 * walks_from_block0(p, kbn, key_blocks) <= key_blocks ? kKeysStaggered
+                                                                                                : kHeadsFastest;
 }
 
 BwdPlan plan_backward(const Problem &p, int sm_count, WorkspaceLayout *ws) {

@@ -507,10 +507,13 @@ __device__ __forceinline__ void issue_dkv(float (&dK)[Tr::kDW / 2], float (&dV)[
 // key blocks that add to its dQ before this one, in a fixed order either way:
 // - heads fastest (the grid order): ascending key blocks. The key blocks that see a query block
 //   are contiguous from the one holding key m0 + off - left (mask.cuh's rule for its first row).
-// - keys rotated (finalize's det_grid_order): the order in which the key blocks' walks reach the
-//   query block (fa3_bwd_turns.h bwd_turn: by step within the head, then by key block). The key
-//   blocks of one pair run at the same time and tend to reach different query blocks at each
-//   step, so that few turns wait. The CTA counts its predecessors for each query block of its
+// - keys fastest, rotated or not (finalize's det_grid_order): the order in which the key blocks'
+//   walks reach the query block (fa3_bwd_turns.h bwd_turn: by step within the head, then by key
+//   block). The key blocks of one pair run at the same time and tend to reach different query
+//   blocks at each step, so that few turns wait: rotated walks without a mask; under a causal or
+//   window mask the plain walks already start at different query blocks (a key block's first is
+//   its diagonal), and the order by step is descending key blocks, each a step or two behind the
+//   one above it. The CTA counts its predecessors for each query block of its
 //   walk once (build_turn_table) into the turn table (Traits::kTurnOff).
 // Each adds in one turn, taken by bwd_det_kernel's writer warp for both consumer warpgroups (the
 // split layout: by bwd_kernel's thread 0).
@@ -524,7 +527,7 @@ __device__ __forceinline__ int *turn_sem(const BwdParams &p, const BwdBlock &a, 
 template <class Tr>
 __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a, BwdStep st) {
     int *sem = turn_sem(p, a, st);
-    if (p.grid_order == kKeysRotated)
+    if (p.grid_order != kHeadsFastest)
         return BwdTurn{sem, static_cast<int>(cuda::ld_shared_b32(cuda::smem_addr(a.smem) + Tr::kTurnOff +
                                                                   4 * (st.m0 / kBwdBM - a.mb_first)))};
     const int64_t first_key = st.m0 + a.off - p.left;
@@ -887,22 +890,26 @@ __device__ __forceinline__ BwdBlock key_block(const BwdParams &p, unsigned char 
 // Key block nb's walk over the query blocks of its sequence that see one of its keys
 // (fa3_bwd_turns.h bwd_walk: mask.cuh's rule; rotated in the keys-rotated grid order). The
 // deterministic turn table recomputes it for every key block of the pair: one function for both.
-template <class Tr>
+// kDet: a kernel that can run the deterministic mode, the only one finalize gives kKeysStaggered
+// (the default mode's kernel is then compiled without its test).
+template <class Tr, bool kDet = true>
 __device__ __forceinline__ BwdWalk key_walk(const BwdParams &p, const BwdBlock &a, int nb) {
-    return bwd_walk(nb, Tr::kBN, kBwdBM, a.sq, a.sk, a.off, p.left, p.right, bwd_key_blocks<Tr>(p),
-                    p.grid_order == kKeysRotated);
+    const int rotation = p.grid_order == kKeysRotated              ? kWalkRotated
+                         : kDet && p.grid_order == kKeysStaggered ? kWalkStaggered
+                                                                   : kWalkPlain;
+    return bwd_walk(nb, Tr::kBN, kBwdBM, a.sq, a.sk, a.off, p.left, p.right, bwd_key_blocks<Tr>(p), rotation);
 }
 // The CTA's own walk into a (false: no query block sees its keys).
-template <class Tr>
+template <class Tr, bool kDet = true>
 __device__ __forceinline__ bool set_walk(const BwdParams &p, BwdBlock &a) {
-    const BwdWalk w = key_walk<Tr>(p, a, a.nb);
+    const BwdWalk w = key_walk<Tr, kDet>(p, a, a.nb);
     a.mb_first = w.first;
     a.nmb = w.count;
     a.rot = w.rot;
     return w.count > 0;
 }
 
-// The deterministic mode's turn table (keys-rotated grid): for each query block of the CTA's walk,
+// The deterministic mode's turn table (keys-fastest grids, rotated or not): for each query block of the CTA's walk,
 // how many key blocks of its sequence add into it first (fa3_bwd_turns.h bwd_turn), computed once
 // per CTA by `threads` threads (thread index tid; barrier id bar, or __syncthreads for 0) into
 // Traits::kTurnOff, the key blocks' walks staged at scratch (3 ints each; a region no one uses
@@ -973,9 +980,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 #pragma unroll
     for (int i = 0; i < Tr::kDW / 2; ++i) dK[i] = dV[i] = 0.f;
 
-    if (set_walk<Tr>(p, a)) {
+    if (set_walk<Tr, kDet>(p, a)) {
         // the split layout's deterministic mode: its turns, staged in the P^T / dS^T pages
-        if (kDet && p.grid_order == kKeysRotated)
+        if (kDet && p.grid_order != kHeadsFastest)
             build_turn_table<Tr>(p, a, threadIdx.x, kBwdThreads, 0, cuda::smem_addr(a.smem) + Tr::kDSOff);
         const int nsteps = p.group * a.nmb;
         if (threadIdx.x == 0) load_k_v<Tr>(p, &tm_k, &tm_v, a);
@@ -1179,7 +1186,7 @@ __global__ void __launch_bounds__(kBwdDetThreads, 1)
     for (int i = 0; i < Tr::kDW / 2; ++i) dK[i] = dV[i] = 0.f;
     if (any) {
         // the turns, staged in the dQ slots (first written at the end of step 0)
-        if (p.grid_order == kKeysRotated)
+        if (p.grid_order != kHeadsFastest)
             build_turn_table<Tr>(p, a, threadIdx.x - 128, 256, kBwdDetConsumerBar, cuda::smem_addr(a.smem) + Tr::kDQOff);
         det_consume<Tr, E>(p, a, nsteps, wg, dK, dV);
     }

@@ -30,13 +30,15 @@ enum BwdGridOrder : int32_t {
     kHeadsFastest = 0,   // kv heads x sequences fastest, key blocks slowest (the deterministic kernels' order with a mask)
     kKeysFastest = 1,    // key blocks fastest: the CTAs resident at once cover few (kv head, sequence) pairs
     kKeysRotated = 2,    // keys fastest, each key block's query walk starting at its own rotated block
+    kKeysStaggered = 3,  // keys fastest, only the walks that start at query block 0 rotated (a mask's
+                         // other walks start at their own diagonal already)
 };
 
 // The shared backward arguments (host/bwd_args.h, the fields device/bwd_prep.cuh reads), and the
 // grid order (sem_blocks counts query blocks of kBwdBM rows; the dQ adds of one query block take
 // turns in deterministic mode: fa3_bwd_kernel.cuh).
 struct BwdParams : BwdTensorArgs {
-    int32_t grid_order = kHeadsFastest;  // BwdGridOrder; deterministic mode: kHeadsFastest or (no mask) kKeysRotated
+    int32_t grid_order = kHeadsFastest;  // BwdGridOrder; deterministic mode: kHeadsFastest, kKeysRotated (no mask) or kKeysStaggered
 };
 
 // TMA descriptors: rank 4 {head_dim, rows, heads, batch} like the forward's, 64-column boxes of

@@ -23,16 +23,21 @@ struct BwdWalk {
 // Key block nb (keys nb kbn .. min((nb + 1) kbn, sk) - 1) of a sequence with sq queries and sk keys:
 // key j is visible to row i iff i + off - left <= j <= i + off + right (device/mask.cuh), so the rows
 // that see one of its keys are [n0 - off - right, n_hi - off + left] within [0, sq), in blocks of
-// bm rows. rotated: the walk starts at bwd_rotation (nkb: the grid's key blocks per pair).
+// bm rows. The walk starts at bwd_rotation (nkb: the grid's key blocks per pair) for kWalkRotated,
+// and for kWalkStaggered when it starts at query block 0 (a mask's other walks start at their own
+// diagonal; those from block 0, e.g. the keys every query row sees when sk > sq, would otherwise
+// all reach the same query block at every step).
+enum BwdWalkRotation : int { kWalkPlain = 0, kWalkRotated = 1, kWalkStaggered = 2 };
 constexpr BwdWalk bwd_walk(int nb, int kbn, int bm, int sq, int sk, int64_t off, int64_t left, int64_t right,
-                           int nkb, bool rotated) {
+                           int nkb, int rotation) {
     const int64_t n0 = static_cast<int64_t>(nb) * kbn;
     const int64_t n_hi = (n0 + kbn < sk ? n0 + kbn : sk) - 1;
     const int64_t lo_raw = n0 - off - right, hi_raw = n_hi - off + left;
     const int64_t lo = lo_raw > 0 ? lo_raw : 0, hi = hi_raw < sq - 1 ? hi_raw : sq - 1;
     if (lo > hi) return BwdWalk{0, 0, 0};
     const int first = static_cast<int>(lo / bm), count = static_cast<int>(hi / bm) - first + 1;
-    return BwdWalk{first, count, rotated ? bwd_rotation(nb, nkb, count) : 0};
+    const bool rotate = rotation == kWalkRotated || (rotation == kWalkStaggered && first == 0);
+    return BwdWalk{first, count, rotate ? bwd_rotation(nb, nkb, count) : 0};
 }
 
 // How many of a sequence's key blocks walk from query block 0 (the keys every query row sees, as
