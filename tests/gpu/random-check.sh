@@ -34,7 +34,8 @@ for t in $mixes; do
 done
 (ctest --test-dir "$b" -R 'cp_ring|cp_nccl' --output-on-failure > "$out/ctest-cp.log" 2>&1; echo "rc=$?" >> "$out/ctest-cp.log"
  for tool in memcheck racecheck synccheck; do
-   FLASHATTN_TEST_REDUCED=1 timeout 100 compute-sanitizer --tool $tool --error-exitcode 99 "$b/cp/test_cp_ring_gpu" \
+   # racecheck needs ~3x memcheck's time on this grid (stop 34: 100 s was not enough)
+   FLASHATTN_TEST_REDUCED=1 timeout $([ $tool = racecheck ] && echo 300 || echo 100) compute-sanitizer --tool $tool --error-exitcode 99 "$b/cp/test_cp_ring_gpu" \
      > "$out/$tool-cp-ring-gpu.log" 2>&1; echo "rc=$?" >> "$out/$tool-cp-ring-gpu.log"
  done) &
 wait
