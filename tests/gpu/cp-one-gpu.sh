@@ -9,9 +9,7 @@ export PYTHONUNBUFFERED=1  # torchrun workers' output reaches the log even when 
 out=${OUT:-/tmp/cp-out}; mkdir -p "$out"
 export BUILD_DIR=${BUILD_DIR:-/tmp/fa-cp} NCCL_NVLS_ENABLE=0
 b=$BUILD_DIR
-if [ -z "${NCCL_ROOT:-}" ] && ! [ -f /usr/local/cuda/include/nccl.h ]; then
-  NCCL_ROOT=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null); export NCCL_ROOT
-fi
+. "$(dirname "$0")/devdeps-env.sh"; use_torch_nccl
 echo "nccl.h: $(ls /usr/local/cuda/include/nccl.h 2>/dev/null) NCCL_ROOT=${NCCL_ROOT:-}"
 OUT=$out bash tests/gpu/h200-check.sh build > "$out/build-stage.txt" 2>&1; grep -E 'build rc' "$out/build-stage.txt"
 grep -E 'flashattn_cp' "$out/configure.log"

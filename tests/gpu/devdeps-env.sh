@@ -9,3 +9,9 @@ use_devdeps() {  # DIR (the repository root)
   export CMAKE_PREFIX_PATH=$dir/.devdeps/root/usr
   export LD_LIBRARY_PATH=$dir/.devdeps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 }
+# libflashattn_cp's NCCL transport: NCCL from /usr/local/cuda, else torch's nvidia/nccl wheel
+# (exported as NCCL_ROOT for cp/CMakeLists.txt); an NCCL_ROOT already set is kept.
+use_torch_nccl() {
+  if [ -n "${NCCL_ROOT:-}" ] || [ -f /usr/local/cuda/include/nccl.h ]; then return 0; fi
+  NCCL_ROOT=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null); export NCCL_ROOT
+}

@@ -9,10 +9,7 @@ set -uo pipefail
 final_out=${OUT:-/tmp/out}; out=/tmp/flog; rm -rf $out; mkdir -p "$out" "$final_out"
 export BUILD_DIR=/tmp/fa-final NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 b=$BUILD_DIR
-# libflashattn_cp's NCCL transport: NCCL from /usr/local/cuda, else torch's nvidia/nccl wheel.
-if [ -z "${NCCL_ROOT:-}" ] && ! [ -f /usr/local/cuda/include/nccl.h ]; then
-  NCCL_ROOT=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null); export NCCL_ROOT
-fi
+. "$(dirname "$0")/devdeps-env.sh"; use_torch_nccl
 OUT=$out bash tests/gpu/h200-check.sh build > "$out/build-stage.txt" 2>&1
 tail -3 "$out/build-stage.txt"
 [ -f "$b/src/libflashattn.so" ] || { echo BUILD FAILED; tail -60 "$out/build.log" 2>/dev/null; tar czf "$final_out/logs.tgz" -C "$out" .; exit 1; }

@@ -13,9 +13,7 @@ deadline=${DEADLINE:-540}
 source "$(dirname "$0")/stages.sh"
 . "$(dirname "$0")/devdeps-env.sh"; use_devdeps "$PWD"
 export NCCL_NVLS_ENABLE=0
-if [ -z "${NCCL_ROOT:-}" ] && ! [ -f /usr/local/cuda/include/nccl.h ]; then
-  NCCL_ROOT=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null); export NCCL_ROOT
-fi
+use_torch_nccl
 b=${BUILD_DIR:-/tmp/fa-random}
 mixes="test_random_mix_fa1 test_random_mix_fa2 test_random_mix_fa3 test_random_grad_fa2 test_random_grad_fa3"
 cmake -S . -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_BUILD_EXAMPLES=OFF -DFLASHATTN_BUILD_TOOLS=OFF \
