@@ -12,7 +12,8 @@
 # bench/ab_cudnn.py, "append": the append + rotary cost of each library, append-cost.sh, and
 # "cudnn_decode": this tree's decode table against cuDNN, compare_torch.py, once per round, and
 # "variants": flashattn-bench-variants' ratios, hdim 128 fa2/fa3, (192, 128) fa3 and hdim 96 fa2
-# (ALiBi's ramp), per library),
+# (ALiBi's ramp), per library; MAB_VARIANTS_RUNS="seqlen:hdim:backends[:dv] ..." replaces that
+# list, e.g. "8192:128:fa2-bwd,fa3-bwd" for the backward variants),
 # MAB_APPEND_TAGS ("base new"; "new:VAR=value" runs this tree under a knob), MAB_APPEND_PAGE (0),
 # MAB_ROUNDS (2), MAB_BWD_HDIMS (64,128; MAB_BWD_HDIMS_FA2 / _FA3 per generation), MAB_BWD_SEQLENS
 # (2048,8192), MAB_FWD_HDIMS (64,128), MAB_FWD_SEQLENS (512,1024,2048,8192), MAB_FWD_DTYPES (bf16),
@@ -108,7 +109,7 @@ variants_part() {  # issue 19's ratios (each variant against its plain shape) fo
     { note "bench-variants build failed"; return; }
   for tag in base new; do
     bld=$base_bld; [ $tag = new ] && bld=$new_bld
-    for run in 8192:128:fa2,fa3 8192:192:fa3:128 8192:96:fa2; do
+    for run in ${MAB_VARIANTS_RUNS:-8192:128:fa2,fa3 8192:192:fa3:128 8192:96:fa2}; do
       [ $(pleft) -gt 40 ] || { note "variants $tag $run skipped"; continue; }
       IFS=: read -r s d be dv <<< "$run"; n=$((n + 1))
       on $bld timeout 60 $new_bld/bench/flashattn-bench-variants "$s" "$d" "$be" ${dv:-} > "$out/variants-$tag-$n.md" 2>&1

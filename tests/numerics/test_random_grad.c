@@ -39,9 +39,9 @@
  * a peaked softmax (large explicit scales) that is nearly all of the library's error, several
  * times the naive baseline; under a tiny soft cap the fp32 scores' rounding is.
  *
- * GPU backends refuse some variants by name (fa2's backward: sink tokens, ALiBi, head_dim_v !=
- * head_dim; fa3's: every variant): such cases are counted and printed, and refusing anything
- * else is a failure. On the cpu every case must run.
+ * GPU backends refuse some variants by name (fa2's backward: sink tokens; fa3's: sink tokens and
+ * head_dim_v != head_dim): such cases are counted and printed (test_variants checks which
+ * variants each backward must run). On the cpu every case must run.
  *
  * FLASHATTN_TEST_SEED picks the cases (the seed of case i is test_case_seed(seed, i));
  * FLASHATTN_TEST_MIX_CASES=n runs n random cases; FLASHATTN_TEST_MIX_ONLY=i runs case i alone (to

@@ -18,8 +18,9 @@
  *
  * Backward: the library's dQ, dK, dV and dsink against central finite differences of
  * L = sum(O_ref * G) through the double reference: on the cpu tiny fp32 shapes with every
- * variant; on fa2 fp16/bf16 shapes over several key tiles with top-left alignment and sink
- * logits (its backward refuses the others by name). */
+ * variant; on fa2 and fa3 fp16/bf16 shapes over several key tiles with top-left alignment, sink
+ * logits, ALiBi and (fa2) head_dim_v != head_dim, at head dims 16-256 (their backward passes
+ * refuse the others by name: sink tokens, and on fa3 head_dim_v != head_dim). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -624,8 +625,17 @@ static double grad_tol(flashattn_dtype_t dt) {
 /* The library's gradient of L = sum(O * G) (dO = G in the plan's dtype) against central finite
  * differences of L through the double reference (the GPU's inputs are the dtype-rounded values the
  * reference also sees). Each tensor is checked at up to 400 elements spread over it. Backends whose
- * backward pass does not run a variant must refuse it by name (fa2: sink tokens, ALiBi,
- * head_dim_v != head_dim). */
+ * backward pass does not run a variant must refuse it by name (fa2: sink tokens; fa3: sink tokens
+ * and head_dim_v != head_dim); anything else they must run. */
+static int backward_runs(const vcase *c) {
+    switch (TEST_BACKEND) {
+    case FLASHATTN_BACKEND_CPU: return 1;
+    case FLASHATTN_BACKEND_FA2: return c->sink_tokens == 0;
+    case FLASHATTN_BACKEND_FA3: return c->sink_tokens == 0 && c->d == c->dv;
+    default: return 0;
+    }
+}
+
 static void run_gradient_case(const vcase *c, uint64_t seed) {
     char what[400];
     describe(what, sizeof what, c);
@@ -639,9 +649,7 @@ static void run_gradient_case(const vcase *c, uint64_t seed) {
     flashattn_backend_t bb;
     if (flashattn_plan_get_backward_backend(plan, &bb, NULL) == FLASHATTN_ERROR_NOT_SUPPORTED) {
         const char *msg = flashattn_last_error();
-        const int fa2_runs = !c->alibi && c->sink_tokens == 0 && c->d == c->dv;
-        EXPECT(TEST_BACKEND != FLASHATTN_BACKEND_CPU && !(TEST_BACKEND == FLASHATTN_BACKEND_FA2 && fa2_runs) &&
-                   (strstr(msg, "sink") || strstr(msg, "ALiBi") || strstr(msg, "head_dim_v")),
+        EXPECT(!backward_runs(c) && (strstr(msg, "sink") || strstr(msg, "head_dim_v")),
                "%s backward refused: %s", what, msg);
         ++g_refused;
         flashattn_plan_destroy(plan);
@@ -848,8 +856,10 @@ static const vcase gradient_grid[] = {
     {2, 7, 7, 2, 2, 8, 8, F32, 1, 1, 2, -1, 2, 1, 1, 20.0, 1},
 };
 
-/* The GPU backward (fa2): top-left alignment and sink logits over several 64-key tiles, sq != sk
- * both ways, GQA, windows, varlen; the others must be refused by name. */
+/* The GPU backward (fa2, fa3): top-left alignment, sink logits, ALiBi (with a soft cap: its bias
+ * joins the capped score) and head_dim_v != head_dim both ways over several key tiles, sq != sk
+ * both ways, GQA, windows, varlen, head dims 16-256 (fa3's 64, 128 and 256 kernels); sink tokens
+ * (and on fa3 head_dim_v) must be refused by name. */
 static const vcase gpu_gradient_grid[] = {
     {1, 37, 53, 2, 1, 16, 16, F16, 1, 1, -1, -1, 0, 0, 0, 0, 0},
     {2, 53, 37, 2, 2, 32, 32, B16, 1, 1, 8, -1, 0, 0, 0, 0, 0},
@@ -859,6 +869,15 @@ static const vcase gpu_gradient_grid[] = {
     {1, 90, 70, 2, 1, 16, 16, B16, 1, 1, 20, -1, 0, 1, 0, 0, 0},
     {1, 20, 20, 2, 2, 16, 16, F16, 1, 0, -1, -1, 0, 0, 1, 0, 0},
     {1, 20, 20, 2, 2, 16, 16, F16, 1, 0, 4, -1, 2, 0, 0, 0, 0},
+    {1, 70, 90, 2, 1, 16, 16, B16, 1, 0, -1, -1, 0, 0, 1, 0, 0},
+    {2, 60, 45, 2, 2, 32, 32, F16, 0, 0, 20, 10, 0, 0, 1, 0, 1},
+    {1, 50, 80, 2, 2, 16, 16, F16, 1, 1, -1, -1, 0, 1, 1, 20.0, 0},
+    {1, 40, 70, 2, 1, 16, 32, F16, 1, 0, -1, -1, 0, 0, 0, 0, 0},
+    {1, 70, 40, 2, 2, 32, 16, B16, 0, 0, -1, -1, 0, 1, 0, 0, 0},
+    {1, 130, 150, 2, 1, 128, 128, B16, 1, 1, -1, -1, 0, 1, 1, 0, 0},
+    {1, 70, 100, 2, 2, 256, 256, F16, 1, 0, 30, -1, 0, 0, 1, 0, 0},
+    {1, 60, 60, 2, 2, 64, 128, F16, 1, 0, -1, -1, 0, 0, 1, 0, 0},
+    {1, 90, 140, 2, 2, 128, 64, B16, 0, 0, -1, -1, 0, 1, 1, 15.0, 0},
 };
 
 int main(void) {
@@ -913,7 +932,7 @@ int main(void) {
     if (TEST_BACKEND == FLASHATTN_BACKEND_CPU) {
         for (size_t i = 0; i < sizeof gradient_grid / sizeof gradient_grid[0]; ++i)
             run_gradient_case(&gradient_grid[i], seed + 200 + i);
-    } else if (TEST_BACKEND == FLASHATTN_BACKEND_FA2) {
+    } else if (TEST_BACKEND == FLASHATTN_BACKEND_FA2 || TEST_BACKEND == FLASHATTN_BACKEND_FA3) {
         for (size_t i = 0; i < sizeof gpu_gradient_grid / sizeof gpu_gradient_grid[0]; ++i)
             if (!reduced || i % 3 == 0) run_gradient_case(&gpu_gradient_grid[i], seed + 300 + i);
     }

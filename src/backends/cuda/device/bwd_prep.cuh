@@ -14,12 +14,14 @@
 // Rows of every sequence are covered: the grid is (query blocks of the longest sequence, heads_q,
 // batch) and CTAs past a sequence's end return.
 //
+// And the sink logits' gradient (bwd_sink_grad_kernel), from the LSE and the preprocess's D.
 // Templates on the caller's parameter struct P: a TensorArgs with the backward fields dout, dq,
 // do_*/dq_* strides, row_dot, dq_accum, dq_frag, dq_rows, dq_splits and scale (fa2::BwdParams,
 // fa3::BwdParams). Everything sits in an unnamed namespace: each generation's unit instantiates
 // its own copy.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -97,7 +99,7 @@ __global__ void __launch_bounds__(kPrepWarps * 32) bwd_preprocess_kernel(const _
     const int r0 = blockIdx.x * kPrepRows;
     if (r0 >= si.sq) return;
     const bool varlen = p.cu_q != nullptr;
-    const int d = p.head_dim;
+    const int dv = p.head_dim_v;  // D_i = dO_i . O_i over V's width
     const int c = lane * 8;
     const uint16_t *og = static_cast<const uint16_t *>(p.o) + (varlen ? si.q_row0 * p.o_rs : b * p.o_bs) +
                          head * p.o_hs + c;
@@ -107,7 +109,7 @@ __global__ void __launch_bounds__(kPrepWarps * 32) bwd_preprocess_kernel(const _
         const int qpos = r0 + i * kPrepWarps + warp;
         if (qpos >= si.sq) break;
         float s = 0.f;
-        if (c < d) {
+        if (c < dv) {
             const uint4 o4 = *reinterpret_cast<const uint4 *>(og + qpos * p.o_rs);
             const uint4 do4 = *reinterpret_cast<const uint4 *>(dog + qpos * p.do_rs);
             s = dot8<E>(o4, do4);
@@ -204,6 +206,37 @@ __global__ void __launch_bounds__(kPrepWarps * 32) bwd_convert_dq_frag_kernel(co
     }
 }
 
+// The sink logit's gradient (FLASHATTN_I64_SINK_LOGITS): its probability in row i is
+// P_sink = e^(sink - LSE_i) and its value 0, so dS_sink = P_sink (0 - D_i) and dsink[h] sums that
+// over the head's rows (rows with LSE = -inf saw neither keys nor a sink: none). The CPU backward's
+// definition (cpu_backward.cpp sink_gradients). In double, each thread over a fixed stride of rows,
+// then a fixed tree: bitwise reproducible, like the CPU's. Reads the preprocess's row_dot.
+constexpr int kSinkThreads = 256;
+
+template <class P>
+__global__ void __launch_bounds__(kSinkThreads) bwd_sink_grad_kernel(const __grid_constant__ P p) {
+    __shared__ double partial[kSinkThreads];
+    const int head = blockIdx.x;
+    const double sink = p.sink_logits[head];
+    const bool varlen = p.cu_q != nullptr;
+    double sum = 0.0;
+    for (int64_t r = threadIdx.x; r < p.total_rows; r += kSinkThreads) {
+        // row r of the [heads_q][total_rows] row_dot layout; its LSE as cuda::lse_offset places it
+        const int64_t li = varlen ? static_cast<int64_t>(head) * p.total_rows + r
+                                  : ((r / p.seqlen_q) * p.heads_q + head) * p.seqlen_q + r % p.seqlen_q;
+        const float lse = p.lse[li];
+        if (lse == -INFINITY) continue;
+        sum -= exp(sink - static_cast<double>(lse)) * p.row_dot[static_cast<int64_t>(head) * p.total_rows + r];
+    }
+    partial[threadIdx.x] = sum;
+    __syncthreads();
+    for (int w = kSinkThreads / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w) partial[threadIdx.x] += partial[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) p.dsink_logits[head] = static_cast<float>(partial[0]);
+}
+
 template <class P>
 dim3 prep_grid(const P &p) {
     return dim3(static_cast<unsigned>((p.seqlen_q + kPrepRows - 1) / kPrepRows), static_cast<unsigned>(p.heads_q),
@@ -217,6 +250,14 @@ cudaError_t launch_bwd_preprocess(const P &p, bool bf16, cudaStream_t s) {
         bwd_preprocess_kernel<P, Bf16><<<prep_grid(p), kPrepWarps * 32, 0, s>>>(p);
     else
         bwd_preprocess_kernel<P, Fp16><<<prep_grid(p), kPrepWarps * 32, 0, s>>>(p);
+    return cudaSuccess;
+}
+
+// dsink[h] = -sum over h's rows of e^(sink[h] - LSE) * row_dot (one CTA per head, a fixed order),
+// after the preprocess.
+template <class P>
+cudaError_t launch_bwd_sink_grad(const P &p, cudaStream_t s) {
+    bwd_sink_grad_kernel<P><<<static_cast<unsigned>(p.heads_q), kSinkThreads, 0, s>>>(p);
     return cudaSuccess;
 }
 

@@ -61,6 +61,9 @@ bool use_fallback(int kd, size_t smem_optin) {
     return smem_optin != 0 && main > smem_optin;
 }
 
+// head_dim_v != head_dim runs on the kernel of the wider one (fa2_bwd_kernel.cuh).
+int64_t kernel_head_dim(const Problem &p) { return std::max(p.head_dim, p.head_dim_v); }
+
 BwdTile tile_of(int kd, bool fallback) { return fallback ? bwd_tile_fallback(kd) : bwd_tile_main(kd); }
 
 int64_t key_blocks(const Problem &p, const BwdTile &t) { return ceil_div(p.seqlen_k, t.bn); }
@@ -73,13 +76,13 @@ std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev)
     if (dev.cc_major < 8)
         return "the fa2 backward pass needs compute capability 8.0 or newer (device " + std::to_string(dev.device) +
                " is " + std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor) + ")";
-    const std::string shape = tensor_core_shape_problem(p, "fa2");
+    const std::string shape = tensor_core_shape_problem(p, "fa2", /*any_head_dim_v=*/true);
     if (!shape.empty()) return shape;
     if (p.seqlen_q >= kMaxSeqlen || p.seqlen_k >= kMaxSeqlen)
         return "the fa2 backward pass supports sequence lengths below 2^28";
     if (p.heads_q > kMaxGridYZ || p.batch > kMaxGridYZ)
         return "the fa2 backward pass supports at most 65535 heads and 65535 sequences";
-    const int kd = bwd_compiled_for(p.head_dim).head_dim;
+    const int kd = bwd_compiled_for(kernel_head_dim(p)).head_dim;
     const BwdTile tile = tile_of(kd, use_fallback(kd, dev.smem_per_block_optin));
     if (p.heads_kv * p.batch * key_blocks(p, tile) > kMaxGridX)
         return "the fa2 backward pass supports at most 2^31 - 1 key blocks of " + std::to_string(tile.bn) +
@@ -87,14 +90,14 @@ std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev)
     const size_t smem = static_cast<size_t>(bwd_smem_bytes(tile, kd));
     if (dev.smem_per_block_optin != 0 && smem > dev.smem_per_block_optin)
         return "the fa2 backward pass needs " + std::to_string(smem / 1024) + " KB of shared memory per block for head dim " +
-               std::to_string(p.head_dim) + " and the device allows " + std::to_string(dev.smem_per_block_optin / 1024) +
+               std::to_string(kernel_head_dim(p)) + " and the device allows " + std::to_string(dev.smem_per_block_optin / 1024) +
                " KB";
     return std::string();
 }
 
 BwdPlan plan_backward(const Problem &p, const DeviceInfo &dev, WorkspaceLayout *ws) {
     BwdPlan plan;
-    plan.head_dim = bwd_compiled_for(p.head_dim).head_dim;
+    plan.head_dim = bwd_compiled_for(kernel_head_dim(p)).head_dim;
     plan.fallback = use_fallback(plan.head_dim, dev.smem_per_block_optin);
     const BwdTile tile = tile_of(plan.head_dim, plan.fallback);
     static_cast<BwdSlices &>(plan) =
@@ -109,18 +112,12 @@ flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const Wor
     if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "fa2 backward: cudaSetDevice");
     FLASHATTN_TRY(check_device_tensors(p, t));
     if (p.heads_q == 0) return FLASHATTN_SUCCESS;
-    if (p.batch == 0) {  // no rows: the sink logits' gradient is 0
-        if (t.dsink_logits == nullptr) return FLASHATTN_SUCCESS;
-        const cudaError_t err = cudaMemsetAsync(t.dsink_logits, 0, static_cast<size_t>(p.heads_q) * sizeof(float),
-                                                reinterpret_cast<cudaStream_t>(t.stream));
-        return err == cudaSuccess ? FLASHATTN_SUCCESS : cuda_fail(err, "fa2 backward: zeroing dsink_logits");
-    }
+    if (p.batch == 0) return zero_sink_gradient(p, t, "fa2");  // no rows: the sink logits' gradient is 0
     const bool have_q = p.varlen ? p.total_q > 0 : p.seqlen_q > 0;
     const bool have_k = p.varlen ? p.total_k > 0 : p.seqlen_k > 0;
 
     BwdParams k;
     fill_backward_args(p, t, ws, plan, &k);
-    k.dsink_logits = t.dsink_logits;
 
     const bool bf16 = p.dtype == FLASHATTN_DTYPE_BF16;
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);

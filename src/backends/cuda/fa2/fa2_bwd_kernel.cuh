@@ -9,7 +9,8 @@
 // under this step's math; fa2_bwd_gemm.cuh has the warp layouts):
 //   S = Q K^T and dP = dO V^T over the whole head dim;
 //   P = exp2(S' * score_log2 - LSE * log2 e) with S' the soft-capped score (tanh) when a cap is
-//   set, 0 for masked keys (device/mask.cuh's rule) and for rows past the sequence;
+//   set, plus ALiBi's bias when slopes are set, 0 for masked keys (device/mask.cuh's rule) and
+//   for rows past the sequence;
 //   dS = P (dP - row_dot) (x (1 - tanh^2) with a soft cap), 0 wherever P is (selected, so a NaN
 //   of a pair that takes no part stays out; only LSE = -inf marks a row without keys); P and dS
 //   (16-bit) to shared memory;
@@ -17,7 +18,9 @@
 //   device/dq_accum.cuh; in deterministic mode the key
 //   blocks of one query block take turns in ascending order, see turn_of);
 //   dV += P^T dO, dK += dS^T Q in registers.
-// At the end dK * scale and dV are written (zeros for keys no query sees). The softmax scale of dQ
+// At the end dK * scale and dV are written (zeros for keys no query sees). head_dim_v != head_dim:
+// the kernel of the wider one (its zero-filled columns past each tensor's width add nothing); V,
+// dO and dV span head_dim_v columns, Q, K, dQ, dK head_dim. The softmax scale of dQ
 // is applied by the convert kernel (fa2_bwd_prep.cu). GQA needs no dK/dV reduction across CTAs:
 // the CTA walks its whole query-head group.
 #pragma once
@@ -28,6 +31,7 @@
 
 #include "backends/cuda/device/dq_accum.cuh"
 #include "backends/cuda/device/mask.cuh"
+#include "backends/cuda/device/online_softmax.cuh"
 #include "backends/cuda/device/ptx.cuh"
 #include "backends/cuda/fa2/fa2_bwd_gemm.cuh"
 #include "backends/cuda/fa2/fa2_bwd_params.h"
@@ -43,6 +47,7 @@ struct BwdBlockArgs {
     const uint16_t *qg, *dog;  // Q and dO of this sequence, row 0, head 0
     int64_t q_row0;            // packed row of the sequence's first query
     int b, sq, sk, off, n0, d;
+    int dv;  // V's, O's, dO's and dV's columns (head_dim_v; d: Q's, K's, dQ's, dK's)
     uint32_t smem;  // shared memory: K, V, kStages x (Q, dO), P, dS (BwdTraits sizes)
 };
 
@@ -110,11 +115,17 @@ __device__ __forceinline__ bool step_unmasked(const BwdParams &p, const BwdBlock
 // S and dP are consumed: the soft cap (a runtime key) is applied to the whole tile first, under
 // one uniform branch, so the exp2 / dS loop is straight-line code. Until stop 22 it was tested per
 // element, and each element's code was a basic block of its own (a branch, the score_log2 reload
-// from the constant bank, one MUFU with nothing to overlap it).
+// from the constant bank, one MUFU with nothing to overlap it). ALiBi's bias joins the (capped)
+// score after that, under a uniform branch of its own (al: the rows' query head and diagonals).
+struct BwdAlibiRows {
+    int hq;        // the step's query head (its slope)
+    int rdiag[2];  // the thread's rows' diagonal keys (query + off)
+    int col0;      // the key of the thread's score column 0
+};
 template <class Tr, class E, bool kUnmasked>
-__device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdRows &r, float (&S)[Tr::kNT][4],
-                                                float (&dP)[Tr::kNT][4], uint32_t (&P)[Tr::kNT][2],
-                                                uint32_t (&dS)[Tr::kNT][2]) {
+__device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdRows &r, const BwdAlibiRows &al,
+                                                float (&S)[Tr::kNT][4], float (&dP)[Tr::kNT][4],
+                                                uint32_t (&P)[Tr::kNT][2], uint32_t (&dS)[Tr::kNT][2]) {
     const float sl2 = p.score_log2, cap = p.softcap_scale;
     // dP becomes dS / P: dP - row_dot, times d(cap * tanh(raw * scale / cap)) / d(raw * scale) =
     // 1 - tanh^2 under a cap; S becomes the capped score.
@@ -132,6 +143,10 @@ __device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdRow
         for (int nt = 0; nt < Tr::kNT; ++nt)
 #pragma unroll
             for (int i = 0; i < 4; ++i) dP[nt][i] -= r.rd[i >> 1];
+    }
+    if (p.alibi_slopes != nullptr) {
+        const float s = p.alibi_slopes[al.hq] * p.alibi_to_score;
+        cuda::alibi_scores<Tr::kNT>(S, al.rdiag, {s, s}, al.col0);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -324,7 +339,7 @@ __device__ __forceinline__ void load_q_do(const BwdParams &p, const BwdBlockArgs
     bwd_load_tile<Tr, Tr::kBM>(s_q, a.qg + st.hq * p.q_hs + static_cast<int64_t>(st.m0) * p.q_rs, p.q_rs,
                                a.sq - st.m0, a.d);
     bwd_load_tile<Tr, Tr::kBM>(s_q + Tr::kQBytes, a.dog + st.hq * p.do_hs + static_cast<int64_t>(st.m0) * p.do_rs,
-                               p.do_rs, a.sq - st.m0, a.d);
+                               p.do_rs, a.sq - st.m0, a.dv);
     static_assert(2 * Tr::kBM <= Tr::kThreads, "one word per thread");
     const int tid = threadIdx.x;
     if (tid < 2 * Tr::kBM) {
@@ -389,14 +404,15 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
             const BwdRows rows = unmasked ? load_rows<Tr, true>(p, a, s_rows, st.m0, qrow, col0)
                                           : load_rows<Tr, false>(p, a, s_rows, st.m0, qrow, col0);
             uint32_t P[Tr::kNT][2], dS[Tr::kNT][2];
+            const BwdAlibiRows al{st.hq, {qrow + a.off, qrow + 8 + a.off}, col0};
             // A row with LSE = -inf (it saw no key in the forward; only with such inputs in an
             // unmasked step) sends its warp to the tested form: the unmasked one selects nothing
             // (two FSEL per pair fewer).
             const bool all_live = __all_sync(0xffffffffu, rows.lo[0] <= rows.hi[0] && rows.lo[1] <= rows.hi[1]);
             if (unmasked && all_live)
-                probs_and_grads<Tr, E, true>(p, rows, S[mt], dP[mt], P, dS);
+                probs_and_grads<Tr, E, true>(p, rows, al, S[mt], dP[mt], P, dS);
             else
-                probs_and_grads<Tr, E, false>(p, rows, S[mt], dP[mt], P, dS);
+                probs_and_grads<Tr, E, false>(p, rows, al, S[mt], dP[mt], P, dS);
             store_p_ds<Tr>(s_p, row0 + mt * 16, key0, P, dS);
         }
     }
@@ -424,8 +440,9 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
             p_lane[mt] = s_p + pt_off;
             ds_lane[mt] = s_ds + pt_off;
         }
-        const int ncols = cuda::warp_uniform(a.d - col0);  // no WARPSYNC around the skipped groups' mma
-        gemm_at_b<Tr, E>(dV, p_lane, at_column<QT>(QT::lane_base_full(s_do, lr_a, lb_a), col0), ncols);
+        // no WARPSYNC around the skipped groups' mma
+        const int ncols = cuda::warp_uniform(a.d - col0), ncols_v = cuda::warp_uniform(a.dv - col0);
+        gemm_at_b<Tr, E>(dV, p_lane, at_column<QT>(QT::lane_base_full(s_do, lr_a, lb_a), col0), ncols_v);
         gemm_at_b<Tr, E>(dK, ds_lane, at_column<QT>(QT::lane_base_full(s_q, lr_a, lb_a), col0), ncols);
     }
 }
@@ -439,7 +456,7 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams &p, const BwdBlockAr
     const int g = lane >> 2, t = lane & 3;
     const int kg = warp % Tr::kKVKeyGroups, cg = warp / Tr::kKVKeyGroups;
     const int col0 = cg * Tr::kKVCols;
-    const int ncols = a.d - col0;
+    const int ncols = a.d - col0, ncols_v = a.dv - col0;
 #pragma unroll
     for (int mt = 0; mt < Tr::kKVMT; ++mt)
 #pragma unroll
@@ -453,11 +470,12 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams &p, const BwdBlockAr
 #pragma unroll
                 for (int n = 0; n < 2; ++n) {
                     const int c = j * 16 + n * 8;
-                    if (c >= ncols) continue;
-                    *reinterpret_cast<uint32_t *>(kr + c) =
-                        cuda::pack2<E>(dK[mt][j][n][2 * h] * p.scale, dK[mt][j][n][2 * h + 1] * p.scale);
-                    *reinterpret_cast<uint32_t *>(vr + c) =
-                        cuda::pack2<E>(dV[mt][j][n][2 * h], dV[mt][j][n][2 * h + 1]);
+                    if (c < ncols)
+                        *reinterpret_cast<uint32_t *>(kr + c) =
+                            cuda::pack2<E>(dK[mt][j][n][2 * h] * p.scale, dK[mt][j][n][2 * h + 1] * p.scale);
+                    if (c < ncols_v)
+                        *reinterpret_cast<uint32_t *>(vr + c) =
+                            cuda::pack2<E>(dV[mt][j][n][2 * h], dV[mt][j][n][2 * h + 1]);
                 }
         }
 }
@@ -491,7 +509,7 @@ __device__ __forceinline__ void bwd_key_block(const BwdParams &p, BwdBlockArgs &
         const uint16_t *kg = static_cast<const uint16_t *>(p.k) + koff + kvh * p.k_hs + a.n0 * p.k_rs;
         const uint16_t *vg = static_cast<const uint16_t *>(p.v) + voff + kvh * p.v_hs + a.n0 * p.v_rs;
         bwd_load_tile<Tr, Tr::kBN>(a.smem, kg, p.k_rs, a.sk - a.n0, a.d);
-        bwd_load_tile<Tr, Tr::kBN>(a.smem + Tr::kKVBytes, vg, p.v_rs, a.sk - a.n0, a.d);
+        bwd_load_tile<Tr, Tr::kBN>(a.smem + Tr::kKVBytes, vg, p.v_rs, a.sk - a.n0, a.dv);
         const BwdWalk walk{static_cast<int>(i_lo / Tr::kBM) * Tr::kBM, static_cast<int>(i_hi / Tr::kBM) * Tr::kBM};
         const int nsteps = p.group * ((walk.m_last - walk.m_first) / Tr::kBM + 1);
         BwdStep st{kvh * p.group, walk.m_first};
@@ -553,6 +571,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) bwd_kernel(const
     a.off = cuda::diagonal_offset(p, si.sq, si.sk);  // sk - sq, or 0 top-left
     a.q_row0 = si.q_row0;
     a.d = p.head_dim;
+    a.dv = p.head_dim_v;
     const bool varlen = p.cu_q != nullptr;
     a.qg = static_cast<const uint16_t *>(p.q) + (varlen ? si.q_row0 * p.q_rs : a.b * p.q_bs);
     a.dog = static_cast<const uint16_t *>(p.dout) + (varlen ? si.q_row0 * p.do_rs : a.b * p.do_bs);

@@ -20,10 +20,8 @@
 namespace flashattn {
 namespace fa2 {
 
-// The shared backward arguments (host/bwd_args.h) and FA2's own.
-struct BwdParams : BwdTensorArgs {
-    float *dsink_logits = nullptr;  // sink logits' gradient [heads_q] (TensorArgs::sink_logits set)
-};
+// The shared backward arguments (host/bwd_args.h); FA2 adds none of its own.
+struct BwdParams : BwdTensorArgs {};
 
 // Main-kernel tiles. A CTA of `warps` warps owns `bn` keys over the whole head dim (S and dP are
 // computed once per query step) and walks query blocks of `bm` rows; Q and dO go through `stages`

@@ -412,12 +412,12 @@ flashattn_status_t fa3_execute_backward(const Problem &p, const BackendPlan &bas
     DeviceGuard guard(p.device, /*need_context=*/true);  // first: the maps are encoded through the driver
     if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), "fa3 backward: cudaSetDevice");
     FLASHATTN_TRY(check_device_tensors(p, t));
-    if (p.batch == 0 || p.heads_q == 0) return FLASHATTN_SUCCESS;
+    if (p.heads_q == 0) return FLASHATTN_SUCCESS;
     const TmaElement el = p.dtype == FLASHATTN_DTYPE_BF16 ? TmaElement::bf16 : TmaElement::fp16;
     // Without queries or keys the main kernel loads nothing from the empty side, but every map
     // needs a valid base and extent: the other side's tensor stands in.
-    const bool no_q = p.q_rows() == 0, no_k = p.k_rows() == 0;
-    if (no_q && no_k) return FLASHATTN_SUCCESS;
+    const bool no_q = p.batch == 0 || p.q_rows() == 0, no_k = p.batch == 0 || p.k_rows() == 0;
+    if (no_q && no_k) return zero_sink_gradient(p, t, "fa3");  // no rows: the sink logits' gradient is 0
     fa3::BwdMaps maps;
     FLASHATTN_TRY(encode_map(3, &maps.q, el, no_q ? t.k : t.q, p, no_q ? p.k : p.q, no_q ? 1 : p.q_rows(),
                              no_q ? p.heads_kv : p.heads_q, fa3::kBwdBM, p.head_dim));
@@ -439,7 +439,7 @@ const Backend *fa3_backend() {
                                  fa3_execute, fa3_auto_pass_reason, fa3_backward_unsupported_reason,
                                  fa3_execute_backward, nullptr,
                                  kVariantTopLeft | kVariantSinkLogits | kVariantAlibi | kVariantSinkTokens | kVariantHeadDimV,
-                                 0u};  // merges run on fa2's kernel (dispatch)
+                                 kVariantTopLeft | kVariantSinkLogits | kVariantAlibi};  // merges run on fa2's kernel (dispatch)
     return &backend;
 }
 

@@ -139,9 +139,11 @@ BwdPlan plan_backward(const Problem &p, int sm_count, WorkspaceLayout *ws) {
 
 flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const WorkspaceLayout &ws, const Tensors &t,
                                 const BwdMaps &maps) {
-    if (p.batch == 0 || p.heads_q == 0) return FLASHATTN_SUCCESS;
-    const bool have_q = p.varlen ? p.total_q > 0 : p.seqlen_q > 0;
-    const bool have_k = p.varlen ? p.total_k > 0 : p.seqlen_k > 0;
+    if (p.heads_q == 0) return FLASHATTN_SUCCESS;
+    const bool have_q = p.batch > 0 && (p.varlen ? p.total_q > 0 : p.seqlen_q > 0);
+    const bool have_k = p.batch > 0 && (p.varlen ? p.total_k > 0 : p.seqlen_k > 0);
+    if (!have_q) FLASHATTN_TRY(zero_sink_gradient(p, t, "fa3"));  // no rows: the sink logits' gradient is 0
+    if (p.batch == 0) return FLASHATTN_SUCCESS;
 
     BwdParams k;
     fill_backward_args(p, t, ws, plan, &k);
@@ -154,6 +156,11 @@ flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const Wor
         err = launch_bwd_preprocess(k, bf16, stream);
         if (err != cudaSuccess) return cuda_fail(err, "fa3 backward preprocess");
         FLASHATTN_TRY(check_launch("fa3 backward preprocess kernel"));
+        if (k.dsink_logits != nullptr) {  // after the preprocess's D
+            err = launch_bwd_sink_grad(k, stream);
+            if (err != cudaSuccess) return cuda_fail(err, "fa3 backward sink gradient");
+            FLASHATTN_TRY(check_launch("fa3 backward sink gradient kernel"));
+        }
     }
     if (have_k && p.deterministic) {
         err = cudaMemsetAsync(k.dq_sem, 0, ws.bytes(plan.dq_sem), stream);

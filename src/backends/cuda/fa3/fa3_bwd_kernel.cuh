@@ -14,8 +14,8 @@
 // accumulator already in the A-fragment layout of the next GEMMs):
 //   S^T  = K_w Q^T and dP^T = V_w dO^T        wgmma, both operands K-major in shared memory
 //   P^T  = exp2(S'^T * score_log2 - LSE * log2 e) with S' the soft-capped score (tanh) when a
-//          cap is set; 0 where device/mask.cuh's rule hides the key, for rows past the sequence
-//          and rows whose LSE is -inf (they saw no key)
+//          cap is set, plus ALiBi's bias when slopes are set; 0 where device/mask.cuh's rule hides
+//          the key, for rows past the sequence and rows whose LSE is -inf (they saw no key)
 //   dS^T = P^T (dP^T - row_dot) (x (1 - tanh^2) with a soft cap)
 //   dV  += P^T dO and dK += dS^T Q             wgmma with P^T / dS^T from registers, dO / Q
 //                                              MN-major in shared memory
@@ -357,11 +357,19 @@ __device__ __forceinline__ bool step_unmasked(const BwdParams &p, const BwdBlock
     return qhi < a.sq && khi < a.sk && qhi + a.off - p.left <= klo && st.m0 + a.off + p.right >= khi;
 }
 
+// ALiBi's bias of the thread's two keys (the masked forms with kAlibi only): key h's bias at query
+// column c (relative to m0) is -slope |c + m0 + off - key_h| in score units, computed as
+// neg_sign |slope c + base[h]| (cuda::alibi_scores_half's form: an FFMA with c an immediate,
+// the absolute value and an FFMA per score).
+struct BwdAlibi {
+    float slope = 0.f, neg_sign = 0.f, base[2] = {0.f, 0.f};
+};
+
 // probs_and_grads_form's n8 tile j of S^T and dP^T (and, recursively, the ones after it), with
 // the tile's LSE / row_dot pair loaded where it is used.
-template <class Tr, bool kUnmasked, bool kCap, int j = 0>
+template <class Tr, bool kUnmasked, bool kCap, bool kAlibi, int j = 0>
 __device__ __forceinline__ void probs_and_grads_tiles(const BwdParams &p, uint32_t base, int c0, const int (&lo)[2],
-                                                      const int (&hi)[2], float (&S)[Tr::kQN / 2],
+                                                      const int (&hi)[2], const BwdAlibi &al, float (&S)[Tr::kQN / 2],
                                                       float (&dP)[Tr::kQN / 2]) {
     if constexpr (j < Tr::kNT) {
         const float sl2 = p.score_log2, cap = p.softcap_scale;
@@ -378,14 +386,17 @@ __device__ __forceinline__ void probs_and_grads_tiles(const BwdParams &p, uint32
                 const bool vis = kUnmasked || (row_sees && c >= lo[h] && c <= hi[h]);
                 float x = S[i];
                 if constexpr (kCap) x = cuda::tanh_accurate(x * cap);
-                const float pr = vis ? cuda::fast_exp2(fmaf(x, sl2, -lse2)) : 0.f;
+                // The bias joins the (capped) score; the cap's derivative below stays tanh's.
+                const float xb = kAlibi ? fmaf(al.neg_sign, fabsf(fmaf(al.slope, static_cast<float>(8 * j + e), al.base[h])), x)
+                                        : x;
+                const float pr = vis ? cuda::fast_exp2(fmaf(xb, sl2, -lse2)) : 0.f;
                 float ds = vis ? pr * (dP[i] - rd[e]) : 0.f;
                 if constexpr (kCap) ds *= 1.f - x * x;  // d(cap * tanh(raw * scale / cap)) / d(raw * scale)
                 S[i] = pr;
                 dP[i] = ds;
             }
         }
-        probs_and_grads_tiles<Tr, kUnmasked, kCap, j + 1>(p, base, c0, lo, hi, S, dP);
+        probs_and_grads_tiles<Tr, kUnmasked, kCap, kAlibi, j + 1>(p, base, c0, lo, hi, al, S, dP);
     }
 }
 
@@ -396,11 +407,19 @@ __device__ __forceinline__ void probs_and_grads_tiles(const BwdParams &p, uint32
 // key's visible query range. kCap: the soft cap's tanh and its derivative. One form per call site,
 // so the loop is straight-line code (per-element runtime tests took a third of the step's
 // instructions before stop 29: a branch per element, the constants reloaded per element).
-template <class Tr, bool kUnmasked, bool kCap>
+// kAlibi (masked forms only: ALiBi steps always take them): the bias of BwdAlibi.
+template <class Tr, bool kUnmasked, bool kCap, bool kAlibi = false>
 __device__ __forceinline__ void probs_and_grads_form(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
                                                      uint32_t base, float (&S)[Tr::kQN / 2], float (&dP)[Tr::kQN / 2]) {
+    static_assert(!(kAlibi && kUnmasked), "ALiBi runs the masked forms");
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
+    const int c0 = (Tr::kSplit ? Tr::kQN * wg : 0) + 2 * t;
     int lo[2] = {0, 0}, hi[2] = {0, 0};  // the queries (relative to m0) that see each of the thread's two keys
+    BwdAlibi al;
+    if constexpr (kAlibi) {
+        al.slope = p.alibi_slopes[st.hq] * p.alibi_to_score;
+        al.neg_sign = al.slope >= 0.f ? -1.f : 1.f;
+    }
     if constexpr (!kUnmasked) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -408,9 +427,10 @@ __device__ __forceinline__ void probs_and_grads_form(const BwdParams &p, const B
             // key j is visible to query i iff j - off - right <= i <= j - off + left (mask.cuh's rule)
             lo[h] = max(key - a.off - p.right_i, 0) - st.m0;
             hi[h] = key < a.sk ? min(key - a.off + p.left_i, a.sq - 1) - st.m0 : -1;
+            if constexpr (kAlibi) al.base[h] = al.slope * static_cast<float>(c0 + st.m0 + a.off - key);
         }
     }
-    probs_and_grads_tiles<Tr, kUnmasked, kCap>(p, base, (Tr::kSplit ? Tr::kQN * wg : 0) + 2 * t, lo, hi, S, dP);
+    probs_and_grads_tiles<Tr, kUnmasked, kCap, kAlibi>(p, base, c0, lo, hi, al, S, dP);
 }
 
 // The thread's base address in the step's rows (col_lse / col_row_dot offsets start there).
@@ -431,7 +451,12 @@ __device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdBlo
                                                 uint32_t s_rows, bool unmasked, float (&S)[Tr::kQN / 2],
                                                 float (&dP)[Tr::kQN / 2]) {
     const uint32_t base = cols_base<Tr>(s_rows, wg);
-    if (p.softcap_scale != 0.f) {
+    if (p.alibi_slopes != nullptr) {  // the masked forms with the bias: every pair's bias differs
+        if (p.softcap_scale != 0.f)
+            probs_and_grads_form<Tr, false, true, true>(p, a, st, wg, base, S, dP);
+        else
+            probs_and_grads_form<Tr, false, false, true>(p, a, st, wg, base, S, dP);
+    } else if (p.softcap_scale != 0.f) {
         if (unmasked)
             probs_and_grads_form<Tr, true, true>(p, a, st, wg, base, S, dP);
         else

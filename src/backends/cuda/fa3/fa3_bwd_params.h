@@ -111,8 +111,10 @@ using LaunchBwd = cudaError_t (*)(const BwdParams &p, const BwdMaps &maps, bool 
 FLASHATTN_FA3_HEAD_DIMS(FLASHATTN_FA3_DECLARE_BWD_LAUNCH)
 #undef FLASHATTN_FA3_DECLARE_BWD_LAUNCH
 
-// fa3_bwd_prep.cu: device/bwd_prep.cuh's preprocess and dQ convert for these parameters.
+// fa3_bwd_prep.cu: device/bwd_prep.cuh's preprocess, sink gradient and dQ convert for these
+// parameters.
 cudaError_t launch_bwd_preprocess(const BwdParams &p, bool bf16, cudaStream_t s);
+cudaError_t launch_bwd_sink_grad(const BwdParams &p, cudaStream_t s);
 cudaError_t launch_bwd_convert_dq(const BwdParams &p, bool bf16, cudaStream_t s);
 
 }  // namespace fa3

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backends/cuda/host/tensor_args.h"
+#include "flashattn/flashattn.h"
 
 namespace flashattn {
 
@@ -35,6 +36,7 @@ struct BwdTensorArgs : TensorArgs {
     int32_t dq_splits = 1;      // accumulator copies the preprocess zeroes and the convert sums (1 since
                                 // the deterministic mode orders its adds instead of copying)
     int32_t deterministic = 0;  // 1: dQ adds ordered by dq_sem
+    float *dsink_logits = nullptr;  // sink logits' gradient [heads_q] (TensorArgs::sink_logits set)
 };
 
 // The backward's workspace slices (indices into the plan's WorkspaceLayout, -1 when absent), as
@@ -65,5 +67,10 @@ int64_t dq_frag_rows(const Problem &p);
 // the scale and the mode. The generation's own fields are left to the caller.
 void fill_backward_args(const Problem &p, const Tensors &t, const WorkspaceLayout &ws, const BwdSlices &slices,
                         BwdTensorArgs *out);
+
+// The sink logits' gradient of a call without query rows (no sequence, or none with a row): zeros
+// on the call's stream; nothing without FLASHATTN_ARG_DSINK_LOGITS. `what` names the generation
+// in the error message.
+flashattn_status_t zero_sink_gradient(const Problem &p, const Tensors &t, const char *what);
 
 }  // namespace flashattn
