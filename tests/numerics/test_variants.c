@@ -19,8 +19,8 @@
  * Backward: the library's dQ, dK, dV and dsink against central finite differences of
  * L = sum(O_ref * G) through the double reference: on the cpu tiny fp32 shapes with every
  * variant; on fa2 and fa3 fp16/bf16 shapes over several key tiles with top-left alignment, sink
- * logits, ALiBi and (fa2) head_dim_v != head_dim, at head dims 16-256 (their backward passes
- * refuse the others by name: sink tokens, and on fa3 head_dim_v != head_dim). */
+ * logits, ALiBi and (fa2) sink tokens and head_dim_v != head_dim, at head dims 16-256 (fa3's
+ * backward refuses the others by name: sink tokens and head_dim_v != head_dim). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -625,12 +625,12 @@ static double grad_tol(flashattn_dtype_t dt) {
 /* The library's gradient of L = sum(O * G) (dO = G in the plan's dtype) against central finite
  * differences of L through the double reference (the GPU's inputs are the dtype-rounded values the
  * reference also sees). Each tensor is checked at up to 400 elements spread over it. Backends whose
- * backward pass does not run a variant must refuse it by name (fa2: sink tokens; fa3: sink tokens
- * and head_dim_v != head_dim); anything else they must run. */
+ * backward pass does not run a variant must refuse it by name (fa3: sink tokens and head_dim_v !=
+ * head_dim); anything else they must run. */
 static int backward_runs(const vcase *c) {
     switch (TEST_BACKEND) {
     case FLASHATTN_BACKEND_CPU: return 1;
-    case FLASHATTN_BACKEND_FA2: return c->sink_tokens == 0;
+    case FLASHATTN_BACKEND_FA2: return 1;
     case FLASHATTN_BACKEND_FA3: return c->sink_tokens == 0 && c->d == c->dv;
     default: return 0;
     }
@@ -857,9 +857,10 @@ static const vcase gradient_grid[] = {
 };
 
 /* The GPU backward (fa2, fa3): top-left alignment, sink logits, ALiBi (with a soft cap: its bias
- * joins the capped score) and head_dim_v != head_dim both ways over several key tiles, sq != sk
- * both ways, GQA, windows, varlen, head dims 16-256 (fa3's 64, 128 and 256 kernels); sink tokens
- * (and on fa3 head_dim_v) must be refused by name. */
+ * joins the capped score), sink tokens under left windows (keys between the sinks and the window
+ * inside a sink block; several sink blocks) and head_dim_v != head_dim both ways over several key
+ * tiles, sq != sk both ways, GQA, windows, varlen, head dims 16-256 (fa3's 64, 128 and 256
+ * kernels); fa3 must refuse sink tokens and head_dim_v by name. */
 static const vcase gpu_gradient_grid[] = {
     {1, 37, 53, 2, 1, 16, 16, F16, 1, 1, -1, -1, 0, 0, 0, 0, 0},
     {2, 53, 37, 2, 2, 32, 32, B16, 1, 1, 8, -1, 0, 0, 0, 0, 0},
@@ -878,6 +879,9 @@ static const vcase gpu_gradient_grid[] = {
     {1, 70, 100, 2, 2, 256, 256, F16, 1, 0, 30, -1, 0, 0, 1, 0, 0},
     {1, 60, 60, 2, 2, 64, 128, F16, 1, 0, -1, -1, 0, 0, 1, 0, 0},
     {1, 90, 140, 2, 2, 128, 64, B16, 0, 0, -1, -1, 0, 1, 1, 15.0, 0},
+    {1, 150, 170, 2, 1, 16, 16, F16, 1, 0, 20, -1, 5, 0, 0, 0, 0},
+    {2, 100, 210, 2, 2, 32, 32, B16, 0, 0, 30, 40, 140, 1, 0, 0, 1},
+    {1, 160, 160, 2, 2, 64, 64, F16, 1, 1, 10, -1, 70, 0, 1, 0, 0},
 };
 
 int main(void) {

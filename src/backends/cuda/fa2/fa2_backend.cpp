@@ -369,7 +369,7 @@ const Backend *fa2_backend() {
                                  fa2_make_plan, fa2_execute, nullptr,
                                  fa2::backward_unsupported_reason, fa2_execute_backward,
                                  fa2_merge_states, kVariantTopLeft | kVariantSinkLogits | kVariantAlibi | kVariantSinkTokens | kVariantHeadDimV,
-                                 kVariantTopLeft | kVariantSinkLogits | kVariantAlibi | kVariantHeadDimV};
+                                 kVariantTopLeft | kVariantSinkLogits | kVariantAlibi | kVariantSinkTokens | kVariantHeadDimV};
     return &backend;
 }
 

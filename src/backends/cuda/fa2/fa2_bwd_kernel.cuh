@@ -61,9 +61,12 @@ struct BwdRows {
 
 // kUnmasked (step_unmasked holds): every row is in the sequence and sees every key of the block,
 // so a row's range is all of the warp's keys or, with LSE = -inf, none: no mask rule to evaluate.
+// A sink block (sink_block: it holds sink keys, TensorArgs::sink_tokens) takes each row's keys
+// from 0: the keys between the sinks and the row's window are dropped after the P / dS form
+// (drop_sink_hole), which keeps the form's one interval test per pair.
 template <class Tr, bool kUnmasked>
 __device__ __forceinline__ BwdRows load_rows(const BwdParams &p, const BwdBlockArgs &a, uint32_t s_rows, int m0,
-                                             int qrow0, int col0) {
+                                             int qrow0, int col0, bool sink_block = false) {
     BwdRows r;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -87,7 +90,7 @@ __device__ __forceinline__ BwdRows load_rows(const BwdParams &p, const BwdBlockA
             if (lse != -INFINITY) {
                 lse2 = lse * 1.4426950408889634f;
                 const int rdiag = qpos + a.off;
-                lo = cuda::first_visible_key(rdiag, p.left_i);
+                lo = sink_block ? 0 : cuda::first_visible_key(rdiag, p.left_i);
                 hi = cuda::last_visible_key(rdiag, p.right_i, a.sk);
             }
         }
@@ -169,6 +172,29 @@ __device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdRow
             }
             P[nt][h] = cuda::pack2<E>(pv[0], pv[1]);
             dS[nt][h] = cuda::pack2<E>(dv[0], dv[1]);
+        }
+    }
+}
+
+// Whether key block n0.. holds sink keys (TensorArgs::sink_tokens): CTA-uniform.
+__device__ __forceinline__ bool sink_block(const BwdParams &p, int n0) { return n0 < p.sink_tokens; }
+
+// A sink block's masked step: P and dS of the keys between the sink tokens and each row's window
+// (sink_tokens <= key < first_visible_key) set to 0, halves of the packed pairs cleared (exactly
+// 0, whatever the form computed there). load_rows took those rows' keys from 0.
+template <class Tr>
+__device__ __forceinline__ void drop_sink_hole(const BwdParams &p, const BwdBlockArgs &a, int qrow, int col0,
+                                               uint32_t (&P)[Tr::kNT][2], uint32_t (&dS)[Tr::kNT][2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int lo = cuda::first_visible_key(qrow + 8 * h + a.off, p.left_i) - col0;  // the window's first key
+        const int se = p.sink_tokens - col0;                                             // the first non-sink key
+#pragma unroll
+        for (int nt = 0; nt < Tr::kNT; ++nt) {
+            const int c = nt * 8;
+            const uint32_t keep = (c >= se && c < lo ? 0u : 0x0000ffffu) | (c + 1 >= se && c + 1 < lo ? 0u : 0xffff0000u);
+            P[nt][h] &= keep;
+            dS[nt][h] &= keep;
         }
     }
 }
@@ -283,7 +309,10 @@ struct BwdStep {
 // Deterministic mode: the counter of a step's (query head, query block) and the count of key blocks
 // that add to its dQ before this one. The key blocks that see query block [m0, m0 + kBM) are
 // contiguous (every key block's visible rows form an interval that moves forward with the block),
-// from the one holding key m0 + off - left (mask.cuh's rule for the block's first row).
+// from the one holding key m0 + off - left (mask.cuh's rule for the block's first row), except
+// that the sink blocks 0 .. nsb - 1 (sink tokens) walk to the sequence's end and see it too: key
+// block nb >= nsb has the sink blocks and its window's blocks from nb_first before it, nb - gap
+// with gap = max(0, nb_first - nsb) (the blocks between them do not visit); a sink block, nb.
 struct BwdTurn {
     int *sem;
     int before;
@@ -292,8 +321,9 @@ template <class Tr>
 __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlockArgs &a, BwdStep st, int nb) {
     const int64_t first_key = st.m0 + a.off - p.left;
     const int nb_first = first_key > 0 ? static_cast<int>(first_key / Tr::kBN) : 0;
+    const int nsb = (p.sink_tokens + Tr::kBN - 1) / Tr::kBN;  // sink blocks (0 without sink tokens)
     int *sem = p.dq_sem + (static_cast<int64_t>(a.b) * p.heads_q + st.hq) * p.sem_blocks + st.m0 / Tr::kBM;
-    return BwdTurn{sem, nb - nb_first};
+    return BwdTurn{sem, nb < nsb ? nb : nb - max(0, nb_first - nsb)};
 }
 // The walk: query blocks m_first..m_last (first rows, kBM apart) of each query head of the group
 // in turn. A step's neighbours come from the step itself: the step index's division by the block
@@ -401,8 +431,9 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
 #pragma unroll
         for (int mt = 0; mt < Tr::kSMT; ++mt) {
             const int qrow = st.m0 + row0 + mt * 16 + g, col0 = a.n0 + key0 + 2 * t;
+            const bool sinks = sink_block(p, a.n0);
             const BwdRows rows = unmasked ? load_rows<Tr, true>(p, a, s_rows, st.m0, qrow, col0)
-                                          : load_rows<Tr, false>(p, a, s_rows, st.m0, qrow, col0);
+                                          : load_rows<Tr, false>(p, a, s_rows, st.m0, qrow, col0, sinks);
             uint32_t P[Tr::kNT][2], dS[Tr::kNT][2];
             const BwdAlibiRows al{st.hq, {qrow + a.off, qrow + 8 + a.off}, col0};
             // A row with LSE = -inf (it saw no key in the forward; only with such inputs in an
@@ -413,6 +444,7 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
                 probs_and_grads<Tr, E, true>(p, rows, al, S[mt], dP[mt], P, dS);
             else
                 probs_and_grads<Tr, E, false>(p, rows, al, S[mt], dP[mt], P, dS);
+            if (sinks && !unmasked) drop_sink_hole<Tr>(p, a, qrow, col0, P, dS);
             store_p_ds<Tr>(s_p, row0 + mt * 16, key0, P, dS);
         }
     }
@@ -500,7 +532,9 @@ __device__ __forceinline__ void bwd_key_block(const BwdParams &p, BwdBlockArgs &
     // i + off - left <= j <= i + off + right (mask.cuh), so i in [n0 - off - right, n_hi - off + left].
     const int64_t n_hi = min(a.n0 + Tr::kBN, a.sk) - 1;
     const int64_t i_lo = max(int64_t(0), a.n0 - a.off - p.right);
-    const int64_t i_hi = min(static_cast<int64_t>(a.sq) - 1, n_hi - a.off + p.left);
+    // A sink block's sink keys escape the left window: its walk runs to the sequence's last row.
+    const int64_t i_hi = sink_block(p, a.n0) ? static_cast<int64_t>(a.sq) - 1
+                                             : min(static_cast<int64_t>(a.sq) - 1, n_hi - a.off + p.left);
     if (i_lo <= i_hi) {
         __syncthreads();  // a previous key block of this CTA is done with K, V, Q, dO
         const int64_t k_row0 = varlen ? cuda::seq_info(p, a.b).k_row0 : 0;
