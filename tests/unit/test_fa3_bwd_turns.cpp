@@ -2,8 +2,10 @@
 // fa3_bwd_turns.h), the code the kernels run, on the CPU: each key block's walk covers exactly the
 // query blocks that see one of its keys under the mask rule, visits each once, and the turns
 // (bwd_turn) let every key block of a pair add into every query block of its walk, each query
-// block's adds in a fixed order, without a deadlock. A wrong count hangs the kernel (a turn that
-// never comes) or breaks its determinism.
+// block's adds in a fixed order, without a deadlock; and the ascending turns of the heads-fastest
+// grid and of FA2 (host/bwd_args.h ascending_turn) count exactly the lower key blocks that visit.
+// Sink tokens included (their blocks escape the left window). A wrong count hangs the kernel (a
+// turn that never comes) or breaks its determinism.
 #include <cstdarg>
 #include <cstddef>
 #include <csetjmp>
@@ -16,8 +18,10 @@ extern "C" {
 }
 
 #include "backends/cuda/fa3/fa3_bwd_turns.h"
+#include "backends/cuda/host/bwd_args.h"
 
 using namespace flashattn::fa3;
+using flashattn::ascending_turn;
 
 namespace {
 
@@ -28,25 +32,27 @@ struct Shape {
     int sq, sk, kbn, nkb;  // nkb: the grid's key blocks per pair (a longer sequence's under varlen)
     int64_t off, left, right;
     int rotation;  // BwdWalkRotation
+    int64_t sink_tokens = 0;
 };
 
 std::vector<BwdWalk> walks_of(const Shape &c) {
     std::vector<BwdWalk> w;
     const int seq_blocks = (c.sk + c.kbn - 1) / c.kbn;
     for (int n = 0; n < seq_blocks; ++n)
-        w.push_back(bwd_walk(n, c.kbn, kBm, c.sq, c.sk, c.off, c.left, c.right, c.nkb, c.rotation));
+        w.push_back(bwd_walk(n, c.kbn, kBm, c.sq, c.sk, c.off, c.left, c.right, c.nkb, c.rotation, c.sink_tokens));
     return w;
 }
 
 // The walk against the mask rule written out: query block q is in key block n's walk iff one of
-// its rows sees one of the block's keys (i + off - left <= j <= i + off + right).
+// its rows sees one of the block's keys (i + off - left <= j <= i + off + right; j < sink_tokens:
+// j <= i + off + right).
 bool walks_cover_the_mask(const Shape &c, const std::vector<BwdWalk> &w) {
     for (size_t n = 0; n < w.size(); ++n) {
         for (int q = 0; q * kBm < c.sq; ++q) {
             bool sees = false;
             for (int i = q * kBm; i < c.sq && i < (q + 1) * kBm && !sees; ++i)
                 for (int j = static_cast<int>(n) * c.kbn; j < c.sk && j < (static_cast<int>(n) + 1) * c.kbn; ++j)
-                    if (i + c.off - c.left <= j && j <= i + c.off + c.right) {
+                    if ((i + c.off - c.left <= j || j < c.sink_tokens) && j <= i + c.off + c.right) {
                         sees = true;
                         break;
                     }
@@ -117,7 +123,32 @@ Shape random_shape(unsigned *seed) {
     default: c.left = rnd(200); c.right = kUnbounded; break;
     }
     c.rotation = rnd(3);  // plain, rotated, staggered
+    if (rnd(3) == 0) c.sink_tokens = 1 + rnd(rnd(2) ? 40 : 300);  // inside the first block, or several
     return c;
+}
+
+// The ascending turn of key block n at query block q against the visitors counted: every lower key
+// block whose walk holds q (plain walks: the grid order of FA2 and FA3's heads-fastest).
+bool ascending_turns_count_visitors(const Shape &c, const std::vector<BwdWalk> &w) {
+    const int nsb = static_cast<int>((c.sink_tokens + c.kbn - 1) / c.kbn);
+    for (int q = 0; q * kBm < c.sq; ++q) {
+        const int64_t first_key = static_cast<int64_t>(q) * kBm + c.off - c.left;
+        const int nb_first = first_key > 0 ? static_cast<int>(first_key / c.kbn) : 0;
+        int before = 0;
+        for (size_t n = 0; n < w.size(); ++n) {
+            if (q < w[n].first || q >= w[n].first + w[n].count) continue;
+            if (ascending_turn(static_cast<int>(n), nb_first, nsb) != before) {
+                print_error("sq %d sk %d kbn %d off %lld left %lld right %lld sinks %lld: key block %zu at query "
+                            "block %d: turn %d, %d visitors before it\n", c.sq, c.sk, c.kbn,
+                            static_cast<long long>(c.off), static_cast<long long>(c.left),
+                            static_cast<long long>(c.right), static_cast<long long>(c.sink_tokens), n, q,
+                            ascending_turn(static_cast<int>(n), nb_first, nsb), before);
+                return false;
+            }
+            ++before;
+        }
+    }
+    return true;
 }
 
 // The walks from query block 0 (det_grid_order keeps ascending turns where they are many), counted
@@ -130,13 +161,16 @@ int walks_from_block0_of(const std::vector<BwdWalk> &w) {
 
 void random_masks(void **) {
     unsigned seed = 20261204u;
-    for (int i = 0; i < 600; ++i) {
+    for (int i = 0; i < 1500; ++i) {
         const Shape c = random_shape(&seed);
         const std::vector<BwdWalk> w = walks_of(c);
         assert_true(walks_cover_the_mask(c, w));
         assert_true(turns_complete(c, w));
-        assert_int_equal(bwd_walks_from_block0(c.kbn, kBm, c.sq, c.sk, c.off, c.left, c.right, c.nkb),
-                         walks_from_block0_of(w));
+        if (c.rotation == kWalkPlain) assert_true(ascending_turns_count_visitors(c, w));
+        const std::vector<BwdWalk> plain = walks_of(Shape{c.sq, c.sk, c.kbn, c.nkb, c.off, c.left, c.right,
+                                                          kWalkPlain, c.sink_tokens});
+        assert_int_equal(bwd_walks_from_block0(c.kbn, kBm, c.sq, c.sk, c.off, c.left, c.right, c.nkb, c.sink_tokens),
+                         walks_from_block0_of(plain));
     }
 }
 

@@ -307,12 +307,8 @@ struct BwdStep {
 };
 
 // Deterministic mode: the counter of a step's (query head, query block) and the count of key blocks
-// that add to its dQ before this one. The key blocks that see query block [m0, m0 + kBM) are
-// contiguous (every key block's visible rows form an interval that moves forward with the block),
-// from the one holding key m0 + off - left (mask.cuh's rule for the block's first row), except
-// that the sink blocks 0 .. nsb - 1 (sink tokens) walk to the sequence's end and see it too: key
-// block nb >= nsb has the sink blocks and its window's blocks from nb_first before it, nb - gap
-// with gap = max(0, nb_first - nsb) (the blocks between them do not visit); a sink block, nb.
+// that add to its dQ before this one (host/bwd_args.h ascending_turn: the block holding key
+// m0 + off - left, mask.cuh's rule for the query block's first row, and the sink blocks).
 struct BwdTurn {
     int *sem;
     int before;
@@ -323,7 +319,7 @@ __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlockArg
     const int nb_first = first_key > 0 ? static_cast<int>(first_key / Tr::kBN) : 0;
     const int nsb = (p.sink_tokens + Tr::kBN - 1) / Tr::kBN;  // sink blocks (0 without sink tokens)
     int *sem = p.dq_sem + (static_cast<int64_t>(a.b) * p.heads_q + st.hq) * p.sem_blocks + st.m0 / Tr::kBM;
-    return BwdTurn{sem, nb < nsb ? nb : nb - max(0, nb_first - nsb)};
+    return BwdTurn{sem, ascending_turn(nb, nb_first, nsb)};
 }
 // The walk: query blocks m_first..m_last (first rows, kBM apart) of each query head of the group
 // in turn. A step's neighbours come from the step itself: the step index's division by the block

@@ -439,7 +439,7 @@ const Backend *fa3_backend() {
                                  fa3_execute, fa3_auto_pass_reason, fa3_backward_unsupported_reason,
                                  fa3_execute_backward, nullptr,
                                  kVariantTopLeft | kVariantSinkLogits | kVariantAlibi | kVariantSinkTokens | kVariantHeadDimV,
-                                 kVariantTopLeft | kVariantSinkLogits | kVariantAlibi};  // merges run on fa2's kernel (dispatch)
+                                 kVariantTopLeft | kVariantSinkLogits | kVariantAlibi | kVariantSinkTokens};  // merges run on fa2's kernel (dispatch)
     return &backend;
 }
 

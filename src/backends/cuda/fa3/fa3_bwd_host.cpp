@@ -92,7 +92,7 @@ int64_t walks_from_block0(const Problem &p, int kbn, int64_t key_blocks) {
     const MaskBounds m = mask_bounds(p);
     const int64_t off = p.top_left ? 0 : p.seqlen_k - p.seqlen_q;
     return bwd_walks_from_block0(kbn, kBwdBM, static_cast<int>(p.seqlen_q), static_cast<int>(p.seqlen_k), off, m.left,
-                                 m.right, static_cast<int>(key_blocks));
+                                 m.right, static_cast<int>(key_blocks), p.sink_tokens);
 }
 
 // The deterministic mode's grid order: its dQ adds take turns in a fixed order per query block

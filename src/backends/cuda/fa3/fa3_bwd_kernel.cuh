@@ -424,9 +424,11 @@ __device__ __forceinline__ void probs_and_grads_form(const BwdParams &p, const B
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int key = a.n0 + Tr::kKeyW * wg + 16 * warp + g + 8 * h;
-            // key j is visible to query i iff j - off - right <= i <= j - off + left (mask.cuh's rule)
+            // key j is visible to query i iff j - off - right <= i <= j - off + left (mask.cuh's rule);
+            // a sink key (j < sink_tokens) escapes the left window: to the last row
             lo[h] = max(key - a.off - p.right_i, 0) - st.m0;
-            hi[h] = key < a.sk ? min(key - a.off + p.left_i, a.sq - 1) - st.m0 : -1;
+            const int last = key < p.sink_tokens ? a.sq - 1 : min(key - a.off + p.left_i, a.sq - 1);
+            hi[h] = key < a.sk ? last - st.m0 : -1;
             if constexpr (kAlibi) al.base[h] = al.slope * static_cast<float>(c0 + st.m0 + a.off - key);
         }
     }
@@ -557,7 +559,8 @@ __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a
                                                                   4 * (st.m0 / kBwdBM - a.mb_first)))};
     const int64_t first_key = st.m0 + a.off - p.left;
     const int nb_first = first_key > 0 ? static_cast<int>(first_key / Tr::kBN) : 0;
-    return BwdTurn{sem, a.nb - nb_first};
+    const int nsb = (p.sink_tokens + Tr::kBN - 1) / Tr::kBN;  // sink blocks (0 without sink tokens)
+    return BwdTurn{sem, ascending_turn(a.nb, nb_first, nsb)};
 }
 
 // acc = dS K_page for the step's 64 queries and one 64-column page of K (64 keys from s_kp: the
@@ -922,7 +925,8 @@ __device__ __forceinline__ BwdWalk key_walk(const BwdParams &p, const BwdBlock &
     const int rotation = p.grid_order == kKeysRotated              ? kWalkRotated
                          : kDet && p.grid_order == kKeysStaggered ? kWalkStaggered
                                                                    : kWalkPlain;
-    return bwd_walk(nb, Tr::kBN, kBwdBM, a.sq, a.sk, a.off, p.left, p.right, bwd_key_blocks<Tr>(p), rotation);
+    return bwd_walk(nb, Tr::kBN, kBwdBM, a.sq, a.sk, a.off, p.left, p.right, bwd_key_blocks<Tr>(p), rotation,
+                    p.sink_tokens);
 }
 // The CTA's own walk into a (false: no query block sees its keys).
 template <class Tr, bool kDet = true>

@@ -23,16 +23,16 @@ struct BwdWalk {
 // Key block nb (keys nb kbn .. min((nb + 1) kbn, sk) - 1) of a sequence with sq queries and sk keys:
 // key j is visible to row i iff i + off - left <= j <= i + off + right (device/mask.cuh), so the rows
 // that see one of its keys are [n0 - off - right, n_hi - off + left] within [0, sq), in blocks of
-// bm rows. The walk starts at bwd_rotation (nkb: the grid's key blocks per pair) for kWalkRotated,
+// bm rows; a block holding sink keys (j < sink_tokens escapes the left window) to row sq - 1. The walk starts at bwd_rotation (nkb: the grid's key blocks per pair) for kWalkRotated,
 // and for kWalkStaggered when it starts at query block 0 (a mask's other walks start at their own
 // diagonal; those from block 0, e.g. the keys every query row sees when sk > sq, would otherwise
 // all reach the same query block at every step).
 enum BwdWalkRotation : int { kWalkPlain = 0, kWalkRotated = 1, kWalkStaggered = 2 };
 constexpr BwdWalk bwd_walk(int nb, int kbn, int bm, int sq, int sk, int64_t off, int64_t left, int64_t right,
-                           int nkb, int rotation) {
+                           int nkb, int rotation, int64_t sink_tokens = 0) {
     const int64_t n0 = static_cast<int64_t>(nb) * kbn;
     const int64_t n_hi = (n0 + kbn < sk ? n0 + kbn : sk) - 1;
-    const int64_t lo_raw = n0 - off - right, hi_raw = n_hi - off + left;
+    const int64_t lo_raw = n0 - off - right, hi_raw = n0 < sink_tokens ? sq - 1 : n_hi - off + left;
     const int64_t lo = lo_raw > 0 ? lo_raw : 0, hi = hi_raw < sq - 1 ? hi_raw : sq - 1;
     if (lo > hi) return BwdWalk{0, 0, 0};
     const int first = static_cast<int>(lo / bm), count = static_cast<int>(hi / bm) - first + 1;
@@ -44,10 +44,10 @@ constexpr BwdWalk bwd_walk(int nb, int kbn, int bm, int sq, int sk, int64_t off,
 // under causal when sk > sq): their walks reach the same query blocks at the same steps unless
 // rotated, so in the deterministic mode their adds queue up. Loops over the sequence's key blocks.
 constexpr int bwd_walks_from_block0(int kbn, int bm, int sq, int sk, int64_t off, int64_t left, int64_t right,
-                                    int nkb) {
+                                    int nkb, int64_t sink_tokens = 0) {
     int n = 0;
     for (int nb = 0; static_cast<int64_t>(nb) * kbn < sk; ++nb) {
-        const BwdWalk w = bwd_walk(nb, kbn, bm, sq, sk, off, left, right, nkb, false);
+        const BwdWalk w = bwd_walk(nb, kbn, bm, sq, sk, off, left, right, nkb, kWalkPlain, sink_tokens);
         n += w.count > 0 && w.first == 0 ? 1 : 0;
     }
     return n;

@@ -1,11 +1,7 @@
 #include "backends/cuda/host/bwd_args.h"
 
 #include <cstddef>
-#include <string>
 
-#include <cuda_runtime_api.h>
-
-#include "backends/cuda/host/cuda_host.h"
 #include "base/workspace.h"
 #include "problem/problem.h"
 
@@ -56,14 +52,6 @@ void fill_backward_args(const Problem &p, const Tensors &t, const WorkspaceLayou
         out->dq_sem = ws.at<int32_t>(t.workspace, slices.dq_sem);
         out->sem_blocks = slices.sem_blocks;
     }
-}
-
-flashattn_status_t zero_sink_gradient(const Problem &p, const Tensors &t, const char *what) {
-    if (t.dsink_logits == nullptr || p.heads_q == 0) return FLASHATTN_SUCCESS;
-    const cudaError_t err = cudaMemsetAsync(t.dsink_logits, 0, static_cast<size_t>(p.heads_q) * sizeof(float),
-                                            reinterpret_cast<cudaStream_t>(t.stream));
-    return err == cudaSuccess ? FLASHATTN_SUCCESS
-                              : cuda_fail(err, (std::string(what) + " backward: zeroing dsink_logits").c_str());
 }
 
 }  // namespace flashattn

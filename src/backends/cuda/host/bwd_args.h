@@ -8,7 +8,6 @@
 #include <cstdint>
 
 #include "backends/cuda/host/tensor_args.h"
-#include "flashattn/flashattn.h"
 
 namespace flashattn {
 
@@ -39,6 +38,17 @@ struct BwdTensorArgs : TensorArgs {
     float *dsink_logits = nullptr;  // sink logits' gradient [heads_q] (TensorArgs::sink_logits set)
 };
 
+// The deterministic mode's ascending turns (FA2; FA3's heads-fastest grid): key block nb, which
+// visits query block q, adds into q's dQ after every lower key block that visits q. Those are
+// contiguous from nb_first (the block holding key q_first_row + off - left: every key block's
+// visible rows form an interval that moves forward with the block), except that the nsb sink
+// blocks (sink tokens: ceil(sink_tokens / block keys); they escape the left window and walk to
+// the sequence's end) visit every query block at or past their first: so nb after the sink
+// blocks has nb - max(0, nb_first - nsb) before it, a sink block nb.
+constexpr int ascending_turn(int nb, int nb_first, int nsb) {
+    return nb < nsb ? nb : nb - (nb_first > nsb ? nb_first - nsb : 0);
+}
+
 // The backward's workspace slices (indices into the plan's WorkspaceLayout, -1 when absent), as
 // decided at finalize. Every generation's BwdPlan extends it.
 struct BwdSlices {
@@ -67,10 +77,5 @@ int64_t dq_frag_rows(const Problem &p);
 // the scale and the mode. The generation's own fields are left to the caller.
 void fill_backward_args(const Problem &p, const Tensors &t, const WorkspaceLayout &ws, const BwdSlices &slices,
                         BwdTensorArgs *out);
-
-// The sink logits' gradient of a call without query rows (no sequence, or none with a row): zeros
-// on the call's stream; nothing without FLASHATTN_ARG_DSINK_LOGITS. `what` names the generation
-// in the error message.
-flashattn_status_t zero_sink_gradient(const Problem &p, const Tensors &t, const char *what);
 
 }  // namespace flashattn

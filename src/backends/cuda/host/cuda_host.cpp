@@ -125,4 +125,12 @@ bool knob_off(const char *name) {
     return env != nullptr && std::strcmp(env, "0") == 0;
 }
 
+flashattn_status_t zero_sink_gradient(const Problem &p, const Tensors &t, const char *what) {
+    if (t.dsink_logits == nullptr || p.heads_q == 0) return FLASHATTN_SUCCESS;
+    const cudaError_t err = cudaMemsetAsync(t.dsink_logits, 0, static_cast<size_t>(p.heads_q) * sizeof(float),
+                                            reinterpret_cast<cudaStream_t>(t.stream));
+    return err == cudaSuccess ? FLASHATTN_SUCCESS
+                              : cuda_fail(err, (std::string(what) + " backward: zeroing dsink_logits").c_str());
+}
+
 }  // namespace flashattn

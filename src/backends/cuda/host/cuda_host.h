@@ -18,6 +18,11 @@ namespace flashattn {
 // 16-byte aligned. Names the argument on failure.
 flashattn_status_t check_device_tensors(const Problem &p, const Tensors &t);
 
+// The sink logits' gradient of a backward call without query rows (no sequence, or none with a
+// row): zeros on the call's stream; nothing without FLASHATTN_ARG_DSINK_LOGITS. `what` names the
+// generation in the error message.
+flashattn_status_t zero_sink_gradient(const Problem &p, const Tensors &t, const char *what);
+
 // Makes `device` current on the calling thread for a GPU execute's launches and restores the
 // caller's current device when it goes out of scope (execute must not change the caller's state).
 // Runtime calls make the device's context current on their own; driver calls (FA3's
