@@ -422,11 +422,12 @@ flashattn_status_t fa3_execute_backward(const Problem &p, const BackendPlan &bas
     FLASHATTN_TRY(encode_map(3, &maps.q, el, no_q ? t.k : t.q, p, no_q ? p.k : p.q, no_q ? 1 : p.q_rows(),
                              no_q ? p.heads_kv : p.heads_q, fa3::kBwdBM, p.head_dim));
     FLASHATTN_TRY(encode_map(6, &maps.dout, el, no_q ? t.k : t.dout, p, no_q ? p.k : p.dout, no_q ? 1 : p.q_rows(),
-                             no_q ? p.heads_kv : p.heads_q, fa3::kBwdBM, p.head_dim));
+                             no_q ? p.heads_kv : p.heads_q, fa3::kBwdBM, no_q ? p.head_dim : p.head_dim_v));
     FLASHATTN_TRY(encode_map(4, &maps.k, el, no_k ? t.q : t.k, p, no_k ? p.q : p.k, no_k ? 1 : p.k_rows(),
                              no_k ? p.heads_q : p.heads_kv, fa3::bwd_block_n(plan.backward.head_dim), p.head_dim));
     FLASHATTN_TRY(encode_map(5, &maps.v, el, no_k ? t.q : t.v, p, no_k ? p.q : p.v, no_k ? 1 : p.k_rows(),
-                             no_k ? p.heads_q : p.heads_kv, fa3::bwd_block_n(plan.backward.head_dim), p.head_dim));
+                             no_k ? p.heads_q : p.heads_kv, fa3::bwd_block_n(plan.backward.head_dim),
+                             no_k ? p.head_dim : p.head_dim_v));
     return fa3::run_backward(p, plan.backward, plan.backward_workspace, t, maps);
 }
 
@@ -439,7 +440,7 @@ const Backend *fa3_backend() {
                                  fa3_execute, fa3_auto_pass_reason, fa3_backward_unsupported_reason,
                                  fa3_execute_backward, nullptr,
                                  kVariantTopLeft | kVariantSinkLogits | kVariantAlibi | kVariantSinkTokens | kVariantHeadDimV,
-                                 kVariantTopLeft | kVariantSinkLogits | kVariantAlibi | kVariantSinkTokens};  // merges run on fa2's kernel (dispatch)
+                                 kVariantTopLeft | kVariantSinkLogits | kVariantAlibi | kVariantSinkTokens | kVariantHeadDimV};  // merges run on fa2's kernel (dispatch)
     return &backend;
 }
 

@@ -45,6 +45,9 @@ const BwdHeadDim &compiled_for(int64_t d) {
     return kBwdHeadDims[sizeof kBwdHeadDims / sizeof kBwdHeadDims[0] - 1];
 }
 
+// head_dim_v != head_dim runs on the kernel of the wider one (fa3_bwd_kernel.cuh).
+int64_t kernel_head_dim(const Problem &p) { return p.head_dim > p.head_dim_v ? p.head_dim : p.head_dim_v; }
+
 }  // namespace
 
 std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
@@ -54,9 +57,9 @@ std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev)
     const char *knob = std::getenv("FLASHATTN_FA3_BACKWARD");
     if (knob != nullptr && std::string(knob) == "off")
         return "the fa3 backward pass is turned off (FLASHATTN_FA3_BACKWARD=off)";
-    const int kd = compiled_for(p.head_dim).head_dim;
+    const int kd = compiled_for(kernel_head_dim(p)).head_dim;
     if (!bwd_compiled(kd))
-        return "the fa3 backward pass has no kernel for head dim " + std::to_string(p.head_dim);
+        return "the fa3 backward pass has no kernel for head dim " + std::to_string(kernel_head_dim(p));
     if (p.heads_q > 65535 || p.batch > 65535)
         return "the fa3 backward pass supports at most 65535 heads and 65535 sequences";
     if (p.heads_kv * p.batch * ceil_div(p.seqlen_k, bwd_block_n(kd)) > kMaxGridX)
@@ -76,7 +79,7 @@ std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev)
 // performance.md "stop 26, lead", calls 4-5); at 4k 1.23-1.36x at d 64, 1.18-1.41x at d 128, d 256
 // 1.25x non-causal and 0.97x causal; at 8k 1.17-1.26x at d 64, 0.93-0.98x at d 128, 1.00x at d 256
 // (stop 30, call 5). Longer keys keep heads fastest.
-int64_t rotated_order_max_keys(const Problem &p) { return compiled_for(p.head_dim).head_dim == 64 ? 8192 : 4096; }
+int64_t rotated_order_max_keys(const Problem &p) { return compiled_for(kernel_head_dim(p)).head_dim == 64 ? 8192 : 4096; }
 
 // The default mode's grid order. FLASHATTN_FA3_BWD_ORDER=0/1/2 forces one (a developer's knob for
 // A/B runs). Read at finalize.
@@ -112,7 +115,7 @@ int64_t walks_from_block0(const Problem &p, int kbn, int64_t key_blocks) {
 int det_grid_order(const Problem &p, int sm_count) {
     const char *knob = std::getenv("FLASHATTN_FA3_BWD_DET_ORDER");
     if (knob != nullptr && std::string(knob) == "0") return kHeadsFastest;
-    const int kbn = bwd_block_n(compiled_for(p.head_dim).head_dim);
+    const int kbn = bwd_block_n(compiled_for(kernel_head_dim(p)).head_dim);
     const int64_t key_blocks = ceil_div(p.seqlen_k, kbn);
     const bool fits = key_blocks <= sm_count && ceil_div(p.seqlen_q, kBwdBM) <= kBwdTurnTableMax;
     if (!fits) return kHeadsFastest;
@@ -127,9 +130,9 @@ int det_grid_order(const Problem &p, int sm_count) {
 
 BwdPlan plan_backward(const Problem &p, int sm_count, WorkspaceLayout *ws) {
     BwdPlan plan;
-    plan.head_dim = compiled_for(p.head_dim).head_dim;
+    plan.head_dim = compiled_for(kernel_head_dim(p)).head_dim;
     plan.grid_order = p.deterministic ? det_grid_order(p, sm_count) : default_grid_order(p);
-    plan.launch = compiled_for(p.head_dim).launch;
+    plan.launch = compiled_for(kernel_head_dim(p)).launch;
     static_cast<BwdSlices &>(plan) =
         add_backward_slices(p, ceil_div(p.seqlen_q, kBwdBM),
                             {"fa3 backward dQ order counters", "fa3 backward dO.O row sums", "fa3 backward dQ accumulator"},

@@ -28,6 +28,9 @@
 //                                              fragment order, device/dq_accum.cuh, whose
 //                                              stores have no bank conflicts); default mode at
 //                                              head dim 64: vector reductions from registers
+// head_dim_v != head_dim: the kernel of the wider head dim; TMA loads each tensor over its own
+// width (zeros past it), so the GEMMs over the padded width add nothing there, and dK, dQ are
+// stored over head_dim, dV over head_dim_v.
 // At the end dK * scale and dV are stored (zeros for keys no query sees). The dQ scale is the
 // convert kernel's (device/bwd_prep.cuh). GQA needs no dK/dV reduction across CTAs: the CTA walks
 // its whole query-head group.
@@ -877,10 +880,11 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams &p, const BwdBlock &
 #pragma unroll
         for (int j = 0; j < Tr::kDW / 8; ++j) {
             const int c = 8 * j;
-            if (col0 + c >= p.head_dim) continue;
-            *reinterpret_cast<uint32_t *>(kr + c) =
-                cuda::pack2<E>(dK[4 * j + 2 * h] * p.scale, dK[4 * j + 2 * h + 1] * p.scale);
-            *reinterpret_cast<uint32_t *>(vr + c) = cuda::pack2<E>(dV[4 * j + 2 * h], dV[4 * j + 2 * h + 1]);
+            if (col0 + c < p.head_dim)
+                *reinterpret_cast<uint32_t *>(kr + c) =
+                    cuda::pack2<E>(dK[4 * j + 2 * h] * p.scale, dK[4 * j + 2 * h + 1] * p.scale);
+            if (col0 + c < p.head_dim_v)
+                *reinterpret_cast<uint32_t *>(vr + c) = cuda::pack2<E>(dV[4 * j + 2 * h], dV[4 * j + 2 * h + 1]);
         }
     }
 }
