@@ -21,6 +21,7 @@
  * variant; on fa2 and fa3 fp16/bf16 shapes over several key tiles with top-left alignment, sink
  * logits, ALiBi, sink tokens and head_dim_v != head_dim, at head dims 16-256 (both backward
  * passes run every variant). */
+#define _POSIX_C_SOURCE 200112L /* setenv */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -881,6 +882,7 @@ static const vcase gpu_gradient_grid[] = {
 
 int main(void) {
     if (TEST_BACKEND != FLASHATTN_BACKEND_CPU) test_skip_without_gpu();
+    setenv("FLASHATTN_GPU_BWD_VARIANTS", "1", 0); /* the GPU backward variants not yet cleared by default */
     uint64_t seed = 0x19a11b1;
     const char *env = getenv("FLASHATTN_TEST_SEED");
     if (env) seed = strtoull(env, NULL, 0);
