@@ -46,19 +46,6 @@ std::string serving_unsupported(const Backend &b, const Problem &problem) {
     return std::string();
 }
 
-// The GPU backward passes' variants that were built without a GPU to run them on (stop 35: FA2
-// ALiBi, sink tokens, head_dim_v != head_dim; FA3 all five): refused as before unless
-// FLASHATTN_GPU_BWD_VARIANTS=1 (the GPU tests set it), until a GPU run of the tests and
-// sanitizers clears them. Read at finalize.
-unsigned ungated_backward_variants(flashattn_backend_t id) {
-    const char *env = std::getenv("FLASHATTN_GPU_BWD_VARIANTS");
-    if (env != nullptr && std::string(env) == "1") return 0u;
-    if (id == FLASHATTN_BACKEND_FA2) return kVariantAlibi | kVariantSinkTokens | kVariantHeadDimV;
-    if (id == FLASHATTN_BACKEND_FA3)
-        return kVariantTopLeft | kVariantSinkLogits | kVariantAlibi | kVariantSinkTokens | kVariantHeadDimV;
-    return 0u;
-}
-
 // Each compiled backend's backward support for the problem (unsupported: why not).
 void backward_candidates(const Problem &problem, const DeviceInfo &dev, Candidate candidates[5]) {
     for (flashattn_backend_t id : {FLASHATTN_BACKEND_CPU, FLASHATTN_BACKEND_FA1, FLASHATTN_BACKEND_FA2, FLASHATTN_BACKEND_FA3}) {
@@ -79,7 +66,7 @@ void backward_candidates(const Problem &problem, const DeviceInfo &dev, Candidat
             candidates[id].unsupported = b->backward_unsupported_reason(problem, dev);
         if (candidates[id].unsupported.empty())
             candidates[id].unsupported =
-                variant_reason(problem, *b, b->backward_variants & ~ungated_backward_variants(id), "backward pass");
+                variant_reason(problem, *b, b->backward_variants, "backward pass");
     }
 }
 

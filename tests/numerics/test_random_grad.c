@@ -1140,7 +1140,6 @@ static int env_int(const char *name, int fallback) {
 }
 
 int main(void) {
-    setenv("FLASHATTN_GPU_BWD_VARIANTS", "1", 0); /* the GPU backward variants not yet cleared by default */
     const int reduced = test_reduced_grid();
     const int only = env_int("FLASHATTN_TEST_MIX_ONLY", -1);
     int cases = env_int("FLASHATTN_TEST_MIX_CASES", DEFAULT_CASES), i;

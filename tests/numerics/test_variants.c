@@ -882,7 +882,6 @@ static const vcase gpu_gradient_grid[] = {
 
 int main(void) {
     if (TEST_BACKEND != FLASHATTN_BACKEND_CPU) test_skip_without_gpu();
-    setenv("FLASHATTN_GPU_BWD_VARIANTS", "1", 0); /* the GPU backward variants not yet cleared by default */
     uint64_t seed = 0x19a11b1;
     const char *env = getenv("FLASHATTN_TEST_SEED");
     if (env) seed = strtoull(env, NULL, 0);
