@@ -78,7 +78,11 @@ std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev)
 // on the H200: at 2k keys 1.04-1.28x at d 64 / 128 and 1.33-1.51x at d 256 (stop 26,
 // performance.md "stop 26, lead", calls 4-5); at 4k 1.23-1.36x at d 64, 1.18-1.41x at d 128, d 256
 // 1.25x non-causal and 0.97x causal; at 8k 1.17-1.26x at d 64, 0.93-0.98x at d 128, 1.00x at d 256
-// (stop 30, call 5). Longer keys keep heads fastest.
+// (stop 30, call 5). Longer keys keep heads fastest under a mask. Without one, keys rotated at any
+// length: on the H200 (stop 30) level with heads fastest at 8k (d 128 0.98-1.00x, d 256 1.00x),
+// on an H100 80GB (stop 36, two calls) 1.65-1.90x at 8k d 128 / 256, 1.01-1.15x at 16k, where
+// heads fastest falls to 0.53-0.57x torch-flash at d 256 8k. Under a causal mask the two GPUs
+// disagree at 8k d 128 (H200 0.93x, H100 1.19x), so the H200's measured rule stays.
 int64_t rotated_order_max_keys(const Problem &p) { return compiled_for(kernel_head_dim(p)).head_dim == 64 ? 8192 : 4096; }
 
 // The default mode's grid order. FLASHATTN_FA3_BWD_ORDER=0/1/2 forces one (a developer's knob for
@@ -87,6 +91,7 @@ int default_grid_order(const Problem &p) {
     const char *knob = std::getenv("FLASHATTN_FA3_BWD_ORDER");
     if (knob != nullptr && (std::string(knob) == "0" || std::string(knob) == "1" || std::string(knob) == "2"))
         return knob[0] - '0';
+    if (!p.has_mask()) return kKeysRotated;
     return p.seqlen_k <= rotated_order_max_keys(p) ? kKeysRotated : kHeadsFastest;
 }
 
