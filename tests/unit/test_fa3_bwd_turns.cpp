@@ -3,9 +3,11 @@
 // query blocks that see one of its keys under the mask rule, visits each once, and the turns
 // (bwd_turn) let every key block of a pair add into every query block of its walk, each query
 // block's adds in a fixed order, without a deadlock; and the ascending turns of the heads-fastest
-// grid and of FA2 (host/bwd_args.h ascending_turn) count exactly the lower key blocks that visit.
+// grid and of FA2 (host/bwd_args.h ascending_turn) count exactly the lower key blocks that visit,
+// FA2's walks (ascending_walk_rows) on each of its tiles included.
 // Sink tokens included (their blocks escape the left window). A wrong count hangs the kernel (a
 // turn that never comes) or breaks its determinism.
+#include <algorithm>
 #include <cstdarg>
 #include <cstddef>
 #include <csetjmp>
@@ -175,6 +177,52 @@ void random_masks(void **) {
     }
 }
 
+// FA2's walks (the kernel's rows from host/bwd_args.h ascending_walk_rows) on each of its tiles
+// (fa2_bwd_params.h: bm x bn 128 x 128, 64 x 128, 64 x 64, 32 x 32): query block q is in key
+// block n's walk iff one of its rows sees one of the block's keys, and the deterministic turn
+// (ascending_turn from turn_first_block) counts the lower key blocks whose walks hold q.
+bool fa2_walks_and_turns(const Shape &c, int bm, int bn) {
+    const int blocks = (c.sk + bn - 1) / bn, qblocks = (c.sq + bm - 1) / bm;
+    const int nsb = static_cast<int>((c.sink_tokens + bn - 1) / bn);
+    std::vector<int> before(static_cast<size_t>(qblocks), 0);
+    for (int n = 0; n < blocks; ++n) {
+        const int64_t n0 = static_cast<int64_t>(n) * bn, n_hi = std::min<int64_t>(n0 + bn, c.sk) - 1;
+        const flashattn::BwdRowRange r = flashattn::ascending_walk_rows(n0, n_hi, c.sq, c.off, c.left, c.right,
+                                                                        c.sink_tokens);
+        for (int q = 0; q < qblocks; ++q) {
+            bool sees = false;
+            for (int i = q * bm; i < c.sq && i < (q + 1) * bm && !sees; ++i)
+                for (int64_t j = n0; j <= n_hi && !sees; ++j)
+                    sees = (i + c.off - c.left <= j || j < c.sink_tokens) && j <= i + c.off + c.right;
+            const bool walked = r.lo <= r.hi && q >= r.lo / bm && q <= r.hi / bm;
+            const int turn = ascending_turn(n, flashattn::turn_first_block(static_cast<int64_t>(q) * bm, c.off,
+                                                                           c.left, bn), nsb);
+            if (walked != sees || (walked && turn != before[static_cast<size_t>(q)])) {
+                print_error("fa2 %dx%d sq %d sk %d off %lld left %lld right %lld sinks %lld: key block %d, query "
+                            "block %d: walked %d, sees %d, turn %d, %d visitors before it\n", bm, bn, c.sq, c.sk,
+                            static_cast<long long>(c.off), static_cast<long long>(c.left),
+                            static_cast<long long>(c.right), static_cast<long long>(c.sink_tokens), n, q, walked,
+                            sees, turn, before[static_cast<size_t>(q)]);
+                return false;
+            }
+            before[static_cast<size_t>(q)] += walked ? 1 : 0;
+        }
+    }
+    return true;
+}
+
+void fa2_tiles(void **) {
+    const int tiles[][2] = {{128, 128}, {64, 128}, {64, 64}, {32, 32}};
+    unsigned seed = 20261205u;
+    for (int i = 0; i < 600; ++i) {
+        Shape c = random_shape(&seed);
+        c.sq = 1 + c.sq % 400;  // the brute-force visibility check is O(sq * sk)
+        c.sk = 1 + c.sk % 400;
+        if (c.off != 0) c.off = c.sk - c.sq;
+        for (const auto &t : tiles) assert_true(fa2_walks_and_turns(c, t[0], t[1]));
+    }
+}
+
 // Causal bottom-right: only key block 0 walks from query block 0 when seqlen_q = seqlen_k; with
 // 1000 queries over 4000 keys every key up to 3063 is seen by row 0's block: 24 of 32 blocks.
 void walks_from_block0_causal(void **) {
@@ -201,6 +249,7 @@ int main(void) {
         cmocka_unit_test(random_masks),
         cmocka_unit_test(large_pairs),
         cmocka_unit_test(walks_from_block0_causal),
+        cmocka_unit_test(fa2_tiles),
     };
     return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

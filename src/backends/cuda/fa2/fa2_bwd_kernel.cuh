@@ -315,8 +315,7 @@ struct BwdTurn {
 };
 template <class Tr>
 __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlockArgs &a, BwdStep st, int nb) {
-    const int64_t first_key = st.m0 + a.off - p.left;
-    const int nb_first = first_key > 0 ? static_cast<int>(first_key / Tr::kBN) : 0;
+    const int nb_first = turn_first_block(st.m0, a.off, p.left, Tr::kBN);
     const int nsb = (p.sink_tokens + Tr::kBN - 1) / Tr::kBN;  // sink blocks (0 without sink tokens)
     int *sem = p.dq_sem + (static_cast<int64_t>(a.b) * p.heads_q + st.hq) * p.sem_blocks + st.m0 / Tr::kBM;
     return BwdTurn{sem, ascending_turn(nb, nb_first, nsb)};
@@ -524,13 +523,10 @@ __device__ __forceinline__ void bwd_key_block(const BwdParams &p, BwdBlockArgs &
 #pragma unroll
                 for (int e = 0; e < 4; ++e) dK[mt][j][n][e] = dV[mt][j][n][e] = 0.f;
 
-    // Query rows that see any key of [n0, n_hi]: key j is visible to row i iff
-    // i + off - left <= j <= i + off + right (mask.cuh), so i in [n0 - off - right, n_hi - off + left].
-    const int64_t n_hi = min(a.n0 + Tr::kBN, a.sk) - 1;
-    const int64_t i_lo = max(int64_t(0), a.n0 - a.off - p.right);
-    // A sink block's sink keys escape the left window: its walk runs to the sequence's last row.
-    const int64_t i_hi = sink_block(p, a.n0) ? static_cast<int64_t>(a.sq) - 1
-                                             : min(static_cast<int64_t>(a.sq) - 1, n_hi - a.off + p.left);
+    // Query rows that see any key of [n0, n_hi] (a sink block's: to the sequence's last row).
+    const BwdRowRange rows_seen =
+        ascending_walk_rows(a.n0, min(a.n0 + Tr::kBN, a.sk) - 1, a.sq, a.off, p.left, p.right, p.sink_tokens);
+    const int64_t i_lo = rows_seen.lo, i_hi = rows_seen.hi;
     if (i_lo <= i_hi) {
         __syncthreads();  // a previous key block of this CTA is done with K, V, Q, dO
         const int64_t k_row0 = varlen ? cuda::seq_info(p, a.b).k_row0 : 0;

@@ -5,6 +5,7 @@
 // shared by host and device code (the .cpp half is host only).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "backends/cuda/host/tensor_args.h"
@@ -47,6 +48,28 @@ struct BwdTensorArgs : TensorArgs {
 // blocks has nb - max(0, nb_first - nsb) before it, a sink block nb.
 constexpr int ascending_turn(int nb, int nb_first, int nsb) {
     return nb < nsb ? nb : nb - (nb_first > nsb ? nb_first - nsb : 0);
+}
+
+// The query rows an ascending walk (FA2's; FA3's heads-fastest) visits for the key block of keys
+// n0..n_hi: row i sees key j iff i + off - left <= j <= i + off + right (mask.cuh), so i in
+// [n0 - off - right, n_hi - off + left] clipped to the sequence; a block holding sink keys (they
+// escape the left window) runs to the last row. Empty when lo > hi. The kernel and
+// test_fa3_bwd_turns both read it.
+struct BwdRowRange {
+    int64_t lo, hi;
+};
+constexpr BwdRowRange ascending_walk_rows(int n0, int64_t n_hi, int sq, int off, int64_t left, int64_t right,
+                                          int sink_tokens) {
+    return BwdRowRange{std::max(int64_t(0), n0 - off - right),
+                       n0 < sink_tokens ? static_cast<int64_t>(sq) - 1
+                                        : std::min(static_cast<int64_t>(sq) - 1, n_hi - off + left)};
+}
+
+// ascending_turn's nb_first for the query block whose first row is m0: the block of kbn keys
+// holding that row's first visible key (m0 + off - left), 0 when the window reaches key 0.
+constexpr int turn_first_block(int m0, int off, int64_t left, int kbn) {
+    const int64_t first_key = m0 + off - left;
+    return first_key > 0 ? static_cast<int>(first_key / kbn) : 0;
 }
 
 // The backward's workspace slices (indices into the plan's WorkspaceLayout, -1 when absent), as
