@@ -766,8 +766,8 @@ FLASHATTN_API flashattn_status_t flashattn_plan_execute_args(const flashattn_pla
  * with flashattn_plan_execute_args() and flashattn_plan_execute_backward_args() (the 0.2 execute
  * functions refuse them with #FLASHATTN_ERROR_INVALID_ARGUMENT). With sink logits, a row that sees
  * no key gets O = 0 and LSE = its head's sink logit. Backends that cannot run a variant say so at
- * finalize, naming it (#FLASHATTN_BACKEND_AUTO falls back to one that can). Backward passes: cpu,
- * fa2 and fa3 run every variant; fa1 has no backward.
+ * finalize, naming it (#FLASHATTN_BACKEND_AUTO falls back to one that can). The backward passes
+ * of cpu, fa2 and fa3 run every variant; fa1 has none.
  * flashattn_plan_get_backward_backend() says which runs and, where none can, why.
  * @{
  */

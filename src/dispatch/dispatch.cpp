@@ -65,8 +65,7 @@ void backward_candidates(const Problem &problem, const DeviceInfo &dev, Candidat
         else
             candidates[id].unsupported = b->backward_unsupported_reason(problem, dev);
         if (candidates[id].unsupported.empty())
-            candidates[id].unsupported =
-                variant_reason(problem, *b, b->backward_variants, "backward pass");
+            candidates[id].unsupported = variant_reason(problem, *b, b->backward_variants, "backward pass");
     }
 }
 

@@ -21,7 +21,6 @@
  * variant; on fa2 and fa3 fp16/bf16 shapes over several key tiles with top-left alignment, sink
  * logits, ALiBi, sink tokens and head_dim_v != head_dim, at head dims 16-256 (both backward
  * passes run every variant). */
-#define _POSIX_C_SOURCE 200112L /* setenv */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
