@@ -26,8 +26,9 @@
 //                                              to the accumulator (the query block's rows are
 //                                              contiguous there; default mode: both in
 //                                              fragment order, device/dq_accum.cuh, whose
-//                                              stores have no bank conflicts); default mode at
-//                                              head dim 64: vector reductions from registers
+//                                              stores have no bank conflicts); the split
+//                                              layout (above 128): red.v4 from registers,
+//                                              fragment order in both modes
 // head_dim_v != head_dim: the kernel of the wider head dim; TMA loads each tensor over its own
 // width (zeros past it), so the GEMMs over the padded width add nothing there, and dK, dQ are
 // stored over head_dim, dV over head_dim_v.
@@ -647,8 +648,8 @@ __device__ __forceinline__ void store_dq_slot_page(const float (&acc)[32], int p
     }
 }
 
-// Where step st's dQ rows start in the fp32 accumulator in fragment order (default mode at head
-// dim 128: bwd_dq_frag) and how many bytes of them the bulk reduction adds: the query block's
+// Where step st's dQ rows start in the fp32 accumulator in fragment order (bwd_dq_frag: the
+// default mode's bulk tiles, the split layout's vector reductions) and how many bytes of them the bulk reduction adds: the query block's
 // rows are contiguous there, whole 16-row blocks, the last one's padding rows (past the sequence,
 // never converted) included.
 __device__ __forceinline__ float *dq_frag_rows(const BwdParams &p, const BwdBlock &a, BwdStep st) {
@@ -704,28 +705,29 @@ __device__ __forceinline__ void dkv_and_dq_bulk(const BwdParams &p, const BwdBlo
 
 // dQ += dS K_w from registers: vector reductions into the fp32 accumulator, one 64-column page
 // of the warpgroup's columns at a time (dq_page_gemm). The split layout in both modes (no room for
-// an fp32 tile; head dim 64's default mode used it until stop 29). kDet: the CTA's adds take the
-// key block's turn (turn_of): page 0's GEMM is issued first and runs (with dV and dK's) while
-// thread 0 polls for the turn; the CTA meets, every thread adds. Returns the turn's counter
-// (kDet, else nullptr), which thread 0 moves on only after the CTA's next barrier (release_turn):
-// the barrier orders every thread's adds before thread 0's release at GPU scope, so no thread
-// waits on a fence for its own adds (until stop 31 each did, then a CTA barrier, then the add:
-// an L2 round trip and a barrier inside every step).
+// an fp32 tile; head dim 64's default mode used it until stop 29). The accumulator is in fragment
+// order (bwd_dq_frag, device/dq_accum.cuh): the wgmma fragment of an 8-column block is the
+// layout's m16n8 fragment, so a lane's four floats are one red.v4 and a warp's instruction adds
+// 512 contiguous bytes (four whole lines); row-major red.v2 took eight 32-byte pieces of eight
+// rows, four times the L2 requests, and kept L2 84 % busy (stop 37's ncu, d 256, 4k). A warp's
+// 16-row band is added whole when it starts inside the sequence (its padding rows belong to no
+// other sequence and are never converted), skipped otherwise; 8-column blocks past
+// dq_frag_cols(head_dim) are skipped (those inside it add zeros: K's padded columns are zeros).
+// kDet: the CTA's adds take the key block's turn (turn_of): page 0's GEMM is issued first and runs
+// (with dV and dK's) while thread 0 polls for the turn; the CTA meets, every thread adds. Returns
+// the turn's counter (kDet, else nullptr), which thread 0 moves on only after the CTA's next
+// barrier (release_turn): the barrier orders every thread's adds before thread 0's release at GPU
+// scope, so no thread waits on a fence for its own adds (until stop 31 each did, then a CTA
+// barrier, then the add: an L2 round trip and a barrier inside every step).
 template <class Tr, class E, bool kDet>
 __device__ __forceinline__ int *accumulate_dq_red(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
                                                   uint32_t s_ds, uint32_t s_k) {
     static_assert(Tr::kSplit, "the other layouts have an fp32 dQ tile (bwd_bulk_dq)");
-    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
-    const int col0 = Tr::kSplit ? wg * Tr::kDW : 0;
-    float *rows[2];
-    bool row_ok[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int qpos = st.m0 + 16 * warp + g + 8 * h;
-        row_ok[h] = qpos < a.sq;
-        rows[h] = p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + (row_ok[h] ? qpos : 0)) *
-                                   p.head_dim + col0 + 2 * t;
-    }
+    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31;
+    const int col0 = wg * Tr::kDW, dcols = cuda::dq_frag_cols(p.head_dim);
+    const bool band_ok = st.m0 + 16 * warp < a.sq;
+    // the lane's four floats of the warpgroup's first 8-column block in the warp's band
+    float *band = dq_frag_rows(p, a, st) + static_cast<int64_t>(16 * warp) * dcols + col0 * 16 + 4 * lane;
     float acc[32];
     dq_page_issue<Tr, E>(acc, s_ds, s_k + (col0 / 64) * Tr::kKPage);
     BwdTurn turn{nullptr, 0};
@@ -742,13 +744,12 @@ __device__ __forceinline__ int *accumulate_dq_red(const BwdParams &p, const BwdB
 #pragma unroll
     for (int pg = 0; pg < Tr::kWPages; ++pg) {
         if (pg > 0) dq_page_gemm<Tr, E>(acc, s_ds, s_k + (col0 / 64 + pg) * Tr::kKPage);
+        if (!band_ok) continue;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            const int col = 64 * pg + 8 * j;  // + 2t: head_dim is a multiple of 8, the pair is in or out
-            if (col0 + col >= p.head_dim) continue;
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-                if (row_ok[h]) cuda::red_add_f32x2(rows[h] + col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            const int block = 8 * pg + j;  // the warpgroup's 8-column block
+            if (col0 + 8 * block >= dcols) continue;
+            cuda::red_add_f32x4(band + 128 * block, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
         }
     }
     return turn.sem;

@@ -87,10 +87,13 @@ constexpr bool bwd_bulk_dq(int kd) { return !bwd_split(kd); }
 constexpr bool bwd_dq_tiles(int kd) { return !bwd_split(kd); }
 // The dQ accumulator's layout: fragment order (device/dq_accum.cuh) where the default mode reduces
 // a shared tile (bwd_bulk_dq): the wgmma fragment stores into it without bank conflicts and a
-// query block stays one dense bulk reduction (fa3_bwd_kernel.cuh, dq_tile_to_smem); row-major
-// elsewhere (vector reductions from registers; the deterministic kernel's writer, whose
-// fragment-order addressing spilled on its 24 registers).
-constexpr bool bwd_dq_frag(int kd, bool deterministic) { return bwd_bulk_dq(kd) && !deterministic; }
+// query block stays one dense bulk reduction (fa3_bwd_kernel.cuh, dq_tile_to_smem); and in the
+// split layout (both modes), whose vector reductions from registers then add whole lines
+// (accumulate_dq_red); row-major in the deterministic kernel (its writer's fragment-order
+// addressing spilled on its 24 registers).
+constexpr bool bwd_dq_frag(int kd, bool deterministic) {
+    return bwd_split(kd) || (bwd_bulk_dq(kd) && !deterministic);
+}
 
 // K, V [block_n x kD], stages x (Q, dO) [kBwdBM x kD], 2 x a [64 x kBwdBM] page (dS^T of each
 // warpgroup; split: P^T and dS^T), all 16-bit; without the split, 2 x the fp32 dQ tile
