@@ -649,9 +649,9 @@ __device__ __forceinline__ void store_dq_slot_page(const float (&acc)[32], int p
 }
 
 // Where step st's dQ rows start in the fp32 accumulator in fragment order (bwd_dq_frag: the
-// default mode's bulk tiles, the split layout's vector reductions) and how many bytes of them the bulk reduction adds: the query block's
-// rows are contiguous there, whole 16-row blocks, the last one's padding rows (past the sequence,
-// never converted) included.
+// default mode's bulk tiles, the split layout's vector reductions) and how many bytes of them the
+// bulk reduction adds: the query block's rows are contiguous there, whole 16-row blocks, the last
+// one's padding rows (past the sequence, never converted) included.
 __device__ __forceinline__ float *dq_frag_rows(const BwdParams &p, const BwdBlock &a, BwdStep st) {
     return p.dq_accum +
            (static_cast<int64_t>(st.hq) * p.dq_rows + cuda::dq_frag_row0(a.q_row0, a.b) + st.m0) *
