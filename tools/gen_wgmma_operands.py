@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Writes src/backends/cuda/device/wgmma_operands.h: for every wgmma N (16..256, step 16) the
+"""Writes src/backends/cuda/device/wgmma_operands.h: for every wgmma N the kernels use (16..256,
+step 16, and 40: the FA3 backward's 80-key layout, two warpgroups of 40 keys each) the
 accumulator register list of the asm template ("{%0, ..., %k}"), the matching "+f" operand list
 and the names of the six operands that may follow them ("%N/2" ...). wgmma takes N/2 fp32 accumulators per thread as
 separate asm operands, which the C preprocessor cannot count; ptx_sm90.cuh builds the instructions
@@ -13,7 +14,7 @@ lines = [
     "#pragma once",
     "",
 ]
-for n in range(16, 257, 16):
+for n in sorted(set(range(16, 257, 16)) | {40}):
     regs = n // 2
     names = ", ".join(f"%{i}" for i in range(regs))
     ops = ", ".join(f'"+f"(d[{i}])' for i in range(regs))

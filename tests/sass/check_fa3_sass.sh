@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks the compiled FA3 kernels in libflashattn without running them (no GPU needed): every
 # fa3::fwd_kernel, fa3::bwd_kernel and fa3::bwd_det_kernel (the backward and its deterministic
-# kernel, issue 16; head dims 64, 128 and 256, each present) instantiation must be sm_90a code
+# kernel, issue 16; head dims 64, 128 and 256, each present), fa3::bwd_wide_kernel (the 80-key
+# layout at head dim 256) instantiation must be sm_90a code
 # whose SASS uses HGMMA (wgmma: the tensor-core path of Hopper, not HMMA/FFMA), every
 # fa3::fp8_fwd_kernel (the FP8 forward, issue 17) QGMMA with E4M3 operands (FP8 wgmma's SASS
 # name: QGMMA.64xNx32.F32.E4M3.E4M3), and none may have local-memory traffic (LDL/STL: register
@@ -16,7 +17,7 @@ report=$(awk '
   /arch = / { arch = $3 }
   /Function : / {
     fn = $3
-    if (fn ~ /fa310(fwd|bwd)_kernel|fa314(fp8_fwd|bwd_det)_kernel/) { kernels[fn] = arch; hgmma[fn] = 0; local[fn] = 0 }
+    if (fn ~ /fa310(fwd|bwd)_kernel|fa314(fp8_fwd|bwd_det)_kernel|fa315bwd_wide_kernel/) { kernels[fn] = arch; hgmma[fn] = 0; local[fn] = 0 }
     next
   }
   fn != "" && (fn in kernels) {
@@ -26,7 +27,7 @@ report=$(awk '
   END {
     for (k in kernels) printf "%s arch=%s hgmma=%d local=%d\n", k, kernels[k], hgmma[k], local[k]
   }' <<<"$sass")
-for role in 10fwd 10bwd 14fp8_fwd 14bwd_det; do
+for role in 10fwd 10bwd 14fp8_fwd 14bwd_det 15bwd_wide; do
   if ! grep -q "fa3${role}_kernel" <<<"$report"; then
     echo "no fa3 ${role} kernel found in $lib" >&2
     exit 1
@@ -60,6 +61,8 @@ done
 for d in 64 128 256; do
   expect 4 "backward kernels of head dim $d" "fa3(10bwd|14bwd_det)_kernelINS0_9BwdTraitsILi${d}EEE"
 done
+# The 80-key layout (fa3_bwd_wide.cuh): head dim 256's default mode, both element types.
+expect 2 "80-key backward kernels of head dim 256" "fa315bwd_wide_kernelINS0_13BwdWideTraitsILi256EEE"
 echo "$report"
 bad=$(awk '$2 != "arch=sm_90a" || $3 == "hgmma=0" || $4 != "local=0"' <<<"$report")
 if [ -n "$bad" ]; then

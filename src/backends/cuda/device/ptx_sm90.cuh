@@ -218,6 +218,30 @@ __device__ __forceinline__ void stmatrix_x4(const uint32_t (&r)[4], uint32_t add
 #endif
 }
 
+// The same with .trans: block i is stored transposed, so that the row whose address lane 8i + c
+// gives receives column c of the fragment's block (eight 16-bit values, one from each fragment
+// row): an accumulator tile [rows][cols] lands as [cols][rows] (the FA3 backward's P^T / dS^T).
+__device__ __forceinline__ void stmatrix_x4_trans(const uint32_t (&r)[4], uint32_t addr) {
+#if FLASHATTN_SM90_BODY
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r[0]),
+                 "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+#else
+    (void)r, (void)addr;
+    FLASHATTN_SM90A_TRAP();
+#endif
+}
+// Two blocks (lanes 0-15 give the row addresses; the others' are not read).
+__device__ __forceinline__ void stmatrix_x2_trans(uint32_t r0, uint32_t r1, uint32_t addr) {
+#if FLASHATTN_SM90_BODY
+    asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1,%2};\n" ::"r"(addr), "r"(r0), "r"(r1)
+                 : "memory");
+#else
+    (void)r0, (void)r1, (void)addr;
+    FLASHATTN_SM90A_TRAP();
+#endif
+}
+
 // Barrier `id` (1..15; 0 is __syncthreads') of `threads` threads, whole warps.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
@@ -369,6 +393,10 @@ FLASHATTN_WGMMA_BOTH_TYPES(128)
 FLASHATTN_WGMMA_BOTH_TYPES(176)
 FLASHATTN_WGMMA_BOTH_TYPES(192)
 FLASHATTN_WGMMA_BOTH_TYPES(256)
+// n40 for S = Q K^T and dP = dO V^T of the FA3 backward's 80-key layout (fa3_bwd_wide.cuh: each
+// warpgroup 40 of the CTA's keys).
+FLASHATTN_WGMMA_SS(40, cuda::Bf16, "bf16")
+FLASHATTN_WGMMA_SS(40, cuda::Fp16, "f16")
 // n16 for S = Q K^T alone: the FA3 sink kernel's sink tile (fa3_mainloop.cuh sink_tile_narrow).
 FLASHATTN_WGMMA_SS(16, cuda::Bf16, "bf16")
 FLASHATTN_WGMMA_SS(16, cuda::Fp16, "f16")

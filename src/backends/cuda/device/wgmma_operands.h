@@ -18,6 +18,14 @@
 #define FLASHATTN_WGMMA_N32_IN3 "%19"
 #define FLASHATTN_WGMMA_N32_IN4 "%20"
 #define FLASHATTN_WGMMA_N32_IN5 "%21"
+#define FLASHATTN_WGMMA_N40_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19}"
+#define FLASHATTN_WGMMA_N40_OPS(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19])
+#define FLASHATTN_WGMMA_N40_IN0 "%20"
+#define FLASHATTN_WGMMA_N40_IN1 "%21"
+#define FLASHATTN_WGMMA_N40_IN2 "%22"
+#define FLASHATTN_WGMMA_N40_IN3 "%23"
+#define FLASHATTN_WGMMA_N40_IN4 "%24"
+#define FLASHATTN_WGMMA_N40_IN5 "%25"
 #define FLASHATTN_WGMMA_N48_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}"
 #define FLASHATTN_WGMMA_N48_OPS(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
 #define FLASHATTN_WGMMA_N48_IN0 "%24"

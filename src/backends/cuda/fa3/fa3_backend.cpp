@@ -424,10 +424,9 @@ flashattn_status_t fa3_execute_backward(const Problem &p, const BackendPlan &bas
     FLASHATTN_TRY(encode_map(6, &maps.dout, el, no_q ? t.k : t.dout, p, no_q ? p.k : p.dout, no_q ? 1 : p.q_rows(),
                              no_q ? p.heads_kv : p.heads_q, fa3::kBwdBM, no_q ? p.head_dim : p.head_dim_v));
     FLASHATTN_TRY(encode_map(4, &maps.k, el, no_k ? t.q : t.k, p, no_k ? p.q : p.k, no_k ? 1 : p.k_rows(),
-                             no_k ? p.heads_q : p.heads_kv, fa3::bwd_block_n(plan.backward.head_dim), p.head_dim));
+                             no_k ? p.heads_q : p.heads_kv, plan.backward.block_n, p.head_dim));
     FLASHATTN_TRY(encode_map(5, &maps.v, el, no_k ? t.q : t.v, p, no_k ? p.q : p.v, no_k ? 1 : p.k_rows(),
-                             no_k ? p.heads_q : p.heads_kv, fa3::bwd_block_n(plan.backward.head_dim),
-                             no_k ? p.head_dim : p.head_dim_v));
+                             no_k ? p.heads_q : p.heads_kv, plan.backward.block_n, no_k ? p.head_dim : p.head_dim_v));
     return fa3::run_backward(p, plan.backward, plan.backward_workspace, t, maps);
 }
 

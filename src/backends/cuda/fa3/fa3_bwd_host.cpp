@@ -135,9 +135,20 @@ int det_grid_order(const Problem &p, int sm_count) {
                                                                                                 : kHeadsFastest;
 }
 
+// Whether the 80-key layout (fa3_bwd_wide.cuh) runs `p` on its compiled head dim kd: the split
+// layout's head dims in the default mode, without ALiBi (the deterministic mode's turns and ALiBi's
+// bias have forms in the split layout only). FLASHATTN_FA3_BWD_WIDE=0 keeps the split layout (a
+// developer's knob for A/B runs). Read at finalize.
+bool wide_layout(const Problem &p, int kd) {
+    const char *knob = std::getenv("FLASHATTN_FA3_BWD_WIDE");
+    if (knob != nullptr && std::string(knob) == "0") return false;
+    return bwd_split(kd) && !p.deterministic && !p.alibi;
+}
+
 BwdPlan plan_backward(const Problem &p, int sm_count, WorkspaceLayout *ws) {
     BwdPlan plan;
     plan.head_dim = compiled_for(kernel_head_dim(p)).head_dim;
+    plan.block_n = wide_layout(p, plan.head_dim) ? kBwdWideBN : bwd_block_n(plan.head_dim);
     plan.grid_order = p.deterministic ? det_grid_order(p, sm_count) : default_grid_order(p);
     plan.launch = compiled_for(kernel_head_dim(p)).launch;
     static_cast<BwdSlices &>(plan) =
@@ -158,6 +169,7 @@ flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const Wor
     BwdParams k;
     fill_backward_args(p, t, ws, plan, &k);
     k.grid_order = plan.grid_order;
+    k.block_n = plan.block_n;
 
     const bool bf16 = p.dtype == FLASHATTN_DTYPE_BF16;
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);

@@ -20,6 +20,7 @@ struct BwdPlan : BwdSlices {
     int head_dim = 0;    // the compiled head dim that runs the problem (fa3_head_dims.h)
     LaunchBwd launch = nullptr;
     int grid_order = 0;  // BwdGridOrder (fa3_bwd_params.h): default_grid_order / det_grid_order
+    int block_n = 0;     // keys per CTA: bwd_block_n(head_dim), or kBwdWideBN (wide_layout)
 };
 
 // Empty when the FA3 backward kernels can run `p` on `dev` (the forward's own conditions, TMA

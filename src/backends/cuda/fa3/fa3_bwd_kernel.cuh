@@ -1249,22 +1249,6 @@ cudaError_t launch_bwd_kernel(const BwdParams &p, const BwdMaps &maps, cudaStrea
     kernel<<<grid, kThreadsPerCta, kSmem, stream>>>(maps.q, maps.k, maps.v, maps.dout, p);
     return cudaSuccess;
 }
-template <int kD, class E>
-cudaError_t launch_bwd(const BwdParams &p, const BwdMaps &maps, cudaStream_t stream) {
-    return p.deterministic ? launch_bwd_kernel<kD, E, true>(p, maps, stream)
-                           : launch_bwd_kernel<kD, E, false>(p, maps, stream);
-}
-
-// Launcher body of one row of fa3_head_dims.h: both element types where a backward is compiled.
-template <int kD>
-cudaError_t launch_bwd_hdim(const BwdParams &p, const BwdMaps &maps, bool bf16, cudaStream_t s) {
-    if constexpr (bwd_compiled(kD)) {
-        return bf16 ? launch_bwd<kD, cuda::Bf16>(p, maps, s) : launch_bwd<kD, cuda::Fp16>(p, maps, s);
-    } else {
-        (void)p, (void)maps, (void)bf16, (void)s;
-        return cudaErrorInvalidValue;
-    }
-}
 
 }  // namespace fa3
 }  // namespace flashattn

@@ -39,6 +39,7 @@ enum BwdGridOrder : int32_t {
 // turns in deterministic mode: fa3_bwd_kernel.cuh).
 struct BwdParams : BwdTensorArgs {
     int32_t grid_order = kHeadsFastest;  // BwdGridOrder; deterministic mode: kHeadsFastest, kKeysRotated (no mask) or kKeysStaggered
+    int32_t block_n = 0;  // keys per CTA of the kernel finalize chose: bwd_block_n, or kBwdWideBN (fa3_bwd_wide.cuh)
 };
 
 // TMA descriptors: rank 4 {head_dim, rows, heads, batch} like the forward's, 64-column boxes of
@@ -105,6 +106,16 @@ constexpr int bwd_smem_bytes(int kd) {
 }
 static_assert(bwd_smem_bytes(64) <= 232448 && bwd_smem_bytes(128) <= 232448 && bwd_smem_bytes(256) <= 232448,
               "the backward tile exceeds 227 KB");
+
+// The 80-key layout (fa3_bwd_wide.cuh; since stop 39): the split layout's head dims (136..256) in
+// the default mode, FlashAttention-3's d 256 tile: 80 keys per CTA (40 per consumer warpgroup in S
+// and dP), dK and dV accumulated transposed (M = head dim), one dO buffer, two Q stages, P^T and
+// dS^T pages double-buffered. A fifth fewer Q / dO loads and dQ adds per FLOP than 64 keys.
+constexpr int kBwdWideBN = 80;
+constexpr int bwd_wide_smem_bytes(int kd) {
+    return 2 * kBwdWideBN * kd * 2 + 3 * kBwdBM * kd * 2 + 4 * kBwdWideBN * kBwdBM * 2 + 128 + 1024;
+}
+static_assert(bwd_wide_smem_bytes(256) <= 232448, "the 80-key tile exceeds 227 KB");
 
 // One launcher per row of fa3_head_dims.h (generated fa3_bwd_hdimD.cu): the main kernel, or
 // cudaErrorInvalidValue for a head dim without one (the host never asks for it).
