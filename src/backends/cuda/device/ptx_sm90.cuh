@@ -404,6 +404,40 @@ FLASHATTN_WGMMA_SS(16, cuda::Fp16, "f16")
 #undef FLASHATTN_WGMMA_SS
 #undef FLASHATTN_WGMMA_RS
 
+// D[64xN] (+)= A[64x16] * B[16xN], both operands in shared memory (SW128 descriptors), each K-major
+// (0) or MN-major (1): kTA, kTB are the instruction's transpose bits (wgmma_ss is <0, 0>). The FA3
+// backward's forms: <64, 1, 1> for dQ = dS K with dS^T and K stored key-major, <80, 1, 0> for the
+// 80-key layout's dV^T = dO^T P and dK^T = Q^T dS (A read transposed from the row-major Q / dO
+// pages, B the [80 keys][64 queries] P^T / dS^T page).
+template <class E, int N, int kTA, int kTB>
+__device__ __forceinline__ void wgmma_ss_t(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d);
+
+#if FLASHATTN_SM90A_BODY
+#define FLASHATTN_WGMMA_SS_T(N, E, T, TA, TB)                                                                \
+    template <>                                                                                            \
+    __device__ __forceinline__ void wgmma_ss_t<E, N, TA, TB>(float(&d)[N / 2], uint64_t desc_a,            \
+                                                             uint64_t desc_b, int scale_d) {               \
+        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, " FLASHATTN_WGMMA_N##N##_IN2                      \
+                     ", 0;\n\twgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " "                     \
+                     FLASHATTN_WGMMA_N##N##_REGS ", " FLASHATTN_WGMMA_N##N##_IN0                             \
+                     ", " FLASHATTN_WGMMA_N##N##_IN1 ", p, 1, 1, " #TA ", " #TB ";\n\t}"                       \
+                     : FLASHATTN_WGMMA_N##N##_OPS(d)                                                       \
+                     : "l"(desc_a), "l"(desc_b), "r"(scale_d)                                              \
+                     : "memory");                                                                          \
+    }
+#else
+#define FLASHATTN_WGMMA_SS_T(N, E, T, TA, TB)                                                                \
+    template <>                                                                                            \
+    __device__ __forceinline__ void wgmma_ss_t<E, N, TA, TB>(float(&)[N / 2], uint64_t, uint64_t, int) {   \
+        FLASHATTN_SM90A_TRAP();                                                                            \
+    }
+#endif
+FLASHATTN_WGMMA_SS_T(64, cuda::Bf16, "bf16", 1, 1)
+FLASHATTN_WGMMA_SS_T(64, cuda::Fp16, "f16", 1, 1)
+FLASHATTN_WGMMA_SS_T(80, cuda::Bf16, "bf16", 1, 0)
+FLASHATTN_WGMMA_SS_T(80, cuda::Fp16, "f16", 1, 0)
+#undef FLASHATTN_WGMMA_SS_T
+
 // Keeps the compiler from defining a wgmma A-fragment register inside the issue window (as
 // fence_operands for the accumulators): an ordinary instruction writing a wgmma operand between
 // wgmma.fence and the wgmma makes ptxas serialize the wgmmas (C7513).

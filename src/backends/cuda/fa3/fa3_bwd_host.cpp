@@ -119,10 +119,9 @@ int64_t walks_from_block0(const Problem &p, int kbn, int64_t key_blocks) {
 // diagonal). Measured on the H200 (stop 34, bf16, d 64 / 128 / 256, 1k-8k, causal and not): the
 // deterministic mode 0.82-0.97x the default where the ascending order gave 0.71-0.97x.
 // FLASHATTN_FA3_BWD_DET_ORDER=0 forces heads fastest (a developer's knob for A/B runs).
-int det_grid_order(const Problem &p, int sm_count) {
+int det_grid_order(const Problem &p, int sm_count, int kbn) {
     const char *knob = std::getenv("FLASHATTN_FA3_BWD_DET_ORDER");
     if (knob != nullptr && std::string(knob) == "0") return kHeadsFastest;
-    const int kbn = bwd_block_n(compiled_for(kernel_head_dim(p)).head_dim);
     const int64_t key_blocks = ceil_div(p.seqlen_k, kbn);
     const bool fits = key_blocks <= sm_count && ceil_div(p.seqlen_q, kBwdBM) <= kBwdTurnTableMax;
     if (!fits) return kHeadsFastest;
@@ -137,8 +136,11 @@ int det_grid_order(const Problem &p, int sm_count) {
 
 // Whether the 80-key layout (fa3_bwd_wide.cuh) runs `p` on its compiled head dim kd: the split
 // layout's head dims in the default mode, without ALiBi (the deterministic mode's turns and ALiBi's
-// bias have forms in the split layout only). FLASHATTN_FA3_BWD_WIDE=0 keeps the split layout (a
-// developer's knob for A/B runs). Read at finalize.
+// bias have forms in the split layout only; the turns on this layout wait in
+// tests/gpu/patches/fa3-bwd-wide-det.patch for a GPU run).
+// Measured on an H100 (stop 39): 1.11-1.31x the split layout at d 256, 1k-8k, causal and not.
+// FLASHATTN_FA3_BWD_WIDE=0 keeps the split layout (a developer's knob for A/B runs). Read at
+// finalize.
 bool wide_layout(const Problem &p, int kd) {
     const char *knob = std::getenv("FLASHATTN_FA3_BWD_WIDE");
     if (knob != nullptr && std::string(knob) == "0") return false;
@@ -149,7 +151,7 @@ BwdPlan plan_backward(const Problem &p, int sm_count, WorkspaceLayout *ws) {
     BwdPlan plan;
     plan.head_dim = compiled_for(kernel_head_dim(p)).head_dim;
     plan.block_n = wide_layout(p, plan.head_dim) ? kBwdWideBN : bwd_block_n(plan.head_dim);
-    plan.grid_order = p.deterministic ? det_grid_order(p, sm_count) : default_grid_order(p);
+    plan.grid_order = p.deterministic ? det_grid_order(p, sm_count, plan.block_n) : default_grid_order(p);
     plan.launch = compiled_for(kernel_head_dim(p)).launch;
     static_cast<BwdSlices &>(plan) =
         add_backward_slices(p, ceil_div(p.seqlen_q, kBwdBM),

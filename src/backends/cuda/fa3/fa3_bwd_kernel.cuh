@@ -81,30 +81,9 @@ namespace fa3 {
 // D[64x64] (+)= A[64x16] * B[16x64], both operands in shared memory MN-major (M / N contiguous:
 // SW128 descriptors as wgmma_rs's B). For dQ = dS K with dS^T and K stored key-major.
 template <class E>
-__device__ __forceinline__ void wgmma_ss_mn64(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d);
-
-#if FLASHATTN_SM90A_BODY
-#define FLASHATTN_FA3_BWD_WGMMA_SS_MN(E, T)                                                                   \
-    template <>                                                                                              \
-    __device__ __forceinline__ void wgmma_ss_mn64<E>(float(&d)[32], uint64_t desc_a, uint64_t desc_b,       \
-                                                     int scale_d) {                                          \
-        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, " FLASHATTN_WGMMA_N64_IN2                         \
-                     ", 0;\n\twgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " FLASHATTN_WGMMA_N64_REGS \
-                     ", " FLASHATTN_WGMMA_N64_IN0 ", " FLASHATTN_WGMMA_N64_IN1 ", p, 1, 1, 1, 1;\n\t}"           \
-                     : FLASHATTN_WGMMA_N64_OPS(d)                                                            \
-                     : "l"(desc_a), "l"(desc_b), "r"(scale_d)                                                \
-                     : "memory");                                                                            \
-    }
-#else
-#define FLASHATTN_FA3_BWD_WGMMA_SS_MN(E, T)                                                                   \
-    template <>                                                                                              \
-    __device__ __forceinline__ void wgmma_ss_mn64<E>(float(&)[32], uint64_t, uint64_t, int) {                \
-        FLASHATTN_SM90A_TRAP();                                                                              \
-    }
-#endif
-FLASHATTN_FA3_BWD_WGMMA_SS_MN(cuda::Bf16, "bf16")
-FLASHATTN_FA3_BWD_WGMMA_SS_MN(cuda::Fp16, "f16")
-#undef FLASHATTN_FA3_BWD_WGMMA_SS_MN
+__device__ __forceinline__ void wgmma_ss_mn64(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    cuda::wgmma_ss_t<E, 64, 1, 1>(d, desc_a, desc_b, scale_d);
+}
 
 // Ordinary shared-memory stores made visible to the async proxy (the wgmma reading them).
 __device__ __forceinline__ void fence_proxy_async_smem() {
@@ -986,6 +965,24 @@ __device__ __forceinline__ void load_k_v(const BwdParams &p, const CUtensorMap *
     }
 }
 
+// Thread 0 of a 256-thread kernel (bwd_kernel, bwd_wide_kernel) initialises kv_full and kBuffers
+// Q / dO barrier pairs (full: the TMA thread's arrive; empty: every warp's release); then the CTA
+// meets.
+template <int kBuffers>
+__device__ __forceinline__ void init_ring_barriers(const BwdBlock &a) {
+    static_assert(kBuffers <= kBwdMaxStages, "BwdBarriers' slots");
+    if (threadIdx.x == 0) {
+        cuda::mbar_init(&a.bars->kv_full, 1);
+#pragma unroll
+        for (int s = 0; s < kBuffers; ++s) {
+            cuda::mbar_init(&a.bars->qdo_full[s], 1);
+            cuda::mbar_init(&a.bars->qdo_empty[s], kBwdThreads / 32);
+        }
+        cuda::fence_mbar_init();
+    }
+    __syncthreads();
+}
+
 // The default mode's kernel: two warpgroups (256 threads), no producer warpgroup; thread 0 also
 // issues the TMA loads. The deterministic mode runs bwd_det_kernel (below), except in the split
 // layout, which runs this one with kDet (its dQ adds take turns: accumulate_dq_red).
@@ -997,17 +994,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     extern __shared__ unsigned char smem_raw[];
     BwdBlock a = key_block<Tr>(p, smem_raw);
     if (a.n0 >= a.sk) return;  // the whole CTA: a key block past this sequence's end
-
-    if (threadIdx.x == 0) {
-        cuda::mbar_init(&a.bars->kv_full, 1);
-#pragma unroll
-        for (int s = 0; s < Tr::kStages; ++s) {
-            cuda::mbar_init(&a.bars->qdo_full[s], 1);
-            cuda::mbar_init(&a.bars->qdo_empty[s], kBwdThreads / 32);
-        }
-        cuda::fence_mbar_init();
-    }
-    __syncthreads();
+    init_ring_barriers<Tr::kStages>(a);
 
     const int wg = cuda::warp_uniform(threadIdx.x / 128);  // so that its wgmma descriptors are uniform registers
     float dK[Tr::kDW / 2], dV[Tr::kDW / 2];

@@ -6,7 +6,8 @@
 //   preprocess  row_dot = rowsum(dO * O) and the zeroed fp32 dQ accumulator (device/bwd_prep.cuh)
 //   main        one CTA per (key block of bwd_block_n keys, kv head, sequence): two consumer
 //               warpgroups, each owning 64 of the keys (above head dim 128: half the head-dim
-//               columns of all 64), walk every query block of kBwdBM rows of
+//               columns of all 64 in the split layout, or of 80 keys in the 80-key layout,
+//               fa3_bwd_wide.cuh, which finalize picks there), walk every query block of kBwdBM rows of
 //               every query head of the GQA group (fa3_bwd_kernel.cuh); the deterministic mode's
 //               kernel adds a producer warpgroup (TMA loads; the dQ writer warp, which takes the
 //               ordered turns)

@@ -1,20 +1,19 @@
-// The FA3 backward's 80-key layout (since stop 39): head dims 136..256 in the default mode, in the
+// The FA3 backward's 80-key layout (since stop 39): head dims 136..256, in the
 // shape FlashAttention-3 gives its own d 256 backward on sm_90 (64 query rows x 80 keys, S not
 // transposed, dK / dV and dQ with the head dim as M). The split layout (fa3_bwd_kernel.cuh) holds 64
 // keys per CTA, so each step reloads 64 KB of Q / dO and adds 64 KB of dQ for 64 x 64 pairs; here
 // the same traffic serves 64 x 80 (a fifth less per FLOP), which is what bounds head dim 256.
 //
-// One CTA per (80-key block, kv head, sequence), three warpgroups as bwd_det_kernel: warpgroup 0
-// produces on kBwdProducerRegs (warp 0's thread 0: K / V once, then Q into a ring of two stages
-// and dO into one buffer, by TMA; warp 1: the step's LSE and row_dot rows, loaded and stored to
-// shared memory, arriving on the Q stage's barrier), warpgroups 1 and 2 consume on
-// kBwdConsumerRegs. Per step, consumer warpgroup w (keys 40w .. 40w + 39 of the block):
+// One CTA per (80-key block, kv head, sequence), two consumer warpgroups of 255 registers (bwd_kernel's
+// shape: thread 0 also issues the TMA loads: K / V once, Q into a ring of two stages, dO into one
+// buffer). Per step, warpgroup w (keys 40w .. 40w + 39 of the block):
 //   S = Q K_w^T, dP = dO V_w^T              wgmma m64n40, both operands K-major (rows = queries,
-//                                           so the LSE and row_dot are two per thread)
+//                                           so the LSE and row_dot are two per thread, loaded
+//                                           from global memory under the GEMMs)
 //   P, dS                                   as the split layout's, in the row orientation
 //   P^T, dS^T -> shared pages               stmatrix .trans into [80 keys][64 queries] pages
-//                                           (double-buffered by step parity: one barrier of both
-//                                           warpgroups per step, after the stores)
+//                                           (double-buffered by step parity: one CTA barrier per
+//                                           step, after the stores)
 //   dV^T += dO^T P, dK^T += Q^T dS          wgmma m64n80, A = dO / Q pages MN-major (M = the
 //                                           warpgroup's head-dim columns 128w .., one m64 tile
 //                                           per 64-column page), B = the pages K-major
@@ -22,43 +21,18 @@
 //                                           dS^T page, B = K, both MN-major, K = 80 (five k16),
 //                                           red.v4 in fragment order (the split layout's
 //                                           accumulator and convert)
-// dO is released (one buffer) as soon as dV^T's GEMM retires, Q after dK^T's. Registers per
-// consumer thread: dK^T and dV^T 2 x 80, S and dP 20 each, a dQ page 32.
-// The deterministic mode and ALiBi keep the split layout (finalize: fa3_bwd_host.cpp wide_layout).
+// dO is released (one buffer) as soon as dV^T's GEMM retires and thread 0 refills it there; Q after
+// dK^T's. Registers per thread: dK^T and dV^T 2 x 80, S and dP 20 each, a dQ page 32.
+// The default mode; the deterministic mode and ALiBi keep the split layout (finalize:
+// fa3_bwd_host.cpp wide_layout).
 #pragma once
+
+#include <cstddef>
 
 #include "backends/cuda/fa3/fa3_bwd_kernel.cuh"
 
 namespace flashattn {
 namespace fa3 {
-
-// D[64x80] (+)= A[64x16] * B[16x80]: A in shared memory MN-major (M contiguous: dO^T / Q^T read
-// from the row-major [queries][64 columns] pages), B K-major (the [80 keys][64 queries] page).
-template <class E>
-__device__ __forceinline__ void wgmma_ss_mn_k80(float (&d)[40], uint64_t desc_a, uint64_t desc_b, int scale_d);
-
-#if FLASHATTN_SM90A_BODY
-#define FLASHATTN_FA3_BWD_WGMMA_MN_K(E, T)                                                                   \
-    template <>                                                                                              \
-    __device__ __forceinline__ void wgmma_ss_mn_k80<E>(float(&d)[40], uint64_t desc_a, uint64_t desc_b,     \
-                                                       int scale_d) {                                        \
-        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, " FLASHATTN_WGMMA_N80_IN2                         \
-                     ", 0;\n\twgmma.mma_async.sync.aligned.m64n80k16.f32." T "." T " " FLASHATTN_WGMMA_N80_REGS \
-                     ", " FLASHATTN_WGMMA_N80_IN0 ", " FLASHATTN_WGMMA_N80_IN1 ", p, 1, 1, 1, 0;\n\t}"           \
-                     : FLASHATTN_WGMMA_N80_OPS(d)                                                            \
-                     : "l"(desc_a), "l"(desc_b), "r"(scale_d)                                                \
-                     : "memory");                                                                            \
-    }
-#else
-#define FLASHATTN_FA3_BWD_WGMMA_MN_K(E, T)                                                                   \
-    template <>                                                                                              \
-    __device__ __forceinline__ void wgmma_ss_mn_k80<E>(float(&)[40], uint64_t, uint64_t, int) {              \
-        FLASHATTN_SM90A_TRAP();                                                                              \
-    }
-#endif
-FLASHATTN_FA3_BWD_WGMMA_MN_K(cuda::Bf16, "bf16")
-FLASHATTN_FA3_BWD_WGMMA_MN_K(cuda::Fp16, "f16")
-#undef FLASHATTN_FA3_BWD_WGMMA_MN_K
 
 template <int kD_>
 struct BwdWideTraits {
@@ -298,8 +272,8 @@ __device__ __forceinline__ void issue_transposed_grad(float (&acc)[Tr::kWPages][
         const uint64_t dt = cuda::make_desc_sw128(s_tile + (Tr::kWPages * wg + i) * Tr::kQPage, 1024, Tr::kQPage);
 #pragma unroll
         for (int kk = 0; kk < kBwdBM / 16; ++kk)
-            wgmma_ss_mn_k80<E>(acc[i], dt + static_cast<uint64_t>((kk * 16 * 128) >> 4),
-                               dpage + static_cast<uint64_t>((kk * 32) >> 4), 1);
+            cuda::wgmma_ss_t<E, Tr::kBN, 1, 0>(acc[i], dt + static_cast<uint64_t>((kk * 16 * 128) >> 4),
+                                               dpage + static_cast<uint64_t>((kk * 32) >> 4), 1);
     }
 }
 
@@ -448,11 +422,11 @@ __device__ __forceinline__ void wide_store_dk_dv(const BwdParams &p, const BwdBl
         }
 }
 
-// The 80-key layout's kernel (p.block_n == kBwdWideBN, the default mode only): two consumer
-// warpgroups, thread 0 also the TMA producer, as bwd_kernel. (A producer warpgroup, as
-// bwd_det_kernel's, leaves the consumers 240 registers: ptxas then spilled one of the four m64n80
-// accumulators around every step; the step needs ~240 plus the 160 of dK^T and dV^T, and 256
-// threads give it 255.)
+// The 80-key layout's kernel (p.block_n == kBwdWideBN, the default mode):
+// two consumer warpgroups, thread 0 also the TMA producer, as bwd_kernel. (A producer warpgroup, as
+// bwd_det_kernel's, leaves the consumers 240 registers: ptxas then kept one of the four m64n80
+// accumulators in local memory around every step; the step needs ~236-246 with the 160 of dK^T and
+// dV^T, and 256 threads give it 255.)
 template <class Tr, class E>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_wide_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -461,17 +435,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     extern __shared__ unsigned char smem_raw[];
     BwdBlock a = key_block<Tr>(p, smem_raw);
     if (a.n0 >= a.sk) return;  // the whole CTA: a key block past this sequence's end
-
-    if (threadIdx.x == 0) {
-        cuda::mbar_init(&a.bars->kv_full, 1);
-#pragma unroll
-        for (int b = 0; b <= kWideDoSlot; ++b) {
-            cuda::mbar_init(&a.bars->qdo_full[b], 1);                 // the TMA thread's arrive
-            cuda::mbar_init(&a.bars->qdo_empty[b], kBwdThreads / 32);  // every consumer warp
-        }
-        cuda::fence_mbar_init();
-    }
-    __syncthreads();
+    init_ring_barriers<kWideDoSlot + 1>(a);  // two Q stages and the dO buffer
 
     const int wg = cuda::warp_uniform(threadIdx.x / 128);  // so that its wgmma descriptors are uniform registers
     float dKt[Tr::kWPages][Tr::kAcc], dVt[Tr::kWPages][Tr::kAcc];
@@ -486,8 +450,8 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         cuda::mbar_wait(&a.bars->kv_full, 0);
         WalkPos ws{0, 0}, wn = walk_pos(a, 1);  // steps s and s + 1
         for (int s = 0; s < nsteps; ++s, walk_next(a, ws), walk_next(a, wn))
-            wide_step<Tr, E>(p, &tm_q, &tm_do, a, base, s, walk_step(p, a, ws), s + 1 < nsteps, walk_step(p, a, wn), wg,
-                             dKt, dVt);
+            wide_step<Tr, E>(p, &tm_q, &tm_do, a, base, s, walk_step(p, a, ws), s + 1 < nsteps, walk_step(p, a, wn),
+                             wg, dKt, dVt);
     }
     wide_store_dk_dv<Tr, E>(p, a, wg, dKt, dVt);
 }
