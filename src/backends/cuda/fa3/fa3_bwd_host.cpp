@@ -10,6 +10,7 @@
 // take turns per (query head, query block) in ascending key order (fa3_bwd_kernel.cuh).
 #include "backends/cuda/fa3/fa3_bwd_host.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -65,7 +66,10 @@ std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev)
     if (p.heads_kv * p.batch * ceil_div(p.seqlen_k, bwd_block_n(kd)) > kMaxGridX)
         return "the fa3 backward pass supports at most 2^31 - 1 key blocks of " + std::to_string(bwd_block_n(kd)) +
                " keys over all key/value heads and sequences";
-    const size_t smem = static_cast<size_t>(bwd_smem_bytes(kd));
+    // Either layout of the head dim may run (wide_layout): the larger one must fit (every sm_90a
+    // part has 227 KB; the 80-key layout takes 217 KB, the split one 212 KB).
+    const size_t smem = static_cast<size_t>(bwd_split(kd) ? std::max(bwd_smem_bytes(kd), bwd_wide_smem_bytes(kd))
+                                                          : bwd_smem_bytes(kd));
     if (dev.smem_per_block_optin != 0 && smem > dev.smem_per_block_optin)
         return "the fa3 backward pass needs " + std::to_string(smem / 1024) + " KB of shared memory per block and the "
                "device allows " + std::to_string(dev.smem_per_block_optin / 1024) + " KB";
