@@ -147,9 +147,8 @@ static const bwd_case grid[] = {
     CASE(1, 257, 513, 2, 1, 128, 0, B16, 0, -1, -1, 0, 0, 0, 1, 0),
     CASE(2, 200, 300, 4, 2, 64, 0, F32, 0, 64, 16, 0, 0, 0, 0, 0),
 
-    /* ---- Head dims 136..256 (fa3 on the 256 row, 200 and 248 zero-padded: the 80-key layout in
-     * the default mode, the split layout in deterministic mode and under FLASHATTN_FA3_BWD_WIDE=0,
-     * test_backward_fa3_split): MHA / GQA / MQA, seqlen_q < seqlen_k and >, causal (bottom-right),
+    /* ---- Head dims 136..256 (fa3 on the 256 row, 200 and 248 zero-padded: the 80-key layout, or
+     * the split layout under FLASHATTN_FA3_BWD_WIDE=0, test_backward_fa3_split): MHA / GQA / MQA, seqlen_q < seqlen_k and >, causal (bottom-right),
      * windows, soft cap, varlen, strided, deterministic; small enough that the reduced grid keeps
      * some. Key blocks of 80 keys: exact multiples, windows whose edges cross a block's two
      * 40-key halves. ----------------------------------------------------------------------- */

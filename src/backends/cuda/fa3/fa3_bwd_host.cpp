@@ -139,16 +139,14 @@ int det_grid_order(const Problem &p, int sm_count, int kbn) {
 }
 
 // Whether the 80-key layout (fa3_bwd_wide.cuh) runs `p` on its compiled head dim kd: the split
-// layout's head dims in the default mode, without ALiBi (the deterministic mode's turns and ALiBi's
-// bias have forms in the split layout only; the turns on this layout wait in
-// tests/gpu/patches/fa3-bwd-wide-det.patch for a GPU run).
+// layout's head dims, both modes, without ALiBi (its bias has a form in the split layout only).
 // Measured on an H100 (stop 39): 1.11-1.31x the split layout at d 256, 1k-8k, causal and not.
 // FLASHATTN_FA3_BWD_WIDE=0 keeps the split layout (a developer's knob for A/B runs). Read at
 // finalize.
 bool wide_layout(const Problem &p, int kd) {
     const char *knob = std::getenv("FLASHATTN_FA3_BWD_WIDE");
     if (knob != nullptr && std::string(knob) == "0") return false;
-    return bwd_split(kd) && !p.deterministic && !p.alibi;
+    return bwd_split(kd) && !p.alibi;
 }
 
 BwdPlan plan_backward(const Problem &p, int sm_count, WorkspaceLayout *ws) {

@@ -11,10 +11,10 @@ namespace fa3 {
 
 // The 80-key layout's grid: kv heads x batch x its key blocks of the longest sequence, in one
 // dimension (the host checks that it fits).
-template <int kD, class E>
+template <int kD, class E, bool kDet>
 cudaError_t launch_bwd_wide_kernel(const BwdParams &p, const BwdMaps &maps, cudaStream_t stream) {
     using Tr = BwdWideTraits<kD>;
-    const auto kernel = bwd_wide_kernel<Tr, E>;
+    const auto kernel = bwd_wide_kernel<Tr, E, kDet>;
     static unsigned long long optin_done = 0;  // one per instantiation
     cudaError_t e = cuda::ensure_smem_optin(kernel, Tr::kSmemBytes, &optin_done);
     if (e != cudaSuccess) return e;
@@ -26,7 +26,9 @@ cudaError_t launch_bwd_wide_kernel(const BwdParams &p, const BwdMaps &maps, cuda
 template <int kD, class E>
 cudaError_t launch_bwd(const BwdParams &p, const BwdMaps &maps, cudaStream_t stream) {
     if constexpr (bwd_split(kD)) {
-        if (p.block_n == kBwdWideBN && !p.deterministic) return launch_bwd_wide_kernel<kD, E>(p, maps, stream);
+        if (p.block_n == kBwdWideBN)
+            return p.deterministic ? launch_bwd_wide_kernel<kD, E, true>(p, maps, stream)
+                                   : launch_bwd_wide_kernel<kD, E, false>(p, maps, stream);
     }
     return p.deterministic ? launch_bwd_kernel<kD, E, true>(p, maps, stream)
                            : launch_bwd_kernel<kD, E, false>(p, maps, stream);

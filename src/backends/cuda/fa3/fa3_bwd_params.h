@@ -108,13 +108,14 @@ constexpr int bwd_smem_bytes(int kd) {
 static_assert(bwd_smem_bytes(64) <= 232448 && bwd_smem_bytes(128) <= 232448 && bwd_smem_bytes(256) <= 232448,
               "the backward tile exceeds 227 KB");
 
-// The 80-key layout (fa3_bwd_wide.cuh; since stop 39): the split layout's head dims (136..256) in
-// the default mode, FlashAttention-3's d 256 tile: 80 keys per CTA (40 per consumer warpgroup in S
+// The 80-key layout (fa3_bwd_wide.cuh; since stop 39): the split layout's head dims (136..256)
+// except under ALiBi, FlashAttention-3's d 256 tile: 80 keys per CTA (40 per consumer warpgroup in S
 // and dP), dK and dV accumulated transposed (M = head dim), one dO buffer, two Q stages, P^T and
-// dS^T pages double-buffered. A fifth fewer Q / dO loads and dQ adds per FLOP than 64 keys.
+// dS^T pages double-buffered, 1 KB of barriers and the deterministic mode's turn table. A fifth
+// fewer Q / dO loads and dQ adds per FLOP than 64 keys.
 constexpr int kBwdWideBN = 80;
 constexpr int bwd_wide_smem_bytes(int kd) {
-    return 2 * kBwdWideBN * kd * 2 + 3 * kBwdBM * kd * 2 + 4 * kBwdWideBN * kBwdBM * 2 + 128 + 1024;
+    return 2 * kBwdWideBN * kd * 2 + 3 * kBwdBM * kd * 2 + 4 * kBwdWideBN * kBwdBM * 2 + 1024 + 1024;
 }
 static_assert(bwd_wide_smem_bytes(256) <= 232448, "the 80-key tile exceeds 227 KB");
 

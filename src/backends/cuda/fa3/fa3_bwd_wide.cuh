@@ -23,8 +23,8 @@
 //                                           accumulator and convert)
 // dO is released (one buffer) as soon as dV^T's GEMM retires and thread 0 refills it there; Q after
 // dK^T's. Registers per thread: dK^T and dV^T 2 x 80, S and dP 20 each, a dQ page 32.
-// The default mode; the deterministic mode and ALiBi keep the split layout (finalize:
-// fa3_bwd_host.cpp wide_layout).
+// Both modes (the deterministic one takes turns around the dQ adds, as the split layout does);
+// ALiBi keeps the split layout (finalize: fa3_bwd_host.cpp wide_layout).
 #pragma once
 
 #include <cstddef>
@@ -52,11 +52,16 @@ struct BwdWideTraits {
     static constexpr int kDOOff = kQOff + 2 * kQBytes;  // dO, one buffer
     static constexpr int kPTOff = kDOOff + kQBytes;     // step parity b: P^T at kPTOff + 2 b kPageBytes, dS^T after it
     static constexpr int kBarOff = kPTOff + 4 * kPageBytes;
+    // The deterministic mode's turn table (keys-fastest grids: build_turn_table), kBwdTurnTableMax
+    // ints in the barriers' padded 1 KB, as BwdTraits'.
+    static constexpr int kTurnOff = kBarOff + 128;
     static constexpr int kSmemBytes = bwd_wide_smem_bytes(kD);
     static constexpr int kAcc = kBN / 2;  // fp32 accumulators per thread of an m64n80 tile
     static_assert(kD % 128 == 0 && kBwdBM == 64, "whole 64-column pages per warpgroup, one 128-byte row of queries");
     static_assert(kPTOff % 1024 == 0 && kPageBytes % 1024 == 0 && kKPage % 1024 == 0, "SW128 tiles need 1 KB alignment");
-    static_assert(kBarOff + 128 + 1024 == kSmemBytes && sizeof(BwdBarriers) <= 128, "layout and budget disagree");
+    static_assert(kBarOff + 1024 + 1024 == kSmemBytes && sizeof(BwdBarriers) <= 128 &&
+                      128 + 4 * kBwdTurnTableMax <= 1024,
+                  "layout and budget disagree");
 };
 
 // The barriers, in BwdBarriers' slots: the Q ring's two stages, and the dO buffer in the third. As
@@ -312,11 +317,14 @@ __device__ __forceinline__ void wide_red_dq_page(const BwdParams &p, const BwdBl
 }
 
 // Step s (Q stage b = s & 1) for consumer warpgroup wg; thread 0 also refills Q and dO for step
-// s + 1 (`next`, when there is one).
-template <class Tr, class E>
-__device__ __forceinline__ void wide_step(const BwdParams &p, const CUtensorMap *tm_q, const CUtensorMap *tm_do,
+// s + 1 (`next`, when there is one). kDet: the dQ adds take the key block's turn (turn_of, as the
+// split layout's accumulate_dq_red): thread 0 waits for it while dQ's first page is in flight, the
+// CTA meets, every thread adds; the turn's counter is returned for thread 0 to move on after the
+// next CTA barrier (release_turn), which orders every thread's adds before it.
+template <class Tr, class E, bool kDet>
+__device__ __forceinline__ int *wide_step(const BwdParams &p, const CUtensorMap *tm_q, const CUtensorMap *tm_do,
                                           const BwdBlock &a, uint32_t base, int s, BwdStep st, bool has_next,
-                                          BwdStep next, int wg, float (&dKt)[Tr::kWPages][Tr::kAcc],
+                                          BwdStep next, int wg, int *held, float (&dKt)[Tr::kWPages][Tr::kAcc],
                                           float (&dVt)[Tr::kWPages][Tr::kAcc]) {
     const int b = s & 1;
     const uint32_t s_q = base + Tr::kQOff + b * Tr::kQBytes, s_do = base + Tr::kDOOff;
@@ -351,8 +359,9 @@ __device__ __forceinline__ void wide_step(const BwdParams &p, const CUtensorMap 
     fence_proxy_async_smem();  // the generic-proxy stores, before the wgmma reads them
     // Both warpgroups' halves of the pages. Every thread is also past step s - 1, whose GEMMs read
     // the other parity's pages, so step s + 1 may overwrite those (step s - 1's barrier covered
-    // step s - 2's reads of these).
+    // step s - 2's reads of these), and past its dQ adds: the previous turn moves on.
     __syncthreads();
+    if constexpr (kDet) release_turn(held);
 
     const uint32_t s_kw = base + Tr::kKOff + Tr::kWPages * wg * Tr::kKPage;  // K's first page of the warpgroup's columns
     fence_all<Tr>(dVt);
@@ -371,11 +380,20 @@ __device__ __forceinline__ void wide_step(const BwdParams &p, const CUtensorMap 
     __syncwarp();
     if (lane == 0) cuda::mbar_arrive_s(wide_do_empty<Tr>(base));
     if (threadIdx.x == 0 && has_next) wide_refill_do<Tr>(p, tm_do, a, base, s, next);
+    BwdTurn turn{nullptr, 0};
+    if constexpr (kDet) {
+        if (threadIdx.x == 0) {
+            turn = turn_of<Tr>(p, a, st);
+            while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
+            }
+        }
+    }
     cuda::wgmma_wait<0>();  // dK^T and dQ's first page: Q is free
     fence_all<Tr>(dKt);
     cuda::fence_operands(acc);
     __syncwarp();
     if (lane == 0) cuda::mbar_arrive_s(wide_q_empty<Tr>(base, b));
+    if constexpr (kDet) __syncthreads();  // the turn
     wide_red_dq_page<Tr>(p, a, st, wg, 0, acc);
 #pragma unroll
     for (int pg = 1; pg < Tr::kWPages; ++pg) {
@@ -387,6 +405,7 @@ __device__ __forceinline__ void wide_step(const BwdParams &p, const CUtensorMap 
         cuda::fence_operands(acc);
         wide_red_dq_page<Tr>(p, a, st, wg, pg, acc);
     }
+    return turn.sem;
 }
 
 // dK * scale and dV of the warpgroup's columns for the block's keys (zeros where no query saw a
@@ -422,12 +441,12 @@ __device__ __forceinline__ void wide_store_dk_dv(const BwdParams &p, const BwdBl
         }
 }
 
-// The 80-key layout's kernel (p.block_n == kBwdWideBN, the default mode):
+// The 80-key layout's kernel (p.block_n == kBwdWideBN; kDet: the deterministic mode's turns):
 // two consumer warpgroups, thread 0 also the TMA producer, as bwd_kernel. (A producer warpgroup, as
 // bwd_det_kernel's, leaves the consumers 240 registers: ptxas then kept one of the four m64n80
 // accumulators in local memory around every step; the step needs ~236-246 with the 160 of dK^T and
 // dV^T, and 256 threads give it 255.)
-template <class Tr, class E>
+template <class Tr, class E, bool kDet>
 __global__ void __launch_bounds__(kBwdThreads, 1)
     bwd_wide_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -443,15 +462,22 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
     for (int i = 0; i < Tr::kWPages; ++i)
 #pragma unroll
         for (int r = 0; r < Tr::kAcc; ++r) dKt[i][r] = dVt[i][r] = 0.f;
-    if (set_walk<Tr, false>(p, a)) {
+    if (set_walk<Tr, kDet>(p, a)) {
         const int nsteps = p.group * a.nmb;
         const uint32_t base = cuda::smem_addr(a.smem);
+        // the deterministic mode's turns, staged in the pages (first written in step 0)
+        if (kDet && p.grid_order != kHeadsFastest) build_turn_table<Tr>(p, a, threadIdx.x, kBwdThreads, 0, base + Tr::kPTOff);
         if (threadIdx.x == 0) wide_load_first<Tr>(p, &tm_q, &tm_k, &tm_v, &tm_do, a, base, nsteps);
         cuda::mbar_wait(&a.bars->kv_full, 0);
+        int *held = nullptr;  // kDet: the turn thread 0 has yet to release
         WalkPos ws{0, 0}, wn = walk_pos(a, 1);  // steps s and s + 1
         for (int s = 0; s < nsteps; ++s, walk_next(a, ws), walk_next(a, wn))
-            wide_step<Tr, E>(p, &tm_q, &tm_do, a, base, s, walk_step(p, a, ws), s + 1 < nsteps, walk_step(p, a, wn),
-                             wg, dKt, dVt);
+            held = wide_step<Tr, E, kDet>(p, &tm_q, &tm_do, a, base, s, walk_step(p, a, ws), s + 1 < nsteps,
+                                          walk_step(p, a, wn), wg, held, dKt, dVt);
+        if constexpr (kDet) {
+            __syncthreads();  // the last step's adds, before its turn moves on
+            release_turn(held);
+        }
     }
     wide_store_dk_dv<Tr, E>(p, a, wg, dKt, dVt);
 }
