@@ -331,13 +331,18 @@ __device__ __forceinline__ bool cols_live(uint32_t base) {
     }
 }
 
-// Whether every (query, key) pair of the step against warpgroup wg's keys is in range and visible
-// (mask.cuh's rule for the step's last row's first key and its first row's last key): then no
-// pair needs the element mask, only rows whose LSE is -inf stay out. Warpgroup-uniform.
+// Whether every (query, key) pair of the step against keys [klo, klo + keys) is in range and
+// visible (mask.cuh's rule for the step's last row's first key and its first row's last key): then
+// no pair needs the element mask, only rows whose LSE is -inf stay out.
+__device__ __forceinline__ bool step_keys_unmasked(const BwdParams &p, const BwdBlock &a, BwdStep st, int64_t klo,
+                                                   int keys) {
+    const int64_t qhi = st.m0 + kBwdBM - 1, khi = klo + keys - 1;
+    return qhi < a.sq && khi < a.sk && qhi + a.off - p.left <= klo && st.m0 + a.off + p.right >= khi;
+}
+// step_keys_unmasked for warpgroup wg's keys. Warpgroup-uniform.
 template <class Tr>
 __device__ __forceinline__ bool step_unmasked(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg) {
-    const int64_t qhi = st.m0 + kBwdBM - 1, klo = a.n0 + Tr::kKeyW * wg, khi = klo + (Tr::kSplit ? Tr::kBN : 64) - 1;
-    return qhi < a.sq && khi < a.sk && qhi + a.off - p.left <= klo && st.m0 + a.off + p.right >= khi;
+    return step_keys_unmasked(p, a, st, a.n0 + Tr::kKeyW * wg, Tr::kSplit ? Tr::kBN : 64);
 }
 
 // ALiBi's bias of the thread's two keys (the masked forms with kAlibi only): key h's bias at query
@@ -550,16 +555,21 @@ __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a
 // warpgroup's, or the split layout's whole block): wgmma with dS^T and K both key-major in shared
 // memory (MN-major operands), issued and committed as one group (dq_page_gemm also waits for it,
 // and with it for every earlier group of the thread).
-template <class Tr, class E>
-__device__ __forceinline__ void dq_page_issue(float (&acc)[32], uint32_t s_ds, uint32_t s_kp) {
+// The wgmmas alone, over kKeys keys (the 80-key layout's dQ takes K = 80: bwd_wide_kernel).
+template <class Tr, class E, int kKeys>
+__device__ __forceinline__ void dq_page_mmas(float (&acc)[32], uint32_t s_ds, uint32_t s_kp) {
     const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
     const uint64_t dk = cuda::make_desc_sw128(s_kp, 1024, Tr::kKPage);
-    cuda::fence_operands(acc);
-    cuda::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
+    for (int kk = 0; kk < kKeys / 16; ++kk)
         wgmma_ss_mn64<E>(acc, dds + static_cast<uint64_t>((kk * 16 * 128) >> 4),
                          dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
+}
+template <class Tr, class E>
+__device__ __forceinline__ void dq_page_issue(float (&acc)[32], uint32_t s_ds, uint32_t s_kp) {
+    cuda::fence_operands(acc);
+    cuda::wgmma_fence();
+    dq_page_mmas<Tr, E, 64>(acc, s_ds, s_kp);
     cuda::wgmma_commit();
 }
 template <class Tr, class E>
@@ -682,6 +692,28 @@ __device__ __forceinline__ void dkv_and_dq_bulk(const BwdParams &p, const BwdBlo
     reduce_dq_tile<Tr>(p, a, st, wg, s_dq);
 }
 
+// Whether the warp's 16-row band of step st's dQ starts inside the sequence (else it is skipped).
+__device__ __forceinline__ bool dq_band_live(const BwdBlock &a, BwdStep st) {
+    return st.m0 + 16 * ((threadIdx.x & 127) >> 5) < a.sq;
+}
+// The lane's four floats of the first 8-column block at column col0 of the warp's 16-row band of
+// step st's dQ rows in the fp32 accumulator (fragment order).
+__device__ __forceinline__ float *dq_lane_band(const BwdParams &p, const BwdBlock &a, BwdStep st, int col0) {
+    const int wtid = threadIdx.x & 127;
+    return dq_frag_rows(p, a, st) + static_cast<int64_t>(16 * (wtid >> 5)) * cuda::dq_frag_cols(p.head_dim) +
+           col0 * 16 + 4 * (wtid & 31);
+}
+// One 64-column page pg of a warpgroup's dQ (acc, wgmma fragment) added to the band: one vector
+// reduction per 8-column block inside the accumulator's dcols columns.
+__device__ __forceinline__ void red_dq_page(float *band, int col0, int dcols, int pg, const float (&acc)[32]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int block = 8 * pg + j;  // the warpgroup's 8-column block
+        if (col0 + 8 * block >= dcols) continue;
+        cuda::red_add_f32x4(band + 128 * block, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+    }
+}
+
 // dQ += dS K_w from registers: vector reductions into the fp32 accumulator, one 64-column page
 // of the warpgroup's columns at a time (dq_page_gemm). The split layout in both modes (no room for
 // an fp32 tile; head dim 64's default mode used it until stop 29). The accumulator is in fragment
@@ -702,11 +734,9 @@ template <class Tr, class E, bool kDet>
 __device__ __forceinline__ int *accumulate_dq_red(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg,
                                                   uint32_t s_ds, uint32_t s_k) {
     static_assert(Tr::kSplit, "the other layouts have an fp32 dQ tile (bwd_bulk_dq)");
-    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31;
-    const int col0 = wg * Tr::kDW, dcols = cuda::dq_frag_cols(p.head_dim);
-    const bool band_ok = st.m0 + 16 * warp < a.sq;
-    // the lane's four floats of the warpgroup's first 8-column block in the warp's band
-    float *band = dq_frag_rows(p, a, st) + static_cast<int64_t>(16 * warp) * dcols + col0 * 16 + 4 * lane;
+    const int col0 = wg * Tr::kDW;
+    const bool band_ok = dq_band_live(a, st);
+    float *band = dq_lane_band(p, a, st, col0);
     float acc[32];
     dq_page_issue<Tr, E>(acc, s_ds, s_k + (col0 / 64) * Tr::kKPage);
     BwdTurn turn{nullptr, 0};
@@ -723,13 +753,7 @@ __device__ __forceinline__ int *accumulate_dq_red(const BwdParams &p, const BwdB
 #pragma unroll
     for (int pg = 0; pg < Tr::kWPages; ++pg) {
         if (pg > 0) dq_page_gemm<Tr, E>(acc, s_ds, s_k + (col0 / 64 + pg) * Tr::kKPage);
-        if (!band_ok) continue;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int block = 8 * pg + j;  // the warpgroup's 8-column block
-            if (col0 + 8 * block >= dcols) continue;
-            cuda::red_add_f32x4(band + 128 * block, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
-        }
+        if (band_ok) red_dq_page(band, col0, cuda::dq_frag_cols(p.head_dim), pg, acc);
     }
     return turn.sem;
 }
@@ -842,14 +866,23 @@ __device__ __forceinline__ int *step_compute(const BwdParams &p, const BwdBlock 
     return turn;
 }
 
+// Row 0 of the key block's sequence and key/value head in dK and in dV.
+struct KvGradOrigins {
+    uint16_t *dk, *dv;
+};
+__device__ __forceinline__ KvGradOrigins kv_grad_origins(const BwdParams &p, const BwdBlock &a) {
+    const bool varlen = p.cu_q != nullptr;
+    return {static_cast<uint16_t *>(p.dk) + (varlen ? a.k_row0 * p.dk_rs : a.b * p.dk_bs) + a.kvh * p.dk_hs,
+            static_cast<uint16_t *>(p.dv) + (varlen ? a.k_row0 * p.dv_rs : a.b * p.dv_bs) + a.kvh * p.dv_hs};
+}
+
 // dK * scale and dV of the thread's two keys (16-bit pairs), zeros where no query saw the key.
 template <class Tr, class E>
 __device__ __forceinline__ void store_dk_dv(const BwdParams &p, const BwdBlock &a, int wg, const float (&dK)[Tr::kDW / 2],
                                             const float (&dV)[Tr::kDW / 2]) {
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
-    const bool varlen = p.cu_q != nullptr;
-    uint16_t *dkg = static_cast<uint16_t *>(p.dk) + (varlen ? a.k_row0 * p.dk_rs : a.b * p.dk_bs) + a.kvh * p.dk_hs;
-    uint16_t *dvg = static_cast<uint16_t *>(p.dv) + (varlen ? a.k_row0 * p.dv_rs : a.b * p.dv_bs) + a.kvh * p.dv_hs;
+    const KvGradOrigins o = kv_grad_origins(p, a);
+    uint16_t *dkg = o.dk, *dvg = o.dv;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int key = a.n0 + Tr::kKeyW * wg + 16 * warp + g + 8 * h;

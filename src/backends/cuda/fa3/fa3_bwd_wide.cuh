@@ -137,12 +137,10 @@ __device__ __forceinline__ void wide_rows(const BwdParams &p, const BwdBlock &a,
     }
 }
 
-// Whether every (query, key) pair of the step against warpgroup wg's 40 keys is in range and
-// visible (step_unmasked's test for these keys). Warpgroup-uniform.
+// step_keys_unmasked for warpgroup wg's 40 keys. Warpgroup-uniform.
 template <class Tr>
 __device__ __forceinline__ bool wide_step_unmasked(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg) {
-    const int64_t qhi = st.m0 + kBwdBM - 1, klo = a.n0 + Tr::kKeysW * wg, khi = klo + Tr::kKeysW - 1;
-    return qhi < a.sq && khi < a.sk && qhi + a.off - p.left <= klo && st.m0 + a.off + p.right >= khi;
+    return step_keys_unmasked(p, a, st, a.n0 + Tr::kKeysW * wg, Tr::kKeysW);
 }
 
 // In place: S -> P for the thread's two query rows (16 warp + g + 8h of the step) and its keys
@@ -288,32 +286,14 @@ __device__ __forceinline__ void fence_all(float (&acc)[Tr::kWPages][Tr::kAcc]) {
     for (int i = 0; i < Tr::kWPages; ++i) cuda::fence_operands(acc[i]);
 }
 
-// acc = dS K_page for the step's 64 queries over the block's 80 keys (dq_page_issue with K = 80).
-template <class Tr, class E>
-__device__ __forceinline__ void wide_dq_page_issue(float (&acc)[32], uint32_t s_ds, uint32_t s_kp) {
-    const uint64_t dds = cuda::make_desc_sw128(s_ds, 1024, Tr::kQPage);
-    const uint64_t dk = cuda::make_desc_sw128(s_kp, 1024, Tr::kKPage);
-#pragma unroll
-    for (int kk = 0; kk < Tr::kBN / 16; ++kk)
-        wgmma_ss_mn64<E>(acc, dds + static_cast<uint64_t>((kk * 16 * 128) >> 4),
-                         dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
-}
-
 // One 64-column page pg of the warpgroup's dQ added to the fp32 accumulator (accumulate_dq_red's
-// vector reductions in fragment order; the warp's 16-row band skipped past the sequence).
+// vector reductions; the warp's 16-row band skipped past the sequence).
 template <class Tr>
 __device__ __forceinline__ void wide_red_dq_page(const BwdParams &p, const BwdBlock &a, BwdStep st, int wg, int pg,
                                                  const float (&acc)[32]) {
-    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31;
-    if (st.m0 + 16 * warp >= a.sq) return;
-    const int col0 = wg * (Tr::kD / 2), dcols = cuda::dq_frag_cols(p.head_dim);
-    float *band = dq_frag_rows(p, a, st) + static_cast<int64_t>(16 * warp) * dcols + col0 * 16 + 4 * lane;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const int block = 8 * pg + j;  // the warpgroup's 8-column block
-        if (col0 + 8 * block >= dcols) continue;
-        cuda::red_add_f32x4(band + 128 * block, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
-    }
+    if (!dq_band_live(a, st)) return;
+    const int col0 = wg * (Tr::kD / 2);
+    red_dq_page(dq_lane_band(p, a, st, col0), col0, cuda::dq_frag_cols(p.head_dim), pg, acc);
 }
 
 // Step s (Q stage b = s & 1) for consumer warpgroup wg; thread 0 also refills Q and dO for step
@@ -373,7 +353,7 @@ __device__ __forceinline__ int *wide_step(const BwdParams &p, const CUtensorMap 
     cuda::wgmma_commit();
     issue_transposed_grad<Tr, E>(dKt, s_q, wg, s_dst);
     cuda::wgmma_commit();
-    wide_dq_page_issue<Tr, E>(acc, s_dst, s_kw);
+    dq_page_mmas<Tr, E, Tr::kBN>(acc, s_dst, s_kw);
     cuda::wgmma_commit();
     cuda::wgmma_wait<2>();  // dV^T: dO is free
     fence_all<Tr>(dVt);
@@ -399,7 +379,7 @@ __device__ __forceinline__ int *wide_step(const BwdParams &p, const CUtensorMap 
     for (int pg = 1; pg < Tr::kWPages; ++pg) {
         cuda::fence_operands(acc);
         cuda::wgmma_fence();
-        wide_dq_page_issue<Tr, E>(acc, s_dst, s_kw + pg * Tr::kKPage);
+        dq_page_mmas<Tr, E, Tr::kBN>(acc, s_dst, s_kw + pg * Tr::kKPage);
         cuda::wgmma_commit();
         cuda::wgmma_wait<0>();
         cuda::fence_operands(acc);
@@ -416,9 +396,8 @@ __device__ __forceinline__ void wide_store_dk_dv(const BwdParams &p, const BwdBl
                                                  const float (&dKt)[Tr::kWPages][Tr::kAcc],
                                                  const float (&dVt)[Tr::kWPages][Tr::kAcc]) {
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
-    const bool varlen = p.cu_q != nullptr;
-    uint16_t *dkg = static_cast<uint16_t *>(p.dk) + (varlen ? a.k_row0 * p.dk_rs : a.b * p.dk_bs) + a.kvh * p.dk_hs;
-    uint16_t *dvg = static_cast<uint16_t *>(p.dv) + (varlen ? a.k_row0 * p.dv_rs : a.b * p.dv_bs) + a.kvh * p.dv_hs;
+    const KvGradOrigins o = kv_grad_origins(p, a);
+    uint16_t *dkg = o.dk, *dvg = o.dv;
 #pragma unroll
     for (int i = 0; i < Tr::kWPages; ++i)
 #pragma unroll
