@@ -129,7 +129,13 @@ int det_grid_order(const Problem &p, int sm_count, int kbn) {
     const int64_t key_blocks = ceil_div(p.seqlen_k, kbn);
     const bool fits = key_blocks <= sm_count && ceil_div(p.seqlen_q, kBwdBM) <= kBwdTurnTableMax;
     if (!fits) return kHeadsFastest;
-    if (!p.has_mask()) return kKeysRotated;
+    // A wave that ends inside a pair starts the next pair's first key blocks, whose turns wait
+    // for that pair's later blocks, dispatched only as the wave drains: keys rotated where pairs
+    // are short or fill the waves. d 256's 80-key blocks at 8k (103 of 132 SMs; stop 40, H100, two
+    // calls): rotated 0.74-0.77x the default, ascending 0.80-0.82x; the 64- / 128-key layouts'
+    // pairs leave 4 SMs and keep rotating (d 128 16k: 128 blocks, 0.92-0.97x).
+    if (!p.has_mask())
+        return key_blocks <= sm_count / 2 || sm_count % key_blocks <= sm_count / 16 ? kKeysRotated : kHeadsFastest;
     // Staggered turns wait on the key blocks above, which the grid dispatches later: a pair that
     // spans two waves leaves its first-dispatched (lowest) key blocks waiting for SMs to free
     // (stop 31 call 6: d256 causal 8k, 128 key blocks, 0.61x the default against 0.83x ascending).
