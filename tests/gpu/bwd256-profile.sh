@@ -4,6 +4,8 @@
 # `--set full` launch of bwd_kernel<256> (bf16, b 4, s 4096, 8 heads, non-causal unless
 # CAUSAL=1) exported as SASS source counters and summarised by ncu-source-summary.py, then
 # issue 16's table (backward_torch.py, fa3 + fa2 with the peers) at SEQLENS / HDIMS. One logs.tgz.
+# KERNEL: ncu's kernel regex (default the split layout's bwd_kernel; 'fa3.*bwd_wide_kernel' for
+# the 80-key layout, which runs d 256 by default since stop 39).
 set -uo pipefail
 out=${OUT:-/tmp/bwd256-out}; mkdir -p "$out"
 build=${BUILD_DIR:-/tmp/bwd256}
@@ -15,9 +17,9 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -
 echo "build rc=$? in $(( $(date +%s) - t0 ))s"
 lib=$build/src/libflashattn.so
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
-cuobjdump -res-usage "$lib" 2>/dev/null | grep -A1 -E 'bwd_kernel' > "$out/res-usage.txt"
+cuobjdump -res-usage "$lib" 2>/dev/null | grep -A1 -E 'bwd_(wide_)?kernel' > "$out/res-usage.txt"
 causal=""; [ "${CAUSAL:-0}" = 1 ] && causal=--causal
-timeout ${NCU_T:-150} ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:fa3.*bwd_kernel" \
+timeout ${NCU_T:-150} ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:${KERNEL:-fa3.*bwd_kernel}" \
   --launch-skip 1 --launch-count 1 --set full --import-source yes -o /tmp/bwd256-prof \
   python3 bench/bwd_once.py "$lib" --gen fa3 --shape ${SHAPE:-4,4096,8,256} $causal > "$out/ncu.log" 2>&1
 echo "ncu rc=$?"; tail -3 "$out/ncu.log"
