@@ -155,16 +155,34 @@ bool wide_layout(const Problem &p, int kd) {
     return bwd_split(kd) && !p.alibi;
 }
 
+// Whether bwd_det_kernel (a producer warpgroup; its writer warp adds each step's dQ, summed over
+// the CTA's 128 keys, in one bulk reduction) runs `p` on compiled head dim kd: the deterministic
+// mode up to head dim 128 always (its writer takes the turns), the default mode up to 4k keys.
+// bwd_kernel adds each warpgroup's 64-key partial dQ on its own, two reductions per step (64 of
+// the 96 KB a d 128 step moves through L2). Measured on the H200 (stop 41, call 1; bf16, hidden
+// 2048, 16k tokens): d 64 1.01-1.08x at 1k-4k keys, d 128 1.006-1.034x; at 8k 0.965-0.988x (d 64)
+// and 0.98-1.006x (d 128), where bwd_kernel's warpgroups, which never meet, stay.
+// FLASHATTN_FA3_BWD_WRITER=0/1 forces the default mode's choice (a developer's knob for A/B
+// runs). Read at finalize.
+bool writer_kernel(const Problem &p, int kd) {
+    if (bwd_split(kd)) return false;
+    if (p.deterministic) return true;
+    const char *knob = std::getenv("FLASHATTN_FA3_BWD_WRITER");
+    if (knob != nullptr && (std::string(knob) == "0" || std::string(knob) == "1")) return knob[0] == '1';
+    return p.seqlen_k <= 4096;
+}
+
 BwdPlan plan_backward(const Problem &p, int sm_count, WorkspaceLayout *ws) {
     BwdPlan plan;
     plan.head_dim = compiled_for(kernel_head_dim(p)).head_dim;
     plan.block_n = wide_layout(p, plan.head_dim) ? kBwdWideBN : bwd_block_n(plan.head_dim);
+    plan.dq_writer = writer_kernel(p, plan.head_dim);
     plan.grid_order = p.deterministic ? det_grid_order(p, sm_count, plan.block_n) : default_grid_order(p);
     plan.launch = compiled_for(kernel_head_dim(p)).launch;
     static_cast<BwdSlices &>(plan) =
         add_backward_slices(p, ceil_div(p.seqlen_q, kBwdBM),
                             {"fa3 backward dQ order counters", "fa3 backward dO.O row sums", "fa3 backward dQ accumulator"},
-                            ws, bwd_dq_frag(plan.head_dim, p.deterministic));
+                            ws, bwd_dq_frag(plan.head_dim, plan.dq_writer));
     return plan;
 }
 
@@ -180,6 +198,7 @@ flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const Wor
     fill_backward_args(p, t, ws, plan, &k);
     k.grid_order = plan.grid_order;
     k.block_n = plan.block_n;
+    k.dq_writer = plan.dq_writer ? 1 : 0;
 
     const bool bf16 = p.dtype == FLASHATTN_DTYPE_BF16;
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);

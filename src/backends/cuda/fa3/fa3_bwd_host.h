@@ -21,6 +21,7 @@ struct BwdPlan : BwdSlices {
     LaunchBwd launch = nullptr;
     int grid_order = 0;  // BwdGridOrder (fa3_bwd_params.h): default_grid_order / det_grid_order
     int block_n = 0;     // keys per CTA: bwd_block_n(head_dim), or kBwdWideBN (wide_layout)
+    bool dq_writer = false;  // bwd_det_kernel runs it (writer_kernel)
 };
 
 // Empty when the FA3 backward kernels can run `p` on `dev` (the forward's own conditions, TMA

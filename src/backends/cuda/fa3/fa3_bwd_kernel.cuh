@@ -1119,8 +1119,8 @@ __device__ __forceinline__ uint32_t dq_bytes(const BwdParams &p, const BwdBlock 
 }
 
 // Warp 1 of the producer warpgroup, the dQ writer (every lane runs it; lane 0 issues the bulk
-// operations). Per step: waits for the step's slot (dq_full: both consumers' pages), waits for
-// the key block's turn, reduces the slot in one bulk reduction, gives the slot back once it has
+// operations). Per step: waits for the step's slot (dq_full: both consumers' pages), in
+// deterministic mode waits for the key block's turn, reduces the slot in one bulk reduction, gives the slot back once it has
 // been read (dq_empty, every lane arrives) and releases the turn once the adds have completed
 // (fenced). The consumers never wait for L2: a turn, a poll or a reduction's latency sits here, in
 // front of no wgmma. Until stop 30 each consumer warpgroup had a slot of its own (its 64 keys'
@@ -1138,28 +1138,32 @@ __device__ __forceinline__ void write_dq_det(const BwdParams &p, const BwdBlock 
     const uint32_t full0 = cuda::smem_addr(&a.bars->dq_full[0]), empty0 = cuda::smem_addr(&a.bars->dq_empty[0]);
     static_assert(sizeof(BwdBarriers::dq_full) == 16 && sizeof(BwdBarriers::dq_empty) == 16,
                   "slot w's barriers at full0 + 8 w and empty0 + 8 w");
+    const bool ordered = p.deterministic != 0;  // else the default mode (p.dq_writer): no turns
     for (int s = 0; s < nsteps; ++s) {
         const uint32_t slot = static_cast<uint32_t>(s & 1);
         cuda::mbar_wait_s(full0 + 8 * slot, static_cast<uint32_t>((s >> 1) & 1));
         if (lane == 0) {
             const BwdStep st = bwd_step(p, a, s);
-            const BwdTurn turn = turn_of<Tr>(p, a, st);
-            while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
+            if (ordered) {
+                const BwdTurn turn = turn_of<Tr>(p, a, st);
+                while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
+                }
+                fence_proxy_async_global();  // the predecessors' adds, before this one
             }
-            fence_proxy_async_global();  // the predecessors' adds, before this one
             bulk_reduce_add_f32(dq_rows(p, a, st), s_dq0 + slot * Tr::kDQBytes, dq_bytes(p, a, st));
             cuda::bulk_commit();
             cuda::bulk_wait_read_all();
         }
         __syncwarp();
         cuda::mbar_arrive_s(empty0 + 8 * slot);
-        if (lane == 0) {
+        if (ordered && lane == 0) {
             cuda::bulk_wait_all();
             fence_proxy_async_global();
             __threadfence();  // the adds land before the counter moves
             atomicAdd(turn_sem(p, a, bwd_step(p, a, s)), 1);
         }
     }
+    if (lane == 0) cuda::bulk_wait_all();  // unordered: the reductions still in flight
 }
 
 // The consumer warpgroup wg's walk: its rows copies, the ring, one step after another.
@@ -1191,8 +1195,9 @@ __device__ __forceinline__ void det_consume(const BwdParams &p, const BwdBlock &
 
 // The deterministic mode's kernel (p.deterministic; stop 20): three warpgroups (kBwdDetThreads).
 // Warpgroup 0 produces (warp 0: TMA; warp 1: the dQ writer, which takes the turns), warpgroups 1
-// and 2 consume (keys n0 .. n0 + 63 and n0 + 64 .. n0 + 127). The default mode keeps bwd_kernel:
-// the same producer warpgroup (with a dQ writer at head dim 128) ran it 1-14 % slower.
+// and 2 consume (keys n0 .. n0 + 63 and n0 + 64 .. n0 + 127). The default mode runs it at head dim
+// 128 (p.dq_writer, no turns): one dQ reduction per step where bwd_kernel makes two. Before stop
+// 30 summed the two warpgroups' dQ into one page, it ran the default mode 1-14 % slower.
 template <class Tr, class E>
 __global__ void __launch_bounds__(kBwdDetThreads, 1)
     bwd_det_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -1240,7 +1245,7 @@ __global__ void __launch_bounds__(kBwdDetThreads, 1)
     for (int i = 0; i < Tr::kDW / 2; ++i) dK[i] = dV[i] = 0.f;
     if (any) {
         // the turns, staged in the dQ slots (first written at the end of step 0)
-        if (p.grid_order != kHeadsFastest)
+        if (p.deterministic && p.grid_order != kHeadsFastest)
             build_turn_table<Tr>(p, a, threadIdx.x - 128, 256, kBwdDetConsumerBar, cuda::smem_addr(a.smem) + Tr::kDQOff);
         det_consume<Tr, E>(p, a, nsteps, wg, dK, dV);
     }

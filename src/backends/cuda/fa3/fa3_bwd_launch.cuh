@@ -30,8 +30,8 @@ cudaError_t launch_bwd(const BwdParams &p, const BwdMaps &maps, cudaStream_t str
             return p.deterministic ? launch_bwd_wide_kernel<kD, E, true>(p, maps, stream)
                                    : launch_bwd_wide_kernel<kD, E, false>(p, maps, stream);
     }
-    return p.deterministic ? launch_bwd_kernel<kD, E, true>(p, maps, stream)
-                           : launch_bwd_kernel<kD, E, false>(p, maps, stream);
+    return p.deterministic || p.dq_writer ? launch_bwd_kernel<kD, E, true>(p, maps, stream)
+                                          : launch_bwd_kernel<kD, E, false>(p, maps, stream);
 }
 
 // Launcher body of one row of fa3_head_dims.h: both element types where a backward is compiled.

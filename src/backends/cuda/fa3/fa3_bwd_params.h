@@ -41,6 +41,9 @@ enum BwdGridOrder : int32_t {
 struct BwdParams : BwdTensorArgs {
     int32_t grid_order = kHeadsFastest;  // BwdGridOrder; deterministic mode: kHeadsFastest, kKeysRotated (no mask) or kKeysStaggered
     int32_t block_n = 0;  // keys per CTA of the kernel finalize chose: bwd_block_n, or kBwdWideBN (fa3_bwd_wide.cuh)
+    int32_t dq_writer = 0;  // 1: bwd_det_kernel (a producer warpgroup, one dQ reduction per step by its
+                            // writer warp): always in deterministic mode up to head dim 128, in the
+                            // default mode where finalize picks it (fa3_bwd_host.cpp, writer_kernel)
 };
 
 // TMA descriptors: rank 4 {head_dim, rows, heads, batch} like the forward's, 64-column boxes of
@@ -92,10 +95,8 @@ constexpr bool bwd_dq_tiles(int kd) { return !bwd_split(kd); }
 // query block stays one dense bulk reduction (fa3_bwd_kernel.cuh, dq_tile_to_smem); and in the
 // split layout (both modes), whose vector reductions from registers then add whole lines
 // (accumulate_dq_red); row-major in the deterministic kernel (its writer's fragment-order
-// addressing spilled on its 24 registers).
-constexpr bool bwd_dq_frag(int kd, bool deterministic) {
-    return bwd_split(kd) || (bwd_bulk_dq(kd) && !deterministic);
-}
+// addressing spilled on its 24 registers), also where the default mode runs that kernel.
+constexpr bool bwd_dq_frag(int kd, bool dq_writer) { return bwd_split(kd) || (bwd_bulk_dq(kd) && !dq_writer); }
 
 // K, V [block_n x kD], stages x (Q, dO) [kBwdBM x kD], 2 x a [64 x kBwdBM] page (dS^T of each
 // warpgroup; split: P^T and dS^T), all 16-bit; without the split, 2 x the fp32 dQ tile
