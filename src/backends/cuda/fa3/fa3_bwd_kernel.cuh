@@ -550,6 +550,15 @@ __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a
     const int nsb = (p.sink_tokens + Tr::kBN - 1) / Tr::kBN;  // sink blocks (0 without sink tokens)
     return BwdTurn{sem, ascending_turn(a.nb, nb_first, nsb)};
 }
+// One thread spins until the key block's turn at step st's query block has come (acquire: the
+// predecessors' adds are visible to it), and returns the turn.
+template <class Tr>
+__device__ __forceinline__ BwdTurn wait_turn(const BwdParams &p, const BwdBlock &a, BwdStep st) {
+    const BwdTurn turn = turn_of<Tr>(p, a, st);
+    while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
+    }
+    return turn;
+}
 
 // acc = dS K_page for the step's 64 queries and one 64-column page of K (64 keys from s_kp: the
 // warpgroup's, or the split layout's whole block): wgmma with dS^T and K both key-major in shared
@@ -741,11 +750,7 @@ __device__ __forceinline__ int *accumulate_dq_red(const BwdParams &p, const BwdB
     dq_page_issue<Tr, E>(acc, s_ds, s_k + (col0 / 64) * Tr::kKPage);
     BwdTurn turn{nullptr, 0};
     if constexpr (kDet) {
-        if (threadIdx.x == 0) {
-            turn = turn_of<Tr>(p, a, st);
-            while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
-            }
-        }
+        if (threadIdx.x == 0) turn = wait_turn<Tr>(p, a, st);
         __syncthreads();
     }
     cuda::wgmma_wait<0>();
@@ -1145,9 +1150,7 @@ __device__ __forceinline__ void write_dq_det(const BwdParams &p, const BwdBlock 
         if (lane == 0) {
             const BwdStep st = bwd_step(p, a, s);
             if (ordered) {
-                const BwdTurn turn = turn_of<Tr>(p, a, st);
-                while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
-                }
+                wait_turn<Tr>(p, a, st);
                 fence_proxy_async_global();  // the predecessors' adds, before this one
             }
             bulk_reduce_add_f32(dq_rows(p, a, st), s_dq0 + slot * Tr::kDQBytes, dq_bytes(p, a, st));

@@ -362,11 +362,7 @@ __device__ __forceinline__ int *wide_step(const BwdParams &p, const CUtensorMap 
     if (threadIdx.x == 0 && has_next) wide_refill_do<Tr>(p, tm_do, a, base, s, next);
     BwdTurn turn{nullptr, 0};
     if constexpr (kDet) {
-        if (threadIdx.x == 0) {
-            turn = turn_of<Tr>(p, a, st);
-            while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
-            }
-        }
+        if (threadIdx.x == 0) turn = wait_turn<Tr>(p, a, st);
     }
     cuda::wgmma_wait<0>();  // dK^T and dQ's first page: Q is free
     fence_all<Tr>(dKt);
