@@ -122,26 +122,38 @@ int64_t walks_from_block0(const Problem &p, int kbn, int64_t key_blocks) {
 // order makes key block n of a resident pair wait about 2n steps for key block 0 to reach its
 // diagonal). Measured on the H200 (stop 34, bf16, d 64 / 128 / 256, 1k-8k, causal and not): the
 // deterministic mode 0.82-0.97x the default where the ascending order gave 0.71-0.97x.
-// FLASHATTN_FA3_BWD_DET_ORDER=0 forces heads fastest (a developer's knob for A/B runs).
+// FLASHATTN_FA3_BWD_DET_ORDER=0 forces heads fastest, =2 keys fastest wherever the pair and the walk
+// fit (rotated, or staggered under a mask; developer knobs for A/B runs).
 int det_grid_order(const Problem &p, int sm_count, int kbn) {
     const char *knob = std::getenv("FLASHATTN_FA3_BWD_DET_ORDER");
     if (knob != nullptr && std::string(knob) == "0") return kHeadsFastest;
     const int64_t key_blocks = ceil_div(p.seqlen_k, kbn);
     const bool fits = key_blocks <= sm_count && ceil_div(p.seqlen_q, kBwdBM) <= kBwdTurnTableMax;
     if (!fits) return kHeadsFastest;
-    // A wave that ends inside a pair starts the next pair's first key blocks, whose turns wait
-    // for that pair's later blocks, dispatched only as the wave drains: keys rotated where pairs
-    // are short or fill the waves. d 256's 80-key blocks at 8k (103 of 132 SMs; stop 40, H100, two
-    // calls): rotated 0.74-0.77x the default, ascending 0.80-0.82x; the 64- / 128-key layouts'
-    // pairs leave 4 SMs and keep rotating (d 128 16k: 128 blocks, 0.92-0.97x).
-    if (!p.has_mask())
-        return key_blocks <= sm_count / 2 || sm_count % key_blocks <= sm_count / 16 ? kKeysRotated : kHeadsFastest;
+    const bool forced = knob != nullptr && std::string(knob) == "2";  // keys fastest wherever it fits
+    // Without a mask, rotated wherever the pair fits a wave: where a wave ends inside a pair, the
+    // turns of the blocks it dispatched come first (det_wave_ctas).
+    if (!p.has_mask() || forced) return p.has_mask() ? kKeysStaggered : kKeysRotated;
     // Staggered turns wait on the key blocks above, which the grid dispatches later: a pair that
     // spans two waves leaves its first-dispatched (lowest) key blocks waiting for SMs to free
     // (stop 31 call 6: d256 causal 8k, 128 key blocks, 0.61x the default against 0.83x ascending).
     // Walks from query block 0 (chunked prefill) queue up as under the rotated order.
     return key_blocks <= sm_count / 2 && 4 * walks_from_block0(p, kbn, key_blocks) <= key_blocks ? kKeysStaggered
                                                                                                 : kHeadsFastest;
+}
+
+// The wave for the deterministic keys-rotated turns' split (fa3_bwd_turns.h bwd_wave_split: the key
+// blocks of a pair that a wave dispatches take their turns before the blocks a later wave
+// dispatches, instead of waiting a CTA's lifetime for them), or 0 for none: only where the pairs
+// leave more than a sixteenth of a wave over. d 256's 80-key pairs at 4k / 8k keys (52 / 103
+// blocks of 132 SMs): 0.87 / 0.89x the default (stop 41 call 5, H100; rotated without the split
+// 0.78x, ascending 0.72 / 0.82x). The 64- / 128-key layouts' pairs leave 4 SMs (d 64 moved by
+// -1..-2 % with the split there), and under a mask the staggered walks' lower key blocks, the
+// long ones, would go first and hold every later block back (3-18 % slower).
+int det_wave_ctas(const Problem &p, int sm_count, int kbn, int grid_order) {
+    const int64_t key_blocks = ceil_div(p.seqlen_k, kbn);
+    if (grid_order != kKeysRotated || key_blocks == 0) return 0;
+    return sm_count % key_blocks > sm_count / 16 ? sm_count : 0;
 }
 
 // Whether the 80-key layout (fa3_bwd_wide.cuh) runs `p` on its compiled head dim kd: the split
@@ -178,6 +190,7 @@ BwdPlan plan_backward(const Problem &p, int sm_count, WorkspaceLayout *ws) {
     plan.block_n = wide_layout(p, plan.head_dim) ? kBwdWideBN : bwd_block_n(plan.head_dim);
     plan.dq_writer = writer_kernel(p, plan.head_dim);
     plan.grid_order = p.deterministic ? det_grid_order(p, sm_count, plan.block_n) : default_grid_order(p);
+    plan.wave_ctas = p.deterministic ? det_wave_ctas(p, sm_count, plan.block_n, plan.grid_order) : 0;
     plan.launch = compiled_for(kernel_head_dim(p)).launch;
     static_cast<BwdSlices &>(plan) =
         add_backward_slices(p, ceil_div(p.seqlen_q, kBwdBM),
@@ -199,6 +212,7 @@ flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const Wor
     k.grid_order = plan.grid_order;
     k.block_n = plan.block_n;
     k.dq_writer = plan.dq_writer ? 1 : 0;
+    k.wave_ctas = plan.wave_ctas;
 
     const bool bf16 = p.dtype == FLASHATTN_DTYPE_BF16;
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);

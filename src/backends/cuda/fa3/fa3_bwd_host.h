@@ -22,6 +22,7 @@ struct BwdPlan : BwdSlices {
     int grid_order = 0;  // BwdGridOrder (fa3_bwd_params.h): default_grid_order / det_grid_order
     int block_n = 0;     // keys per CTA: bwd_block_n(head_dim), or kBwdWideBN (wide_layout)
     bool dq_writer = false;  // bwd_det_kernel runs it (writer_kernel)
+    int wave_ctas = 0;       // CTAs of one wave (the SMs): the deterministic turns' bwd_wave_split
 };
 
 // Empty when the FA3 backward kernels can run `p` on `dev` (the forward's own conditions, TMA

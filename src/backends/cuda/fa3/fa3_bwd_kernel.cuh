@@ -528,8 +528,10 @@ __device__ __forceinline__ void issue_dkv(float (&dK)[Tr::kDW / 2], float (&dV)[
 //   blocks at each step, so that few turns wait: rotated walks without a mask; under a causal or
 //   window mask the plain walks already start at different query blocks (a key block's first is
 //   its diagonal), and the order by step is descending key blocks, each a step or two behind the
-//   one above it. The CTA counts its predecessors for each query block of its
-//   walk once (build_turn_table) into the turn table (Traits::kTurnOff).
+//   one above it. Where finalize sets p.wave_ctas (rotated walks whose pairs leave a wave's last
+//   SMs to the next pair), the key blocks a wave dispatches take their turns before those of the
+//   pair's blocks a later wave dispatches (bwd_wave_split). The CTA counts its predecessors for
+//   each query block of its walk once (build_turn_table) into the turn table (Traits::kTurnOff).
 // Each adds in one turn, taken by bwd_det_kernel's writer warp for both consumer warpgroups (the
 // split layout: by bwd_kernel's thread 0).
 struct BwdTurn {
@@ -983,8 +985,11 @@ __device__ __forceinline__ void build_turn_table(const BwdParams &p, const BwdBl
                        static_cast<int>(cuda::ld_shared_b32(at + 8))};
     };
     const uint32_t table = cuda::smem_addr(a.smem) + Tr::kTurnOff;
+    // the pair's CTAs start at blockIdx.x - nb in the keys-fastest grid
+    const int split = bwd_wave_split(static_cast<int64_t>(blockIdx.x) - a.nb, bwd_key_blocks<Tr>(p), p.wave_ctas);
     for (int j = tid; j < a.nmb; j += threads)
-        cuda::st_shared_b32(table + 4 * j, static_cast<uint32_t>(bwd_turn(walks, seq_blocks, a.nb, a.mb_first + j)));
+        cuda::st_shared_b32(table + 4 * j,
+                            static_cast<uint32_t>(bwd_turn(walks, seq_blocks, a.nb, a.mb_first + j, split)));
     if (bar == 0) __syncthreads(); else cuda::named_barrier_sync(bar, threads);  // the table, and scratch free again
 }
 

@@ -64,20 +64,38 @@ constexpr int bwd_walk_block(const BwdWalk &w, int t) {
     return w.first + (m >= w.count ? m - w.count : m);
 }
 
-// The deterministic mode's turn (keys-rotated grid): the adds into query block q go in the order
-// in which the walks reach it, by step, then by key block. Returns how many of the seq_blocks key
-// blocks add into q before key block nb (which visits q). walks(n): key block n's BwdWalk.
+// The deterministic mode's turn (keys-fastest grids): the adds into query block q go in the order
+// in which the walks reach it, by step, then by key block; where a wave of the grid ends inside the
+// pair, the key blocks below `split` (dispatched in the earlier wave: bwd_wave_split) all go first,
+// so that none of them waits for a block that only a later wave dispatches. Returns how many of
+// the seq_blocks key blocks add into q before key block nb (which visits q). walks(n): key block
+// n's BwdWalk.
 template <class Walks>
-constexpr int bwd_turn(const Walks &walks, int seq_blocks, int nb, int q) {
+constexpr int bwd_turn(const Walks &walks, int seq_blocks, int nb, int q, int split) {
     const int t = bwd_walk_step(walks(nb), q);
+    const bool late = nb >= split;
     int before = 0;
     for (int n = 0; n < seq_blocks; ++n) {
         const BwdWalk w = walks(n);
         if (q < w.first || q >= w.first + w.count) continue;
+        if ((n >= split) != late) {
+            before += late ? 1 : 0;  // the other wave's block: first if it is the earlier one
+            continue;
+        }
         const int tn = bwd_walk_step(w, q);
         before += (tn < t || (tn == t && n < nb)) ? 1 : 0;
     }
     return before;
+}
+
+// The key blocks of a pair that the grid's wave holding its first CTA dispatches (keys-fastest
+// grid: the pair's CTAs first_cta .. first_cta + nkb - 1; waves of wave_ctas CTAs, one per SM, as
+// the in-order dispatch of CTAs of equal length gives them): nkb where the pair fits the wave
+// (or wave_ctas is 0: no split).
+constexpr int bwd_wave_split(int64_t first_cta, int nkb, int wave_ctas) {
+    if (wave_ctas <= 0) return nkb;
+    const int64_t left = wave_ctas - first_cta % wave_ctas;
+    return left < nkb ? static_cast<int>(left) : nkb;
 }
 
 }  // namespace fa3
