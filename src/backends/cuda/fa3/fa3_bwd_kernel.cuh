@@ -1130,9 +1130,9 @@ __device__ __forceinline__ uint32_t dq_bytes(const BwdParams &p, const BwdBlock 
 
 // Warp 1 of the producer warpgroup, the dQ writer (every lane runs it; lane 0 issues the bulk
 // operations). Per step: waits for the step's slot (dq_full: both consumers' pages), in
-// deterministic mode waits for the key block's turn, reduces the slot in one bulk reduction, gives the slot back once it has
-// been read (dq_empty, every lane arrives) and releases the turn once the adds have completed
-// (fenced). The consumers never wait for L2: a turn, a poll or a reduction's latency sits here, in
+// deterministic mode waits for the key block's turn, reduces the slot in one bulk reduction, gives
+// the slot back once it has been read (dq_empty, every lane arrives) and, in deterministic mode,
+// releases the turn once the adds have completed (fenced). The consumers never wait for L2: a turn, a poll or a reduction's latency sits here, in
 // front of no wgmma. Until stop 30 each consumer warpgroup had a slot of its own (its 64 keys'
 // partial dQ over all columns) and the writer reduced the two one after the other, waiting for the
 // first to complete (two bulk reductions in flight have no defined order): two L2 round trips per
@@ -1203,9 +1203,10 @@ __device__ __forceinline__ void det_consume(const BwdParams &p, const BwdBlock &
 
 // The deterministic mode's kernel (p.deterministic; stop 20): three warpgroups (kBwdDetThreads).
 // Warpgroup 0 produces (warp 0: TMA; warp 1: the dQ writer, which takes the turns), warpgroups 1
-// and 2 consume (keys n0 .. n0 + 63 and n0 + 64 .. n0 + 127). The default mode runs it at head dim
-// 128 (p.dq_writer, no turns): one dQ reduction per step where bwd_kernel makes two. Before stop
-// 30 summed the two warpgroups' dQ into one page, it ran the default mode 1-14 % slower.
+// and 2 consume (keys n0 .. n0 + 63 and n0 + 64 .. n0 + 127). The default mode runs it up to 4k
+// keys (p.dq_writer, no turns; finalize's writer_kernel): one dQ reduction per step where
+// bwd_kernel makes two. Before stop 30 summed the two warpgroups' dQ into one page, it ran the
+// default mode 1-14 % slower.
 template <class Tr, class E>
 __global__ void __launch_bounds__(kBwdDetThreads, 1)
     bwd_det_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
