@@ -2,8 +2,8 @@
 //
 // Workspace (O(N), never N x N), as the FA2 backward's:
 //   row_dot   heads_q x rows x 4 bytes
-//   dq_accum  heads_q x rows x head_dim x 4 bytes (rows = batch * seqlen_q, or total_q); in
-//             fragment order (bwd_dq_frag) rows and head_dim rounded up (device/dq_accum.cuh)
+//   dq_accum  heads_q x rows x head_dim x 4 bytes (rows = batch * seqlen_q, or total_q), in
+//             fragment order: rows and head_dim rounded up (device/dq_accum.cuh)
 //   dq_sem    deterministic only: batch x heads_q x query blocks x 4 bytes
 // Determinism: dK and dV are written once by the one CTA that owns the key block (it walks the
 // whole GQA group in a fixed order); dQ goes through fp32 reductions that, in deterministic mode,
@@ -195,7 +195,7 @@ BwdPlan plan_backward(const Problem &p, int sm_count, WorkspaceLayout *ws) {
     static_cast<BwdSlices &>(plan) =
         add_backward_slices(p, ceil_div(p.seqlen_q, kBwdBM),
                             {"fa3 backward dQ order counters", "fa3 backward dO.O row sums", "fa3 backward dQ accumulator"},
-                            ws, bwd_dq_frag(plan.head_dim, plan.dq_writer));
+                            ws, /*dq_frag=*/true);  // every kernel (fa3_bwd_params.h)
     return plan;
 }
 

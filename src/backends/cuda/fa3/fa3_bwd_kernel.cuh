@@ -591,9 +591,9 @@ __device__ __forceinline__ void dq_page_gemm(float (&acc)[32], uint32_t s_ds, ui
 }
 
 // dQ = dS K_w for the step's 64 queries (this warpgroup's 64 keys), 64 head-dim columns at a time
-// (dq_page_gemm), stored at s_dq in the accumulator's layout (bwd_dq_frag):
-// - default mode (store_dq_frag_page), fragment order (device/dq_accum.cuh, dq_frag_cols(head_dim)
-//   columns): warp w's 16 rows are 16-row block w, and the wgmma fragment of an 8-column block j
+// (dq_page_gemm), stored at s_dq in the accumulator's layout (store_dq_frag_page; also the
+// deterministic kernel's writer slot, both warpgroups' keys), fragment order (device/dq_accum.cuh,
+// dq_frag_cols(head_dim) columns): warp w's 16 rows are 16-row block w, and the wgmma fragment of an 8-column block j
 //   (thread 4g + t: rows g, g + 8, columns 2t, 2t + 1, registers 4j .. 4j + 3) is exactly that
 //   layout's m16n8 fragment, so each thread stores its four floats as one 16-byte vector and the
 //   warp's 32 vectors are 512 contiguous bytes: 4 wavefronts, no bank conflict. Row-major rows of
@@ -602,8 +602,6 @@ __device__ __forceinline__ void dq_page_gemm(float (&acc)[32], uint32_t s_ds, ui
 //   dense bulk reduction. At head dim 128, per warpgroup and step: 64 STS.128 / 256 wavefronts where
 //   the row-major form took 128 STS.64 / 1024. Blocks past head_dim inside dq_frag_cols are stored
 //   too (zeros: K's columns there load as zeros): the reduction reads no unwritten bytes.
-// (The deterministic kernel's writer slot, row-major rows of head_dim floats, takes whole pages
-// over all 128 keys: store_dq_slot_page.)
 __device__ __forceinline__ void store_dq_frag_page(const float (&acc)[32], int half, uint32_t s_dq, int dcols) {
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31;
     // this thread's 8-column block 0 in fragment order
@@ -632,24 +630,8 @@ __device__ __forceinline__ void dq_full_page_issue(float (&acc)[32], uint32_t s_
                          dk + static_cast<uint64_t>((kk * 16 * 128) >> 4), kk > 0);
     cuda::wgmma_commit();
 }
-// ... stored as columns 64 pg .. 64 pg + 63 of the slot's row-major [64 rows][head_dim] fp32 tile
-// (the writer's layout, dq_rows; columns past head_dim are not stored).
-__device__ __forceinline__ void store_dq_slot_page(const float (&acc)[32], int pg, uint32_t s_slot, int d) {
-    const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const int col = 64 * pg + 8 * j + 2 * t;  // head_dim is a multiple of 8: the pair is in or out
-        if (col >= d) continue;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = 16 * warp + g + 8 * h;
-            st_shared_v2_f32(s_slot + (row * d + col) * 4, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-        }
-    }
-}
-
-// Where step st's dQ rows start in the fp32 accumulator in fragment order (bwd_dq_frag: the
-// default mode's bulk tiles, the split layout's vector reductions) and how many bytes of them the
+// Where step st's dQ rows start in the fp32 accumulator in fragment order (the bulk tiles of both
+// kernels, the split layout's vector reductions) and how many bytes of them the
 // bulk reduction adds: the query block's rows are contiguous there, whole 16-row blocks, the last
 // one's padding rows (past the sequence, never converted) included.
 __device__ __forceinline__ float *dq_frag_rows(const BwdParams &p, const BwdBlock &a, BwdStep st) {
@@ -728,7 +710,7 @@ __device__ __forceinline__ void red_dq_page(float *band, int col0, int dcols, in
 // dQ += dS K_w from registers: vector reductions into the fp32 accumulator, one 64-column page
 // of the warpgroup's columns at a time (dq_page_gemm). The split layout in both modes (no room for
 // an fp32 tile; head dim 64's default mode used it until stop 29). The accumulator is in fragment
-// order (bwd_dq_frag, device/dq_accum.cuh): the wgmma fragment of an 8-column block is the
+// order (device/dq_accum.cuh): the wgmma fragment of an 8-column block is the
 // layout's m16n8 fragment, so a lane's four floats are one red.v4 and a warp's instruction adds
 // 512 contiguous bytes (four whole lines); row-major red.v2 took eight 32-byte pieces of eight
 // rows, four times the L2 requests, and kept L2 84 % busy (stop 37's ncu, d 256, 4k). A warp's
@@ -795,7 +777,8 @@ __device__ __forceinline__ void det_dkv_and_dq(const BwdParams &p, const BwdBloc
         cuda::wgmma_wait<1>();  // dQ (dV, dK may still run)
         cuda::fence_operands(acc);
         if (s >= 2) cuda::mbar_wait(&a.bars->dq_empty[slot], static_cast<uint32_t>(((s >> 1) & 1) ^ 1));
-        store_dq_slot_page(acc, pg, cuda::smem_addr(a.smem) + Tr::kDQOff + slot * Tr::kDQBytes, p.head_dim);
+        store_dq_frag_page(acc, pg, cuda::smem_addr(a.smem) + Tr::kDQOff + slot * Tr::kDQBytes,
+                           cuda::dq_frag_cols(p.head_dim));
         fence_proxy_async_smem();  // this thread's stores, before the writer's bulk reduction reads them
     } else {
         issue_dkv<Tr, E, Tr::kKF>(dK, dV, Pf, dSf, s_q, s_do);
@@ -1118,16 +1101,6 @@ __device__ __forceinline__ void produce_q_do(const BwdParams &p, const CUtensorM
     }
 }
 
-// Where step st's dQ rows start in the fp32 accumulator, and how many bytes of them there are
-// (the deterministic kernel's row-major layout: the query block's rows of the sequence are
-// contiguous: [heads_q][rows][head_dim]).
-__device__ __forceinline__ float *dq_rows(const BwdParams &p, const BwdBlock &a, BwdStep st) {
-    return p.dq_accum + (static_cast<int64_t>(st.hq) * p.total_rows + a.q_row0 + st.m0) * p.head_dim;
-}
-__device__ __forceinline__ uint32_t dq_bytes(const BwdParams &p, const BwdBlock &a, BwdStep st) {
-    return static_cast<uint32_t>(min(kBwdBM, a.sq - st.m0) * p.head_dim * 4);
-}
-
 // Warp 1 of the producer warpgroup, the dQ writer (every lane runs it; lane 0 issues the bulk
 // operations). Per step: waits for the step's slot (dq_full: both consumers' pages), in
 // deterministic mode waits for the key block's turn, reduces the slot in one bulk reduction, gives
@@ -1158,7 +1131,7 @@ __device__ __forceinline__ void write_dq_det(const BwdParams &p, const BwdBlock 
                 wait_turn<Tr>(p, a, st);
                 fence_proxy_async_global();  // the predecessors' adds, before this one
             }
-            bulk_reduce_add_f32(dq_rows(p, a, st), s_dq0 + slot * Tr::kDQBytes, dq_bytes(p, a, st));
+            bulk_reduce_add_f32(dq_frag_rows(p, a, st), s_dq0 + slot * Tr::kDQBytes, dq_frag_bytes(p, a, st));
             cuda::bulk_commit();
             cuda::bulk_wait_read_all();
         }

@@ -91,13 +91,14 @@ constexpr int bwd_stages(int kd) { return kd <= 64 ? 3 : 2; }
 // 10-20 % faster before that stop's instruction diet; its ncu then found L2 78 % busy with them).
 constexpr bool bwd_bulk_dq(int kd) { return !bwd_split(kd); }
 constexpr bool bwd_dq_tiles(int kd) { return !bwd_split(kd); }
-// The dQ accumulator's layout: fragment order (device/dq_accum.cuh) where the default mode reduces
-// a shared tile (bwd_bulk_dq): the wgmma fragment stores into it without bank conflicts and a
-// query block stays one dense bulk reduction (fa3_bwd_kernel.cuh, dq_tile_to_smem); and in the
-// split layout (both modes), whose vector reductions from registers then add whole lines
-// (accumulate_dq_red); row-major in the deterministic kernel (its writer's fragment-order
-// addressing spilled on its 24 registers), also where the default mode runs that kernel.
-constexpr bool bwd_dq_frag(int kd, bool dq_writer) { return bwd_split(kd) || (bwd_bulk_dq(kd) && !dq_writer); }
+// The dQ accumulator's layout is fragment order (device/dq_accum.cuh) at every compiled head dim
+// and in both modes (fa3_bwd_host.cpp plan_backward): the wgmma fragment stores into a shared tile
+// without bank conflicts and a query block stays one dense bulk reduction (store_dq_frag_page),
+// and the split layout's vector reductions from registers add whole lines (accumulate_dq_red).
+// Until stop 42 the deterministic kernel's writer slot was row-major (rows of head_dim floats):
+// each consumer thread's 16 STS.64 per step put 8 rows on the same banks (128 wavefronts per warp
+// and step where fragment order takes 32), on the shared memory that the step's n64 SS wgmmas
+// already keep busy.
 
 // K, V [block_n x kD], stages x (Q, dO) [kBwdBM x kD], 2 x a [64 x kBwdBM] page (dS^T of each
 // warpgroup; split: P^T and dS^T), all 16-bit; without the split, 2 x the fp32 dQ tile
