@@ -168,20 +168,20 @@ bool wide_layout(const Problem &p, int kd) {
 }
 
 // Whether bwd_det_kernel (a producer warpgroup; its writer warp adds each step's dQ, summed over
-// the CTA's 128 keys, in one bulk reduction) runs `p` on compiled head dim kd: the deterministic
-// mode up to head dim 128 always (its writer takes the turns), the default mode up to 4k keys.
-// bwd_kernel adds each warpgroup's 64-key partial dQ on its own, two reductions per step (64 of
-// the 96 KB a d 128 step moves through L2). Measured on the H200 (stop 41, call 1; bf16, hidden
-// 2048, 16k tokens): d 64 1.01-1.08x at 1k-4k keys, d 128 1.006-1.034x; at 8k 0.965-0.988x (d 64)
-// and 0.98-1.006x (d 128), where bwd_kernel's warpgroups, which never meet, stay.
-// FLASHATTN_FA3_BWD_WRITER=0/1 forces the default mode's choice (a developer's knob for A/B
-// runs). Read at finalize.
+// the CTA's 128 keys, in one bulk reduction) runs `p` on compiled head dim kd: up to head dim 128
+// in both modes (the deterministic one's writer takes the turns). bwd_kernel adds each
+// warpgroup's 64-key partial dQ on its own, two reductions per step (64 of the 96 KB a d 128 step
+// moves through L2). Stop 41 (H200) measured the writer kernel 1.01-1.08x bwd_kernel at 1k-4k keys
+// and 0.965-1.006x at 8k, so it ran the default mode up to 4k; stop 42 stored its dQ slot in
+// fragment order (no bank conflicts: fa3_bwd_params.h) and measured it, forced, 1.08-1.24x at
+// 1k-4k and 1.14-1.42x at 8k-16k (H100, bf16, hidden 2048, 16k tokens, d 64 and 128): every length.
+// FLASHATTN_FA3_BWD_WRITER=0 keeps bwd_kernel for the default mode (a developer's knob for A/B
+// runs; test_backward_fa3_nowriter keeps it tested). Read at finalize.
 bool writer_kernel(const Problem &p, int kd) {
     if (bwd_split(kd)) return false;
     if (p.deterministic) return true;
     const char *knob = std::getenv("FLASHATTN_FA3_BWD_WRITER");
-    if (knob != nullptr && (std::string(knob) == "0" || std::string(knob) == "1")) return knob[0] == '1';
-    return p.seqlen_k <= 4096;
+    return knob == nullptr || std::string(knob) != "0";
 }
 
 BwdPlan plan_backward(const Problem &p, int sm_count, WorkspaceLayout *ws) {

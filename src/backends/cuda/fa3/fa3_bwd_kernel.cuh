@@ -1176,9 +1176,9 @@ __device__ __forceinline__ void det_consume(const BwdParams &p, const BwdBlock &
 
 // The deterministic mode's kernel (p.deterministic; stop 20): three warpgroups (kBwdDetThreads).
 // Warpgroup 0 produces (warp 0: TMA; warp 1: the dQ writer, which takes the turns), warpgroups 1
-// and 2 consume (keys n0 .. n0 + 63 and n0 + 64 .. n0 + 127). The default mode runs it up to 4k
-// keys (p.dq_writer, no turns; finalize's writer_kernel): one dQ reduction per step where
-// bwd_kernel makes two. Before stop 30 summed the two warpgroups' dQ into one page, it ran the
+// and 2 consume (keys n0 .. n0 + 63 and n0 + 64 .. n0 + 127). The default mode runs it too
+// (p.dq_writer, no turns; finalize's writer_kernel): one dQ reduction per step where bwd_kernel
+// makes two. Before stop 30 summed the two warpgroups' dQ into one page, it ran the
 // default mode 1-14 % slower.
 template <class Tr, class E>
 __global__ void __launch_bounds__(kBwdDetThreads, 1)

@@ -43,8 +43,8 @@ struct BwdParams : BwdTensorArgs {
     int32_t block_n = 0;  // keys per CTA of the kernel finalize chose: bwd_block_n, or kBwdWideBN (fa3_bwd_wide.cuh)
     int32_t wave_ctas = 0;  // deterministic keys-fastest turns: CTAs per wave (the SMs; bwd_wave_split)
     int32_t dq_writer = 0;  // 1: bwd_det_kernel (a producer warpgroup, one dQ reduction per step by its
-                            // writer warp): always in deterministic mode up to head dim 128, in the
-                            // default mode where finalize picks it (fa3_bwd_host.cpp, writer_kernel)
+                            // writer warp): up to head dim 128 in both modes unless a developer's
+                            // knob keeps bwd_kernel (fa3_bwd_host.cpp, writer_kernel)
 };
 
 // TMA descriptors: rank 4 {head_dim, rows, heads, batch} like the forward's, 64-column boxes of
