@@ -16,9 +16,10 @@ tail -3 "$out/build-stage.txt"
 export LD_LIBRARY_PATH=$PWD/.devdeps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 T=${T:-240}
 # TC: ctest's own limit. Its 32 gpu tests share the GPU with ~45 sanitizer jobs; at 170 s (stop 16)
-# it finished only 15 of them, so it gets twice the per-job limit by default.
+# it finished only 15 of them, so it gets twice the per-job limit by default. The SASS tests get it
+# too: under the sanitizers' CPU load test_fa2_sass ran past T (stops 41-42).
 TC=${TC:-$((2 * T))}
-run() { local name=$1; shift; local limit=$T; [ "$name" = ctest ] && limit=$TC
+run() { local name=$1; shift; local limit=$T; case $name in ctest|sass) limit=$TC;; esac
         ( timeout $limit "$@" > "$out/$name.log" 2>&1; echo "$name rc=$? $(grep -aE 'ERROR SUMMARY|RACECHECK SUMMARY|passed|failures|tests passed' "$out/$name.log" | tail -1)" > "$out/$name.rc" ) & }
 run ctest ctest --test-dir $b --output-on-failure -j 8 -L gpu
 # The SASS check is labelled cpu (it needs no GPU) but a merge can break it (stop 15: a spill).
