@@ -6,7 +6,7 @@
 # timeout (`bench/ab_backward.py --deterministic`: a turn that never comes hangs the benchmark's
 # larger shapes while every test passes - stop 30's first keys-rotated hand-over did), then runs
 # test_backward_fa3, ctest's test_fa3_sass / test_fa3_bwd_turns and compute-sanitizer memcheck /
-# racecheck / synccheck of the reduced grid. Logs under $OUT packed into logs.tgz (the device tool
+# racecheck / synccheck of the reduced grid. Logs packed into $OUT/logs.tgz (the device tool
 # returns a few files only), the A/B table and a summary last. Stop 30 ran the same steps as
 #   BASE_SRC=.xfer/main HDIMS=64,128,256 SEQLENS=1024,2048,4096 bash tests/gpu/bwd-branch-check.sh
 # TILE_FORMS: ab_backward's --tile-forms (extra B columns, e.g. det:FLASHATTN_FA3_BWD_DET_ORDER=0).
@@ -15,8 +15,10 @@
 # seconds): if it fails or hangs, the A/B times M in its place (B's column then is M's).
 # RANDOM_CASES: also test_random_grad_fa3 with that many cases (0: not run).
 set -uo pipefail
-out=${OUT:-/tmp/bwd-branch}
-mkdir -p "$out"
+# Logs are written to a private folder and only ab.md and logs.tgz are copied to OUT, so files that
+# the caller's command put there survive (until stop 42 the script's clean-up deleted them).
+final=${OUT:-/tmp/bwd-branch} out=/tmp/bwd-branch-work
+rm -rf "$out"; mkdir -p "$out" "$final"
 deadline=${DEADLINE:-560}
 source "$(dirname "$0")/stages.sh"
 . "$(dirname "$0")/devdeps-env.sh"; use_devdeps "$PWD"
@@ -73,4 +75,4 @@ note "ctest $(tail -1 "$out/ctest.log") $(grep -aE 'tests passed|Failed' "$out/c
 san_notes
 echo; cat "$out/ab.md" 2>/dev/null
 echo "==== summary"; printf '%s\n' "${summary[@]}"
-(cd "$out" && tar czf /tmp/bwd-branch-logs.tgz . && find . -type f ! -name ab.md -delete && mv /tmp/bwd-branch-logs.tgz logs.tgz)
+(cd "$out" && tar czf "$final/logs.tgz" .); cp "$out/ab.md" "$final/" 2>/dev/null
