@@ -591,17 +591,18 @@ __device__ __forceinline__ void dq_page_gemm(float (&acc)[32], uint32_t s_ds, ui
 }
 
 // dQ = dS K_w for the step's 64 queries (this warpgroup's 64 keys), 64 head-dim columns at a time
-// (dq_page_gemm), stored at s_dq in the accumulator's layout (store_dq_frag_page; also the
-// deterministic kernel's writer slot, both warpgroups' keys), fragment order (device/dq_accum.cuh,
-// dq_frag_cols(head_dim) columns): warp w's 16 rows are 16-row block w, and the wgmma fragment of an 8-column block j
-//   (thread 4g + t: rows g, g + 8, columns 2t, 2t + 1, registers 4j .. 4j + 3) is exactly that
-//   layout's m16n8 fragment, so each thread stores its four floats as one 16-byte vector and the
-//   warp's 32 vectors are 512 contiguous bytes: 4 wavefronts, no bank conflict. Row-major rows of
-//   512 bytes put an instruction's 8 rows (lanes 0-15: rows 0-3, 32 bytes each) on the same 8
-//   banks: 8 wavefronts per 256 bytes (stop 22's profile: 7.3-way); padded rows would break the one
-//   dense bulk reduction. At head dim 128, per warpgroup and step: 64 STS.128 / 256 wavefronts where
-//   the row-major form took 128 STS.64 / 1024. Blocks past head_dim inside dq_frag_cols are stored
-//   too (zeros: K's columns there load as zeros): the reduction reads no unwritten bytes.
+// (dq_page_gemm), stored at s_dq in the accumulator's layout (also the deterministic kernel's
+// writer slot, a page over both warpgroups' keys): fragment order (device/dq_accum.cuh,
+// dq_frag_cols(head_dim) columns). Warp w's 16 rows are 16-row block w, and the wgmma fragment of
+// an 8-column block j (thread 4g + t: rows g, g + 8, columns 2t, 2t + 1, registers 4j .. 4j + 3)
+// is exactly that layout's m16n8 fragment, so each thread stores its four floats as one 16-byte
+// vector and the warp's 32 vectors are 512 contiguous bytes: 4 wavefronts, no bank conflict.
+// Row-major rows of 512 bytes put an instruction's 8 rows (lanes 0-15: rows 0-3, 32 bytes each) on
+// the same 8 banks: 8 wavefronts per 256 bytes (stop 22's profile: 7.3-way); padded rows would
+// break the one dense bulk reduction. At head dim 128, per warpgroup and step: 64 STS.128 / 256
+// wavefronts where the row-major form took 128 STS.64 / 1024. Blocks past head_dim inside
+// dq_frag_cols are stored too (zeros: K's columns there load as zeros): the reduction reads no
+// unwritten bytes.
 __device__ __forceinline__ void store_dq_frag_page(const float (&acc)[32], int half, uint32_t s_dq, int dcols) {
     const int wtid = threadIdx.x & 127, warp = wtid >> 5, lane = wtid & 31;
     // this thread's 8-column block 0 in fragment order
