@@ -133,7 +133,8 @@ int det_grid_order(const Problem &p, int sm_count, int kbn) {
     const bool forced = knob != nullptr && std::string(knob) == "2";  // keys fastest wherever it fits
     // Without a mask, rotated wherever the pair fits a wave: where a wave ends inside a pair, the
     // turns of the blocks it dispatched come first (det_wave_ctas).
-    if (!p.has_mask() || forced) return p.has_mask() ? kKeysStaggered : kKeysRotated;
+    if (!p.has_mask()) return kKeysRotated;
+    if (forced) return kKeysStaggered;
     // Staggered turns wait on the key blocks above, which the grid dispatches later: a pair that
     // spans two waves leaves its first-dispatched (lowest) key blocks waiting for SMs to free
     // (stop 31 call 6: d256 causal 8k, 128 key blocks, 0.61x the default against 0.83x ascending).

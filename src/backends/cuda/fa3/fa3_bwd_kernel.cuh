@@ -632,9 +632,9 @@ __device__ __forceinline__ void dq_full_page_issue(float (&acc)[32], uint32_t s_
     cuda::wgmma_commit();
 }
 // Where step st's dQ rows start in the fp32 accumulator in fragment order (the bulk tiles of both
-// kernels, the split layout's vector reductions) and how many bytes of them the
-// bulk reduction adds: the query block's rows are contiguous there, whole 16-row blocks, the last
-// one's padding rows (past the sequence, never converted) included.
+// kernels, the split layout's vector reductions) and how many bytes of them the bulk reduction
+// adds: the query block's rows are contiguous there, whole 16-row blocks, the last one's padding
+// rows (past the sequence, never converted) included.
 __device__ __forceinline__ float *dq_frag_rows(const BwdParams &p, const BwdBlock &a, BwdStep st) {
     return p.dq_accum +
            (static_cast<int64_t>(st.hq) * p.dq_rows + cuda::dq_frag_row0(a.q_row0, a.b) + st.m0) *
@@ -1106,8 +1106,8 @@ __device__ __forceinline__ void produce_q_do(const BwdParams &p, const CUtensorM
 // operations). Per step: waits for the step's slot (dq_full: both consumers' pages), in
 // deterministic mode waits for the key block's turn, reduces the slot in one bulk reduction, gives
 // the slot back once it has been read (dq_empty, every lane arrives) and, in deterministic mode,
-// releases the turn once the adds have completed (fenced). The consumers never wait for L2: a turn, a poll or a reduction's latency sits here, in
-// front of no wgmma. Until stop 30 each consumer warpgroup had a slot of its own (its 64 keys'
+// releases the turn once the adds have completed (fenced). The consumers never wait for L2: a
+// turn, a poll or a reduction's latency sits here, in front of no wgmma. Until stop 30 each consumer warpgroup had a slot of its own (its 64 keys'
 // partial dQ over all columns) and the writer reduced the two one after the other, waiting for the
 // first to complete (two bulk reductions in flight have no defined order): two L2 round trips per
 // step in the turn, which at head dim 128 took about as long as the consumers' step. (Stop 20
