@@ -22,6 +22,7 @@ rm -rf "$out"; mkdir -p "$out" "$final"
 deadline=${DEADLINE:-560}
 source "$(dirname "$0")/stages.sh"
 . "$(dirname "$0")/devdeps-env.sh"; use_devdeps "$PWD"
+[ -d .devdeps ] || note "no .devdeps carried (cmocka): the candidate's tests cannot configure"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 cm=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_BUILD_EXAMPLES=OFF -DFLASHATTN_BUILD_TOOLS=OFF
     -DFLASHATTN_BUILD_CP=OFF -DFLASHATTN_FA1_ARCHS= -DFLASHATTN_FA2_ARCHS=90-real -DFLASHATTN_FA3_ARCHS=90a-real
