@@ -1102,19 +1102,27 @@ __device__ __forceinline__ void produce_q_do(const BwdParams &p, const CUtensorM
     }
 }
 
-// Warp 1 of the producer warpgroup, the dQ writer (every lane runs it; lane 0 issues the bulk
-// operations). Per step: waits for the step's slot (dq_full: both consumers' pages), in
-// deterministic mode waits for the key block's turn, reduces the slot in one bulk reduction, gives
-// the slot back once it has been read (dq_empty, every lane arrives) and, in deterministic mode,
-// releases the turn once the adds have completed (fenced). The consumers never wait for L2: a
-// turn, a poll or a reduction's latency sits here, in front of no wgmma. Until stop 30 each consumer warpgroup had a slot of its own (its 64 keys'
-// partial dQ over all columns) and the writer reduced the two one after the other, waiting for the
-// first to complete (two bulk reductions in flight have no defined order): two L2 round trips per
-// step in the turn, which at head dim 128 took about as long as the consumers' step. (Stop 20
-// also measured a writer that summed slot 0 into slot 1 in shared memory: 0.64-0.72x of the
-// default mode.)
-template <class Tr>
-__device__ __forceinline__ void write_dq_det(const BwdParams &p, const BwdBlock &a, int nsteps) {
+// The dQ writers, warps of the producer warpgroup (every lane runs it; lane 0 issues the bulk
+// operations). kOrdered, the deterministic mode: warps 1 and 2, one per slot (`first`: the steps of
+// that parity); else warp 1 alone, every step. Per step: waits for the step's slot (dq_full: both
+// consumers' pages), in deterministic mode waits for the key block's turn, reduces the slot in one
+// bulk reduction, gives the slot back once it has been read (dq_empty, every lane arrives) and, in
+// deterministic mode, releases the turn once the adds have completed (fenced). The consumers never
+// wait for L2: a turn, a poll or a reduction's latency sits here, in front of no wgmma.
+// Why two writers in deterministic mode: a writer waits for a step's adds to complete before it
+// releases the turn, so one writer put an L2 round trip per step in series with the consumers
+// (det / default 0.63-0.89 at d 64 / 128 on an H100); with one per slot, one slot's adds complete
+// while the other slot's turn is taken (1.11-1.39x, stop 43). Two reductions in flight add to
+// different query blocks (a walk visits each once), and each query block's adds keep their order
+// (the turns). The default mode waits only for the slot to be read, so one writer keeps up.
+// kOrdered is a template flag: at the producer's 24 registers the runtime form spilled 60 bytes.
+// History: until stop 30 each consumer warpgroup had a slot of its own and the writer reduced the
+// two one after the other (two bulk reductions in flight have no defined order): two L2 round
+// trips per step in the turn, about the consumers' step at head dim 128. Stop 20 measured a writer
+// that summed slot 0 into slot 1 in shared memory (0.64-0.72x of the default mode), stop 43 the
+// default mode adding dQ from registers by red.v4 instead of the slot (0.875-0.970x).
+template <class Tr, bool kOrdered>
+__device__ __forceinline__ void write_dq_det(const BwdParams &p, const BwdBlock &a, int nsteps, int first) {
     // The producer warpgroup runs at kBwdProducerRegs (24): little is held across the loop (32-bit
     // shared addresses; the step's global address computed where it is used).
     const int lane = threadIdx.x & 31;
@@ -1122,13 +1130,13 @@ __device__ __forceinline__ void write_dq_det(const BwdParams &p, const BwdBlock 
     const uint32_t full0 = cuda::smem_addr(&a.bars->dq_full[0]), empty0 = cuda::smem_addr(&a.bars->dq_empty[0]);
     static_assert(sizeof(BwdBarriers::dq_full) == 16 && sizeof(BwdBarriers::dq_empty) == 16,
                   "slot w's barriers at full0 + 8 w and empty0 + 8 w");
-    const bool ordered = p.deterministic != 0;  // else the default mode (p.dq_writer): no turns
-    for (int s = 0; s < nsteps; ++s) {
+    constexpr int stride = kOrdered ? 2 : 1;
+    for (int s = first; s < nsteps; s += stride) {
         const uint32_t slot = static_cast<uint32_t>(s & 1);
         cuda::mbar_wait_s(full0 + 8 * slot, static_cast<uint32_t>((s >> 1) & 1));
         if (lane == 0) {
             const BwdStep st = bwd_step(p, a, s);
-            if (ordered) {
+            if (kOrdered) {
                 wait_turn<Tr>(p, a, st);
                 fence_proxy_async_global();  // the predecessors' adds, before this one
             }
@@ -1138,14 +1146,14 @@ __device__ __forceinline__ void write_dq_det(const BwdParams &p, const BwdBlock 
         }
         __syncwarp();
         cuda::mbar_arrive_s(empty0 + 8 * slot);
-        if (ordered && lane == 0) {
+        if (kOrdered && lane == 0) {
             cuda::bulk_wait_all();
             fence_proxy_async_global();
             __threadfence();  // the adds land before the counter moves
             atomicAdd(turn_sem(p, a, bwd_step(p, a, s)), 1);
         }
     }
-    if (lane == 0) cuda::bulk_wait_all();  // unordered: the reductions still in flight
+    if (!kOrdered && lane == 0) cuda::bulk_wait_all();  // the reductions still in flight
 }
 
 // The consumer warpgroup wg's walk: its rows copies, the ring, one step after another.
@@ -1216,8 +1224,10 @@ __global__ void __launch_bounds__(kBwdDetThreads, 1)
         if (!any) return;
         if (warp == 0) {
             if (threadIdx.x == 0) produce_q_do<Tr>(p, &tm_q, &tm_k, &tm_v, &tm_do, a, nsteps);
+        } else if (p.deterministic) {  // warps 1 and 2: one writer per slot (write_dq_det)
+            if (warp <= 2) write_dq_det<Tr, true>(p, a, nsteps, warp - 1);
         } else if (warp == 1) {
-            write_dq_det<Tr>(p, a, nsteps);
+            write_dq_det<Tr, false>(p, a, nsteps, 0);
         }
         return;
     }
