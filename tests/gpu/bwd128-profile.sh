@@ -5,6 +5,9 @@
 # s 2048, 16 heads, d 128, non-causal; the second launch, after a warm-up) exported as SASS
 # source counters and summarised by ncu-source-summary.py, then bench/backward_torch.py's
 # baseline (fa2 and fa3 with cuDNN, d128) in the time left. Logs under $OUT, one logs.tgz.
+# KERNEL_RE: the profiled kernel (since 8dcfa18 the default mode runs bwd_det_kernel at every
+# length; FLASHATTN_FA3_BWD_WRITER=0 in the environment with KERNEL_RE='fa3.*bwd_kernel' profiles the
+# older one); SHAPE: bwd_once.py's b,s,h,d (kernel-notes stop 43 asks for s 8192: 2,8192,16,128).
 #   BUILD_DIR=/tmp/bwd128-new DEADLINE=140 bash tests/gpu/bwd128-profile.sh
 set -uo pipefail
 out=${OUT:-/tmp/bwd128-out}
@@ -23,8 +26,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 cuobjdump -res-usage "$lib" 2>/dev/null | grep -A1 -E 'bwd_kernel|bwd_det_kernel' > "$out/res-usage.txt"
 if [ -n "$lib" ] && [ "$(left)" -gt 25 ]; then
   timeout $(( $(left) - 22 > 25 ? $(left) - 22 : 25 )) ncu --clock-control none --kernel-name-base demangled \
-    --kernel-name "regex:fa3.*bwd_kernel" --launch-skip 1 --launch-count 1 --set full --import-source yes \
-    -o /tmp/bwd128-prof python3 bench/bwd_once.py "$lib" --gen fa3 --shape 8,2048,16,128 > "$out/ncu.log" 2>&1
+    --kernel-name "regex:${KERNEL_RE:-fa3.*bwd_det_kernel}" --launch-skip 1 --launch-count 1 --set full --import-source yes \
+    -o /tmp/bwd128-prof python3 bench/bwd_once.py "$lib" --gen fa3 --shape "${SHAPE:-8,2048,16,128}" > "$out/ncu.log" 2>&1
   note "ncu rc=$? $(tail -1 "$out/ncu.log" | cut -c1-100)"
   ncu -i /tmp/bwd128-prof.ncu-rep --page source --csv --print-source sass > /tmp/bwd128-source.csv 2>/dev/null \
     && python3 tests/gpu/ncu-source-summary.py /tmp/bwd128-source.csv --top 40 > "$out/ncu-summary.txt" 2>&1
