@@ -85,11 +85,11 @@ constexpr int bwd_block_n(int kd) { return bwd_split(kd) ? 64 : kBwdBN; }  // ke
 constexpr int bwd_stages(int kd) { return kd <= 64 ? 3 : 2; }
 
 // dQ of a step reaches the fp32 accumulator as one bulk reduction from a shared-memory tile (head
-// dims 64 and 128; issued by bwd_det_kernel's dQ writer warp or by each of bwd_kernel's
-// warpgroups) or as vector
-// reductions from registers (the split layout in both modes, which has no room for an fp32 tile:
-// 64 x 256 x 4 = 64 KB). Head dim 64's default mode reduced from registers until stop 29 (measured
-// 10-20 % faster before that stop's instruction diet; its ncu then found L2 78 % busy with them).
+// dims 64 and 128; issued by bwd_det_kernel's dQ writer warps or by each of bwd_kernel's
+// warpgroups) or as vector reductions from registers (the split layout in both modes, which has
+// no room for an fp32 tile: 64 x 256 x 4 = 64 KB). Head dim 64's default mode reduced from
+// registers until stop 29 (measured 10-20 % faster before that stop's instruction diet; its ncu
+// then found L2 78 % busy with them).
 constexpr bool bwd_bulk_dq(int kd) { return !bwd_split(kd); }
 constexpr bool bwd_dq_tiles(int kd) { return !bwd_split(kd); }
 // The dQ accumulator's layout is fragment order (device/dq_accum.cuh) at every compiled head dim
