@@ -7,7 +7,9 @@
 # baseline (fa2 and fa3 with cuDNN, d128) in the time left. Logs under $OUT, one logs.tgz.
 # KERNEL_RE: the profiled kernel (since 8dcfa18 the default mode runs bwd_det_kernel at every
 # length; FLASHATTN_FA3_BWD_WRITER=0 in the environment with KERNEL_RE='fa3.*bwd_kernel' profiles the
-# older one); SHAPE: bwd_once.py's b,s,h,d (kernel-notes stop 43 asks for s 8192: 2,8192,16,128).
+# older one); SHAPE: bwd_once.py's b,s,h,d (kernel-notes stop 43 asks for s 8192: 2,8192,16,128);
+# ONCE_ARGS: more bwd_once.py flags (--causal, --deterministic; e.g. with
+# KERNEL_RE='fa3.*bwd_wide_kernel' SHAPE=2,8192,8,256 the 80-key kernel's deterministic turns).
 #   BUILD_DIR=/tmp/bwd128-new DEADLINE=140 bash tests/gpu/bwd128-profile.sh
 set -uo pipefail
 out=${OUT:-/tmp/bwd128-out}
@@ -27,7 +29,7 @@ cuobjdump -res-usage "$lib" 2>/dev/null | grep -A1 -E 'bwd_kernel|bwd_det_kernel
 if [ -n "$lib" ] && [ "$(left)" -gt 25 ]; then
   timeout $(( $(left) - 22 > 25 ? $(left) - 22 : 25 )) ncu --clock-control none --kernel-name-base demangled \
     --kernel-name "regex:${KERNEL_RE:-fa3.*bwd_det_kernel}" --launch-skip 1 --launch-count 1 --set full --import-source yes \
-    -o /tmp/bwd128-prof python3 bench/bwd_once.py "$lib" --gen fa3 --shape "${SHAPE:-8,2048,16,128}" > "$out/ncu.log" 2>&1
+    -o /tmp/bwd128-prof python3 bench/bwd_once.py "$lib" --gen fa3 --shape "${SHAPE:-8,2048,16,128}" ${ONCE_ARGS:-} > "$out/ncu.log" 2>&1
   note "ncu rc=$? $(tail -1 "$out/ncu.log" | cut -c1-100)"
   ncu -i /tmp/bwd128-prof.ncu-rep --page source --csv --print-source sass > /tmp/bwd128-source.csv 2>/dev/null \
     && python3 tests/gpu/ncu-source-summary.py /tmp/bwd128-source.csv --top 40 > "$out/ncu-summary.txt" 2>&1
