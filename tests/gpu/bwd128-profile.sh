@@ -27,7 +27,7 @@ lib=$(ls "$build"/src/libflashattn.so 2>/dev/null)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt" 2>&1
 cuobjdump -res-usage "$lib" 2>/dev/null | grep -A1 -E 'bwd_kernel|bwd_det_kernel' > "$out/res-usage.txt"
 if [ -n "$lib" ] && [ "$(left)" -gt 25 ]; then
-  timeout $(( $(left) - 22 > 25 ? $(left) - 22 : 25 )) ncu --clock-control none --kernel-name-base demangled \
+  timeout $(( $(left) - 22 > 25 ? $(left) - 22 : 25 )) ncu -f --clock-control none --kernel-name-base demangled \
     --kernel-name "regex:${KERNEL_RE:-fa3.*bwd_det_kernel}" --launch-skip 1 --launch-count 1 --set full --import-source yes \
     -o /tmp/bwd128-prof python3 bench/bwd_once.py "$lib" --gen fa3 --shape "${SHAPE:-8,2048,16,128}" ${ONCE_ARGS:-} > "$out/ncu.log" 2>&1
   note "ncu rc=$? $(tail -1 "$out/ncu.log" | cut -c1-100)"
