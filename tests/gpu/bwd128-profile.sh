@@ -25,7 +25,7 @@ note "build rc=$?"
 lib=$(ls "$build"/src/libflashattn.so 2>/dev/null)
 [ -n "$lib" ] || tail -30 "$out/build.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$out/gpu.txt" 2>&1
-cuobjdump -res-usage "$lib" 2>/dev/null | grep -A1 -E 'bwd_kernel|bwd_det_kernel' > "$out/res-usage.txt"
+cuobjdump -res-usage "$lib" 2>/dev/null | grep -A1 -E 'bwd_(det_|wide_)?kernel' > "$out/res-usage.txt"
 if [ -n "$lib" ] && [ "$(left)" -gt 25 ]; then
   timeout $(( $(left) - 22 > 25 ? $(left) - 22 : 25 )) ncu -f --clock-control none --kernel-name-base demangled \
     --kernel-name "regex:${KERNEL_RE:-fa3.*bwd_det_kernel}" --launch-skip 1 --launch-count 1 --set full --import-source yes \
