@@ -17,7 +17,7 @@ constexpr size_t kWorkspaceAlignment = 256;
 
 class WorkspaceLayout {
 public:
-    static constexpr int kMaxSlices = 4;
+    static constexpr int kMaxSlices = 6;
 
     // Append a slice of `bytes` (0 is allowed: it takes no room) and return its index for at().
     int add(const char *name, size_t bytes) {

@@ -181,6 +181,11 @@ int check_attention_case(flashattn_backend_t backend, const attn_case *c, uint64
              test_backend_name(backend), reason ? reason : "");
     API(flashattn_plan_get_workspace_size(plan, &ws_bytes));
     if (ws_bytes && test_mem_alloc(&mws, ws_bytes, device)) FAIL("could not allocate %zu bytes of workspace", ws_bytes);
+    /* The workspace starts poisoned: the library may not count on anything left in it. */
+    if (ws_bytes) {
+        memset(mws.host, 0xff, ws_bytes);
+        if (test_mem_upload(&mws)) FAIL("cudaMemcpy of the poisoned workspace failed");
+    }
 
     if (varlen) {
         if (test_mem_alloc(&mcu_q, (size_t)(r.batch + 1) * sizeof(int32_t), device) ||

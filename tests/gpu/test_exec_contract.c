@@ -4,8 +4,9 @@
  * with one; flashattn_plan_merge_states on fixed and variable-length plans of all three, fp16 and
  * fp32 partials; and a decode step through flashattn_plan_execute_args that appends a rotated K/V
  * row to the cache and attends: contiguous with 3 forced splits, and paged with pages of 16, so
- * the append kernel, the split attention and the split-KV combine, launched on sm_90 as
- * programmatic dependent launches, are covered too), every result compared bitwise with a serial
+ * the append kernel and the split attention (whose last split per query tile combines the
+ * partials through arrival words in the workspace; a graph replays them with its captured tag),
+ * launched on sm_90 as programmatic dependent launches, are covered too), every result compared bitwise with a serial
  * run on the calling thread (for the decode step: O, LSE and every byte of both caches):
  * - from a fresh thread that never touched CUDA: the whole plan lifecycle there, and an execute of
  *   a plan finalized elsewhere;
@@ -321,6 +322,9 @@ static void outputs_free(outputs *out) {
 /* NaN poison, so an element the call does not write is seen; the caches back to their pristine
  * contents (whose append slots hold other values than the append writes). */
 static void outputs_poison(const outputs *out, cudaStream_t stream) {
+    /* The workspace too: the library may not count on anything left in it (the decode tiles'
+     * split arrival words, fa2_params.h fold_count, must take 0xff.. for "none arrived"). */
+    if (out->workspace) CUDA_OK(cudaMemsetAsync(out->workspace, 0xff, out->workspace_bytes, stream));
     for (int i = 0; i < out->count; ++i)
         if (out->restore[i])
             CUDA_OK(cudaMemcpyAsync(out->buf[i], out->restore[i], out->bytes[i], cudaMemcpyDeviceToDevice, stream));

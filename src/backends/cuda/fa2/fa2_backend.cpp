@@ -1,6 +1,8 @@
 // The FA2 backend object: what it supports, its plan (tile variant, pack-GQA, split-KV count and
 // the workspace of the split partials) and the enqueue of the forward kernel (+ the split-KV combine).
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +16,7 @@
 #include "backends/cuda/fa2/fa2_append.h"
 #include "backends/cuda/fa2/fa2_bwd_host.h"
 #include "backends/cuda/fa2/fa2_config.h"
+#include "backends/cuda/fa2/fa2_fold.h"
 #include "backends/cuda/fa2/fa2_params.h"
 #include "backends/cuda/host/cuda_host.h"
 #include "backends/cuda/host/tensor_map.h"
@@ -70,6 +73,7 @@ struct Fa2Plan : BackendPlan {
     // sm_90, paged decode tiles with pages of a multiple of 16 keys: K/V by TMA (paged_tma_plan)
     bool paged_tma = false;
     bool warp_combine = false;  // the split combine as one warp per row (fa2::warp_combine_fits)
+    int fold_count = -1;  // the decode tiles' arrival words when they combine their own rows (fold_plan)
     fa2::BwdPlan backward;  // laid out in backward_workspace when the backward can run
 };
 
@@ -188,6 +192,31 @@ bool paged_tma_plan(const Problem &p, const DeviceInfo &dev, const Variant &v) {
     return !knob_off("FLASHATTN_FA2_PAGED_TMA");
 }
 
+// The split-KV decode tiles combine their own rows (fa2_epilogue.cuh, fold_split_combine) where
+// the warp combine would run: the step saves the combine kernel's launch and its wait for the
+// whole attention grid. One 8-byte arrival word per (query tile, grid head, sequence): fwd_grid's
+// x and y extents times the batch. FLASHATTN_FA2_FOLD=0 keeps the combine kernel (A/B runs, tests).
+void fold_plan(const Problem &p, Fa2Plan *plan) {
+    if (plan->num_splits <= 1 || plan->num_splits > fa2::kFoldMaxSplits || !plan->warp_combine ||
+        !fa2::is_decode_tile(plan->variant.cfg))
+        return;
+    if (knob_off("FLASHATTN_FA2_FOLD")) return;
+    const int pack = plan->variant.pack;
+    const int64_t tiles = (p.seqlen_q * pack + plan->variant.cfg.block_m - 1) / plan->variant.cfg.block_m;
+    const int64_t words = tiles * (pack > 1 ? p.heads_kv : p.heads_q) * p.batch;
+    plan->fold_count = plan->workspace.add("fa2 split-KV fold arrival words", static_cast<size_t>(words) * 8);
+}
+
+// A new arrival tag per execute (fa2_params.h, fold_tag): 56 bits from a process-wide counter
+// whose start mixes the clock and an address, so that neither an earlier execute nor another
+// process's leftovers in a reused workspace are likely to carry the same tag.
+unsigned long long next_fold_tag() {
+    static std::atomic<unsigned long long> next{
+        (static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+         reinterpret_cast<uintptr_t>(&next)) * 0x9E3779B97F4A7C15ull};
+    return next.fetch_add(1, std::memory_order_relaxed) & fa2::kFoldTagMask;
+}
+
 flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::unique_ptr<BackendPlan> *out) {
     auto plan = std::make_unique<Fa2Plan>();
     plan->variant = variant_for(p, dev.smem_per_block_optin);
@@ -200,6 +229,7 @@ flashattn_status_t fa2_make_plan(const Problem &p, const DeviceInfo &dev, std::u
     // FLASHATTN_FA2_WARP_COMBINE=0: the CTA-per-row combine at every split count.
     plan->warp_combine = fa2::warp_combine_fits(plan->num_splits, p.total_query_rows() * p.heads_q) &&
                          !knob_off("FLASHATTN_FA2_WARP_COMBINE");
+    fold_plan(p, plan.get());
     if (p.serving.rotary_dim > 0)
         plan->rotated_q = plan->workspace.add("fa2 rotated queries", rotated_q_bytes(p));
     if (fa2::backward_unsupported_reason(p, dev).empty())
@@ -295,6 +325,10 @@ flashattn_status_t fa2_execute(const Problem &p, const BackendPlan &base_plan, c
         k.o_part = plan.workspace.at<float>(t.workspace, plan.o_part);
         k.lse_part = plan.workspace.at<float>(t.workspace, plan.lse_part);
     }
+    if (plan.fold_count >= 0) {
+        k.fold_count = plan.workspace.at<unsigned long long>(t.workspace, plan.fold_count);
+        k.fold_tag = next_fold_tag();
+    }
 
     const bool bf16 = p.dtype == FLASHATTN_DTYPE_BF16;
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);
@@ -304,7 +338,7 @@ flashattn_status_t fa2_execute(const Problem &p, const BackendPlan &base_plan, c
     cudaError_t err = plan.launch(k, bf16, plan.variant.small, stream);
     if (err != cudaSuccess) return cuda_fail(err, "fa2 forward kernel setup");
     FLASHATTN_TRY(check_launch("fa2 forward kernel"));
-    if (plan.num_splits > 1) {
+    if (plan.num_splits > 1 && plan.fold_count < 0) {
         err = fa2::launch_merge(k, bf16, plan.warp_combine, plan.pdl, stream);
         if (err != cudaSuccess) return cuda_fail(err, "fa2 split-KV combine");
         FLASHATTN_TRY(check_launch("fa2 split-KV combine kernel"));

@@ -15,6 +15,8 @@
 
 #include "backends/cuda/device/mask.cuh"
 #include "backends/cuda/device/ptx.cuh"
+#include "backends/cuda/fa2/fa2_combine.cuh"
+#include "backends/cuda/fa2/fa2_fold.h"
 #include "backends/cuda/fa2/fa2_params.h"
 #include "backends/cuda/fa2/fa2_traits.cuh"
 
@@ -62,6 +64,47 @@ __device__ __forceinline__ void store_split_partials(const Params &p, const floa
         }
         if (t == 0) p.lse_part[r] = lse[mt][h];
     });
+}
+
+// One split's arrival at its word (fa2_fold.h): true for the last of p.num_splits.
+__device__ __forceinline__ bool fold_arrive(unsigned long long *word, unsigned long long tag, int splits) {
+    unsigned long long cur = *reinterpret_cast<volatile unsigned long long *>(word);
+    for (;;) {
+        const FoldStep step = fold_step(cur, tag, splits);
+        const unsigned long long seen = atomicCAS(word, cur, step.next);
+        if (seen == cur) return step.last;
+        cur = seen;
+    }
+}
+
+// Split-KV without the combine kernel (decode tiles, Params::fold_count set): after its partials,
+// every split's CTA arrives at its word; the last one combines the CTA's rows, one warp per (row,
+// head) as split_combine_warp_kernel does (same arithmetic: the output is bitwise the kernel's).
+// The partials' stores reach the device scope before the arrival (CTA barrier, then thread 0's
+// fence and atomic), and the last CTA reads them after its own atomic and fence (the pattern of
+// a cooperative grid barrier); the verdict reaches the CTA through the barrier's OR (no static
+// shared memory, which would sit before the 1024-byte aligned dynamic tiles). Every thread of the
+// CTA must call this.
+template <class Tr, class Out>
+__device__ __forceinline__ void fold_split_combine(const Params &p, int b, int m0, int prows, int G, int hbase,
+                                                   int64_t grow0) {
+    __syncthreads();
+    int last = 0;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const int64_t item = (static_cast<int64_t>(b) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+        last = fold_arrive(p.fold_count + item, p.fold_tag, p.num_splits);
+        __threadfence();
+    }
+    if (!__syncthreads_or(last)) return;
+    const SplitCombineParams m = split_combine_params(p);
+    const bool varlen = p.cu_q != nullptr;
+    const int end = min(m0 + Tr::kBM, prows);
+    for (int r = m0 + static_cast<int>(threadIdx.x >> 5); r < end; r += Tr::kThreads / 32) {
+        int qpos, head;
+        unpack_row(r, G, hbase, qpos, head);
+        combine_row_by_warp<Out>(m, varlen ? 0 : b, varlen ? grow0 + qpos : qpos, head, threadIdx.x & 31);
+    }
 }
 
 // The LSE of this warp's rows (one thread per row).

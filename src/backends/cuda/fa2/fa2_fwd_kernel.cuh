@@ -9,7 +9,8 @@
 //
 // Runtime features (no template flags): causal / sliding window (one key interval per row),
 // soft cap, GQA/MQA (and pack-GQA: the query heads of one kv head stacked along M), variable
-// length (cu_seqlens), LSE, split-KV (fp32 partials into the workspace + fa2_merge.cu), seqused_k,
+// length (cu_seqlens), LSE, split-KV (fp32 partials into the workspace, combined by fa2_merge.cu's
+// kernel or, in the decode tiles, by each query tile's last split: fold_split_combine), seqused_k,
 // top-left causal, sink logits (joined after the key loop). In the kVariants instantiation: ALiBi
 // (general form in the edge-tile body, for the tiles that cross a row's diagonal; one FFMA per
 // score plus a softmax row offset in a third body elsewhere; at head dims 32 and 96 without
@@ -205,6 +206,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks)
 
     if (p.num_splits > 1) {
         store_split_partials<Tr>(p, O, inv, lse, m0, prows, G, hbase, split, grow0);
+        if constexpr (kDecodeTile<Tr>)
+            if (p.fold_count != nullptr) fold_split_combine<Tr, E>(p, b, m0, prows, G, hbase, grow0);
         return;
     }
     store_lse<Tr>(p, lse, m0, prows, G, hbase, b, grow0);

@@ -39,6 +39,14 @@ struct Params : TensorArgs {
     // the other kernels' SASS does not change; a CUtensorMap member would align Params to 64.)
     int32_t kv_tma = 0;
     const struct PagedTmaMaps *tma_maps = nullptr;
+
+    // Split-KV decode tiles that combine their own rows (fa2_fwd_kernel.cuh, fold_split_combine;
+    // null: the combine kernel runs): one arrival word per (query tile, grid head, sequence) in
+    // the workspace, holding fold_tag << 8 | the splits arrived so far (fa2_fold.h: the caller's
+    // workspace is not zeroed, so a word of another tag counts as none arrived, and the last
+    // split leaves (tag, 0) for a replayed CUDA graph's same tag). A new 56-bit tag per execute.
+    unsigned long long *fold_count = nullptr;
+    unsigned long long fold_tag = 0;
 };
 
 // The paged K and V caches as TMA tensor maps: rank 4 {head_dim, page_size, heads_kv, num_pages},
