@@ -73,7 +73,7 @@ struct Fa2Plan : BackendPlan {
     // sm_90, paged decode tiles with pages of a multiple of 16 keys: K/V by TMA (paged_tma_plan)
     bool paged_tma = false;
     bool warp_combine = false;  // the split combine as one warp per row (fa2::warp_combine_fits)
-    int fold_count = -1;  // the decode tiles' arrival words when they combine their own rows (fold_plan)
+    int fold_words = -1;  // workspace slice of the decode tiles' arrival words when they combine (fold_plan)
     fa2::BwdPlan backward;  // laid out in backward_workspace when the backward can run
 };
 
@@ -204,7 +204,7 @@ void fold_plan(const Problem &p, Fa2Plan *plan) {
     const int pack = plan->variant.pack;
     const int64_t tiles = (p.seqlen_q * pack + plan->variant.cfg.block_m - 1) / plan->variant.cfg.block_m;
     const int64_t words = tiles * (pack > 1 ? p.heads_kv : p.heads_q) * p.batch;
-    plan->fold_count = plan->workspace.add("fa2 split-KV fold arrival words", static_cast<size_t>(words) * 8);
+    plan->fold_words = plan->workspace.add("fa2 split-KV fold arrival words", static_cast<size_t>(words) * 8);
 }
 
 // A new arrival tag per execute (fa2_params.h, fold_tag): 56 bits from a process-wide counter
@@ -325,8 +325,8 @@ flashattn_status_t fa2_execute(const Problem &p, const BackendPlan &base_plan, c
         k.o_part = plan.workspace.at<float>(t.workspace, plan.o_part);
         k.lse_part = plan.workspace.at<float>(t.workspace, plan.lse_part);
     }
-    if (plan.fold_count >= 0) {
-        k.fold_count = plan.workspace.at<unsigned long long>(t.workspace, plan.fold_count);
+    if (plan.fold_words >= 0) {
+        k.fold_count = plan.workspace.at<unsigned long long>(t.workspace, plan.fold_words);
         k.fold_tag = next_fold_tag();
     }
 
@@ -338,7 +338,7 @@ flashattn_status_t fa2_execute(const Problem &p, const BackendPlan &base_plan, c
     cudaError_t err = plan.launch(k, bf16, plan.variant.small, stream);
     if (err != cudaSuccess) return cuda_fail(err, "fa2 forward kernel setup");
     FLASHATTN_TRY(check_launch("fa2 forward kernel"));
-    if (plan.num_splits > 1 && plan.fold_count < 0) {
+    if (plan.num_splits > 1 && plan.fold_words < 0) {
         err = fa2::launch_merge(k, bf16, plan.warp_combine, plan.pdl, stream);
         if (err != cudaSuccess) return cuda_fail(err, "fa2 split-KV combine");
         FLASHATTN_TRY(check_launch("fa2 split-KV combine kernel"));
