@@ -6,8 +6,9 @@
  * row to the cache and attends: contiguous with 3 forced splits, and paged with pages of 16, so
  * the append kernel and the split attention (whose last split per query tile combines the
  * partials through arrival words in the workspace; a graph replays them with its captured tag),
- * launched on sm_90 as programmatic dependent launches, are covered too), every result compared bitwise with a serial
- * run on the calling thread (for the decode step: O, LSE and every byte of both caches):
+ * launched on sm_90 as programmatic dependent launches, are covered too), every result compared
+ * bitwise with a serial run on the calling thread (for the decode step: O, LSE and every byte of
+ * both caches):
  * - from a fresh thread that never touched CUDA: the whole plan lifecycle there, and an execute of
  *   a plan finalized elsewhere;
  * - from several threads at once, each on its own stream with its own workspace and outputs,

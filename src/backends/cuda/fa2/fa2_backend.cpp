@@ -105,6 +105,13 @@ int forced_splits(const Problem &p, const Variant &pl) {
     return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(p.num_splits, limit)));
 }
 
+// The forward grid's CTAs per split (fa2_tile_scheduler.cuh fwd_grid: query tiles x grid heads x
+// sequences): what the split count multiplies, and the decode tiles' arrival words (fold_plan).
+int64_t ctas_per_split(const Problem &p, const Variant &pl) {
+    const int64_t m_blocks = (p.seqlen_q * pl.pack + pl.cfg.block_m - 1) / pl.cfg.block_m;
+    return p.batch * (pl.pack > 1 ? p.heads_kv : p.heads_q) * m_blocks;
+}
+
 // The fewest splits whose wave efficiency (CTAs over the resident slots of the waves they take,
 // at min_blocks CTAs per SM) is within 85 % of the best: fewer, longer splits cost less in the
 // combine (29 at b 1 on 132 SMs, 4 at b 8). The decode tiles first take the fewest splits that
@@ -117,9 +124,7 @@ int forced_splits(const Problem &p, const Variant &pl) {
 int choose_splits(const Problem &p, const Variant &pl, int sm_count) {
     if (p.num_splits > 0) return forced_splits(p, pl);
     if (sm_count <= 0) return 1;
-    const int64_t m_blocks = (p.seqlen_q * pl.pack + pl.cfg.block_m - 1) / pl.cfg.block_m;
-    const int64_t heads = pl.pack > 1 ? p.heads_kv : p.heads_q;
-    const int64_t base = p.batch * heads * m_blocks;
+    const int64_t base = ctas_per_split(p, pl);
     if (base <= 0 || base * 5 >= static_cast<int64_t>(sm_count) * 4) return 1;  // >= 80% of SMs
     const int64_t n_tiles = (p.seqlen_k + pl.cfg.block_n - 1) / pl.cfg.block_n;
     const int64_t max_splits =
@@ -194,16 +199,14 @@ bool paged_tma_plan(const Problem &p, const DeviceInfo &dev, const Variant &v) {
 
 // The split-KV decode tiles combine their own rows (fa2_epilogue.cuh, fold_split_combine) where
 // the warp combine would run: the step saves the combine kernel's launch and its wait for the
-// whole attention grid. One 8-byte arrival word per (query tile, grid head, sequence): fwd_grid's
-// x and y extents times the batch. FLASHATTN_FA2_FOLD=0 keeps the combine kernel (A/B runs, tests).
+// whole attention grid. One 8-byte arrival word per (query tile, grid head, sequence), i.e. per
+// CTA of one split. FLASHATTN_FA2_FOLD=0 keeps the combine kernel (A/B runs, tests).
 void fold_plan(const Problem &p, Fa2Plan *plan) {
     if (plan->num_splits <= 1 || plan->num_splits > fa2::kFoldMaxSplits || !plan->warp_combine ||
         !fa2::is_decode_tile(plan->variant.cfg))
         return;
     if (knob_off("FLASHATTN_FA2_FOLD")) return;
-    const int pack = plan->variant.pack;
-    const int64_t tiles = (p.seqlen_q * pack + plan->variant.cfg.block_m - 1) / plan->variant.cfg.block_m;
-    const int64_t words = tiles * (pack > 1 ? p.heads_kv : p.heads_q) * p.batch;
+    const int64_t words = ctas_per_split(p, plan->variant);
     plan->fold_words = plan->workspace.add("fa2 split-KV fold arrival words", static_cast<size_t>(words) * 8);
 }
 
