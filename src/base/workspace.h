@@ -20,14 +20,26 @@ public:
     static constexpr int kMaxSlices = 6;
 
     // Append a slice of `bytes` (0 is allowed: it takes no room) and return its index for at().
+    // A slice past kMaxSlices, or one whose aligned end overflows size_t, is not added: it returns
+    // -1 and the layout stays invalid (valid(), which finalize checks before any execute can use
+    // the plan). Both are library bugs or absurd sizes, never a caller's doing.
     int add(const char *name, size_t bytes) {
+        const size_t room = align_up(bytes, kWorkspaceAlignment);
+        if (count_ == kMaxSlices || room < bytes || total_ + room < total_) {
+            invalid_ = name;
+            return -1;
+        }
         Slice &s = slices_[count_];
         s.name = name;
         s.offset = total_;
         s.bytes = bytes;
-        total_ += align_up(bytes, kWorkspaceAlignment);
+        total_ += room;
         return count_++;
     }
+
+    // Whether every add() fitted; otherwise the slice that did not (invalid_slice()).
+    bool valid() const { return invalid_ == nullptr; }
+    const char *invalid_slice() const { return invalid_ != nullptr ? invalid_ : ""; }
 
     size_t total_bytes() const { return total_; }
     int slice_count() const { return count_; }
@@ -50,6 +62,7 @@ private:
     Slice slices_[kMaxSlices];
     int count_ = 0;
     size_t total_ = 0;
+    const char *invalid_ = nullptr;  // the first slice add() refused
 };
 
 }  // namespace flashattn

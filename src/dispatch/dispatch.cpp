@@ -1,6 +1,7 @@
 #include "dispatch/dispatch.h"
 
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 #include <utility>
 
@@ -69,6 +70,18 @@ void backward_candidates(const Problem &problem, const DeviceInfo &dev, Candidat
     }
 }
 
+// A backend plan whose workspace layout refused a slice (base/workspace.h: more slices than it
+// holds, or a size past size_t): a library bug, stopped at finalize so that no execute ever takes
+// the address of a slice that was not laid out.
+flashattn_status_t check_layouts(const Backend &b, const BackendPlan &bp) {
+    for (const WorkspaceLayout *w : {&bp.workspace, &bp.backward_workspace})
+        if (!w->valid())
+            return fail(FLASHATTN_ERROR_INTERNAL, "plan: the %s backend's workspace slice '%s' does not fit its layout "
+                        "(at most %d slices, sizes within size_t)", b.name, w->invalid_slice(),
+                        WorkspaceLayout::kMaxSlices);
+    return FLASHATTN_SUCCESS;
+}
+
 // Choose the backward pass's backend and, when it is not the forward's, let it make its own plan.
 // A plan whose backward cannot run still finalizes: the forward is usable and the backward calls
 // report why.
@@ -81,7 +94,10 @@ flashattn_status_t plan_backward(flashattn_plan *plan, flashattn_backend_t reque
     plan->backward_reason = d.reason;
     if (d.status != FLASHATTN_SUCCESS) return FLASHATTN_SUCCESS;
     const Backend *b = backend_by_id(d.backend);
-    if (b != plan->backend) FLASHATTN_TRY(b->make_plan(plan->problem, dev, &plan->separate_backward_plan));
+    if (b != plan->backend) {
+        FLASHATTN_TRY(b->make_plan(plan->problem, dev, &plan->separate_backward_plan));
+        FLASHATTN_TRY(check_layouts(*b, *plan->separate_backward_plan));
+    }
     plan->backward_backend = b;
     return FLASHATTN_SUCCESS;
 }
@@ -118,6 +134,7 @@ flashattn_status_t finalize_plan(flashattn_plan *plan) {
     const Backend *backend = backend_by_id(d.backend);
     std::unique_ptr<BackendPlan> backend_plan;
     FLASHATTN_TRY(backend->make_plan(problem, dev, &backend_plan));
+    FLASHATTN_TRY(check_layouts(*backend, *backend_plan));
 
     plan->problem = problem;
     plan->device = dev;
