@@ -26,7 +26,7 @@ public:
     int add(const char *name, size_t bytes) {
         const size_t room = align_up(bytes, kWorkspaceAlignment);
         if (count_ == kMaxSlices || room < bytes || total_ + room < total_) {
-            invalid_ = name;
+            if (invalid_ == nullptr) invalid_ = name;
             return -1;
         }
         Slice &s = slices_[count_];

@@ -54,6 +54,9 @@ void a_size_past_size_t_is_refused(void **) {
     assert_int_equal(w.add("huge", SIZE_MAX - 10), -1);  // its aligned end wraps
     assert_false(w.valid());
     assert_string_equal(w.invalid_slice(), "huge");
+    assert_int_equal(w.add("later", 8), 1);  // a later slice that fits leaves the layout invalid
+    assert_false(w.valid());
+    assert_string_equal(w.invalid_slice(), "huge");  // and names the first refused
     WorkspaceLayout v;
     assert_int_equal(v.add("half", SIZE_MAX / 2), 0);
     assert_int_equal(v.add("other half", SIZE_MAX / 2 + 2), -1);  // the sum wraps
