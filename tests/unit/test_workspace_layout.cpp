@@ -8,6 +8,7 @@
 #include <csetjmp>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 extern "C" {
 #include <cmocka.h>
@@ -33,8 +34,8 @@ void slices_are_aligned_in_order(void **) {
     }
     assert_true(w.total_bytes() == expect);
     assert_true(w.valid());
-    unsigned char buffer[1];
-    assert_true(w.at<unsigned char>(buffer, 3) == buffer + w.offset(3));
+    std::vector<unsigned char> buffer(w.total_bytes());
+    assert_true(w.at<unsigned char>(buffer.data(), 3) == buffer.data() + w.offset(3));
 }
 
 void a_slice_past_the_last_is_refused(void **) {
