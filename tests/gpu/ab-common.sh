@@ -1,8 +1,8 @@
-# Sourced by the serving A/B device scripts (decode-ab.sh, paged-ab.sh), after they set `root`:
-# ab_setup (the output folder, deadline, bench repetitions, build folders and the FA2-only sm_90
-# configure arguments), the elapsed-time notes printed again as the summary, cmocka from .devdeps,
-# and this tree's serving checks (test_serving_fa2 and its gather run, test_exec_contract,
-# test_fa2_sass, compute-sanitizer on test_serving_fa2's reduced grid).
+# Sourced by the serving A/B device scripts (decode-ab.sh, paged-ab.sh, fold-ab.sh), after they
+# set `root`: ab_setup (the output folder, deadline, bench repetitions, build folders and the
+# FA2-only sm_90 configure arguments), the elapsed-time notes printed again as the summary, cmocka
+# from .devdeps, and this tree's serving checks (test_serving_fa2 and its gather run,
+# test_exec_contract, test_fa2_sass, compute-sanitizer on test_serving_fa2's reduced grid).
 t_start=$(date +%s)
 el() { echo $(( $(date +%s) - t_start )); }
 summary=()
