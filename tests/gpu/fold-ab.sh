@@ -16,13 +16,7 @@ ab_setup fold-ab 0 0
     && cmake --build $new_bld --target flashattn flashattn-bench test_serving_fa2 test_exec_contract \
        test_variants_fa2 -j 16 ) > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 note "built"
-# test_variants_fa2 (the public merge) under memcheck beside the serving checks: the call's limit
-( cd $new_bld && FLASHATTN_TEST_REDUCED=1 timeout 180 compute-sanitizer --tool memcheck --error-exitcode 99 \
-    tests/test_variants_fa2 > "$out/variants-memcheck.log" 2>&1; echo "rc=$?" >> "$out/variants-memcheck.log" ) &
-variants_pid=$!
-serving_checks $new_bld 180
-wait $variants_pid
-note "test_variants_fa2 under memcheck $(tail -1 "$out/variants-memcheck.log") $(grep -aE 'ERROR SUMMARY' "$out/variants-memcheck.log" | tail -1)"
+serving_checks $new_bld 180 test_variants_fa2  # + the public merge under memcheck
 grid=(--backend fa2 --decode --no-standard --decode-batch 1,8 --decode-kv-heads 8 --decode-seqlen "${SEQLENS:-16384,32768}")
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for fold in 0 1; do
