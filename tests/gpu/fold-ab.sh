@@ -5,7 +5,7 @@
 # test_fa2_sass, the three sanitizers on test_serving_fa2's reduced grid), test_variants_fa2 (the
 # public merge) with memcheck, then the decode step at b 1 / 8 with the fold on and off in
 # alternated rounds and the append's cost (append-cost.sh). For a change to the fold or the
-# combine (e.g. tests/gpu/patches/fa2-b1-fold.patch, applied first). Logs go to $OUT.
+# combine (a patch applied first; stop 48 ran the b 1 fold this way). Logs go to $OUT.
 #
 #   OUT=$OUT ROUNDS=2 SEQLENS=16384,32768 bash tests/gpu/fold-ab.sh
 set -uo pipefail
