@@ -124,6 +124,22 @@ __device__ __forceinline__ void store_combined_row(const SplitCombineParams &p, 
     if (lse_lane && p.lse != nullptr) p.lse[b * p.lse_bs + head * p.lse_hs + row] = lse;
 }
 
+// The LSE of one row's partials, held by a warp: each lane passes the max and the NaN test of the
+// partial LSEs it holds (-inf past the count; nan comes back as the warp's) and lane_sum(m), its
+// sum of e^(LSE - m) for the warp's max m (called only when m is finite). NaN when any partial is
+// NaN, -inf when none has a key. Every combine (the public merge, the split-KV combine kernels,
+// the decode tiles' own combine) reduces in this order, so the LSEs they write agree bitwise.
+template <class LaneSum>
+__device__ __forceinline__ float warp_lse(float mx, bool &nan, const LaneSum &lane_sum) {
+    nan = __any_sync(0xffffffffu, nan);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = mx != -INFINITY ? lane_sum(mx) : 0.f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    return nan ? NAN : sum == 0.f ? -INFINITY : mx + logf(sum);
+}
+
 // At most kWarpSplits splits (b 8 decode on 132 SMs takes 4): one warp per (row, head), its lanes
 // holding every partial's 8 columns and one split's LSE each, all loaded in one round trip; no
 // shared memory and no CTA barrier. -inf rows, NaN and empty splits as split_combine_kernel's
@@ -146,14 +162,8 @@ __device__ __forceinline__ void combine_row_by_warp(const SplitCombineParams &p,
             zero_raw8<float>(part[s]);
     }
     const float x = lane < S ? p.lse_part[b * p.l_bs + head * p.l_hs + row + lane * p.l_split] : -INFINITY;
-    const bool nan = __any_sync(0xffffffffu, x != x);
-    float mx = x;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float sum = mx != -INFINITY ? expf(x - mx) : 0.f;  // expf(-inf) = 0 for the lanes past S
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const float lse = nan ? NAN : sum == 0.f ? -INFINITY : mx + logf(sum);
+    bool nan = x != x;
+    const float lse = warp_lse(x, nan, [&](float m) { return expf(x - m); });  // (0 past S: x = -inf)
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (!nan && lse != -INFINITY) {
 #pragma unroll

@@ -81,27 +81,19 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
     Raw8<In> x[kUnroll];
     load_chunk<In>(p, po, group, groups, cols, x);
 
-    float mx = -INFINITY;
-    bool nan = false;
     const float x_lane = lane < S ? p.lse_part[lane][li] : -INFINITY;
-    nan = x_lane != x_lane;
-    mx = fmaxf(mx, x_lane);
+    bool nan = x_lane != x_lane;
+    float mx = fmaxf(-INFINITY, x_lane);
     for (int s = lane + 32; s < S; s += 32) {
         const float v = p.lse_part[s][li];
         nan = nan || v != v;
         mx = fmaxf(mx, v);
     }
-    nan = __any_sync(0xffffffffu, nan);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float sum = 0.f;
-    if (mx != -INFINITY) {
-        sum = lane < S ? expf(x_lane - mx) : 0.f;
-        for (int s = lane + 32; s < S; s += 32) sum += expf(p.lse_part[s][li] - mx);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const float lse = nan ? NAN : sum == 0.f ? -INFINITY : mx + logf(sum);
+    const float lse = warp_lse(mx, nan, [&](float m) {
+        float sum = lane < S ? expf(x_lane - m) : 0.f;
+        for (int s = lane + 32; s < S; s += 32) sum += expf(p.lse_part[s][li] - m);
+        return sum;
+    });
     const float w_lane = lane < S && lse != -INFINITY && !nan ? expf(x_lane - lse) : 0.f;
 
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -199,16 +191,12 @@ __global__ void __launch_bounds__(kCombineWarps * 32) split_combine_kernel(const
         nan = nan || x[i] != x[i];
         mx = fmaxf(mx, x[i]);
     }
-    nan = __any_sync(0xffffffffu, nan);
+    const float lse = warp_lse(mx, nan, [&](float m) {
+        float sum = 0.f;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float sum = 0.f;
-    if (mx != -INFINITY)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) sum += expf(x[i] - mx);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const float lse = nan ? NAN : sum == 0.f ? -INFINITY : mx + logf(sum);
+        for (int i = 0; i < 4; ++i) sum += expf(x[i] - m);
+        return sum;
+    });
 
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (!nan && lse != -INFINITY) {
