@@ -10,8 +10,9 @@
 // whole GQA group in a fixed order); dQ goes through fp32 reductions. In deterministic mode the
 // key blocks that add to one query block's dQ take turns in ascending order: a counter per (query
 // head, query block) says how many have added (fa2_bwd_kernel.cuh), so every dQ element sums its
-// terms in one fixed order. The grid puts heads and sequences before key blocks, so the turns
-// cost little: the CTAs running at one time belong to many heads and rarely wait on each other.
+// terms in one fixed order. Its grid puts heads and sequences before key blocks (grid_order), so
+// the turns cost little: the CTAs running at one time belong to many heads and rarely wait on each
+// other.
 #include "backends/cuda/fa2/fa2_bwd_host.h"
 
 #include <algorithm>
@@ -69,6 +70,24 @@ BwdTile tile_of(int kd, bool fallback) { return fallback ? bwd_tile_fallback(kd)
 int64_t key_blocks(const Problem &p, const BwdTile &t) { return ceil_div(p.seqlen_k, t.bn); }
 int64_t query_blocks(const Problem &p, const BwdTile &t) { return ceil_div(p.seqlen_q, t.bm); }
 
+// The main kernel's grid order (fa2_bwd_params.h). Heads fastest gives the 132 resident CTAs of an
+// H100 / H200 about 132 / pairs key blocks per (kv head, sequence) pair to share Q, dO and dQ rows
+// in L2 (at 2k tokens x 64 pairs, two); keys fastest, up to a whole pair's. Measured on an H100
+// (stop 49, docs/performance.md "stop 49, lead, call 3"; bf16, hidden 2048, 16k tokens): without a
+// mask keys fastest 1.00-1.42x at every cell (d 256 2k / 4k 1.42 / 1.12x, d 128 2k 1.08x: the
+// 64-key tile of d > 128 moves twice the bytes per FLOP); under a causal mask it loses 2-5 % at
+// 4k-8k (heads fastest starts the heaviest key blocks first) and wins only on 64-key tiles at 2k
+// (d 256: 1.15x). The deterministic mode keeps heads fastest: its dQ turns wait for lower key
+// blocks. FLASHATTN_FA2_BWD_ORDER=0/1 forces an order in the default mode (a developer's knob for
+// A/B runs and tests). Read at finalize.
+int grid_order(const Problem &p, const BwdTile &t) {
+    if (p.deterministic) return kHeadsFastest;
+    const char *knob = std::getenv("FLASHATTN_FA2_BWD_ORDER");
+    if (knob != nullptr && (std::string(knob) == "0" || std::string(knob) == "1")) return knob[0] - '0';
+    if (!p.has_mask()) return kKeysFastest;
+    return t.bn == 64 && p.seqlen_k <= 2048 ? kKeysFastest : kHeadsFastest;
+}
+
 }  // namespace
 
 std::string backward_unsupported_reason(const Problem &p, const DeviceInfo &dev) {
@@ -100,6 +119,7 @@ BwdPlan plan_backward(const Problem &p, const DeviceInfo &dev, WorkspaceLayout *
     plan.head_dim = bwd_compiled_for(kernel_head_dim(p)).head_dim;
     plan.fallback = use_fallback(plan.head_dim, dev.smem_per_block_optin);
     const BwdTile tile = tile_of(plan.head_dim, plan.fallback);
+    plan.grid_order = grid_order(p, tile);
     static_cast<BwdSlices &>(plan) =
         add_backward_slices(p, query_blocks(p, tile),
                             {"fa2 backward dQ order counters", "fa2 backward dO.O row sums", "fa2 backward dQ accumulator"},
@@ -118,6 +138,7 @@ flashattn_status_t run_backward(const Problem &p, const BwdPlan &plan, const Wor
 
     BwdParams k;
     fill_backward_args(p, t, ws, plan, &k);
+    k.grid_order = plan.grid_order;
 
     const bool bf16 = p.dtype == FLASHATTN_DTYPE_BF16;
     const cudaStream_t stream = reinterpret_cast<cudaStream_t>(t.stream);

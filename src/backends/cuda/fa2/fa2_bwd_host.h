@@ -18,6 +18,7 @@ namespace fa2 {
 struct BwdPlan : BwdSlices {
     int head_dim = 0;   // the compiled head dim that runs the problem (fa2_head_dims.h)
     bool fallback = false;  // the fallback tile (fa2_bwd_params.h): the main one exceeds the device's opt-in
+    int grid_order = 0;     // BwdGridOrder (fa2_bwd_params.h)
 };
 
 // Empty when FA2 can run the backward pass of `p` on `dev`; otherwise one sentence saying why not.

@@ -2,11 +2,10 @@
 // its launcher. Algorithm 2 of the FlashAttention-2 paper, key-block outer loop:
 //
 // One CTA per (key block of kBN keys, kv head, sequence) owns the whole head dim (one grid
-// dimension, heads and sequences fastest: the first wave holds every head's first key blocks,
-// the heaviest under a causal mask). It loads K_j and V_j once, then steps through every query
-// block of every query head of the kv head's GQA group that sees any of its keys (in a fixed
-// order), with Q_i, dO_i, LSE_i and row_dot_i double-buffered (the next step's cp.async runs
-// under this step's math; fa2_bwd_gemm.cuh has the warp layouts):
+// dimension in the order finalize chose: fa2_bwd_params.h, BwdGridOrder). It loads K_j and V_j
+// once, then steps through every query block of every query head of the kv head's GQA group that
+// sees any of its keys (in a fixed order), with Q_i, dO_i, LSE_i and row_dot_i double-buffered
+// (the next step's cp.async runs under this step's math; fa2_bwd_gemm.cuh has the warp layouts):
 //   S = Q K^T and dP = dO V^T over the whole head dim;
 //   P = exp2(S' * score_log2 - LSE * log2 e) with S' the soft-capped score (tanh) when a cap is
 //   set, plus ALiBi's bias when slopes are set, 0 for masked keys (device/mask.cuh's rule) and
@@ -583,11 +582,13 @@ __device__ __forceinline__ void bwd_key_block(const BwdParams &p, BwdBlockArgs &
 template <class Tr, class E>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) bwd_kernel(const __grid_constant__ BwdParams p) {
     extern __shared__ __align__(1024) unsigned char smem[];
-    // blockIdx.x = (kv head, sequence) fastest, then key block: the first wave holds the first
-    // key blocks of every head (the heaviest under a causal mask), and in deterministic mode a
-    // key block's predecessor in the dQ order is always an earlier CTA.
-    const int hb = static_cast<int>(blockIdx.x % static_cast<unsigned>(p.heads_kv * p.batch));
-    const int nb = static_cast<int>(blockIdx.x / static_cast<unsigned>(p.heads_kv * p.batch));
+    // blockIdx.x in the plan's order (fa2_bwd_params.h): kHeadsFastest = (kv head, sequence)
+    // fastest, then key block; kKeysFastest = key block fastest.
+    const unsigned pairs = static_cast<unsigned>(p.heads_kv * p.batch);
+    const unsigned nkb = static_cast<unsigned>((p.seqlen_k + Tr::kBN - 1) / Tr::kBN);
+    const bool heads_fastest = p.grid_order == kHeadsFastest;
+    const int hb = static_cast<int>(heads_fastest ? blockIdx.x % pairs : blockIdx.x / nkb);
+    const int nb = static_cast<int>(heads_fastest ? blockIdx.x / pairs : blockIdx.x % nkb);
     const int kvh = hb % p.heads_kv;
     BwdBlockArgs a;
     a.b = hb / p.heads_kv;

@@ -20,8 +20,19 @@
 namespace flashattn {
 namespace fa2 {
 
-// The shared backward arguments (host/bwd_args.h); FA2 adds none of its own.
-struct BwdParams : BwdTensorArgs {};
+// The main kernel's grid orders (bwd_kernel; fa2_bwd_host.cpp's grid_order picks one at finalize).
+enum BwdGridOrder : int32_t {
+    kHeadsFastest = 0,  // (kv head, sequence) fastest, key blocks slowest: the first wave holds every
+                        // pair's first key blocks (the heaviest under a causal mask), and a key block's
+                        // predecessor in the deterministic dQ order is always an earlier CTA
+    kKeysFastest = 1,   // key blocks fastest, as FlashAttention-2's own grid: the CTAs resident at once
+                        // cover few pairs, whose Q, dO and dQ rows they share in L2
+};
+
+// The shared backward arguments (host/bwd_args.h) and the grid order.
+struct BwdParams : BwdTensorArgs {
+    int32_t grid_order = kHeadsFastest;
+};
 
 // Main-kernel tiles. A CTA of `warps` warps owns `bn` keys over the whole head dim (S and dP are
 // computed once per query step) and walks query blocks of `bm` rows; Q and dO go through `stages`
