@@ -4,7 +4,8 @@
 // (bwd_turn) let every key block of a pair add into every query block of its walk, each query
 // block's adds in a fixed order, without a deadlock; and the ascending turns of the heads-fastest
 // grid and of FA2 (host/bwd_args.h ascending_turn) count exactly the lower key blocks that visit,
-// FA2's walks (ascending_walk_rows) on each of its tiles included.
+// FA2's walks (ascending_walk_rows) on each of its tiles included, and FA2's descending turns
+// (turn_last_block) the higher ones.
 // Sink tokens included (their blocks escape the left window). A wrong count hangs the kernel (a
 // turn that never comes) or breaks its determinism.
 #include <algorithm>
@@ -186,7 +187,35 @@ void random_masks(void **) {
 // FA2's walks (the kernel's rows from host/bwd_args.h ascending_walk_rows) on each of its tiles
 // (fa2_bwd_params.h: bm x bn 128 x 128, 64 x 128, 64 x 64, 32 x 32): query block q is in key
 // block n's walk iff one of its rows sees one of the block's keys, and the deterministic turn
-// (ascending_turn from turn_first_block) counts the lower key blocks whose walks hold q.
+// (ascending_turn from turn_first_block) counts the lower key blocks whose walks hold q; without
+// sink tokens also the descending turn (turn_last_block) the higher ones.
+// FA2's descending turns (keys-descending grid, no sink tokens): key block n at query block q has
+// every higher visitor before it, turn_last_block - n. visitors[q]: how many key blocks visit q
+// (their indices contiguous, ending at the highest, which the walks above checked one by one).
+bool fa2_descending_turns(const Shape &c, int bm, int bn, const std::vector<int> &visitors) {
+    const int blocks = (c.sk + bn - 1) / bn;
+    for (int q = 0; q * bm < c.sq; ++q) {
+        int seen = 0;  // visitors above n so far, walking n downwards
+        for (int n = blocks - 1; n >= 0; --n) {
+            const int64_t n0 = static_cast<int64_t>(n) * bn, n_hi = std::min<int64_t>(n0 + bn, c.sk) - 1;
+            const flashattn::BwdRowRange r = flashattn::ascending_walk_rows(n0, n_hi, c.sq, c.off, c.left, c.right, 0);
+            if (!(r.lo <= r.hi && q >= r.lo / bm && q <= r.hi / bm)) continue;
+            const int last_row = std::min((q + 1) * bm, c.sq) - 1;
+            const int turn = flashattn::turn_last_block(last_row, static_cast<int>(c.off), c.right, c.sk, bn) - n;
+            if (turn != seen) {
+                print_error("fa2 descending %dx%d sq %d sk %d off %lld left %lld right %lld: key block %d, query "
+                            "block %d: turn %d, %d visitors after it\n", bm, bn, c.sq, c.sk,
+                            static_cast<long long>(c.off), static_cast<long long>(c.left),
+                            static_cast<long long>(c.right), n, q, turn, seen);
+                return false;
+            }
+            ++seen;
+        }
+        if (seen != visitors[static_cast<size_t>(q)]) return false;
+    }
+    return true;
+}
+
 bool fa2_walks_and_turns(const Shape &c, int bm, int bn) {
     const int blocks = (c.sk + bn - 1) / bn, qblocks = (c.sq + bm - 1) / bm;
     const int nsb = static_cast<int>((c.sink_tokens + bn - 1) / bn);
@@ -214,7 +243,7 @@ bool fa2_walks_and_turns(const Shape &c, int bm, int bn) {
             before[static_cast<size_t>(q)] += walked ? 1 : 0;
         }
     }
-    return true;
+    return c.sink_tokens > 0 || fa2_descending_turns(c, bm, bn, before);
 }
 
 void fa2_tiles(void **) {

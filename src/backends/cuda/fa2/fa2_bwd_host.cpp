@@ -8,11 +8,10 @@
 //   dq_sem    deterministic only: batch x heads_q x query blocks x 4 bytes
 // Determinism: dK and dV are written once by the one CTA that owns the key block (it walks the
 // whole GQA group in a fixed order); dQ goes through fp32 reductions. In deterministic mode the
-// key blocks that add to one query block's dQ take turns in ascending order: a counter per (query
+// key blocks that add to one query block's dQ take turns in a fixed order: a counter per (query
 // head, query block) says how many have added (fa2_bwd_kernel.cuh), so every dQ element sums its
-// terms in one fixed order. Its grid puts heads and sequences before key blocks (grid_order), so
-// the turns cost little: the CTAs running at one time belong to many heads and rarely wait on each
-// other.
+// terms in one fixed order: ascending key blocks, or descending on the keys-descending grid
+// (grid_order). A turn waits only for key blocks of its own pair that the grid dispatches earlier.
 #include "backends/cuda/fa2/fa2_bwd_host.h"
 
 #include <algorithm>
@@ -73,19 +72,31 @@ int64_t query_blocks(const Problem &p, const BwdTile &t) { return ceil_div(p.seq
 // The main kernel's grid order (fa2_bwd_params.h). Heads fastest gives the 132 resident CTAs of an
 // H100 / H200 about 132 / pairs key blocks per (kv head, sequence) pair to share Q, dO and dQ rows
 // in L2 (at 2k tokens x 64 pairs, two); keys fastest, up to a whole pair's. Measured on an H100
-// (stop 49, docs/performance.md "stop 49, lead, call 3"; bf16, hidden 2048, 16k tokens): without a
-// mask keys fastest 1.00-1.42x at every cell (d 256 2k / 4k 1.42 / 1.12x, d 128 2k 1.08x: the
-// 64-key tile of d > 128 moves twice the bytes per FLOP); under a causal mask it loses 2-5 % at
-// 4k-8k (heads fastest starts the heaviest key blocks first) and wins only on 64-key tiles at 2k
-// (d 256: 1.15x). The deterministic mode keeps heads fastest: its dQ turns wait for lower key
-// blocks. FLASHATTN_FA2_BWD_ORDER=0/1 forces an order in the default mode (a developer's knob for
-// A/B runs and tests). Read at finalize.
+// (stop 49, docs/performance.md "stop 49, lead, calls 3-6"; bf16, hidden 2048, 16k tokens):
+//  - default mode without a mask: keys fastest 1.00-1.66x at every cell (d 256 1k / 2k / 4k 1.66 /
+//    1.46 / 1.10x, d 128 1k / 2k 1.07 / 1.05x: the 64-key tile of d > 128 moves twice the bytes
+//    per FLOP); under a causal mask it loses 2-5 % at 4k-8k (heads fastest starts the heaviest
+//    key blocks first) and wins on 64-key tiles up to 2k (d 256 1k / 2k 1.52 / 1.13x);
+//  - deterministic mode, up to 2k keys: without a mask keys fastest (d 128 / 256 0.86 / 0.81-0.82x
+//    of the default where heads fastest gave 0.80-0.81 / 0.61-0.69x; the 128-row tile of d <= 64
+//    0.81x against heads fastest's 0.92x); under a mask keys descending, whose turns follow the
+//    order in which walks from later diagonals reach a query block (0.97-1.02x of the default,
+//    heads fastest 0.66-0.96x; ascending keys fastest 0.47-0.60x: every turn waits for the block
+//    below). From 4k keys heads fastest (0.92-1.02x). Sink tokens keep heads fastest (their
+//    blocks go last in a descending walk, which turn_last_block does not count).
+// FLASHATTN_FA2_BWD_ORDER=0/1/2 forces an order (a developer's knob for A/B runs and tests; 2 falls
+// back to heads fastest with sink tokens). Read at finalize.
 int grid_order(const Problem &p, const BwdTile &t) {
-    if (p.deterministic) return kHeadsFastest;
     const char *knob = std::getenv("FLASHATTN_FA2_BWD_ORDER");
-    if (knob != nullptr && (std::string(knob) == "0" || std::string(knob) == "1")) return knob[0] - '0';
-    if (!p.has_mask()) return kKeysFastest;
-    return t.bn == 64 && p.seqlen_k <= 2048 ? kKeysFastest : kHeadsFastest;
+    if (knob != nullptr && (std::string(knob) == "0" || std::string(knob) == "1" || std::string(knob) == "2")) {
+        const int forced = knob[0] - '0';
+        return forced == kKeysDescending && p.sink_tokens > 0 ? kHeadsFastest : forced;
+    }
+    const bool short_keys = p.seqlen_k <= 2048;
+    if (!p.deterministic) return !p.has_mask() || (t.bn == 64 && short_keys) ? kKeysFastest : kHeadsFastest;
+    if (!short_keys) return kHeadsFastest;
+    if (p.has_mask()) return p.sink_tokens > 0 ? kHeadsFastest : kKeysDescending;
+    return t.bm < 128 ? kKeysFastest : kHeadsFastest;
 }
 
 }  // namespace

@@ -15,7 +15,7 @@
 //   (16-bit) to shared memory;
 //   dQ += dS K into the fp32 accumulator (vector reductions in mma fragment order,
 //   device/dq_accum.cuh; in deterministic mode the key
-//   blocks of one query block take turns in ascending order, see turn_of);
+//   blocks of one query block take turns in a fixed order, see turn_of);
 //   dV += P^T dO, dK += dS^T Q in registers.
 // At the end dK * scale and dV are written (zeros for keys no query sees). head_dim_v != head_dim:
 // the kernel of the wider one (its zero-filled columns past each tensor's width add nothing); V,
@@ -312,11 +312,15 @@ struct BwdTurn {
     int *sem;
     int before;
 };
+// kKeysDescending: the higher key blocks that visit the query block go first (host/bwd_args.h
+// turn_last_block), the order in which lockstep walks from later diagonals reach it.
 template <class Tr>
 __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlockArgs &a, BwdStep st, int nb) {
+    int *sem = p.dq_sem + (static_cast<int64_t>(a.b) * p.heads_q + st.hq) * p.sem_blocks + st.m0 / Tr::kBM;
+    if (p.grid_order == kKeysDescending)
+        return BwdTurn{sem, turn_last_block(min(st.m0 + Tr::kBM, a.sq) - 1, a.off, p.right, a.sk, Tr::kBN) - nb};
     const int nb_first = turn_first_block(st.m0, a.off, p.left, Tr::kBN);
     const int nsb = (p.sink_tokens + Tr::kBN - 1) / Tr::kBN;  // sink blocks (0 without sink tokens)
-    int *sem = p.dq_sem + (static_cast<int64_t>(a.b) * p.heads_q + st.hq) * p.sem_blocks + st.m0 / Tr::kBM;
     return BwdTurn{sem, ascending_turn(nb, nb_first, nsb)};
 }
 // The walk: query blocks m_first..m_last (first rows, kBM apart) of each query head of the group
@@ -583,12 +587,13 @@ template <class Tr, class E>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocks) bwd_kernel(const __grid_constant__ BwdParams p) {
     extern __shared__ __align__(1024) unsigned char smem[];
     // blockIdx.x in the plan's order (fa2_bwd_params.h): kHeadsFastest = (kv head, sequence)
-    // fastest, then key block; kKeysFastest = key block fastest.
+    // fastest, then key block; otherwise key block fastest, ascending or descending.
     const unsigned pairs = static_cast<unsigned>(p.heads_kv * p.batch);
     const unsigned nkb = static_cast<unsigned>((p.seqlen_k + Tr::kBN - 1) / Tr::kBN);
     const bool heads_fastest = p.grid_order == kHeadsFastest;
     const int hb = static_cast<int>(heads_fastest ? blockIdx.x % pairs : blockIdx.x / nkb);
-    const int nb = static_cast<int>(heads_fastest ? blockIdx.x / pairs : blockIdx.x % nkb);
+    const int nk = static_cast<int>(heads_fastest ? blockIdx.x / pairs : blockIdx.x % nkb);
+    const int nb = p.grid_order == kKeysDescending ? static_cast<int>(nkb) - 1 - nk : nk;
     const int kvh = hb % p.heads_kv;
     BwdBlockArgs a;
     a.b = hb / p.heads_kv;

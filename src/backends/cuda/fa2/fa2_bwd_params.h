@@ -23,11 +23,15 @@ namespace fa2 {
 // The main kernel's grid orders (bwd_kernel; fa2_bwd_host.cpp's grid_order picks one at finalize).
 enum BwdGridOrder : int32_t {
     kHeadsFastest = 0,  // (kv head, sequence) fastest, key blocks slowest: the first wave holds every
-                        // pair's first key blocks (the heaviest under a causal mask), and a key block's
-                        // predecessor in the deterministic dQ order is always an earlier CTA
+                        // pair's first key blocks (the heaviest under a causal mask)
     kKeysFastest = 1,   // key blocks fastest, as FlashAttention-2's own grid: the CTAs resident at once
                         // cover few pairs, whose Q, dO and dQ rows they share in L2
+    kKeysDescending = 2,  // key blocks fastest from each pair's last; the deterministic dQ adds then go
+                          // in descending key blocks (no sink tokens: fa2_bwd_host.cpp grid_order)
 };
+// Each dispatches a key block after its predecessors in the deterministic dQ order (turn_of: the
+// lower key blocks of its pair, the higher ones in kKeysDescending): a turn never waits for a CTA
+// that is not yet resident.
 
 // The shared backward arguments (host/bwd_args.h) and the grid order.
 struct BwdParams : BwdTensorArgs {

@@ -50,6 +50,15 @@ constexpr int ascending_turn(int nb, int nb_first, int nsb) {
     return nb < nsb ? nb : nb - (nb_first > nsb ? nb_first - nsb : 0);
 }
 
+// The deterministic mode's descending turns (FA2's keys-descending grid; plans without sink
+// tokens): key block nb adds into query block q's dQ after every higher key block that visits q.
+// The visitors are contiguous (as above) up to the block holding the last key that q's last row
+// sees (q_last_row + off + right, within the sequence's sk keys), so nb has
+// turn_last_block - nb before it. Only called for a block that visits q (the key is then >= 0).
+constexpr int turn_last_block(int64_t q_last_row, int off, int64_t right, int sk, int kbn) {
+    return static_cast<int>(std::min<int64_t>(q_last_row + off + right, sk - 1) / kbn);
+}
+
 // The query rows an ascending walk (FA2's; FA3's heads-fastest) visits for the key block of keys
 // n0..n_hi: row i sees key j iff i + off - left <= j <= i + off + right (mask.cuh), so i in
 // [n0 - off - right, n_hi - off + left] clipped to the sequence; a block holding sink keys (they
