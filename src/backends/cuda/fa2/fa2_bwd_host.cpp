@@ -72,11 +72,13 @@ int64_t query_blocks(const Problem &p, const BwdTile &t) { return ceil_div(p.seq
 // The main kernel's grid order (fa2_bwd_params.h). Heads fastest gives the 132 resident CTAs of an
 // H100 / H200 about 132 / pairs key blocks per (kv head, sequence) pair to share Q, dO and dQ rows
 // in L2 (at 2k tokens x 64 pairs, two); keys fastest, up to a whole pair's. Measured on an H100
-// (stop 49, docs/performance.md "stop 49, lead, calls 3-6"; bf16, hidden 2048, 16k tokens):
+// (stop 49, docs/performance.md "stop 49, lead, calls 3-8"; bf16, hidden 2048, 16k tokens):
 //  - default mode without a mask: keys fastest 1.00-1.66x at every cell (d 256 1k / 2k / 4k 1.66 /
 //    1.46 / 1.10x, d 128 1k / 2k 1.07 / 1.05x: the 64-key tile of d > 128 moves twice the bytes
 //    per FLOP); under a causal mask it loses 2-5 % at 4k-8k (heads fastest starts the heaviest
-//    key blocks first) and wins on 64-key tiles up to 2k (d 256 1k / 2k 1.52 / 1.13x);
+//    key blocks first) and wins on 64-key tiles up to 2k (d 256 1k / 2k 1.52 / 1.13x); on the
+//    128-key tiles (d <= 128) keys descending won at 1k (d 64 / 128 1.02 / 1.03-1.04x in two
+//    calls; level at 2k);
 //  - deterministic mode, up to 2k keys: without a mask keys fastest (d 128 / 256 0.86 / 0.81-0.82x
 //    of the default where heads fastest gave 0.80-0.81 / 0.61-0.69x; the 128-row tile of d <= 64
 //    0.81x against heads fastest's 0.92x); under a mask keys descending, whose turns follow the
@@ -85,15 +87,18 @@ int64_t query_blocks(const Problem &p, const BwdTile &t) { return ceil_div(p.seq
 //    below). From 4k keys heads fastest (0.92-1.02x). Sink tokens keep heads fastest (their
 //    blocks go last in a descending walk, which turn_last_block does not count).
 // FLASHATTN_FA2_BWD_ORDER=0/1/2 forces an order (a developer's knob for A/B runs and tests; 2 falls
-// back to heads fastest with sink tokens). Read at finalize.
+// back to heads fastest in the deterministic mode with sink tokens). Read at finalize.
 int grid_order(const Problem &p, const BwdTile &t) {
     const char *knob = std::getenv("FLASHATTN_FA2_BWD_ORDER");
     if (knob != nullptr && (std::string(knob) == "0" || std::string(knob) == "1" || std::string(knob) == "2")) {
         const int forced = knob[0] - '0';
-        return forced == kKeysDescending && p.sink_tokens > 0 ? kHeadsFastest : forced;
+        return forced == kKeysDescending && p.deterministic && p.sink_tokens > 0 ? kHeadsFastest : forced;
     }
     const bool short_keys = p.seqlen_k <= 2048;
-    if (!p.deterministic) return !p.has_mask() || (t.bn == 64 && short_keys) ? kKeysFastest : kHeadsFastest;
+    if (!p.deterministic) {
+        if (!p.has_mask() || (t.bn == 64 && short_keys)) return kKeysFastest;
+        return p.seqlen_k <= 1024 ? kKeysDescending : kHeadsFastest;  // no turns: sink tokens allowed
+    }
     if (!short_keys) return kHeadsFastest;
     if (p.has_mask()) return p.sink_tokens > 0 ? kHeadsFastest : kKeysDescending;
     return t.bm < 128 ? kKeysFastest : kHeadsFastest;

@@ -27,7 +27,7 @@ enum BwdGridOrder : int32_t {
     kKeysFastest = 1,   // key blocks fastest, as FlashAttention-2's own grid: the CTAs resident at once
                         // cover few pairs, whose Q, dO and dQ rows they share in L2
     kKeysDescending = 2,  // key blocks fastest from each pair's last; the deterministic dQ adds then go
-                          // in descending key blocks (no sink tokens: fa2_bwd_host.cpp grid_order)
+                          // in descending key blocks (not with sink tokens: fa2_bwd_host.cpp grid_order)
 };
 // Each dispatches a key block after its predecessors in the deterministic dQ order (turn_of: the
 // lower key blocks of its pair, the higher ones in kKeysDescending): a turn never waits for a CTA
