@@ -211,7 +211,11 @@ bool fa2_descending_turns(const Shape &c, int bm, int bn, const std::vector<int>
             }
             ++seen;
         }
-        if (seen != visitors[static_cast<size_t>(q)]) return false;
+        if (seen != visitors[static_cast<size_t>(q)]) {
+            print_error("fa2 descending %dx%d sq %d sk %d: query block %d: %d visitors counted downwards, %d upwards\n",
+                        bm, bn, c.sq, c.sk, q, seen, visitors[static_cast<size_t>(q)]);
+            return false;
+        }
     }
     return true;
 }
