@@ -47,10 +47,12 @@ EOF
 profile flash 'flash_bwd_dq_dk_dv' python3 /tmp/flash_once.py
 python3 - "$out" <<'EOF' > "$out/side-by-side.txt"
 import csv, sys
-def raw(name):
-    rows = list(csv.reader(open(f"/tmp/raw-{name}.csv")))
-    head, units, vals = rows[0], rows[1], rows[2]
-    return {h: (v, u) for h, u, v in zip(head, units, vals)}
+def raw(name):  # one profiled launch: the header, a units row (where ncu writes one), the values
+    try:
+        rows = [r for r in csv.reader(open(f"/tmp/raw-{name}.csv")) if r]
+    except OSError:
+        return {}
+    return dict(zip(rows[0], rows[-1])) if len(rows) > 1 else {}
 a, b = raw("ours"), raw("flash")
 keys = ["Kernel Name", "Grid Size", "Block Size", "gpu__time_duration.sum", "launch__registers_per_thread",
         "smsp__inst_executed.sum", "smsp__inst_executed_pipe_tensor.sum",
@@ -62,7 +64,7 @@ keys = ["Kernel Name", "Grid Size", "Block Size", "gpu__time_duration.sum", "lau
         "launch__shared_mem_per_block_dynamic", "launch__occupancy_limit_registers"]
 keys += sorted(k for k in a if k.startswith("smsp__average_warps_issue_stalled_") and k.endswith("_per_issue_active.ratio"))
 for k in keys:
-    va, vb = a.get(k, ("-", ""))[0], b.get(k, ("-", ""))[0]
+    va, vb = a.get(k, "-"), b.get(k, "-")
     print(f"{k[:90]:90s} {va[:40]:>40s} {vb[:40]:>40s}")
 EOF
 cat "$out/side-by-side.txt"
