@@ -185,8 +185,9 @@ void random_masks(void **) {
 }
 
 // FA2's walks (the kernel's rows from host/bwd_args.h ascending_walk_rows) on each of its tiles
-// (fa2_bwd_params.h: bm x bn 128 x 128, 64 x 128, 64 x 64, 32 x 32): query block q is in key
-// block n's walk iff one of its rows sees one of the block's keys, and the deterministic turn
+// (fa2_bwd_params.h: bm x bn 128 x 128, 64 x 128, 64 x 64, 32 x 32; and FA3 d 256's 64 x 80):
+// query block q is in key block n's walk iff one of its rows sees one of the block's keys, and the
+// deterministic turn
 // (ascending_turn from turn_first_block) counts the lower key blocks whose walks hold q; without
 // sink tokens also the descending turn (turn_last_block) the higher ones.
 // FA2's descending turns (keys-descending grid, no sink tokens): key block n at query block q has
@@ -201,7 +202,8 @@ bool fa2_descending_turns(const Shape &c, int bm, int bn, const std::vector<int>
             const flashattn::BwdRowRange r = flashattn::ascending_walk_rows(n0, n_hi, c.sq, c.off, c.left, c.right, 0);
             if (!(r.lo <= r.hi && q >= r.lo / bm && q <= r.hi / bm)) continue;
             const int last_row = std::min((q + 1) * bm, c.sq) - 1;
-            const int turn = flashattn::turn_last_block(last_row, static_cast<int>(c.off), c.right, c.sk, bn) - n;
+            const int right_i = static_cast<int>(std::min<int64_t>(c.right, int64_t(1) << 29));  // as the host clamps it
+            const int turn = flashattn::turn_last_block(last_row, static_cast<int>(c.off), right_i, c.sk, bn) - n;
             if (turn != seen) {
                 print_error("fa2 descending %dx%d sq %d sk %d off %lld left %lld right %lld: key block %d, query "
                             "block %d: turn %d, %d visitors after it\n", bm, bn, c.sq, c.sk,
@@ -251,7 +253,7 @@ bool fa2_walks_and_turns(const Shape &c, int bm, int bn) {
 }
 
 void fa2_tiles(void **) {
-    const int tiles[][2] = {{128, 128}, {64, 128}, {64, 64}, {32, 32}};
+    const int tiles[][2] = {{128, 128}, {64, 128}, {64, 64}, {32, 32}, {64, 80}};  // 64 x 80: FA3's d 256
     unsigned seed = 20261205u;
     for (int i = 0; i < 600; ++i) {
         Shape c = random_shape(&seed);

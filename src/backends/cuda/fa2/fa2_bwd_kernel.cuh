@@ -318,7 +318,7 @@ template <class Tr>
 __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlockArgs &a, BwdStep st, int nb) {
     int *sem = p.dq_sem + (static_cast<int64_t>(a.b) * p.heads_q + st.hq) * p.sem_blocks + st.m0 / Tr::kBM;
     if (p.grid_order == kKeysDescending)
-        return BwdTurn{sem, turn_last_block(min(st.m0 + Tr::kBM, a.sq) - 1, a.off, p.right, a.sk, Tr::kBN) - nb};
+        return BwdTurn{sem, turn_last_block(min(st.m0 + Tr::kBM, a.sq) - 1, a.off, p.right_i, a.sk, Tr::kBN) - nb};
     const int nb_first = turn_first_block(st.m0, a.off, p.left, Tr::kBN);
     const int nsb = (p.sink_tokens + Tr::kBN - 1) / Tr::kBN;  // sink blocks (0 without sink tokens)
     return BwdTurn{sem, ascending_turn(nb, nb_first, nsb)};

@@ -122,15 +122,30 @@ int64_t walks_from_block0(const Problem &p, int kbn, int64_t key_blocks) {
 // order makes key block n of a resident pair wait about 2n steps for key block 0 to reach its
 // diagonal). Measured on the H200 (stop 34, bf16, d 64 / 128 / 256, 1k-8k, causal and not): the
 // deterministic mode 0.82-0.97x the default where the ascending order gave 0.71-0.97x.
+// Keys descending (kKeysDescending, FA2's deterministic order under a mask since stop 49): the
+// staggered walks' turn order, descending key blocks, on a grid that dispatches each pair from its
+// last key block, so no turn waits for an undispatched CTA and none needs the table; only for the
+// kernels without bwd_det_kernel's writer warp (head dims above 128: the writer has no registers
+// for it), under a mask without sink tokens, where the pair fits a wave and few walks start at
+// query block 0 (those would queue there as plain walks). Measured on an H100 (stop 51, d 256
+// causal, one call): det / default 0.886 / 0.875 / 0.856 / 0.804 at 1k / 2k / 4k / 8k against
+// 0.870 / 0.858 / 0.841 (staggered) / 0.798 (heads fastest); at 16k (205 key blocks of 80 for 132
+// SMs) 0.748 against heads fastest's 0.807: dispatched from the last block, causal's short walks
+// go first and the long ones end the grid.
 // FLASHATTN_FA3_BWD_DET_ORDER=0 forces heads fastest, =2 keys fastest wherever the pair and the walk
-// fit (rotated, or staggered under a mask; developer knobs for A/B runs).
-int det_grid_order(const Problem &p, int sm_count, int kbn) {
+// fit (rotated, or staggered under a mask), =4 keys descending under any mask without sink tokens
+// at head dims above 128 (developer knobs for A/B runs).
+int det_grid_order(const Problem &p, int sm_count, int kbn, bool dq_writer) {
     const char *knob = std::getenv("FLASHATTN_FA3_BWD_DET_ORDER");
     if (knob != nullptr && std::string(knob) == "0") return kHeadsFastest;
+    const bool descending_ok = !dq_writer && p.has_mask() && p.sink_tokens == 0;
+    if (knob != nullptr && std::string(knob) == "4" && descending_ok) return kKeysDescending;
     const int64_t key_blocks = ceil_div(p.seqlen_k, kbn);
+    const bool forced = knob != nullptr && std::string(knob) == "2";  // keys fastest wherever it fits
+    if (descending_ok && !forced && key_blocks <= sm_count && 4 * walks_from_block0(p, kbn, key_blocks) <= key_blocks)
+        return kKeysDescending;
     const bool fits = key_blocks <= sm_count && ceil_div(p.seqlen_q, kBwdBM) <= kBwdTurnTableMax;
     if (!fits) return kHeadsFastest;
-    const bool forced = knob != nullptr && std::string(knob) == "2";  // keys fastest wherever it fits
     // Without a mask, rotated wherever the pair fits a wave: where a wave ends inside a pair, the
     // turns of the blocks it dispatched come first (det_wave_ctas).
     if (!p.has_mask()) return kKeysRotated;
@@ -190,7 +205,8 @@ BwdPlan plan_backward(const Problem &p, int sm_count, WorkspaceLayout *ws) {
     plan.head_dim = compiled_for(kernel_head_dim(p)).head_dim;
     plan.block_n = wide_layout(p, plan.head_dim) ? kBwdWideBN : bwd_block_n(plan.head_dim);
     plan.dq_writer = writer_kernel(p, plan.head_dim);
-    plan.grid_order = p.deterministic ? det_grid_order(p, sm_count, plan.block_n) : default_grid_order(p);
+    plan.grid_order =
+        p.deterministic ? det_grid_order(p, sm_count, plan.block_n, plan.dq_writer) : default_grid_order(p);
     plan.wave_ctas = p.deterministic ? det_wave_ctas(p, sm_count, plan.block_n, plan.grid_order) : 0;
     plan.launch = compiled_for(kernel_head_dim(p)).launch;
     static_cast<BwdSlices &>(plan) =

@@ -532,6 +532,10 @@ __device__ __forceinline__ void issue_dkv(float (&dK)[Tr::kDW / 2], float (&dV)[
 //   SMs to the next pair), the key blocks a wave dispatches take their turns before those of the
 //   pair's blocks a later wave dispatches (bwd_wave_split). The CTA counts its predecessors for
 //   each query block of its walk once (build_turn_table) into the turn table (Traits::kTurnOff).
+// - keys descending (a mask without sink tokens): descending key blocks, counted directly
+//   (host/bwd_args.h turn_last_block); the grid dispatches each pair's key blocks from the last,
+//   so a turn's predecessors are earlier CTAs at any pair size, and walks from later diagonals
+//   reach each query block in that order (FA2's deterministic mode, stop 49).
 // Each adds in one turn, taken by bwd_det_kernel's writer warp for both consumer warpgroups (the
 // split layout: by bwd_kernel's thread 0).
 struct BwdTurn {
@@ -541,9 +545,13 @@ struct BwdTurn {
 __device__ __forceinline__ int *turn_sem(const BwdParams &p, const BwdBlock &a, BwdStep st) {
     return p.dq_sem + (static_cast<int64_t>(a.b) * p.heads_q + st.hq) * p.sem_blocks + st.m0 / kBwdBM;
 }
-template <class Tr>
+// kDescending: the caller may run the keys-descending order (finalize gives it only to the kernels
+// without a writer warp: computed at the writer's 24 registers it spilled 60 bytes).
+template <class Tr, bool kDescending = true>
 __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a, BwdStep st) {
     int *sem = turn_sem(p, a, st);
+    if (kDescending && p.grid_order == kKeysDescending)
+        return BwdTurn{sem, turn_last_block(min(st.m0 + kBwdBM, a.sq) - 1, a.off, p.right_i, a.sk, Tr::kBN) - a.nb};
     if (p.grid_order != kHeadsFastest)
         return BwdTurn{sem, static_cast<int>(cuda::ld_shared_b32(cuda::smem_addr(a.smem) + Tr::kTurnOff +
                                                                   4 * (st.m0 / kBwdBM - a.mb_first)))};
@@ -554,9 +562,9 @@ __device__ __forceinline__ BwdTurn turn_of(const BwdParams &p, const BwdBlock &a
 }
 // One thread spins until the key block's turn at step st's query block has come (acquire: the
 // predecessors' adds are visible to it), and returns the turn.
-template <class Tr>
+template <class Tr, bool kDescending = true>
 __device__ __forceinline__ BwdTurn wait_turn(const BwdParams &p, const BwdBlock &a, BwdStep st) {
-    const BwdTurn turn = turn_of<Tr>(p, a, st);
+    const BwdTurn turn = turn_of<Tr, kDescending>(p, a, st);
     while (cuda::ld_acquire_gpu(turn.sem) != turn.before) {
     }
     return turn;
@@ -896,7 +904,8 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams &p, const BwdBlock &
 // The CTA's key block with its sequence's lengths and diagonal, and the shared-memory base both
 // kernels lay their tiles from. Grid order (p.grid_order): kv heads x batch fastest (the
 // deterministic mode: a key block's predecessor in the dQ turn order is an earlier wave's CTA, as
-// in the FA2 backward), or key blocks fastest (the default mode). Both enumerate the same blocks;
+// in the FA2 backward), or key blocks fastest (ascending, or descending from each pair's last).
+// All enumerate the same blocks;
 // a block past its sequence's keys (variable length: the grid covers the longest) exits at once.
 template <class Tr>
 __device__ __forceinline__ BwdBlock key_block(const BwdParams &p, unsigned char *smem_raw) {
@@ -909,6 +918,7 @@ __device__ __forceinline__ BwdBlock key_block(const BwdParams &p, unsigned char 
     const int hb = static_cast<int>(keys_fastest ? blockIdx.x / nkb : blockIdx.x % nhb);
     BwdBlock a;
     a.nb = static_cast<int>(keys_fastest ? blockIdx.x % nkb : blockIdx.x / nhb);
+    if (p.grid_order == kKeysDescending) a.nb = static_cast<int>(nkb) - 1 - a.nb;
     a.kvh = hb % p.heads_kv;
     a.b = hb / p.heads_kv;
     const cuda::SeqInfo si = cuda::seq_info(p, a.b);
@@ -1030,7 +1040,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
 
     if (set_walk<Tr, kDet>(p, a)) {
         // the split layout's deterministic mode: its turns, staged in the P^T / dS^T pages
-        if (kDet && p.grid_order != kHeadsFastest)
+        if (kDet && bwd_turn_table(p.grid_order))
             build_turn_table<Tr>(p, a, threadIdx.x, kBwdThreads, 0, cuda::smem_addr(a.smem) + Tr::kDSOff);
         const int nsteps = p.group * a.nmb;
         if (threadIdx.x == 0) load_k_v<Tr>(p, &tm_k, &tm_v, a);
@@ -1137,7 +1147,7 @@ __device__ __forceinline__ void write_dq_det(const BwdParams &p, const BwdBlock 
         if (lane == 0) {
             const BwdStep st = bwd_step(p, a, s);
             if (kOrdered) {
-                wait_turn<Tr>(p, a, st);
+                wait_turn<Tr, false>(p, a, st);
                 fence_proxy_async_global();  // the predecessors' adds, before this one
             }
             bulk_reduce_add_f32(dq_frag_rows(p, a, st), s_dq0 + slot * Tr::kDQBytes, dq_frag_bytes(p, a, st));
@@ -1238,7 +1248,7 @@ __global__ void __launch_bounds__(kBwdDetThreads, 1)
     for (int i = 0; i < Tr::kDW / 2; ++i) dK[i] = dV[i] = 0.f;
     if (any) {
         // the turns, staged in the dQ slots (first written at the end of step 0)
-        if (p.deterministic && p.grid_order != kHeadsFastest)
+        if (p.deterministic && bwd_turn_table(p.grid_order))
             build_turn_table<Tr>(p, a, threadIdx.x - 128, 256, kBwdDetConsumerBar, cuda::smem_addr(a.smem) + Tr::kDQOff);
         det_consume<Tr, E>(p, a, nsteps, wg, dK, dV);
     }

@@ -33,13 +33,19 @@ enum BwdGridOrder : int32_t {
     kKeysRotated = 2,    // keys fastest, each key block's query walk starting at its own rotated block
     kKeysStaggered = 3,  // keys fastest, only the walks that start at query block 0 rotated (a mask's
                          // other walks start at their own diagonal already)
+    kKeysDescending = 4,  // keys fastest from each pair's last key block, plain walks; the deterministic
+                          // turns in descending key blocks (host/bwd_args.h turn_last_block, no table)
 };
+// Whether a grid order's deterministic turns come from the CTA's turn table (build_turn_table).
+constexpr bool bwd_turn_table(int grid_order) { return grid_order != kHeadsFastest && grid_order != kKeysDescending; }
 
 // The shared backward arguments (host/bwd_args.h, the fields device/bwd_prep.cuh reads), and the
 // grid order (sem_blocks counts query blocks of kBwdBM rows; the dQ adds of one query block take
 // turns in deterministic mode: fa3_bwd_kernel.cuh).
 struct BwdParams : BwdTensorArgs {
-    int32_t grid_order = kHeadsFastest;  // BwdGridOrder; deterministic mode: kHeadsFastest, kKeysRotated (no mask) or kKeysStaggered
+    // BwdGridOrder; deterministic mode: kHeadsFastest, kKeysRotated (no mask), kKeysStaggered or
+    // kKeysDescending
+    int32_t grid_order = kHeadsFastest;
     int32_t block_n = 0;  // keys per CTA of the kernel finalize chose: bwd_block_n, or kBwdWideBN (fa3_bwd_wide.cuh)
     int32_t wave_ctas = 0;  // deterministic keys-fastest turns: CTAs per wave (the SMs; bwd_wave_split)
     int32_t dq_writer = 0;  // 1: bwd_det_kernel (a producer warpgroup, one dQ reduction per step by its

@@ -441,7 +441,7 @@ __global__ void __launch_bounds__(kBwdThreads, 1)
         const int nsteps = p.group * a.nmb;
         const uint32_t base = cuda::smem_addr(a.smem);
         // the deterministic mode's turns, staged in the pages (first written in step 0)
-        if (kDet && p.grid_order != kHeadsFastest) build_turn_table<Tr>(p, a, threadIdx.x, kBwdThreads, 0, base + Tr::kPTOff);
+        if (kDet && bwd_turn_table(p.grid_order)) build_turn_table<Tr>(p, a, threadIdx.x, kBwdThreads, 0, base + Tr::kPTOff);
         if (threadIdx.x == 0) wide_load_first<Tr>(p, &tm_q, &tm_k, &tm_v, &tm_do, a, base, nsteps);
         cuda::mbar_wait(&a.bars->kv_full, 0);
         int *held = nullptr;  // kDet: the turn thread 0 has yet to release

@@ -55,8 +55,10 @@ constexpr int ascending_turn(int nb, int nb_first, int nsb) {
 // The visitors are contiguous (as above) up to the block holding the last key that q's last row
 // sees (q_last_row + off + right, within the sequence's sk keys), so nb has
 // turn_last_block - nb before it. Only called for a block that visits q (the key is then >= 0).
-constexpr int turn_last_block(int64_t q_last_row, int off, int64_t right, int sk, int kbn) {
-    return static_cast<int>(std::min<int64_t>(q_last_row + off + right, sk - 1) / kbn);
+// 32-bit on purpose (FA3's writer warp computes it at 24 registers): right_i is the window's right
+// bound clamped to 2^29 (host/tensor_args.h), past any key at the sequence lengths allowed (< 2^28).
+constexpr int turn_last_block(int q_last_row, int off, int right_i, int sk, int kbn) {
+    return (q_last_row + off + right_i < sk - 1 ? q_last_row + off + right_i : sk - 1) / kbn;
 }
 
 // The query rows an ascending walk (FA2's; FA3's heads-fastest) visits for the key block of keys
