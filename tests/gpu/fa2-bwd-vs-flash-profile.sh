@@ -6,7 +6,8 @@
 # the headline metrics of both side by side (instructions, IPC, shared-memory wavefronts, L2 and
 # DRAM bytes, stall reasons). Run from the repository root on the GPU machine; LIB names a built
 # libflashattn.so with FA2 for sm_90, or, unset, the script builds one (FA2 only, ~1 min). Output
-# under $OUT: ours-summary.txt, flash-summary.txt, side-by-side.txt (also printed).
+# under $OUT: ours-summary.txt, flash-summary.txt, side-by-side.txt (also printed), and the SASS
+# source-counter exports src-ours.csv.gz, src-flash.csv.gz (8 files in all with the logs).
 #   OUT=$OUT bash tests/gpu/fa2-bwd-vs-flash-profile.sh
 set -uo pipefail
 out=${OUT:-/tmp/fa2-bwd-prof}; mkdir -p "$out"
@@ -28,6 +29,9 @@ profile() {  # NAME KERNEL_REGEX COMMAND...: one launch (the second) of the kern
   ncu -i "/tmp/prof-$name.ncu-rep" --page source --csv --print-source sass > "/tmp/src-$name.csv" 2>/dev/null \
     && python3 tests/gpu/ncu-source-summary.py "/tmp/src-$name.csv" --top 30 > "$out/$name-summary.txt" 2>&1
   ncu -i "/tmp/prof-$name.ncu-rep" --page raw --csv > "/tmp/raw-$name.csv" 2>/dev/null
+  # the per-instruction export itself (stop 51 needed a second call for it): with main's SASS
+  # (nvcc + cuobjdump here) its row indices name each instruction
+  [ -s "/tmp/src-$name.csv" ] && gzip -c "/tmp/src-$name.csv" > "$out/src-$name.csv.gz"
 }
 profile ours 'fa2::bwd_kernel' python3 bench/bwd_once.py "$LIB" --gen fa2 --shape "$shape" ${ONCE_ARGS:-}
 causal=False; case " ${ONCE_ARGS:-} " in *" --causal "*) causal=True ;; esac

@@ -187,9 +187,8 @@ void random_masks(void **) {
 // FA2's walks (the kernel's rows from host/bwd_args.h ascending_walk_rows) on each of its tiles
 // (fa2_bwd_params.h: bm x bn 128 x 128, 64 x 128, 64 x 64, 32 x 32; and FA3 d 256's 64 x 80):
 // query block q is in key block n's walk iff one of its rows sees one of the block's keys, and the
-// deterministic turn
-// (ascending_turn from turn_first_block) counts the lower key blocks whose walks hold q; without
-// sink tokens also the descending turn (turn_last_block) the higher ones.
+// deterministic turn (ascending_turn from turn_first_block) counts the lower key blocks whose walks
+// hold q; without sink tokens also the descending turn (turn_last_block) the higher ones.
 // FA2's descending turns (keys-descending grid, no sink tokens): key block n at query block q has
 // every higher visitor before it, turn_last_block - n. visitors[q]: how many key blocks visit q
 // (their indices contiguous, ending at the highest, which the walks above checked one by one).

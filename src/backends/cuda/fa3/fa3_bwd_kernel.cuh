@@ -905,8 +905,8 @@ __device__ __forceinline__ void store_dk_dv(const BwdParams &p, const BwdBlock &
 // kernels lay their tiles from. Grid order (p.grid_order): kv heads x batch fastest (the
 // deterministic mode: a key block's predecessor in the dQ turn order is an earlier wave's CTA, as
 // in the FA2 backward), or key blocks fastest (ascending, or descending from each pair's last).
-// All enumerate the same blocks;
-// a block past its sequence's keys (variable length: the grid covers the longest) exits at once.
+// All enumerate the same blocks; a block past its sequence's keys (variable length: the grid
+// covers the longest) exits at once.
 template <class Tr>
 __device__ __forceinline__ BwdBlock key_block(const BwdParams &p, unsigned char *smem_raw) {
     // SW128 tiles need 1024-byte alignment; the dynamic base is not guaranteed to have it.
