@@ -6,7 +6,8 @@
 // once, then steps through every query block of every query head of the kv head's GQA group that
 // sees any of its keys (in a fixed order), with Q_i, dO_i, LSE_i and row_dot_i double-buffered
 // (the next step's cp.async runs under this step's math; fa2_bwd_gemm.cuh has the warp layouts):
-//   S = Q K^T and dP = dO V^T over the whole head dim;
+//   S = Q K^T and dP = dO V^T over the whole head dim (without a cap or ALiBi, P's exponentials
+//   below issue between the dP GEMM's mma: plain_probs_step);
 //   P = exp2(S' * score_log2 - LSE * log2 e) with S' the soft-capped score (tanh) when a cap is
 //   set, plus ALiBi's bias when slopes are set, 0 for masked keys (device/mask.cuh's rule) and
 //   for rows past the sequence;
@@ -173,6 +174,51 @@ __device__ __forceinline__ void probs_and_grads(const BwdParams &p, const BwdRow
             dS[nt][h] = cuda::pack2<E>(dv[0], dv[1]);
         }
     }
+}
+
+// Scores without a soft cap or ALiBi ("plain": a runtime property of the whole launch) become P
+// in two halves around the dP GEMM, so that the exponentials issue between its mma (stop 51's d 64
+// profile: after both GEMMs they came as one burst of MUFU, 28 % of the MIO stalls). Compiled at
+// padded head dims <= 128 (plain_split); at 256 it measured level (H100, 0.991-1.009x).
+template <class Tr>
+constexpr bool plain_split() {
+    return Tr::kDP <= 128;
+}
+// plain_probs_step: P = exp2(S * score_log2 - LSE2) in place for the share of this warp's scores
+// that k-step ks of kKS takes (every pair, whatever the mask: the select comes after).
+template <class Tr>
+__device__ __forceinline__ void plain_probs_step(const BwdParams &p, const float (&lse2)[Tr::kSMT][2], int ks,
+                                                 float (&S)[Tr::kSMT][Tr::kNT][4]) {
+    constexpr int kPer = (Tr::kSMT * Tr::kNT + Tr::kKS - 1) / Tr::kKS;  // n8 tiles per k-step
+    const float sl2 = p.score_log2;
+#pragma unroll
+    for (int j = ks * kPer; j < (ks + 1) * kPer && j < Tr::kSMT * Tr::kNT; ++j) {
+        const int mt = j / Tr::kNT, nt = j % Tr::kNT;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) S[mt][nt][i] = cuda::fast_exp2(fmaf(S[mt][nt][i], sl2, -lse2[mt][i >> 1]));
+    }
+}
+// The second half: dS = P (dP - row_dot), both packed; kUnmasked as probs_and_grads (the same
+// selects, so the same values as probs_and_grads on the same scores).
+template <class Tr, class E, bool kUnmasked>
+__device__ __forceinline__ void plain_grads(const BwdRows &r, const float (&Pf)[Tr::kNT][4],
+                                            const float (&dP)[Tr::kNT][4], uint32_t (&P)[Tr::kNT][2],
+                                            uint32_t (&dS)[Tr::kNT][2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int nt = 0; nt < Tr::kNT; ++nt) {
+            float pv[2], dv[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const bool pair = kUnmasked || (nt * 8 + e >= r.lo[h] && nt * 8 + e <= r.hi[h]);
+                const float pr = Pf[nt][2 * h + e];
+                pv[e] = pair ? pr : 0.f;
+                dv[e] = pair ? pr * (dP[nt][2 * h + e] - r.rd[h]) : 0.f;
+            }
+            P[nt][h] = cuda::pack2<E>(pv[0], pv[1]);
+            dS[nt][h] = cuda::pack2<E>(dv[0], dv[1]);
+        }
 }
 
 // Whether key block n0.. holds sink keys (TensorArgs::sink_tokens): CTA-uniform.
@@ -431,28 +477,53 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
         float S[Tr::kSMT][Tr::kNT][4], dP[Tr::kSMT][Tr::kNT][4];
         gemm_qk<Tr, E>(S, QT::lane_base_full(s_q + row0 * 128, lr_a, lb_a), 0u,
                        KT::lane_base_full(s_k + key0 * 128, lr_k, lb_k), 0u);
-        gemm_qk<Tr, E>(dP, QT::lane_base_full(s_do + row0 * 128, lr_a, lb_a), 0u,
-                       KT::lane_base_full(s_v + key0 * 128, lr_k, lb_k), 0u);
         // The unmasked form where it measured a win (stop 21, one H200 call): padded head dim <= 128
         // (d128 1.010-1.015x); at 256 it cost 1.1-1.3 % (its second copy of the P / dS code
         // outweighs the compares it saves at 250+ registers), so there every step takes the mask.
         const bool unmasked = Tr::kDP <= 128 && step_unmasked<Tr>(p, a, st.m0);
+        const bool sinks = sink_block(p, a.n0);
+        const auto rows_of = [&](int mt) {
+            const int qrow = st.m0 + row0 + mt * 16 + g, col0 = a.n0 + key0 + 2 * t;
+            return unmasked ? load_rows<Tr, true>(p, a, s_rows, st.m0, qrow, col0)
+                            : load_rows<Tr, false>(p, a, s_rows, st.m0, qrow, col0, sinks);
+        };
+        const bool plain = plain_split<Tr>() && p.softcap_scale == 0.f && p.alibi_slopes == nullptr;
+        const auto dp_gemm = [&](auto after_step) {
+            gemm_qk<Tr, E, false, false>(dP, QT::lane_base_full(s_do + row0 * 128, lr_a, lb_a), 0u,
+                                         KT::lane_base_full(s_v + key0 * 128, lr_k, lb_k), 0u, 0, 0.f, after_step);
+        };
+        if (plain) {
+            float lse2[Tr::kSMT][2];
+#pragma unroll
+            for (int mt = 0; mt < Tr::kSMT; ++mt) {
+                const BwdRows r = rows_of(mt);
+                lse2[mt][0] = r.lse2[0];
+                lse2[mt][1] = r.lse2[1];
+            }
+            dp_gemm([&](int ks) { plain_probs_step<Tr>(p, lse2, ks, S); });
+        } else {
+            dp_gemm(NoStepWork{});
+        }
 #pragma unroll
         for (int mt = 0; mt < Tr::kSMT; ++mt) {
             const int qrow = st.m0 + row0 + mt * 16 + g, col0 = a.n0 + key0 + 2 * t;
-            const bool sinks = sink_block(p, a.n0);
-            const BwdRows rows = unmasked ? load_rows<Tr, true>(p, a, s_rows, st.m0, qrow, col0)
-                                          : load_rows<Tr, false>(p, a, s_rows, st.m0, qrow, col0, sinks);
+            const BwdRows rows = rows_of(mt);
             uint32_t P[Tr::kNT][2], dS[Tr::kNT][2];
             const BwdAlibiRows al{st.hq, {qrow + a.off, qrow + 8 + a.off}, col0};
             // A row with LSE = -inf (it saw no key in the forward; only with such inputs in an
             // unmasked step) sends its warp to the tested form: the unmasked one selects nothing
             // (two FSEL per pair fewer).
             const bool all_live = __all_sync(0xffffffffu, rows.lo[0] <= rows.hi[0] && rows.lo[1] <= rows.hi[1]);
-            if (unmasked && all_live)
+            if (plain) {
+                if (unmasked && all_live)
+                    plain_grads<Tr, E, true>(rows, S[mt], dP[mt], P, dS);
+                else
+                    plain_grads<Tr, E, false>(rows, S[mt], dP[mt], P, dS);
+            } else if (unmasked && all_live) {
                 probs_and_grads<Tr, E, true>(p, rows, al, S[mt], dP[mt], P, dS);
-            else
+            } else {
                 probs_and_grads<Tr, E, false>(p, rows, al, S[mt], dP[mt], P, dS);
+            }
             if (sinks && !unmasked) drop_sink_hole<Tr>(p, a, qrow, col0, P, dS);
             store_p_ds<Tr>(s_p, row0 + mt * 16, key0, P, dS);
         }

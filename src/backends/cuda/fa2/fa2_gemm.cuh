@@ -25,9 +25,15 @@ namespace fa2 {
 // from instead of zero, so it is the first k-step's C operand: two values per n8 tile, the same
 // for every m16 tile and both row halves (ptxas builds each n8 tile's C quad once, with 2 FMULs
 // and 2 MOVs, and reuses it as the last m16 tile's D).
-template <class Tr, class E, bool kBounded = false, bool kRamp = false>
+// after_step(ks): called after each k-step's mma are issued, for independent work the caller
+// wants between them (the backward's exponentials under its dP GEMM); NoStepWork by default.
+struct NoStepWork {
+    __device__ __forceinline__ void operator()(int) const {}
+};
+template <class Tr, class E, bool kBounded = false, bool kRamp = false, class StepWork = NoStepWork>
 __device__ __forceinline__ void gemm_qk(float (&S)[Tr::kMT][Tr::kNT][4], uint32_t q_f, uint32_t q_h,
-                                        uint32_t k_f, uint32_t k_h, int np_end = 0, float ramp = 0.f) {
+                                        uint32_t k_f, uint32_t k_h, int np_end = 0, float ramp = 0.f,
+                                        StepWork after_step = {}) {
     using QT = typename Tr::QTile;
     using KT = typename Tr::KVTile;
 #pragma unroll
@@ -60,6 +66,7 @@ __device__ __forceinline__ void gemm_qk(float (&S)[Tr::kMT][Tr::kNT][4], uint32_
                 cuda::mma_16816<E>(S[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
             }
         }
+        after_step(ks);
     }
 }
 
