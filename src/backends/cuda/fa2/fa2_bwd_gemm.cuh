@@ -160,9 +160,11 @@ __device__ __forceinline__ void bwd_load_tile(uint32_t sbase, const uint16_t *g,
 // Fragments are double-buffered: the (ks, j) steps run flat and each step loads the next step's
 // B (and, at a k-step's last column group, the next k-step's A) before issuing its own mma, so no
 // HMMA waits on the ldmatrix issued right before it (stop 21's ncu: short_sb 26 %).
-template <class Tr, class E>
+// after_step(ks): as gemm_qk's (fa2_gemm.cuh), called after k-step ks's mma.
+template <class Tr, class E, class StepWork = NoStepWork>
 __device__ __forceinline__ void gemm_at_b(float (&acc)[Tr::kKVMT][Tr::kKVGroups][2][4],
-                                          const uint32_t (&a_lane)[Tr::kKVMT], uint32_t b_lane, int ncols) {
+                                          const uint32_t (&a_lane)[Tr::kKVMT], uint32_t b_lane, int ncols,
+                                          StepWork after_step = {}) {
     using BT = typename Tr::QTile;
     constexpr int kKS = Tr::kBM / 16, kG = Tr::kKVGroups;
     uint32_t a[2][Tr::kKVMT][4], b[2][4];
@@ -196,6 +198,7 @@ __device__ __forceinline__ void gemm_at_b(float (&acc)[Tr::kKVMT][Tr::kKVGroups]
                 cuda::mma_16816<E>(acc[mt][j][1], a[ks & 1][mt], b[t & 1][2], b[t & 1][3]);
             }
         }
+        after_step(ks);
     }
 }
 

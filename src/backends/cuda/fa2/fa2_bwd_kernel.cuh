@@ -290,6 +290,18 @@ __device__ __forceinline__ void red_dq_group(float *row, int j, int ncols, const
             cuda::red_add_f32x4(row + j * 256 + n * 128, acc[n][0], acc[n][1], acc[n][2], acc[n][3]);
 }
 
+// This lane's place in the dQ accumulator for the warp's first m16 tile (rows from qrow0 of the
+// sequence) and column span (from col0), fragment order (device/dq_accum.cuh). From the parameters
+// and the sequence's first row each time: a pointer kept in the block's arguments would hold two
+// registers over the whole step loop (ptxas spilled at d128).
+__device__ __forceinline__ float *dq_tile0(const BwdParams &p, const BwdBlockArgs &a, int hq, int qrow0, int col0) {
+    const int lane = threadIdx.x & 31;
+    return p.dq_accum +
+           (static_cast<int64_t>(hq) * p.dq_rows + cuda::dq_frag_row0(a.q_row0, a.b) + qrow0) *
+               cuda::dq_frag_cols(a.d) +
+           (col0 >> 4) * 256 + lane * 4;
+}
+
 // dQ += dS K for this warp's kQMT m16 tiles of query rows (from row qrow0 of the sequence, a
 // multiple of 16) and its column span (from col0, a multiple of 32), into the accumulator in
 // fragment order (device/dq_accum.cuh): one red.v4 of the lane's four values per m16n8 tile, 512
@@ -299,15 +311,10 @@ __device__ __forceinline__ void red_dq_group(float *row, int j, int ncols, const
 template <class Tr, class E>
 __device__ __forceinline__ void accumulate_dq(const BwdParams &p, const BwdBlockArgs &a, int hq, int qrow0, int col0,
                                               uint32_t ds_full, uint32_t ds_half, uint32_t k_lane) {
-    const int lane = threadIdx.x & 31;
     const int ncols = cuda::warp_uniform(a.d - col0);  // no WARPSYNC around the skipped groups' mma
     if (ncols <= 0) return;
     const int dcols = cuda::dq_frag_cols(a.d);
-    // From the parameters and the sequence's first row each time: a pointer kept in the block's
-    // arguments would hold two registers over the whole step loop (ptxas spilled at d128).
-    float *tile0 = p.dq_accum +
-                   (static_cast<int64_t>(hq) * p.dq_rows + cuda::dq_frag_row0(a.q_row0, a.b) + qrow0) * dcols +
-                   (col0 >> 4) * 256 + lane * 4;
+    float *tile0 = dq_tile0(p, a, hq, qrow0, col0);
     if constexpr (dq_span_outer<Tr>()) {
         float acc[Tr::kQGroups][Tr::kQMT][2][4];
         gemm_ds_k_span<Tr, E>(acc, ds_full, ds_half, k_lane, ncols);
@@ -443,6 +450,27 @@ constexpr bool dq_last() {
     return Tr::kD > 64;
 }
 
+// Where the dQ reductions go between the dV GEMM's k-steps (head dims <= 64, which keep dQ first):
+// stop 51's d 64 profile found the eight red.v4 of a step issued back to back, the next
+// instruction waiting on their operands (4.5 % of the samples) and the dK / dV LDSMs queued
+// behind them. dq_reds_step issues k-step ks's share of them (one at d 64: 8 reds, 8 k-steps).
+template <class Tr>
+constexpr bool dq_reds_under_dv() {
+    return !dq_last<Tr>() && dq_span_outer<Tr>();
+}
+template <class Tr>
+__device__ __forceinline__ void dq_reds_step(float *tile0, int dcols,
+                                             const float (&acc)[Tr::kQGroups][Tr::kQMT][2][4], int ks) {
+    constexpr int kReds = Tr::kQGroups * Tr::kQMT * 2, kKS = Tr::kBM / 16;
+    constexpr int kPer = (kReds + kKS - 1) / kKS;
+#pragma unroll
+    for (int r = ks * kPer; r < (ks + 1) * kPer && r < kReds; ++r) {
+        const int j = r / (Tr::kQMT * 2), mt = (r / 2) % Tr::kQMT, n = r % 2;
+        const float(&v)[4] = acc[j][mt][n];
+        cuda::red_add_f32x4(tile0 + static_cast<int64_t>(16 * mt) * dcols + j * 256 + n * 128, v[0], v[1], v[2], v[3]);
+    }
+}
+
 // One query block (rows m0..m0+kBM-1 of query head hq, in Q/dO buffer buf) against the CTA's
 // key block. The caller has made the buffer's tiles visible to every thread.
 template <class Tr, class E>
@@ -542,7 +570,7 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
                              PT::lane_base_half(ds_row, lr_a, lb_a),
                              at_column<KT>(KT::lane_base_full(s_k, lr_a, lb_a), col0));
     };
-    const auto add_dk_dv = [&] {  // keys layout
+    const auto add_dk_dv = [&](auto dv_step_work) {  // keys layout
         const int kg = warp % Tr::kKVKeyGroups, cg = warp / Tr::kKVKeyGroups;
         const int col0 = cg * Tr::kKVCols;
         uint32_t p_lane[Tr::kKVMT], ds_lane[Tr::kKVMT];
@@ -554,16 +582,33 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
         }
         // no WARPSYNC around the skipped groups' mma
         const int ncols = cuda::warp_uniform(a.d - col0), ncols_v = cuda::warp_uniform(a.dv - col0);
-        gemm_at_b<Tr, E>(dV, p_lane, at_column<QT>(QT::lane_base_full(s_do, lr_a, lb_a), col0), ncols_v);
+        gemm_at_b<Tr, E>(dV, p_lane, at_column<QT>(QT::lane_base_full(s_do, lr_a, lb_a), col0), ncols_v,
+                         dv_step_work);
         gemm_at_b<Tr, E>(dK, ds_lane, at_column<QT>(QT::lane_base_full(s_q, lr_a, lb_a), col0), ncols);
     };
     if constexpr (dq_last<Tr>()) {
-        add_dk_dv();
+        add_dk_dv(NoStepWork{});
         add_dq();
-    } else {
-        add_dq();
-        add_dk_dv();
+        return;
     }
+    if constexpr (dq_reds_under_dv<Tr>()) {
+        // accumulate_dq's fast case (the warp's whole span, every tile in range): its GEMM, then
+        // the reductions between the dV GEMM's k-steps.
+        const int rg = warp % Tr::kQRowGroups, col0 = (warp / Tr::kQRowGroups) * Tr::kQCols;
+        const int qrow0 = st.m0 + rg * Tr::kQMT * 16;
+        if (cuda::warp_uniform(a.d - col0) >= Tr::kQCols && qrow0 + 16 * Tr::kQMT <= a.sq) {
+            const uint32_t ds_row = s_ds + rg * Tr::kQMT * 16 * Tr::kPRowBytes;
+            float acc[Tr::kQGroups][Tr::kQMT][2][4];
+            gemm_ds_k_span<Tr, E>(acc, PT::lane_base_full(ds_row, lr_a, lb_a), PT::lane_base_half(ds_row, lr_a, lb_a),
+                                  at_column<KT>(KT::lane_base_full(s_k, lr_a, lb_a), col0), Tr::kQCols);
+            float *tile0 = dq_tile0(p, a, st.hq, qrow0, col0);
+            const int dcols = cuda::dq_frag_cols(a.d);
+            add_dk_dv([&](int ks) { dq_reds_step<Tr>(tile0, dcols, acc, ks); });
+            return;
+        }
+    }
+    add_dq();
+    add_dk_dv(NoStepWork{});
 }
 
 // dK * scale and dV of this warp's kKVMT x 16 keys and its column span (16-bit pairs).
