@@ -521,6 +521,8 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
                                          KT::lane_base_full(s_v + key0 * 128, lr_k, lb_k), 0u, 0, 0.f, after_step);
         };
         if (plain) {
+            // Only the LSE goes through the dP GEMM; the rows are read again after it (their
+            // ranges and row_dot would hold 8 more registers per m16 tile over the GEMM).
             float lse2[Tr::kSMT][2];
 #pragma unroll
             for (int mt = 0; mt < Tr::kSMT; ++mt) {
@@ -562,13 +564,14 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
     }
     __syncthreads();  // P and dS tiles complete (and, deterministic, this key block's turn)
 
-    const auto add_dq = [&] {  // dQ layout
-        const int rg = warp % Tr::kQRowGroups, cg = warp / Tr::kQRowGroups;
-        const int col0 = cg * Tr::kQCols;
-        const uint32_t ds_row = s_ds + rg * Tr::kQMT * 16 * Tr::kPRowBytes;
-        accumulate_dq<Tr, E>(p, a, st.hq, st.m0 + rg * Tr::kQMT * 16, col0, PT::lane_base_full(ds_row, lr_a, lb_a),
+    // dQ layout: the warp's first query row (of the sequence) and column, and its dS rows
+    const int q_rg = warp % Tr::kQRowGroups, q_col0 = (warp / Tr::kQRowGroups) * Tr::kQCols;
+    const int q_row0 = st.m0 + q_rg * Tr::kQMT * 16;
+    const uint32_t ds_row = s_ds + q_rg * Tr::kQMT * 16 * Tr::kPRowBytes;
+    const auto add_dq = [&] {
+        accumulate_dq<Tr, E>(p, a, st.hq, q_row0, q_col0, PT::lane_base_full(ds_row, lr_a, lb_a),
                              PT::lane_base_half(ds_row, lr_a, lb_a),
-                             at_column<KT>(KT::lane_base_full(s_k, lr_a, lb_a), col0));
+                             at_column<KT>(KT::lane_base_full(s_k, lr_a, lb_a), q_col0));
     };
     const auto add_dk_dv = [&](auto dv_step_work) {  // keys layout
         const int kg = warp % Tr::kKVKeyGroups, cg = warp / Tr::kKVKeyGroups;
@@ -592,16 +595,14 @@ __device__ __forceinline__ void bwd_query_block(const BwdParams &p, const BwdBlo
         return;
     }
     if constexpr (dq_reds_under_dv<Tr>()) {
-        // accumulate_dq's fast case (the warp's whole span, every tile in range): its GEMM, then
-        // the reductions between the dV GEMM's k-steps.
-        const int rg = warp % Tr::kQRowGroups, col0 = (warp / Tr::kQRowGroups) * Tr::kQCols;
-        const int qrow0 = st.m0 + rg * Tr::kQMT * 16;
-        if (cuda::warp_uniform(a.d - col0) >= Tr::kQCols && qrow0 + 16 * Tr::kQMT <= a.sq) {
-            const uint32_t ds_row = s_ds + rg * Tr::kQMT * 16 * Tr::kPRowBytes;
+        // accumulate_dq's fast case (the warp's whole column span, every row tile in the
+        // sequence): its GEMM over all kQCols columns, then the reductions between the dV GEMM's
+        // k-steps; other warps and steps take accumulate_dq as it is.
+        if (cuda::warp_uniform(a.d - q_col0) >= Tr::kQCols && q_row0 + 16 * Tr::kQMT <= a.sq) {
             float acc[Tr::kQGroups][Tr::kQMT][2][4];
             gemm_ds_k_span<Tr, E>(acc, PT::lane_base_full(ds_row, lr_a, lb_a), PT::lane_base_half(ds_row, lr_a, lb_a),
-                                  at_column<KT>(KT::lane_base_full(s_k, lr_a, lb_a), col0), Tr::kQCols);
-            float *tile0 = dq_tile0(p, a, st.hq, qrow0, col0);
+                                  at_column<KT>(KT::lane_base_full(s_k, lr_a, lb_a), q_col0), Tr::kQCols);
+            float *tile0 = dq_tile0(p, a, st.hq, q_row0, q_col0);
             const int dcols = cuda::dq_frag_cols(a.d);
             add_dk_dv([&](int ks) { dq_reds_step<Tr>(tile0, dcols, acc, ks); });
             return;
