@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Every open issue's performance bar, measured on one build in one device call (~7 min on an H200
 # after the machine's start; pass stage names to split it over two calls on a warm machine, which
-# keeps BUILD_DIR): the raw tables go to $OUT/bars, and bench/bars_table.py turns them into one
+# keeps BUILD_DIR): the raw tables go to $OUT/bars.tgz, and bench/bars_table.py turns them into one
 # verdict per bar (run here at the end, and again on this machine on the returned files).
 #
 #   bash tests/gpu/bars.sh                       # build bwd fwd fp8 decode variants
 #   bash tests/gpu/bars.sh build bwd fwd         # then, while the machine is warm:
 #   bash tests/gpu/bars.sh fp8 decode variants   # (finds BUILD_DIR and skips the build)
-#   python3 bench/bars_table.py DIR              # DIR: the returned bars/ (logs.tgz unpacked)
+#   python3 bench/bars_table.py DIR/bars         # here: every call's bars.tgz unpacked into DIR
+# (bars.sh carries no gates: run h200-check.sh or merged-check.sh for the tests and sanitizers.)
 #
 # Stages (the issue, the tool, what the bar reads; bf16, hidden 2048, 16k tokens unless said):
 #   build     FA2 (sm_90) + FA3 (sm_90a), flashattn-bench, flashattn-fp8-accuracy,
@@ -117,7 +118,8 @@ for stage in $stages; do
   esac
   [ "$stage" = build ] && [ ! -f "$lib" ] && { tail -30 "$dir/build.log"; break; }
 done
-python3 bench/bars_table.py "$dir" > "$dir/bars.md" 2>&1
-(cd "$out" && tar czf logs.tgz bars)
+python3 bench/bars_table.py "$dir" > "$out/bars.md" 2>&1
 cat "$dir/stages.txt"
-cat "$dir/bars.md"
+cat "$out/bars.md"
+# One archive (the device tool brings back only a handful of files): $OUT/bars.tgz and bars.md.
+(cd "$out" && tar czf bars.tgz bars && rm -rf bars)
