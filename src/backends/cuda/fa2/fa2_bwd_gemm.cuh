@@ -250,9 +250,12 @@ __device__ __forceinline__ void gemm_ds_k(float (&acc)[Tr::kQMT][2][4], const ui
 #define FLASHATTN_FA2_BWD_DQ_SPAN_D128 0
 #endif
 template <class Tr>
+constexpr bool dq_span_fits() {  // the span's accumulators: no more registers than the dS rows
+    return Tr::kQGroups * Tr::kQMT * 8 <= Tr::kQMT * (Tr::kBN / 16) * 4;
+}
+template <class Tr>
 constexpr bool dq_span_outer() {
-    return Tr::kQGroups * Tr::kQMT * 8 <= Tr::kQMT * (Tr::kBN / 16) * 4 &&
-           (Tr::kD <= 64 || FLASHATTN_FA2_BWD_DQ_SPAN_D128 != 0);
+    return dq_span_fits<Tr>() && (Tr::kD <= 64 || FLASHATTN_FA2_BWD_DQ_SPAN_D128 != 0);
 }
 
 // acc[j] = dS K over this warp's whole column span, k-step outer: each k-step loads its kQMT dS

@@ -439,25 +439,26 @@ __device__ __forceinline__ void load_q_do(const BwdParams &p, const BwdBlockArgs
     }
 }
 
-// Whether a step runs its dQ GEMM and reductions after the dK / dV GEMMs instead of before them:
-// last, the reductions' operands drain under the next step's top barrier; first, the dK / dV
-// GEMMs' first instructions wait for the LSU to read them (a write-after-read wait on their
-// registers: 4.5 % of the d 64 kernel's stall samples in stop 51's ncu profile). Measured on an
-// H100 (stop 51, one call, bf16, 2k-16k, causal and not): d 128 1.002-1.014x, d 256 1.015-1.032x,
-// d 64 0.983-1.001x (its 128-row step: the order stays).
-template <class Tr>
-constexpr bool dq_last() {
-    return Tr::kD > 64;
-}
-
-// Where the dQ reductions go between the dV GEMM's k-steps (head dims <= 64, which keep dQ first):
-// stop 51's d 64 profile found the eight red.v4 of a step issued back to back, the next
-// instruction waiting on their operands (4.5 % of the samples) and the dK / dV LDSMs queued
-// behind them. dq_reds_step issues k-step ks's share of them (one at d 64: 8 reds, 8 k-steps).
+// Where a step's dQ reductions go. Issued back to back right after the dQ GEMM (before the dK / dV
+// GEMMs), the next instructions wait for the LSU to read their operands (a write-after-read wait:
+// 4.5 % of the d 64 kernel's stall samples in stop 51's ncu profile) and the dK / dV LDSMs queue
+// behind them. dq_reds_under_dv: the dQ GEMM first, its accumulators kept through the dV GEMM and
+// the reductions issued between its k-steps (dq_reds_step), where the whole column span's
+// accumulators take no more registers than the dS rows (dq_span_fits) at padded head dims
+// <= 128 (H100: d 64 1.003-1.049x over dQ first, stop 52; d 128 1.002-1.024x over dQ last,
+// stop 53).
+// dq_last: elsewhere above head dim 64 the dQ GEMM and reductions after the dK / dV GEMMs, their
+// operands drained under the next step's top barrier (stop 51: d 256 1.015-1.032x over dQ first;
+// at d 64 dQ last lost twice, 0.968-1.003x).
 template <class Tr>
 constexpr bool dq_reds_under_dv() {
-    return !dq_last<Tr>() && dq_span_outer<Tr>();
+    return Tr::kDP <= 128 && dq_span_fits<Tr>();
 }
+template <class Tr>
+constexpr bool dq_last() {
+    return Tr::kD > 64 && !dq_reds_under_dv<Tr>();
+}
+// k-step ks's share of the reductions (one at d 64: 8 reductions, 8 k-steps).
 template <class Tr>
 __device__ __forceinline__ void dq_reds_step(float *tile0, int dcols,
                                              const float (&acc)[Tr::kQGroups][Tr::kQMT][2][4], int ks) {
