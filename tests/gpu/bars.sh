@@ -117,9 +117,11 @@ for stage in $stages; do
     *) note "unknown stage $stage" ;;
   esac
   [ "$stage" = build ] && [ ! -f "$lib" ] && { tail -30 "$dir/build.log"; break; }
+  # One archive (the device tool brings back only a handful of files), renewed after every stage
+  # so that a call cut off by its time limit still returns the stages it finished.
+  (cd "$out" && tar czf bars.tgz.tmp bars && mv bars.tgz.tmp bars.tgz)
 done
 python3 bench/bars_table.py "$dir" > "$out/bars.md" 2>&1
 cat "$dir/stages.txt"
 cat "$out/bars.md"
-# One archive (the device tool brings back only a handful of files): $OUT/bars.tgz and bars.md.
 (cd "$out" && tar czf bars.tgz bars && rm -rf bars)
