@@ -585,8 +585,12 @@ int speed_grid(const std::vector<int64_t> &dims) {
     cudaMalloc(&desc, ones.size() * 4);
     cudaMemcpy(desc, ones.data(), ones.size() * 4, cudaMemcpyHostToDevice);
     size_t ws_cap = 0;
-    std::printf("FA3 bf16 vs FP8 forward, H200, hidden %lld, %lld tokens (batch = %lld / seqlen), TFLOP/s\n",
-                (long long)hidden, (long long)tokens, (long long)tokens);
+    cudaDeviceProp prop{};
+    int dev = 0;
+    cudaGetDevice(&dev);
+    const bool named = cudaGetDeviceProperties(&prop, dev) == cudaSuccess;  // the grid's GPU, not assumed
+    std::printf("FA3 bf16 vs FP8 forward, %s, hidden %lld, %lld tokens (batch = %lld / seqlen), TFLOP/s\n",
+                named ? prop.name : "unknown GPU", (long long)hidden, (long long)tokens, (long long)tokens);
     std::printf("| dim | causal | seqlen | batch x heads | bf16 fa3 | FP8 fa3 | FP8 / bf16 |\n|---|---|---|---|---|---|---|\n");
     for (const int64_t dim : dims)
         for (const int causal : {0, 1})
