@@ -13,6 +13,7 @@ run); BAD = relative L2 error above 2e-2 or non-finite. The peers are timed thro
 import argparse
 import ctypes
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -129,11 +130,30 @@ def run_peer(bench, backend, q, k, v, do, causal):
         return None, None, (msg[0] if msg else type(e).__name__)[:120]
 
 
+def timed_rounds(runners, cols, rounds):
+    """{column: (bwd ms, fwd+bwd ms, grads or reason)}: each column run once per round, the order
+    rotated by one column per round (so no column always follows the same one), the times the
+    median over the rounds; the gradients (or the failure) those of the first round."""
+    res, times = {}, {c: ([], []) for c in cols}
+    for r in range(max(1, rounds)):
+        for c in cols[r % len(cols):] + cols[:r % len(cols)]:
+            out = runners[c]()
+            if r == 0:
+                res[c] = out
+            if out[0] is not None:
+                times[c][0].append(out[0])
+                times[c][1].append(out[1])
+    for c in cols:
+        if res[c][0] is not None and times[c][0]:
+            res[c] = (statistics.median(times[c][0]), statistics.median(times[c][1]), res[c][2])
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", help="path of libflashattn.so (default: $FLASHATTN_LIBRARY)")
     ap.add_argument("--gens", default="fa2")
-    ct.add_grid_args(ap, hdim="64,128,256", seqlen="1024,2048,4096,8192,16384", warmup=2, reps=5)
+    ct.add_grid_args(ap, hdim="64,128,256", seqlen="1024,2048,4096,8192,16384", warmup=2, reps=5, rounds=1)
     ap.add_argument("--markdown")
     args = ap.parse_args()
     args.no_lse = False
@@ -151,7 +171,8 @@ def main():
                    f"cuDNN {torch.backends.cudnn.version()}; libflashattn {lib.version} {lib.build_info})")
     ct.emit(lines, "")
     ct.emit(lines, f"{args.dtype}, hidden {args.hidden}, {args.tokens} tokens per batch. TFLOP/s; bwd = 2.5 x fwd FLOPs, "
-                   "fwd+bwd = 3.5 x. Median of the event-timed runs. det = FLASHATTN_I64_DETERMINISTIC = 1.")
+                   f"fwd+bwd = 3.5 x. Median of the event-timed runs over {args.rounds} round(s), the columns' "
+                   "order rotating per round. det = FLASHATTN_I64_DETERMINISTIC = 1.")
     ct.emit(lines, "")
     head = ["hdim", "causal", "seqlen"] + [f"{c} bwd" for c in cols] + [f"{c} f+b" for c in cols] + ["max rel err (dq/dk/dv)"]
     ct.emit(lines, "| " + " | ".join(head) + " |")
@@ -164,12 +185,11 @@ def main():
                 h, b = max(1, args.hidden // d), max(1, args.tokens // s)
                 fwd_flops = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
                 q, k, v, do = (torch.randn(b, s, h, d, dtype=dt, device="cuda") for _ in range(4))
-                res = {}
-                for g in gens:
-                    for det in (False, True):
-                        res[f"{g}{' det' if det else ''}"] = run_lib(bench, lib, g, q, k, v, do, bool(causal), args.dtype, det)
-                res["torch-flash"] = run_peer(bench, SDPBackend.FLASH_ATTENTION, q, k, v, do, bool(causal))
-                res["cuDNN"] = run_peer(bench, SDPBackend.CUDNN_ATTENTION, q, k, v, do, bool(causal))
+                runners = {f"{g}{' det' if det else ''}": (lambda g=g, det=det: run_lib(
+                    bench, lib, g, q, k, v, do, bool(causal), args.dtype, det)) for g in gens for det in (False, True)}
+                runners["torch-flash"] = lambda: run_peer(bench, SDPBackend.FLASH_ATTENTION, q, k, v, do, bool(causal))
+                runners["cuDNN"] = lambda: run_peer(bench, SDPBackend.CUDNN_ATTENTION, q, k, v, do, bool(causal))
+                res = timed_rounds(runners, cols, args.rounds)
                 ref = res["torch-flash"][2] if res["torch-flash"][0] else res["cuDNN"][2] if res["cuDNN"][0] else None
                 row = [str(d), "yes" if causal else "no", str(s)]
                 row += [f"{2.5 * fwd_flops / (res[c][0] * 1e-3) / 1e12:.1f}" if res[c][0] else "n/a" for c in cols]

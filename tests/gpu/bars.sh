@@ -15,7 +15,9 @@
 #   build     FA2 (sm_90) + FA3 (sm_90a), flashattn-bench, flashattn-fp8-accuracy,
 #             flashattn-bench-variants; no tests (h200-check.sh / merged-check.sh are the gates).
 #   bwd       15, 16: bench/backward_torch.py --gens fa2,fa3, d 64 / 128 / 256, seqlen 1k-16k,
-#             causal and not, beside torch-flash and cuDNN (bwd.md).
+#             causal and not, beside torch-flash and cuDNN, BWD_ROUNDS (3) rotated rounds (one
+#             round took 32 s on an H100; stop 54's single reading put d 256 1k at 0.83 of
+#             torch-flash where rotated A/B runs had 0.95-0.99) (bwd.md).
 #   fwd       20: bench/ab_cudnn.py with A = B = this library (two readings per cell, the order of
 #             cuDNN, A and B rotating per round), bf16 and fp16, d 64 / 128 / 256, seqlen 512-16k
 #             (fwd.md).
@@ -56,7 +58,7 @@ build() {
 
 bwd() {
   timeout "${BWD_LIMIT:-240}" python3 bench/backward_torch.py --gens fa2,fa3 --hdim 64,128,256 \
-    --seqlen 1024,2048,4096,8192,16384 --causal both --markdown "$dir/bwd.md" > "$dir/bwd.log" 2>&1
+    --seqlen 1024,2048,4096,8192,16384 --causal both --rounds "${BWD_ROUNDS:-3}" --markdown "$dir/bwd.md" > "$dir/bwd.log" 2>&1
   note "bwd rc=$?"
 }
 
