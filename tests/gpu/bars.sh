@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Every open issue's performance bar, measured on one build in one device call (stop 54, an H100:
-# 150 s after the machine's start, 76 s for build bwd fwd and 74 s for the rest; pass stage names
-# to split it over two calls on a warm machine, which keeps BUILD_DIR): the raw tables go to
+# Every open issue's performance bar, measured on one build in one device call (stop 54, an H100,
+# one bwd round: 76 s for build bwd fwd, 74 s for the rest; three rounds add ~65 s; pass stage
+# names to split it over two calls on a warm machine, which keeps BUILD_DIR): the raw tables go to
 # $OUT/bars.tgz, and bench/bars_table.py turns them into one verdict per bar (run here at the end,
 # and again on this machine on the returned files).
 #
