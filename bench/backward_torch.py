@@ -130,23 +130,14 @@ def run_peer(bench, backend, q, k, v, do, causal):
         return None, None, (msg[0] if msg else type(e).__name__)[:120]
 
 
-def timed_rounds(runners, cols, rounds):
-    """{column: (bwd ms, fwd+bwd ms, grads or reason)}: each column run once per round, the order
-    rotated by one column per round (so no column always follows the same one), the times the
-    median over the rounds; the gradients (or the failure) those of the first round."""
-    res, times = {}, {c: ([], []) for c in cols}
-    for r in range(max(1, rounds)):
-        for c in cols[r % len(cols):] + cols[:r % len(cols)]:
-            out = runners[c]()
-            if r == 0:
-                res[c] = out
-            if out[0] is not None:
-                times[c][0].append(out[0])
-                times[c][1].append(out[1])
-    for c in cols:
-        if res[c][0] is not None and times[c][0]:
-            res[c] = (statistics.median(times[c][0]), statistics.median(times[c][1]), res[c][2])
-    return res
+def timed_rounds(runners, rounds):
+    """{column: (bwd ms, fwd+bwd ms, grads or reason)} for runners [(column, fn)] over rotated
+    rounds (compare_torch.rotated_rounds): the times the medians over the rounds, the gradients
+    (or the failure) those of the first round."""
+    first, done = ct.rotated_rounds(runners, rounds)
+    def med(c, i):
+        return statistics.median(r[i] for r in done[c])
+    return {c: (med(c, 0), med(c, 1), first[c][2]) if done[c] else first[c] for c, _ in runners}
 
 
 def main():
@@ -185,11 +176,13 @@ def main():
                 h, b = max(1, args.hidden // d), max(1, args.tokens // s)
                 fwd_flops = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
                 q, k, v, do = (torch.randn(b, s, h, d, dtype=dt, device="cuda") for _ in range(4))
-                runners = {f"{g}{' det' if det else ''}": (lambda g=g, det=det: run_lib(
-                    bench, lib, g, q, k, v, do, bool(causal), args.dtype, det)) for g in gens for det in (False, True)}
-                runners["torch-flash"] = lambda: run_peer(bench, SDPBackend.FLASH_ATTENTION, q, k, v, do, bool(causal))
-                runners["cuDNN"] = lambda: run_peer(bench, SDPBackend.CUDNN_ATTENTION, q, k, v, do, bool(causal))
-                res = timed_rounds(runners, cols, args.rounds)
+                runners = [(f"{g}{' det' if det else ''}",
+                            lambda g=g, det=det: run_lib(bench, lib, g, q, k, v, do, bool(causal), args.dtype, det))
+                           for g in gens for det in (False, True)]
+                runners += [(name, lambda be=be: run_peer(bench, be, q, k, v, do, bool(causal)))
+                            for name, be in (("torch-flash", SDPBackend.FLASH_ATTENTION),
+                                             ("cuDNN", SDPBackend.CUDNN_ATTENTION))]
+                res = timed_rounds(runners, args.rounds)
                 ref = res["torch-flash"][2] if res["torch-flash"][0] else res["cuDNN"][2] if res["cuDNN"][0] else None
                 row = [str(d), "yes" if causal else "no", str(s)]
                 row += [f"{2.5 * fwd_flops / (res[c][0] * 1e-3) / 1e12:.1f}" if res[c][0] else "n/a" for c in cols]

@@ -446,26 +446,35 @@ def prefill_table(bench, lib, gens, dtype_name, out_lines, notes):
                 del q, k, v, outs, ref
 
 
+def rotated_rounds(runners, rounds):
+    """(first, done) for runners [(name, fn)], each fn returning a tuple whose [0] is its time or
+    None (not runnable): every runner called once per round, the order rotating by one each round
+    (so that clock drift at the power limit falls on all alike); first[name] the first round's
+    result, done[name] every round's result with a time. A runner not runnable in the first round
+    is not called again (reported once)."""
+    first, done = {}, {name: [] for name, _ in runners}
+    for r in range(max(1, rounds)):
+        k = r % len(runners)
+        for name, fn in runners[k:] + runners[:k]:
+            if name in first and first[name][0] is None:
+                continue
+            result = fn()
+            first.setdefault(name, result)
+            if result[0] is not None:
+                done[name].append(result)
+    return first, done
+
+
 def decode_rounds(bench, lib, gens, qs, ks, vs, gqa):
     """{name: (ms, reduced, out, note)} for every torch peer and generation on one decode cell:
-    --decode-rounds rounds, the order of the runners rotating by one each round (so that clock drift
-    at the power limit falls on all alike), ms the median of the rounds' medians; out and note from
-    the first round."""
+    --decode-rounds rotated rounds (rotated_rounds), ms the median of the rounds' medians; out and
+    note from the first round."""
     from torch.nn.attention import SDPBackend
     runners = [(name, lambda a=attr: run_torch(bench, getattr(SDPBackend, a), qs, ks, vs, False, gqa))
                for name, attr in TORCH_PEERS]
     runners += [(gen, lambda g=gen: run_lib(bench, lib, g, qs, ks, vs, False, "bf16")) for gen in gens]
-    first, times = {}, {name: [] for name, _ in runners}
-    for r in range(max(1, bench.args.decode_rounds)):
-        k = r % len(runners)
-        for name, fn in runners[k:] + runners[:k]:
-            if name in first and first[name][0] is None:
-                continue  # not runnable: reported once
-            result = fn()
-            first.setdefault(name, result)
-            if result[0] is not None:
-                times[name].append(result[0])
-    return {name: ((statistics.median(times[name]),) + first[name][1:]) if times[name] else first[name]
+    first, done = rotated_rounds(runners, bench.args.decode_rounds)
+    return {name: ((statistics.median(r[0] for r in done[name]),) + first[name][1:]) if done[name] else first[name]
             for name, _ in runners}
 
 
